@@ -1,0 +1,53 @@
+//! What a backend provides to run the suite: independent clients and a few hooks that
+//! reach behind the library (steal a lock, cut a client off, list what is left).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::{DistributedLock, LockName, LockOptions};
+
+/// Cuts a client off from its server as a crash or a partition would: afterwards the
+/// client sends nothing that arrives and releases nothing, so its holds end only by
+/// the server-side TTL (or session timeout).
+#[async_trait]
+pub trait Crash: Send + Sync {
+    /// Cuts the client off.
+    async fn crash(&self);
+}
+
+/// Makes clients of one backend for the suite.
+///
+/// Each client is independent (its own connection or session), so contention in the
+/// suite crosses connections as it does between processes.
+#[async_trait]
+pub trait Factory: Send + Sync {
+    /// A label for messages (`memory`, `redis 127.0.0.1:6379`, …).
+    fn label(&self) -> String;
+
+    /// A URL that reaches this backend with default options, without query string.
+    fn url(&self) -> String;
+
+    /// The shortest TTL the timing rules use on this backend (small enough for fast tests,
+    /// large enough for the backend's minimum lease).
+    fn short_ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    /// A new independent client.
+    async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock>;
+
+    /// A new independent client that [`Crash::crash`] can cut off.
+    async fn crashable_client(
+        &self,
+        options: LockOptions,
+    ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>);
+
+    /// Removes the lock `name` on the server behind its holder's back (as an operator,
+    /// an early expiry or a clock jump would). The next waiter may then take it.
+    async fn steal(&self, name: &LockName);
+
+    /// Anything left on the server for `names` (held keys, queued nodes, waiter entries,
+    /// leases), described for a failure message. Empty when nothing is left.
+    async fn leftovers(&self, names: &[LockName]) -> Vec<String>;
+}

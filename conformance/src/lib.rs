@@ -1,0 +1,60 @@
+//! The distlock conformance suite, real-server harness, TCP fault proxy and
+//! fenced-resource checker.
+//!
+//! A backend proves itself by implementing [`Factory`] and expanding
+//! [`conformance_suite!`] in one of its test files: one `#[tokio::test]` per rule of
+//! the contract, each named after the rule in [`rules`].
+
+pub mod factory;
+pub mod fence;
+pub mod harness;
+pub mod memory;
+pub mod proxy;
+pub mod rules;
+
+pub use factory::{Crash, Factory};
+pub use fence::{FenceReport, FencedResource, Section, StaleToken};
+
+/// Expands to one `#[tokio::test]` per conformance rule for a backend.
+///
+/// `$factory` is an expression of a future that yields a [`Factory`] (a server may
+/// need starting). The calling crate needs `tokio` (with `macros` and
+/// `rt-multi-thread`) among its dev-dependencies.
+///
+/// ```ignore
+/// conformance::conformance_suite!(async { conformance::memory::MemoryFactory::new() });
+/// ```
+#[macro_export]
+macro_rules! conformance_suite {
+    ($factory:expr) => {
+        $crate::conformance_suite!(@rules $factory;
+            try_on_held_is_not_acquired,
+            mutual_exclusion,
+            fencing_tokens_increase,
+            crashed_holder_blocks_at_most_ttl,
+            auto_renewal_keeps_lock,
+            hold_cap_ends_renewal,
+            manual_mode,
+            lost_signal_on_steal,
+            wait_timeout,
+            cancellation_leaves_nothing,
+            drop_releases_promptly,
+            fifo_when_fair,
+            reentrancy_by_owner,
+            names_are_independent_and_checked,
+            thousand_locks_one_client,
+            bad_urls_and_options,
+            scoped_run_cancels_on_loss,
+        );
+    };
+    (@rules $factory:expr; $($rule:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("Conformance rule [`conformance::rules::", stringify!($rule), "`].")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $rule() {
+                let factory = $factory.await;
+                $crate::rules::$rule(&factory).await;
+            }
+        )*
+    };
+}

@@ -1,0 +1,130 @@
+//! The protocol half that each backend implements. Everything that is the same for
+//! every backend (watchdog timing, lost-state machine, validity deadline, reentrancy,
+//! drop-release, scoped run) lives in [`crate::LeaseClient`], which turns a [`Backend`]
+//! into a [`crate::DistributedLock`].
+
+use std::fmt;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::capabilities::Capabilities;
+use crate::error::Result;
+use crate::guard::LostReason;
+use crate::name::LockName;
+use crate::token::{FencingToken, OwnerToken};
+
+/// One acquisition asked of a backend.
+#[derive(Debug, Clone, Copy)]
+pub struct AcquireRequest<'a> {
+    /// The lock name.
+    pub name: &'a LockName,
+    /// The fresh owner token of this acquisition.
+    pub token: &'a OwnerToken,
+    /// The lease to ask for.
+    pub ttl: Duration,
+    /// `false`: one attempt; `true`: wait until acquired. The caller enforces any
+    /// timeout by dropping the future.
+    pub wait: bool,
+}
+
+/// A successful acquisition.
+#[derive(Debug)]
+pub struct Acquired<H> {
+    /// Backend data needed to renew and release this hold.
+    pub hold: H,
+    /// The fencing token of this hold.
+    pub fencing_token: FencingToken,
+    /// When the request that won the lock was sent (before sending it).
+    pub requested_at: Instant,
+    /// How long the server guarantees the hold from `requested_at`.
+    pub lease: Duration,
+    /// The session epoch the hold belongs to (see [`SessionStatus`]); 0 when the
+    /// backend has no sessions.
+    pub session: u64,
+}
+
+/// One hold to renew, with the lease to ask for.
+#[derive(Debug, Clone, Copy)]
+pub struct RenewItem<'a, H> {
+    /// The hold.
+    pub hold: &'a H,
+    /// The lease to ask for.
+    pub ttl: Duration,
+}
+
+/// What a renewal found for one hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RenewOutcome {
+    /// Still ours; the server guarantees it for `lease` from when the request was sent.
+    Renewed {
+        /// The guaranteed lease.
+        lease: Duration,
+    },
+    /// Not ours any more.
+    Lost(LostReason),
+}
+
+/// What a release found on the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendRelease {
+    /// The hold was ours and is removed.
+    Released,
+    /// The hold was already gone or owned by someone else; nothing was touched.
+    NotOwner(LostReason),
+}
+
+/// Health of a backend session (ZooKeeper session, etcd lease, connection).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionStatus {
+    /// Increases each time a new session replaces an expired one.
+    pub epoch: u64,
+    /// The health of session `epoch`.
+    pub health: SessionHealth,
+}
+
+/// See [`SessionStatus`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SessionHealth {
+    /// Connected and the session is valid.
+    Connected,
+    /// Disconnected; the session may still be valid on the server.
+    Suspended,
+    /// The session is gone on the server: every hold of this epoch or older is lost.
+    Expired,
+}
+
+/// The protocol of one backend client.
+///
+/// # Contract
+/// - `acquire` is cancellation-safe: when its future is dropped at any await point,
+///   anything it queued or won on the server is removed in a background task.
+/// - Every network call has a deadline.
+/// - `renew` and `release` compare the owner token (or its equivalent) atomically on
+///   the server: they never touch a hold that is not this acquisition's.
+#[async_trait]
+pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
+    /// Backend data of one hold (key and token, node path, key and revision).
+    type Hold: Send + Sync + fmt::Debug + 'static;
+
+    /// What this backend offers.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Acquires `request.name`, once or waiting (see [`AcquireRequest::wait`]).
+    /// `Ok(None)` only for a single attempt that found the lock held.
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<Self::Hold>>>;
+
+    /// Renews `items` in as few requests as the backend allows; one outcome per item,
+    /// in order. `Err` means the renewal could not be done (the holds become Suspect).
+    async fn renew(&self, items: &[RenewItem<'_, Self::Hold>]) -> Result<Vec<RenewOutcome>>;
+
+    /// Releases `hold` if it is still this acquisition's.
+    async fn release(&self, hold: &Self::Hold) -> Result<BackendRelease>;
+
+    /// Session health changes, for backends whose holds live and die with a session.
+    fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
+        None
+    }
+}

@@ -1,0 +1,89 @@
+//! What a backend offers, so callers and the conformance suite know which rules apply.
+
+use std::time::Duration;
+
+/// Where a backend's fencing tokens come from.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FencingSource {
+    /// A per-name counter incremented atomically with the acquire.
+    Counter,
+    /// A per-name counter read and written back through a quorum of independent nodes.
+    QuorumCounter,
+    /// ZooKeeper's czxid of the lock node.
+    Czxid,
+    /// etcd's create revision of the lock key.
+    CreateRevision,
+}
+
+/// What a backend offers.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Capabilities {
+    /// Short backend name (`memory`, `redis`, `redlock`, `zookeeper`, `etcd`).
+    pub backend: &'static str,
+    /// Waiters are granted in arrival (FIFO) order.
+    pub fair: bool,
+    /// Each acquire may choose its own TTL; `false` means one session-wide lease.
+    pub per_lock_ttl: bool,
+    /// Shortest TTL the backend accepts.
+    pub min_ttl: Duration,
+    /// Waiters are woken by a push (pub/sub, watch), not by polling.
+    pub push_wakeup: bool,
+    /// Holds survive a restart of the lock service.
+    pub durable: bool,
+    /// Where fencing tokens come from.
+    pub fencing: FencingSource,
+}
+
+impl Capabilities {
+    /// Capabilities with conservative defaults: unfair, per-lock TTL of at least 1 ms,
+    /// push wake-up, not durable, counter fencing.
+    pub const fn new(backend: &'static str) -> Self {
+        Capabilities {
+            backend,
+            fair: false,
+            per_lock_ttl: true,
+            min_ttl: Duration::from_millis(1),
+            push_wakeup: true,
+            durable: false,
+            fencing: FencingSource::Counter,
+        }
+    }
+
+    /// Sets [`Capabilities::fair`].
+    pub const fn fair(mut self, fair: bool) -> Self {
+        self.fair = fair;
+        self
+    }
+
+    /// Sets [`Capabilities::per_lock_ttl`].
+    pub const fn per_lock_ttl(mut self, per_lock_ttl: bool) -> Self {
+        self.per_lock_ttl = per_lock_ttl;
+        self
+    }
+
+    /// Sets [`Capabilities::min_ttl`].
+    pub const fn min_ttl(mut self, min_ttl: Duration) -> Self {
+        self.min_ttl = min_ttl;
+        self
+    }
+
+    /// Sets [`Capabilities::push_wakeup`].
+    pub const fn push_wakeup(mut self, push_wakeup: bool) -> Self {
+        self.push_wakeup = push_wakeup;
+        self
+    }
+
+    /// Sets [`Capabilities::durable`].
+    pub const fn durable(mut self, durable: bool) -> Self {
+        self.durable = durable;
+        self
+    }
+
+    /// Sets [`Capabilities::fencing`].
+    pub const fn fencing(mut self, fencing: FencingSource) -> Self {
+        self.fencing = fencing;
+        self
+    }
+}

@@ -1,0 +1,329 @@
+//! The guard of a held lock, its state, and how it ends.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::error::Result;
+use crate::name::LockName;
+use crate::token::{FencingToken, OwnerToken};
+
+/// The state of a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LockState {
+    /// Held and renewed as planned.
+    Held,
+    /// Possibly still held, but renewal is failing or the connection is suspended.
+    /// Stop starting new work; finish or abandon what is in flight before the
+    /// validity deadline.
+    Suspect,
+    /// Not held any more. Terminal.
+    Lost(LostReason),
+}
+
+impl LockState {
+    /// Whether the state is [`LockState::Lost`].
+    pub fn is_lost(self) -> bool {
+        matches!(self, LockState::Lost(_))
+    }
+}
+
+/// Why a hold ended.
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum LostReason {
+    /// The validity deadline passed without a successful renewal.
+    Expired,
+    /// The key, node or lease is gone on the server.
+    Vanished,
+    /// Another owner holds the lock now.
+    Taken,
+    /// The backend session (ZooKeeper session, etcd lease) expired.
+    SessionExpired,
+    /// [`crate::LockOptions::max_hold`] was reached.
+    HoldCapReached,
+    /// The hold was released by its guard.
+    Released,
+}
+
+impl fmt::Display for LostReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LostReason::Expired => "its validity deadline passed without a renewal",
+            LostReason::Vanished => "it is gone on the server",
+            LostReason::Taken => "another owner holds it",
+            LostReason::SessionExpired => "the session expired",
+            LostReason::HoldCapReached => "the maximum hold time was reached",
+            LostReason::Released => "it was released",
+        })
+    }
+}
+
+/// What a release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReleaseOutcome {
+    /// The lock was held and is now released.
+    Released,
+    /// The lock had already been lost; nothing was removed on the server.
+    AlreadyLost(LostReason),
+}
+
+/// Observes the state of one hold: poll it, or await a change or the loss.
+#[derive(Debug, Clone)]
+pub struct LockWatch {
+    state: watch::Receiver<LockState>,
+    valid_until: Arc<AtomicInstant>,
+}
+
+impl LockWatch {
+    /// The current state.
+    pub fn state(&self) -> LockState {
+        *self.state.borrow()
+    }
+
+    /// Until when the hold is guaranteed, on the monotonic clock.
+    pub fn valid_until(&self) -> Instant {
+        self.valid_until.load()
+    }
+
+    /// Waits for the next state change and returns the new state.
+    pub async fn changed(&mut self) -> LockState {
+        if self.state.changed().await.is_err() {
+            // The hold's machinery is gone: nothing renews it any more.
+            return LockState::Lost(self.lost_reason_or(LostReason::Expired));
+        }
+        *self.state.borrow_and_update()
+    }
+
+    /// Resolves when the hold is lost, with the reason.
+    pub async fn lost(&mut self) -> LostReason {
+        let seen = match self.state.wait_for(|s| s.is_lost()).await {
+            Ok(state) => Some(*state),
+            Err(_) => None,
+        };
+        match seen {
+            Some(LockState::Lost(reason)) => reason,
+            _ => self.lost_reason_or(LostReason::Expired),
+        }
+    }
+
+    fn lost_reason_or(&self, fallback: LostReason) -> LostReason {
+        match *self.state.borrow() {
+            LockState::Lost(reason) => reason,
+            _ => fallback,
+        }
+    }
+}
+
+/// An [`Instant`] that can be shared and updated without a lock.
+#[derive(Debug)]
+pub(crate) struct AtomicInstant {
+    base: Instant,
+    nanos: AtomicU64,
+}
+
+impl AtomicInstant {
+    pub(crate) fn new(base: Instant, value: Instant) -> Self {
+        let this = AtomicInstant {
+            base,
+            nanos: AtomicU64::new(0),
+        };
+        this.store(value);
+        this
+    }
+
+    pub(crate) fn load(&self) -> Instant {
+        self.base + Duration::from_nanos(self.nanos.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn store(&self, value: Instant) {
+        let nanos = u64::try_from(value.saturating_duration_since(self.base).as_nanos())
+            .unwrap_or(u64::MAX);
+        self.nanos.store(nanos, Ordering::Release);
+    }
+}
+
+/// What a hold shares between its guard(s), its watches and the lease machinery.
+#[derive(Debug)]
+pub(crate) struct HoldInfo {
+    pub(crate) id: u64,
+    pub(crate) name: LockName,
+    pub(crate) token: OwnerToken,
+    pub(crate) fencing_token: FencingToken,
+    pub(crate) acquired_at: Instant,
+    pub(crate) valid_until: Arc<AtomicInstant>,
+    pub(crate) state: watch::Sender<LockState>,
+}
+
+impl HoldInfo {
+    pub(crate) fn state(&self) -> LockState {
+        *self.state.borrow()
+    }
+
+    /// Moves to `next` unless already lost (Lost is terminal). Returns whether it changed.
+    pub(crate) fn transition(&self, next: LockState) -> bool {
+        self.state.send_if_modified(|state| {
+            if state.is_lost() || *state == next {
+                false
+            } else {
+                *state = next;
+                true
+            }
+        })
+    }
+
+    pub(crate) fn watch(&self) -> LockWatch {
+        LockWatch {
+            state: self.state.subscribe(),
+            valid_until: Arc::clone(&self.valid_until),
+        }
+    }
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The lease machinery as seen by a guard.
+pub(crate) trait HoldOps: Send + Sync + fmt::Debug {
+    fn extend(&self, id: u64, ttl: Option<Duration>) -> BoxFuture<'_, Result<Instant>>;
+    fn release(&self, id: u64) -> BoxFuture<'_, Result<ReleaseOutcome>>;
+    /// Never blocks: hands the release to the background.
+    fn release_in_background(&self, id: u64);
+}
+
+/// A held lock.
+///
+/// Carries the lock name, this acquisition's owner token, its [`FencingToken`], its
+/// validity deadline and its [`LockState`]. Pass the fencing token to the protected
+/// resource with every write; watch [`LockGuard::lost`] to stop work when the lock is
+/// lost.
+///
+/// # Release
+/// [`LockGuard::release`] consumes the guard and reports whether the lock was still
+/// held. Release is an atomic compare-and-delete on the server: it never removes a
+/// successor's lock.
+///
+/// # Drop
+/// Dropping a guard without releasing it never blocks and never panics: the release
+/// is handed to a background task of the client, which removes the hold promptly.
+/// If that task cannot run (the runtime is shutting down, the connection is gone),
+/// the server-side TTL frees the lock at the latest.
+#[must_use = "dropping a guard releases the lock in the background"]
+pub struct LockGuard {
+    info: Arc<HoldInfo>,
+    ops: Arc<dyn HoldOps>,
+    released: bool,
+}
+
+impl LockGuard {
+    pub(crate) fn new(info: Arc<HoldInfo>, ops: Arc<dyn HoldOps>) -> Self {
+        LockGuard {
+            info,
+            ops,
+            released: false,
+        }
+    }
+
+    /// The lock name.
+    pub fn name(&self) -> &LockName {
+        &self.info.name
+    }
+
+    /// This acquisition's owner token.
+    pub fn owner_token(&self) -> &OwnerToken {
+        &self.info.token
+    }
+
+    /// The fencing token: strictly greater than any earlier holder's of this name.
+    pub fn fencing_token(&self) -> FencingToken {
+        self.info.fencing_token
+    }
+
+    /// When the lock was acquired.
+    pub fn acquired_at(&self) -> Instant {
+        self.info.acquired_at
+    }
+
+    /// Until when the hold is guaranteed, on the monotonic clock: measured from before
+    /// the winning request was sent, minus a drift margin. Renewals move it forward.
+    pub fn valid_until(&self) -> Instant {
+        self.info.valid_until.load()
+    }
+
+    /// The current state.
+    pub fn state(&self) -> LockState {
+        self.info.state()
+    }
+
+    /// Whether the state is [`LockState::Held`] and the deadline has not passed.
+    pub fn is_held(&self) -> bool {
+        self.state() == LockState::Held && Instant::now() < self.valid_until()
+    }
+
+    /// A watch of this hold's state, which outlives the guard.
+    pub fn watch(&self) -> LockWatch {
+        self.info.watch()
+    }
+
+    /// Resolves when the lock is lost, with the reason.
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        let mut watch = self.watch();
+        async move { watch.lost().await }
+    }
+
+    /// Renews the hold now for its TTL and returns the new validity deadline.
+    ///
+    /// # Errors
+    /// [`crate::Error::Lost`] if the lock is no longer held; connection errors if the
+    /// renewal could not be made (the state becomes [`LockState::Suspect`]).
+    pub async fn extend(&self) -> Result<Instant> {
+        self.ops.extend(self.info.id, None).await
+    }
+
+    /// Renews the hold now for `ttl` (backends with a session-wide lease reject a
+    /// different value) and returns the new validity deadline.
+    ///
+    /// # Errors
+    /// As [`LockGuard::extend`], and [`crate::Error::Unsupported`] for a TTL the
+    /// backend cannot honour.
+    pub async fn extend_for(&self, ttl: Duration) -> Result<Instant> {
+        self.ops.extend(self.info.id, Some(ttl)).await
+    }
+
+    /// Releases the lock and reports what happened.
+    ///
+    /// # Cancellation
+    /// Once called, the release completes in the background even if this future is
+    /// dropped.
+    ///
+    /// # Errors
+    /// Connection errors if the server could not be told; the server-side TTL then
+    /// frees the lock.
+    pub async fn release(mut self) -> Result<ReleaseOutcome> {
+        self.released = true;
+        self.ops.release(self.info.id).await
+    }
+}
+
+impl Drop for LockGuard {
+    fn drop(&mut self) {
+        if !self.released {
+            self.ops.release_in_background(self.info.id);
+        }
+    }
+}
+
+impl fmt::Debug for LockGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LockGuard")
+            .field("name", &self.info.name)
+            .field("fencing_token", &self.info.fencing_token)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}

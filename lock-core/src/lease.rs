@@ -1,0 +1,792 @@
+//! The lease machinery shared by every backend: the renewal watchdog (one batched
+//! renewal per interval per client), the Held / Suspect / Lost state machine, validity
+//! deadlines, the hold cap, reentrancy by owner id, and background release.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, timeout, timeout_at, Instant};
+
+use crate::backend::{
+    AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionHealth,
+    SessionStatus,
+};
+use crate::capabilities::Capabilities;
+use crate::error::{Error, Result};
+use crate::guard::{
+    AtomicInstant, HoldInfo, HoldOps, LockGuard, LockState, LostReason, ReleaseOutcome,
+};
+use crate::lock::{check_wait, DistributedLock};
+use crate::name::LockName;
+use crate::options::{check_duration, AcquireOptions, LockOptions, RenewalMode, Wait};
+use crate::token::{OwnerId, OwnerToken};
+
+/// The safety margin taken off every lease: 1 % of it plus 2 ms, for clock-rate drift
+/// between client and server and for scheduling delay.
+pub fn drift_margin(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+/// The validity deadline of a lease granted for a request sent at `requested_at`.
+pub fn validity_deadline(requested_at: Instant, lease: Duration) -> Instant {
+    requested_at + lease.saturating_sub(drift_margin(lease))
+}
+
+/// Turns a [`Backend`] into a [`DistributedLock`], adding everything that is the same for
+/// every backend.
+pub struct LeaseClient<B: Backend> {
+    keeper: Arc<Keeper<B>>,
+}
+
+impl<B: Backend> LeaseClient<B> {
+    /// Wraps `backend` with client-wide defaults `options`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if `options` are out of range for the backend.
+    pub fn new(backend: B, options: LockOptions) -> Result<Self> {
+        options.validate()?;
+        let capabilities = backend.capabilities();
+        check_ttl(&capabilities, options.ttl)?;
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let keeper = Arc::new_cyclic(|me| Keeper {
+            me: me.clone(),
+            backend,
+            options,
+            capabilities,
+            commands,
+            receiver: Mutex::new(Some(receiver)),
+            next_id: AtomicU64::new(1),
+            base: Instant::now(),
+            table: Mutex::new(Table::default()),
+            gates: Mutex::new(HashMap::new()),
+        });
+        Ok(LeaseClient { keeper })
+    }
+
+    /// The backend, for backend-specific operations.
+    pub fn backend(&self) -> &B {
+        &self.keeper.backend
+    }
+
+    /// How many holds this client tracks right now (held, suspect, or lost but not yet
+    /// released by their guard).
+    pub fn tracked_holds(&self) -> usize {
+        self.keeper.table().holds.len()
+    }
+}
+
+impl<B: Backend> fmt::Debug for LeaseClient<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseClient")
+            .field("backend", &self.keeper.backend)
+            .field("options", &self.keeper.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> fmt::Display for LeaseClient<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.keeper.backend, f)
+    }
+}
+
+#[async_trait]
+impl<B: Backend> DistributedLock for LeaseClient<B> {
+    async fn acquire(
+        &self,
+        name: &LockName,
+        options: &AcquireOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.keeper.acquire(name, options).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.keeper.capabilities.clone()
+    }
+
+    fn options(&self) -> &LockOptions {
+        &self.keeper.options
+    }
+}
+
+fn check_ttl(capabilities: &Capabilities, ttl: Duration) -> Result<()> {
+    check_duration("ttl", ttl)?;
+    if ttl < capabilities.min_ttl {
+        return Err(Error::config(format!(
+            "ttl {ttl:?} is below the {} minimum of {:?}",
+            capabilities.backend, capabilities.min_ttl
+        )));
+    }
+    Ok(())
+}
+
+/// One tracked hold.
+struct Entry<H> {
+    info: Arc<HoldInfo>,
+    hold: Arc<H>,
+    ttl: Duration,
+    renewal: RenewalMode,
+    cap_at: Option<Instant>,
+    session: u64,
+    owner: Option<OwnerId>,
+    /// Guards sharing this hold (reentrancy).
+    refs: usize,
+    /// When the watchdog renews next.
+    renew_due: Instant,
+    /// The last renewal attempt failed.
+    renew_failing: bool,
+    /// The server copy was already released (hold cap).
+    server_released: bool,
+}
+
+impl<H> Entry<H> {
+    /// The TTL to ask for now: the hold's TTL, cut at the hold cap.
+    fn effective_ttl(&self, wanted: Duration, now: Instant) -> Option<Duration> {
+        match self.cap_at {
+            Some(cap) if cap <= now => None,
+            Some(cap) => Some(wanted.min(cap - now)),
+            None => Some(wanted),
+        }
+    }
+
+    fn refresh_state(&self, session_suspended: bool) {
+        let next = if self.renew_failing || session_suspended {
+            LockState::Suspect
+        } else {
+            LockState::Held
+        };
+        self.info.transition(next);
+    }
+
+    fn lost_error(&self) -> Option<Error> {
+        match self.info.state() {
+            LockState::Lost(reason) => Some(Error::Lost {
+                name: self.info.name.to_string(),
+                reason,
+            }),
+            _ => None,
+        }
+    }
+}
+
+struct Table<H> {
+    holds: HashMap<u64, Entry<H>>,
+    reentrant: HashMap<(LockName, OwnerId), u64>,
+    session_suspended: bool,
+    renewal: Option<JoinHandle<()>>,
+}
+
+impl<H> Default for Table<H> {
+    fn default() -> Self {
+        Table {
+            holds: HashMap::new(),
+            reentrant: HashMap::new(),
+            session_suspended: false,
+            renewal: None,
+        }
+    }
+}
+
+enum Command<B: Backend> {
+    /// Re-plan the schedule.
+    Wake,
+    /// Release a hold whose last guard was dropped.
+    Release(Arc<Keeper<B>>, Entry<B::Hold>),
+}
+
+type Gate = Arc<tokio::sync::Mutex<()>>;
+
+struct Keeper<B: Backend> {
+    me: Weak<Keeper<B>>,
+    backend: B,
+    options: LockOptions,
+    capabilities: Capabilities,
+    commands: mpsc::UnboundedSender<Command<B>>,
+    receiver: Mutex<Option<mpsc::UnboundedReceiver<Command<B>>>>,
+    next_id: AtomicU64,
+    base: Instant,
+    table: Mutex<Table<B::Hold>>,
+    /// Serializes reentrant acquisitions of one (name, owner).
+    gates: Mutex<HashMap<(LockName, OwnerId), Gate>>,
+}
+
+impl<B: Backend> fmt::Debug for Keeper<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keeper")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock_table<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding the lock cannot leave the table inconsistent in a way
+    // that matters more than losing the lock service altogether.
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl<B: Backend> Keeper<B> {
+    fn table(&self) -> MutexGuard<'_, Table<B::Hold>> {
+        lock_table(&self.table)
+    }
+
+    fn arc(&self) -> Option<Arc<Self>> {
+        self.me.upgrade()
+    }
+
+    fn wake(&self) {
+        // Fails only when the keeper task has ended, when there is nothing to re-plan.
+        let _ = self.commands.send(Command::Wake);
+    }
+
+    /// Starts the keeper task on first use (we are inside the runtime then).
+    fn ensure_task(&self) {
+        let Some(receiver) = lock_table(&self.receiver).take() else {
+            return;
+        };
+        let session = self.backend.session();
+        tokio::spawn(run_keeper(self.me.clone(), receiver, session));
+    }
+
+    async fn acquire(
+        &self,
+        name: &LockName,
+        options: &AcquireOptions,
+    ) -> Result<Option<LockGuard>> {
+        let ttl = options.ttl.unwrap_or(self.options.ttl);
+        check_ttl(&self.capabilities, ttl)?;
+        if !self.capabilities.per_lock_ttl && ttl != self.options.ttl {
+            return Err(Error::Unsupported {
+                backend: self.capabilities.backend,
+                operation: format!(
+                    "a per-lock ttl ({ttl:?}); this backend uses one session-wide lease of {:?}",
+                    self.options.ttl
+                ),
+            });
+        }
+        if let Some(cap) = options.max_hold {
+            check_duration("max_hold", cap)?;
+        }
+        check_wait(options.wait)?;
+        self.ensure_task();
+
+        let Some(owner) = &options.owner else {
+            return self.acquire_new(name, options, ttl).await;
+        };
+        let key = (name.clone(), owner.clone());
+        let gate = Arc::clone(lock_table(&self.gates).entry(key.clone()).or_default());
+        let result = {
+            let _serialized = gate.lock().await;
+            match self.reenter(&key) {
+                Some(guard) => Ok(Some(guard)),
+                None => self.acquire_new(name, options, ttl).await,
+            }
+        };
+        let mut gates = lock_table(&self.gates);
+        if gates.get(&key).is_some_and(|g| Arc::strong_count(g) == 2) {
+            gates.remove(&key);
+        }
+        result
+    }
+
+    /// A new guard on an existing hold of the same (name, owner), if any.
+    fn reenter(&self, key: &(LockName, OwnerId)) -> Option<LockGuard> {
+        let mut table = self.table();
+        let id = *table.reentrant.get(key)?;
+        let entry = table.holds.get_mut(&id)?;
+        if entry.info.state().is_lost() {
+            return None;
+        }
+        entry.refs += 1;
+        let info = Arc::clone(&entry.info);
+        drop(table);
+        Some(LockGuard::new(info, self.arc()?))
+    }
+
+    async fn acquire_new(
+        &self,
+        name: &LockName,
+        options: &AcquireOptions,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        let token = OwnerToken::generate();
+        let request = AcquireRequest {
+            name,
+            token: &token,
+            ttl,
+            wait: !matches!(options.wait, Wait::Try),
+        };
+        let started = Instant::now();
+        let attempt = self.backend.acquire(request);
+        let acquired = match options.wait {
+            Wait::Timeout(limit) => match timeout_at(started + limit, attempt).await {
+                Ok(result) => result?,
+                Err(_) => {
+                    return Err(Error::Timeout {
+                        name: name.to_string(),
+                        waited: started.elapsed(),
+                    })
+                }
+            },
+            Wait::Try | Wait::Forever => attempt.await?,
+        };
+        let Some(acquired) = acquired else {
+            return Ok(None);
+        };
+        self.register(name, token, ttl, options, acquired).map(Some)
+    }
+
+    /// Starts tracking a fresh hold. Synchronous, so an acquire cancelled after the
+    /// backend granted the lock cannot leave it untracked.
+    fn register(
+        &self,
+        name: &LockName,
+        token: OwnerToken,
+        ttl: Duration,
+        options: &AcquireOptions,
+        acquired: Acquired<B::Hold>,
+    ) -> Result<LockGuard> {
+        let now = Instant::now();
+        let valid_until = validity_deadline(acquired.requested_at, acquired.lease);
+        let renewal = options.renewal.unwrap_or(self.options.renewal);
+        let cap = options.max_hold.or(self.options.max_hold);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (state, _) = watch::channel(LockState::Held);
+        let info = Arc::new(HoldInfo {
+            id,
+            name: name.clone(),
+            token,
+            fencing_token: acquired.fencing_token,
+            acquired_at: acquired.requested_at,
+            valid_until: Arc::new(AtomicInstant::new(self.base, valid_until)),
+            state,
+        });
+        let entry = Entry {
+            info: Arc::clone(&info),
+            hold: Arc::new(acquired.hold),
+            ttl,
+            renewal,
+            cap_at: cap.map(|cap| acquired.requested_at + cap),
+            session: acquired.session,
+            owner: options.owner.clone(),
+            refs: 1,
+            renew_due: acquired.requested_at + ttl / 3,
+            renew_failing: false,
+            server_released: false,
+        };
+        let Some(me) = self.arc() else {
+            return Err(Error::config("lock client is shutting down"));
+        };
+        if valid_until <= now {
+            let _ = self.commands.send(Command::Release(Arc::clone(&me), entry));
+            return Err(Error::Unavailable {
+                backend: self.capabilities.backend,
+                message: format!("the lease on `{name}` ran out before the grant arrived"),
+                source: None,
+            });
+        }
+        let mut table = self.table();
+        if let Some(owner) = &entry.owner {
+            table.reentrant.insert((name.clone(), owner.clone()), id);
+        }
+        table.holds.insert(id, entry);
+        drop(table);
+        self.wake();
+        Ok(LockGuard::new(info, me))
+    }
+
+    /// Removes a guard's reference; returns the entry when it was the last one.
+    fn unref(&self, id: u64) -> Option<Entry<B::Hold>> {
+        let mut table = self.table();
+        let entry = table.holds.get_mut(&id)?;
+        entry.refs -= 1;
+        if entry.refs > 0 {
+            return None;
+        }
+        let entry = table.holds.remove(&id)?;
+        if let Some(owner) = &entry.owner {
+            let key = (entry.info.name.clone(), owner.clone());
+            if table.reentrant.get(&key) == Some(&id) {
+                table.reentrant.remove(&key);
+            }
+        }
+        Some(entry)
+    }
+
+    /// Releases an entry on the server and ends its state.
+    async fn finish_release(&self, entry: Entry<B::Hold>) -> Result<ReleaseOutcome> {
+        let prior = entry.info.state();
+        entry.info.transition(LockState::Lost(LostReason::Released));
+        if entry.server_released {
+            return Ok(ReleaseOutcome::AlreadyLost(match prior {
+                LockState::Lost(reason) => reason,
+                _ => LostReason::HoldCapReached,
+            }));
+        }
+        let result = timeout(
+            self.options.request_timeout,
+            self.backend.release(&entry.hold),
+        )
+        .await
+        .unwrap_or_else(|_| Err(self.deadline_error("release")));
+        match (prior, result) {
+            (LockState::Lost(reason), _) => Ok(ReleaseOutcome::AlreadyLost(reason)),
+            (_, Ok(BackendRelease::Released)) => Ok(ReleaseOutcome::Released),
+            (_, Ok(BackendRelease::NotOwner(reason))) => Ok(ReleaseOutcome::AlreadyLost(reason)),
+            (_, Err(err)) => Err(err),
+        }
+    }
+
+    fn deadline_error(&self, what: &str) -> Error {
+        Error::Connection {
+            backend: self.capabilities.backend,
+            message: format!(
+                "{what} got no answer within {:?}",
+                self.options.request_timeout
+            ),
+            source: None,
+        }
+    }
+
+    async fn extend_hold(&self, id: u64, ttl: Option<Duration>) -> Result<Instant> {
+        let (hold, info, ttl) = {
+            let table = self.table();
+            let entry = table.holds.get(&id).ok_or_else(|| Error::NotHeld {
+                name: String::new(),
+                message: "the hold was already released".into(),
+            })?;
+            if let Some(err) = entry.lost_error() {
+                return Err(err);
+            }
+            let wanted = ttl.unwrap_or(entry.ttl);
+            check_ttl(&self.capabilities, wanted)?;
+            if !self.capabilities.per_lock_ttl && wanted != entry.ttl {
+                return Err(Error::Unsupported {
+                    backend: self.capabilities.backend,
+                    operation: "extending one hold with a different ttl".into(),
+                });
+            }
+            let Some(effective) = entry.effective_ttl(wanted, Instant::now()) else {
+                return Err(Error::Lost {
+                    name: entry.info.name.to_string(),
+                    reason: LostReason::HoldCapReached,
+                });
+            };
+            (Arc::clone(&entry.hold), Arc::clone(&entry.info), effective)
+        };
+        let requested_at = Instant::now();
+        let items = [RenewItem { hold: &*hold, ttl }];
+        let result = timeout(self.options.request_timeout, self.backend.renew(&items))
+            .await
+            .unwrap_or_else(|_| Err(self.deadline_error("extend")));
+        let mut table = self.table();
+        let suspended = table.session_suspended;
+        let entry = table.holds.get_mut(&id);
+        let outcome = match result {
+            Ok(outcomes) => outcomes.first().copied().ok_or_else(|| Error::Protocol {
+                backend: self.capabilities.backend,
+                message: "renewal returned no outcome".into(),
+                source: None,
+            }),
+            Err(err) => Err(err),
+        };
+        match outcome {
+            Ok(RenewOutcome::Renewed { lease }) => {
+                let valid_until = validity_deadline(requested_at, lease);
+                if let Some(entry) = entry {
+                    if let Some(err) = entry.lost_error() {
+                        return Err(err);
+                    }
+                    info.valid_until.store(valid_until);
+                    entry.renew_due = requested_at + entry.ttl / 3;
+                    entry.renew_failing = false;
+                    entry.refresh_state(suspended);
+                }
+                drop(table);
+                self.wake();
+                Ok(valid_until)
+            }
+            Ok(RenewOutcome::Lost(reason)) => {
+                info.transition(LockState::Lost(reason));
+                Err(Error::Lost {
+                    name: info.name.to_string(),
+                    reason,
+                })
+            }
+            Err(err) => {
+                if let Some(entry) = entry {
+                    entry.renew_failing = true;
+                    entry.refresh_state(suspended);
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Expires holds whose deadline or cap passed, starts a batched renewal of the holds
+    /// that are due, and returns when to look again.
+    fn plan(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let mut table = self.table();
+        let renewing = table
+            .renewal
+            .as_ref()
+            .is_some_and(|task| !task.is_finished());
+        let mut next: Option<Instant> = None;
+        let mut due = Vec::new();
+        let mut capped = Vec::new();
+        for (id, entry) in table.holds.iter_mut() {
+            if entry.info.state().is_lost() {
+                continue;
+            }
+            let valid_until = entry.info.valid_until.load();
+            // The last renewals are cut at the cap, so an expiry near the cap is the cap's.
+            let cap_reached = entry.cap_at.is_some_and(|cap| {
+                cap <= now || (valid_until <= now && cap <= valid_until + drift_margin(entry.ttl))
+            });
+            if cap_reached {
+                entry
+                    .info
+                    .transition(LockState::Lost(LostReason::HoldCapReached));
+                entry.server_released = true;
+                capped.push(Arc::clone(&entry.hold));
+                continue;
+            }
+            if valid_until <= now {
+                entry.info.transition(LockState::Lost(LostReason::Expired));
+                continue;
+            }
+            let mut wake_at = valid_until;
+            if let Some(cap) = entry.cap_at {
+                wake_at = wake_at.min(cap);
+            }
+            if entry.renewal == RenewalMode::Auto {
+                // Renew early rather than twice: batch holds due within a sixth of their TTL.
+                if entry.renew_due <= now + entry.ttl / 6 {
+                    if !renewing {
+                        due.push(*id);
+                    }
+                } else {
+                    wake_at = wake_at.min(entry.renew_due);
+                }
+            }
+            next = Some(next.map_or(wake_at, |n| n.min(wake_at)));
+        }
+        if !due.is_empty() {
+            if let Some(me) = self.arc() {
+                table.renewal = Some(tokio::spawn(me.renew_batch(due)));
+            }
+        }
+        drop(table);
+        for hold in capped {
+            if let Some(me) = self.arc() {
+                tokio::spawn(async move {
+                    let released = timeout(me.options.request_timeout, me.backend.release(&hold));
+                    if let Ok(Err(err)) = released.await {
+                        tracing::warn!(error = %err, "release at the hold cap failed; the TTL ends the hold");
+                    }
+                });
+            }
+        }
+        next
+    }
+
+    /// Renews the holds `ids` in one backend call.
+    async fn renew_batch(self: Arc<Self>, ids: Vec<u64>) {
+        let now = Instant::now();
+        let mut earliest = now + self.options.request_timeout;
+        let batch: Vec<(u64, Arc<B::Hold>, Duration)> = {
+            let table = self.table();
+            ids.iter()
+                .filter_map(|id| {
+                    let entry = table.holds.get(id)?;
+                    if entry.info.state().is_lost() {
+                        return None;
+                    }
+                    earliest = earliest.min(entry.info.valid_until.load());
+                    Some((
+                        *id,
+                        Arc::clone(&entry.hold),
+                        entry.effective_ttl(entry.ttl, now)?,
+                    ))
+                })
+                .collect()
+        };
+        if batch.is_empty() {
+            self.wake();
+            return;
+        }
+        let items: Vec<RenewItem<'_, B::Hold>> = batch
+            .iter()
+            .map(|(_, hold, ttl)| RenewItem {
+                hold: &**hold,
+                ttl: *ttl,
+            })
+            .collect();
+        let requested_at = Instant::now();
+        let result = match timeout_at(earliest.max(requested_at), self.backend.renew(&items)).await
+        {
+            Ok(Ok(outcomes)) if outcomes.len() == items.len() => Ok(outcomes),
+            Ok(Ok(_)) => Err("renewal returned the wrong number of outcomes".to_owned()),
+            Ok(Err(err)) => Err(err.to_string()),
+            Err(_) => Err("renewal got no answer before the validity deadline".to_owned()),
+        };
+        drop(items);
+        let mut table = self.table();
+        let suspended = table.session_suspended;
+        match result {
+            Ok(outcomes) => {
+                for ((id, _, _), outcome) in batch.iter().zip(outcomes) {
+                    let Some(entry) = table.holds.get_mut(id) else {
+                        continue;
+                    };
+                    match outcome {
+                        RenewOutcome::Renewed { lease } => {
+                            if entry.info.state().is_lost() {
+                                continue;
+                            }
+                            entry
+                                .info
+                                .valid_until
+                                .store(validity_deadline(requested_at, lease));
+                            entry.renew_due = requested_at + entry.ttl / 3;
+                            entry.renew_failing = false;
+                            entry.refresh_state(suspended);
+                        }
+                        RenewOutcome::Lost(reason) => {
+                            entry.info.transition(LockState::Lost(reason));
+                        }
+                    }
+                }
+            }
+            Err(message) => {
+                tracing::warn!(backend = self.capabilities.backend, %message, holds = batch.len(), "renewal failed; holds are suspect");
+                let retry_at = Instant::now();
+                for (id, _, _) in &batch {
+                    let Some(entry) = table.holds.get_mut(id) else {
+                        continue;
+                    };
+                    entry.renew_failing = true;
+                    entry.renew_due = retry_at + (entry.ttl / 10).max(Duration::from_millis(10));
+                    entry.refresh_state(suspended);
+                }
+            }
+        }
+        drop(table);
+        self.wake();
+    }
+
+    fn apply_session(&self, status: SessionStatus) {
+        let mut table = self.table();
+        table.session_suspended = status.health == SessionHealth::Suspended;
+        let suspended = table.session_suspended;
+        for entry in table.holds.values_mut() {
+            if entry.session < status.epoch
+                || (entry.session == status.epoch && status.health == SessionHealth::Expired)
+            {
+                entry
+                    .info
+                    .transition(LockState::Lost(LostReason::SessionExpired));
+            } else if entry.session == status.epoch {
+                entry.refresh_state(suspended);
+            }
+        }
+    }
+}
+
+async fn run_keeper<B: Backend>(
+    keeper: Weak<Keeper<B>>,
+    mut commands: mpsc::UnboundedReceiver<Command<B>>,
+    mut session: Option<watch::Receiver<SessionStatus>>,
+) {
+    const IDLE: Duration = Duration::from_secs(3600);
+    loop {
+        let next = match keeper.upgrade() {
+            Some(keeper) => keeper.plan(),
+            None => return,
+        };
+        let next = next.unwrap_or_else(|| Instant::now() + IDLE);
+        tokio::select! {
+            command = commands.recv() => match command {
+                None => return,
+                Some(Command::Wake) => {}
+                Some(Command::Release(keeper, entry)) => {
+                    tokio::spawn(async move {
+                        let name = entry.info.name.clone();
+                        if let Err(err) = keeper.finish_release(entry).await {
+                            tracing::warn!(lock = %name, error = %err, "background release failed; the TTL ends the hold");
+                        }
+                    });
+                }
+            },
+            _ = sleep_until(next) => {}
+            status = session_change(&mut session) => {
+                match (status, keeper.upgrade()) {
+                    (Some(status), Some(keeper)) => keeper.apply_session(status),
+                    (None, _) => session = None,
+                    (_, None) => return,
+                }
+            }
+        }
+    }
+}
+
+async fn session_change(
+    session: &mut Option<watch::Receiver<SessionStatus>>,
+) -> Option<SessionStatus> {
+    match session {
+        Some(receiver) => match receiver.changed().await {
+            Ok(()) => Some(*receiver.borrow_and_update()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+impl<B: Backend> HoldOps for Keeper<B> {
+    fn extend(&self, id: u64, ttl: Option<Duration>) -> BoxFuture<'_, Result<Instant>> {
+        Box::pin(self.extend_hold(id, ttl))
+    }
+
+    fn release(&self, id: u64) -> BoxFuture<'_, Result<ReleaseOutcome>> {
+        Box::pin(async move {
+            let Some(entry) = self.unref(id) else {
+                // Another guard of a reentrant hold still holds it.
+                return Ok(ReleaseOutcome::Released);
+            };
+            let Some(me) = self.arc() else {
+                return Err(Error::config("lock client is shutting down"));
+            };
+            // Spawned so the release completes even if this future is dropped.
+            let task = tokio::spawn(async move { me.finish_release(entry).await });
+            task.await.map_err(|err| Error::Protocol {
+                backend: self.capabilities.backend,
+                message: "release task failed".into(),
+                source: Some(Box::new(err)),
+            })?
+        })
+    }
+
+    fn release_in_background(&self, id: u64) {
+        let Some(entry) = self.unref(id) else { return };
+        match self.arc() {
+            Some(me) => {
+                let _ = self.commands.send(Command::Release(me, entry));
+            }
+            None => {
+                entry.info.transition(LockState::Lost(LostReason::Released));
+            }
+        }
+    }
+}

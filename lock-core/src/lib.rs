@@ -1,0 +1,31 @@
+#![doc = include_str!("../README.md")]
+
+pub mod backend;
+mod capabilities;
+mod error;
+mod guard;
+mod lease;
+mod lock;
+pub mod memory;
+mod name;
+mod options;
+mod registry;
+mod run;
+mod token;
+
+pub use capabilities::{Capabilities, FencingSource};
+pub use error::{BoxError, Error, ErrorKind, Result};
+pub use guard::{LockGuard, LockState, LockWatch, LostReason, ReleaseOutcome};
+pub use lease::{drift_margin, validity_deadline, LeaseClient};
+pub use lock::{DistributedLock, DistributedLockExt};
+pub use name::{escape, LockName, MAX_NAME_BYTES};
+pub use options::{
+    format_duration, parse_duration, AcquireOptions, LockOptions, RenewalMode, Wait,
+    DEFAULT_RECHECK, DEFAULT_REQUEST_TIMEOUT, DEFAULT_TTL, MAX_DURATION,
+};
+pub use registry::{connect, redact, registry, ConnectFuture, Connector, Registry};
+pub use run::{LockContext, RunOutcome};
+pub use token::{FencingToken, OwnerId, OwnerToken};
+
+/// The instant type used for validity deadlines (tokio's monotonic clock).
+pub use tokio::time::Instant;

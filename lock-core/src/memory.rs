@@ -1,0 +1,444 @@
+//! `memory://`, the in-process reference backend: every rule of the contract (TTL expiry,
+//! fencing, FIFO hand-off, lost signal, cancellation) with no server.
+//!
+//! Clients connected to the same space (`memory://SPACE`) share locks; `memory://` is
+//! the process-wide default space.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::Notify;
+use tokio::time::{sleep_until, Instant};
+use url::Url;
+
+use crate::backend::{AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome};
+use crate::capabilities::{Capabilities, FencingSource};
+use crate::error::{Error, Result};
+use crate::guard::LostReason;
+use crate::lease::LeaseClient;
+use crate::lock::DistributedLock;
+use crate::name::LockName;
+use crate::options::LockOptions;
+use crate::registry::{ConnectFuture, Registry};
+use crate::token::{FencingToken, OwnerToken};
+
+/// The URL schemes of this backend.
+pub const SCHEMES: &[&str] = &["memory"];
+
+/// A lock client on the in-memory backend.
+pub type MemoryLock = LeaseClient<MemoryBackend>;
+
+pub(crate) fn register_into(registry: &Registry) {
+    for scheme in SCHEMES {
+        registry.register(scheme, connect_url);
+    }
+}
+
+fn connect_url(url: Url) -> ConnectFuture {
+    Box::pin(async move {
+        let client: Arc<dyn DistributedLock> = Arc::new(MemoryBackend::from_url(&url)?);
+        Ok(client)
+    })
+}
+
+/// A set of locks shared by the memory clients connected to it.
+pub struct MemorySpace {
+    name: String,
+    slots: Mutex<HashMap<LockName, Slot>>,
+    next_waiter: AtomicU64,
+}
+
+#[derive(Default)]
+struct Slot {
+    holder: Option<Holder>,
+    fence: u64,
+    queue: VecDeque<Arc<Waiter>>,
+}
+
+struct Holder {
+    token: OwnerToken,
+    expires_at: Instant,
+}
+
+struct Waiter {
+    id: u64,
+    token: OwnerToken,
+    ttl: Duration,
+    grant: Mutex<Option<(FencingToken, Instant)>>,
+    notify: Notify,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Slot {
+    /// Drops an expired holder and hands a free lock to the first waiter.
+    fn settle(&mut self, now: Instant) {
+        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
+            self.holder = None;
+        }
+        if self.holder.is_none() {
+            if let Some(waiter) = self.queue.pop_front() {
+                let fence = self.grant(&waiter.token, waiter.ttl, now);
+                *locked(&waiter.grant) = Some((fence, now));
+                waiter.notify.notify_one();
+            }
+        }
+    }
+
+    fn grant(&mut self, token: &OwnerToken, ttl: Duration, now: Instant) -> FencingToken {
+        self.fence += 1;
+        self.holder = Some(Holder {
+            token: token.clone(),
+            expires_at: now + ttl,
+        });
+        FencingToken(self.fence)
+    }
+
+    /// Why `token` does not hold this slot, or `None` if it does.
+    fn not_owner(&self, token: &OwnerToken, now: Instant) -> Option<LostReason> {
+        match &self.holder {
+            Some(h) if h.token == *token && h.expires_at > now => None,
+            Some(h) if h.token == *token => Some(LostReason::Expired),
+            Some(_) => Some(LostReason::Taken),
+            None => Some(LostReason::Vanished),
+        }
+    }
+
+    fn is_idle(&self) -> bool {
+        self.holder.is_none() && self.queue.is_empty()
+    }
+}
+
+impl MemorySpace {
+    /// The space called `name`, shared by everyone in this process who asks for it.
+    pub fn named(name: &str) -> Arc<MemorySpace> {
+        static SPACES: OnceLock<Mutex<HashMap<String, Weak<MemorySpace>>>> = OnceLock::new();
+        let mut spaces = locked(SPACES.get_or_init(Default::default));
+        spaces.retain(|_, space| space.strong_count() > 0);
+        if let Some(space) = spaces.get(name).and_then(Weak::upgrade) {
+            return space;
+        }
+        let space = Arc::new(MemorySpace {
+            name: name.to_owned(),
+            slots: Mutex::new(HashMap::new()),
+            next_waiter: AtomicU64::new(1),
+        });
+        spaces.insert(name.to_owned(), Arc::downgrade(&space));
+        space
+    }
+
+    fn slots(&self) -> MutexGuard<'_, HashMap<LockName, Slot>> {
+        locked(&self.slots)
+    }
+
+    /// Removes the holder of `name` behind its back (as an operator or a clock jump
+    /// would). Returns whether there was one.
+    pub fn steal(&self, name: &LockName) -> bool {
+        let mut slots = self.slots();
+        let Some(slot) = slots.get_mut(name) else {
+            return false;
+        };
+        let had = slot.holder.take().is_some();
+        slot.settle(Instant::now());
+        had
+    }
+
+    /// The owner token currently holding `name`, if any.
+    pub fn holder(&self, name: &LockName) -> Option<OwnerToken> {
+        let mut slots = self.slots();
+        let slot = slots.get_mut(name)?;
+        slot.settle(Instant::now());
+        slot.holder.as_ref().map(|h| h.token.clone())
+    }
+
+    /// How many acquirers are queued on `name`.
+    pub fn waiters(&self, name: &LockName) -> usize {
+        self.slots().get(name).map_or(0, |slot| slot.queue.len())
+    }
+
+    /// Names with a live holder or a queued waiter.
+    pub fn busy_names(&self) -> Vec<LockName> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        slots
+            .iter_mut()
+            .filter_map(|(name, slot)| {
+                slot.settle(now);
+                (!slot.is_idle()).then(|| name.clone())
+            })
+            .collect()
+    }
+
+    fn try_take(&self, name: &LockName, token: &OwnerToken, ttl: Duration) -> Option<FencingToken> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let slot = slots.entry(name.clone()).or_default();
+        slot.settle(now);
+        (slot.holder.is_none() && slot.queue.is_empty()).then(|| slot.grant(token, ttl, now))
+    }
+
+    /// Removes a waiter that gave up; releases the lock if it was granted meanwhile.
+    fn abandon(&self, name: &LockName, waiter: &Waiter) {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let Some(slot) = slots.get_mut(name) else {
+            return;
+        };
+        slot.queue.retain(|w| w.id != waiter.id);
+        if slot
+            .holder
+            .as_ref()
+            .is_some_and(|h| h.token == waiter.token)
+        {
+            slot.holder = None;
+        }
+        slot.settle(now);
+        if slot.is_idle() && slot.fence == 0 {
+            slots.remove(name);
+        }
+    }
+}
+
+impl fmt::Debug for MemorySpace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemorySpace")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The protocol half of a memory client.
+pub struct MemoryBackend {
+    space: Arc<MemorySpace>,
+    recheck: Duration,
+    crashed: AtomicBool,
+}
+
+impl MemoryBackend {
+    /// A client of `space`.
+    pub fn client(space: Arc<MemorySpace>, options: LockOptions) -> Result<MemoryLock> {
+        let recheck = options.recheck;
+        LeaseClient::new(
+            MemoryBackend {
+                space,
+                recheck,
+                crashed: AtomicBool::new(false),
+            },
+            options,
+        )
+    }
+
+    /// A client for `memory://[SPACE][?options]`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a path, credentials or an unknown query key.
+    pub fn from_url(url: &Url) -> Result<MemoryLock> {
+        if !SCHEMES.contains(&url.scheme()) {
+            return Err(Error::config(format!(
+                "memory backend cannot serve scheme `{}`",
+                url.scheme()
+            )));
+        }
+        if !matches!(url.path(), "" | "/") {
+            return Err(Error::config(
+                "memory:// URLs take a space name as host and no path",
+            ));
+        }
+        if !url.username().is_empty() || url.password().is_some() || url.port().is_some() {
+            return Err(Error::config(
+                "memory:// URLs take no credentials and no port",
+            ));
+        }
+        let mut options = LockOptions::default();
+        for (key, value) in url.query_pairs() {
+            if !options.apply_query_pair(&key, &value)? {
+                return Err(Error::config(format!(
+                    "unknown memory:// option `{key}` (known: ttl, renewal, max_hold, request_timeout, recheck)"
+                )));
+            }
+        }
+        let space = MemorySpace::named(url.host_str().unwrap_or("default"));
+        MemoryBackend::client(space, options)
+    }
+
+    /// The space this client uses.
+    pub fn space(&self) -> &Arc<MemorySpace> {
+        &self.space
+    }
+
+    /// Simulates a crashed or partitioned client: from now on no request of this client
+    /// reaches the space (they hang), so its holds end only by TTL.
+    pub fn crash(&self) {
+        self.crashed.store(true, Ordering::SeqCst);
+    }
+
+    async fn reachable(&self) {
+        if self.crashed.load(Ordering::SeqCst) {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl fmt::Debug for MemoryBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryBackend")
+            .field("space", &self.space.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for MemoryBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "memory://{}", self.space.name)
+    }
+}
+
+/// A hold on the memory backend.
+#[derive(Debug)]
+pub struct MemoryHold {
+    name: LockName,
+    token: OwnerToken,
+}
+
+/// Removes a queued waiter if the acquire future is dropped.
+struct QueuedWaiter<'a> {
+    space: &'a MemorySpace,
+    name: &'a LockName,
+    waiter: Arc<Waiter>,
+    done: bool,
+}
+
+impl Drop for QueuedWaiter<'_> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.space.abandon(self.name, &self.waiter);
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for MemoryBackend {
+    type Hold = MemoryHold;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new("memory")
+            .fair(true)
+            .fencing(FencingSource::Counter)
+    }
+
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<MemoryHold>>> {
+        self.reachable().await;
+        let requested_at = Instant::now();
+        let hold = || MemoryHold {
+            name: request.name.clone(),
+            token: request.token.clone(),
+        };
+        if let Some(fence) = self
+            .space
+            .try_take(request.name, request.token, request.ttl)
+        {
+            return Ok(Some(Acquired {
+                hold: hold(),
+                fencing_token: fence,
+                requested_at,
+                lease: request.ttl,
+                session: 0,
+            }));
+        }
+        if !request.wait {
+            return Ok(None);
+        }
+        let waiter = Arc::new(Waiter {
+            id: self.space.next_waiter.fetch_add(1, Ordering::Relaxed),
+            token: request.token.clone(),
+            ttl: request.ttl,
+            grant: Mutex::new(None),
+            notify: Notify::new(),
+        });
+        let mut queued = QueuedWaiter {
+            space: &self.space,
+            name: request.name,
+            waiter: Arc::clone(&waiter),
+            done: false,
+        };
+        {
+            let mut slots = self.space.slots();
+            let slot = slots.entry(request.name.clone()).or_default();
+            slot.queue.push_back(Arc::clone(&waiter));
+            slot.settle(Instant::now());
+        }
+        loop {
+            let recheck_at = {
+                let now = Instant::now();
+                let mut slots = self.space.slots();
+                let slot = slots.entry(request.name.clone()).or_default();
+                slot.settle(now);
+                if let Some((fence, granted_at)) = *locked(&waiter.grant) {
+                    queued.done = true;
+                    return Ok(Some(Acquired {
+                        hold: hold(),
+                        fencing_token: fence,
+                        requested_at: granted_at,
+                        lease: request.ttl,
+                        session: 0,
+                    }));
+                }
+                let expiry = slot.holder.as_ref().map_or(now, |h| h.expires_at);
+                expiry.min(now + self.recheck)
+            };
+            tokio::select! {
+                _ = waiter.notify.notified() => {}
+                _ = sleep_until(recheck_at) => {}
+            }
+            self.reachable().await;
+        }
+    }
+
+    async fn renew(&self, items: &[RenewItem<'_, MemoryHold>]) -> Result<Vec<RenewOutcome>> {
+        self.reachable().await;
+        let now = Instant::now();
+        let mut slots = self.space.slots();
+        Ok(items
+            .iter()
+            .map(|item| {
+                let Some(slot) = slots.get_mut(&item.hold.name) else {
+                    return RenewOutcome::Lost(LostReason::Vanished);
+                };
+                if let Some(reason) = slot.not_owner(&item.hold.token, now) {
+                    slot.settle(now);
+                    return RenewOutcome::Lost(reason);
+                }
+                if let Some(holder) = slot.holder.as_mut() {
+                    holder.expires_at = now + item.ttl;
+                }
+                RenewOutcome::Renewed { lease: item.ttl }
+            })
+            .collect())
+    }
+
+    async fn release(&self, hold: &MemoryHold) -> Result<BackendRelease> {
+        self.reachable().await;
+        let now = Instant::now();
+        let mut slots = self.space.slots();
+        let Some(slot) = slots.get_mut(&hold.name) else {
+            return Ok(BackendRelease::NotOwner(LostReason::Vanished));
+        };
+        let outcome = match slot.not_owner(&hold.token, now) {
+            Some(reason) => BackendRelease::NotOwner(reason),
+            None => {
+                slot.holder = None;
+                BackendRelease::Released
+            }
+        };
+        slot.settle(now);
+        Ok(outcome)
+    }
+}

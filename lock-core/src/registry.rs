@@ -1,0 +1,204 @@
+//! Selecting a backend from a URL: backends register their schemes; [`connect`] builds
+//! the client for a URL.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, OnceLock, RwLock};
+
+use url::Url;
+
+use crate::error::{Error, Result};
+use crate::lock::DistributedLock;
+
+/// A future that builds a lock client.
+pub type ConnectFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>>> + Send>>;
+
+/// Builds a lock client from a parsed URL.
+pub type Connector = fn(Url) -> ConnectFuture;
+
+/// Schemes served by crates of this workspace, to name the crate when one is missing.
+const KNOWN_CRATES: &[(&str, &str)] = &[
+    ("redis", "lock-redis"),
+    ("rediss", "lock-redis"),
+    ("redlock", "lock-redis"),
+    ("zk", "lock-zookeeper"),
+    ("etcd", "lock-etcd"),
+    ("etcds", "lock-etcd"),
+];
+
+/// A table of URL schemes and the backends that serve them.
+#[derive(Default)]
+pub struct Registry {
+    connectors: RwLock<BTreeMap<String, Connector>>,
+}
+
+impl fmt::Debug for Registry {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Registry")
+            .field("schemes", &self.schemes())
+            .finish()
+    }
+}
+
+impl Registry {
+    /// An empty registry.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Registers `connector` for `scheme`, replacing any earlier one.
+    pub fn register(&self, scheme: &str, connector: Connector) {
+        self.connectors
+            .write()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(scheme.to_ascii_lowercase(), connector);
+    }
+
+    /// The registered schemes, sorted.
+    pub fn schemes(&self) -> Vec<String> {
+        self.connectors
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Builds a client for `url`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a malformed URL (the message never repeats the URL,
+    /// which may hold a password); [`Error::UnknownScheme`] listing the known schemes
+    /// and, where known, the crate that provides the missing one; whatever the backend
+    /// reports.
+    pub async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        let parsed = Url::parse(url).map_err(|err| Error::InvalidConfig {
+            message: format!("malformed lock URL: {err}"),
+            source: Some(Box::new(err)),
+        })?;
+        let scheme = parsed.scheme().to_owned();
+        let connector = self
+            .connectors
+            .read()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(&scheme)
+            .copied();
+        match connector {
+            Some(connect) => connect(parsed).await,
+            None => Err(Error::UnknownScheme {
+                hint: KNOWN_CRATES
+                    .iter()
+                    .find(|(known, _)| *known == scheme)
+                    .map(|(_, krate)| {
+                        format!(" (served by crate `{krate}`: add it and call its `register()`)")
+                    })
+                    .unwrap_or_default(),
+                scheme,
+                known: self.schemes(),
+            }),
+        }
+    }
+}
+
+/// The process-wide registry, with `memory://` registered.
+pub fn registry() -> &'static Registry {
+    static GLOBAL: OnceLock<Registry> = OnceLock::new();
+    GLOBAL.get_or_init(|| {
+        let registry = Registry::new();
+        crate::memory::register_into(&registry);
+        registry
+    })
+}
+
+/// Builds a client for `url` from the process-wide [`registry`].
+///
+/// ```
+/// # async fn demo() -> lock_core::Result<()> {
+/// use lock_core::DistributedLockExt;
+/// let locks = lock_core::connect("memory://docs?ttl=10s").await?;
+/// let guard = locks.lock("reports/daily").await?;
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// See [`Registry::connect`].
+pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
+    registry().connect(url).await
+}
+
+/// `url` with its password replaced by `***`, for logs and errors.
+pub fn redact(url: &Url) -> String {
+    let mut shown = url.clone();
+    if shown.password().is_some() {
+        // Only fails for URLs that cannot have credentials, which have no password.
+        let _ = shown.set_password(Some("***"));
+    }
+    let pairs: Vec<(String, String)> = shown
+        .query_pairs()
+        .map(|(k, v)| {
+            let secret = matches!(k.as_ref(), "password" | "pass" | "token" | "auth");
+            (
+                k.into_owned(),
+                if secret {
+                    "***".to_owned()
+                } else {
+                    v.into_owned()
+                },
+            )
+        })
+        .collect();
+    if !pairs.is_empty() {
+        shown.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    shown.to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[tokio::test]
+    async fn url_errors_are_typed_and_clear() {
+        let cases: &[(&str, ErrorKind, &str)] = &[
+            ("", ErrorKind::InvalidConfig, "malformed"),
+            ("not a url", ErrorKind::InvalidConfig, "malformed"),
+            ("foo://x", ErrorKind::UnknownScheme, "known schemes: memory"),
+            (
+                "redis://127.0.0.1:1",
+                ErrorKind::UnknownScheme,
+                "lock-redis",
+            ),
+            ("memory://x?ttl=abc", ErrorKind::InvalidConfig, "ttl"),
+            ("memory://x?ttl=0s", ErrorKind::InvalidConfig, "ttl"),
+            ("memory://x?bogus=1", ErrorKind::InvalidConfig, "bogus"),
+            ("memory://x/some/path", ErrorKind::InvalidConfig, "path"),
+        ];
+        for (url, kind, needle) in cases {
+            let err = Registry::new_with_memory().connect(url).await.unwrap_err();
+            assert_eq!(err.kind(), *kind, "{url}: {err}");
+            assert!(err.to_string().contains(needle), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn redaction_hides_passwords() {
+        let url =
+            Url::parse("redis://user:hunter2@127.0.0.1:6379/0?password=hunter3&ttl=5s").unwrap();
+        let shown = redact(&url);
+        assert!(!shown.contains("hunter"), "{shown}");
+        assert!(shown.contains("ttl=5s"), "{shown}");
+    }
+
+    impl Registry {
+        fn new_with_memory() -> Self {
+            let registry = Registry::new();
+            crate::memory::register_into(&registry);
+            registry
+        }
+    }
+}

@@ -1,0 +1,13 @@
+//! distlock etcd backend (etcd://, etcds://): one lease per client, acquire by transaction, concurrency.Mutex-compatible layout.
+//!
+//! This crate is a skeleton: its backend lands with its own issue. Until then
+//! [`register`] registers nothing and [`SCHEMES`] lists the schemes it will serve,
+//! so `lock_core::connect` names this crate when one of them is asked for.
+
+/// The URL schemes this crate serves once its backend lands.
+pub const SCHEMES: &[&str] = &[];
+
+/// Registers this crate's schemes in the process-wide registry.
+pub fn register() {
+    for _scheme in SCHEMES {}
+}
