@@ -6,6 +6,7 @@ mod error;
 mod guard;
 mod lease;
 mod lock;
+mod lock_url;
 pub mod memory;
 mod name;
 mod options;
@@ -18,12 +19,13 @@ pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::{LockGuard, LockState, LockWatch, LostReason, ReleaseOutcome};
 pub use lease::{drift_margin, validity_deadline, LeaseClient};
 pub use lock::{DistributedLock, DistributedLockExt};
+pub use lock_url::{HostPort, LockUrl};
 pub use name::{escape, LockName, MAX_NAME_BYTES};
 pub use options::{
     format_duration, parse_duration, AcquireOptions, LockOptions, RenewalMode, Wait,
     DEFAULT_RECHECK, DEFAULT_REQUEST_TIMEOUT, DEFAULT_TTL, MAX_DURATION,
 };
-pub use registry::{connect, redact, registry, ConnectFuture, Connector, Registry};
+pub use registry::{connect, registry, ConnectFuture, Connector, Registry};
 pub use run::{LockContext, RunOutcome};
 pub use token::{FencingToken, OwnerId, OwnerToken};
 

@@ -13,7 +13,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 use tokio::time::{sleep_until, Instant};
-use url::Url;
 
 use crate::backend::{AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome};
 use crate::capabilities::{Capabilities, FencingSource};
@@ -21,6 +20,7 @@ use crate::error::{Error, Result};
 use crate::guard::LostReason;
 use crate::lease::LeaseClient;
 use crate::lock::DistributedLock;
+use crate::lock_url::LockUrl;
 use crate::name::LockName;
 use crate::options::LockOptions;
 use crate::registry::{ConnectFuture, Registry};
@@ -38,7 +38,7 @@ pub(crate) fn register_into(registry: &Registry) {
     }
 }
 
-fn connect_url(url: Url) -> ConnectFuture {
+fn connect_url(url: LockUrl) -> ConnectFuture {
     Box::pin(async move {
         let client: Arc<dyn DistributedLock> = Arc::new(MemoryBackend::from_url(&url)?);
         Ok(client)
@@ -240,32 +240,33 @@ impl MemoryBackend {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a path, credentials or an unknown query key.
-    pub fn from_url(url: &Url) -> Result<MemoryLock> {
-        if !SCHEMES.contains(&url.scheme()) {
+    pub fn from_url(url: &LockUrl) -> Result<MemoryLock> {
+        if !SCHEMES.contains(&url.scheme.as_str()) {
             return Err(Error::config(format!(
                 "memory backend cannot serve scheme `{}`",
-                url.scheme()
+                url.scheme
             )));
         }
-        if !matches!(url.path(), "" | "/") {
+        if !matches!(url.path.as_str(), "" | "/") {
             return Err(Error::config(
                 "memory:// URLs take a space name as host and no path",
             ));
         }
-        if !url.username().is_empty() || url.password().is_some() || url.port().is_some() {
+        if url.username.is_some() || url.password.is_some() || url.hosts.len() > 1 {
             return Err(Error::config(
-                "memory:// URLs take no credentials and no port",
+                "memory:// URLs take one space name and no credentials",
             ));
         }
-        let mut options = LockOptions::default();
-        for (key, value) in url.query_pairs() {
-            if !options.apply_query_pair(&key, &value)? {
-                return Err(Error::config(format!(
-                    "unknown memory:// option `{key}` (known: ttl, renewal, max_hold, request_timeout, recheck)"
-                )));
-            }
+        if url.hosts.first().is_some_and(|h| h.port.is_some()) {
+            return Err(Error::config("memory:// URLs take no port"));
         }
-        let space = MemorySpace::named(url.host_str().unwrap_or("default"));
+        let mut options = LockOptions::default();
+        if let Some((key, _)) = url.apply_common_options(&mut options)?.first() {
+            return Err(Error::config(format!(
+                "unknown memory:// option `{key}` (known: ttl, renewal, max_hold, request_timeout, recheck)"
+            )));
+        }
+        let space = MemorySpace::named(url.hosts.first().map_or("default", |h| h.host.as_str()));
         MemoryBackend::client(space, options)
     }
 

@@ -7,16 +7,15 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock, RwLock};
 
-use url::Url;
-
 use crate::error::{Error, Result};
 use crate::lock::DistributedLock;
+use crate::lock_url::LockUrl;
 
 /// A future that builds a lock client.
 pub type ConnectFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>>> + Send>>;
 
 /// Builds a lock client from a parsed URL.
-pub type Connector = fn(Url) -> ConnectFuture;
+pub type Connector = fn(LockUrl) -> ConnectFuture;
 
 /// Schemes served by crates of this workspace, to name the crate when one is missing.
 const KNOWN_CRATES: &[(&str, &str)] = &[
@@ -74,11 +73,8 @@ impl Registry {
     /// and, where known, the crate that provides the missing one; whatever the backend
     /// reports.
     pub async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
-        let parsed = Url::parse(url).map_err(|err| Error::InvalidConfig {
-            message: format!("malformed lock URL: {err}"),
-            source: Some(Box::new(err)),
-        })?;
-        let scheme = parsed.scheme().to_owned();
+        let parsed = LockUrl::parse(url)?;
+        let scheme = parsed.scheme.clone();
         let connector = self
             .connectors
             .read()
@@ -130,33 +126,6 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
     registry().connect(url).await
 }
 
-/// `url` with its password replaced by `***`, for logs and errors.
-pub fn redact(url: &Url) -> String {
-    let mut shown = url.clone();
-    if shown.password().is_some() {
-        // Only fails for URLs that cannot have credentials, which have no password.
-        let _ = shown.set_password(Some("***"));
-    }
-    let pairs: Vec<(String, String)> = shown
-        .query_pairs()
-        .map(|(k, v)| {
-            let secret = matches!(k.as_ref(), "password" | "pass" | "token" | "auth");
-            (
-                k.into_owned(),
-                if secret {
-                    "***".to_owned()
-                } else {
-                    v.into_owned()
-                },
-            )
-        })
-        .collect();
-    if !pairs.is_empty() {
-        shown.query_pairs_mut().clear().extend_pairs(pairs);
-    }
-    shown.to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,21 +146,13 @@ mod tests {
             ("memory://x?ttl=0s", ErrorKind::InvalidConfig, "ttl"),
             ("memory://x?bogus=1", ErrorKind::InvalidConfig, "bogus"),
             ("memory://x/some/path", ErrorKind::InvalidConfig, "path"),
+            ("redis://u:sekret@h:99999", ErrorKind::InvalidConfig, "port"),
         ];
         for (url, kind, needle) in cases {
             let err = Registry::new_with_memory().connect(url).await.unwrap_err();
             assert_eq!(err.kind(), *kind, "{url}: {err}");
             assert!(err.to_string().contains(needle), "{url}: {err}");
         }
-    }
-
-    #[test]
-    fn redaction_hides_passwords() {
-        let url =
-            Url::parse("redis://user:hunter2@127.0.0.1:6379/0?password=hunter3&ttl=5s").unwrap();
-        let shown = redact(&url);
-        assert!(!shown.contains("hunter"), "{shown}");
-        assert!(shown.contains("ttl=5s"), "{shown}");
     }
 
     impl Registry {
