@@ -398,6 +398,7 @@ impl<B: Backend> Keeper<B> {
         if let Some(owner) = &entry.owner {
             table.reentrant.insert((name.clone(), owner.clone()), id);
         }
+        entry.refresh_state(table.session_suspended);
         table.holds.insert(id, entry);
         drop(table);
         self.wake();
@@ -709,6 +710,10 @@ async fn run_keeper<B: Backend>(
     mut session: Option<watch::Receiver<SessionStatus>>,
 ) {
     const IDLE: Duration = Duration::from_secs(3600);
+    if let (Some(receiver), Some(keeper)) = (&mut session, keeper.upgrade()) {
+        let initial = *receiver.borrow_and_update();
+        keeper.apply_session(initial);
+    }
     loop {
         let next = match keeper.upgrade() {
             Some(keeper) => keeper.plan(),

@@ -1,0 +1,238 @@
+//! The shared lease machinery, observed through a wrapper around the memory backend that
+//! counts renewal requests and lets the test drive session health.
+
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::backend::{
+    AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionHealth,
+    SessionStatus,
+};
+use lock_core::memory::{MemoryBackend, MemorySpace};
+use lock_core::{
+    Capabilities, DistributedLockExt, LeaseClient, LockOptions, LockState, LostReason,
+    ReleaseOutcome, Result,
+};
+use tokio::sync::watch;
+use tokio::time::{sleep, timeout, Instant};
+
+/// The backend under test: a shared handle on [`Instrumented`].
+#[derive(Debug, Clone)]
+struct Probe(Arc<Instrumented>);
+
+impl fmt::Display for Probe {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.0, f)
+    }
+}
+
+/// Memory backend plus renewal counters and a test-driven session.
+struct Instrumented {
+    inner: lock_core::memory::MemoryLock,
+    renew_calls: AtomicUsize,
+    renewed_items: AtomicUsize,
+    session: watch::Sender<SessionStatus>,
+}
+
+impl fmt::Debug for Instrumented {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Instrumented")
+    }
+}
+
+impl fmt::Display for Instrumented {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "instrumented {}", self.inner)
+    }
+}
+
+#[async_trait]
+impl Backend for Probe {
+    type Hold = <MemoryBackend as Backend>::Hold;
+
+    fn capabilities(&self) -> Capabilities {
+        self.0.inner.backend().capabilities()
+    }
+
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<Self::Hold>>> {
+        let mut acquired = self.0.inner.backend().acquire(request).await?;
+        if let Some(acquired) = acquired.as_mut() {
+            acquired.session = self.0.session.borrow().epoch;
+        }
+        Ok(acquired)
+    }
+
+    async fn renew(&self, items: &[RenewItem<'_, Self::Hold>]) -> Result<Vec<RenewOutcome>> {
+        self.0.renew_calls.fetch_add(1, Ordering::SeqCst);
+        self.0
+            .renewed_items
+            .fetch_add(items.len(), Ordering::SeqCst);
+        self.0.inner.backend().renew(items).await
+    }
+
+    async fn release(&self, hold: &Self::Hold) -> Result<BackendRelease> {
+        self.0.inner.backend().release(hold).await
+    }
+
+    fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
+        Some(self.0.session.subscribe())
+    }
+}
+
+fn instrumented(ttl: Duration) -> (LeaseClient<Probe>, Arc<Instrumented>) {
+    let space = MemorySpace::named(&format!("lease-{}", uuid::Uuid::new_v4()));
+    let mut options = LockOptions::default();
+    options.ttl = ttl;
+    let inner = MemoryBackend::client(space, options.clone()).expect("memory client");
+    let (session, _) = watch::channel(SessionStatus {
+        epoch: 1,
+        health: SessionHealth::Connected,
+    });
+    let probe = Arc::new(Instrumented {
+        inner,
+        renew_calls: AtomicUsize::new(0),
+        renewed_items: AtomicUsize::new(0),
+        session,
+    });
+    let client = LeaseClient::new(Probe(Arc::clone(&probe)), options).expect("client");
+    (client, probe)
+}
+
+/// Renewal cost does not grow with the number of held locks: one request per interval
+/// carries every hold of the client.
+#[tokio::test]
+async fn renewal_is_batched_per_client() {
+    const LOCKS: usize = 200;
+    let ttl = Duration::from_millis(600);
+    let (client, probe) = instrumented(ttl);
+    let mut guards = Vec::new();
+    for i in 0..LOCKS {
+        let guard = client.try_lock(&format!("batch/{i}")).await.unwrap();
+        guards.push(guard.expect("free lock"));
+    }
+    let started = Instant::now();
+    sleep(ttl * 3).await;
+    let elapsed = started.elapsed();
+    let calls = probe.renew_calls.load(Ordering::SeqCst);
+    let items = probe.renewed_items.load(Ordering::SeqCst);
+    let intervals = (elapsed.as_secs_f64() / (ttl.as_secs_f64() / 3.0)).ceil() as usize;
+    assert!(calls >= 3, "renewals happened: {calls}");
+    assert!(
+        calls <= 2 * intervals + 2,
+        "{calls} renewal requests in {intervals} intervals for {LOCKS} locks"
+    );
+    assert!(
+        items / calls >= LOCKS / 2,
+        "each request carries many holds: {items} items in {calls} calls"
+    );
+    for guard in guards {
+        assert_eq!(guard.state(), LockState::Held);
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    }
+}
+
+/// Session health drives the state: suspended → Suspect, reconnected → Held, expired →
+/// Lost; holds of an older epoch are lost when a new session replaces it.
+#[tokio::test]
+async fn session_health_drives_hold_state() {
+    let (client, probe) = instrumented(Duration::from_secs(30));
+    let guard = client.lock("session/a").await.unwrap();
+    let mut watch = guard.watch();
+    let set = |epoch, health| probe.session.send_replace(SessionStatus { epoch, health });
+
+    set(1, SessionHealth::Suspended);
+    assert_eq!(
+        timeout(Duration::from_secs(1), watch.changed())
+            .await
+            .unwrap(),
+        LockState::Suspect
+    );
+    set(1, SessionHealth::Connected);
+    assert_eq!(
+        timeout(Duration::from_secs(1), watch.changed())
+            .await
+            .unwrap(),
+        LockState::Held
+    );
+    set(1, SessionHealth::Expired);
+    assert_eq!(
+        timeout(Duration::from_secs(1), watch.lost()).await.unwrap(),
+        LostReason::SessionExpired
+    );
+    assert_eq!(
+        guard.release().await.unwrap(),
+        ReleaseOutcome::AlreadyLost(LostReason::SessionExpired)
+    );
+
+    let old = client.lock("session/b").await.unwrap();
+    set(2, SessionHealth::Connected);
+    assert_eq!(
+        timeout(Duration::from_secs(1), old.lost()).await.unwrap(),
+        LostReason::SessionExpired
+    );
+    let fresh = client.lock("session/c").await.unwrap();
+    sleep(Duration::from_millis(50)).await;
+    assert_eq!(fresh.state(), LockState::Held);
+    drop(old);
+    fresh.release().await.unwrap();
+}
+
+/// The validity deadline is measured from before the request and shortened by the drift
+/// margin; renewals move it forward.
+#[tokio::test]
+async fn validity_deadline_is_conservative() {
+    let ttl = Duration::from_millis(900);
+    let (client, _probe) = instrumented(ttl);
+    let before = Instant::now();
+    let guard = client.lock("deadline").await.unwrap();
+    let after = Instant::now();
+    let deadline = guard.valid_until();
+    assert!(deadline <= after + ttl - lock_core::drift_margin(ttl));
+    assert!(deadline >= before + ttl - lock_core::drift_margin(ttl));
+    sleep(ttl / 2).await;
+    assert!(guard.valid_until() > deadline, "renewed at TTL/3");
+    guard.release().await.unwrap();
+}
+
+/// Reentrant acquisitions of one owner on one client are serialized, share one hold and
+/// never deadlock each other.
+#[tokio::test]
+async fn concurrent_reentrant_acquires_share_one_hold() {
+    let (client, _probe) = instrumented(Duration::from_secs(30));
+    let client = Arc::new(client);
+    let name = lock_core::LockName::new("reentrant/concurrent").unwrap();
+    let options = lock_core::AcquireOptions::forever().reentrant("owner-1");
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let (client, name, options) = (Arc::clone(&client), name.clone(), options.clone());
+            tokio::spawn(async move {
+                use lock_core::DistributedLock;
+                client.acquire(&name, &options).await.unwrap().unwrap()
+            })
+        })
+        .collect();
+    let mut guards = Vec::new();
+    for task in tasks {
+        guards.push(
+            timeout(Duration::from_secs(2), task)
+                .await
+                .unwrap()
+                .unwrap(),
+        );
+    }
+    let token = guards[0].fencing_token();
+    assert!(guards.iter().all(|g| g.fencing_token() == token));
+    assert_eq!(client.tracked_holds(), 1);
+    for guard in guards {
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    }
+    assert_eq!(client.tracked_holds(), 0);
+    assert!(client
+        .try_lock("reentrant/concurrent")
+        .await
+        .unwrap()
+        .is_some());
+}
