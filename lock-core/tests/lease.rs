@@ -118,7 +118,7 @@ async fn renewal_is_batched_per_client() {
     let elapsed = started.elapsed();
     let calls = probe.renew_calls.load(Ordering::SeqCst);
     let items = probe.renewed_items.load(Ordering::SeqCst);
-    let intervals = (elapsed.as_secs_f64() / (ttl.as_secs_f64() / 3.0)).ceil() as usize;
+    let intervals = usize::try_from(elapsed.as_millis() / (ttl / 3).as_millis() + 1).unwrap();
     assert!(calls >= 3, "renewals happened: {calls}");
     assert!(
         calls <= 2 * intervals + 2,
