@@ -1,0 +1,349 @@
+//! The five workloads, each run the same way on every backend.
+
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::future::join_all;
+use lock_core::{DistributedLock, DistributedLockExt};
+use rand::Rng;
+use serde::Serialize;
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::sync::Notify;
+use tokio::time::{sleep, timeout, timeout_at, Instant};
+
+use crate::stats::{Latencies, Summary};
+use crate::targets::{BoxError, RawFloor, Target};
+
+/// How long each workload warms up and measures.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Plan {
+    pub(crate) warmup: Duration,
+    pub(crate) duration: Duration,
+}
+
+/// Upper bound on measured iterations of one loop, whatever the duration.
+const MAX_ITERATIONS: u64 = 5_000_000;
+/// Bound on a single wait inside a workload.
+const WAIT_LIMIT: Duration = Duration::from_secs(30);
+
+fn bench_name(workload: &str) -> String {
+    format!("lockbench/{workload}/{}", uuid::Uuid::new_v4().simple())
+}
+
+async fn connect(target: &Target, query: &str) -> Result<Arc<dyn DistributedLock>, BoxError> {
+    Ok(lock_core::connect(&target.url_with(query)).await?)
+}
+
+/// Workload 1: acquire + release by one client on a free lock.
+pub(crate) async fn uncontended(target: &Target, plan: Plan) -> Result<Latencies, BoxError> {
+    let client = connect(target, "").await?;
+    let name = bench_name("uncontended");
+    let mut latencies = Latencies::new();
+    let warm_until = Instant::now() + plan.warmup;
+    let end = warm_until + plan.duration;
+    let mut iterations = 0;
+    while Instant::now() < end && iterations < MAX_ITERATIONS {
+        let started = Instant::now();
+        let guard = client
+            .try_lock(&name)
+            .await?
+            .ok_or("an uncontended lock was held by someone else")?;
+        guard.release().await?;
+        if started >= warm_until {
+            latencies.record(started.elapsed());
+            iterations += 1;
+        }
+    }
+    Ok(latencies)
+}
+
+/// The raw floor of workload 1, also split into its acquire and release halves.
+#[derive(Debug)]
+pub(crate) struct FloorLatencies {
+    pub(crate) cycle: Latencies,
+    pub(crate) acquire: Latencies,
+    pub(crate) release: Latencies,
+}
+
+/// Workload 1 on the raw protocol.
+pub(crate) async fn uncontended_floor(
+    floor: &dyn RawFloor,
+    plan: Plan,
+) -> Result<FloorLatencies, BoxError> {
+    let name = bench_name("floor");
+    let mut result = FloorLatencies {
+        cycle: Latencies::new(),
+        acquire: Latencies::new(),
+        release: Latencies::new(),
+    };
+    let warm_until = Instant::now() + plan.warmup;
+    let end = warm_until + plan.duration;
+    let mut iterations = 0;
+    while Instant::now() < end && iterations < MAX_ITERATIONS {
+        let started = Instant::now();
+        let hold = floor.acquire(&name).await?;
+        let acquired = Instant::now();
+        floor.release(hold).await?;
+        if started >= warm_until {
+            result.cycle.record(started.elapsed());
+            result.acquire.record(acquired - started);
+            result.release.record(acquired.elapsed());
+            iterations += 1;
+        }
+    }
+    Ok(result)
+}
+
+/// Workload 2: time from "release sent" to "next waiter holds the lock", with `waiters`
+/// clients queued behind the holder.
+pub(crate) async fn handoff(
+    target: &Target,
+    waiters: usize,
+    plan: Plan,
+) -> Result<Latencies, BoxError> {
+    let name = bench_name("handoff");
+    let warm_until = Instant::now() + plan.warmup;
+    let end = warm_until + plan.duration;
+    let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
+    let handed_over = Arc::new(Notify::new());
+    let latencies = Arc::new(Mutex::new(Latencies::new()));
+    let mut tasks = Vec::new();
+    for _ in 0..=waiters {
+        let client = connect(target, "").await?;
+        let (name, released_at, handed_over, latencies) = (
+            name.clone(),
+            Arc::clone(&released_at),
+            Arc::clone(&handed_over),
+            Arc::clone(&latencies),
+        );
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < end {
+                let guard = client.lock_timeout(&name, WAIT_LIMIT).await?;
+                let now = Instant::now();
+                if let Some(sent) = released_at.lock().expect("lock").take() {
+                    if sent >= warm_until {
+                        latencies.lock().expect("lock").record(now - sent);
+                    }
+                    handed_over.notify_waiters();
+                }
+                let notified = handed_over.notified();
+                *released_at.lock().expect("lock") = Some(Instant::now());
+                guard.release().await?;
+                // Sit out until a waiter has the lock, so every grant is a real hand-off
+                // (unfair backends would otherwise let the releaser barge back in).
+                let _ = timeout_at(end.min(Instant::now() + WAIT_LIMIT), notified).await;
+            }
+            Ok::<_, BoxError>(())
+        }));
+    }
+    let results = join_all(tasks).await;
+    handed_over.notify_waiters();
+    for result in results {
+        result??;
+    }
+    let latencies = latencies.lock().expect("lock").clone();
+    Ok(latencies)
+}
+
+/// One row of workload 3.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ThroughputRow {
+    pub(crate) clients: usize,
+    pub(crate) locks: usize,
+    pub(crate) cycles: u64,
+    pub(crate) cycles_per_sec: f64,
+    pub(crate) cycle: Option<Summary>,
+}
+
+/// Workload 3: `clients` concurrent clients over `locks` names, acquire + release.
+pub(crate) async fn throughput(
+    target: &Target,
+    clients: usize,
+    locks: usize,
+    plan: Plan,
+) -> Result<ThroughputRow, BoxError> {
+    let base = bench_name("throughput");
+    let names: Arc<Vec<String>> = Arc::new((0..locks).map(|i| format!("{base}/{i}")).collect());
+    let warm_until = Instant::now() + plan.warmup;
+    let end = warm_until + plan.duration;
+    let cycles = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..clients {
+        let client = connect(target, "").await?;
+        let (names, cycles) = (Arc::clone(&names), Arc::clone(&cycles));
+        tasks.push(tokio::spawn(async move {
+            let mut latencies = Latencies::new();
+            while Instant::now() < end && cycles.load(Ordering::Relaxed) < MAX_ITERATIONS {
+                let pick = rand::rng().random_range(0..names.len());
+                let started = Instant::now();
+                let guard = client.lock_timeout(&names[pick], WAIT_LIMIT).await?;
+                guard.release().await?;
+                let finished = Instant::now();
+                if started >= warm_until && finished <= end {
+                    latencies.record(finished - started);
+                    cycles.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+            Ok::<_, BoxError>(latencies)
+        }));
+    }
+    let mut all = Latencies::new();
+    for result in join_all(tasks).await {
+        all.merge(&result??);
+    }
+    let cycles = cycles.load(Ordering::Relaxed);
+    Ok(ThroughputRow {
+        clients,
+        locks,
+        cycles,
+        cycles_per_sec: cycles as f64 / plan.duration.as_secs_f64(),
+        cycle: all.summary(),
+    })
+}
+
+/// Workload 4 results.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct Takeover {
+    pub(crate) ttl_ms: f64,
+    /// Kill of the holder process → next holder has the lock, per round.
+    pub(crate) takeover_ms: Vec<f64>,
+}
+
+/// Workload 4: a holder *process* is killed with SIGKILL; how long until a waiter holds
+/// the lock, against the TTL.
+pub(crate) async fn takeover(target: &Target, rounds: usize) -> Result<Takeover, BoxError> {
+    let ttl = target.takeover_ttl;
+    let query = format!("ttl={}", lock_core::format_duration(ttl));
+    let url = target.url_with(&query);
+    let waiter_client = connect(target, &query).await?;
+    let mut takeover_ms = Vec::new();
+    for _ in 0..rounds {
+        let name = bench_name("takeover");
+        let mut child = tokio::process::Command::new(std::env::current_exe()?)
+            .args(["hold", "--url", &url, "--name", &name])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()?;
+        let pid = child.id().ok_or("holder exited at once")?;
+        let stdout = child.stdout.take().ok_or("holder has no stdout")?;
+        let mut lines = BufReader::new(stdout).lines();
+        let line = timeout(WAIT_LIMIT, lines.next_line()).await??;
+        if line.as_deref() != Some("HELD") {
+            return Err(format!("holder process said {line:?} instead of HELD").into());
+        }
+        let waiter = {
+            let (client, name) = (Arc::clone(&waiter_client), name.clone());
+            tokio::spawn(async move {
+                let guard = client.lock_timeout(&name, ttl * 4 + WAIT_LIMIT).await?;
+                let acquired = Instant::now();
+                guard.release().await?;
+                Ok::<_, BoxError>(acquired)
+            })
+        };
+        // Let the waiter queue up behind the holder before the crash.
+        sleep(Duration::from_millis(200)).await;
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid)?);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL)?;
+        let killed = Instant::now();
+        let _ = child.wait().await;
+        let acquired = waiter.await??;
+        takeover_ms.push((acquired - killed).as_secs_f64() * 1000.0);
+    }
+    Ok(Takeover {
+        ttl_ms: ttl.as_secs_f64() * 1000.0,
+        takeover_ms,
+    })
+}
+
+/// The child side of workload 4: take the lock, say `HELD`, and wait to be killed.
+pub(crate) async fn hold_until_killed(url: &str, name: &str) -> Result<(), BoxError> {
+    let client = lock_core::connect(url).await?;
+    let guard = client.lock_timeout(name, WAIT_LIMIT).await?;
+    println!("HELD");
+    // Bounded: a holder nobody kills gives up after ten minutes.
+    sleep(Duration::from_secs(600)).await;
+    drop(guard);
+    Ok(())
+}
+
+/// One row of workload 5.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct RenewalRow {
+    pub(crate) held_locks: usize,
+    pub(crate) ttl_ms: f64,
+    /// Client memory per held lock (resident set growth / locks).
+    pub(crate) bytes_per_lock: Option<f64>,
+    /// Requests the client sent per renewal interval while holding them.
+    pub(crate) requests_per_interval: Option<f64>,
+    /// Holds still Held at the end (all of them, if renewal keeps up).
+    pub(crate) still_held: usize,
+}
+
+/// Counts requests a client sends (through a counting proxy in front of the server).
+pub(crate) trait TrafficCounter: Send + Sync {
+    /// Requests sent so far.
+    fn requests(&self) -> u64;
+}
+
+/// Workload 5: one client holds `locks` locks through several renewal intervals.
+pub(crate) async fn renewal(
+    target: &Target,
+    locks: usize,
+    ttl: Duration,
+    traffic: Option<(&str, &dyn TrafficCounter)>,
+) -> Result<RenewalRow, BoxError> {
+    let query = format!("ttl={}", lock_core::format_duration(ttl));
+    let url = match traffic {
+        Some((url, _)) => format!("{url}?{query}"),
+        None => target.url_with(&query),
+    };
+    let client = lock_core::connect(&url).await?;
+    let base = bench_name("renewal");
+    let rss_before = resident_bytes();
+    let mut guards = Vec::with_capacity(locks);
+    let names: Vec<String> = (0..locks).map(|i| format!("{base}/{i}")).collect();
+    for chunk in names.chunks(200) {
+        for guard in join_all(chunk.iter().map(|n| client.try_lock(n))).await {
+            guards.push(guard?.ok_or("a fresh lock name was held")?);
+        }
+    }
+    let rss_after = resident_bytes();
+    let interval = ttl / 3;
+    // Let the acquisitions' traffic settle, then count over whole renewal intervals.
+    sleep(interval).await;
+    let intervals = 3u32;
+    let before = traffic.map(|(_, c)| c.requests());
+    sleep(interval * intervals).await;
+    let requests_per_interval = traffic
+        .zip(before)
+        .map(|((_, c), before)| (c.requests() - before) as f64 / f64::from(intervals));
+    let still_held = guards.iter().filter(|g| g.is_held()).count();
+    for outcome in join_all(guards.into_iter().map(|g| g.release())).await {
+        outcome?;
+    }
+    Ok(RenewalRow {
+        held_locks: locks,
+        ttl_ms: ttl.as_secs_f64() * 1000.0,
+        bytes_per_lock: rss_before
+            .zip(rss_after)
+            .map(|(b, a)| a.saturating_sub(b) as f64 / locks as f64),
+        requests_per_interval,
+        still_held,
+    })
+}
+
+/// Resident set size of this process, from /proc.
+fn resident_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let kib: u64 = status
+        .lines()
+        .find(|l| l.starts_with("VmRSS:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
