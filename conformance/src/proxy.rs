@@ -76,6 +76,8 @@ struct Shared {
     drop_armed: AtomicBool,
     open: AtomicUsize,
     accepted: AtomicU64,
+    client_reads: AtomicU64,
+    client_bytes: AtomicU64,
 }
 
 impl Shared {
@@ -110,6 +112,8 @@ impl FaultProxy {
             drop_armed: AtomicBool::new(false),
             open: AtomicUsize::new(0),
             accepted: AtomicU64::new(0),
+            client_reads: AtomicU64::new(0),
+            client_bytes: AtomicU64::new(0),
         });
         let (shutdown, shutdown_rx) = watch::channel(());
         let accept_task = tokio::spawn(accept_loop(listener, target, shared.clone(), shutdown_rx));
@@ -169,6 +173,17 @@ impl FaultProxy {
     /// Connections accepted since start.
     pub fn accepted(&self) -> u64 {
         self.shared.accepted.load(Ordering::SeqCst)
+    }
+
+    /// Reads from clients since start: about one per request for request/response
+    /// protocols that do not pipeline (a pipelined burst may count once).
+    pub fn client_reads(&self) -> u64 {
+        self.shared.client_reads.load(Ordering::SeqCst)
+    }
+
+    /// Bytes read from clients since start.
+    pub fn client_bytes(&self) -> u64 {
+        self.shared.client_bytes.load(Ordering::SeqCst)
     }
 }
 
@@ -346,6 +361,10 @@ async fn forward(
             if n == 0 {
                 hold_while_blackholed(shared).await;
                 return Ok::<(), std::io::Error>(());
+            }
+            if direction == Direction::ClientToServer {
+                shared.client_reads.fetch_add(1, Ordering::Relaxed);
+                shared.client_bytes.fetch_add(n as u64, Ordering::Relaxed);
             }
             let now = Instant::now();
             let due = match shared.mode() {

@@ -107,6 +107,8 @@ async fn pass_forwards_both_ways_and_counts_connections() {
     );
     assert_eq!(proxy.connections(), 2);
     assert_eq!(proxy.accepted(), 2);
+    assert_eq!(proxy.client_reads(), 2, "one read per small request");
+    assert_eq!(proxy.client_bytes(), 10);
     // Large payloads survive chunking.
     let big: Vec<u8> = (0..200_000_u32).map(|i| (i % 251) as u8).collect();
     assert_eq!(roundtrip(&mut a, &big, SOON).await.expect("echo big"), big);

@@ -289,7 +289,11 @@ impl Report {
 }
 
 /// A chart series: legend, colour, and the summary it plots.
-type Series = (&'static str, &'static str, fn(&BackendReport) -> Option<Summary>);
+type Series = (
+    &'static str,
+    &'static str,
+    fn(&BackendReport) -> Option<Summary>,
+);
 
 fn xml_escape(text: &str) -> String {
     text.replace('&', "&amp;")
