@@ -5,6 +5,7 @@
 //! lockbench --backends memory,redis,redlock,zookeeper,etcd --duration 2s
 //! ```
 
+mod floors;
 mod report;
 mod stats;
 mod targets;
@@ -88,6 +89,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let cli = Cli::parse();
+    examples::register_backends();
     match cli.command {
         Some(Command::Hold { url, name }) => workloads::hold_until_killed(&url, &name).await,
         None => run(cli.run).await,
@@ -201,7 +203,11 @@ async fn measure(target: &Target, args: &RunArgs, plan: Plan, bar: &ProgressBar)
     bar.inc(1);
     for &held in &args.held {
         bar.set_message(format!("{label}: renewal K={held}"));
-        match workloads::renewal(target, held, args.renewal_ttl, None).await {
+        let traffic = target
+            .traffic
+            .as_ref()
+            .map(|t| (t.url.as_str(), t as &dyn workloads::TrafficCounter));
+        match workloads::renewal(target, held, args.renewal_ttl, traffic).await {
             Ok(row) => out.renewal.push(row),
             Err(e) => note(&format!("renewal K={held}"), e),
         }
