@@ -544,7 +544,9 @@ impl<B: Backend> Keeper<B> {
             .is_some_and(|task| !task.is_finished());
         let mut next: Option<Instant> = None;
         let mut due = Vec::new();
-        let mut capped = Vec::new();
+        // Holds that ended on the client: removed on the server too, so that backends
+        // whose holds live with a session (ZooKeeper, etcd) do not keep them.
+        let mut ended = Vec::new();
         for (id, entry) in table.holds.iter_mut() {
             if entry.info.state().is_lost() {
                 continue;
@@ -559,11 +561,13 @@ impl<B: Backend> Keeper<B> {
                     .info
                     .transition(LockState::Lost(LostReason::HoldCapReached));
                 entry.server_released = true;
-                capped.push(Arc::clone(&entry.hold));
+                ended.push(Arc::clone(&entry.hold));
                 continue;
             }
             if valid_until <= now {
                 entry.info.transition(LockState::Lost(LostReason::Expired));
+                entry.server_released = true;
+                ended.push(Arc::clone(&entry.hold));
                 continue;
             }
             let mut wake_at = valid_until;
@@ -588,12 +592,12 @@ impl<B: Backend> Keeper<B> {
             }
         }
         drop(table);
-        for hold in capped {
+        for hold in ended {
             if let Some(me) = self.arc() {
                 tokio::spawn(async move {
                     let released = timeout(me.options.request_timeout, me.backend.release(&hold));
                     if let Ok(Err(err)) = released.await {
-                        tracing::warn!(error = %err, "release at the hold cap failed; the TTL ends the hold");
+                        tracing::debug!(error = %err, "release of an ended hold failed; the server-side lease ends it");
                     }
                 });
             }
