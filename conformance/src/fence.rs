@@ -1,29 +1,46 @@
-//! A fenced resource: accepts a write only with a fencing token at least as high as every
-//! token it accepted before, and records each accepted critical section on the monotonic
-//! clock so a checker can prove that no two overlapped and no token went backwards.
+//! A fenced resource: the storage a lock protects, as a checker sees it.
+//!
+//! A holder opens a critical section with its fencing token ([`FencedResource::begin`]),
+//! reads the counter, writes it back incremented ([`SectionHandle::write`]) and closes the
+//! section. The resource accepts a begin or a write only with a token at least as high as
+//! every token it has seen, like storage that checks fencing tokens, and records every
+//! section on the monotonic clock. [`FencedResource::check`] then reports overlapping
+//! accepted sections (two holders whose writes were both accepted while both were inside),
+//! stale writes that were accepted, lost updates and takeover gaps.
+//!
+//! Holders in other processes reach the same resource over loopback TCP through
+//! [`FenceServer`].
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use lock_core::FencingToken;
-use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-/// One accepted critical section.
+/// One critical section.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Section {
-    /// The fencing token it was accepted with.
+    /// The fencing token it was opened with.
     pub token: u64,
-    /// When it was accepted.
+    /// When it was opened.
     pub start: Instant,
-    /// When it ended (`None` while open).
+    /// When its write was accepted, if it was.
+    pub written: Option<Instant>,
+    /// When it was closed (`None` while open or abandoned).
     pub end: Option<Instant>,
 }
 
-/// A write rejected because its token is lower than one already accepted.
+/// A begin or write rejected because its token is lower than one already seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-#[error("stale fencing token {offered}: the resource has accepted {highest}")]
+#[error("stale fencing token {offered}: the resource has seen {highest}")]
 pub struct StaleToken {
     /// The token offered.
     pub offered: u64,
-    /// The highest token accepted so far.
+    /// The highest token seen so far.
     pub highest: u64,
 }
 
@@ -31,7 +48,22 @@ pub struct StaleToken {
 struct Ledger {
     highest: Option<u64>,
     sections: Vec<Section>,
-    rejected: usize,
+    counter: u64,
+    writes: u64,
+    rejected_begins: usize,
+    rejected_writes: usize,
+}
+
+impl Ledger {
+    fn check_token(&self, token: u64) -> Result<(), StaleToken> {
+        match self.highest {
+            Some(highest) if token < highest => Err(StaleToken {
+                offered: token,
+                highest,
+            }),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// The resource a lock protects, shared by every contender of a test.
@@ -40,15 +72,45 @@ pub struct FencedResource {
     ledger: Arc<Mutex<Ledger>>,
 }
 
-/// An open critical section; [`SectionHandle::end`] closes it.
+/// An open critical section.
 #[derive(Debug)]
 #[must_use = "end the section to record when it finished"]
 pub struct SectionHandle {
     ledger: Arc<Mutex<Ledger>>,
     index: usize,
+    token: u64,
+}
+
+fn lock(ledger: &Mutex<Ledger>) -> MutexGuard<'_, Ledger> {
+    ledger.lock().unwrap_or_else(|p| p.into_inner())
 }
 
 impl SectionHandle {
+    /// The counter's current value.
+    pub fn read(&self) -> u64 {
+        lock(&self.ledger).counter
+    }
+
+    /// Writes `value` if this section's token is still the highest seen (a holder that
+    /// read, paused and lost its lock to a newer token is turned away here).
+    ///
+    /// # Errors
+    /// [`StaleToken`] when a higher token was seen since the section began.
+    pub fn write(&self, value: u64) -> Result<(), StaleToken> {
+        let mut ledger = lock(&self.ledger);
+        if let Err(stale) = ledger.check_token(self.token) {
+            ledger.rejected_writes += 1;
+            return Err(stale);
+        }
+        ledger.counter = value;
+        ledger.writes += 1;
+        let now = Instant::now();
+        if let Some(section) = ledger.sections.get_mut(self.index) {
+            section.written = Some(now);
+        }
+        Ok(())
+    }
+
     /// Records the end of the section.
     pub fn end(self) {
         let mut ledger = lock(&self.ledger);
@@ -58,41 +120,52 @@ impl SectionHandle {
     }
 }
 
-fn lock(ledger: &Mutex<Ledger>) -> MutexGuard<'_, Ledger> {
-    ledger.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl FencedResource {
     /// A fresh resource.
     pub fn new() -> Self {
         Self::default()
     }
 
-    /// Starts a critical section with `token`, or rejects a stale token.
+    /// Opens a critical section with `token`, or rejects a stale token.
     ///
     /// # Errors
-    /// [`StaleToken`] if a higher token was accepted before.
+    /// [`StaleToken`] if a higher token was seen before.
     pub fn begin(&self, token: FencingToken) -> Result<SectionHandle, StaleToken> {
         let mut ledger = lock(&self.ledger);
-        if let Some(highest) = ledger.highest {
-            if token.get() < highest {
-                ledger.rejected += 1;
-                return Err(StaleToken {
-                    offered: token.get(),
-                    highest,
-                });
-            }
+        if let Err(stale) = ledger.check_token(token.get()) {
+            ledger.rejected_begins += 1;
+            return Err(stale);
         }
         ledger.highest = Some(token.get());
         ledger.sections.push(Section {
             token: token.get(),
             start: Instant::now(),
+            written: None,
             end: None,
         });
         Ok(SectionHandle {
             ledger: Arc::clone(&self.ledger),
             index: ledger.sections.len() - 1,
+            token: token.get(),
         })
+    }
+
+    /// One full critical section: begin, read, `work`, write the incremented value, end.
+    /// Returns whether the write was accepted.
+    ///
+    /// # Errors
+    /// [`StaleToken`] when the begin is rejected.
+    pub async fn increment<F: std::future::Future<Output = ()>>(
+        &self,
+        token: FencingToken,
+        work: F,
+    ) -> Result<bool, StaleToken> {
+        let section = self.begin(token)?;
+        let seen = section.read();
+        work.await;
+        let accepted = section.write(seen + 1).is_ok();
+        section.end();
+        Ok(accepted)
     }
 
     /// Checks the history and reports what it found.
@@ -100,30 +173,40 @@ impl FencedResource {
         let ledger = lock(&self.ledger);
         let mut sections = ledger.sections.clone();
         sections.sort_by_key(|s| s.start);
+        let accepted: Vec<&Section> = sections.iter().filter(|s| s.written.is_some()).collect();
         let mut overlaps = Vec::new();
         let mut tokens_backwards = Vec::new();
-        let mut open_sections = 0;
-        for pair in sections.windows(2) {
-            let (a, b) = (pair[0], pair[1]);
-            match a.end {
-                Some(end) if end <= b.start => {}
-                _ => overlaps.push((a, b)),
-            }
-            if b.token < a.token {
-                tokens_backwards.push((a.token, b.token));
+        let mut gaps = Vec::new();
+        for (i, a) in accepted.iter().enumerate() {
+            for b in &accepted[i + 1..] {
+                // Sections are sorted by start: b starts after a; they overlap if b's
+                // write lands before a closed (or a never closed).
+                let a_closed = a.end.unwrap_or(Instant::now());
+                if b.start < a_closed {
+                    overlaps.push((**a, **b));
+                } else {
+                    break;
+                }
             }
         }
-        for s in &sections {
-            if s.end.is_none() {
-                open_sections += 1;
+        for pair in accepted.windows(2) {
+            if pair[1].token < pair[0].token {
+                tokens_backwards.push((pair[0].token, pair[1].token));
+            }
+            if let Some(end) = pair[0].end {
+                gaps.push(pair[1].start.saturating_duration_since(end));
             }
         }
         FenceReport {
-            accepted: sections.len(),
-            rejected_stale: ledger.rejected,
+            sections: sections.len(),
+            accepted_writes: ledger.writes,
+            counter: ledger.counter,
+            rejected_begins: ledger.rejected_begins,
+            rejected_writes: ledger.rejected_writes,
             overlaps,
             tokens_backwards,
-            open_sections,
+            open_sections: sections.iter().filter(|s| s.end.is_none()).count(),
+            gaps,
         }
     }
 }
@@ -131,22 +214,122 @@ impl FencedResource {
 /// What [`FencedResource::check`] found.
 #[derive(Debug, Clone)]
 pub struct FenceReport {
-    /// Critical sections accepted.
-    pub accepted: usize,
-    /// Writes rejected for a stale token.
-    pub rejected_stale: usize,
-    /// Pairs of accepted sections that overlapped in time.
+    /// Critical sections opened.
+    pub sections: usize,
+    /// Writes accepted.
+    pub accepted_writes: u64,
+    /// Final counter value: equals `accepted_writes` unless updates were lost.
+    pub counter: u64,
+    /// Begins rejected for a stale token.
+    pub rejected_begins: usize,
+    /// Writes rejected for a stale token (a holder that lost its lock and came back).
+    /// No stale write is ever accepted: the fence checks every write.
+    pub rejected_writes: usize,
+    /// Pairs of sections whose writes were both accepted while they overlapped in time.
     pub overlaps: Vec<(Section, Section)>,
     /// Consecutive accepted sections whose token went down.
     pub tokens_backwards: Vec<(u64, u64)>,
-    /// Sections never ended.
+    /// Sections never closed (a crashed or cancelled holder).
     pub open_sections: usize,
+    /// Time from the end of one accepted section to the start of the next.
+    pub gaps: Vec<Duration>,
 }
 
 impl FenceReport {
-    /// Whether no accepted sections overlapped and no token went backwards.
+    /// Updates lost by overlapping read-modify-write cycles.
+    pub fn lost_updates(&self) -> u64 {
+        self.accepted_writes.saturating_sub(self.counter)
+    }
+
+    /// No overlapping accepted sections, no lost update, no token going backwards.
     pub fn is_safe(&self) -> bool {
-        self.overlaps.is_empty() && self.tokens_backwards.is_empty()
+        self.overlaps.is_empty() && self.tokens_backwards.is_empty() && self.lost_updates() == 0
+    }
+}
+
+/// The resource on a loopback TCP port, for holders in other processes.
+///
+/// Line protocol: `BEGIN <token>` → `OK` or `STALE <highest>`; `READ` → `VALUE <n>`;
+/// `WRITE <n>` → `OK` or `STALE <highest>`; `END` → `OK`. One section per connection
+/// at a time.
+#[derive(Debug)]
+pub struct FenceServer {
+    addr: SocketAddr,
+    task: JoinHandle<()>,
+}
+
+impl FenceServer {
+    /// Serves `resource` on a free 127.0.0.1 port.
+    ///
+    /// # Errors
+    /// If the port cannot be bound.
+    pub async fn start(resource: FencedResource) -> std::io::Result<Self> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((stream, _)) = listener.accept().await {
+                connections.spawn(serve(stream, resource.clone()));
+            }
+        });
+        Ok(FenceServer { addr, task })
+    }
+
+    /// The address holders connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for FenceServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve(stream: TcpStream, resource: FencedResource) {
+    let (reader, mut writer) = stream.into_split();
+    let mut lines = BufReader::new(reader).lines();
+    let mut open: Option<SectionHandle> = None;
+    while let Ok(Some(line)) = lines.next_line().await {
+        let mut words = line.split_whitespace();
+        let reply = match (
+            words.next(),
+            words.next().and_then(|w| w.parse::<u64>().ok()),
+        ) {
+            (Some("BEGIN"), Some(token)) => match resource.begin(FencingToken(token)) {
+                Ok(section) => {
+                    open = Some(section);
+                    "OK".to_owned()
+                }
+                Err(stale) => format!("STALE {}", stale.highest),
+            },
+            (Some("READ"), _) => match &open {
+                Some(section) => format!("VALUE {}", section.read()),
+                None => "ERR no section".to_owned(),
+            },
+            (Some("WRITE"), Some(value)) => match &open {
+                Some(section) => match section.write(value) {
+                    Ok(()) => "OK".to_owned(),
+                    Err(stale) => format!("STALE {}", stale.highest),
+                },
+                None => "ERR no section".to_owned(),
+            },
+            (Some("END"), _) => {
+                if let Some(section) = open.take() {
+                    section.end();
+                }
+                "OK".to_owned()
+            }
+            _ => "ERR unknown command".to_owned(),
+        };
+        if writer
+            .write_all(format!("{reply}\n").as_bytes())
+            .await
+            .is_err()
+        {
+            return;
+        }
     }
 }
 
@@ -154,35 +337,72 @@ impl FenceReport {
 mod tests {
     use super::*;
 
-    #[test]
-    fn detects_overlap_and_rejects_stale_tokens() {
+    #[tokio::test]
+    async fn overlapping_accepted_writes_are_reported() {
         let resource = FencedResource::new();
         let a = resource.begin(FencingToken(1)).unwrap();
-        let b = resource.begin(FencingToken(2)).unwrap();
-        assert_eq!(
-            resource.begin(FencingToken(1)).unwrap_err(),
-            StaleToken {
-                offered: 1,
-                highest: 2
-            }
-        );
+        let b = resource.begin(FencingToken(1)).unwrap();
+        a.write(a.read() + 1).unwrap();
+        b.write(b.read() + 1).unwrap();
         b.end();
         a.end();
         let report = resource.check();
-        assert_eq!(report.accepted, 2);
-        assert_eq!(report.rejected_stale, 1);
         assert_eq!(report.overlaps.len(), 1);
         assert!(!report.is_safe());
     }
 
-    #[test]
-    fn sequential_sections_are_safe() {
+    #[tokio::test]
+    async fn a_stale_writer_is_rejected_and_the_history_stays_safe() {
+        let resource = FencedResource::new();
+        let paused = resource.begin(FencingToken(1)).unwrap();
+        let seen = paused.read();
+        // The paused holder lost its lock; the next holder runs a whole section.
+        assert!(resource.increment(FencingToken(2), async {}).await.unwrap());
+        assert_eq!(paused.write(seen + 1).unwrap_err().highest, 2);
+        paused.end();
+        assert!(resource.begin(FencingToken(1)).is_err());
+        let report = resource.check();
+        assert!(report.is_safe(), "{report:?}");
+        assert_eq!(report.rejected_writes, 1);
+        assert_eq!(report.rejected_begins, 1);
+        assert_eq!(report.counter, 1);
+    }
+
+    #[tokio::test]
+    async fn sequential_sections_are_safe() {
         let resource = FencedResource::new();
         for token in [3, 3, 5] {
-            resource.begin(FencingToken(token)).unwrap().end();
+            assert!(resource
+                .increment(FencingToken(token), async {})
+                .await
+                .unwrap());
         }
         let report = resource.check();
         assert!(report.is_safe(), "{report:?}");
-        assert_eq!(report.open_sections, 0);
+        assert_eq!(report.counter, 3);
+        assert_eq!(report.gaps.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_tcp_front_speaks_the_line_protocol() {
+        let resource = FencedResource::new();
+        let server = FenceServer::start(resource.clone()).await.unwrap();
+        let stream = TcpStream::connect(server.addr()).await.unwrap();
+        let (reader, mut writer) = stream.into_split();
+        let mut lines = BufReader::new(reader).lines();
+        for (send, expect) in [
+            ("BEGIN 4", "OK"),
+            ("READ", "VALUE 0"),
+            ("WRITE 1", "OK"),
+            ("END", "OK"),
+            ("BEGIN 3", "STALE 4"),
+        ] {
+            writer
+                .write_all(format!("{send}\n").as_bytes())
+                .await
+                .unwrap();
+            assert_eq!(lines.next_line().await.unwrap().unwrap(), expect);
+        }
+        assert_eq!(resource.check().counter, 1);
     }
 }
