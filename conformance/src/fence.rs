@@ -168,6 +168,11 @@ impl FencedResource {
         Ok(accepted)
     }
 
+    /// Every section so far, in the order they began.
+    pub fn sections(&self) -> Vec<Section> {
+        lock(&self.ledger).sections.clone()
+    }
+
     /// Checks the history and reports what it found.
     pub fn check(&self) -> FenceReport {
         let ledger = lock(&self.ledger);

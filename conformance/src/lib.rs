@@ -5,6 +5,7 @@
 //! [`conformance_suite!`] in one of its test files: one `#[tokio::test]` per rule of
 //! the contract, each named after the rule in [`rules`].
 
+pub mod chaos;
 pub mod factory;
 pub mod fence;
 pub mod harness;
@@ -54,6 +55,42 @@ macro_rules! conformance_suite {
             async fn $rule() {
                 let factory = $factory.await;
                 $crate::rules::$rule(&factory).await;
+            }
+        )*
+    };
+}
+
+/// Expands to one `#[tokio::test]` per fault scenario of [`chaos::SCENARIOS`] for a
+/// [`chaos::ChaosTarget`]; each asserts what [`chaos::expectation`] promises for the
+/// target's topology and says loudly when a scenario does not apply.
+#[macro_export]
+macro_rules! chaos_suite {
+    ($target:expr) => {
+        $crate::chaos_suite!(@scenarios $target;
+            holder_partitioned,
+            holder_paused_beyond_ttl,
+            long_network_delay,
+            stuck_server,
+            server_crash_restart,
+            server_restart_without_data,
+            early_key_expiry,
+            acquire_reply_delayed,
+            release_reply_lost,
+            waiter_connection_reset,
+            cancellation_under_faults,
+            member_crash,
+            majority_loss,
+            redlock_restart_immediate,
+            redlock_restart_delayed,
+        );
+    };
+    (@scenarios $target:expr; $($scenario:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("Fault scenario `", stringify!($scenario), "`.")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                let target = $target.await;
+                $crate::chaos::check(stringify!($scenario), &target).await;
             }
         )*
     };

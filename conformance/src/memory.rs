@@ -7,6 +7,7 @@ use async_trait::async_trait;
 use lock_core::memory::{MemoryBackend, MemoryLock, MemorySpace};
 use lock_core::{DistributedLock, LockName, LockOptions};
 
+use crate::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use crate::factory::{Crash, Factory};
 
 /// Clients of one private memory space.
@@ -91,5 +92,21 @@ impl Factory for MemoryFactory {
             }
         }
         left
+    }
+}
+
+#[async_trait]
+impl ChaosTarget for MemoryFactory {
+    fn topology(&self) -> Topology {
+        Topology::InProcess
+    }
+
+    async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
+        let client = self.make(options);
+        (client.clone(), Link::Memory(client))
+    }
+
+    fn servers(&self) -> Vec<&dyn ServerControl> {
+        Vec::new()
     }
 }

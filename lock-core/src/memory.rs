@@ -6,12 +6,12 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::time::{sleep_until, Instant};
 
 use crate::backend::{AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome};
@@ -219,7 +219,8 @@ impl fmt::Debug for MemorySpace {
 pub struct MemoryBackend {
     space: Arc<MemorySpace>,
     recheck: Duration,
-    crashed: AtomicBool,
+    /// `true` while this client is cut off from the space.
+    partitioned: watch::Sender<bool>,
 }
 
 impl MemoryBackend {
@@ -230,7 +231,7 @@ impl MemoryBackend {
             MemoryBackend {
                 space,
                 recheck,
-                crashed: AtomicBool::new(false),
+                partitioned: watch::Sender::new(false),
             },
             options,
         )
@@ -275,16 +276,22 @@ impl MemoryBackend {
         &self.space
     }
 
-    /// Simulates a crashed or partitioned client: from now on no request of this client
-    /// reaches the space (they hang), so its holds end only by TTL.
+    /// Simulates a crashed client: from now on no request of this client reaches the
+    /// space (they hang), so its holds end only by TTL.
     pub fn crash(&self) {
-        self.crashed.store(true, Ordering::SeqCst);
+        self.partition(true);
+    }
+
+    /// Cuts this client off from the space (`true`) or heals the cut (`false`). While
+    /// cut, requests wait; after healing they go through.
+    pub fn partition(&self, cut: bool) {
+        self.partitioned.send_replace(cut);
     }
 
     async fn reachable(&self) {
-        if self.crashed.load(Ordering::SeqCst) {
-            std::future::pending::<()>().await;
-        }
+        let mut partitioned = self.partitioned.subscribe();
+        // The sender lives as long as this backend, so waiting cannot fail.
+        let _ = partitioned.wait_for(|cut| !cut).await;
     }
 }
 

@@ -1,0 +1,1058 @@
+//! Safety under faults: scenarios that break servers, networks and holders while
+//! contenders fight over a lock guarding a [`FencedResource`], then check what the
+//! resource saw.
+//!
+//! Each scenario has a *victim* (a holder whose client, link or server the fault hits)
+//! and healthy *contenders* that keep acquiring, writing and releasing. A victim that
+//! loses its lock is also told so (its lost signal); a victim that cannot look (a paused
+//! process) writes anyway, and the fence must turn it away. [`ScenarioReport`] holds what
+//! the checker found; [`expectation`] says what each backend topology promises, so a
+//! test asserts exactly the documented guarantee — no more, no less.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use lock_core::memory::MemoryLock;
+use lock_core::{
+    AcquireOptions, DistributedLock, DistributedLockExt, LockName, LockOptions, LockState,
+    LostReason,
+};
+use tokio::time::{sleep, timeout, Instant};
+
+use crate::factory::Factory;
+use crate::fence::{FenceReport, FencedResource};
+use crate::harness::{EtcdServer, HarnessError, RedisServer, ZkServer};
+use crate::proxy::{FaultProxy, ProxyMode};
+use crate::rules::unique_name;
+
+/// How a backend is deployed; selects the scenarios that apply.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Topology {
+    /// In-process (`memory://`): no servers, no network.
+    InProcess,
+    /// One server (single Redis; standalone ZooKeeper; one etcd member).
+    Single {
+        /// Locks survive a server crash and restart (ZooKeeper, etcd; Redis only with
+        /// persistence).
+        durable: bool,
+    },
+    /// A consensus cluster (ZooKeeper ensemble, etcd cluster).
+    Quorum {
+        /// Cluster size.
+        members: usize,
+    },
+    /// Independent nodes with client-side quorum (RedLock).
+    Independent {
+        /// Number of nodes.
+        nodes: usize,
+    },
+}
+
+/// The network path of one client, where faults are injected.
+#[derive(Clone)]
+pub enum Link {
+    /// An in-process client, cut off and healed by its backend.
+    Memory(Arc<MemoryLock>),
+    /// A client whose connections pass through fault proxies (one per server).
+    Proxies(Vec<Arc<FaultProxy>>),
+}
+
+impl fmt::Debug for Link {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Link::Memory(_) => f.write_str("Link::Memory"),
+            Link::Proxies(p) => write!(f, "Link::Proxies({})", p.len()),
+        }
+    }
+}
+
+impl Link {
+    /// Cuts the client off (network partition; no reply, no close).
+    pub fn cut(&self) {
+        match self {
+            Link::Memory(client) => client.backend().partition(true),
+            Link::Proxies(proxies) => proxies
+                .iter()
+                .for_each(|p| p.set_mode(ProxyMode::Blackhole)),
+        }
+    }
+
+    /// Restores normal traffic.
+    pub fn heal(&self) {
+        match self {
+            Link::Memory(client) => client.backend().partition(false),
+            Link::Proxies(proxies) => proxies.iter().for_each(|p| p.set_mode(ProxyMode::Pass)),
+        }
+    }
+
+    /// Sets a proxy mode on every proxy; `false` for in-process links, which have none.
+    pub fn set_mode(&self, mode: ProxyMode) -> bool {
+        match self {
+            Link::Memory(_) => false,
+            Link::Proxies(proxies) => {
+                proxies.iter().for_each(|p| p.set_mode(mode));
+                true
+            }
+        }
+    }
+}
+
+/// Fault control of one server process.
+#[async_trait]
+pub trait ServerControl: Send + Sync {
+    /// For messages.
+    fn label(&self) -> String;
+    /// SIGKILL.
+    async fn kill9(&self) -> Result<(), HarnessError>;
+    /// Starts it again on the same ports and data.
+    async fn restart(&self) -> Result<(), HarnessError>;
+    /// Starts it again on the same ports with its data wiped (Redis without persistence
+    /// behaves like this on every restart). Default: same as [`ServerControl::restart`].
+    async fn restart_wiped(&self) -> Result<(), HarnessError> {
+        self.restart().await
+    }
+    /// SIGSTOP.
+    fn pause(&self) -> Result<(), HarnessError>;
+    /// SIGCONT.
+    fn resume(&self) -> Result<(), HarnessError>;
+}
+
+#[async_trait]
+impl ServerControl for RedisServer {
+    fn label(&self) -> String {
+        self.url()
+    }
+    async fn kill9(&self) -> Result<(), HarnessError> {
+        RedisServer::kill9(self).await
+    }
+    async fn restart(&self) -> Result<(), HarnessError> {
+        RedisServer::restart(self).await
+    }
+    async fn restart_wiped(&self) -> Result<(), HarnessError> {
+        RedisServer::restart_wiped(self).await
+    }
+    fn pause(&self) -> Result<(), HarnessError> {
+        RedisServer::pause(self)
+    }
+    fn resume(&self) -> Result<(), HarnessError> {
+        RedisServer::resume(self)
+    }
+}
+
+#[async_trait]
+impl ServerControl for ZkServer {
+    fn label(&self) -> String {
+        self.url()
+    }
+    async fn kill9(&self) -> Result<(), HarnessError> {
+        ZkServer::kill9(self).await
+    }
+    async fn restart(&self) -> Result<(), HarnessError> {
+        ZkServer::restart(self).await
+    }
+    fn pause(&self) -> Result<(), HarnessError> {
+        ZkServer::pause(self)
+    }
+    fn resume(&self) -> Result<(), HarnessError> {
+        ZkServer::resume(self)
+    }
+}
+
+#[async_trait]
+impl ServerControl for EtcdServer {
+    fn label(&self) -> String {
+        self.url()
+    }
+    async fn kill9(&self) -> Result<(), HarnessError> {
+        EtcdServer::kill9(self).await
+    }
+    async fn restart(&self) -> Result<(), HarnessError> {
+        EtcdServer::restart(self).await
+    }
+    fn pause(&self) -> Result<(), HarnessError> {
+        EtcdServer::pause(self)
+    }
+    fn resume(&self) -> Result<(), HarnessError> {
+        EtcdServer::resume(self)
+    }
+}
+
+/// A backend deployment the scenarios can break.
+#[async_trait]
+pub trait ChaosTarget: Factory {
+    /// How it is deployed.
+    fn topology(&self) -> Topology;
+
+    /// A new client whose traffic can be faulted.
+    async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link);
+
+    /// The servers, in a stable order (empty in-process).
+    fn servers(&self) -> Vec<&dyn ServerControl>;
+
+    /// Index of the current leader in [`ChaosTarget::servers`], for consensus clusters.
+    async fn leader(&self) -> Option<usize> {
+        None
+    }
+}
+
+/// What a topology promises in a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// No overlapping accepted sections, no lost update, bounded takeover.
+    Safe,
+    /// Mutual exclusion may be lost for the documented reason; the fence must still
+    /// turn the stale writer away, so the resource stays consistent.
+    FencedOnly(&'static str),
+    /// The scenario needs something this topology does not have.
+    NotApplicable(&'static str),
+}
+
+/// The scenarios, by name.
+pub const SCENARIOS: &[&str] = &[
+    "holder_partitioned",
+    "holder_paused_beyond_ttl",
+    "long_network_delay",
+    "stuck_server",
+    "server_crash_restart",
+    "server_restart_without_data",
+    "early_key_expiry",
+    "acquire_reply_delayed",
+    "release_reply_lost",
+    "waiter_connection_reset",
+    "cancellation_under_faults",
+    "member_crash",
+    "majority_loss",
+    "redlock_restart_immediate",
+    "redlock_restart_delayed",
+];
+
+/// What `topology` promises in `scenario`.
+pub fn expectation(scenario: &str, topology: Topology) -> Expect {
+    use Topology::*;
+    match (scenario, topology) {
+        ("member_crash" | "majority_loss", Quorum { .. } | Independent { .. }) => Expect::Safe,
+        ("member_crash" | "majority_loss", _) => Expect::NotApplicable("needs several servers"),
+        ("redlock_restart_immediate", Independent { .. }) => Expect::FencedOnly(
+            "RedLock assumes a crashed node restarts only after the TTL or with persistence; \
+             restarted at once and empty, a majority can forget the holder",
+        ),
+        ("redlock_restart_delayed", Independent { .. }) => Expect::Safe,
+        ("redlock_restart_immediate" | "redlock_restart_delayed", _) => {
+            Expect::NotApplicable("RedLock only")
+        }
+        ("stuck_server" | "server_crash_restart" | "server_restart_without_data", InProcess) => {
+            Expect::NotApplicable("no server process")
+        }
+        (
+            "long_network_delay"
+            | "acquire_reply_delayed"
+            | "release_reply_lost"
+            | "waiter_connection_reset",
+            InProcess,
+        ) => Expect::NotApplicable("no network"),
+        ("server_crash_restart", Single { durable: false }) => Expect::FencedOnly(
+            "single Redis without persistence forgets its locks (and fencing counters) on restart",
+        ),
+        ("server_restart_without_data", Single { .. } | Quorum { .. }) => Expect::FencedOnly(
+            "a server that restarts with its data wiped forgets every lock it held",
+        ),
+        ("server_restart_without_data", Independent { .. }) => {
+            Expect::FencedOnly("every RedLock node restarted empty at once forgets the holder")
+        }
+        ("early_key_expiry", _) => Expect::FencedOnly(
+            "a key removed early (operator, clock jump on the server) frees the lock before its \
+             holder can know",
+        ),
+        _ => Expect::Safe,
+    }
+}
+
+/// What one scenario run found.
+#[derive(Debug, Clone)]
+pub struct ScenarioReport {
+    /// Scenario name.
+    pub scenario: &'static str,
+    /// The backend deployment.
+    pub target: String,
+    /// What the fenced resource saw.
+    pub fence: FenceReport,
+    /// Whether the victim's write (after the fault) was accepted.
+    pub victim_write_accepted: Option<bool>,
+    /// Whether the victim was told it lost the lock, and why.
+    pub victim_lost: Option<LostReason>,
+    /// Victim's lost signal → next accepted section of another holder, in ms
+    /// (positive: told before anyone else got in).
+    pub lost_signal_lead_ms: Option<f64>,
+    /// Fault injected → next accepted section of another holder.
+    pub takeover: Option<Duration>,
+    /// After healing, a fresh client acquired the lock within this long.
+    pub recovery: Option<Duration>,
+    /// Errors worth a look (not assertions).
+    pub notes: Vec<String>,
+}
+
+impl ScenarioReport {
+    /// Asserts what `expect` promises, with the report in the message.
+    pub fn assert_meets(&self, expect: Expect) {
+        let context = format!("[{} on {}] {self:#?}", self.scenario, self.target);
+        assert!(
+            self.fence.tokens_backwards.is_empty(),
+            "fencing tokens went backwards: {context}"
+        );
+        assert_eq!(self.fence.lost_updates(), 0, "lost updates: {context}");
+        if expect == Expect::Safe {
+            assert!(self.fence.is_safe(), "mutual exclusion violated: {context}");
+        }
+        assert!(
+            self.recovery.is_some(),
+            "the lock was stuck after the faults healed: {context}"
+        );
+    }
+}
+
+/// Timing of a scenario run.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// TTL of every client.
+    pub ttl: Duration,
+    /// How long healthy contenders keep cycling.
+    pub contend: Duration,
+    /// Healthy contenders.
+    pub contenders: usize,
+}
+
+impl Plan {
+    /// The short plan used by `make test`: a few seconds per scenario.
+    pub fn short(ttl: Duration) -> Self {
+        Plan {
+            ttl,
+            contend: ttl * 4,
+            contenders: 2,
+        }
+    }
+}
+
+fn options(ttl: Duration) -> LockOptions {
+    let mut options = LockOptions::default();
+    options.ttl = ttl;
+    options.request_timeout = (ttl / 2).max(Duration::from_millis(200));
+    options
+}
+
+/// Healthy contenders: acquire, read-pause-write the resource, release; stop on a lost
+/// signal without writing. Runs until `until`.
+async fn contend(
+    clients: Vec<Arc<dyn DistributedLock>>,
+    name: LockName,
+    resource: FencedResource,
+    until: Instant,
+    notes: Arc<Mutex<Vec<String>>>,
+) {
+    let tasks = clients.into_iter().map(|client| {
+        let (name, resource, notes) = (name.clone(), resource.clone(), Arc::clone(&notes));
+        tokio::spawn(async move {
+            while Instant::now() < until {
+                let left = until.saturating_duration_since(Instant::now());
+                let acquired = client
+                    .acquire(
+                        &name,
+                        &AcquireOptions::timeout(left.max(Duration::from_millis(1))),
+                    )
+                    .await;
+                let guard = match acquired {
+                    Ok(Some(guard)) => guard,
+                    Ok(None) => continue,
+                    Err(err) => {
+                        if !err.is_retryable() {
+                            notes
+                                .lock()
+                                .expect("notes")
+                                .push(format!("contender: {err}"));
+                        }
+                        sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                };
+                if let Ok(section) = resource.begin(guard.fencing_token()) {
+                    let seen = section.read();
+                    let lost = guard.lost();
+                    tokio::select! {
+                        _ = sleep(Duration::from_millis(5)) => {
+                            if !guard.state().is_lost() {
+                                let _ = section.write(seen + 1);
+                            }
+                        }
+                        _ = lost => {}
+                    }
+                    section.end();
+                }
+                let _ = guard.release().await;
+            }
+        })
+    });
+    for task in join_all(tasks).await {
+        if let Err(err) = task {
+            notes
+                .lock()
+                .expect("notes")
+                .push(format!("contender panicked: {err}"));
+        }
+    }
+}
+
+/// The fault of a victim scenario.
+enum Fault<'a> {
+    /// Cut the victim's link for `duration`.
+    Partition(Duration),
+    /// Delay the victim's link by `delay` for `duration`.
+    Delay { delay: Duration, duration: Duration },
+    /// SIGSTOP every server for `duration`.
+    StuckServer(Duration),
+    /// Kill every server and restart it (wiped or not) after `down`.
+    ServerCrash { wipe: bool, down: Duration },
+    /// Remove the lock behind the victim's back.
+    Steal(&'a dyn ChaosTarget),
+    /// Kill `servers` (indices), restart after `down` (wiped or not).
+    Members {
+        which: Vec<usize>,
+        wipe: bool,
+        down: Duration,
+    },
+}
+
+/// A victim holds the lock and sits in a critical section (read done, write pending)
+/// while `fault` strikes; healthy contenders keep going; then the victim writes anyway
+/// (as a paused process would) and the fence decides.
+async fn victim_scenario(
+    target: &dyn ChaosTarget,
+    scenario: &'static str,
+    plan: Plan,
+    fault: Fault<'_>,
+) -> ScenarioReport {
+    let name = unique_name(scenario);
+    let resource = FencedResource::new();
+    let notes = Arc::new(Mutex::new(Vec::new()));
+    let (victim, link) = target.linked_client(options(plan.ttl)).await;
+    let guard = victim
+        .lock_timeout(name.as_str(), Duration::from_secs(10))
+        .await
+        .expect("victim acquires a free lock");
+    let section = resource
+        .begin(guard.fencing_token())
+        .expect("the first token is never stale");
+    let seen = section.read();
+    let lost_at: Arc<Mutex<Option<(Instant, LostReason)>>> = Arc::default();
+    let lost_task = {
+        let lost = guard.lost();
+        let lost_at = Arc::clone(&lost_at);
+        tokio::spawn(async move {
+            let reason = lost.await;
+            *lost_at.lock().expect("lost") = Some((Instant::now(), reason));
+        })
+    };
+    let mut contenders = Vec::new();
+    for _ in 0..plan.contenders {
+        contenders.push(target.client(options(plan.ttl)).await);
+    }
+    let fault_at = Instant::now();
+    let until = fault_at + plan.contend;
+    let contention = tokio::spawn(contend(
+        contenders,
+        name.clone(),
+        resource.clone(),
+        until,
+        Arc::clone(&notes),
+    ));
+    let note = |text: String| notes.lock().expect("notes").push(text);
+    match fault {
+        Fault::Partition(duration) => {
+            link.cut();
+            sleep(duration).await;
+            link.heal();
+        }
+        Fault::Delay { delay, duration } => {
+            link.set_mode(ProxyMode::Delay {
+                base: delay,
+                jitter: delay / 10,
+            });
+            sleep(duration).await;
+            link.heal();
+        }
+        Fault::StuckServer(duration) => {
+            for server in target.servers() {
+                if let Err(err) = server.pause() {
+                    note(format!("pause {}: {err}", server.label()));
+                }
+            }
+            sleep(duration).await;
+            for server in target.servers() {
+                if let Err(err) = server.resume() {
+                    note(format!("resume {}: {err}", server.label()));
+                }
+            }
+        }
+        Fault::ServerCrash { wipe, down } => {
+            let servers = target.servers();
+            let all: Vec<usize> = (0..servers.len()).collect();
+            crash_members(&servers, &all, wipe, down, &note).await;
+        }
+        Fault::Members { which, wipe, down } => {
+            crash_members(&target.servers(), &which, wipe, down, &note).await;
+        }
+        Fault::Steal(target) => {
+            target.steal(&name).await;
+            sleep(plan.ttl).await;
+        }
+    }
+    // The victim wakes up and writes without looking, as a paused process would.
+    let victim_write_accepted = Some(section.write(seen + 1).is_ok());
+    section.end();
+    if let Err(err) = contention.await {
+        note(format!("contention panicked: {err}"));
+    }
+    let victim_lost = match guard.state() {
+        LockState::Lost(reason) => Some(reason),
+        _ => None,
+    };
+    let _ = guard.release().await;
+    lost_task.abort();
+    let recovery = recover(target, &name, plan).await;
+    let fence = resource.check();
+    let takeover = first_other_start(&resource, fault_at);
+    let lost_signal_lead_ms = lost_at
+        .lock()
+        .expect("lost")
+        .zip(first_other_start(&resource, fault_at))
+        .map(|((lost, _), other)| signed_ms(other, lost));
+    let notes = notes.lock().expect("notes").clone();
+    ScenarioReport {
+        scenario,
+        target: target.label(),
+        fence,
+        victim_write_accepted,
+        victim_lost,
+        lost_signal_lead_ms,
+        takeover: takeover.map(|at| at.saturating_duration_since(fault_at)),
+        recovery,
+        notes,
+    }
+}
+
+async fn crash_members(
+    servers: &[&dyn ServerControl],
+    which: &[usize],
+    wipe: bool,
+    down: Duration,
+    note: &(dyn Fn(String) + Sync),
+) {
+    for &i in which {
+        if let Err(err) = servers[i].kill9().await {
+            note(format!("kill {}: {err}", servers[i].label()));
+        }
+    }
+    sleep(down).await;
+    let restarts = which.iter().map(|&i| async move {
+        let restarted = if wipe {
+            servers[i].restart_wiped().await
+        } else {
+            servers[i].restart().await
+        };
+        (i, restarted)
+    });
+    for (i, restarted) in join_all(restarts).await {
+        if let Err(err) = restarted {
+            note(format!("restart {}: {err}", servers[i].label()));
+        }
+    }
+}
+
+fn signed_ms(later: Instant, earlier: Instant) -> f64 {
+    if later >= earlier {
+        (later - earlier).as_secs_f64() * 1000.0
+    } else {
+        -((earlier - later).as_secs_f64() * 1000.0)
+    }
+}
+
+/// Start of the first accepted section that began after `after` (another holder's).
+fn first_other_start(resource: &FencedResource, after: Instant) -> Option<Instant> {
+    resource
+        .sections()
+        .into_iter()
+        .filter(|s| s.start > after && s.written.is_some())
+        .map(|s| s.start)
+        .min()
+}
+
+/// After the faults healed, a fresh client must get the lock within TTL plus a bound.
+async fn recover(target: &dyn ChaosTarget, name: &LockName, plan: Plan) -> Option<Duration> {
+    let limit = plan.ttl * 3 + Duration::from_secs(10);
+    let client = target.client(options(plan.ttl)).await;
+    let started = Instant::now();
+    match timeout(limit, client.lock_timeout(name.as_str(), limit)).await {
+        Ok(Ok(guard)) => {
+            let took = started.elapsed();
+            let _ = guard.release().await;
+            Some(took)
+        }
+        _ => None,
+    }
+}
+
+/// The victim's link is cut for 2 x TTL: its lease ends, others take over, its late write
+/// is refused.
+pub async fn holder_partitioned(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    victim_scenario(
+        target,
+        "holder_partitioned",
+        plan,
+        Fault::Partition(plan.ttl * 2),
+    )
+    .await
+}
+
+/// The victim stops for 2 x TTL mid-section (renewals included, as with SIGSTOP of its
+/// process), then writes without looking.
+pub async fn holder_paused_beyond_ttl(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    // From the servers' side a stopped process and a cut link look the same: silence.
+    victim_scenario(
+        target,
+        "holder_paused_beyond_ttl",
+        plan,
+        Fault::Partition(plan.ttl * 2),
+    )
+    .await
+}
+
+/// The victim's traffic is delayed by more than the TTL for 2 x TTL.
+pub async fn long_network_delay(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    victim_scenario(
+        target,
+        "long_network_delay",
+        plan,
+        Fault::Delay {
+            delay: plan.ttl + plan.ttl / 2,
+            duration: plan.ttl * 2,
+        },
+    )
+    .await
+}
+
+/// Every server is stopped (SIGSTOP) for 2 x TTL, then continued.
+pub async fn stuck_server(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    victim_scenario(
+        target,
+        "stuck_server",
+        plan,
+        Fault::StuckServer(plan.ttl * 2),
+    )
+    .await
+}
+
+/// Every server is killed (SIGKILL) and restarted with its data.
+pub async fn server_crash_restart(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    victim_scenario(
+        target,
+        "server_crash_restart",
+        plan,
+        Fault::ServerCrash {
+            wipe: false,
+            down: plan.ttl / 4,
+        },
+    )
+    .await
+}
+
+/// Every server is killed and restarted with its data wiped.
+pub async fn server_restart_without_data(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    victim_scenario(
+        target,
+        "server_restart_without_data",
+        plan,
+        Fault::ServerCrash {
+            wipe: true,
+            down: plan.ttl / 4,
+        },
+    )
+    .await
+}
+
+/// The lock is removed behind the victim's back (operator, server clock jump).
+pub async fn early_key_expiry(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    victim_scenario(target, "early_key_expiry", plan, Fault::Steal(target)).await
+}
+
+/// One member (the leader, where there is one) is killed while the lock is held and
+/// restarted after 2 x TTL.
+pub async fn member_crash(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    let which = vec![target.leader().await.unwrap_or(0)];
+    victim_scenario(
+        target,
+        "member_crash",
+        plan,
+        Fault::Members {
+            which,
+            wipe: false,
+            down: plan.ttl * 2,
+        },
+    )
+    .await
+}
+
+/// RedLock: a majority of nodes crash and restart at once, empty.
+pub async fn redlock_restart_immediate(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    let n = target.servers().len();
+    victim_scenario(
+        target,
+        "redlock_restart_immediate",
+        plan,
+        Fault::Members {
+            which: (0..n / 2 + 1).collect(),
+            wipe: true,
+            down: Duration::from_millis(50),
+        },
+    )
+    .await
+}
+
+/// RedLock: a minority of nodes crash and restart empty only after the TTL (the
+/// documented operating rule).
+pub async fn redlock_restart_delayed(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    let n = target.servers().len();
+    victim_scenario(
+        target,
+        "redlock_restart_delayed",
+        plan,
+        Fault::Members {
+            which: (0..n.saturating_sub(1) / 2).collect(),
+            wipe: true,
+            down: plan.ttl + plan.ttl / 2,
+        },
+    )
+    .await
+}
+
+fn report(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    resource: &FencedResource,
+    recovery: Option<Duration>,
+    notes: Vec<String>,
+) -> ScenarioReport {
+    ScenarioReport {
+        scenario,
+        target: target.label(),
+        fence: resource.check(),
+        victim_write_accepted: None,
+        victim_lost: None,
+        lost_signal_lead_ms: None,
+        takeover: None,
+        recovery,
+        notes,
+    }
+}
+
+/// The victim's acquire travels over a link slower than the TTL: whatever it gets must
+/// not overlap a healthy holder.
+pub async fn acquire_reply_delayed(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    let name = unique_name("acquire_reply_delayed");
+    let resource = FencedResource::new();
+    let notes = Arc::new(Mutex::new(Vec::new()));
+    let (victim, link) = target.linked_client(options(plan.ttl)).await;
+    link.set_mode(ProxyMode::Delay {
+        base: plan.ttl + plan.ttl / 2,
+        jitter: Duration::ZERO,
+    });
+    let victim_task = {
+        let (name, resource) = (name.clone(), resource.clone());
+        tokio::spawn(async move {
+            match victim.try_lock(name.as_str()).await {
+                Ok(Some(guard)) => {
+                    let outcome = if guard.is_held() {
+                        let written = resource
+                            .increment(guard.fencing_token(), sleep(Duration::from_millis(5)))
+                            .await;
+                        format!("victim got the lock; write accepted: {written:?}")
+                    } else {
+                        "victim got a guard that was already lost".to_owned()
+                    };
+                    let _ = guard.release().await;
+                    outcome
+                }
+                Ok(None) => "victim found the lock held".to_owned(),
+                Err(err) => format!("victim's acquire failed: {err}"),
+            }
+        })
+    };
+    let mut contenders = Vec::new();
+    for _ in 0..plan.contenders {
+        contenders.push(target.client(options(plan.ttl)).await);
+    }
+    let until = Instant::now() + plan.contend;
+    contend(
+        contenders,
+        name.clone(),
+        resource.clone(),
+        until,
+        Arc::clone(&notes),
+    )
+    .await;
+    link.heal();
+    match timeout(plan.ttl * 4 + Duration::from_secs(10), victim_task).await {
+        Ok(Ok(outcome)) => notes.lock().expect("notes").push(outcome),
+        _ => notes
+            .lock()
+            .expect("notes")
+            .push("victim's acquire never finished".into()),
+    }
+    let recovery = recover(target, &name, plan).await;
+    let notes = notes.lock().expect("notes").clone();
+    report("acquire_reply_delayed", target, &resource, recovery, notes)
+}
+
+/// The reply to the victim's release is lost: the release is ambiguous to the victim, yet
+/// a waiter gets the lock and nothing the victim does afterwards touches it.
+pub async fn release_reply_lost(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    let name = unique_name("release_reply_lost");
+    let resource = FencedResource::new();
+    let mut notes = Vec::new();
+    let (victim, link) = target.linked_client(options(plan.ttl)).await;
+    let waiter = target.client(options(plan.ttl)).await;
+    let guard = victim
+        .lock_timeout(name.as_str(), Duration::from_secs(10))
+        .await
+        .expect("victim acquires");
+    let _ = resource.increment(guard.fencing_token(), async {}).await;
+    let waiting = {
+        let (name, waiter) = (name.clone(), Arc::clone(&waiter));
+        tokio::spawn(async move {
+            waiter
+                .lock_timeout(name.as_str(), Duration::from_secs(30))
+                .await
+        })
+    };
+    sleep(Duration::from_millis(200)).await;
+    link.set_mode(ProxyMode::DropNextReply);
+    let released_at = Instant::now();
+    notes.push(format!("victim's release: {:?}", guard.release().await));
+    link.heal();
+    let mut takeover = None;
+    match timeout(plan.ttl * 3 + Duration::from_secs(10), waiting).await {
+        Ok(Ok(Ok(next))) => {
+            takeover = Some(released_at.elapsed());
+            let _ = resource
+                .increment(next.fencing_token(), sleep(plan.ttl / 2))
+                .await;
+            if !next.is_held() {
+                notes.push("the waiter's hold did not survive the victim's release".into());
+            }
+            let _ = next.release().await;
+        }
+        other => notes.push(format!("waiter never got the lock: {other:?}")),
+    }
+    let recovery = recover(target, &name, plan).await;
+    let mut out = report("release_reply_lost", target, &resource, recovery, notes);
+    out.takeover = takeover;
+    out
+}
+
+/// A waiter's connections are reset just before the holder releases (a missed pub/sub
+/// message or watch event): the waiter must still get the lock, within its re-check bound.
+pub async fn waiter_connection_reset(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    let name = unique_name("waiter_connection_reset");
+    let resource = FencedResource::new();
+    let mut notes = Vec::new();
+    let holder = target.client(options(plan.ttl)).await;
+    let (waiter, link) = target.linked_client(options(plan.ttl)).await;
+    let guard = holder
+        .lock_timeout(name.as_str(), Duration::from_secs(10))
+        .await
+        .expect("holder acquires");
+    let waiting = {
+        let name = name.clone();
+        tokio::spawn(async move {
+            waiter
+                .lock_timeout(name.as_str(), Duration::from_secs(30))
+                .await
+        })
+    };
+    sleep(Duration::from_millis(300)).await;
+    link.set_mode(ProxyMode::Reset);
+    let _ = resource.increment(guard.fencing_token(), async {}).await;
+    let released_at = Instant::now();
+    let _ = guard.release().await;
+    sleep(Duration::from_millis(50)).await;
+    link.heal();
+    let mut takeover = None;
+    match timeout(Duration::from_secs(30), waiting).await {
+        Ok(Ok(Ok(next))) => {
+            takeover = Some(released_at.elapsed());
+            let _ = resource.increment(next.fencing_token(), async {}).await;
+            let _ = next.release().await;
+        }
+        other => notes.push(format!("waiter never got the lock: {other:?}")),
+    }
+    let recovery = recover(target, &name, plan).await;
+    let mut out = report(
+        "waiter_connection_reset",
+        target,
+        &resource,
+        recovery,
+        notes,
+    );
+    out.takeover = takeover;
+    out
+}
+
+/// Acquires with random short timeouts race grants while connections are reset: nothing
+/// stays queued or held, and the lock is free right after.
+pub async fn cancellation_under_faults(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    use rand::Rng;
+    let name = unique_name("cancellation_under_faults");
+    let resource = FencedResource::new();
+    let mut notes = Vec::new();
+    let mut links = Vec::new();
+    let mut tasks = Vec::new();
+    let until = Instant::now() + plan.contend;
+    for _ in 0..3 {
+        let (client, link) = target.linked_client(options(plan.ttl)).await;
+        links.push(link);
+        let (name, resource) = (name.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            while Instant::now() < until {
+                let cut = Duration::from_millis(rand::rng().random_range(1..80));
+                if let Ok(Ok(guard)) = timeout(cut, client.lock(name.as_str())).await {
+                    if guard.is_held() {
+                        let _ = resource.increment(guard.fencing_token(), async {}).await;
+                    }
+                    drop(guard);
+                }
+            }
+        }));
+    }
+    while Instant::now() < until {
+        let pause = Duration::from_millis(rand::rng().random_range(50..250));
+        sleep(pause).await;
+        let which = rand::rng().random_range(0..links.len());
+        links[which].set_mode(ProxyMode::Reset);
+        links[which].heal();
+    }
+    for task in join_all(tasks).await {
+        if let Err(err) = task {
+            notes.push(format!("contender panicked: {err}"));
+        }
+    }
+    let deadline = Instant::now() + plan.ttl * 2 + Duration::from_secs(10);
+    let mut left = target.leftovers(std::slice::from_ref(&name)).await;
+    while !left.is_empty() && Instant::now() < deadline {
+        sleep(Duration::from_millis(100)).await;
+        left = target.leftovers(std::slice::from_ref(&name)).await;
+    }
+    if !left.is_empty() {
+        notes.push(format!("left on the server: {left:?}"));
+    }
+    let recovery = if left.is_empty() {
+        recover(target, &name, plan).await
+    } else {
+        None
+    };
+    report(
+        "cancellation_under_faults",
+        target,
+        &resource,
+        recovery,
+        notes,
+    )
+}
+
+/// A majority of servers is killed while the lock is held: no one else may acquire
+/// meanwhile (an error, never a second grant); after restart the lock works again.
+pub async fn majority_loss(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    let name = unique_name("majority_loss");
+    let resource = FencedResource::new();
+    let mut notes = Vec::new();
+    let holder = target.client(options(plan.ttl)).await;
+    let other = target.client(options(plan.ttl)).await;
+    let guard = holder
+        .lock_timeout(name.as_str(), Duration::from_secs(10))
+        .await
+        .expect("holder acquires");
+    let section = resource.begin(guard.fencing_token()).expect("first token");
+    let seen = section.read();
+    let servers = target.servers();
+    let majority: Vec<usize> = (0..servers.len() / 2 + 1).collect();
+    for &i in &majority {
+        if let Err(err) = servers[i].kill9().await {
+            notes.push(format!("kill {}: {err}", servers[i].label()));
+        }
+    }
+    match other.lock_timeout(name.as_str(), plan.ttl * 2).await {
+        Ok(second) => {
+            // A second grant without a majority: record it as an overlapping section.
+            let _ = resource.increment(second.fencing_token(), async {}).await;
+            notes.push("a second client acquired the lock without a majority".into());
+            let _ = second.release().await;
+        }
+        Err(err) => notes.push(format!("acquire without a majority: {err}")),
+    }
+    let _ = section.write(seen + 1);
+    section.end();
+    notes.push(format!(
+        "holder's state without a majority: {:?}",
+        guard.state()
+    ));
+    let restarts = majority.iter().map(|&i| servers[i].restart());
+    for (i, restarted) in join_all(restarts).await.into_iter().enumerate() {
+        if let Err(err) = restarted {
+            notes.push(format!("restart member {i}: {err}"));
+        }
+    }
+    let _ = guard.release().await;
+    let recovery = recover(target, &name, plan).await;
+    report("majority_loss", target, &resource, recovery, notes)
+}
+
+/// Runs `scenario` (a name from [`SCENARIOS`]) on `target`; `None` if it does not apply.
+pub async fn run(scenario: &str, target: &dyn ChaosTarget, plan: Plan) -> Option<ScenarioReport> {
+    if let Expect::NotApplicable(_) = expectation(scenario, target.topology()) {
+        return None;
+    }
+    Some(match scenario {
+        "holder_partitioned" => holder_partitioned(target, plan).await,
+        "holder_paused_beyond_ttl" => holder_paused_beyond_ttl(target, plan).await,
+        "long_network_delay" => long_network_delay(target, plan).await,
+        "stuck_server" => stuck_server(target, plan).await,
+        "server_crash_restart" => server_crash_restart(target, plan).await,
+        "server_restart_without_data" => server_restart_without_data(target, plan).await,
+        "early_key_expiry" => early_key_expiry(target, plan).await,
+        "acquire_reply_delayed" => acquire_reply_delayed(target, plan).await,
+        "release_reply_lost" => release_reply_lost(target, plan).await,
+        "waiter_connection_reset" => waiter_connection_reset(target, plan).await,
+        "cancellation_under_faults" => cancellation_under_faults(target, plan).await,
+        "member_crash" => member_crash(target, plan).await,
+        "majority_loss" => majority_loss(target, plan).await,
+        "redlock_restart_immediate" => redlock_restart_immediate(target, plan).await,
+        "redlock_restart_delayed" => redlock_restart_delayed(target, plan).await,
+        _ => return None,
+    })
+}
+
+/// Runs `scenario` on `target` with the short plan and asserts the topology's promise.
+/// Prints the report; says loudly when the scenario does not apply.
+pub async fn check(scenario: &str, target: &dyn ChaosTarget) {
+    let expect = expectation(scenario, target.topology());
+    let plan = Plan::short(target.short_ttl());
+    match run(scenario, target, plan).await {
+        None => eprintln!(
+            "[chaos] {scenario} does not apply to {}: {expect:?}",
+            target.label()
+        ),
+        Some(report) => {
+            eprintln!("[chaos] {report:#?}");
+            report.assert_meets(expect);
+        }
+    }
+}
