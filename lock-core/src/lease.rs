@@ -11,9 +11,9 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
-use tokio::time::{sleep_until, timeout, timeout_at, Instant};
+use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 
 use crate::backend::{
     AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionHealth,
@@ -423,10 +423,50 @@ impl<B: Backend> Keeper<B> {
         Some(entry)
     }
 
-    /// Releases an entry on the server and ends its state.
-    async fn finish_release(&self, entry: Entry<B::Hold>) -> Result<ReleaseOutcome> {
+    /// Releases an entry on the server and ends its state. The first outcome goes to
+    /// `report` (the caller of an explicit release). A release that fails with a retryable
+    /// error is tried again with backoff for up to twice the TTL: backends whose holds live
+    /// with a session (ZooKeeper, etcd) keep an unreleased hold for as long as the client
+    /// lives, so the server-side TTL is no fallback there.
+    async fn finish_release(
+        &self,
+        entry: Entry<B::Hold>,
+        mut report: Option<oneshot::Sender<Result<ReleaseOutcome>>>,
+    ) {
+        const FIRST_PAUSE: Duration = Duration::from_millis(50);
+        const LONGEST_PAUSE: Duration = Duration::from_secs(2);
         let prior = entry.info.state();
         entry.info.transition(LockState::Lost(LostReason::Released));
+        let give_up = Instant::now() + (entry.ttl * 2).max(self.options.request_timeout * 2);
+        let mut pause = FIRST_PAUSE;
+        loop {
+            let result = self.release_once(&entry, prior).await;
+            let retry = matches!(&result, Err(err) if err.is_retryable())
+                && Instant::now() + pause < give_up;
+            match (report.take(), result) {
+                (Some(caller), result) => {
+                    // The caller may have stopped waiting; the retries go on regardless.
+                    let _ = caller.send(result);
+                }
+                (None, Err(err)) if !retry => {
+                    tracing::warn!(lock = %entry.info.name, error = %err, "release failed; the server-side lease ends the hold");
+                }
+                (None, _) => {}
+            }
+            if !retry {
+                return;
+            }
+            sleep(pause).await;
+            pause = (pause * 2).min(LONGEST_PAUSE);
+        }
+    }
+
+    /// One release request for `entry`, whose state before the release was `prior`.
+    async fn release_once(
+        &self,
+        entry: &Entry<B::Hold>,
+        prior: LockState,
+    ) -> Result<ReleaseOutcome> {
         if entry.server_released {
             return Ok(ReleaseOutcome::AlreadyLost(match prior {
                 LockState::Lost(reason) => reason,
@@ -440,10 +480,10 @@ impl<B: Backend> Keeper<B> {
         .await
         .unwrap_or_else(|_| Err(self.deadline_error("release")));
         match (prior, result) {
+            (_, Err(err)) => Err(err),
             (LockState::Lost(reason), _) => Ok(ReleaseOutcome::AlreadyLost(reason)),
             (_, Ok(BackendRelease::Released)) => Ok(ReleaseOutcome::Released),
             (_, Ok(BackendRelease::NotOwner(reason))) => Ok(ReleaseOutcome::AlreadyLost(reason)),
-            (_, Err(err)) => Err(err),
         }
     }
 
@@ -729,12 +769,7 @@ async fn run_keeper<B: Backend>(
                 None => return,
                 Some(Command::Wake) => {}
                 Some(Command::Release(keeper, entry)) => {
-                    tokio::spawn(async move {
-                        let name = entry.info.name.clone();
-                        if let Err(err) = keeper.finish_release(entry).await {
-                            tracing::warn!(lock = %name, error = %err, "background release failed; the TTL ends the hold");
-                        }
-                    });
+                    tokio::spawn(async move { keeper.finish_release(entry, None).await });
                 }
             },
             _ = sleep_until(next) => {}
@@ -778,11 +813,12 @@ impl<B: Backend> HoldOps for Keeper<B> {
                 return Err(Error::config("lock client is shutting down"));
             };
             // Spawned so the release completes even if this future is dropped.
-            let task = tokio::spawn(async move { me.finish_release(entry).await });
-            task.await.map_err(|err| Error::Protocol {
+            let (report, outcome) = oneshot::channel();
+            tokio::spawn(async move { me.finish_release(entry, Some(report)).await });
+            outcome.await.map_err(|_| Error::Protocol {
                 backend: self.capabilities.backend,
-                message: "release task failed".into(),
-                source: Some(Box::new(err)),
+                message: "release task ended without an outcome".into(),
+                source: None,
             })?
         })
     }

@@ -20,7 +20,7 @@ pub use guard::{LockGuard, LockState, LockWatch, LostReason, ReleaseOutcome};
 pub use lease::{drift_margin, validity_deadline, LeaseClient};
 pub use lock::{DistributedLock, DistributedLockExt};
 pub use lock_url::{HostPort, LockUrl};
-pub use name::{escape, LockName, MAX_NAME_BYTES};
+pub use name::{escape, escape_where, LockName, MAX_NAME_BYTES};
 pub use options::{
     format_duration, parse_duration, AcquireOptions, LockOptions, RenewalMode, Wait,
     DEFAULT_RECHECK, DEFAULT_REQUEST_TIMEOUT, DEFAULT_TTL, MAX_DURATION,

@@ -90,9 +90,15 @@ impl TryFrom<String> for LockName {
 /// Names made only of unreserved characters come out unchanged, which keeps the
 /// layouts compatible with other libraries for plain names.
 pub fn escape(name: &str, reserved: &[char]) -> String {
+    escape_where(name, |c| reserved.contains(&c))
+}
+
+/// As [`escape`], with the reserved characters given by a predicate (for key spaces that
+/// reserve whole ranges).
+pub fn escape_where(name: &str, reserved: impl Fn(char) -> bool) -> String {
     let mut out = String::with_capacity(name.len());
     for c in name.chars() {
-        if c == '%' || reserved.contains(&c) {
+        if c == '%' || reserved(c) {
             let mut buf = [0u8; 4];
             for byte in c.encode_utf8(&mut buf).bytes() {
                 out.push_str(&format!("%{byte:02X}"));

@@ -1,13 +1,26 @@
-//! distlock ZooKeeper backend (zk://): ephemeral sequential nodes, predecessor watch, Curator-compatible layout.
-//!
-//! This crate is a skeleton: its backend lands with its own issue. Until then
-//! [`register`] registers nothing and [`SCHEMES`] lists the schemes it will serve,
-//! so `lock_core::connect` names this crate when one of them is asked for.
+#![doc = include_str!("../README.md")]
 
-/// The URL schemes this crate serves once its backend lands.
-pub const SCHEMES: &[&str] = &[];
+mod client;
+mod config;
+mod error;
+mod lease;
+mod lock;
 
-/// Registers this crate's schemes in the process-wide registry.
+pub use config::{ZkAcl, ZkConfig, DEFAULT_BASE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT};
+pub use lease::ZkHold;
+pub use lock::{escape_segment, lock_dir, sort_key, ZkBackend, ZkLock, SCHEMES};
+
+/// Registers `zk://` in the process-wide registry ([`lock_core::registry`]).
 pub fn register() {
-    for _scheme in SCHEMES {}
+    for scheme in SCHEMES {
+        lock_core::registry().register(scheme, lock::connect_url);
+    }
+}
+
+/// Connects a ZooKeeper lock client with `config`.
+///
+/// # Errors
+/// See [`ZkBackend::connect`].
+pub async fn connect(config: ZkConfig) -> lock_core::Result<ZkLock> {
+    ZkBackend::connect(config).await
 }

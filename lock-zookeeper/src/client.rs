@@ -1,0 +1,242 @@
+//! The ZooKeeper session of one lock client: connects, reports its health to the lease
+//! machinery, and replaces an expired session with a new one (a new epoch).
+
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use lock_core::backend::{SessionHealth, SessionStatus};
+use lock_core::{Error, Result};
+use tokio::sync::watch;
+use tokio::time::timeout;
+use zookeeper_client as zk;
+
+use crate::config::ZkConfig;
+use crate::error::{deadline, from_zk, no_session, BACKEND};
+
+/// Pause between attempts to establish a replacement session.
+const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+
+/// A live session: the client and its epoch.
+#[derive(Debug, Clone)]
+pub(crate) struct Live {
+    pub(crate) client: zk::Client,
+    pub(crate) epoch: u64,
+}
+
+impl Live {
+    /// The session id, as ZooKeeper stores it in `ephemeralOwner`.
+    pub(crate) fn session_id(&self) -> i64 {
+        self.client.session_id().0
+    }
+}
+
+#[derive(Debug)]
+struct Current {
+    client: Option<zk::Client>,
+    epoch: u64,
+}
+
+/// The session of one lock client, shared by the backend and its background tasks.
+#[derive(Debug)]
+pub(crate) struct Session {
+    config: ZkConfig,
+    current: Mutex<Current>,
+    status: watch::Sender<SessionStatus>,
+}
+
+fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Session {
+    /// Establishes the first session (epoch 1) and starts watching it.
+    pub(crate) async fn connect(config: ZkConfig) -> Result<Arc<Session>> {
+        let client = open(&config).await?;
+        let status = SessionStatus {
+            epoch: 1,
+            health: SessionHealth::Connected,
+        };
+        let session = Arc::new(Session {
+            config,
+            current: Mutex::new(Current {
+                client: Some(client.clone()),
+                epoch: 1,
+            }),
+            status: watch::Sender::new(status),
+        });
+        tokio::spawn(monitor(Arc::downgrade(&session), client.state_watcher(), 1));
+        Ok(session)
+    }
+
+    /// The live session, or an error while none is established.
+    pub(crate) fn live(&self) -> Result<Live> {
+        let current = locked(&self.current);
+        match &current.client {
+            Some(client) => Ok(Live {
+                client: client.clone(),
+                epoch: current.epoch,
+            }),
+            None => Err(no_session(current.epoch)),
+        }
+    }
+
+    /// The epoch of the newest session (live or not).
+    pub(crate) fn epoch(&self) -> u64 {
+        locked(&self.current).epoch
+    }
+
+    /// Session health changes.
+    pub(crate) fn subscribe(&self) -> watch::Receiver<SessionStatus> {
+        self.status.subscribe()
+    }
+
+    /// The configuration.
+    pub(crate) fn config(&self) -> &ZkConfig {
+        &self.config
+    }
+
+    /// Runs one request with the configured request timeout.
+    pub(crate) async fn call<T, F>(&self, what: &str, request: F) -> Result<Result<T, zk::Error>>
+    where
+        F: Future<Output = Result<T, zk::Error>>,
+    {
+        let limit = self.config.options.request_timeout;
+        timeout(limit, request)
+            .await
+            .map_err(|_| deadline(what, limit))
+    }
+
+    /// Waits (at most `limit`) until the session epoch is newer than `epoch` or the
+    /// session of `epoch` is connected again.
+    pub(crate) async fn wait_usable(&self, epoch: u64, limit: Duration) {
+        let mut status = self.subscribe();
+        let _ = timeout(
+            limit,
+            status.wait_for(|s| {
+                s.epoch > epoch || (s.epoch == epoch && s.health == SessionHealth::Connected)
+            }),
+        )
+        .await;
+    }
+
+    fn publish(&self, epoch: u64, health: SessionHealth) {
+        self.status.send_if_modified(|status| {
+            let next = SessionStatus { epoch, health };
+            if *status == next || status.epoch > epoch {
+                return false;
+            }
+            *status = next;
+            true
+        });
+    }
+
+    fn expire(&self, epoch: u64) {
+        let mut current = locked(&self.current);
+        if current.epoch == epoch {
+            current.client = None;
+        }
+        drop(current);
+        self.publish(epoch, SessionHealth::Expired);
+    }
+
+    fn install(&self, client: zk::Client) -> u64 {
+        let mut current = locked(&self.current);
+        current.epoch += 1;
+        current.client = Some(client);
+        let epoch = current.epoch;
+        drop(current);
+        self.publish(epoch, SessionHealth::Connected);
+        epoch
+    }
+}
+
+/// Opens a session with the configured timeout and credentials.
+async fn open(config: &ZkConfig) -> Result<zk::Client> {
+    let mut connector = zk::Client::connector().with_session_timeout(config.options.ttl);
+    if let (Some(user), Some(password)) = (&config.username, &config.password) {
+        connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
+    }
+    let target = config.connect_string();
+    let client = match timeout(config.connect_timeout, connector.connect(&target)).await {
+        Ok(Ok(client)) => client,
+        Ok(Err(err)) => {
+            return Err(from_zk(
+                err,
+                &format!("connect to {}", config.hosts.join(",")),
+            ))
+        }
+        Err(_) => {
+            return Err(Error::Connection {
+                backend: BACKEND,
+                message: format!(
+                    "no session with {} within {:?}",
+                    config.hosts.join(","),
+                    config.connect_timeout
+                ),
+                source: None,
+            })
+        }
+    };
+    if client.session_timeout() != config.options.ttl {
+        tracing::warn!(
+            requested = ?config.options.ttl,
+            negotiated = ?client.session_timeout(),
+            "ZooKeeper negotiated a different session timeout; leases follow the shorter of the two, a crashed holder blocks others for the negotiated one"
+        );
+    }
+    Ok(client)
+}
+
+/// Follows the health of session `epoch`; replaces it when it ends. Exits when the
+/// lock client is gone.
+async fn monitor(session: Weak<Session>, mut watcher: zk::StateWatcher, mut epoch: u64) {
+    loop {
+        let state = watcher.changed().await;
+        let Some(shared) = session.upgrade() else {
+            return;
+        };
+        match state {
+            zk::SessionState::Disconnected => shared.publish(epoch, SessionHealth::Suspended),
+            zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                shared.publish(epoch, SessionHealth::Connected);
+            }
+            zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed => {
+                tracing::warn!(
+                    epoch,
+                    ?state,
+                    "ZooKeeper session ended; establishing a new one"
+                );
+                shared.expire(epoch);
+                drop(shared);
+                let Some((next, client_watcher)) = reopen(&session).await else {
+                    return;
+                };
+                epoch = next;
+                watcher = client_watcher;
+            }
+        }
+    }
+}
+
+/// Establishes a replacement session, retrying until it works or the client is gone.
+async fn reopen(session: &Weak<Session>) -> Option<(u64, zk::StateWatcher)> {
+    loop {
+        let config = session.upgrade()?.config.clone();
+        match open(&config).await {
+            Ok(client) => {
+                let shared = session.upgrade()?;
+                let watcher = client.state_watcher();
+                let epoch = shared.install(client);
+                tracing::info!(epoch, "new ZooKeeper session established");
+                return Some((epoch, watcher));
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "ZooKeeper session not re-established yet");
+                tokio::time::sleep(RECONNECT_PAUSE).await;
+            }
+        }
+    }
+}

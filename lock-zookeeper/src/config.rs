@@ -1,0 +1,331 @@
+//! Configuration of a `zk://` client: from a URL or a serde config struct.
+
+use std::fmt;
+use std::time::Duration;
+
+use lock_core::{Error, LockOptions, LockUrl, Result};
+use serde::{Deserialize, Serialize};
+
+/// The default client port of ZooKeeper.
+pub const DEFAULT_PORT: u16 = 2181;
+/// The default base path under which lock directories live.
+pub const DEFAULT_BASE: &str = "/locks";
+/// The default bound on establishing a session: 10 s.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The ACL given to the nodes this client creates.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ZkAcl {
+    /// `world:anyone` with every permission (ZooKeeper's `OPEN_ACL_UNSAFE`, Curator's
+    /// default). The default.
+    #[default]
+    Open,
+    /// Every permission for the authenticated creator only (`CREATOR_ALL_ACL`); needs
+    /// digest credentials.
+    Creator,
+}
+
+/// Configuration of a ZooKeeper lock client.
+///
+/// From a URL: `zk://[user:password@]host[:port][,host[:port]…][/base/path][?options]`.
+/// Options (besides the common `ttl`, `renewal`, `max_hold`, `request_timeout`,
+/// `recheck`): `chroot=/path`, `acl=open|creator`, `connect_timeout=10s`.
+///
+/// `Debug` never shows the password.
+#[non_exhaustive]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ZkConfig {
+    /// `host:port` of each server. Default: `127.0.0.1:2181`.
+    pub hosts: Vec<String>,
+    /// The base path: lock `NAME` lives in the directory `<base>/<escaped NAME>`.
+    /// Default [`DEFAULT_BASE`]. Given by the URL path.
+    pub base: String,
+    /// A ZooKeeper chroot: every path of this client (the base included) is relative
+    /// to it on the server. Default: none.
+    pub chroot: Option<String>,
+    /// Digest user name. Default: none (no authentication).
+    pub username: Option<String>,
+    /// Digest password. Default: none.
+    pub password: Option<String>,
+    /// ACL of created nodes. Default [`ZkAcl::Open`].
+    pub acl: ZkAcl,
+    /// Bound on establishing (or re-establishing) a session. Default 10 s.
+    #[serde(with = "duration_text")]
+    pub connect_timeout: Duration,
+    /// Lock options; `ttl` is the requested session timeout.
+    pub options: LockOptions,
+}
+
+impl Default for ZkConfig {
+    fn default() -> Self {
+        ZkConfig {
+            hosts: vec![format!("127.0.0.1:{DEFAULT_PORT}")],
+            base: DEFAULT_BASE.to_owned(),
+            chroot: None,
+            username: None,
+            password: None,
+            acl: ZkAcl::Open,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            options: LockOptions::default(),
+        }
+    }
+}
+
+impl fmt::Debug for ZkConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkConfig")
+            .field("hosts", &self.hosts)
+            .field("base", &self.base)
+            .field("chroot", &self.chroot)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("acl", &self.acl)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+const KNOWN_KEYS: &str =
+    "ttl, renewal, max_hold, request_timeout, recheck, chroot, acl, connect_timeout";
+
+impl ZkConfig {
+    /// A configuration for servers `hosts` (`host:port`), other fields at their defaults.
+    pub fn new<I, S>(hosts: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ZkConfig {
+            hosts: hosts.into_iter().map(Into::into).collect(),
+            ..ZkConfig::default()
+        }
+    }
+
+    /// Parses a `zk://` URL.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the problem (never the password).
+    pub fn from_url(url: &LockUrl) -> Result<Self> {
+        if url.scheme != "zk" {
+            return Err(Error::config(format!(
+                "the ZooKeeper backend serves zk://, not {}://",
+                url.scheme
+            )));
+        }
+        if url.hosts.is_empty() {
+            return Err(Error::config("zk:// URLs need at least one host"));
+        }
+        let mut config = ZkConfig {
+            hosts: url.hosts.iter().map(|h| h.address(DEFAULT_PORT)).collect(),
+            username: url.username.clone(),
+            password: url.password.clone(),
+            ..ZkConfig::default()
+        };
+        if !matches!(url.path.as_str(), "" | "/") {
+            config.base = url.path.clone();
+        }
+        for (key, value) in url.apply_common_options(&mut config.options)? {
+            match key.as_str() {
+                "chroot" => config.chroot = Some(value),
+                "acl" => {
+                    config.acl = match value.as_str() {
+                        "open" => ZkAcl::Open,
+                        "creator" => ZkAcl::Creator,
+                        _ => {
+                            return Err(Error::config(format!(
+                                "acl must be `open` or `creator`, not {value:?}"
+                            )))
+                        }
+                    }
+                }
+                "connect_timeout" => {
+                    config.connect_timeout = lock_core::parse_duration(&key, &value)?;
+                }
+                _ => {
+                    return Err(Error::config(format!(
+                        "unknown zk:// option `{key}` (known: {KNOWN_KEYS})"
+                    )))
+                }
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every field.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the field.
+    pub fn validate(&self) -> Result<()> {
+        self.options.validate()?;
+        if self.hosts.is_empty()
+            || self
+                .hosts
+                .iter()
+                .any(|h| h.is_empty() || h.contains(['/', ',']))
+        {
+            return Err(Error::config("hosts must be a non-empty list of host:port"));
+        }
+        check_path("base", &self.base)?;
+        if let Some(chroot) = &self.chroot {
+            check_path("chroot", chroot)?;
+        }
+        if self.password.is_some() != self.username.is_some() {
+            return Err(Error::config(
+                "digest authentication needs both a user name and a password",
+            ));
+        }
+        if self.username.as_deref().is_some_and(|u| u.contains(':')) {
+            return Err(Error::config("a digest user name cannot contain `:`"));
+        }
+        if self.acl == ZkAcl::Creator && self.username.is_none() {
+            return Err(Error::config("acl=creator needs digest credentials"));
+        }
+        if self.connect_timeout.is_zero() || self.connect_timeout > lock_core::MAX_DURATION {
+            return Err(Error::config(
+                "connect_timeout must be between 0 and one year",
+            ));
+        }
+        let ms = self.options.ttl.as_millis();
+        if ms > u128::from(i32::MAX.unsigned_abs()) {
+            return Err(Error::config(
+                "ttl (the ZooKeeper session timeout) must fit in 2^31 ms",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The connect string the client library takes: `h1:p1,h2:p2[/chroot]`.
+    pub(crate) fn connect_string(&self) -> String {
+        let mut text = self.hosts.join(",");
+        if let Some(chroot) = &self.chroot {
+            text.push_str(chroot);
+        }
+        text
+    }
+
+    /// `zk://hosts[/chroot]/base` without credentials, for `Display`.
+    pub(crate) fn endpoint(&self) -> String {
+        format!(
+            "zk://{}{}{}",
+            self.hosts.join(","),
+            self.chroot.as_deref().unwrap_or(""),
+            self.base
+        )
+    }
+}
+
+/// An absolute ZooKeeper path: `/a/b`, no trailing `/`, no empty, `.` or `..` segment.
+fn check_path(field: &str, path: &str) -> Result<()> {
+    let bad = |why: &str| Err(Error::config(format!("{field} path {path:?} {why}")));
+    if !path.starts_with('/') || path.len() < 2 {
+        return bad("must be absolute and not the root (e.g. /locks)");
+    }
+    for segment in path[1..].split('/') {
+        if segment.is_empty() || segment == "." || segment == ".." {
+            return bad("has an empty, `.` or `..` segment");
+        }
+        if segment.chars().any(forbidden_in_path) {
+            return bad("has a character ZooKeeper does not allow");
+        }
+    }
+    if path == "/zookeeper" || path.starts_with("/zookeeper/") {
+        return bad("is reserved by ZooKeeper");
+    }
+    Ok(())
+}
+
+/// Characters ZooKeeper rejects in a path (besides `/` as a separator).
+pub(crate) fn forbidden_in_path(c: char) -> bool {
+    c.is_control()
+        || ('\u{E000}'..='\u{F8FF}').contains(&c)
+        || ('\u{FFF0}'..='\u{FFFF}').contains(&c)
+}
+
+mod duration_text {
+    use std::time::Duration;
+
+    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&lock_core::format_duration(*value))
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let text = String::deserialize(d)?;
+        lock_core::parse_duration("duration", &text).map_err(D::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_core::ErrorKind;
+
+    fn parse(text: &str) -> Result<ZkConfig> {
+        ZkConfig::from_url(&LockUrl::parse(text)?)
+    }
+
+    #[test]
+    fn parses_hosts_base_credentials_and_options() {
+        let config = parse(
+            "zk://app:s%3Acret@10.0.0.1,10.0.0.2:2182/svc/locks?ttl=8s&chroot=/prod&acl=creator&connect_timeout=3s",
+        )
+        .unwrap();
+        assert_eq!(config.hosts, vec!["10.0.0.1:2181", "10.0.0.2:2182"]);
+        assert_eq!(config.base, "/svc/locks");
+        assert_eq!(config.chroot.as_deref(), Some("/prod"));
+        assert_eq!(config.username.as_deref(), Some("app"));
+        assert_eq!(config.password.as_deref(), Some("s:cret"));
+        assert_eq!(config.acl, ZkAcl::Creator);
+        assert_eq!(config.connect_timeout, Duration::from_secs(3));
+        assert_eq!(config.options.ttl, Duration::from_secs(8));
+        assert_eq!(config.connect_string(), "10.0.0.1:2181,10.0.0.2:2182/prod");
+        let shown = format!("{config:?} {}", config.endpoint());
+        assert!(!shown.contains("s:cret"), "{shown}");
+    }
+
+    #[test]
+    fn defaults_apply_without_path() {
+        let config = parse("zk://127.0.0.1:2181").unwrap();
+        assert_eq!(config.base, DEFAULT_BASE);
+        assert_eq!(config.acl, ZkAcl::Open);
+        assert_eq!(config.chroot, None);
+    }
+
+    #[test]
+    fn bad_urls_get_clear_errors() {
+        let cases = [
+            ("zk:///locks", "host"),
+            ("zk://h/locks?bogus=1", "bogus"),
+            ("zk://h/locks?acl=everyone", "acl"),
+            ("zk://h/locks?acl=creator", "credentials"),
+            ("zk://u@h/locks", "password"),
+            ("zk://h/locks/", "base"),
+            ("zk://h/a//b", "base"),
+            ("zk://h/a/../b", "base"),
+            ("zk://h/zookeeper/x", "reserved"),
+            ("zk://h/locks?chroot=relative", "chroot"),
+            ("zk://h/locks?ttl=30000h", "ttl"),
+            ("zk://h/locks?connect_timeout=0s", "connect_timeout"),
+        ];
+        for (url, needle) in cases {
+            let err = parse(url).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
+            assert!(err.to_string().contains(needle), "{url}: {err}");
+        }
+    }
+
+    #[test]
+    fn serde_config_round_trips() {
+        let config = parse("zk://a:1,b:2/x?ttl=5s").unwrap();
+        let json = serde_json::to_string(&config).unwrap();
+        let back: ZkConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, config);
+        let err = serde_json::from_str::<ZkConfig>(r#"{"nope": 1}"#).unwrap_err();
+        assert!(err.to_string().contains("nope"));
+    }
+}

@@ -1,0 +1,175 @@
+//! Holds and their lease on ZooKeeper.
+//!
+//! A hold is an ephemeral node: it lives as long as the session, which the client library
+//! keeps alive with pings. Renewal of all holds of a client is one `multiRead` request of
+//! `getData` operations (chunked for very many holds): it proves the session alive and
+//! checks that every node still exists and is owned by this session. A hold whose
+//! validity deadline passes without a renewal is released (its node deleted) by the
+//! lease machinery of `lock-core`; if the client dies, the session timeout (= the TTL)
+//! ends the node on the server instead.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use lock_core::backend::{RenewItem, RenewOutcome};
+use lock_core::{LostReason, Result};
+use zookeeper_client as zk;
+
+use crate::client::{Live, Session};
+use crate::error::from_zk;
+
+/// Operations per `multiRead` request.
+const RENEW_CHUNK: usize = 500;
+/// Attempts of a background delete.
+const DELETE_ATTEMPTS: usize = 3;
+
+/// One hold: the lock node and the session (epoch and id) it belongs to.
+#[derive(Debug)]
+pub struct ZkHold {
+    pub(crate) path: String,
+    pub(crate) epoch: u64,
+    pub(crate) session_id: i64,
+}
+
+impl ZkHold {
+    /// A hold on `path` created in session `live`.
+    pub(crate) fn new(live: &Live, path: String) -> Self {
+        ZkHold {
+            path,
+            epoch: live.epoch,
+            session_id: live.session_id(),
+        }
+    }
+
+    /// The full path of the lock node (relative to the chroot, if any).
+    pub fn path(&self) -> &str {
+        &self.path
+    }
+
+    /// The session epoch the hold belongs to.
+    pub fn epoch(&self) -> u64 {
+        self.epoch
+    }
+}
+
+/// Deletes `path` if session `epoch` is still the live one, a few times on connection
+/// loss; gives up quietly (the session timeout is the last resort).
+pub(crate) async fn delete_in_epoch(session: &Session, path: &str, epoch: u64) {
+    for _ in 0..DELETE_ATTEMPTS {
+        let Ok(live) = session.live() else { return };
+        if live.epoch != epoch {
+            return;
+        }
+        match session.call("delete", live.client.delete(path, None)).await {
+            Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => return,
+            Ok(Err(err)) if crate::error::is_session_gone(&err) => return,
+            Ok(Err(err)) => tracing::debug!(%path, error = %err, "delete failed; retrying"),
+            Err(err) => tracing::debug!(%path, error = %err, "delete failed; retrying"),
+        }
+        session
+            .wait_usable(epoch, session.config().options.request_timeout)
+            .await;
+    }
+}
+
+/// Renews `items`: one `multiRead` per chunk, all chunks in flight at once.
+pub(crate) async fn renew(
+    session: &Session,
+    items: &[RenewItem<'_, ZkHold>],
+) -> Result<Vec<RenewOutcome>> {
+    let live = match session.live() {
+        Ok(live) => live,
+        Err(err) => {
+            // Holds of older sessions are lost for sure; the current one may come back.
+            let epoch = session.epoch();
+            if items.iter().all(|item| item.hold.epoch < epoch) {
+                return Ok(items
+                    .iter()
+                    .map(|_| RenewOutcome::Lost(LostReason::SessionExpired))
+                    .collect());
+            }
+            return Err(err);
+        }
+    };
+    let mut outcomes: Vec<Option<RenewOutcome>> = items
+        .iter()
+        .map(|item| {
+            (item.hold.epoch != live.epoch || item.hold.session_id != live.session_id())
+                .then_some(RenewOutcome::Lost(LostReason::SessionExpired))
+        })
+        .collect();
+    let pending: Vec<usize> = (0..items.len())
+        .filter(|i| outcomes[*i].is_none())
+        .collect();
+    let reads = pending.chunks(RENEW_CHUNK).map(|chunk| {
+        let paths: Vec<&str> = chunk.iter().map(|i| items[*i].hold.path.as_str()).collect();
+        read_stats(session, &live, paths)
+    });
+    let results = join_all(reads).await;
+    for (chunk, result) in pending.chunks(RENEW_CHUNK).zip(results) {
+        for (index, found) in chunk.iter().zip(result?) {
+            let item = &items[*index];
+            outcomes[*index] = Some(match found {
+                Some(owner) if owner == live.session_id() => RenewOutcome::Renewed {
+                    lease: lease_of(&live, item.ttl),
+                },
+                Some(_) => RenewOutcome::Lost(LostReason::Taken),
+                None => RenewOutcome::Lost(LostReason::Vanished),
+            });
+        }
+    }
+    Ok(outcomes
+        .into_iter()
+        .map(|o| o.unwrap_or(RenewOutcome::Lost(LostReason::Vanished)))
+        .collect())
+}
+
+/// The ephemeral owner of each path (`None`: no such node), in one `multiRead`;
+/// concurrent single reads on servers without `multiRead`.
+async fn read_stats(session: &Session, live: &Live, paths: Vec<&str>) -> Result<Vec<Option<i64>>> {
+    let mut reader = live.client.new_multi_reader();
+    for path in &paths {
+        reader
+            .add_get_data(path)
+            .map_err(|err| from_zk(err, "renew"))?;
+    }
+    match session.call("renew", reader.commit()).await? {
+        Ok(results) => results
+            .into_iter()
+            .map(|result| match result {
+                zk::MultiReadResult::Data { stat, .. } => Ok(Some(stat.ephemeral_owner)),
+                zk::MultiReadResult::Error {
+                    err: zk::Error::NoNode,
+                } => Ok(None),
+                zk::MultiReadResult::Error { err } => Err(from_zk(err, "renew")),
+                other => Err(lock_core::Error::Protocol {
+                    backend: crate::error::BACKEND,
+                    message: format!("unexpected multiRead result {other:?}"),
+                    source: None,
+                }),
+            })
+            .collect(),
+        Err(zk::Error::Unimplemented) => {
+            let limit = session.config().options.request_timeout;
+            let reads = join_all(paths.iter().map(|path| live.client.check_stat(path)));
+            let stats = tokio::time::timeout(limit, reads)
+                .await
+                .map_err(|_| crate::error::deadline("renew", limit))?;
+            stats
+                .into_iter()
+                .map(|stat| {
+                    stat.map(|s| s.map(|s| s.ephemeral_owner))
+                        .map_err(|err| from_zk(err, "renew"))
+                })
+                .collect()
+        }
+        Err(err) => Err(from_zk(err, "renew")),
+    }
+}
+
+/// The lease a hold gets for `ttl` on session `live`: the shorter of the TTL and the
+/// negotiated session timeout. The server cannot expire the session earlier, measured
+/// from before a request it answered.
+pub(crate) fn lease_of(live: &Live, ttl: Duration) -> Duration {
+    ttl.min(live.client.session_timeout())
+}

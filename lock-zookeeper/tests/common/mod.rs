@@ -1,0 +1,248 @@
+//! The conformance factory for `zk://`: real ZooKeeper servers from the harness, one per
+//! factory (standalone or a 3-member ensemble), killed when the factory drops.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
+use conformance::harness::{or_skip, ZkEnsemble, ZkServer};
+use conformance::proxy::{FaultProxy, ProxyMode};
+use conformance::{Crash, Factory};
+use lock_core::{DistributedLock, LockName, LockOptions};
+use lock_zookeeper::{lock_dir, sort_key, ZkBackend, ZkConfig, ZkLock};
+use zookeeper_client as zk;
+
+/// The base path the suite's locks live under.
+pub const BASE: &str = "/conformance";
+
+/// The servers behind a factory.
+#[derive(Debug)]
+pub enum Servers {
+    /// One standalone server.
+    Standalone(Box<ZkServer>),
+    /// A 3-member ensemble.
+    Ensemble(ZkEnsemble),
+}
+
+impl Servers {
+    /// Every member.
+    pub fn members(&self) -> Vec<&ZkServer> {
+        match self {
+            Servers::Standalone(server) => vec![&**server],
+            Servers::Ensemble(ensemble) => ensemble.members().iter().collect(),
+        }
+    }
+
+    /// `host:port` of every member.
+    pub fn hosts(&self) -> Vec<String> {
+        self.members().iter().map(|m| m.connect_string()).collect()
+    }
+}
+
+/// Clients of one ZooKeeper deployment.
+pub struct ZkFactory {
+    pub servers: Servers,
+    admin: zk::Client,
+    proxies: Mutex<Vec<Arc<Vec<FaultProxy>>>>,
+}
+
+/// Starts a standalone server (panics loudly when ZooKeeper is not installed).
+pub async fn standalone() -> ZkServer {
+    or_skip(ZkServer::start().await)
+        .expect("ZooKeeper (java + the zookeeper package) is needed for this test")
+}
+
+/// Starts a 3-member ensemble (panics loudly when ZooKeeper is not installed).
+pub async fn ensemble() -> ZkEnsemble {
+    or_skip(ZkEnsemble::start().await)
+        .expect("ZooKeeper (java + the zookeeper package) is needed for this test")
+}
+
+/// A raw client of `hosts`, for checks behind the library's back.
+pub async fn raw_client(hosts: &[String]) -> zk::Client {
+    zk::Client::connector()
+        .with_session_timeout(Duration::from_secs(10))
+        .connect(&hosts.join(","))
+        .await
+        .expect("raw ZooKeeper client connects")
+}
+
+/// Options with `ttl`.
+pub fn with_ttl(ttl: Duration) -> LockOptions {
+    let mut options = LockOptions::default();
+    options.ttl = ttl;
+    options
+}
+
+/// A config for `hosts` under [`BASE`] with `options`.
+pub fn config(hosts: Vec<String>, options: LockOptions) -> ZkConfig {
+    let mut config = ZkConfig::new(hosts);
+    config.base = BASE.to_owned();
+    config.options = options;
+    config
+}
+
+/// The lock nodes in `name`'s directory, in queue order.
+pub async fn queue(admin: &zk::Client, name: &LockName) -> Vec<String> {
+    let dir = lock_dir(BASE, name);
+    let mut children = match admin.list_children(&dir).await {
+        Ok(children) => children,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(err) => panic!("list {dir}: {err}"),
+    };
+    children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+    children
+}
+
+impl ZkFactory {
+    /// A factory over a fresh standalone server.
+    pub async fn start() -> Self {
+        Self::over(Servers::Standalone(Box::new(standalone().await))).await
+    }
+
+    /// A factory over a fresh 3-member ensemble.
+    pub async fn start_ensemble() -> Self {
+        Self::over(Servers::Ensemble(ensemble().await)).await
+    }
+
+    async fn over(servers: Servers) -> Self {
+        lock_zookeeper::register();
+        let admin = raw_client(&servers.hosts()).await;
+        ZkFactory {
+            servers,
+            admin,
+            proxies: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The admin client (a separate session).
+    pub fn admin(&self) -> &zk::Client {
+        &self.admin
+    }
+
+    /// A concrete client with `options`.
+    pub async fn zk_client(&self, options: LockOptions) -> Arc<ZkLock> {
+        let client = ZkBackend::connect(config(self.servers.hosts(), options))
+            .await
+            .expect("zk client connects");
+        Arc::new(client)
+    }
+
+    /// A concrete client that reaches every server through its own fault proxy.
+    pub async fn proxied_client(
+        &self,
+        options: LockOptions,
+    ) -> (Arc<ZkLock>, Arc<Vec<FaultProxy>>) {
+        let mut proxies = Vec::new();
+        for member in self.servers.members() {
+            proxies.push(
+                FaultProxy::start(member.addr())
+                    .await
+                    .expect("fault proxy starts"),
+            );
+        }
+        let proxies = Arc::new(proxies);
+        self.proxies
+            .lock()
+            .expect("proxies")
+            .push(Arc::clone(&proxies));
+        let hosts = proxies.iter().map(|p| p.addr().to_string()).collect();
+        let client = ZkBackend::connect(config(hosts, options))
+            .await
+            .expect("proxied zk client connects");
+        (Arc::new(client), proxies)
+    }
+}
+
+/// Cuts a proxied client off: every proxy of it turns into a black hole.
+struct Blackhole(Arc<Vec<FaultProxy>>);
+
+#[async_trait]
+impl Crash for Blackhole {
+    async fn crash(&self) {
+        for proxy in self.0.iter() {
+            proxy.set_mode(ProxyMode::Blackhole);
+        }
+    }
+}
+
+#[async_trait]
+impl Factory for ZkFactory {
+    fn label(&self) -> String {
+        format!("zookeeper {}", self.servers.hosts().join(","))
+    }
+
+    fn url(&self) -> String {
+        format!("zk://{}{BASE}", self.servers.hosts().join(","))
+    }
+
+    fn short_ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
+        self.zk_client(options).await
+    }
+
+    async fn crashable_client(
+        &self,
+        options: LockOptions,
+    ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
+        let (client, proxies) = self.proxied_client(options).await;
+        (client, Box::new(Blackhole(proxies)))
+    }
+
+    async fn steal(&self, name: &LockName) {
+        let dir = lock_dir(BASE, name);
+        if let Some(holder) = queue(&self.admin, name).await.first() {
+            match self.admin.delete(&format!("{dir}/{holder}"), None).await {
+                Ok(()) | Err(zk::Error::NoNode) => {}
+                Err(err) => panic!("steal {dir}/{holder}: {err}"),
+            }
+        }
+    }
+
+    async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
+        let mut left = Vec::new();
+        for name in names {
+            let nodes = queue(&self.admin, name).await;
+            if !nodes.is_empty() {
+                left.push(format!("{name:?} has lock nodes {nodes:?}"));
+            }
+        }
+        left
+    }
+}
+
+#[async_trait]
+impl ChaosTarget for ZkFactory {
+    fn topology(&self) -> Topology {
+        match &self.servers {
+            Servers::Standalone(_) => Topology::Single { durable: true },
+            Servers::Ensemble(e) => Topology::Quorum { members: e.len() },
+        }
+    }
+
+    async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
+        let (client, proxies) = self.proxied_client(options).await;
+        (client, Link::Proxies(proxies))
+    }
+
+    fn servers(&self) -> Vec<&dyn ServerControl> {
+        self.servers
+            .members()
+            .into_iter()
+            .map(|m| m as &dyn ServerControl)
+            .collect()
+    }
+
+    async fn leader(&self) -> Option<usize> {
+        match &self.servers {
+            Servers::Standalone(_) => None,
+            Servers::Ensemble(e) => e.leader().await.ok(),
+        }
+    }
+}

@@ -1,0 +1,360 @@
+//! ZooKeeper-specific fault behaviour: ensemble members dying under a held lock, the
+//! client cut off from the servers (shorter and longer than the session timeout), and a
+//! connection lost in the middle of the create.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::{queue, with_ttl, ZkFactory};
+use conformance::harness::ZkServer;
+use conformance::proxy::ProxyMode;
+use lock_core::{DistributedLockExt, LockGuard, LockName, LockState, LostReason, ReleaseOutcome};
+use tokio::time::{sleep, timeout, Instant};
+
+fn name(tag: &str) -> LockName {
+    LockName::new(format!("faults/{tag}/{}", uuid::Uuid::new_v4().simple())).expect("valid")
+}
+
+/// Every state a guard goes through, recorded by a background task.
+fn record_states(guard: &LockGuard) -> Arc<Mutex<Vec<(Instant, LockState)>>> {
+    let states = Arc::new(Mutex::new(vec![(Instant::now(), guard.state())]));
+    let mut watch = guard.watch();
+    let log = Arc::clone(&states);
+    tokio::spawn(async move {
+        loop {
+            let state = watch.changed().await;
+            log.lock().expect("log").push((Instant::now(), state));
+            if state.is_lost() {
+                return;
+            }
+        }
+    });
+    states
+}
+
+fn seen(states: &Mutex<Vec<(Instant, LockState)>>) -> Vec<LockState> {
+    states
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|(_, s)| *s)
+        .collect()
+}
+
+/// The index of the member that serves session `sid` (from `cons`).
+async fn member_of(members: &[ZkServer], sid: i64) -> Option<usize> {
+    let needle = format!("sid=0x{sid:x}");
+    for (i, member) in members.iter().enumerate() {
+        if !member.is_running() {
+            continue;
+        }
+        if let Ok(out) = member.four_letter("cons").await {
+            if out.contains(&needle) {
+                return Some(i);
+            }
+        }
+    }
+    None
+}
+
+/// A client whose session is served by a member for which `wanted` holds (up to 12
+/// tries; the client library picks a random member).
+async fn client_on(
+    factory: &ZkFactory,
+    ttl: Duration,
+    wanted: impl Fn(usize) -> bool,
+) -> (Arc<lock_zookeeper::ZkLock>, Option<usize>) {
+    let members = match &factory.servers {
+        common::Servers::Ensemble(e) => e.members(),
+        common::Servers::Standalone(_) => panic!("needs an ensemble"),
+    };
+    let mut last = None;
+    for _ in 0..12 {
+        let client = factory.zk_client(with_ttl(ttl)).await;
+        let sid = client.backend().session_id().expect("connected");
+        let member = member_of(members, sid).await;
+        if member.is_some_and(&wanted) {
+            return (client, member);
+        }
+        last = Some((client, member));
+    }
+    last.expect("at least one try")
+}
+
+/// Kills member `victim` while a lock is held by a client served by `serving`; checks the
+/// lock is kept, nobody else gets it, and the session moves to a live member.
+async fn kill_member_keeps_lock(kill_leader: bool) {
+    let factory = ZkFactory::start_ensemble().await;
+    let common::Servers::Ensemble(ensemble) = &factory.servers else {
+        unreachable!()
+    };
+    let ttl = Duration::from_secs(6);
+    let leader = ensemble.leader().await.expect("a leader");
+    // Leader case: the holder is on the leader. Follower case: on the killed follower.
+    let (holder, served_by) = client_on(&factory, ttl, |m| (m == leader) == kill_leader).await;
+    let victim = if kill_leader {
+        leader
+    } else {
+        served_by
+            .filter(|m| *m != leader)
+            .unwrap_or((leader + 1) % ensemble.len())
+    };
+    let other = factory.zk_client(with_ttl(ttl)).await;
+    let lock = name(if kill_leader { "leader" } else { "follower" });
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    let states = record_states(&guard);
+    let sid = holder.backend().session_id().expect("session");
+    let token = guard.fencing_token();
+
+    ensemble.member(victim).kill9().await.expect("kill9");
+    let killed_at = Instant::now();
+    if kill_leader {
+        ensemble
+            .wait_for_new_leader(leader, Duration::from_secs(30))
+            .await
+            .expect("a new leader is elected");
+    }
+    // For 2 x TTL after the kill: nobody else gets the lock, the guard is never lost.
+    let mut excluded = 0;
+    while killed_at.elapsed() < ttl * 2 {
+        if let Ok(Some(stolen)) = other.try_lock(lock.as_str()).await {
+            panic!(
+                "second holder after killing member {victim}: token {} (ours {token})",
+                stolen.fencing_token()
+            );
+        }
+        excluded += 1;
+        assert!(
+            !guard.state().is_lost(),
+            "lost after killing member {victim}: {:?}",
+            seen(&states)
+        );
+        sleep(Duration::from_millis(250)).await;
+    }
+    assert!(excluded > 5, "too few exclusion checks: {excluded}");
+    // The same session, now served by a live member.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while guard.state() != LockState::Held && Instant::now() < deadline {
+        sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(guard.state(), LockState::Held, "states {:?}", seen(&states));
+    assert_eq!(
+        holder.backend().session_id(),
+        Some(sid),
+        "the session survives"
+    );
+    assert_eq!(holder.backend().session_epoch(), 1);
+    let now_on = member_of(ensemble.members(), sid).await;
+    assert!(
+        now_on.is_some_and(|m| m != victim),
+        "the session is served by a live member, is on {now_on:?}"
+    );
+    eprintln!(
+        "killed member {victim} ({}), holder was on {served_by:?} and moved to {now_on:?}; states {:?}",
+        if kill_leader { "leader" } else { "follower" },
+        seen(&states)
+    );
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let next = other
+        .lock_timeout(lock.as_str(), Duration::from_secs(5))
+        .await
+        .expect("the other client acquires after the release");
+    assert!(next.fencing_token() > token);
+    next.release().await.expect("release");
+}
+
+/// Ensemble: killing the leader while a lock is held keeps the lock; the session moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_leader_keeps_the_lock() {
+    kill_member_keeps_lock(true).await;
+}
+
+/// Ensemble: killing the follower serving the holder keeps the lock; the session moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_follower_keeps_the_lock() {
+    kill_member_keeps_lock(false).await;
+}
+
+/// Cut off longer than the session timeout: Suspect, then Lost before anyone else gets
+/// the lock; after healing, the client works again on a new session.
+async fn cut_off_long(factory: ZkFactory) {
+    let ttl = Duration::from_secs(2);
+    let (holder, proxies) = factory.proxied_client(with_ttl(ttl)).await;
+    let other = factory.zk_client(with_ttl(ttl)).await;
+    let lock = name("cut-long");
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    let states = record_states(&guard);
+    for proxy in proxies.iter() {
+        proxy.set_mode(ProxyMode::Blackhole);
+    }
+    let cut_at = Instant::now();
+    let next = other
+        .lock_timeout(lock.as_str(), ttl * 4)
+        .await
+        .expect("another client acquires after the session timeout");
+    let acquired_at = Instant::now();
+    let log = states.lock().expect("log").clone();
+    let lost_at = log
+        .iter()
+        .find(|(_, s)| s.is_lost())
+        .map(|(at, _)| *at)
+        .unwrap_or_else(|| panic!("not lost when another client acquired: {log:?}"));
+    assert!(lost_at <= acquired_at, "lost after the takeover: {log:?}");
+    assert!(
+        log.iter().any(|(_, s)| *s == LockState::Suspect),
+        "suspect before lost: {log:?}"
+    );
+    assert!(
+        lost_at - cut_at >= ttl / 3,
+        "lost too early ({:?})",
+        lost_at - cut_at
+    );
+    assert!(matches!(
+        guard.watch().lost().await,
+        LostReason::Expired | LostReason::SessionExpired
+    ));
+    eprintln!(
+        "cut off at 0; lost at {:?}; other acquired at {:?}; states {:?}",
+        lost_at - cut_at,
+        acquired_at - cut_at,
+        seen(&states)
+    );
+    next.release().await.expect("release");
+    assert!(matches!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::AlreadyLost(_)
+    ));
+    // Heal: a new session (epoch 2) serves new acquisitions.
+    for proxy in proxies.iter() {
+        proxy.set_mode(ProxyMode::Pass);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while holder.backend().session_epoch() < 2 || holder.backend().session_id().is_none() {
+        assert!(Instant::now() < deadline, "no new session after healing");
+        sleep(Duration::from_millis(100)).await;
+    }
+    let again = holder
+        .lock_timeout(lock.as_str(), Duration::from_secs(5))
+        .await
+        .expect("acquire on the new session");
+    again.release().await.expect("release");
+}
+
+/// Standalone: cut off longer than the session timeout ends in Lost, then a new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cut_off_longer_than_session_timeout_ends_in_lost() {
+    cut_off_long(ZkFactory::start().await).await;
+}
+
+/// Ensemble: cut off from every member longer than the session timeout ends in Lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ensemble_cut_off_longer_than_session_timeout_ends_in_lost() {
+    cut_off_long(ZkFactory::start_ensemble().await).await;
+}
+
+/// Cut off shorter than the session timeout: Suspect while cut off, Held again after,
+/// never Lost, and nobody else gets the lock meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn short_cut_off_keeps_the_lock() {
+    let factory = ZkFactory::start().await;
+    let ttl = Duration::from_secs(6);
+    let (holder, proxies) = factory.proxied_client(with_ttl(ttl)).await;
+    let other = factory.zk_client(with_ttl(ttl)).await;
+    let lock = name("cut-short");
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    let states = record_states(&guard);
+    let sid = holder.backend().session_id();
+    for proxy in proxies.iter() {
+        proxy.set_mode(ProxyMode::Blackhole);
+    }
+    let cut_at = Instant::now();
+    while cut_at.elapsed() < ttl / 2 {
+        assert!(
+            other.try_lock(lock.as_str()).await.expect("try").is_none(),
+            "second holder while cut off"
+        );
+        sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        guard.state(),
+        LockState::Suspect,
+        "suspect while cut off: {:?}",
+        seen(&states)
+    );
+    for proxy in proxies.iter() {
+        proxy.set_mode(ProxyMode::Pass);
+    }
+    timeout(Duration::from_secs(5), async {
+        while guard.state() != LockState::Held {
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("held again after healing: {:?}", seen(&states)));
+    assert_eq!(holder.backend().session_id(), sid, "same session");
+    assert!(other.try_lock(lock.as_str()).await.expect("try").is_none());
+    let log = seen(&states);
+    assert!(!log.iter().any(|s| s.is_lost()), "never lost: {log:?}");
+    assert!(log.contains(&LockState::Suspect), "{log:?}");
+    eprintln!("states through a {:?} cut-off: {log:?}", ttl / 2);
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A reply lost in the middle of the create: the outcome of the create is unknown, so
+/// the client looks for its node by its uuid and adopts it (owned by its session) rather
+/// than queueing a second node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_loss_during_create_adopts_own_node() {
+    let factory = ZkFactory::start().await;
+    // A long session keeps pings rare (every 3 s idle), so the dropped reply is the create's.
+    let mut options = with_ttl(Duration::from_secs(20));
+    options.request_timeout = Duration::from_secs(1);
+    let (client, proxies) = factory.proxied_client(options).await;
+    let other = factory.zk_client(with_ttl(Duration::from_secs(20))).await;
+    let proxy = &proxies[0];
+    for round in 0..3 {
+        let lock = name("protected");
+        // A round trip just before, so no ping is due.
+        let warm = name("warm");
+        client
+            .try_lock(warm.as_str())
+            .await
+            .expect("warm-up")
+            .expect("free")
+            .release()
+            .await
+            .expect("release");
+        let accepted = proxy.accepted();
+        proxy.set_mode(ProxyMode::DropNextReply);
+        let started = Instant::now();
+        let guard = client
+            .lock_timeout(lock.as_str(), Duration::from_secs(15))
+            .await
+            .expect("acquire through a lost reply");
+        let took = started.elapsed();
+        let nodes = queue(factory.admin(), &lock).await;
+        assert_eq!(nodes.len(), 1, "round {round}: one node only: {nodes:?}");
+        assert!(
+            took >= Duration::from_secs(1) || proxy.accepted() > accepted,
+            "round {round}: the reply was not lost (took {took:?}, no reconnect)"
+        );
+        eprintln!(
+            "round {round}: acquired through a lost create reply in {took:?}, reconnects {}",
+            proxy.accepted() - accepted
+        );
+        assert!(other.try_lock(lock.as_str()).await.expect("try").is_none());
+        assert_eq!(
+            guard.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        assert!(queue(factory.admin(), &lock).await.is_empty());
+    }
+}
