@@ -367,7 +367,7 @@ impl Plan {
     pub fn short(ttl: Duration) -> Self {
         Plan {
             ttl,
-            contend: ttl * 4,
+            contend: ttl * 5,
             contenders: 2,
         }
     }
@@ -545,7 +545,9 @@ async fn victim_scenario(
             sleep(plan.ttl).await;
         }
     }
-    // The victim wakes up and writes without looking, as a paused process would.
+    // The victim wakes up a TTL later (whoever could take over has done so by then)
+    // and writes without looking, as a paused process would.
+    sleep(plan.ttl).await;
     let victim_write_accepted = Some(section.write(seen + 1).is_ok());
     section.end();
     if let Err(err) = contention.await {

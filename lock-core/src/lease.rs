@@ -40,6 +40,11 @@ pub fn validity_deadline(requested_at: Instant, lease: Duration) -> Instant {
     requested_at + lease.saturating_sub(drift_margin(lease))
 }
 
+/// First pause before a waiting acquire retries after a retryable error.
+const RETRY_FIRST_PAUSE: Duration = Duration::from_millis(50);
+/// Longest pause between such retries.
+const RETRY_LONGEST_PAUSE: Duration = Duration::from_secs(1);
+
 /// Turns a [`Backend`] into a [`DistributedLock`], adding everything that is the same for
 /// every backend.
 pub struct LeaseClient<B: Backend> {
@@ -326,18 +331,37 @@ impl<B: Backend> Keeper<B> {
             wait: !matches!(options.wait, Wait::Try),
         };
         let started = Instant::now();
-        let attempt = self.backend.acquire(request);
-        let acquired = match options.wait {
-            Wait::Timeout(limit) => match timeout_at(started + limit, attempt).await {
-                Ok(result) => result?,
-                Err(_) => {
-                    return Err(Error::Timeout {
-                        name: name.to_string(),
-                        waited: started.elapsed(),
-                    })
+        let deadline = match options.wait {
+            Wait::Timeout(limit) => Some(started + limit),
+            Wait::Try | Wait::Forever => None,
+        };
+        let timed_out = || Error::Timeout {
+            name: name.to_string(),
+            waited: started.elapsed(),
+        };
+        let mut pause = RETRY_FIRST_PAUSE;
+        let acquired = loop {
+            let attempt = self.backend.acquire(request);
+            let result = match deadline {
+                Some(deadline) => timeout_at(deadline, attempt)
+                    .await
+                    .map_err(|_| timed_out())?,
+                None => attempt.await,
+            };
+            // A waiting acquire rides out transient failures (a reset connection, a
+            // moment without quorum) until its deadline, then reports the last one.
+            match result {
+                Err(err) if request.wait && err.is_retryable() => {
+                    let resume = Instant::now() + pause;
+                    if deadline.is_some_and(|deadline| resume >= deadline) {
+                        return Err(err);
+                    }
+                    tracing::debug!(lock = %name, error = %err, "acquire failed; retrying");
+                    sleep_until(resume).await;
+                    pause = (pause * 2).min(RETRY_LONGEST_PAUSE);
                 }
-            },
-            Wait::Try | Wait::Forever => attempt.await?,
+                result => break result?,
+            }
         };
         let Some(acquired) = acquired else {
             return Ok(None);

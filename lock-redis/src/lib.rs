@@ -1,13 +1,34 @@
-//! distlock Redis backend (redis://, rediss://, redlock://): SET NX PX + Lua, pub/sub wake-up, batched watchdog, fencing, RedLock.
-//!
-//! This crate is a skeleton: its backend lands with its own issue. Until then
-//! [`register`] registers nothing and [`SCHEMES`] lists the schemes it will serve,
-//! so `lock_core::connect` names this crate when one of them is asked for.
+#![doc = include_str!("../README.md")]
 
-/// The URL schemes this crate serves once its backend lands.
-pub const SCHEMES: &[&str] = &[];
+mod client;
+mod config;
+mod error;
+mod lease;
+mod lock;
 
-/// Registers this crate's schemes in the process-wide registry.
+use std::sync::Arc;
+
+use lock_core::{ConnectFuture, DistributedLock, LeaseClient, LockUrl};
+
+pub use config::{RedisConfig, RedisNode, DEFAULT_PORT, DEFAULT_PREFIX, SCHEMES};
+pub use lease::RedisHold;
+pub use lock::{KeyLayout, RedisBackend};
+
+/// A lock client on Redis (single server or RedLock): [`RedisBackend`] with the shared
+/// lease machinery of `lock-core`.
+pub type RedisLock = LeaseClient<RedisBackend>;
+
+/// Registers `redis://`, `rediss://` and `redlock://` in the process-wide registry of
+/// `lock-core`, so that `lock_core::connect(url)` serves them.
 pub fn register() {
-    for _scheme in SCHEMES {}
+    for scheme in SCHEMES {
+        lock_core::registry().register(scheme, connect_url);
+    }
+}
+
+fn connect_url(url: LockUrl) -> ConnectFuture {
+    Box::pin(async move {
+        let client: Arc<dyn DistributedLock> = Arc::new(RedisBackend::from_url(&url).await?);
+        Ok(client)
+    })
 }

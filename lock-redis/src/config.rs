@@ -1,0 +1,427 @@
+//! Configuration of a Redis lock client: from a URL or a serde struct.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use lock_core::{Error, LockOptions, LockUrl, Result};
+use serde::{Deserialize, Serialize};
+
+/// The URL schemes this crate serves.
+pub const SCHEMES: &[&str] = &["redis", "rediss", "redlock"];
+
+/// Default key prefix of lock keys.
+pub const DEFAULT_PREFIX: &str = "distlock:";
+
+/// Default Redis port.
+pub const DEFAULT_PORT: u16 = 6379;
+
+/// Query keys this backend reads besides the common ones of [`LockOptions`].
+const BACKEND_KEYS: &str = "prefix, node_timeout, tls, tls_ca";
+
+/// One Redis server.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RedisNode {
+    /// Host name or IP address (IPv6 without brackets).
+    pub host: String,
+    /// Port. Default 6379.
+    #[serde(default = "default_port")]
+    pub port: u16,
+}
+
+fn default_port() -> u16 {
+    DEFAULT_PORT
+}
+
+impl RedisNode {
+    /// A node at `host:port`.
+    pub fn new(host: impl Into<String>, port: u16) -> Self {
+        RedisNode {
+            host: host.into(),
+            port,
+        }
+    }
+}
+
+impl fmt::Display for RedisNode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+/// Everything a Redis lock client needs. Build it from a URL with
+/// [`RedisConfig::from_url`] or deserialize it; every field has a default.
+///
+/// URL forms (query keys in brackets on each field):
+/// - `redis://[user[:password]@]host[:port][/db][?query]`: one server.
+/// - `rediss://…`: the same over TLS.
+/// - `redlock://[user[:password]@]h1:p1,h2:p2,…[/db][?query]`: RedLock over independent
+///   servers (5 is the usual number), all with the same credentials and database.
+///
+/// `Debug` never shows the password.
+#[non_exhaustive]
+#[derive(Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct RedisConfig {
+    /// The servers. Exactly one unless [`RedisConfig::redlock`]. Default `127.0.0.1:6379`.
+    pub nodes: Vec<RedisNode>,
+    /// RedLock across [`RedisConfig::nodes`] (the `redlock://` scheme). Default `false`.
+    pub redlock: bool,
+    /// TLS (`rediss://`, or \[`tls=true`\] on `redlock://`). Default `false`.
+    pub tls: bool,
+    /// PEM file of the CA certificates that sign the servers' certificates \[`tls_ca`\].
+    /// Default: the system's trust store.
+    pub tls_ca: Option<PathBuf>,
+    /// ACL user name. Default: none (the `default` user).
+    pub username: Option<String>,
+    /// Password (`AUTH`). Default: none. Never printed.
+    pub password: Option<String>,
+    /// Database number (the URL path `/N`). Default 0.
+    pub db: i64,
+    /// Prefix of every key this client writes \[`prefix`\]. Default `distlock:`; empty
+    /// for the plain layout of other Redis lock libraries (the lock key is then the
+    /// escaped lock name). Must not contain `{` or `}`.
+    pub prefix: String,
+    /// RedLock: how long one node may take to answer an acquire attempt before it counts
+    /// as failed \[`node_timeout`\]. Default: TTL / 10, at least 50 ms and at most the
+    /// request timeout. A slow server costs this much only when no majority answered
+    /// sooner: the outcome is taken as soon as a majority granted.
+    #[serde(with = "duration_text::option")]
+    pub node_timeout: Option<Duration>,
+    /// Client-wide lock options (TTL, renewal, timeouts). Query keys `ttl`, `renewal`,
+    /// `max_hold`, `request_timeout`, `recheck`.
+    pub lock: LockOptions,
+}
+
+impl Default for RedisConfig {
+    fn default() -> Self {
+        RedisConfig {
+            nodes: vec![RedisNode::new("127.0.0.1", DEFAULT_PORT)],
+            redlock: false,
+            tls: false,
+            tls_ca: None,
+            username: None,
+            password: None,
+            db: 0,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            node_timeout: None,
+            lock: LockOptions::default(),
+        }
+    }
+}
+
+impl fmt::Debug for RedisConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisConfig")
+            .field("nodes", &self.nodes)
+            .field("redlock", &self.redlock)
+            .field("tls", &self.tls)
+            .field("tls_ca", &self.tls_ca)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("db", &self.db)
+            .field("prefix", &self.prefix)
+            .field("node_timeout", &self.node_timeout)
+            .field("lock", &self.lock)
+            .finish()
+    }
+}
+
+impl RedisConfig {
+    /// A single-server configuration for `host:port`.
+    pub fn single(host: impl Into<String>, port: u16) -> Self {
+        RedisConfig {
+            nodes: vec![RedisNode::new(host, port)],
+            ..RedisConfig::default()
+        }
+    }
+
+    /// A RedLock configuration over `nodes`.
+    pub fn redlock(nodes: Vec<RedisNode>) -> Self {
+        RedisConfig {
+            nodes,
+            redlock: true,
+            ..RedisConfig::default()
+        }
+    }
+
+    /// Parses `redis://`, `rediss://` or `redlock://` URLs (see [`RedisConfig`]).
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for another scheme, a wrong number of hosts, a path that
+    /// is not a database number, an unknown query key or a bad value. Messages never
+    /// contain the password.
+    pub fn from_url(url: &LockUrl) -> Result<Self> {
+        let mut config = RedisConfig::default();
+        match url.scheme.as_str() {
+            "redis" => {}
+            "rediss" => config.tls = true,
+            "redlock" => config.redlock = true,
+            other => {
+                return Err(Error::config(format!(
+                    "the Redis backend serves {}, not `{other}`",
+                    SCHEMES.join(", ")
+                )))
+            }
+        }
+        let nodes: Vec<RedisNode> = url
+            .hosts
+            .iter()
+            .map(|h| RedisNode::new(h.host.clone(), h.port.unwrap_or(DEFAULT_PORT)))
+            .collect();
+        if config.redlock {
+            if nodes.is_empty() {
+                return Err(Error::config(
+                    "redlock:// needs a list of servers: redlock://h1:p1,h2:p2,h3:p3",
+                ));
+            }
+            config.nodes = nodes;
+        } else {
+            match nodes.len() {
+                0 => {}
+                1 => config.nodes = nodes,
+                _ => {
+                    return Err(Error::config(format!(
+                        "{}:// takes one server; use redlock:// for several independent servers",
+                        url.scheme
+                    )))
+                }
+            }
+        }
+        config.username = url.username.clone();
+        config.password = url.password.clone();
+        config.db = match url.path.as_str() {
+            "" | "/" => 0,
+            path => path
+                .strip_prefix('/')
+                .and_then(|n| n.parse::<i64>().ok())
+                .filter(|n| *n >= 0)
+                .ok_or_else(|| {
+                    Error::config(format!(
+                        "the path of a Redis URL is a database number (/0, /1, …), not {path:?}"
+                    ))
+                })?,
+        };
+        for (key, value) in url.apply_common_options(&mut config.lock)? {
+            match key.as_str() {
+                "prefix" => config.prefix = value,
+                "node_timeout" => {
+                    config.node_timeout = Some(lock_core::parse_duration("node_timeout", &value)?)
+                }
+                "tls" if config.redlock => config.tls = parse_bool("tls", &value)?,
+                "tls_ca" => config.tls_ca = Some(PathBuf::from(value)),
+                _ => {
+                    return Err(Error::config(format!(
+                        "unknown {}:// option `{key}` (known: ttl, renewal, max_hold, \
+                         request_timeout, recheck, {BACKEND_KEYS})",
+                        url.scheme
+                    )))
+                }
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the configuration for consistency.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] describing the first problem.
+    pub fn validate(&self) -> Result<()> {
+        self.lock.validate()?;
+        if self.nodes.is_empty() {
+            return Err(Error::config(
+                "a Redis configuration needs at least one node",
+            ));
+        }
+        if !self.redlock && self.nodes.len() > 1 {
+            return Err(Error::config(
+                "several nodes need `redlock: true` (RedLock); one Redis client talks to one server",
+            ));
+        }
+        if self.nodes.iter().any(|n| n.host.is_empty() || n.port == 0) {
+            return Err(Error::config("every node needs a host and a non-zero port"));
+        }
+        if self.prefix.contains(['{', '}']) {
+            return Err(Error::config(
+                "the key prefix must not contain `{` or `}` (they would change the keys' hash slot)",
+            ));
+        }
+        if self.db < 0 {
+            return Err(Error::config("the database number must not be negative"));
+        }
+        if let Some(timeout) = self.node_timeout {
+            if timeout.is_zero() || timeout > lock_core::MAX_DURATION {
+                return Err(Error::config(
+                    "node_timeout must be greater than zero and at most one year",
+                ));
+            }
+        }
+        if self.tls_ca.is_some() && !self.tls {
+            return Err(Error::config(
+                "tls_ca needs TLS (rediss://, or tls=true on redlock://)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// How many nodes must agree (a majority).
+    pub fn quorum(&self) -> usize {
+        self.nodes.len() / 2 + 1
+    }
+
+    /// The per-node acquire deadline for a hold of `ttl` (RedLock).
+    pub(crate) fn node_timeout_for(&self, ttl: Duration) -> Duration {
+        self.node_timeout
+            .unwrap_or_else(|| (ttl / 10).max(Duration::from_millis(50)))
+            .min(self.lock.request_timeout)
+    }
+
+    /// The endpoint for messages: scheme and servers, never credentials.
+    pub(crate) fn endpoint(&self) -> String {
+        let scheme = match (self.redlock, self.tls) {
+            (true, _) => "redlock",
+            (false, true) => "rediss",
+            (false, false) => "redis",
+        };
+        let hosts: Vec<String> = self.nodes.iter().map(ToString::to_string).collect();
+        let mut text = format!("{scheme}://{}", hosts.join(","));
+        if self.db != 0 {
+            text.push_str(&format!("/{}", self.db));
+        }
+        text
+    }
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool> {
+    match value {
+        "true" | "1" | "yes" => Ok(true),
+        "false" | "0" | "no" => Ok(false),
+        _ => Err(Error::config(format!(
+            "{key} must be true or false, not {value:?}"
+        ))),
+    }
+}
+
+mod duration_text {
+    pub(super) mod option {
+        use std::time::Duration;
+
+        use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
+
+        pub(in super::super) fn serialize<S: Serializer>(
+            value: &Option<Duration>,
+            s: S,
+        ) -> Result<S::Ok, S::Error> {
+            match value {
+                Some(v) => s.serialize_some(&lock_core::format_duration(*v)),
+                None => s.serialize_none(),
+            }
+        }
+
+        pub(in super::super) fn deserialize<'de, D: Deserializer<'de>>(
+            d: D,
+        ) -> Result<Option<Duration>, D::Error> {
+            Option::<String>::deserialize(d)?
+                .map(|text| lock_core::parse_duration("duration", &text).map_err(D::Error::custom))
+                .transpose()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lock_core::ErrorKind;
+
+    fn parse(text: &str) -> Result<RedisConfig> {
+        RedisConfig::from_url(&LockUrl::parse(text)?)
+    }
+
+    #[test]
+    fn urls_parse_into_configs() {
+        let c = parse("redis://u:s3cret@10.0.0.1:7000/3?prefix=app:&ttl=5s").unwrap();
+        assert_eq!(c.nodes, vec![RedisNode::new("10.0.0.1", 7000)]);
+        assert_eq!(
+            (c.username.as_deref(), c.password.as_deref()),
+            (Some("u"), Some("s3cret"))
+        );
+        assert_eq!((c.db, c.prefix.as_str()), (3, "app:"));
+        assert_eq!(c.lock.ttl, Duration::from_secs(5));
+        assert!(!c.tls && !c.redlock);
+
+        let c = parse("rediss://h?tls_ca=/etc/ca.pem").unwrap();
+        assert!(c.tls);
+        assert_eq!(c.nodes[0].port, DEFAULT_PORT);
+        assert_eq!(c.tls_ca, Some(PathBuf::from("/etc/ca.pem")));
+
+        let c = parse("redlock://a:1,b:2,c:3,d:4,e:5?node_timeout=20ms&prefix=").unwrap();
+        assert!(c.redlock);
+        assert_eq!((c.nodes.len(), c.quorum()), (5, 3));
+        assert_eq!(c.node_timeout, Some(Duration::from_millis(20)));
+        assert_eq!(c.prefix, "");
+        assert_eq!(c.endpoint(), "redlock://a:1,b:2,c:3,d:4,e:5");
+
+        assert_eq!(parse("redis://").unwrap().nodes[0].host, "127.0.0.1");
+    }
+
+    #[test]
+    fn bad_urls_are_rejected_without_secrets() {
+        for (url, needle) in [
+            ("redis://u:s3cret@a:1,b:2", "redlock://"),
+            ("redis://u:s3cret@a:1/x", "database number"),
+            ("redis://u:s3cret@a:1/-1", "database number"),
+            ("redis://u:s3cret@a:1?bogus=1", "bogus"),
+            ("redis://u:s3cret@a:1?tls=true", "tls"),
+            ("redis://u:s3cret@a:1?tls_ca=/x", "tls_ca needs TLS"),
+            ("redis://u:s3cret@a:1?prefix=a{b", "prefix"),
+            ("redis://u:s3cret@a:1?node_timeout=0s", "node_timeout"),
+            ("redlock://u:s3cret@", "list of servers"),
+            ("memory://x", "serves"),
+        ] {
+            let err = parse(url).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
+            let text = format!("{err} {err:?}");
+            assert!(text.contains(needle), "{url}: {text}");
+            assert!(!text.contains("s3cret"), "{url}: {text}");
+        }
+    }
+
+    #[test]
+    fn debug_hides_the_password_and_serde_round_trips() {
+        let c = parse("redis://user:s3cret@h:1?node_timeout=30ms").unwrap();
+        let shown = format!("{c:?}");
+        assert!(
+            !shown.contains("s3cret") && shown.contains("***"),
+            "{shown}"
+        );
+        let json = serde_json::to_string(&c).unwrap();
+        let back: RedisConfig = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, c);
+        let partial: RedisConfig =
+            serde_json::from_str(r#"{"nodes":[{"host":"h"}],"prefix":"p:"}"#).unwrap();
+        assert_eq!(partial.nodes[0].port, DEFAULT_PORT);
+        assert_eq!(partial.lock, LockOptions::default());
+    }
+
+    #[test]
+    fn node_timeout_defaults_to_a_tenth_of_the_ttl() {
+        let c = RedisConfig::default();
+        assert_eq!(
+            c.node_timeout_for(Duration::from_secs(10)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            c.node_timeout_for(Duration::from_millis(100)),
+            Duration::from_millis(50)
+        );
+        assert_eq!(
+            c.node_timeout_for(Duration::from_secs(3600)),
+            c.lock.request_timeout
+        );
+    }
+}

@@ -1,0 +1,255 @@
+//! Test support: a conformance [`Factory`] over real redis-servers (one, or N for
+//! RedLock), raw connections that reach behind the library, and helpers.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
+use conformance::harness::{RedisNodes, RedisServer};
+use conformance::proxy::{FaultProxy, ProxyMode};
+use conformance::{Crash, Factory};
+use lock_core::{DistributedLock, LockName, LockOptions};
+use lock_redis::{KeyLayout, RedisBackend, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
+use redis::aio::MultiplexedConnection;
+
+/// The servers behind a factory.
+pub(crate) enum Servers {
+    /// One server (`redis://`).
+    Single(Box<RedisServer>),
+    /// Independent servers (`redlock://`).
+    Nodes(RedisNodes),
+}
+
+impl Servers {
+    /// The servers' addresses.
+    pub(crate) fn addrs(&self) -> Vec<SocketAddr> {
+        match self {
+            Servers::Single(s) => vec![s.addr()],
+            Servers::Nodes(n) => n.members().iter().map(RedisServer::addr).collect(),
+        }
+    }
+
+    /// Server `i`.
+    pub(crate) fn member(&self, i: usize) -> &RedisServer {
+        match self {
+            Servers::Single(s) => s,
+            Servers::Nodes(n) => n.member(i),
+        }
+    }
+}
+
+/// Makes clients of one Redis topology for the conformance suite.
+pub(crate) struct RedisFactory {
+    /// The servers (killed on drop).
+    pub(crate) servers: Servers,
+    /// Proxies of crashable clients, kept alive as long as the factory.
+    proxies: Mutex<Vec<Arc<FaultProxy>>>,
+}
+
+/// A raw connection to `addr`.
+pub(crate) async fn raw(addr: SocketAddr) -> MultiplexedConnection {
+    redis::Client::open(format!("redis://{addr}"))
+        .expect("raw client")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("raw connection")
+}
+
+/// A client configuration for servers at `addrs`.
+pub(crate) fn config_for(addrs: &[SocketAddr], redlock: bool, options: LockOptions) -> RedisConfig {
+    let nodes: Vec<RedisNode> = addrs
+        .iter()
+        .map(|a| RedisNode::new(a.ip().to_string(), a.port()))
+        .collect();
+    let mut config = if redlock {
+        RedisConfig::redlock(nodes)
+    } else {
+        RedisConfig::single(addrs[0].ip().to_string(), addrs[0].port())
+    };
+    config.lock = options;
+    config
+}
+
+impl RedisFactory {
+    /// A factory over one fresh server.
+    pub(crate) async fn single() -> Self {
+        lock_redis::register();
+        let server = RedisServer::start()
+            .await
+            .expect("redis-server must be installed (apt-get install redis-server)");
+        RedisFactory {
+            servers: Servers::Single(Box::new(server)),
+            proxies: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// A factory over `n` fresh independent servers (RedLock).
+    pub(crate) async fn redlock(n: usize) -> Self {
+        lock_redis::register();
+        let nodes = RedisNodes::start(n)
+            .await
+            .expect("redis-server must be installed (apt-get install redis-server)");
+        RedisFactory {
+            servers: Servers::Nodes(nodes),
+            proxies: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn redlock_mode(&self) -> bool {
+        matches!(self.servers, Servers::Nodes(_))
+    }
+
+    /// A client of these servers.
+    pub(crate) async fn make(&self, options: LockOptions) -> Arc<RedisLock> {
+        self.make_at(&self.servers.addrs(), options).await
+    }
+
+    /// A client of the servers at `addrs` (e.g. proxies in front of them).
+    pub(crate) async fn make_at(
+        &self,
+        addrs: &[SocketAddr],
+        options: LockOptions,
+    ) -> Arc<RedisLock> {
+        let config = config_for(addrs, self.redlock_mode(), options);
+        Arc::new(RedisBackend::connect(config).await.expect("connect"))
+    }
+
+    /// Raw connections to every server.
+    pub(crate) async fn raw_all(&self) -> Vec<MultiplexedConnection> {
+        let mut conns = Vec::new();
+        for addr in self.servers.addrs() {
+            conns.push(raw(addr).await);
+        }
+        conns
+    }
+}
+
+struct ProxyCrash(Vec<Arc<FaultProxy>>);
+
+#[async_trait]
+impl Crash for ProxyCrash {
+    async fn crash(&self) {
+        for proxy in &self.0 {
+            proxy.set_mode(ProxyMode::Blackhole);
+        }
+    }
+}
+
+#[async_trait]
+impl Factory for RedisFactory {
+    fn label(&self) -> String {
+        self.url()
+    }
+
+    fn url(&self) -> String {
+        match &self.servers {
+            Servers::Single(s) => s.url(),
+            Servers::Nodes(n) => n.url(),
+        }
+    }
+
+    async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
+        self.make(options).await
+    }
+
+    async fn crashable_client(
+        &self,
+        options: LockOptions,
+    ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
+        let mut proxies = Vec::new();
+        for addr in self.servers.addrs() {
+            proxies.push(Arc::new(FaultProxy::start(addr).await.expect("proxy")));
+        }
+        let addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.addr()).collect();
+        let client = self.make_at(&addrs, options).await;
+        self.proxies
+            .lock()
+            .expect("proxies")
+            .extend(proxies.iter().cloned());
+        (client, Box::new(ProxyCrash(proxies)))
+    }
+
+    async fn steal(&self, name: &LockName) {
+        let key = KeyLayout::new(DEFAULT_PREFIX).lock_key(name);
+        for mut conn in self.raw_all().await {
+            let _: i64 = redis::cmd("DEL")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("DEL");
+        }
+    }
+
+    async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
+        let keys = KeyLayout::new(DEFAULT_PREFIX);
+        let mut left = Vec::new();
+        for (i, mut conn) in self.raw_all().await.into_iter().enumerate() {
+            for name in names {
+                let key = keys.lock_key(name);
+                let exists: i64 = redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("EXISTS");
+                if exists > 0 {
+                    left.push(format!("server {i}: lock key {key:?} exists"));
+                }
+                let channel = keys.wakeup_channel(name);
+                let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg(&channel)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("PUBSUB NUMSUB");
+                if subscribers > 0 {
+                    left.push(format!(
+                        "server {i}: {subscribers} subscribers on {channel:?}"
+                    ));
+                }
+            }
+        }
+        left
+    }
+}
+
+/// Options with this TTL.
+pub(crate) fn ttl_options(ttl: Duration) -> LockOptions {
+    let mut options = LockOptions::default();
+    options.ttl = ttl;
+    options
+}
+
+#[async_trait]
+impl ChaosTarget for RedisFactory {
+    fn topology(&self) -> Topology {
+        match &self.servers {
+            Servers::Single(_) => Topology::Single { durable: false },
+            Servers::Nodes(n) => Topology::Independent { nodes: n.len() },
+        }
+    }
+
+    async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
+        let mut proxies = Vec::new();
+        for addr in self.servers.addrs() {
+            proxies.push(FaultProxy::start(addr).await.expect("proxy"));
+        }
+        let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+        let client = self.make_at(&addrs, options).await;
+        (client, Link::Proxies(Arc::new(proxies)))
+    }
+
+    fn servers(&self) -> Vec<&dyn ServerControl> {
+        match &self.servers {
+            Servers::Single(s) => vec![&**s as &dyn ServerControl],
+            Servers::Nodes(n) => n
+                .members()
+                .iter()
+                .map(|m| m as &dyn ServerControl)
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! RedLock with servers down: a majority still grants and excludes; without a majority
+//! acquire fails with `Unavailable` and never grants twice.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{ttl_options, RedisFactory};
+use conformance::FencedResource;
+use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState, ReleaseOutcome};
+use tokio::time::{sleep, timeout, Instant};
+
+fn name(test: &str) -> LockName {
+    LockName::new(format!(
+        "redlock-test/{test}/{}",
+        uuid::Uuid::new_v4().simple()
+    ))
+    .expect("name")
+}
+
+/// With 2 of 5 servers killed, RedLock still grants, excludes, hands over and fences.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_of_five_down_still_grants_and_excludes() {
+    let factory = RedisFactory::redlock(5).await;
+    let a = factory.make(ttl_options(Duration::from_secs(2))).await;
+    let b = factory.make(ttl_options(Duration::from_secs(2))).await;
+    factory.servers.member(0).kill9().await.expect("kill 0");
+    factory.servers.member(3).kill9().await.expect("kill 3");
+    let lock = name("two_down");
+
+    let held = a
+        .try_lock(lock.as_str())
+        .await
+        .expect("try")
+        .expect("granted by 3 of 5");
+    assert!(
+        b.try_lock(lock.as_str()).await.expect("try").is_none(),
+        "excluded"
+    );
+    // Renewals keep working on the majority.
+    sleep(Duration::from_millis(1500)).await;
+    assert_eq!(held.state(), LockState::Held);
+    assert!(
+        b.try_lock(lock.as_str()).await.expect("try").is_none(),
+        "still excluded"
+    );
+
+    let resource = FencedResource::new();
+    let section = resource.begin(held.fencing_token()).expect("first token");
+    section.end();
+    let waiter = tokio::spawn({
+        let (b, lock) = (b.clone(), lock.clone());
+        async move { b.lock(lock.as_str()).await.expect("waiter acquires") }
+    });
+    sleep(Duration::from_millis(100)).await;
+    let released_at = Instant::now();
+    assert_eq!(
+        held.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let next = timeout(Duration::from_secs(3), waiter)
+        .await
+        .expect("hand-off is pushed, not polled")
+        .expect("waiter");
+    println!(
+        "hand-off with 2 of 5 servers down: {:?}",
+        released_at.elapsed()
+    );
+    let section = resource
+        .begin(next.fencing_token())
+        .expect("token increases");
+    section.end();
+    assert!(resource.check().is_safe());
+    assert_eq!(
+        next.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// With 3 of 5 servers down, acquire fails with `Unavailable` (try and wait alike), the
+/// holder's guard goes Suspect then Lost, and nobody else is granted meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_of_five_down_is_unavailable_and_never_grants_twice() {
+    let factory = RedisFactory::redlock(5).await;
+    let ttl = Duration::from_secs(2);
+    let holder = factory.make(ttl_options(ttl)).await;
+    let other = factory.make(ttl_options(ttl)).await;
+    let lock = name("three_down");
+    let held = holder
+        .lock(lock.as_str())
+        .await
+        .expect("acquire with all servers up");
+    let mut watch = held.watch();
+    for i in [1, 2, 4] {
+        factory.servers.member(i).kill9().await.expect("kill");
+    }
+    let killed_at = Instant::now();
+
+    let err = other
+        .try_lock(lock.as_str())
+        .await
+        .expect_err("no majority");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    let err = other
+        .lock_timeout(lock.as_str(), Duration::from_secs(1))
+        .await
+        .expect_err("no majority when waiting either");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let free = name("three_down_free");
+    let err = other
+        .try_lock(free.as_str())
+        .await
+        .expect_err("not even a free name");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+
+    // The holder cannot renew on a majority: Suspect, then Lost at its deadline, and
+    // the other client is refused all along (never a second grant).
+    let first = timeout(ttl, watch.changed())
+        .await
+        .expect("renewal fails within ttl");
+    assert_eq!(
+        first,
+        LockState::Suspect,
+        "failing renewals make the hold suspect first"
+    );
+    let reason = timeout(ttl + Duration::from_secs(3), watch.lost())
+        .await
+        .expect("the holder's guard is lost by its deadline");
+    println!(
+        "holder lost ({reason:?}) {:?} after 3 of 5 servers died",
+        killed_at.elapsed()
+    );
+    assert!(held.valid_until() <= Instant::now());
+    for _ in 0..5 {
+        let attempt = other.try_lock(lock.as_str()).await;
+        assert!(
+            matches!(&attempt, Err(e) if e.kind() == ErrorKind::Unavailable),
+            "a minority must never grant: {attempt:?}"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    drop(held);
+}

@@ -1,0 +1,338 @@
+//! One server: restarts with and without persistence, interoperation with plain
+//! `SET NX` holders, and the cost model (one subscription connection per client, one
+//! renewal call per interval).
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{raw, ttl_options, RedisFactory};
+use conformance::harness::{RedisOptions, RedisServer};
+use lock_core::{DistributedLockExt, LockName, LockState, LostReason, ReleaseOutcome};
+use lock_redis::{KeyLayout, RedisBackend, RedisConfig, DEFAULT_PREFIX};
+use redis::aio::MultiplexedConnection;
+use tokio::time::{sleep, timeout, Instant};
+
+fn name(test: &str) -> LockName {
+    LockName::new(format!(
+        "single-test/{test}/{}",
+        uuid::Uuid::new_v4().simple()
+    ))
+    .expect("name")
+}
+
+async fn client_of(
+    server: &RedisServer,
+    ttl: Duration,
+    prefix: &str,
+) -> Arc<lock_redis::RedisLock> {
+    let mut config = RedisConfig::single("127.0.0.1", server.port());
+    config.lock = ttl_options(ttl);
+    config.prefix = prefix.to_owned();
+    Arc::new(RedisBackend::connect(config).await.expect("connect"))
+}
+
+async fn evalsha_calls(conn: &mut MultiplexedConnection) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    info.lines()
+        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
+/// A server restarted without persistence has forgotten the lock: the holder's Lost
+/// signal fires at its next renewal, another client can take the lock (the reason
+/// single-server Redis is an efficiency lock), and fencing tokens still increase.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_without_persistence_loses_the_lock_and_signals_it() {
+    let server = RedisServer::start().await.expect("redis-server");
+    let ttl = Duration::from_secs(3);
+    let holder = client_of(&server, ttl, DEFAULT_PREFIX).await;
+    let other = client_of(&server, ttl, DEFAULT_PREFIX).await;
+    let lock = name("restart_volatile");
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    let old_token = guard.fencing_token();
+    server.restart().await.expect("restart");
+    let restarted_at = Instant::now();
+
+    let reason = timeout(ttl, guard.lost())
+        .await
+        .expect("the holder learns of the loss at a renewal, well before its TTL");
+    println!(
+        "lost signal {:?} after the restart ({reason:?})",
+        restarted_at.elapsed()
+    );
+    assert_eq!(reason, LostReason::Vanished);
+    let next = other
+        .try_lock(lock.as_str())
+        .await
+        .expect("try")
+        .expect("the forgotten lock is free for anyone");
+    assert!(
+        next.fencing_token() > old_token,
+        "tokens keep increasing across the lost counter: {} after {old_token}",
+        next.fencing_token()
+    );
+    assert!(matches!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::AlreadyLost(LostReason::Vanished)
+    ));
+    assert_eq!(
+        next.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// With `appendonly yes` + `appendfsync always`, a restart keeps the lock: the holder stays
+/// Held and others stay excluded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restart_with_persistence_keeps_the_lock() {
+    let server = RedisServer::start_with(RedisOptions::default().persistence(true))
+        .await
+        .expect("redis-server");
+    let ttl = Duration::from_secs(3);
+    let holder = client_of(&server, ttl, DEFAULT_PREFIX).await;
+    let other = client_of(&server, ttl, DEFAULT_PREFIX).await;
+    let lock = name("restart_durable");
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    server.restart().await.expect("restart");
+    // Two renewal intervals later the hold is still ours.
+    sleep(ttl * 2 / 3 + Duration::from_millis(300)).await;
+    assert!(other.try_lock(lock.as_str()).await.expect("try").is_none());
+    assert_eq!(guard.state(), LockState::Held);
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// A plain `SET key token NX PX` holder (as redis-py's `Lock` writes it) excludes us,
+/// and our hold excludes it; with `prefix=` empty the lock key is the bare name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_set_nx_holders_and_ours_exclude_each_other() {
+    let server = RedisServer::start().await.expect("redis-server");
+    let mut conn = raw(server.addr()).await;
+    let ours = client_of(&server, Duration::from_secs(5), "").await;
+    let lock = LockName::new(format!("interop-{}", uuid::Uuid::new_v4().simple())).expect("name");
+    let key = KeyLayout::new("").lock_key(&lock);
+    assert_eq!(key, lock.as_str(), "plain names map to the bare key");
+
+    // Theirs blocks ours.
+    let set: Option<String> = redis::cmd("SET")
+        .arg(&key)
+        .arg("their-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(800)
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    assert_eq!(set.as_deref(), Some("OK"));
+    assert!(ours.try_lock(lock.as_str()).await.expect("try").is_none());
+    // A waiter gets it once their key expires (PTTL-bounded wait, no release message).
+    let started = Instant::now();
+    let guard = ours
+        .lock_timeout(lock.as_str(), Duration::from_secs(5))
+        .await
+        .expect("acquired after their TTL");
+    let waited = started.elapsed();
+    assert!(
+        waited < Duration::from_millis(800) + Duration::from_millis(500),
+        "{waited:?}"
+    );
+
+    // Ours blocks theirs; the key holds our owner token with our TTL.
+    let value: String = redis::cmd("GET")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    assert_eq!(value, guard.owner_token().as_str());
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("PTTL");
+    assert!(pttl > 0 && pttl <= 5000, "{pttl}");
+    let set: Option<String> = redis::cmd("SET")
+        .arg(&key)
+        .arg("their-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(800)
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    assert_eq!(set, None, "our hold must block a plain SET NX");
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let set: Option<String> = redis::cmd("SET")
+        .arg(&key)
+        .arg("their-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(800)
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    assert_eq!(set.as_deref(), Some("OK"), "free after our release");
+}
+
+/// Many waiters of one client share one subscription connection; each channel is left
+/// when its last waiter goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_share_one_subscription_connection() {
+    let factory = RedisFactory::single().await;
+    let holder = factory.make(ttl_options(Duration::from_secs(10))).await;
+    let waiter = factory.make(ttl_options(Duration::from_secs(10))).await;
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let names: Vec<LockName> = (0..20).map(|i| name(&format!("shared_sub_{i}"))).collect();
+    let mut guards = Vec::new();
+    for n in &names {
+        guards.push(holder.lock(n.as_str()).await.expect("acquire"));
+    }
+    let mut tasks = Vec::new();
+    for n in names.iter().cycle().take(40) {
+        let (waiter, n) = (waiter.clone(), n.clone());
+        tasks.push(tokio::spawn(async move {
+            let _ = waiter
+                .lock_timeout(n.as_str(), Duration::from_secs(2))
+                .await;
+        }));
+    }
+    sleep(Duration::from_millis(500)).await;
+    assert_eq!(waiter.backend().wakeup_channels(), 20);
+    let pubsub_conns: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .arg("TYPE")
+        .arg("pubsub")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT LIST");
+    assert_eq!(
+        pubsub_conns.lines().count(),
+        1,
+        "40 waiters on 20 names use one subscription connection: {pubsub_conns}"
+    );
+    for task in tasks {
+        task.await.expect("waiter task");
+    }
+    assert_eq!(
+        waiter.backend().wakeup_channels(),
+        0,
+        "channels are left with their waiters"
+    );
+    drop(guards);
+}
+
+/// Renewal cost does not grow with the number of holds: 200 holds of one client are
+/// renewed with one script call per interval.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_is_one_call_per_interval_for_all_holds() {
+    let factory = RedisFactory::single().await;
+    let ttl = Duration::from_millis(600);
+    let client = factory.make(ttl_options(ttl)).await;
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let mut guards = Vec::new();
+    for i in 0..200 {
+        guards.push(
+            client
+                .lock(name(&format!("batch_{i}")).as_str())
+                .await
+                .expect("acquire"),
+        );
+    }
+    let before = evalsha_calls(&mut conn).await;
+    let window = ttl * 3;
+    sleep(window).await;
+    let calls = evalsha_calls(&mut conn).await - before;
+    println!("{calls} renewal calls for 200 holds over {window:?} (TTL {ttl:?})");
+    // About one call per TTL/3: 9 in the window; a per-hold renewal would need 1,800.
+    assert!(calls >= 5, "holds were not renewed: {calls}");
+    assert!(calls <= 20, "renewal is not batched: {calls} calls");
+    for guard in &guards {
+        assert_eq!(guard.state(), LockState::Held);
+    }
+    for guard in guards {
+        assert_eq!(
+            guard.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+}
+
+/// A lost reply (the proxy drops it) costs one request timeout: a lost acquire reply is
+/// cleaned up in the background (its SET did happen), a lost renewal reply makes the hold
+/// Suspect until the next renewal on a fresh connection, and no later reply is paired
+/// with the wrong request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_replies_are_cleaned_up_and_recovered_from() {
+    use conformance::proxy::{FaultProxy, ProxyMode};
+    use lock_core::ErrorKind;
+
+    let server = RedisServer::start().await.expect("redis-server");
+    let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
+    let mut config = RedisConfig::single("127.0.0.1", proxy.port());
+    config.lock = ttl_options(Duration::from_secs(3));
+    config.lock.request_timeout = Duration::from_millis(300);
+    let client = RedisBackend::connect(config).await.expect("connect");
+    let other = client_of(&server, Duration::from_secs(3), DEFAULT_PREFIX).await;
+    let mut conn = raw(server.addr()).await;
+
+    // The acquire's reply is lost after its SET happened.
+    let lock = name("lost_acquire_reply");
+    let key = KeyLayout::new(DEFAULT_PREFIX).lock_key(&lock);
+    proxy.set_mode(ProxyMode::DropNextReply);
+    let err = client.try_lock(lock.as_str()).await.expect_err("no reply");
+    assert_eq!(err.kind(), ErrorKind::Connection, "{err}");
+    let deadline = Instant::now() + Duration::from_secs(2);
+    loop {
+        let exists: i64 = redis::cmd("EXISTS")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await
+            .expect("EXISTS");
+        if exists == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the abandoned SET was not cleaned up"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    let guard = other
+        .try_lock(lock.as_str())
+        .await
+        .expect("try")
+        .expect("free again");
+    guard.release().await.expect("release");
+
+    // A renewal's reply is lost: Suspect, then Held again.
+    let lock = name("lost_renew_reply");
+    let guard = client.lock(lock.as_str()).await.expect("acquire");
+    let mut watch = guard.watch();
+    sleep(Duration::from_millis(500)).await;
+    proxy.set_mode(ProxyMode::DropNextReply);
+    let state = timeout(Duration::from_secs(3), watch.changed())
+        .await
+        .expect("renewal at TTL/3");
+    assert_eq!(state, LockState::Suspect);
+    let state = timeout(Duration::from_secs(2), watch.changed())
+        .await
+        .expect("next renewal");
+    assert_eq!(state, LockState::Held);
+    assert!(other.try_lock(lock.as_str()).await.expect("try").is_none());
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
