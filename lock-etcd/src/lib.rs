@@ -1,13 +1,20 @@
-//! distlock etcd backend (etcd://, etcds://): one lease per client, acquire by transaction, concurrency.Mutex-compatible layout.
-//!
-//! This crate is a skeleton: its backend lands with its own issue. Until then
-//! [`register`] registers nothing and [`SCHEMES`] lists the schemes it will serve,
-//! so `lock_core::connect` names this crate when one of them is asked for.
+#![doc = include_str!("../README.md")]
 
-/// The URL schemes this crate serves once its backend lands.
-pub const SCHEMES: &[&str] = &[];
+mod client;
+mod config;
+mod error;
+mod lease;
+mod lock;
 
-/// Registers this crate's schemes in the process-wide registry.
+pub use config::{EtcdConfig, DEFAULT_PORT};
+pub use lock::{EtcdBackend, EtcdHold, EtcdLock, MAX_TXN_OPS};
+
+/// The URL schemes this crate serves: `etcd` (plain) and `etcds` (TLS).
+pub const SCHEMES: &[&str] = &["etcd", "etcds"];
+
+/// Registers [`SCHEMES`] in the process-wide registry ([`lock_core::registry`]).
 pub fn register() {
-    for _scheme in SCHEMES {}
+    for scheme in SCHEMES {
+        lock_core::registry().register(scheme, lock::connect_url);
+    }
 }

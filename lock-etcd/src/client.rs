@@ -1,0 +1,306 @@
+//! The connection to etcd: every request goes through [`EtcdClient`], which puts the
+//! request timeout on it and maps errors into [`lock_core::Error`].
+
+use std::future::Future;
+use std::time::Duration;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use etcd_client::{
+    Certificate, Client, ConnectOptions, Identity, LeaseKeepAliveStream, LeaseKeeper, TlsOptions,
+    Txn, TxnResponse, WatchFilterType, WatchOptions, WatchStream,
+};
+use lock_core::{Error, Result};
+use tokio::sync::OnceCell;
+use tokio::time::{timeout_at, Instant};
+
+use crate::config::EtcdConfig;
+use crate::error::{from_etcd, is_lease_not_found, no_answer};
+
+/// A cheap-to-clone handle on the etcd connection, with a deadline on every call and
+/// failover between members.
+///
+/// Each member gets its own connection, made on first use; requests go to one member
+/// (the *pinned* one) until it fails to answer, then to the next. A request that was
+/// certainly not applied (the connection could not be made, or the member has no
+/// leader) is retried on the next member within the same deadline; any other failure is
+/// returned, and only later requests go elsewhere. (etcd-client's own balancing keeps
+/// sending a share of the requests to a dead member, which fails them.)
+#[derive(Clone)]
+pub(crate) struct EtcdClient {
+    members: Arc<Members>,
+    timeout: Duration,
+}
+
+struct Members {
+    endpoints: Vec<String>,
+    connections: Vec<OnceCell<Client>>,
+    options: ConnectOptions,
+    pinned: AtomicUsize,
+}
+
+impl std::fmt::Debug for EtcdClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdClient")
+            .field("endpoints", &self.members.endpoints)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdClient {
+    /// Prepares connections as `config` says; connects to the first member that
+    /// answers (with credentials this authenticates there).
+    pub(crate) async fn connect(config: &EtcdConfig) -> Result<Self> {
+        let limit = config.options.request_timeout;
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(limit)
+            .with_keep_alive(Duration::from_secs(10), limit)
+            .with_require_leader(true);
+        if let Some(user) = &config.username {
+            options = options
+                .with_user(user.clone(), config.password.clone().unwrap_or_default())
+                .with_auto_token_refresh(true);
+        }
+        if config.tls {
+            options = options.with_tls(tls_options(config).await?);
+        }
+        let endpoints = config.endpoint_urls();
+        let client = EtcdClient {
+            members: Arc::new(Members {
+                connections: endpoints.iter().map(|_| OnceCell::new()).collect(),
+                endpoints,
+                options,
+                pinned: AtomicUsize::new(0),
+            }),
+            timeout: limit,
+        };
+        if config.username.is_some() {
+            // Check the credentials now: a wrong password is a configuration error.
+            client.call("connecting", |_| async { Ok(()) }).await?;
+        }
+        Ok(client)
+    }
+
+    /// The request timeout.
+    pub(crate) fn request_timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The connection to member `index`, made on first use.
+    async fn member(&self, index: usize) -> std::result::Result<Client, etcd_client::Error> {
+        let members = &self.members;
+        let cell = members
+            .connections
+            .get(index)
+            .ok_or_else(|| etcd_client::Error::InvalidArgs("no such member".into()))?;
+        cell.get_or_try_init(|| {
+            Client::connect(
+                [members.endpoints[index].as_str()],
+                Some(members.options.clone()),
+            )
+        })
+        .await
+        .cloned()
+    }
+
+    /// Moves the pin off member `index` (if it is still pinned).
+    fn failed(&self, index: usize) {
+        let next = (index + 1) % self.members.endpoints.len().max(1);
+        let _ =
+            self.members
+                .pinned
+                .compare_exchange(index, next, Ordering::SeqCst, Ordering::SeqCst);
+    }
+
+    /// Runs one request (built by `request` on a member's connection) under the request
+    /// timeout, failing over as described on [`EtcdClient`].
+    pub(crate) async fn call<T, F, Fut>(&self, what: &str, mut request: F) -> Result<T>
+    where
+        F: FnMut(Client) -> Fut,
+        Fut: Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        let deadline = Instant::now() + self.timeout;
+        let members = self.members.endpoints.len();
+        let mut last = None;
+        for _ in 0..members.max(1) {
+            let index = self.members.pinned.load(Ordering::SeqCst) % members.max(1);
+            let attempt = async {
+                let client = self.member(index).await?;
+                request(client).await
+            };
+            match timeout_at(deadline, attempt).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(err)) if not_applied(&err) => {
+                    tracing::debug!(member = %self.members.endpoints[index], error = %err, "{what}: failing over");
+                    self.failed(index);
+                    // Report "no leader" (the cluster is unavailable) over "cannot
+                    // connect" (this member is down) when members disagree.
+                    if last.as_ref().is_none_or(|last| !no_leader(last)) {
+                        last = Some(err);
+                    }
+                }
+                Ok(Err(err)) => {
+                    if is_transport(&err) {
+                        self.failed(index);
+                    }
+                    return Err(from_etcd(what, err));
+                }
+                Err(_) => {
+                    self.failed(index);
+                    return Err(no_answer(what, self.timeout));
+                }
+            }
+        }
+        Err(match last {
+            Some(err) => from_etcd(what, err),
+            None => no_answer(what, self.timeout),
+        })
+    }
+
+    /// One transaction.
+    pub(crate) async fn txn(&self, what: &str, txn: Txn) -> Result<TxnResponse> {
+        self.call(what, |client| {
+            let txn = txn.clone();
+            async move { client.kv_client().txn(txn).await }
+        })
+        .await
+    }
+
+    /// Grants a lease of `ttl_secs`; returns its id and granted TTL in seconds.
+    pub(crate) async fn lease_grant(&self, ttl_secs: i64) -> Result<(i64, i64)> {
+        let response = self
+            .call("granting the session lease", |client| async move {
+                client.lease_client().grant(ttl_secs, None).await
+            })
+            .await?;
+        Ok((response.id(), response.ttl()))
+    }
+
+    /// Revokes lease `id` (deleting every key attached to it).
+    pub(crate) async fn lease_revoke(&self, id: i64) -> Result<()> {
+        self.call("revoking the session lease", |client| async move {
+            client.lease_client().revoke(id).await
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Opens a keep-alive stream for lease `id`; this sends the first keep-alive and
+    /// waits for its answer (which renews the lease).
+    pub(crate) async fn open_keep_alive(
+        &self,
+        id: i64,
+    ) -> std::result::Result<(LeaseKeeper, LeaseKeepAliveStream), KeepAliveError> {
+        let opened = self
+            .call("keeping the session lease alive", |client| async move {
+                match client.lease_client().keep_alive(id).await {
+                    Err(err) if is_lease_not_found(&err) => Ok(None),
+                    other => other.map(Some),
+                }
+            })
+            .await;
+        match opened {
+            Ok(Some(stream)) => Ok(stream),
+            Ok(None) => Err(KeepAliveError::LeaseNotFound),
+            Err(err) => Err(KeepAliveError::Failed(err)),
+        }
+    }
+
+    /// Watches deletions of `key` from `revision` on (so a delete that happened after
+    /// the read at `revision - 1` is not missed).
+    pub(crate) async fn watch_delete(&self, key: &str, revision: i64) -> Result<WatchStream> {
+        let options = WatchOptions::new()
+            .with_start_revision(revision)
+            .with_filters([WatchFilterType::NoPut]);
+        self.call("watching the predecessor", |client| {
+            let options = options.clone();
+            async move {
+                client
+                    .watch_client()
+                    .watch(key.as_bytes().to_vec(), Some(options))
+                    .await
+            }
+        })
+        .await
+    }
+}
+
+/// Why a keep-alive stream could not be opened.
+#[derive(Debug)]
+pub(crate) enum KeepAliveError {
+    /// The lease does not exist (expired or revoked).
+    LeaseNotFound,
+    /// The request failed.
+    Failed(Error),
+}
+
+/// True when `err` proves the request never took effect: the connection could not be
+/// made, or the member has no leader (so it applies nothing). Safe to send elsewhere.
+fn not_applied(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => {
+            let message = status.message();
+            status.code() == tonic::Code::Unavailable
+                && (message.contains("connect error")
+                    || message.contains("error trying to connect")
+                    || message.contains("no leader"))
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// True when a member answered that it has no leader (no quorum on its side).
+fn no_leader(err: &etcd_client::Error) -> bool {
+    matches!(err, etcd_client::Error::GRpcStatus(status) if status.message().contains("no leader"))
+}
+
+/// True when `err` is about the connection rather than the request.
+fn is_transport(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
+        ),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
+    }
+}
+
+/// Reads the TLS files off the runtime threads and builds the TLS options.
+async fn tls_options(config: &EtcdConfig) -> Result<TlsOptions> {
+    let read = |path: Option<std::path::PathBuf>, what: &'static str| async move {
+        let Some(path) = path else {
+            return Ok(None);
+        };
+        let shown = path.display().to_string();
+        let bytes = tokio::task::spawn_blocking(move || std::fs::read(path))
+            .await
+            .map_err(|err| Error::InvalidConfig {
+                message: format!("reading the {what} failed"),
+                source: Some(Box::new(err)),
+            })?
+            .map_err(|err| Error::InvalidConfig {
+                message: format!("cannot read the {what} {shown}"),
+                source: Some(Box::new(err)),
+            })?;
+        Ok::<_, Error>(Some(bytes))
+    };
+    let ca = read(config.ca_file.clone(), "CA file (ca_file)").await?;
+    let cert = read(config.cert_file.clone(), "client certificate (cert_file)").await?;
+    let key = read(config.key_file.clone(), "client key (key_file)").await?;
+    let mut tls = TlsOptions::new();
+    tls = match ca {
+        Some(ca) => tls.ca_certificate(Certificate::from_pem(ca)),
+        None => tls.with_native_roots(),
+    };
+    if let (Some(cert), Some(key)) = (cert, key) {
+        tls = tls.identity(Identity::from_pem(cert, key));
+    }
+    if let Some(domain) = &config.tls_domain {
+        tls = tls.domain_name(domain.clone());
+    }
+    Ok(tls)
+}

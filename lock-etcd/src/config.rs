@@ -1,0 +1,337 @@
+//! Configuration: from a URL (`etcd://…`, `etcds://…`) or a serde config file.
+
+use std::fmt;
+use std::path::PathBuf;
+
+use lock_core::{Error, HostPort, LockName, LockOptions, LockUrl, Result};
+use serde::{Deserialize, Serialize};
+
+/// The client port etcd listens on unless told otherwise.
+pub const DEFAULT_PORT: u16 = 2379;
+
+/// The query keys this backend reads besides the common ones of [`LockOptions`].
+const OWN_KEYS: &[&str] = &[
+    "user",
+    "password",
+    "ca_file",
+    "cert_file",
+    "key_file",
+    "tls_domain",
+];
+
+/// How to reach etcd and where the locks live.
+///
+/// From a URL: `etcd://[user[:password]@]host[:port][,host[:port]…][/prefix][?query]`,
+/// `etcds://…` for TLS. Query keys: the common [`LockOptions`] keys (`ttl`, `renewal`,
+/// `max_hold`, `request_timeout`, `recheck`) and `user`, `password`, `ca_file`,
+/// `cert_file`, `key_file`, `tls_domain`. Unknown keys are an error.
+///
+/// `Debug` never shows the password.
+#[non_exhaustive]
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct EtcdConfig {
+    /// Members to talk to, as `host:port`. Default: `["127.0.0.1:2379"]`.
+    pub endpoints: Vec<String>,
+    /// Key prefix of every lock: a lock `NAME` lives under `<prefix>/<NAME>/`, or under
+    /// `<NAME>/` when the prefix is empty. Default: empty, which gives the very keys of
+    /// `etcdctl lock NAME`. In a URL the path after the hosts, without its leading `/`
+    /// (`etcd://h/locks` gives `locks`; `etcd://h//locks` gives `/locks`).
+    pub prefix: String,
+    /// User name for etcd authentication. Default: none.
+    pub username: Option<String>,
+    /// Password for etcd authentication. Default: none. Never printed.
+    pub password: Option<String>,
+    /// Talk TLS (`etcds://`). Default: `false`.
+    pub tls: bool,
+    /// PEM file with the CA certificate(s) that signed the server's certificate. Default:
+    /// the system's trust store.
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate for mutual TLS. Default: none.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`. Default: none.
+    pub key_file: Option<PathBuf>,
+    /// Server name to verify in the server's certificate. Default: the host name.
+    pub tls_domain: Option<String>,
+    /// Lease TTL (whole seconds, rounded up; at least 1 s), timeouts, renewal policy.
+    /// Default: [`LockOptions::default`].
+    pub options: LockOptions,
+}
+
+impl Default for EtcdConfig {
+    fn default() -> Self {
+        EtcdConfig {
+            endpoints: vec![format!("127.0.0.1:{DEFAULT_PORT}")],
+            prefix: String::new(),
+            username: None,
+            password: None,
+            tls: false,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
+            tls_domain: None,
+            options: LockOptions::default(),
+        }
+    }
+}
+
+impl EtcdConfig {
+    /// A configuration for these endpoints (`host:port`), everything else default.
+    pub fn new<S: Into<String>>(endpoints: impl IntoIterator<Item = S>) -> Self {
+        EtcdConfig {
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
+            ..EtcdConfig::default()
+        }
+    }
+
+    /// Sets [`EtcdConfig::prefix`].
+    pub fn with_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// Sets user name and password.
+    pub fn with_credentials(
+        mut self,
+        user: impl Into<String>,
+        password: impl Into<String>,
+    ) -> Self {
+        self.username = Some(user.into());
+        self.password = Some(password.into());
+        self
+    }
+
+    /// Sets [`EtcdConfig::options`].
+    pub fn with_options(mut self, options: LockOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// Reads `etcd://…` or `etcds://…`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for another scheme, no host, an unknown query key, a bad
+    /// option value, or a password without a user; never quoting the password.
+    pub fn from_url(url: &LockUrl) -> Result<Self> {
+        let tls = match url.scheme.as_str() {
+            "etcd" => false,
+            "etcds" => true,
+            other => {
+                return Err(Error::config(format!(
+                    "the etcd backend cannot serve scheme `{other}` (use etcd:// or etcds://)"
+                )))
+            }
+        };
+        if url.hosts.is_empty() {
+            return Err(Error::config(
+                "etcd:// URLs need at least one host: etcd://host:port[,host:port…]/prefix",
+            ));
+        }
+        let mut config = EtcdConfig {
+            endpoints: url
+                .hosts
+                .iter()
+                .map(|h: &HostPort| h.address(DEFAULT_PORT))
+                .collect(),
+            prefix: prefix_from_path(&url.path),
+            username: url.username.clone(),
+            password: url.password.clone(),
+            tls,
+            ..EtcdConfig::default()
+        };
+        for (key, value) in url.apply_common_options(&mut config.options)? {
+            match key.as_str() {
+                "user" => config.username = Some(value),
+                "password" => config.password = Some(value),
+                "ca_file" => config.ca_file = Some(PathBuf::from(value)),
+                "cert_file" => config.cert_file = Some(PathBuf::from(value)),
+                "key_file" => config.key_file = Some(PathBuf::from(value)),
+                "tls_domain" => config.tls_domain = Some(value),
+                _ => {
+                    return Err(Error::config(format!(
+                        "unknown etcd:// option `{key}` (known: ttl, renewal, max_hold, \
+                         request_timeout, recheck, {})",
+                        OWN_KEYS.join(", ")
+                    )))
+                }
+            }
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks the parts that can be checked without a server.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming the problem.
+    pub fn validate(&self) -> Result<()> {
+        self.options.validate()?;
+        if self.endpoints.is_empty() {
+            return Err(Error::config("etcd needs at least one endpoint"));
+        }
+        if let Some(bad) = self
+            .endpoints
+            .iter()
+            .find(|e| e.is_empty() || e.contains("://") || e.contains('/'))
+        {
+            return Err(Error::config(format!(
+                "etcd endpoint {bad:?} must be host:port (the scheme picks TLS)"
+            )));
+        }
+        if self.password.is_some() && self.username.is_none() {
+            return Err(Error::config("an etcd password needs a user name"));
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err(Error::config(
+                "cert_file and key_file go together (mutual TLS needs both)",
+            ));
+        }
+        let tls_files = self.ca_file.is_some() || self.cert_file.is_some();
+        if (tls_files || self.tls_domain.is_some()) && !self.tls {
+            return Err(Error::config(
+                "ca_file, cert_file, key_file and tls_domain need TLS: use etcds://",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The key range of lock `name`: `<prefix>/<escaped name>/` (or `<escaped name>/`
+    /// with an empty prefix). Every key of the lock's queue starts with it.
+    ///
+    /// `%` and `/` in a name are percent-encoded, so `jobs` and `jobs/daily` never share
+    /// a range; a name without them is used as is.
+    pub fn lock_prefix(&self, name: &LockName) -> String {
+        lock_prefix(&self.prefix, name)
+    }
+
+    /// The endpoints with their scheme (`http://` or `https://`).
+    pub(crate) fn endpoint_urls(&self) -> Vec<String> {
+        let scheme = if self.tls { "https" } else { "http" };
+        self.endpoints
+            .iter()
+            .map(|e| format!("{scheme}://{e}"))
+            .collect()
+    }
+
+    /// `etcd://host:port,…/prefix`, without credentials.
+    pub(crate) fn label(&self) -> String {
+        let scheme = if self.tls { "etcds" } else { "etcd" };
+        let path = if self.prefix.is_empty() {
+            String::new()
+        } else {
+            format!("/{}", self.prefix)
+        };
+        format!("{scheme}://{}{path}", self.endpoints.join(","))
+    }
+}
+
+/// The key range of lock `name` under `prefix` (see [`EtcdConfig::lock_prefix`]).
+pub(crate) fn lock_prefix(prefix: &str, name: &LockName) -> String {
+    let escaped = lock_core::escape(name.as_str(), &['/']);
+    if prefix.is_empty() {
+        format!("{escaped}/")
+    } else {
+        format!("{prefix}/{escaped}/")
+    }
+}
+
+fn prefix_from_path(path: &str) -> String {
+    let path = path.strip_prefix('/').unwrap_or(path);
+    path.trim_end_matches('/').to_owned()
+}
+
+impl fmt::Debug for EtcdConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdConfig")
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
+            .field("tls_domain", &self.tls_domain)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use lock_core::ErrorKind;
+
+    use super::*;
+
+    fn parse(url: &str) -> Result<EtcdConfig> {
+        EtcdConfig::from_url(&LockUrl::parse(url)?)
+    }
+
+    #[test]
+    fn urls_give_endpoints_prefix_credentials_and_options() {
+        let c = parse("etcd://u:s3cret@10.0.0.1,10.0.0.2:3379/locks/?ttl=10s&recheck=250ms")
+            .expect("valid");
+        assert_eq!(c.endpoints, ["10.0.0.1:2379", "10.0.0.2:3379"]);
+        assert_eq!(c.prefix, "locks");
+        assert_eq!(c.username.as_deref(), Some("u"));
+        assert_eq!(c.password.as_deref(), Some("s3cret"));
+        assert!(!c.tls);
+        assert_eq!(c.options.ttl, Duration::from_secs(10));
+        assert_eq!(c.options.recheck, Duration::from_millis(250));
+        assert_eq!(c.endpoint_urls()[0], "http://10.0.0.1:2379");
+        assert_eq!(c.label(), "etcd://10.0.0.1:2379,10.0.0.2:3379/locks");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("s3cret"), "{shown}");
+
+        let c = parse("etcds://h//abs?ca_file=/ca.pem&tls_domain=etcd.local").expect("valid");
+        assert!(c.tls);
+        assert_eq!(c.prefix, "/abs");
+        assert_eq!(c.endpoint_urls()[0], "https://h:2379");
+        assert_eq!(c.tls_domain.as_deref(), Some("etcd.local"));
+
+        let c = parse("etcd://h").expect("valid");
+        assert_eq!(c.prefix, "");
+    }
+
+    #[test]
+    fn bad_urls_get_clear_errors_without_secrets() {
+        for (url, needle) in [
+            ("etcd://h?bogus=1", "bogus"),
+            ("etcd://h?ttl=abc", "ttl"),
+            ("etcd://", "at least one host"),
+            ("redis://h", "cannot serve"),
+            ("etcd://:s3cret@h", "user name"),
+            ("etcd://h?ca_file=/x", "etcds://"),
+            ("etcds://h?cert_file=/x", "go together"),
+        ] {
+            let err = parse(url).expect_err(url);
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
+            assert!(err.to_string().contains(needle), "{url}: {err}");
+            assert!(!err.to_string().contains("s3cret"));
+        }
+    }
+
+    #[test]
+    fn names_map_to_disjoint_ranges() {
+        let name = |n: &str| LockName::new(n).expect("valid");
+        assert_eq!(lock_prefix("", &name("jobs")), "jobs/");
+        assert_eq!(lock_prefix("", &name("jobs/daily")), "jobs%2Fdaily/");
+        assert_eq!(lock_prefix("locks", &name("jobs")), "locks/jobs/");
+        assert_eq!(lock_prefix("locks", &name("a%2Fb")), "locks/a%252Fb/");
+        // No range is a prefix of another's keys: escaped names hold no `/`.
+        let a = lock_prefix("p", &name("jobs"));
+        let b = lock_prefix("p", &name("jobs/daily"));
+        assert!(!b.starts_with(&a) && !a.starts_with(&b));
+    }
+
+    #[test]
+    fn serde_config_has_defaults_and_rejects_unknown_fields() {
+        let c: EtcdConfig =
+            serde_json::from_str(r#"{"prefix":"locks","options":{"ttl":"5s"}}"#).expect("valid");
+        assert_eq!(c.endpoints, ["127.0.0.1:2379"]);
+        assert_eq!(c.options.ttl, Duration::from_secs(5));
+        assert!(serde_json::from_str::<EtcdConfig>(r#"{"prefx":"x"}"#).is_err());
+    }
+}

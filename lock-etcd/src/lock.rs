@@ -1,0 +1,691 @@
+//! The lock protocol: the layout of the Go client's `concurrency.Mutex`, acquire by one
+//! transaction, waiting on the predecessor's delete, owner-checked release, and the
+//! batched renewal check.
+//!
+//! A lock `NAME` is the key range `<prefix>/<NAME>/` ([`EtcdConfig::lock_prefix`]). Each
+//! contender puts `<prefix>/<NAME>/<lease id in hex>` attached to its client's lease;
+//! the holder is the key with the lowest create revision, the rest queue in create
+//! revision order (FIFO). The create revision of the holder's key is its fencing token.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use etcd_client::{
+    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
+    TxnOp, TxnOpResponse, TxnResponse, WatchStream,
+};
+use futures::future::join_all;
+use lock_core::backend::{
+    AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionStatus,
+};
+use lock_core::{
+    Capabilities, DistributedLock, Error, FencingSource, FencingToken, LeaseClient, LockName,
+    LockUrl, LostReason, Result,
+};
+use tokio::sync::{watch, OwnedMutexGuard};
+use tokio::time::{sleep_until, Instant};
+
+use crate::client::EtcdClient;
+use crate::config::{lock_prefix, EtcdConfig};
+use crate::error::{unexpected, BACKEND};
+use crate::lease::{KeepAlive, Lease, Session};
+
+/// etcd's default `--max-txn-ops`: the most operations (or compares) in one transaction.
+pub const MAX_TXN_OPS: usize = 128;
+
+/// Pause before a waiter retries a failed re-check.
+const RETRY_PAUSE: Duration = Duration::from_millis(200);
+
+/// A lock client on etcd.
+pub type EtcdLock = LeaseClient<EtcdBackend>;
+
+/// The protocol half of an etcd lock client (see the crate docs).
+pub struct EtcdBackend {
+    client: EtcdClient,
+    session: Arc<Session>,
+    prefix: String,
+    label: String,
+    recheck: Duration,
+    permits: Arc<Permits>,
+}
+
+impl EtcdBackend {
+    /// Connects and returns a lock client.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a bad configuration or refused credentials;
+    /// [`Error::Connection`] when authentication (with credentials) cannot reach etcd.
+    pub async fn connect(config: EtcdConfig) -> Result<EtcdLock> {
+        config.validate()?;
+        let client = EtcdClient::connect(&config).await?;
+        let backend = EtcdBackend {
+            session: Arc::new(Session::new(client.clone(), config.options.ttl)),
+            client,
+            label: config.label(),
+            prefix: config.prefix.clone(),
+            recheck: config.options.recheck,
+            permits: Arc::new(Permits::default()),
+        };
+        LeaseClient::new(backend, config.options)
+    }
+
+    /// A lock client for `etcd://…` or `etcds://…` (see [`EtcdConfig::from_url`]).
+    ///
+    /// # Errors
+    /// As [`EtcdConfig::from_url`] and [`EtcdBackend::connect`].
+    pub async fn from_url(url: &LockUrl) -> Result<EtcdLock> {
+        EtcdBackend::connect(EtcdConfig::from_url(url)?).await
+    }
+
+    /// The key range of lock `name` (see [`EtcdConfig::lock_prefix`]).
+    pub fn lock_prefix(&self, name: &LockName) -> String {
+        lock_prefix(&self.prefix, name)
+    }
+
+    /// The id of the client's current lease, if it has a live one.
+    pub fn lease_id(&self) -> Option<i64> {
+        self.session.live_lease().map(|lease| lease.id)
+    }
+
+    /// Puts our key in the queue of `prefix` (or finds it there); returns its create
+    /// revision and the create revision of the current owner. One round trip.
+    async fn enqueue(&self, prefix: &str, key: &str, lease: i64) -> Result<(i64, Option<i64>)> {
+        const WHAT: &str = "acquire";
+        // A key of ours from an earlier, abandoned attempt is deleted and the put
+        // retried, so every acquisition gets a fresh create revision (fencing token).
+        for _ in 0..3 {
+            let owner = || TxnOp::get(prefix, Some(first_created()));
+            let txn = Txn::new()
+                .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+                .and_then([
+                    TxnOp::put(key, "", Some(PutOptions::new().with_lease(lease))),
+                    owner(),
+                ])
+                .or_else([TxnOp::get(key, None), owner()]);
+            let response = self.client.txn(WHAT, txn).await?;
+            let ops = response.op_responses();
+            let owner = ops.get(1).and_then(first_kv).map(KeyValue::create_revision);
+            if response.succeeded() {
+                let revision = header_revision(&response, WHAT)?;
+                return Ok((revision, owner));
+            }
+            let Some(stale) = ops
+                .first()
+                .and_then(first_kv)
+                .map(KeyValue::create_revision)
+            else {
+                continue;
+            };
+            tracing::debug!(key, stale, "removing a leftover key of this client");
+            self.delete_if_ours(key, stale).await?;
+        }
+        Err(unexpected(WHAT, "our queue key kept reappearing"))
+    }
+
+    /// Deletes `key` if its create revision is `revision`; whether it did.
+    async fn delete_if_ours(&self, key: &str, revision: i64) -> Result<bool> {
+        delete_if_ours(&self.client, key, Some(revision)).await
+    }
+
+    /// Waits until our key (created at `revision`) has the lowest create revision.
+    ///
+    /// Watches the delete of the key just before ours, then re-checks with one read-only
+    /// transaction (our key still there + the next predecessor). Re-checks at least every
+    /// `recheck` even without an event, and keeps the lease alive meanwhile. Retryable
+    /// failures (an election, a member going away) are retried as long as the lease can
+    /// be kept alive.
+    async fn wait_turn(&self, prefix: &str, key: &str, revision: i64, lease: Lease) -> Result<()> {
+        loop {
+            let turn = match self.check_turn(prefix, key, revision).await {
+                Ok(turn) => turn,
+                Err(err) if err.is_retryable() => {
+                    // A leader election or a member going away: ride it out while the
+                    // lease can be kept alive (keep_waiting gives up at its deadline).
+                    tracing::debug!(error = %err, "re-check failed; retrying");
+                    let retry_at = Instant::now() + self.recheck.min(RETRY_PAUSE);
+                    let refresh_at = self.keep_waiting(lease.id).await?;
+                    sleep_until(retry_at.min(refresh_at)).await;
+                    continue;
+                }
+                Err(err) => return Err(err),
+            };
+            let (predecessor, read_at) = match turn {
+                Turn::Owner => return Ok(()),
+                Turn::Vanished => {
+                    return Err(Error::Lost {
+                        name: prefix.trim_end_matches('/').to_owned(),
+                        reason: LostReason::Vanished,
+                    })
+                }
+                Turn::After {
+                    predecessor,
+                    read_at,
+                } => (predecessor, read_at),
+            };
+            let mut watch = match self.client.watch_delete(&predecessor, read_at + 1).await {
+                Ok(watch) => Some(watch),
+                Err(err) => {
+                    tracing::debug!(error = %err, "watch failed; re-checking on the timer");
+                    None
+                }
+            };
+            let recheck_at = Instant::now() + self.recheck;
+            loop {
+                let refresh_at = self.keep_waiting(lease.id).await?;
+                tokio::select! {
+                    () = deleted(&mut watch) => break,
+                    () = sleep_until(recheck_at) => break,
+                    () = sleep_until(refresh_at) => {}
+                }
+            }
+        }
+    }
+
+    /// Keeps the lease of a waiter alive when due; returns when to look again.
+    ///
+    /// # Errors
+    /// [`Error::Lost`] (session expired) when the lease is gone or was replaced: the
+    /// waiter's key went with it.
+    async fn keep_waiting(&self, id: i64) -> Result<Instant> {
+        let lost = || Error::Lost {
+            name: "(waiting)".to_owned(),
+            reason: LostReason::SessionExpired,
+        };
+        let Some(lease) = self.session.lease_by_id(id) else {
+            return Err(lost());
+        };
+        if Instant::now() < lease.refresh_due() {
+            return Ok(lease.refresh_due());
+        }
+        match self.session.keep_alive(id, lease.ttl / 3).await {
+            Ok(KeepAlive::Alive(lease)) => Ok(lease.refresh_due()),
+            Ok(KeepAlive::Gone) => Err(lost()),
+            Err(err) => {
+                // Retry soon while the lease may still live; give up at its deadline.
+                tracing::debug!(error = %err, "keep-alive of a waiter failed");
+                let retry = Instant::now() + (lease.ttl / 10).max(Duration::from_millis(50));
+                if retry < lease.valid_until() {
+                    Ok(retry)
+                } else {
+                    Err(err)
+                }
+            }
+        }
+    }
+
+    /// One read-only transaction: is our key still there, and which key is just before it?
+    async fn check_turn(&self, prefix: &str, key: &str, revision: i64) -> Result<Turn> {
+        const WHAT: &str = "re-checking the queue";
+        let before = GetOptions::new()
+            .with_prefix()
+            .with_max_create_revision(revision - 1)
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1);
+        let txn = Txn::new().and_then([TxnOp::get(key, None), TxnOp::get(prefix, Some(before))]);
+        let response = self.client.txn(WHAT, txn).await?;
+        let read_at = header_revision(&response, WHAT)?;
+        let ops = response.op_responses();
+        let mine = ops
+            .first()
+            .and_then(first_kv)
+            .map(KeyValue::create_revision);
+        if mine != Some(revision) {
+            return Ok(Turn::Vanished);
+        }
+        match ops.get(1).and_then(first_kv) {
+            None => Ok(Turn::Owner),
+            Some(kv) => Ok(Turn::After {
+                predecessor: String::from_utf8_lossy(kv.key()).into_owned(),
+                read_at,
+            }),
+        }
+    }
+
+    /// Checks that every hold's key still exists with its create revision: one
+    /// transaction of compares per [`MAX_TXN_OPS`] holds, all in flight at once.
+    async fn check_holds(&self, holds: &[&EtcdHold]) -> Result<Vec<Option<LostReason>>> {
+        let checks = holds.chunks(MAX_TXN_OPS).map(|chunk| async move {
+            const WHAT: &str = "checking held keys";
+            let txn = Txn::new()
+                .when(
+                    chunk
+                        .iter()
+                        .map(|h| Compare::create_revision(&*h.key, CompareOp::Equal, h.revision))
+                        .collect::<Vec<_>>(),
+                )
+                .or_else(
+                    chunk
+                        .iter()
+                        .map(|h| TxnOp::get(&*h.key, Some(GetOptions::new().with_keys_only())))
+                        .collect::<Vec<_>>(),
+                );
+            let response = self.client.txn(WHAT, txn).await?;
+            if response.succeeded() {
+                return Ok(vec![None; chunk.len()]);
+            }
+            let ops = response.op_responses();
+            if ops.len() != chunk.len() {
+                return Err(unexpected(WHAT, "wrong number of answers"));
+            }
+            Ok(chunk
+                .iter()
+                .zip(&ops)
+                .map(|(hold, op)| match first_kv(op) {
+                    None => Some(LostReason::Vanished),
+                    Some(kv) if kv.create_revision() != hold.revision => Some(LostReason::Taken),
+                    Some(_) => None,
+                })
+                .collect())
+        });
+        let mut out = Vec::with_capacity(holds.len());
+        for chunk in join_all(checks).await {
+            out.extend(chunk?);
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for EtcdBackend {
+    fn drop(&mut self) {
+        // The client is gone: free its keys now rather than at the TTL.
+        self.session.close();
+    }
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoint", &self.label)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.label)
+    }
+}
+
+/// Where a waiter stands in its queue.
+enum Turn {
+    /// No key before ours: we hold the lock.
+    Owner,
+    /// Our key is gone (deleted, or its lease expired).
+    Vanished,
+    /// `predecessor` is just before us, as read at revision `read_at`.
+    After { predecessor: String, read_at: i64 },
+}
+
+/// Range options for "the key created first under the prefix" (the owner).
+fn first_created() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+fn first_kv(op: &TxnOpResponse) -> Option<&KeyValue> {
+    match op {
+        TxnOpResponse::Get(get) => get.kvs().first(),
+        _ => None,
+    }
+}
+
+fn header_revision(response: &TxnResponse, what: &str) -> Result<i64> {
+    response
+        .header()
+        .map(|header| header.revision())
+        .ok_or_else(|| unexpected(what, "answer without a header"))
+}
+
+/// Returns once the watched key is deleted, or the watch ends or breaks (a re-check
+/// follows); never returns without a watch (the re-check timer rules then).
+async fn deleted(watch: &mut Option<WatchStream>) {
+    let Some(stream) = watch.as_mut() else {
+        return std::future::pending().await;
+    };
+    while let Ok(Some(answer)) = stream.message().await {
+        let deleted = answer
+            .events()
+            .iter()
+            .any(|event| event.event_type() == EventType::Delete);
+        if deleted || answer.canceled() || answer.compact_revision() != 0 {
+            break;
+        }
+    }
+    *watch = None;
+}
+
+/// Deletes `key`, only if its create revision is `revision` when one is given.
+async fn delete_if_ours(client: &EtcdClient, key: &str, revision: Option<i64>) -> Result<bool> {
+    let compares = revision
+        .map(|revision| vec![Compare::create_revision(key, CompareOp::Equal, revision)])
+        .unwrap_or_default();
+    let txn = Txn::new()
+        .when(compares)
+        .and_then([TxnOp::delete(key, None)]);
+    let response = client.txn("release", txn).await?;
+    if !response.succeeded() {
+        return Ok(false);
+    }
+    Ok(response.op_responses().iter().any(|op| match op {
+        TxnOpResponse::Delete(delete) => delete.deleted() > 0,
+        _ => false,
+    }))
+}
+
+/// A hold on etcd: our key, its create revision and the lease it lives on.
+pub struct EtcdHold {
+    key: String,
+    revision: i64,
+    lease: i64,
+    /// Keeps other acquisitions of the same name in this client waiting locally.
+    permit: Mutex<Option<NamePermit>>,
+}
+
+impl EtcdHold {
+    /// The key (`<prefix>/<name>/<lease hex>`).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The key's create revision (the fencing token).
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    fn drop_permit(&self) {
+        drop(
+            self.permit
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .take(),
+        );
+    }
+}
+
+impl fmt::Debug for EtcdHold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdHold")
+            .field("key", &self.key)
+            .field("revision", &self.revision)
+            .field("lease", &format_args!("{:x}", self.lease))
+            .finish()
+    }
+}
+
+/// The key of an acquire in progress: if the acquire future is dropped, the key is
+/// deleted in a background task, and only then may the next acquire of the same name
+/// in this client go on.
+struct Pending {
+    client: EtcdClient,
+    key: String,
+    revision: Option<i64>,
+    permit: Option<NamePermit>,
+}
+
+impl Pending {
+    /// The acquire is complete (granted or cleaned up): nothing to undo.
+    fn disarm(mut self) -> Option<NamePermit> {
+        self.permit.take()
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let Some(permit) = self.permit.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.client.clone();
+        let key = std::mem::take(&mut self.key);
+        let revision = self.revision;
+        runtime.spawn(async move {
+            if let Err(err) = delete_if_ours(&client, &key, revision).await {
+                tracing::warn!(key, error = %err, "removing the key of a cancelled acquire failed; the lease TTL ends it");
+            }
+            drop(permit);
+        });
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    type Hold = EtcdHold;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(BACKEND)
+            .fair(true)
+            .per_lock_ttl(false)
+            .min_ttl(Duration::from_secs(1))
+            .push_wakeup(true)
+            .durable(true)
+            .fencing(FencingSource::CreateRevision)
+    }
+
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<EtcdHold>>> {
+        let prefix = self.lock_prefix(request.name);
+        // One key per (client lease, name): acquisitions of one name in this client
+        // take turns locally before touching the server.
+        let permit = if request.wait {
+            self.permits.lock(request.name).await
+        } else {
+            match self.permits.try_lock(request.name) {
+                Some(permit) => permit,
+                None => return Ok(None),
+            }
+        };
+        let lease = self.session.lease().await?;
+        let key = format!("{prefix}{:x}", lease.id);
+        let mut pending = Pending {
+            client: self.client.clone(),
+            key: key.clone(),
+            revision: None,
+            permit: Some(permit),
+        };
+        let (revision, owner) = self.enqueue(&prefix, &key, lease.id).await?;
+        pending.revision = Some(revision);
+        if owner != Some(revision) {
+            if !request.wait {
+                // Like TryLock: leave the queue at once. On failure the pending guard
+                // retries the delete in the background.
+                if self.delete_if_ours(&key, revision).await.is_ok() {
+                    drop(pending.disarm());
+                }
+                return Ok(None);
+            }
+            self.wait_turn(&prefix, &key, revision, lease)
+                .await
+                .map_err(|err| match err {
+                    Error::Lost { reason, .. } => Error::Lost {
+                        name: request.name.to_string(),
+                        reason,
+                    },
+                    other => other,
+                })?;
+        }
+        // The hold lives as long as the lease: measure it from the last keep-alive,
+        // refreshed now if it is older than TTL/3.
+        let lease = match self.session.lease_by_id(lease.id) {
+            Some(now) if Instant::now() < now.refresh_due() => now,
+            _ => match self.session.keep_alive(lease.id, lease.ttl / 3).await? {
+                KeepAlive::Alive(now) => now,
+                KeepAlive::Gone => {
+                    return Err(Error::Lost {
+                        name: request.name.to_string(),
+                        reason: LostReason::SessionExpired,
+                    })
+                }
+            },
+        };
+        let fencing = u64::try_from(revision)
+            .map_err(|_| unexpected("acquire", format!("create revision {revision}")))?;
+        let permit = pending.disarm();
+        Ok(Some(Acquired {
+            hold: EtcdHold {
+                key,
+                revision,
+                lease: lease.id,
+                permit: Mutex::new(permit),
+            },
+            fencing_token: FencingToken(fencing),
+            requested_at: lease.fresh_at,
+            lease: lease.ttl,
+            session: lease.epoch,
+        }))
+    }
+
+    async fn renew(&self, items: &[RenewItem<'_, EtcdHold>]) -> Result<Vec<RenewOutcome>> {
+        let started = Instant::now();
+        let current = self.session.live_lease();
+        let mut outcomes = vec![RenewOutcome::Lost(LostReason::SessionExpired); items.len()];
+        let live: Vec<(usize, &EtcdHold)> = items
+            .iter()
+            .enumerate()
+            .filter(|(_, item)| current.is_some_and(|lease| lease.id == item.hold.lease))
+            .map(|(i, item)| (i, item.hold))
+            .collect();
+        for item in items {
+            if current.is_none_or(|lease| lease.id != item.hold.lease) {
+                item.hold.drop_permit();
+            }
+        }
+        let Some(current) = current.filter(|_| !live.is_empty()) else {
+            return Ok(outcomes);
+        };
+        // One keep-alive for the client's lease (shared with concurrent users), and one
+        // check that every key is still ours: a keep-alive success alone proves nothing
+        // about keys deleted behind our back.
+        let holds: Vec<&EtcdHold> = live.iter().map(|(_, hold)| *hold).collect();
+        let (kept, checked) = futures::join!(
+            self.session.keep_alive(current.id, current.ttl / 6),
+            self.check_holds(&holds)
+        );
+        match kept? {
+            KeepAlive::Gone => {
+                for (_, hold) in &live {
+                    hold.drop_permit();
+                }
+            }
+            KeepAlive::Alive(lease) => {
+                let remaining = lease
+                    .valid_until()
+                    .saturating_duration_since(started)
+                    .min(lease.ttl);
+                for ((i, hold), lost) in live.iter().zip(checked?) {
+                    outcomes[*i] = match lost {
+                        None => RenewOutcome::Renewed { lease: remaining },
+                        Some(reason) => RenewOutcome::Lost(reason),
+                    };
+                    if lost.is_some() {
+                        hold.drop_permit();
+                    }
+                }
+            }
+        }
+        Ok(outcomes)
+    }
+
+    async fn release(&self, hold: &EtcdHold) -> Result<BackendRelease> {
+        let deleted = self.delete_if_ours(&hold.key, hold.revision).await;
+        hold.drop_permit();
+        Ok(if deleted? {
+            BackendRelease::Released
+        } else {
+            BackendRelease::NotOwner(LostReason::Vanished)
+        })
+    }
+
+    fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
+        Some(self.session.subscribe())
+    }
+}
+
+/// Per-name turn-taking inside one client (one key per lease and name).
+#[derive(Default)]
+struct Permits {
+    names: Mutex<HashMap<LockName, Weak<tokio::sync::Mutex<()>>>>,
+}
+
+impl Permits {
+    fn names(&self) -> MutexGuard<'_, HashMap<LockName, Weak<tokio::sync::Mutex<()>>>> {
+        self.names
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn mutex(&self, name: &LockName) -> Arc<tokio::sync::Mutex<()>> {
+        let mut names = self.names();
+        if let Some(mutex) = names.get(name).and_then(Weak::upgrade) {
+            return mutex;
+        }
+        if names.len() >= 64 {
+            names.retain(|_, mutex| mutex.strong_count() > 0);
+        }
+        let mutex = Arc::new(tokio::sync::Mutex::new(()));
+        names.insert(name.clone(), Arc::downgrade(&mutex));
+        mutex
+    }
+
+    async fn lock(self: &Arc<Self>, name: &LockName) -> NamePermit {
+        let guard = self.mutex(name).lock_owned().await;
+        NamePermit {
+            guard: Some(guard),
+            permits: Arc::downgrade(self),
+            name: name.clone(),
+        }
+    }
+
+    fn try_lock(self: &Arc<Self>, name: &LockName) -> Option<NamePermit> {
+        let guard = self.mutex(name).try_lock_owned().ok()?;
+        Some(NamePermit {
+            guard: Some(guard),
+            permits: Arc::downgrade(self),
+            name: name.clone(),
+        })
+    }
+}
+
+/// This client's turn on one name.
+struct NamePermit {
+    guard: Option<OwnedMutexGuard<()>>,
+    permits: Weak<Permits>,
+    name: LockName,
+}
+
+impl Drop for NamePermit {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        if let Some(permits) = self.permits.upgrade() {
+            let mut names = permits.names();
+            if names
+                .get(&self.name)
+                .is_some_and(|mutex| mutex.strong_count() == 0)
+            {
+                names.remove(&self.name);
+            }
+        }
+    }
+}
+
+impl fmt::Debug for NamePermit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("NamePermit")
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// Builds a client for a parsed URL (the registry's connector).
+pub(crate) fn connect_url(url: LockUrl) -> lock_core::ConnectFuture {
+    Box::pin(async move {
+        let client: Arc<dyn DistributedLock> = Arc::new(EtcdBackend::from_url(&url).await?);
+        Ok(client)
+    })
+}

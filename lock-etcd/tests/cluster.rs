@@ -1,0 +1,237 @@
+//! A 3-member cluster under failure: the leader dies while a lock is held; a majority
+//! dies.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{client, cluster, raw_client, trace, with_ttl};
+use conformance::harness::EtcdCluster;
+use lock_core::{DistributedLockExt, ErrorKind, LockState, ReleaseOutcome};
+use tokio::time::{sleep, timeout, Instant};
+
+/// Moves leadership to member 0 (the first endpoint of every client); returns 0.
+async fn lead_with_first_member(cluster: &EtcdCluster) -> usize {
+    let leader = cluster
+        .wait_for_leader(Duration::from_secs(10))
+        .await
+        .expect("a leader");
+    if leader == 0 {
+        return 0;
+    }
+    let target = cluster.member(0).status().await.expect("status").member_id;
+    raw_client(&[cluster.member(leader).addr()])
+        .await
+        .move_leader(target)
+        .await
+        .expect("move leadership to member 0");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while cluster.leader().await.ok() != Some(0) {
+        assert!(Instant::now() < deadline, "member 0 never became leader");
+        sleep(Duration::from_millis(50)).await;
+    }
+    0
+}
+
+/// Killing the leader while a lock is held keeps the lock: the lease survives the
+/// election, the guard never turns Lost, and no other client acquires it meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_kill_keeps_the_lock() {
+    trace();
+    let cluster = cluster().await;
+    let addrs: Vec<_> = cluster.members().iter().map(|m| m.addr()).collect();
+    // Generous against a slow election on a loaded machine: the hold must survive as
+    // long as a leader is back within two thirds of the TTL.
+    let ttl = Duration::from_secs(5);
+    let holder = client(&addrs, with_ttl(ttl)).await;
+    let other = client(&addrs, with_ttl(ttl)).await;
+    let guard = holder.lock("leader-kill").await.expect("acquire");
+    let token = guard.fencing_token();
+
+    // The hard case: the leader is the member every client talks to first, so the
+    // clients must fail over as well as ride out the election.
+    let leader = lead_with_first_member(&cluster).await;
+    cluster
+        .member(leader)
+        .kill9()
+        .await
+        .expect("kill -9 the leader");
+    let killed_at = Instant::now();
+    let new_leader = cluster
+        .wait_for_new_leader(leader, Duration::from_secs(15))
+        .await
+        .expect("a new leader is elected");
+    eprintln!(
+        "leader m{} killed; m{} elected after {:?}",
+        leader + 1,
+        new_leader + 1,
+        killed_at.elapsed()
+    );
+
+    // Two TTLs through and after the election: the holder keeps its lock, nobody else
+    // gets it (errors while the cluster elects are fine; a grant is not).
+    let mut tries = 0;
+    let mut refused = 0;
+    while killed_at.elapsed() < ttl * 2 {
+        assert!(
+            !guard.state().is_lost(),
+            "the hold was lost across the election: {:?} ({:?} after the kill, {refused} \
+             tries refused)",
+            guard.state(),
+            killed_at.elapsed()
+        );
+        tries += 1;
+        match timeout(Duration::from_secs(2), other.try_lock("leader-kill")).await {
+            Ok(Ok(Some(_))) => panic!("a second holder appeared after the leader was killed"),
+            Ok(Ok(None)) => refused += 1,
+            Ok(Err(err)) => eprintln!("try during the election: {err}"),
+            Err(_) => eprintln!("try during the election timed out"),
+        }
+        sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        refused > 0,
+        "no try was answered in {tries} tries after the election"
+    );
+    assert_eq!(guard.state(), LockState::Held);
+    assert!(guard.valid_until() > Instant::now());
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let next = other
+        .try_lock("leader-kill")
+        .await
+        .expect("try after release")
+        .expect("free after release");
+    assert!(next.fencing_token() > token);
+    next.release().await.expect("release");
+}
+
+/// With two of three members dead there is no quorum: acquires fail with an
+/// unavailable (or timeout) error, and never grant a lock that another client holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn majority_loss_is_unavailable_never_a_double_grant() {
+    trace();
+    let cluster = cluster().await;
+    let addrs: Vec<_> = cluster.members().iter().map(|m| m.addr()).collect();
+    let ttl = Duration::from_secs(2);
+    let holder = client(&addrs, with_ttl(ttl)).await;
+    let other = client(&addrs, with_ttl(ttl)).await;
+    let guard = holder.lock("majority").await.expect("acquire");
+
+    let leader = cluster
+        .wait_for_leader(Duration::from_secs(10))
+        .await
+        .expect("a leader");
+    // Kill the leader and one follower: the survivor is a follower without a quorum.
+    let follower = (0..3).find(|i| *i != leader).expect("a follower");
+    cluster
+        .member(leader)
+        .kill9()
+        .await
+        .expect("kill the leader");
+    cluster
+        .member(follower)
+        .kill9()
+        .await
+        .expect("kill a follower");
+    let killed_at = Instant::now();
+
+    let mut kinds = Vec::new();
+    for name in ["majority", "majority-free"] {
+        let started = Instant::now();
+        let outcome = other.lock_timeout(name, Duration::from_secs(3)).await;
+        let err = match outcome {
+            Ok(_) => panic!("`{name}` was granted without a quorum"),
+            Err(err) => err,
+        };
+        eprintln!(
+            "acquire `{name}` without quorum after {:?}: {err}",
+            started.elapsed()
+        );
+        assert!(
+            matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+            "`{name}`: expected unavailable or timeout, got {err}"
+        );
+        assert!(err.is_retryable());
+        kinds.push(err.kind());
+    }
+    let err = other
+        .try_lock("majority-free")
+        .await
+        .expect_err("a try without quorum fails");
+    eprintln!("try without quorum: {err}");
+    assert!(
+        matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Timeout),
+        "try: expected unavailable or timeout, got {err}"
+    );
+    // The holder cannot renew without a quorum either: its guard stops claiming the lock
+    // by its own deadline.
+    timeout(ttl + Duration::from_secs(5), async {
+        while guard.state() == LockState::Held {
+            sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the holder turns Suspect or Lost without a quorum");
+    eprintln!(
+        "holder state {:?} {:?} after the majority died; acquire errors {kinds:?}",
+        guard.state(),
+        killed_at.elapsed()
+    );
+    drop(guard);
+}
+
+/// A waiter queued while the leader dies rides out the election: it keeps its place
+/// and its lease, and takes over when the holder releases under the new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_rides_out_a_leader_election() {
+    trace();
+    let cluster = cluster().await;
+    let addrs: Vec<_> = cluster.members().iter().map(|m| m.addr()).collect();
+    let ttl = Duration::from_secs(5);
+    let holder = client(&addrs, with_ttl(ttl)).await;
+    let waiter = client(&addrs, with_ttl(ttl)).await;
+    let guard = holder.lock("election-wait").await.expect("acquire");
+    let token = guard.fencing_token();
+    let waiting = tokio::spawn(async move {
+        waiter
+            .lock_timeout("election-wait", Duration::from_secs(30))
+            .await
+    });
+    sleep(Duration::from_millis(300)).await;
+    let leader = cluster
+        .wait_for_leader(Duration::from_secs(10))
+        .await
+        .expect("a leader");
+    cluster
+        .member(leader)
+        .kill9()
+        .await
+        .expect("kill -9 the leader");
+    cluster
+        .wait_for_new_leader(leader, Duration::from_secs(15))
+        .await
+        .expect("a new leader is elected");
+    sleep(ttl).await;
+    assert!(
+        !waiting.is_finished(),
+        "the waiter keeps waiting across the election"
+    );
+    assert!(
+        guard.is_held(),
+        "the holder keeps its lock across the election"
+    );
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let next = timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter takes over promptly")
+        .expect("task")
+        .expect("the waiter acquires after the election");
+    assert!(next.fencing_token() > token);
+    next.release().await.expect("release");
+}

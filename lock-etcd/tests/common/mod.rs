@@ -1,0 +1,308 @@
+//! The conformance factory for `etcd://`: real etcd servers from the harness, one
+//! deployment per factory (a single member or a 3-member cluster), killed when the
+//! factory drops.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
+use conformance::harness::{or_skip, EtcdCluster, EtcdServer};
+use conformance::proxy::{FaultProxy, ProxyMode};
+use conformance::{Crash, Factory};
+use etcd_client::{Client, GetOptions};
+use lock_core::{DistributedLock, LockName, LockOptions};
+use lock_etcd::{EtcdBackend, EtcdConfig, EtcdLock};
+
+/// The key prefix the suite's locks live under.
+pub const PREFIX: &str = "conformance";
+
+/// The servers behind a factory.
+#[derive(Debug)]
+pub enum Servers {
+    /// One member.
+    Single(Box<EtcdServer>),
+    /// A 3-member cluster.
+    Cluster(EtcdCluster),
+}
+
+impl Servers {
+    /// Every member.
+    pub fn members(&self) -> Vec<&EtcdServer> {
+        match self {
+            Servers::Single(server) => vec![&**server],
+            Servers::Cluster(cluster) => cluster.members().iter().collect(),
+        }
+    }
+
+    /// Client addresses of every member.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.members().iter().map(|m| m.addr()).collect()
+    }
+}
+
+/// Debug logs of the backend and the core into the test's captured output (shown when a
+/// test fails); `RUST_LOG` overrides the filter.
+pub fn trace() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("lock_etcd=debug,lock_core=debug"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+/// Starts a single member (panics loudly when etcd is not installed).
+pub async fn single() -> EtcdServer {
+    or_skip(EtcdServer::start().await).expect("etcd (Debian etcd-server) is needed for this test")
+}
+
+/// Starts a 3-member cluster (panics loudly when etcd is not installed).
+pub async fn cluster() -> EtcdCluster {
+    or_skip(EtcdCluster::start().await).expect("etcd (Debian etcd-server) is needed for this test")
+}
+
+/// A raw etcd client of `addrs`, for checks behind the library's back.
+pub async fn raw_client(addrs: &[SocketAddr]) -> Client {
+    let endpoints: Vec<String> = addrs.iter().map(|a| format!("http://{a}")).collect();
+    let options = etcd_client::ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(5))
+        .with_timeout(Duration::from_secs(5));
+    Client::connect(endpoints, Some(options))
+        .await
+        .expect("raw etcd client connects")
+}
+
+/// Options with `ttl`.
+pub fn with_ttl(ttl: Duration) -> LockOptions {
+    let mut options = LockOptions::default();
+    options.ttl = ttl;
+    options
+}
+
+/// A config for `addrs` under [`PREFIX`] with `options`.
+pub fn config(addrs: &[SocketAddr], options: LockOptions) -> EtcdConfig {
+    EtcdConfig::new(addrs.iter().map(ToString::to_string))
+        .with_prefix(PREFIX)
+        .with_options(options)
+}
+
+/// A lock client of `addrs` under [`PREFIX`].
+pub async fn client(addrs: &[SocketAddr], options: LockOptions) -> Arc<EtcdLock> {
+    Arc::new(
+        EtcdBackend::connect(config(addrs, options))
+            .await
+            .expect("etcd lock client connects"),
+    )
+}
+
+/// Keys under `range`, with their create revisions.
+pub async fn keys_under(admin: &Client, range: &str) -> Vec<(String, i64)> {
+    let mut kv = admin.kv_client();
+    let response = kv
+        .get(range, Some(GetOptions::new().with_prefix()))
+        .await
+        .expect("range read");
+    response
+        .kvs()
+        .iter()
+        .map(|kv| {
+            (
+                String::from_utf8_lossy(kv.key()).into_owned(),
+                kv.create_revision(),
+            )
+        })
+        .collect()
+}
+
+/// Clients of one etcd deployment.
+pub struct EtcdFactory {
+    pub servers: Servers,
+    admin: Client,
+    proxies: Mutex<Vec<Arc<Vec<FaultProxy>>>>,
+    /// Every client handed out, to tell their leases from leaked ones.
+    clients: Mutex<Vec<Weak<EtcdLock>>>,
+}
+
+impl EtcdFactory {
+    /// A factory over a fresh single member.
+    pub async fn start() -> Self {
+        Self::over(Servers::Single(Box::new(single().await))).await
+    }
+
+    /// A factory over a fresh 3-member cluster; clients know every member.
+    pub async fn start_cluster() -> Self {
+        Self::over(Servers::Cluster(cluster().await)).await
+    }
+
+    async fn over(servers: Servers) -> Self {
+        lock_etcd::register();
+        let admin = raw_client(&servers.addrs()).await;
+        EtcdFactory {
+            servers,
+            admin,
+            proxies: Mutex::new(Vec::new()),
+            clients: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn track(&self, client: &Arc<EtcdLock>) {
+        self.clients
+            .lock()
+            .expect("clients")
+            .push(Arc::downgrade(client));
+    }
+
+    /// Leases on the server that no live client of this factory uses: leaked by a
+    /// closed client or a cancelled acquire.
+    async fn leaked_leases(&self) -> Vec<String> {
+        let live: Vec<i64> = self
+            .clients
+            .lock()
+            .expect("clients")
+            .iter()
+            .filter_map(Weak::upgrade)
+            .filter_map(|client| client.backend().lease_id())
+            .collect();
+        let leases = self
+            .admin
+            .lease_client()
+            .leases()
+            .await
+            .expect("lease list");
+        leases
+            .leases()
+            .iter()
+            .map(|lease| lease.id())
+            .filter(|id| !live.contains(id))
+            .map(|id| format!("lease {id:x} of no live client"))
+            .collect()
+    }
+
+    /// The raw client used behind the library's back.
+    pub fn admin(&self) -> &Client {
+        &self.admin
+    }
+
+    /// The key range of `name` under [`PREFIX`].
+    pub fn range(&self, name: &LockName) -> String {
+        EtcdConfig::default().with_prefix(PREFIX).lock_prefix(name)
+    }
+}
+
+struct EtcdCrash(Arc<Vec<FaultProxy>>);
+
+#[async_trait]
+impl Crash for EtcdCrash {
+    async fn crash(&self) {
+        for proxy in self.0.iter() {
+            proxy.set_mode(ProxyMode::Blackhole);
+        }
+    }
+}
+
+#[async_trait]
+impl Factory for EtcdFactory {
+    fn label(&self) -> String {
+        match &self.servers {
+            Servers::Single(server) => format!("etcd {}", server.addr()),
+            Servers::Cluster(cluster) => format!("etcd cluster {}", cluster.url()),
+        }
+    }
+
+    fn url(&self) -> String {
+        let hosts: Vec<String> = self.servers.addrs().iter().map(|a| a.to_string()).collect();
+        format!("etcd://{}/{PREFIX}", hosts.join(","))
+    }
+
+    fn short_ttl(&self) -> Duration {
+        Duration::from_secs(2)
+    }
+
+    async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
+        let client = client(&self.servers.addrs(), options).await;
+        self.track(&client);
+        client
+    }
+
+    async fn crashable_client(
+        &self,
+        options: LockOptions,
+    ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
+        let mut proxies = Vec::new();
+        for addr in self.servers.addrs() {
+            proxies.push(FaultProxy::start(addr).await.expect("fault proxy starts"));
+        }
+        let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+        let proxies = Arc::new(proxies);
+        self.proxies
+            .lock()
+            .expect("proxies")
+            .push(Arc::clone(&proxies));
+        let client = client(&addrs, options).await;
+        self.track(&client);
+        (client, Box::new(EtcdCrash(proxies)))
+    }
+
+    async fn steal(&self, name: &LockName) {
+        // Delete the holder's key (the lowest create revision): the next in line takes over.
+        let range = self.range(name);
+        let keys = keys_under(&self.admin, &range).await;
+        if let Some((key, _)) = keys.iter().min_by_key(|(_, revision)| *revision) {
+            let mut kv = self.admin.kv_client();
+            kv.delete(key.as_str(), None).await.expect("steal: delete");
+        }
+    }
+
+    async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
+        let mut left = Vec::new();
+        for name in names {
+            for (key, revision) in keys_under(&self.admin, &self.range(name)).await {
+                left.push(format!("{name:?}: key {key} (create revision {revision})"));
+            }
+        }
+        left.extend(self.leaked_leases().await);
+        left
+    }
+}
+
+#[async_trait]
+impl ChaosTarget for EtcdFactory {
+    fn topology(&self) -> Topology {
+        match &self.servers {
+            Servers::Single(_) => Topology::Single { durable: true },
+            Servers::Cluster(cluster) => Topology::Quorum {
+                members: cluster.len(),
+            },
+        }
+    }
+
+    async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
+        let mut proxies = Vec::new();
+        for addr in self.servers.addrs() {
+            proxies.push(FaultProxy::start(addr).await.expect("fault proxy starts"));
+        }
+        let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+        let client = client(&addrs, options).await;
+        self.track(&client);
+        (client, Link::Proxies(Arc::new(proxies)))
+    }
+
+    fn servers(&self) -> Vec<&dyn ServerControl> {
+        self.servers
+            .members()
+            .into_iter()
+            .map(|m| m as &dyn ServerControl)
+            .collect()
+    }
+
+    async fn leader(&self) -> Option<usize> {
+        match &self.servers {
+            Servers::Single(_) => None,
+            Servers::Cluster(cluster) => cluster.leader().await.ok(),
+        }
+    }
+}

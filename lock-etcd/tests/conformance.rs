@@ -1,0 +1,16 @@
+//! The whole conformance suite on etcd: a single member and a 3-member cluster. Each test
+//! starts its own server(s), killed when the test ends.
+
+mod common;
+
+/// Every rule on a single member.
+mod single {
+    use super::common::EtcdFactory;
+    conformance::conformance_suite!(async { EtcdFactory::start().await });
+}
+
+/// Every rule on a 3-member cluster (clients know every member).
+mod cluster {
+    use super::common::EtcdFactory;
+    conformance::conformance_suite!(async { EtcdFactory::start_cluster().await });
+}

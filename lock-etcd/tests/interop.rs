@@ -1,0 +1,183 @@
+//! Interoperability with the Go client's `concurrency.Mutex`, as `etcdctl lock NAME`
+//! uses it: for a plain name, an `etcdctl lock` holder blocks our acquire and our holder
+//! blocks `etcdctl lock`.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{keys_under, raw_client, single, with_ttl};
+use lock_core::{DistributedLockExt, ErrorKind, ReleaseOutcome};
+use lock_etcd::{EtcdBackend, EtcdConfig, EtcdLock};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::time::{sleep, timeout, Instant};
+
+/// `etcdctl lock NAME` as a child process; killed on drop.
+struct EtcdctlLock {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl EtcdctlLock {
+    fn spawn(addr: SocketAddr, name: &str) -> Self {
+        let mut child = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=http://{addr}"))
+            .arg("lock")
+            .arg(name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("etcdctl (Debian etcd-client) is needed for this test");
+        let stdout = child.stdout.take().expect("piped stdout");
+        EtcdctlLock {
+            child,
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// The key etcdctl prints once it holds the lock, if it does within `limit`.
+    async fn held_key(&mut self, limit: Duration) -> Option<String> {
+        match timeout(limit, self.lines.next_line()).await {
+            Ok(Ok(Some(line))) => Some(line),
+            Ok(Ok(None)) => panic!("etcdctl lock exited without holding the lock"),
+            Ok(Err(err)) => panic!("reading etcdctl output: {err}"),
+            Err(_) => None,
+        }
+    }
+
+    /// Interrupts etcdctl (it releases its lock and closes its session) and reaps it.
+    async fn interrupt(mut self) {
+        let pid = self.child.id().expect("etcdctl runs");
+        let pid = i32::try_from(pid).expect("pid fits");
+        kill(Pid::from_raw(pid), Signal::SIGINT).expect("SIGINT etcdctl");
+        timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .expect("etcdctl exits after SIGINT")
+            .expect("wait for etcdctl");
+    }
+}
+
+/// A lock client with no key prefix: lock `NAME` is exactly `etcdctl lock NAME`.
+async fn plain_client(addr: SocketAddr) -> EtcdLock {
+    let config = EtcdConfig::new([addr.to_string()]).with_options(with_ttl(Duration::from_secs(5)));
+    EtcdBackend::connect(config).await.expect("connect")
+}
+
+fn plain_name() -> String {
+    format!("interop-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// An `etcdctl lock` holder blocks our acquire; when it lets go, our waiter gets the
+/// lock promptly with a higher fencing token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_holder_blocks_our_acquire() {
+    let server = single().await;
+    let admin = raw_client(&[server.addr()]).await;
+    let ours = plain_client(server.addr()).await;
+    let name = plain_name();
+
+    let mut etcdctl = EtcdctlLock::spawn(server.addr(), &name);
+    let their_key = etcdctl
+        .held_key(Duration::from_secs(10))
+        .await
+        .expect("etcdctl acquires a free lock");
+    assert!(
+        their_key.starts_with(&format!("{name}/")),
+        "etcdctl key {their_key}"
+    );
+    let keys = keys_under(&admin, &format!("{name}/")).await;
+    let their_revision = keys
+        .iter()
+        .find(|(key, _)| *key == their_key)
+        .map(|(_, revision)| *revision)
+        .expect("etcdctl's key is in our lock's range");
+
+    assert!(
+        ours.try_lock(&name).await.expect("try").is_none(),
+        "we acquired a lock etcdctl holds"
+    );
+    let err = ours
+        .lock_timeout(&name, Duration::from_millis(800))
+        .await
+        .expect_err("etcdctl still holds the lock");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+
+    let waiter = tokio::spawn(async move {
+        let guard = ours
+            .lock_timeout(&name, Duration::from_secs(20))
+            .await
+            .expect("acquire after etcdctl lets go");
+        (Instant::now(), guard)
+    });
+    sleep(Duration::from_millis(300)).await;
+    assert!(!waiter.is_finished(), "our waiter must wait for etcdctl");
+    let interrupted_at = Instant::now();
+    etcdctl.interrupt().await;
+    let (acquired_at, guard) = timeout(Duration::from_secs(5), waiter)
+        .await
+        .expect("our waiter takes over promptly")
+        .expect("waiter task");
+    eprintln!(
+        "took over {:?} after interrupting etcdctl",
+        acquired_at - interrupted_at
+    );
+    assert!(guard.fencing_token().get() > u64::try_from(their_revision).expect("positive"));
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// Our holder blocks `etcdctl lock`: it prints nothing while we hold the lock and gets
+/// it once we release.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_holder_blocks_etcdctl() {
+    let server = single().await;
+    let admin = raw_client(&[server.addr()]).await;
+    let ours = plain_client(server.addr()).await;
+    let name = plain_name();
+
+    let guard = ours.lock(&name).await.expect("acquire");
+    let mut etcdctl = EtcdctlLock::spawn(server.addr(), &name);
+    assert_eq!(
+        etcdctl.held_key(Duration::from_millis(1500)).await,
+        None,
+        "etcdctl acquired a lock we hold"
+    );
+    // etcdctl is queued behind us, in our lock's range.
+    let keys = keys_under(&admin, &format!("{name}/")).await;
+    assert_eq!(keys.len(), 2, "our key and etcdctl's: {keys:?}");
+
+    let released_at = Instant::now();
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let key = etcdctl
+        .held_key(Duration::from_secs(5))
+        .await
+        .expect("etcdctl gets the lock after our release");
+    eprintln!(
+        "etcdctl took over {:?} after our release",
+        released_at.elapsed()
+    );
+    assert!(key.starts_with(&format!("{name}/")));
+    assert!(
+        ours.try_lock(&name).await.expect("try").is_none(),
+        "etcdctl holds it now"
+    );
+    etcdctl.interrupt().await;
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !keys_under(&admin, &format!("{name}/")).await.is_empty() {
+        assert!(Instant::now() < deadline, "keys left after etcdctl exited");
+        sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -1,0 +1,300 @@
+//! The etcd session: one lease per client, the key layout, turn-taking inside one
+//! client, waiters and holds whose key or lease disappears, authentication.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{client, keys_under, raw_client, single, with_ttl, PREFIX};
+use conformance::FencedResource;
+use etcd_client::LeaseTimeToLiveOptions;
+use lock_core::{DistributedLockExt, ErrorKind, LockName, LostReason, ReleaseOutcome};
+use lock_etcd::EtcdConfig;
+use tokio::time::{sleep, timeout, Instant};
+
+fn range(name: &str) -> String {
+    EtcdConfig::default()
+        .with_prefix(PREFIX)
+        .lock_prefix(&LockName::new(name).expect("valid"))
+}
+
+/// Every hold of a client lives on the client's one lease, under
+/// `<prefix>/<escaped name>/<lease hex>`, with the key's create revision as fencing token;
+/// closing the client revokes the lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_lease_per_client_and_the_mutex_layout() {
+    let server = single().await;
+    let admin = raw_client(&[server.addr()]).await;
+    let locks = client(&[server.addr()], with_ttl(Duration::from_secs(5))).await;
+    let names = ["layout/a", "layout/b", "plain"];
+    let mut guards = Vec::new();
+    for name in names {
+        guards.push(locks.lock(name).await.expect("acquire"));
+    }
+    let lease = locks.backend().lease_id().expect("a live lease");
+    for (name, guard) in names.iter().zip(&guards) {
+        let keys = keys_under(&admin, &range(name)).await;
+        let expected = format!("{}{lease:x}", range(name));
+        assert_eq!(keys.len(), 1, "{keys:?}");
+        assert_eq!(keys[0].0, expected);
+        assert_eq!(
+            guard.fencing_token().get(),
+            u64::try_from(keys[0].1).expect("positive"),
+            "fencing token is the create revision"
+        );
+    }
+    assert_eq!(range("layout/a"), "conformance/layout%2Fa/");
+    let mut leases = admin.lease_client();
+    let live = leases
+        .time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
+        .await
+        .expect("lease time-to-live");
+    assert_eq!(live.keys().len(), names.len(), "all holds on one lease");
+    assert_eq!(
+        admin
+            .lease_client()
+            .leases()
+            .await
+            .expect("leases")
+            .leases()
+            .len(),
+        1
+    );
+
+    for guard in guards {
+        assert_eq!(
+            guard.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+    drop(locks);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let left = admin.lease_client().leases().await.expect("leases");
+        if left.leases().iter().all(|l| l.id() != lease) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the lease outlived its client");
+        sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Acquisitions of one name on one client share one key, so they take turns inside
+/// the client: mutual exclusion holds across tasks of one client and another client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_name_on_one_client_takes_turns() {
+    let server = single().await;
+    let shared = client(&[server.addr()], with_ttl(Duration::from_secs(5))).await;
+    let other = client(&[server.addr()], with_ttl(Duration::from_secs(5))).await;
+    let resource = FencedResource::new();
+
+    let first = shared.lock("turns").await.expect("acquire");
+    let second = tokio::spawn({
+        let shared = Arc::clone(&shared);
+        async move { shared.lock("turns").await.expect("second acquire") }
+    });
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        !second.is_finished(),
+        "a second local acquire waits its turn"
+    );
+    assert!(
+        shared.try_lock("turns").await.expect("try").is_none(),
+        "a local try while held is refused without waiting"
+    );
+    let token = first.fencing_token();
+    first.release().await.expect("release");
+    let second = timeout(Duration::from_secs(3), second)
+        .await
+        .expect("second local acquire follows promptly")
+        .expect("task");
+    assert!(second.fencing_token() > token);
+    second.release().await.expect("release");
+
+    let mut tasks = Vec::new();
+    for locks in [&shared, &shared, &shared, &other] {
+        let (locks, resource) = (Arc::clone(locks), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..8 {
+                let guard = locks
+                    .lock_timeout("turns", Duration::from_secs(30))
+                    .await
+                    .expect("acquire under contention");
+                let section = resource
+                    .begin(guard.fencing_token())
+                    .expect("token not stale");
+                sleep(Duration::from_millis(2)).await;
+                section.end();
+                guard.release().await.expect("release");
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.expect("contender");
+    }
+    let report = resource.check();
+    assert!(report.is_safe(), "{report:?}");
+    assert_eq!(report.sections, 32);
+}
+
+/// A waiter whose own key disappears stops waiting with a Lost error instead of
+/// waiting forever on a key that no longer queues it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_whose_key_vanishes_stops() {
+    let server = single().await;
+    let admin = raw_client(&[server.addr()]).await;
+    let holder = client(&[server.addr()], with_ttl(Duration::from_secs(5))).await;
+    let mut options = with_ttl(Duration::from_secs(5));
+    options.recheck = Duration::from_millis(300);
+    let waiter = client(&[server.addr()], options).await;
+    let guard = holder.lock("vanish").await.expect("acquire");
+    let waiting = tokio::spawn(async move { waiter.lock("vanish").await });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let waiter_key = loop {
+        let keys = keys_under(&admin, &range("vanish")).await;
+        if let Some((key, _)) = keys
+            .iter()
+            .max_by_key(|(_, revision)| *revision)
+            .filter(|_| keys.len() == 2)
+        {
+            break key.clone();
+        }
+        assert!(Instant::now() < deadline, "the waiter never queued");
+        sleep(Duration::from_millis(20)).await;
+    };
+    admin
+        .kv_client()
+        .delete(waiter_key.as_str(), None)
+        .await
+        .expect("delete the waiter's key");
+    let outcome = timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the waiter stops within its re-check interval")
+        .expect("task");
+    let err = outcome.expect_err("the waiter must not acquire");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+    assert!(guard.is_held(), "the holder is untouched");
+    guard.release().await.expect("release");
+}
+
+/// A lease revoked behind the client's back ends every hold on it (session expired or
+/// key gone) within the renewal interval; the next acquire gets a new lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revoked_lease_ends_every_hold_and_a_new_one_follows() {
+    let server = single().await;
+    let admin = raw_client(&[server.addr()]).await;
+    let ttl = Duration::from_secs(3);
+    let locks = client(&[server.addr()], with_ttl(ttl)).await;
+    let a = locks.lock("revoke/a").await.expect("acquire a");
+    let b = locks.lock("revoke/b").await.expect("acquire b");
+    let old = locks.backend().lease_id().expect("lease");
+    admin.lease_client().revoke(old).await.expect("revoke");
+    for guard in [&a, &b] {
+        let reason = timeout(ttl, guard.lost())
+            .await
+            .expect("lost within the renewal interval");
+        assert!(
+            matches!(reason, LostReason::SessionExpired | LostReason::Vanished),
+            "{reason:?}"
+        );
+    }
+    let c = locks
+        .lock("revoke/c")
+        .await
+        .expect("acquire on a new lease");
+    let new = locks.backend().lease_id().expect("lease");
+    assert_ne!(new, old);
+    assert!(matches!(
+        a.release().await.expect("release"),
+        ReleaseOutcome::AlreadyLost(_)
+    ));
+    drop(b);
+    assert_eq!(
+        c.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// User/password authentication from the URL works; a wrong password is a clear
+/// configuration error; the password never shows in errors, `Display` or `Debug`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authentication_from_the_url() {
+    const PASSWORD: &str = "s3cret-pw";
+    let server = single().await;
+    let admin = raw_client(&[server.addr()]).await;
+    {
+        let mut auth = admin.auth_client();
+        auth.user_add("root", PASSWORD, None)
+            .await
+            .expect("add root");
+        auth.user_grant_role("root", "root")
+            .await
+            .expect("grant root");
+        auth.auth_enable().await.expect("enable auth");
+    }
+    lock_etcd::register();
+    let url = format!("etcd://root:{PASSWORD}@{}/secured?ttl=5s", server.addr());
+    let locks = lock_core::connect(&url)
+        .await
+        .expect("connect with credentials");
+    let shown = format!("{locks} {locks:?}");
+    assert!(!shown.contains(PASSWORD), "{shown}");
+    let guard = locks.lock("auth").await.expect("acquire with credentials");
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+
+    let wrong = format!("etcd://root:wrong-{PASSWORD}@{}/secured", server.addr());
+    let err = lock_core::connect(&wrong)
+        .await
+        .expect_err("wrong password");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(!format!("{err} {err:?}").contains(PASSWORD));
+
+    let anonymous = lock_core::connect(&format!("etcd://{}/secured", server.addr()))
+        .await
+        .expect("connect without credentials is lazy");
+    let err = anonymous
+        .try_lock("auth")
+        .await
+        .expect_err("no credentials");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+}
+
+/// A waiter queued longer than the TTL keeps its own lease alive (it holds nothing the
+/// watchdog would renew), so its place in the queue survives and it gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_keeps_its_lease_alive_while_it_queues() {
+    let server = single().await;
+    let ttl = Duration::from_secs(1);
+    let holder = client(&[server.addr()], with_ttl(ttl)).await;
+    let mut options = with_ttl(ttl);
+    options.recheck = Duration::from_secs(20);
+    let waiter = client(&[server.addr()], options).await;
+    let guard = holder.lock("long-wait").await.expect("acquire");
+    let waiting = tokio::spawn(async move {
+        let guard = waiter
+            .lock_timeout("long-wait", Duration::from_secs(20))
+            .await;
+        (waiter, guard)
+    });
+    sleep(ttl * 4).await;
+    assert!(!waiting.is_finished(), "the waiter must still wait");
+    assert!(
+        guard.is_held(),
+        "the holder keeps its lock through renewals"
+    );
+    guard.release().await.expect("release");
+    let (waiter, next) = timeout(Duration::from_secs(3), waiting)
+        .await
+        .expect("the waiter takes over promptly")
+        .expect("task");
+    let next = next.expect("the waiter's key survived four TTLs of waiting");
+    assert_eq!(
+        next.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    drop(waiter);
+}

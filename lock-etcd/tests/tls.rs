@@ -1,0 +1,196 @@
+//! `etcds://`: TLS to a real etcd serving HTTPS with a throwaway CA.
+//!
+//! The harness serves plain HTTP only, so this test launches its own single member on
+//! free loopback ports, with certificates made by `openssl` in a temporary directory.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use conformance::harness::free_ports;
+use lock_core::{DistributedLockExt, ErrorKind, ReleaseOutcome};
+use tokio::process::{Child, Command};
+use tokio::time::{sleep, timeout, Instant};
+
+async fn run(dir: &Path, program: &str, args: &[&str]) {
+    let status = timeout(
+        Duration::from_secs(30),
+        Command::new(program)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status(),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("{program} {args:?} took too long"))
+    .unwrap_or_else(|err| panic!("{program} is needed for this test: {err}"));
+    assert!(status.success(), "{program} {args:?} failed");
+}
+
+/// A CA and a server certificate for 127.0.0.1 in `dir`.
+async fn make_certificates(dir: &Path) {
+    std::fs::write(
+        dir.join("server.ext"),
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
+         extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
+    )
+    .expect("write extensions");
+    run(
+        dir,
+        "openssl",
+        &[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=distlock test CA",
+        ],
+    )
+    .await;
+    run(
+        dir,
+        "openssl",
+        &[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    )
+    .await;
+    run(
+        dir,
+        "openssl",
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "1",
+            "-extfile",
+            "server.ext",
+        ],
+    )
+    .await;
+}
+
+/// etcd serving HTTPS on `client_port`; killed on drop.
+fn start_tls_etcd(dir: &Path, client_port: u16, peer_port: u16) -> Child {
+    let client_url = format!("https://127.0.0.1:{client_port}");
+    let peer_url = format!("http://127.0.0.1:{peer_port}");
+    Command::new("etcd")
+        .args([
+            "--name",
+            "tls",
+            "--data-dir",
+            &dir.join("data").display().to_string(),
+            "--listen-client-urls",
+            &client_url,
+            "--advertise-client-urls",
+            &client_url,
+            "--listen-peer-urls",
+            &peer_url,
+            "--initial-advertise-peer-urls",
+            &peer_url,
+            "--initial-cluster",
+            &format!("tls={peer_url}"),
+            "--cert-file",
+            &dir.join("server.pem").display().to_string(),
+            "--key-file",
+            &dir.join("server.key").display().to_string(),
+            "--log-outputs",
+            "stderr",
+            "--logger",
+            "zap",
+        ])
+        .current_dir(dir)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("etcd (Debian etcd-server) is needed for this test")
+}
+
+/// `etcds://` with the CA from `ca_file` locks over TLS; without trusting that CA the
+/// connection fails with a connection error (the server is not trusted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcds_locks_over_tls() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    make_certificates(dir.path()).await;
+    let ports = free_ports(2).expect("free ports");
+    let mut etcd = start_tls_etcd(dir.path(), ports[0], ports[1]);
+    lock_etcd::register();
+    let ca = dir.path().join("ca.pem").display().to_string();
+    let url = format!("etcds://127.0.0.1:{}/tls?ttl=5s&ca_file={ca}", ports[0]);
+    let locks = lock_core::connect(&url).await.expect("connect over TLS");
+
+    // Wait (bounded) for the member to serve.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let guard = loop {
+        match locks.try_lock("tls").await {
+            Ok(Some(guard)) => break guard,
+            Ok(None) => panic!("a fresh server has the lock held"),
+            Err(err) => {
+                assert!(
+                    Instant::now() < deadline,
+                    "etcd over TLS never served: {err}"
+                );
+                assert!(
+                    etcd.try_wait().expect("etcd status").is_none(),
+                    "etcd exited"
+                );
+                sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(guard.fencing_token().get() > 0);
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+
+    // Same server, no trusted CA: the handshake fails.
+    let untrusted = lock_core::connect(&format!("etcds://127.0.0.1:{}/tls", ports[0]))
+        .await
+        .expect("connect is lazy");
+    let err = untrusted
+        .try_lock("tls")
+        .await
+        .expect_err("an untrusted server is refused");
+    assert_eq!(err.kind(), ErrorKind::Connection, "{err}");
+
+    // Plain etcd:// to a TLS port fails too, with an error rather than a hang.
+    let plain = lock_core::connect(&format!(
+        "etcd://127.0.0.1:{}/tls?request_timeout=2s",
+        ports[0]
+    ))
+    .await
+    .expect("connect is lazy");
+    assert!(plain.try_lock("tls").await.is_err());
+    drop(etcd.kill().await);
+}
