@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: deps test fmt lint demo bench clean
+.PHONY: deps test fmt lint demo bench chaos clean
 
 deps:
 	@./scripts/install-deps.sh
@@ -20,6 +20,18 @@ demo: deps
 	./target/release/demo
 	./target/release/lockbench --duration 1s --warmup 300ms --clients 8,64 --locks 64 \
 		--held 1000 --takeover-rounds 2 --out lockbench-report
+
+## Longer seeded fault schedules on every backend, then the reliability report in
+## chaos-report/ (CHAOS_SECONDS per nemesis run, CHAOS_SEED for its schedule).
+CHAOS_SECONDS ?= 60
+CHAOS_SEED ?= 1
+chaos: deps
+	rm -rf chaos-report && mkdir -p chaos-report
+	CHAOS_LONG=1 CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) \
+		CHAOS_REPORT_DIR=$(CURDIR)/chaos-report LOCK_TEST_STRICT=1 \
+		$(CARGO) test --release -p conformance -p lock-redis -p lock-zookeeper -p lock-etcd \
+		--test chaos -- --test-threads 2
+	$(CARGO) run --quiet --release -p examples --bin chaos_report -- chaos-report
 
 ## The full comparative benchmark (a few minutes); report in lockbench-report/.
 bench: deps

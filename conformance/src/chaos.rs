@@ -227,6 +227,7 @@ pub const SCENARIOS: &[&str] = &[
     "majority_loss",
     "redlock_restart_immediate",
     "redlock_restart_delayed",
+    "nemesis",
 ];
 
 /// What `topology` promises in `scenario`.
@@ -234,6 +235,12 @@ pub fn expectation(scenario: &str, topology: Topology) -> Expect {
     use Topology::*;
     match (scenario, topology) {
         ("member_crash" | "majority_loss", Quorum { .. } | Independent { .. }) => Expect::Safe,
+        ("nemesis", Single { durable: false }) => Expect::FencedOnly(
+            "the fault mix restarts the server, and Redis without persistence forgets its locks",
+        ),
+        ("nemesis", Independent { .. }) => Expect::FencedOnly(
+            "the fault mix restarts nodes at once without data, outside RedLock's assumptions",
+        ),
         ("member_crash" | "majority_loss", _) => Expect::NotApplicable("needs several servers"),
         ("redlock_restart_immediate", Independent { .. }) => Expect::FencedOnly(
             "RedLock assumes a crashed node restarts only after the TTL or with persistence; \
@@ -360,6 +367,10 @@ pub struct Plan {
     pub contend: Duration,
     /// Healthy contenders.
     pub contenders: usize,
+    /// How long the nemesis injects faults.
+    pub nemesis: Duration,
+    /// Seed of the nemesis' random fault schedule.
+    pub seed: u64,
 }
 
 impl Plan {
@@ -367,8 +378,34 @@ impl Plan {
     pub fn short(ttl: Duration) -> Self {
         Plan {
             ttl,
-            contend: ttl * 5,
+            contend: ttl * 4,
             contenders: 2,
+            nemesis: ttl * 4,
+            seed: 1,
+        }
+    }
+
+    /// The plan of `make chaos`: the nemesis runs `seconds` with `seed`.
+    pub fn long(ttl: Duration, seconds: u64, seed: u64) -> Self {
+        Plan {
+            nemesis: Duration::from_secs(seconds),
+            seed,
+            ..Plan::short(ttl)
+        }
+    }
+
+    /// The short plan, or the long one when `CHAOS_LONG=1` (with `CHAOS_SECONDS`,
+    /// default 60, and `CHAOS_SEED`, default 1).
+    pub fn from_env(ttl: Duration) -> Self {
+        let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+        if var("CHAOS_LONG") == Some(1) {
+            Plan::long(
+                ttl,
+                var("CHAOS_SECONDS").unwrap_or(60),
+                var("CHAOS_SEED").unwrap_or(1),
+            )
+        } else {
+            Plan::short(ttl)
         }
     }
 }
@@ -1076,16 +1113,22 @@ pub async fn run(scenario: &str, target: &dyn ChaosTarget, plan: Plan) -> Option
         "majority_loss" => majority_loss(target, plan).await,
         "redlock_restart_immediate" => redlock_restart_immediate(target, plan).await,
         "redlock_restart_delayed" => redlock_restart_delayed(target, plan).await,
+        "nemesis" => nemesis(target, plan).await,
         _ => return None,
     })
 }
 
-/// Runs `scenario` on `target` with the short plan and asserts the topology's promise.
-/// Prints the report; says loudly when the scenario does not apply.
+/// Runs `scenario` on `target` with [`Plan::from_env`] and asserts the topology's
+/// promise. Prints the report (and appends it as a JSON line to
+/// `$CHAOS_REPORT_DIR/<scenario>.jsonl` when that is set); says loudly when the scenario
+/// does not apply.
 pub async fn check(scenario: &str, target: &dyn ChaosTarget) {
-    let expect = expectation(scenario, target.topology());
-    let plan = Plan::short(target.short_ttl());
-    match run(scenario, target, plan).await {
+    let topology = target.topology();
+    let expect = expectation(scenario, topology);
+    let plan = Plan::from_env(target.short_ttl());
+    let report = run(scenario, target, plan).await;
+    record(scenario, target, topology, expect, plan, report.as_ref());
+    match report {
         None => eprintln!(
             "[chaos] {scenario} does not apply to {}: {expect:?}",
             target.label()
@@ -1095,4 +1138,187 @@ pub async fn check(scenario: &str, target: &dyn ChaosTarget) {
             report.assert_meets(expect);
         }
     }
+}
+
+/// One scenario run as the reliability report stores it.
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+pub struct ReportRow {
+    /// Scenario name.
+    pub scenario: String,
+    /// Backend deployment.
+    pub target: String,
+    /// Topology, as text.
+    pub topology: String,
+    /// What the topology promises, as text.
+    pub expectation: String,
+    /// Whether the scenario ran (it may not apply).
+    pub ran: bool,
+    /// Overlapping accepted sections.
+    pub violations: usize,
+    /// Stale writes the fence rejected.
+    pub stale_rejected: usize,
+    /// Lost updates.
+    pub lost_updates: u64,
+    /// Accepted writes.
+    pub writes: u64,
+    /// Victim's lost signal → next holder, ms (positive: told first).
+    pub lost_signal_lead_ms: Option<f64>,
+    /// Fault → next holder, ms.
+    pub takeover_ms: Option<f64>,
+    /// Longest time between two accepted sections, ms.
+    pub longest_gap_ms: Option<f64>,
+    /// Time for a fresh client to get the lock after the faults healed, ms.
+    pub recovery_ms: Option<f64>,
+    /// Nemesis seed.
+    pub seed: u64,
+    /// Notes.
+    pub notes: Vec<String>,
+}
+
+fn record(
+    scenario: &str,
+    target: &dyn ChaosTarget,
+    topology: Topology,
+    expect: Expect,
+    plan: Plan,
+    report: Option<&ScenarioReport>,
+) {
+    let Ok(dir) = std::env::var("CHAOS_REPORT_DIR") else {
+        return;
+    };
+    let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+    let row = ReportRow {
+        scenario: scenario.to_owned(),
+        target: target.label(),
+        topology: format!("{topology:?}"),
+        expectation: format!("{expect:?}"),
+        ran: report.is_some(),
+        violations: report.map_or(0, |r| r.fence.overlaps.len()),
+        stale_rejected: report.map_or(0, |r| r.fence.rejected_writes + r.fence.rejected_begins),
+        lost_updates: report.map_or(0, |r| r.fence.lost_updates()),
+        writes: report.map_or(0, |r| r.fence.accepted_writes),
+        lost_signal_lead_ms: report.and_then(|r| r.lost_signal_lead_ms),
+        takeover_ms: report.and_then(|r| r.takeover).map(ms),
+        longest_gap_ms: report
+            .and_then(|r| r.fence.gaps.iter().max().copied())
+            .map(ms),
+        recovery_ms: report.and_then(|r| r.recovery).map(ms),
+        seed: plan.seed,
+        notes: report.map(|r| r.notes.clone()).unwrap_or_default(),
+    };
+    let path = std::path::Path::new(&dir).join(format!("{scenario}.jsonl"));
+    let line = match serde_json::to_string(&row) {
+        Ok(line) => line,
+        Err(err) => {
+            eprintln!("[chaos] cannot encode the report row: {err}");
+            return;
+        }
+    };
+    use std::io::Write as _;
+    let written = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .and_then(|mut file| writeln!(file, "{line}"));
+    if let Err(err) = written {
+        eprintln!("[chaos] cannot write {}: {err}", path.display());
+    }
+}
+
+/// A seeded random mix of faults for `plan.nemesis` while linked contenders keep
+/// cycling: link partitions, delays and resets, server pauses, and crashes with restart
+/// (of a minority of members on clusters and RedLock, of the server otherwise).
+pub async fn nemesis(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    use rand::{rngs::StdRng, Rng, SeedableRng};
+    let name = unique_name("nemesis");
+    let resource = FencedResource::new();
+    let notes = Arc::new(Mutex::new(Vec::new()));
+    let mut clients = Vec::new();
+    let mut links = Vec::new();
+    for _ in 0..3 {
+        let (client, link) = target.linked_client(options(plan.ttl)).await;
+        clients.push(client);
+        links.push(link);
+    }
+    let started = Instant::now();
+    let until = started + plan.nemesis;
+    let contention = tokio::spawn(contend(
+        clients,
+        name.clone(),
+        resource.clone(),
+        until,
+        Arc::clone(&notes),
+    ));
+    let mut rng = StdRng::seed_from_u64(plan.seed);
+    let servers = target.servers();
+    let topology = target.topology();
+    let mut faults: Vec<String> = Vec::new();
+    while Instant::now() + plan.ttl < until {
+        let pause = plan.ttl.mul_f64(rng.random_range(0.2..1.0));
+        sleep(pause).await;
+        let hold = plan.ttl.mul_f64(rng.random_range(0.3..1.6));
+        let link = &links[rng.random_range(0..links.len())];
+        let pick = rng.random_range(0..if servers.is_empty() { 1 } else { 5 });
+        match pick {
+            0 => {
+                faults.push(format!("partition {hold:?}"));
+                link.cut();
+                sleep(hold).await;
+                link.heal();
+            }
+            1 => {
+                faults.push(format!("delay {:?} for {hold:?}", plan.ttl / 2));
+                link.set_mode(ProxyMode::Delay {
+                    base: plan.ttl / 2,
+                    jitter: plan.ttl / 10,
+                });
+                sleep(hold).await;
+                link.heal();
+            }
+            2 => {
+                faults.push("reset".into());
+                link.set_mode(ProxyMode::Reset);
+                link.heal();
+            }
+            3 => {
+                faults.push(format!("pause servers {hold:?}"));
+                servers.iter().for_each(|s| {
+                    let _ = s.pause();
+                });
+                sleep(hold).await;
+                servers.iter().for_each(|s| {
+                    let _ = s.resume();
+                });
+            }
+            _ => {
+                let which: Vec<usize> = match topology {
+                    Topology::Quorum { members } | Topology::Independent { nodes: members } => {
+                        vec![rng.random_range(0..members)]
+                    }
+                    _ => (0..servers.len()).collect(),
+                };
+                faults.push(format!("crash and restart {which:?}"));
+                let note = |text: String| notes.lock().expect("notes").push(text);
+                let wipe = matches!(topology, Topology::Independent { .. });
+                crash_members(&servers, &which, wipe, hold / 4, &note).await;
+            }
+        }
+    }
+    if let Err(err) = contention.await {
+        notes
+            .lock()
+            .expect("notes")
+            .push(format!("contention panicked: {err}"));
+    }
+    links.iter().for_each(Link::heal);
+    let recovery = recover(target, &name, plan).await;
+    let mut notes = notes.lock().expect("notes").clone();
+    notes.push(format!(
+        "seed {}: {} faults in {:?}: {}",
+        plan.seed,
+        faults.len(),
+        started.elapsed(),
+        faults.join(", ")
+    ));
+    report("nemesis", target, &resource, recovery, notes)
 }

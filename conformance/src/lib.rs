@@ -82,6 +82,7 @@ macro_rules! chaos_suite {
             majority_loss,
             redlock_restart_immediate,
             redlock_restart_delayed,
+            nemesis,
         );
     };
     (@scenarios $target:expr; $($scenario:ident),* $(,)?) => {

@@ -1,0 +1,167 @@
+//! Turns the JSON lines the fault scenarios wrote (`CHAOS_REPORT_DIR`) into the
+//! reliability report: `reliability.md` and `reliability.json` in the same directory.
+//!
+//! ```text
+//! chaos_report chaos-report
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+
+use conformance::chaos::{ReportRow, SCENARIOS};
+
+/// Deployments in report order.
+const DEPLOYMENTS: &[&str] = &[
+    "memory",
+    "redis",
+    "redlock-5",
+    "zookeeper",
+    "zookeeper-3",
+    "etcd",
+    "etcd-3",
+];
+
+fn deployment(row: &ReportRow) -> String {
+    let backend = row
+        .target
+        .split([':', ' '])
+        .next()
+        .unwrap_or("?");
+    let clustered = row.topology.starts_with("Quorum");
+    match backend {
+        "redlock" => "redlock-5".to_owned(),
+        "zookeeper" if clustered => "zookeeper-3".to_owned(),
+        "etcd" if clustered => "etcd-3".to_owned(),
+        other => other.to_owned(),
+    }
+}
+
+fn ms(value: Option<f64>) -> String {
+    value.map_or_else(|| "–".to_owned(), |v| format!("{v:.0}"))
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let dir = PathBuf::from(
+        std::env::args()
+            .nth(1)
+            .ok_or("usage: chaos_report DIR (the CHAOS_REPORT_DIR of a chaos run)")?,
+    );
+    let mut rows: Vec<ReportRow> = Vec::new();
+    for entry in std::fs::read_dir(&dir)? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "jsonl") {
+            for line in std::fs::read_to_string(&path)?.lines() {
+                rows.push(serde_json::from_str(line)?);
+            }
+        }
+    }
+    if rows.is_empty() {
+        return Err(format!("no scenario results in {}", dir.display()).into());
+    }
+    let mut cells: BTreeMap<(String, String), Vec<&ReportRow>> = BTreeMap::new();
+    for row in &rows {
+        cells
+            .entry((row.scenario.clone(), deployment(row)))
+            .or_default()
+            .push(row);
+    }
+
+    let mut md = String::new();
+    let _ = writeln!(md, "# distlock reliability report\n");
+    let _ = writeln!(
+        md,
+        "Every scenario ran against real servers with faults injected (fault proxy, SIGKILL, \
+         SIGSTOP, restarts). Each cell: **safe** (no overlapping accepted critical sections, \
+         no lost update), **fenced** (mutual exclusion was lost as the backend documents, the \
+         fence rejected every stale writer), **VIOLATION** (overlapping accepted sections or \
+         lost updates), or – (does not apply). `n×` counts runs.\n"
+    );
+    let _ = write!(md, "| scenario |");
+    for d in DEPLOYMENTS {
+        let _ = write!(md, " {d} |");
+    }
+    let _ = writeln!(md);
+    let _ = writeln!(md, "|---|{}", "---|".repeat(DEPLOYMENTS.len()));
+    for scenario in SCENARIOS {
+        let _ = write!(md, "| {scenario} |");
+        for d in DEPLOYMENTS {
+            let cell = match cells.get(&(scenario.to_string(), d.to_string())) {
+                None => "".to_owned(),
+                Some(runs) if runs.iter().all(|r| !r.ran) => "–".to_owned(),
+                Some(runs) => {
+                    let ran: Vec<&&ReportRow> = runs.iter().filter(|r| r.ran).collect();
+                    let unsafe_runs = ran
+                        .iter()
+                        .filter(|r| r.violations > 0 || r.lost_updates > 0)
+                        .count();
+                    let promised_safe = ran.iter().all(|r| r.expectation == "Safe");
+                    let verdict = match (unsafe_runs, promised_safe) {
+                        (0, _) => "safe",
+                        (_, true) => "VIOLATION",
+                        (_, false) => "fenced",
+                    };
+                    if ran.len() > 1 {
+                        format!("{verdict} ({}×)", ran.len())
+                    } else {
+                        verdict.to_owned()
+                    }
+                }
+            };
+            let _ = write!(md, " {cell} |");
+        }
+        let _ = writeln!(md);
+    }
+
+    let _ = writeln!(md, "\n## Details\n");
+    let _ = writeln!(
+        md,
+        "| scenario | deployment | promise | overlaps | stale writes rejected | lost updates | \
+         writes | lost-signal lead ms | takeover ms | longest gap ms | recovery ms | seed |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for ((scenario, d), runs) in &cells {
+        for r in runs.iter().filter(|r| r.ran) {
+            let promise = if r.expectation == "Safe" {
+                "safe"
+            } else {
+                "fenced only"
+            };
+            let _ = writeln!(
+                md,
+                "| {scenario} | {d} | {promise} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                r.violations,
+                r.stale_rejected,
+                r.lost_updates,
+                r.writes,
+                ms(r.lost_signal_lead_ms),
+                ms(r.takeover_ms),
+                ms(r.longest_gap_ms),
+                ms(r.recovery_ms),
+                r.seed
+            );
+        }
+    }
+    let promises: BTreeMap<(String, String), String> = rows
+        .iter()
+        .filter(|r| r.expectation != "Safe" && r.ran)
+        .map(|r| ((r.scenario.clone(), deployment(r)), r.expectation.clone()))
+        .collect();
+    if !promises.is_empty() {
+        let _ = writeln!(md, "\n## Where a backend promises only fencing\n");
+        for ((scenario, d), why) in promises {
+            let _ = writeln!(md, "- {scenario} on {d}: {why}");
+        }
+    }
+    std::fs::write(dir.join("reliability.md"), &md)?;
+    std::fs::write(
+        dir.join("reliability.json"),
+        serde_json::to_string_pretty(&rows)?,
+    )?;
+    println!("{md}");
+    println!(
+        "Written to {0}/reliability.md and {0}/reliability.json",
+        dir.display()
+    );
+    Ok(())
+}
