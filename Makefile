@@ -18,7 +18,7 @@ test: deps
 demo: deps
 	$(CARGO) build --quiet --release -p examples --bin demo --bin lockbench
 	./target/release/demo
-	./target/release/lockbench --duration 1s --warmup 300ms --clients 8,64 --locks 64 \
+	./target/release/lockbench --duration 1s --warmup 300ms --clients 64 --locks 1,1024 \
 		--held 1000 --takeover-rounds 2 --out lockbench-report
 
 ## Longer seeded fault schedules on every backend, then the reliability report in

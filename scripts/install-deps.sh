@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what distlock's tests and demo need on Debian, only if something is missing:
-# redis-server, ZooKeeper (java), etcd (server and etcdctl) and protoc (etcd client build).
+# redis-server, ZooKeeper (java), etcd (server and etcdctl), protoc (etcd client build),
+# and Curator with a JDK for the ZooKeeper interop test.
 set -euo pipefail
 
 missing=()
@@ -9,9 +10,15 @@ command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 { command -v java >/dev/null 2>&1 && [ -f /usr/share/java/zookeeper.jar ]; } || missing+=(zookeeper)
+# Curator interop test: a Java InterProcessMutex compiled at test time.
+command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
+# TLS tests make throwaway certificates.
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+[ -f /usr/share/java/curator-recipes.jar ] || missing+=(libcurator-recipes-java)
+[ -f /usr/share/java/slf4j-nop.jar ] || missing+=(libslf4j-java)
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: redis-server, zookeeper, etcd, etcdctl and protoc are present"
+  echo "install-deps: redis-server, zookeeper, etcd, etcdctl, protoc, javac and Curator are present"
   exit 0
 fi
 

@@ -23,11 +23,7 @@ const DEPLOYMENTS: &[&str] = &[
 ];
 
 fn deployment(row: &ReportRow) -> String {
-    let backend = row
-        .target
-        .split([':', ' '])
-        .next()
-        .unwrap_or("?");
+    let backend = row.target.split([':', ' ']).next().unwrap_or("?");
     let clustered = row.topology.starts_with("Quorum");
     match backend {
         "redlock" => "redlock-5".to_owned(),

@@ -63,7 +63,7 @@ struct RunArgs {
     #[arg(long, value_delimiter = ',', default_value = "8,64")]
     clients: Vec<usize>,
     /// Lock names of the throughput workload.
-    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    #[arg(long, value_delimiter = ',', default_value = "1,1024")]
     locks: Vec<usize>,
     /// Waiters queued behind the holder in the hand-off workload.
     #[arg(long, default_value_t = 4)]
@@ -203,11 +203,7 @@ async fn measure(target: &Target, args: &RunArgs, plan: Plan, bar: &ProgressBar)
     bar.inc(1);
     for &held in &args.held {
         bar.set_message(format!("{label}: renewal K={held}"));
-        let traffic = target
-            .traffic
-            .as_ref()
-            .map(|t| (t.url.as_str(), t as &dyn workloads::TrafficCounter));
-        match workloads::renewal(target, held, args.renewal_ttl, traffic).await {
+        match workloads::renewal(target, held, args.renewal_ttl).await {
             Ok(row) => out.renewal.push(row),
             Err(e) => note(&format!("renewal K={held}"), e),
         }

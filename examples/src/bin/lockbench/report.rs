@@ -162,7 +162,7 @@ impl Report {
         let _ = writeln!(md, "\n## Renewal: one client holding K locks\n");
         let _ = writeln!(
             md,
-            "| backend | K | TTL | requests per renewal interval | client bytes per held lock | still held |"
+            "| backend | K | TTL | server requests per renewal interval | client bytes per held lock | still held |"
         );
         let _ = writeln!(md, "|---|---|---|---|---|---|");
         for b in &self.backends {

@@ -9,10 +9,8 @@ use std::net::SocketAddr;
 
 use async_trait::async_trait;
 use conformance::harness::{EtcdServer, HarnessError, RedisNodes, RedisServer, ZkServer};
-use conformance::proxy::FaultProxy;
 
 use crate::floors::{EtcdFloor, RedisFloor, ZkFloor};
-use crate::workloads::TrafficCounter;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -47,8 +45,8 @@ pub(crate) struct Target {
     pub(crate) cross_process: bool,
     /// Shortest TTL for the takeover workload.
     pub(crate) takeover_ttl: Duration,
-    /// A path to the servers through counting proxies, for the renewal workload.
-    pub(crate) traffic: Option<Traffic>,
+    /// The servers' request counter, for the renewal workload.
+    pub(crate) requests: Option<Box<dyn RequestCounter>>,
     /// Servers kept alive for the run.
     pub(crate) servers: Vec<Box<dyn Any + Send + Sync>>,
 }
@@ -79,29 +77,112 @@ pub(crate) const BACKENDS: &[&str] = &["memory", "redis", "redlock", "zookeeper"
 /// TTL of the takeover workload on networked backends (etcd leases are whole seconds).
 const TAKEOVER_TTL: Duration = Duration::from_secs(2);
 
-/// A URL whose connections pass through counting proxies, for the renewal workload.
-pub(crate) struct Traffic {
-    pub(crate) url: String,
-    pub(crate) proxies: Vec<FaultProxy>,
+/// Counts the requests a server (or set of servers) has processed, from the server's
+/// own statistics: Redis `INFO stats`, ZooKeeper `mntr`, etcd `/metrics`.
+#[async_trait]
+pub(crate) trait RequestCounter: Send + Sync {
+    /// Requests processed so far, not counting the ones this counter sent.
+    async fn requests(&self) -> Result<u64, BoxError>;
 }
 
-impl TrafficCounter for Traffic {
-    fn requests(&self) -> u64 {
-        self.proxies.iter().map(FaultProxy::client_reads).sum()
+struct RedisCounter {
+    conns: Vec<redis::aio::MultiplexedConnection>,
+}
+
+impl RedisCounter {
+    async fn connect(urls: &[String]) -> Result<Self, BoxError> {
+        let mut conns = Vec::new();
+        for url in urls {
+            conns.push(
+                redis::Client::open(url.as_str())?
+                    .get_multiplexed_async_connection()
+                    .await?,
+            );
+        }
+        Ok(RedisCounter { conns })
     }
 }
 
-async fn proxies(addrs: &[SocketAddr]) -> Result<(Vec<FaultProxy>, Vec<String>), String> {
-    let mut proxies = Vec::new();
-    let mut hosts = Vec::new();
-    for addr in addrs {
-        let proxy = FaultProxy::start(*addr)
-            .await
-            .map_err(|e| format!("cannot start a counting proxy: {e}"))?;
-        hosts.push(proxy.addr().to_string());
-        proxies.push(proxy);
+#[async_trait]
+impl RequestCounter for RedisCounter {
+    async fn requests(&self) -> Result<u64, BoxError> {
+        // Commands a script runs count in the statistics too: count only what clients send
+        // (scripts, and the pings that keep subscriptions alive).
+        let mut total = 0;
+        for conn in &self.conns {
+            let mut conn = conn.clone();
+            let info: String = redis::cmd("INFO")
+                .arg("commandstats")
+                .query_async(&mut conn)
+                .await?;
+            for command in ["evalsha", "eval", "ping"] {
+                let key = format!("cmdstat_{command}:calls=");
+                if let Some(line) = info.lines().find(|l| l.starts_with(&key)) {
+                    let calls = line[key.len()..].split(',').next().unwrap_or("0");
+                    total += calls.parse::<u64>()?;
+                }
+            }
+        }
+        Ok(total)
     }
-    Ok((proxies, hosts))
+}
+
+struct ZkCounter {
+    addr: SocketAddr,
+}
+
+#[async_trait]
+impl RequestCounter for ZkCounter {
+    async fn requests(&self) -> Result<u64, BoxError> {
+        // Four-letter words are not counted as packets.
+        let text = raw_exchange(self.addr, b"mntr").await?;
+        stat(&text, "zk_packets_received")
+    }
+}
+
+struct EtcdCounter {
+    addr: SocketAddr,
+}
+
+#[async_trait]
+impl RequestCounter for EtcdCounter {
+    async fn requests(&self) -> Result<u64, BoxError> {
+        // HTTP requests for /metrics are not gRPC messages, so they are not counted.
+        let text = raw_exchange(self.addr, b"GET /metrics HTTP/1.0\r\n\r\n").await?;
+        let mut total = 0.0;
+        for line in text.lines() {
+            if line.starts_with("grpc_server_msg_received_total{") {
+                if let Some(value) = line.rsplit(' ').next() {
+                    total += value.parse::<f64>()?;
+                }
+            }
+        }
+        // Counters are whole numbers, printed as floats by the metrics library.
+        Ok(format!("{total:.0}").parse()?)
+    }
+}
+
+/// The number after `key` on its line of `text`.
+fn stat(text: &str, key: &str) -> Result<u64, BoxError> {
+    let line = text
+        .lines()
+        .find(|l| l.starts_with(key))
+        .ok_or_else(|| format!("no {key} in server statistics"))?;
+    let value = line[key.len()..].trim_matches(|c: char| c == ':' || c.is_whitespace());
+    Ok(value.parse()?)
+}
+
+/// Sends `request` on a fresh connection and reads until the server closes it.
+async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Result<String, BoxError> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut stream = tokio::net::TcpStream::connect(addr).await?;
+        stream.write_all(request).await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        Ok::<_, std::io::Error>(text)
+    };
+    Ok(tokio::time::timeout(Duration::from_secs(5), exchange).await??)
 }
 
 fn harness(err: HarnessError) -> String {
@@ -110,13 +191,16 @@ fn harness(err: HarnessError) -> String {
 
 /// Starts what `backend` needs on this machine, or says why it cannot.
 pub(crate) async fn start(backend: &str) -> Result<Target, String> {
-    let networked = |label: &str, url: String, floor: Arc<dyn RawFloor>, traffic: Traffic| Target {
+    let networked = |label: &str,
+                     url: String,
+                     floor: Arc<dyn RawFloor>,
+                     requests: Box<dyn RequestCounter>| Target {
         label: label.into(),
         url,
         floor: Some(floor),
         cross_process: true,
         takeover_ttl: TAKEOVER_TTL,
-        traffic: Some(traffic),
+        requests: Some(requests),
         servers: Vec::new(),
     };
     let floor_err = |e: BoxError| format!("raw floor client failed: {e}");
@@ -137,7 +221,7 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             floor: None,
             cross_process: false,
             takeover_ttl: Duration::from_secs(1),
-            traffic: None,
+            requests: None,
             servers: Vec::new(),
         }),
         "redis" => {
@@ -145,12 +229,10 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let floor = RedisFloor::connect(&server.url())
                 .await
                 .map_err(floor_err)?;
-            let (proxies, hosts) = proxies(&[server.addr()]).await?;
-            let traffic = Traffic {
-                url: format!("redis://{}", hosts.join(",")),
-                proxies,
-            };
-            let mut target = networked("redis", server.url(), Arc::new(floor), traffic);
+            let counter = RedisCounter::connect(&[server.url()])
+                .await
+                .map_err(floor_err)?;
+            let mut target = networked("redis", server.url(), Arc::new(floor), Box::new(counter));
             target.servers.push(Box::new(server));
             Ok(target)
         }
@@ -160,14 +242,11 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             for url in nodes.urls() {
                 floors.push(RedisFloor::connect(&url).await.map_err(floor_err)?);
             }
-            let addrs: Vec<SocketAddr> = nodes.members().iter().map(RedisServer::addr).collect();
-            let (proxies, hosts) = proxies(&addrs).await?;
-            let traffic = Traffic {
-                url: format!("redlock://{}", hosts.join(",")),
-                proxies,
-            };
+            let counter = RedisCounter::connect(&nodes.urls())
+                .await
+                .map_err(floor_err)?;
             let floor = Arc::new(QuorumFloor { nodes: floors });
-            let mut target = networked("redlock-5", nodes.url(), floor, traffic);
+            let mut target = networked("redlock-5", nodes.url(), floor, Box::new(counter));
             target.servers.push(Box::new(nodes));
             Ok(target)
         }
@@ -176,13 +255,11 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let floor = ZkFloor::connect(&server.connect_string())
                 .await
                 .map_err(floor_err)?;
-            let (proxies, hosts) = proxies(&[server.addr()]).await?;
-            let traffic = Traffic {
-                url: format!("zk://{}/lockbench", hosts.join(",")),
-                proxies,
+            let counter = ZkCounter {
+                addr: server.addr(),
             };
             let url = format!("{}/lockbench", server.url());
-            let mut target = networked("zookeeper", url, Arc::new(floor), traffic);
+            let mut target = networked("zookeeper", url, Arc::new(floor), Box::new(counter));
             target.servers.push(Box::new(server));
             Ok(target)
         }
@@ -191,13 +268,11 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let floor = EtcdFloor::connect(&[server.endpoint()])
                 .await
                 .map_err(floor_err)?;
-            let (proxies, hosts) = proxies(&[server.addr()]).await?;
-            let traffic = Traffic {
-                url: format!("etcd://{}/lockbench", hosts.join(",")),
-                proxies,
+            let counter = EtcdCounter {
+                addr: server.addr(),
             };
             let url = format!("{}/lockbench", server.url());
-            let mut target = networked("etcd", url, Arc::new(floor), traffic);
+            let mut target = networked("etcd", url, Arc::new(floor), Box::new(counter));
             target.servers.push(Box::new(server));
             Ok(target)
         }

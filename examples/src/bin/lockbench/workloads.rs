@@ -282,24 +282,14 @@ pub(crate) struct RenewalRow {
     pub(crate) still_held: usize,
 }
 
-/// Counts requests a client sends (through a counting proxy in front of the server).
-pub(crate) trait TrafficCounter: Send + Sync {
-    /// Requests sent so far.
-    fn requests(&self) -> u64;
-}
-
 /// Workload 5: one client holds `locks` locks through several renewal intervals.
 pub(crate) async fn renewal(
     target: &Target,
     locks: usize,
     ttl: Duration,
-    traffic: Option<(&str, &dyn TrafficCounter)>,
 ) -> Result<RenewalRow, BoxError> {
     let query = format!("ttl={}", lock_core::format_duration(ttl));
-    let url = match traffic {
-        Some((url, _)) => format!("{url}?{query}"),
-        None => target.url_with(&query),
-    };
+    let url = target.url_with(&query);
     let client = lock_core::connect(&url).await?;
     let base = bench_name("renewal");
     let rss_before = resident_bytes();
@@ -315,11 +305,18 @@ pub(crate) async fn renewal(
     // Let the acquisitions' traffic settle, then count over whole renewal intervals.
     sleep(interval).await;
     let intervals = 3u32;
-    let before = traffic.map(|(_, c)| c.requests());
+    let before = match &target.requests {
+        Some(counter) => Some(counter.requests().await?),
+        None => None,
+    };
     sleep(interval * intervals).await;
-    let requests_per_interval = traffic
-        .zip(before)
-        .map(|((_, c), before)| (c.requests() - before) as f64 / f64::from(intervals));
+    let requests_per_interval = match (&target.requests, before) {
+        (Some(counter), Some(before)) => {
+            let after = counter.requests().await?;
+            Some(after.saturating_sub(before) as f64 / f64::from(intervals))
+        }
+        _ => None,
+    };
     let still_held = guards.iter().filter(|g| g.is_held()).count();
     for outcome in join_all(guards.into_iter().map(|g| g.release())).await {
         outcome?;
