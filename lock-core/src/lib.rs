@@ -22,7 +22,7 @@ pub use lock::{DistributedLock, DistributedLockExt};
 pub use lock_url::{HostPort, LockUrl};
 pub use name::{escape, escape_where, LockName, MAX_NAME_BYTES};
 pub use options::{
-    format_duration, parse_duration, AcquireOptions, LockOptions, RenewalMode, Wait,
+    duration_text, format_duration, parse_duration, AcquireOptions, LockOptions, RenewalMode, Wait,
     DEFAULT_RECHECK, DEFAULT_REQUEST_TIMEOUT, DEFAULT_TTL, MAX_DURATION,
 };
 pub use registry::{connect, registry, ConnectFuture, Connector, Registry};

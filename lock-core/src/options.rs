@@ -38,19 +38,19 @@ pub enum RenewalMode {
 pub struct LockOptions {
     /// Server-side lease of each hold \[`ttl`\]. Default 30 s. On ZooKeeper the
     /// session timeout plays this role; on etcd, the client's lease TTL.
-    #[serde(with = "duration_text")]
+    #[serde(with = "crate::options::duration_text")]
     pub ttl: Duration,
     /// Renewal policy \[`renewal=auto|manual`\]. Default [`RenewalMode::Auto`].
     pub renewal: RenewalMode,
     /// Cap on the total time a hold is renewed \[`max_hold`\]. Default: none.
-    #[serde(with = "duration_text::option")]
+    #[serde(with = "crate::options::duration_text::option")]
     pub max_hold: Option<Duration>,
     /// Deadline of each network call \[`request_timeout`\]. Default 5 s.
-    #[serde(with = "duration_text")]
+    #[serde(with = "crate::options::duration_text")]
     pub request_timeout: Duration,
     /// Longest a waiter sleeps before re-checking, since pushes can be missed
     /// \[`recheck`\]. Default 1 s.
-    #[serde(with = "duration_text")]
+    #[serde(with = "crate::options::duration_text")]
     pub recheck: Duration,
 }
 
@@ -161,36 +161,50 @@ pub fn format_duration(value: Duration) -> String {
     }
 }
 
-mod duration_text {
+/// Serde helpers that read and write durations as text (`250ms`, `30s`, `2m`), for
+/// `#[serde(with = "lock_core::duration_text")]` (and `…::option` for `Option<Duration>`).
+pub mod duration_text {
     use std::time::Duration;
 
     use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
 
-    pub(super) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    /// Writes `value` as text.
+    ///
+    /// # Errors
+    /// Whatever the serializer reports.
+    pub fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_str(&super::format_duration(*value))
     }
 
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+    /// Reads a duration from text.
+    ///
+    /// # Errors
+    /// When the text is not a duration.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
         let text = String::deserialize(d)?;
         super::parse_duration("duration", &text).map_err(D::Error::custom)
     }
 
-    pub(super) mod option {
+    /// The same for `Option<Duration>`.
+    pub mod option {
         use super::*;
 
-        pub(in super::super) fn serialize<S: Serializer>(
-            value: &Option<Duration>,
-            s: S,
-        ) -> Result<S::Ok, S::Error> {
+        /// Writes `value` as text, or none.
+        ///
+        /// # Errors
+        /// Whatever the serializer reports.
+        pub fn serialize<S: Serializer>(value: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
             match value {
                 Some(v) => s.serialize_some(&crate::options::format_duration(*v)),
                 None => s.serialize_none(),
             }
         }
 
-        pub(in super::super) fn deserialize<'de, D: Deserializer<'de>>(
-            d: D,
-        ) -> Result<Option<Duration>, D::Error> {
+        /// Reads an optional duration from text.
+        ///
+        /// # Errors
+        /// When the text is not a duration.
+        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
             Option::<String>::deserialize(d)?
                 .map(|text| {
                     crate::options::parse_duration("duration", &text).map_err(D::Error::custom)

@@ -90,7 +90,7 @@ pub struct RedisConfig {
     /// as failed \[`node_timeout`\]. Default: TTL / 10, at least 50 ms and at most the
     /// request timeout. A slow server costs this much only when no majority answered
     /// sooner: the outcome is taken as soon as a majority granted.
-    #[serde(with = "duration_text::option")]
+    #[serde(with = "lock_core::duration_text::option")]
     pub node_timeout: Option<Duration>,
     /// Client-wide lock options (TTL, renewal, timeouts). Query keys `ttl`, `renewal`,
     /// `max_hold`, `request_timeout`, `recheck`.
@@ -304,32 +304,6 @@ fn parse_bool(key: &str, value: &str) -> Result<bool> {
         _ => Err(Error::config(format!(
             "{key} must be true or false, not {value:?}"
         ))),
-    }
-}
-
-mod duration_text {
-    pub(super) mod option {
-        use std::time::Duration;
-
-        use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
-
-        pub(in super::super) fn serialize<S: Serializer>(
-            value: &Option<Duration>,
-            s: S,
-        ) -> Result<S::Ok, S::Error> {
-            match value {
-                Some(v) => s.serialize_some(&lock_core::format_duration(*v)),
-                None => s.serialize_none(),
-            }
-        }
-
-        pub(in super::super) fn deserialize<'de, D: Deserializer<'de>>(
-            d: D,
-        ) -> Result<Option<Duration>, D::Error> {
-            Option::<String>::deserialize(d)?
-                .map(|text| lock_core::parse_duration("duration", &text).map_err(D::Error::custom))
-                .transpose()
-        }
     }
 }
 

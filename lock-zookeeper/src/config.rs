@@ -52,7 +52,7 @@ pub struct ZkConfig {
     /// ACL of created nodes. Default [`ZkAcl::Open`].
     pub acl: ZkAcl,
     /// Bound on establishing (or re-establishing) a session. Default 10 s.
-    #[serde(with = "duration_text")]
+    #[serde(with = "lock_core::duration_text")]
     pub connect_timeout: Duration,
     /// Lock options; `ttl` is the requested session timeout.
     pub options: LockOptions,
@@ -243,21 +243,6 @@ pub(crate) fn forbidden_in_path(c: char) -> bool {
     c.is_control()
         || ('\u{E000}'..='\u{F8FF}').contains(&c)
         || ('\u{FFF0}'..='\u{FFFF}').contains(&c)
-}
-
-mod duration_text {
-    use std::time::Duration;
-
-    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&lock_core::format_duration(*value))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        lock_core::parse_duration("duration", &text).map_err(D::Error::custom)
-    }
 }
 
 #[cfg(test)]
