@@ -51,3 +51,27 @@ pub trait Factory: Send + Sync {
     /// leases), described for a failure message. Empty when nothing is left.
     async fn leftovers(&self, names: &[LockName]) -> Vec<String>;
 }
+
+/// What the suite macros accept from a factory expression: a factory, or `None` when
+/// its server could not be started because a binary is missing and strict mode is off
+/// (the harness has said so loudly; see [`crate::harness::or_skip`]).
+pub trait StartedFactory {
+    /// The factory type.
+    type Factory;
+    /// The factory, or `None` to skip the test.
+    fn started(self) -> Option<Self::Factory>;
+}
+
+impl<F: Factory> StartedFactory for F {
+    type Factory = F;
+    fn started(self) -> Option<F> {
+        Some(self)
+    }
+}
+
+impl<F: Factory> StartedFactory for Option<F> {
+    type Factory = F;
+    fn started(self) -> Option<F> {
+        self
+    }
+}
