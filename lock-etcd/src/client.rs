@@ -8,8 +8,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use etcd_client::{
-    Certificate, Client, ConnectOptions, Identity, LeaseKeepAliveStream, LeaseKeeper, TlsOptions,
-    Txn, TxnResponse, WatchFilterType, WatchOptions, WatchStream,
+    Certificate, Client, ConnectOptions, Identity, LeaseKeepAliveStream, LeaseKeeper,
+    LeaseTimeToLiveOptions, LeaseTimeToLiveResponse, TlsOptions, Txn, TxnResponse, WatchFilterType,
+    WatchOptions, WatchStream,
 };
 use lock_core::{Error, Result};
 use tokio::sync::OnceCell;
@@ -187,6 +188,28 @@ impl EtcdClient {
         .map(drop)
     }
 
+    /// The keys attached to lease `id`: one `LeaseTimeToLive` request with `keys`, answered
+    /// by the leader (a follower forwards it), whatever the number of keys. It does not
+    /// renew the lease.
+    pub(crate) async fn lease_keys(&self, id: i64) -> Result<LeaseKeys> {
+        self.call(
+            "listing the keys of the session lease",
+            |client| async move {
+                let options = LeaseTimeToLiveOptions::new().with_keys();
+                match client.lease_client().time_to_live(id, Some(options)).await {
+                    // etcd answers TTL -1 for a lease it does not know (older versions
+                    // answered "lease not found").
+                    Ok(answer) if answer.ttl() < 0 => Ok(LeaseKeys::Gone),
+                    Ok(answer) => Ok(LeaseKeys::Attached(answer)),
+                    Err(err) if is_lease_not_found(&err) => Ok(LeaseKeys::Gone),
+                    Err(err) if is_too_large(&err) => Ok(LeaseKeys::TooLarge),
+                    Err(err) => Err(err),
+                }
+            },
+        )
+        .await
+    }
+
     /// Opens a keep-alive stream for lease `id`; this sends the first keep-alive and
     /// waits for its answer (which renews the lease).
     pub(crate) async fn open_keep_alive(
@@ -225,6 +248,22 @@ impl EtcdClient {
         })
         .await
     }
+}
+
+/// What a query of the keys attached to a lease found.
+#[derive(Debug)]
+pub(crate) enum LeaseKeys {
+    /// The lease lives; the answer lists the keys attached to it.
+    Attached(LeaseTimeToLiveResponse),
+    /// The lease does not exist (expired or revoked).
+    Gone,
+    /// The answer is larger than the client accepts (gRPC's 4 MiB default): too many keys.
+    TooLarge,
+}
+
+/// True when an answer was refused for its size (the client's decoding limit).
+fn is_too_large(err: &etcd_client::Error) -> bool {
+    matches!(err, etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::OutOfRange)
 }
 
 /// Why a keep-alive stream could not be opened.

@@ -1,14 +1,15 @@
 //! The lock protocol: the layout of the Go client's `concurrency.Mutex`, acquire by one
 //! transaction, waiting on the predecessor's delete, owner-checked release, and the
-//! batched renewal check.
+//! renewal check (one list of the lease's keys, whatever the number of holds).
 //!
 //! A lock `NAME` is the key range `<prefix>/<NAME>/` ([`EtcdConfig::lock_prefix`]). Each
 //! contender puts `<prefix>/<NAME>/<lease id in hex>` attached to its client's lease;
 //! the holder is the key with the lowest create revision, the rest queue in create
 //! revision order (FIFO). The create revision of the holder's key is its fencing token.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -28,7 +29,7 @@ use lock_core::{
 use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::{sleep_until, Instant};
 
-use crate::client::EtcdClient;
+use crate::client::{EtcdClient, LeaseKeys};
 use crate::config::{lock_prefix, EtcdConfig};
 use crate::error::{unexpected, BACKEND};
 use crate::lease::{KeepAlive, Lease, Session};
@@ -50,6 +51,9 @@ pub struct EtcdBackend {
     label: String,
     recheck: Duration,
     permits: Arc<Permits>,
+    /// How many holds the renewal checked when the lease's key list last did not fit
+    /// one answer (0: it fits).
+    keys_overflow: AtomicUsize,
 }
 
 impl EtcdBackend {
@@ -68,6 +72,7 @@ impl EtcdBackend {
             prefix: config.prefix.clone(),
             recheck: config.options.recheck,
             permits: Arc::new(Permits::default()),
+            keys_overflow: AtomicUsize::new(0),
         };
         LeaseClient::new(backend, config.options)
     }
@@ -244,16 +249,80 @@ impl EtcdBackend {
         }
     }
 
-    /// Checks that every hold's key still exists with its create revision: one
-    /// transaction of compares per [`MAX_TXN_OPS`] holds, all in flight at once.
-    async fn check_holds(&self, holds: &[&EtcdHold]) -> Result<Vec<Option<LostReason>>> {
-        let checks = holds.chunks(MAX_TXN_OPS).map(|chunk| async move {
+    /// Which `holds` (all on lease `lease`) are no longer ours; `None` when the lease
+    /// itself is gone on the server.
+    ///
+    /// ONE `LeaseTimeToLive` request lists every key attached to the lease: a hold whose
+    /// key is in the list is ours (its key is `<range><lease hex>`, put only by this
+    /// client under this lease, and one name's acquisitions take turns in the client,
+    /// so a key on our lease is the current hold's). A key missing from the list is
+    /// confirmed by a linearizable read before its hold is declared lost, since the
+    /// list is the leader's view of the lease and may lag a write just served by another
+    /// member; in the steady state that costs nothing. When the list is too large for
+    /// one answer, every hold is checked by reads ([`EtcdBackend::compare_holds`]).
+    async fn check_holds(
+        &self,
+        lease: i64,
+        holds: &[&EtcdHold],
+    ) -> Result<Option<Vec<Option<LostReason>>>> {
+        let overflowed_at = self.keys_overflow.load(Ordering::Relaxed);
+        if overflowed_at != 0 && holds.len().saturating_mul(2) > overflowed_at {
+            // The list overflowed with about this many holds: do not fetch it again.
+            return self.compare_holds(lease, holds).await.map(Some);
+        }
+        let attached = match self.client.lease_keys(lease).await? {
+            LeaseKeys::Gone => return Ok(None),
+            LeaseKeys::TooLarge => {
+                tracing::debug!(
+                    holds = holds.len(),
+                    "the keys of the session lease do not fit one answer; checking holds by reads"
+                );
+                self.keys_overflow
+                    .store(holds.len().max(1), Ordering::Relaxed);
+                return self.compare_holds(lease, holds).await.map(Some);
+            }
+            LeaseKeys::Attached(answer) => answer,
+        };
+        self.keys_overflow.store(0, Ordering::Relaxed);
+        let listed: HashSet<&[u8]> = attached.keys().iter().map(Vec::as_slice).collect();
+        let missing: Vec<usize> = holds
+            .iter()
+            .enumerate()
+            .filter(|(_, hold)| !listed.contains(hold.key.as_bytes()))
+            .map(|(i, _)| i)
+            .collect();
+        let mut verdicts = vec![None; holds.len()];
+        if missing.is_empty() {
+            return Ok(Some(verdicts));
+        }
+        let suspects: Vec<&EtcdHold> = missing.iter().map(|&i| holds[i]).collect();
+        let confirmed = self.compare_holds(lease, &suspects).await?;
+        for (i, verdict) in missing.into_iter().zip(confirmed) {
+            verdicts[i] = verdict;
+        }
+        Ok(Some(verdicts))
+    }
+
+    /// Checks by linearizable reads that every hold's key still exists with its create
+    /// revision on lease `lease`: one transaction per [`MAX_TXN_OPS`] compares (two per
+    /// hold), all in flight at once.
+    async fn compare_holds(
+        &self,
+        lease: i64,
+        holds: &[&EtcdHold],
+    ) -> Result<Vec<Option<LostReason>>> {
+        let checks = holds.chunks(MAX_TXN_OPS / 2).map(|chunk| async move {
             const WHAT: &str = "checking held keys";
             let txn = Txn::new()
                 .when(
                     chunk
                         .iter()
-                        .map(|h| Compare::create_revision(&*h.key, CompareOp::Equal, h.revision))
+                        .flat_map(|h| {
+                            [
+                                Compare::create_revision(&*h.key, CompareOp::Equal, h.revision),
+                                Compare::lease(&*h.key, CompareOp::Equal, lease),
+                            ]
+                        })
                         .collect::<Vec<_>>(),
                 )
                 .or_else(
@@ -275,7 +344,10 @@ impl EtcdBackend {
                 .zip(&ops)
                 .map(|(hold, op)| match first_kv(op) {
                     None => Some(LostReason::Vanished),
-                    Some(kv) if kv.create_revision() != hold.revision => Some(LostReason::Taken),
+                    // Recreated, or rewritten off our lease: not this hold's key any more.
+                    Some(kv) if kv.create_revision() != hold.revision || kv.lease() != lease => {
+                        Some(LostReason::Taken)
+                    }
                     Some(_) => None,
                 })
                 .collect())
@@ -559,35 +631,46 @@ impl Backend for EtcdBackend {
         let Some(current) = current.filter(|_| !live.is_empty()) else {
             return Ok(outcomes);
         };
-        // One keep-alive for the client's lease (shared with concurrent users), and one
-        // check that every key is still ours: a keep-alive success alone proves nothing
-        // about keys deleted behind our back.
+        // Two requests whatever the number of holds: one keep-alive for the client's
+        // lease (shared with concurrent users; a lease time-to-live query does not renew
+        // it), and one list of the keys still attached to the lease, since a keep-alive
+        // success alone proves nothing about keys deleted behind our back.
         let holds: Vec<&EtcdHold> = live.iter().map(|(_, hold)| *hold).collect();
         let (kept, checked) = futures::join!(
             self.session.keep_alive(current.id, current.ttl / 6),
-            self.check_holds(&holds)
+            self.check_holds(current.id, &holds)
         );
-        match kept? {
-            KeepAlive::Gone => {
+        let (lease, verdicts) = match (kept, checked) {
+            (_, Ok(None)) => {
+                // The server does not know the lease (expired, or revoked behind our
+                // back): every hold on it is lost, whatever the keep-alive got.
+                self.session.expire(current.id);
                 for (_, hold) in &live {
                     hold.drop_permit();
                 }
+                return Ok(outcomes);
             }
-            KeepAlive::Alive(lease) => {
-                let remaining = lease
-                    .valid_until()
-                    .saturating_duration_since(started)
-                    .min(lease.ttl);
-                for ((i, hold), lost) in live.iter().zip(checked?) {
-                    outcomes[*i] = match lost {
-                        None => RenewOutcome::Renewed { lease: remaining },
-                        Some(reason) => RenewOutcome::Lost(reason),
-                    };
-                    if lost.is_some() {
-                        hold.drop_permit();
-                    }
+            (Ok(KeepAlive::Gone), _) => {
+                for (_, hold) in &live {
+                    hold.drop_permit();
                 }
+                return Ok(outcomes);
             }
+            (Err(err), _) | (_, Err(err)) => return Err(err),
+            (Ok(KeepAlive::Alive(lease)), Ok(Some(verdicts))) => (lease, verdicts),
+        };
+        let remaining = lease
+            .valid_until()
+            .saturating_duration_since(started)
+            .min(lease.ttl);
+        for ((i, hold), lost) in live.iter().zip(verdicts) {
+            outcomes[*i] = match lost {
+                None => RenewOutcome::Renewed { lease: remaining },
+                Some(reason) => {
+                    hold.drop_permit();
+                    RenewOutcome::Lost(reason)
+                }
+            };
         }
         Ok(outcomes)
     }

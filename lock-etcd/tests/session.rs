@@ -3,14 +3,18 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{client, keys_under, raw_client, single, with_ttl, PREFIX};
 use conformance::FencedResource;
 use etcd_client::LeaseTimeToLiveOptions;
+use futures::future::join_all;
 use lock_core::{DistributedLockExt, ErrorKind, LockName, LostReason, ReleaseOutcome};
 use lock_etcd::EtcdConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
 use tokio::time::{sleep, timeout, Instant};
 
 fn range(name: &str) -> String {
@@ -297,4 +301,133 @@ async fn a_waiter_keeps_its_lease_alive_while_it_queues() {
         ReleaseOutcome::Released
     );
     drop(waiter);
+}
+
+/// gRPC messages the member at `addr` has received so far, from its `/metrics` (the
+/// HTTP request for them is not a gRPC message, so it does not count itself).
+async fn grpc_messages_received(addr: SocketAddr) -> u64 {
+    let exchange = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await?;
+        Ok::<_, std::io::Error>(text)
+    };
+    let text = timeout(Duration::from_secs(5), exchange)
+        .await
+        .expect("metrics answer in time")
+        .expect("metrics read");
+    let total: f64 = text
+        .lines()
+        .filter(|line| line.starts_with("grpc_server_msg_received_total{"))
+        .map(|line| {
+            line.rsplit(' ')
+                .next()
+                .and_then(|value| value.parse::<f64>().ok())
+                .expect("a counter value")
+        })
+        .sum();
+    assert!(
+        text.contains("grpc_server_msg_received_total{"),
+        "no gRPC counters in /metrics"
+    );
+    format!("{total:.0}").parse().expect("a whole number")
+}
+
+/// Requests one client sends per renewal interval while it holds `locks` locks (and
+/// nothing else talks to the member), after the acquisitions' traffic has settled.
+async fn renewal_requests(addr: SocketAddr, locks: usize, ttl: Duration, intervals: u32) -> u64 {
+    let client = client(&[addr], with_ttl(ttl)).await;
+    let names: Vec<String> = (0..locks).map(|i| format!("renew-cost/{i}")).collect();
+    let guards: Vec<_> = join_all(names.iter().map(|name| client.lock(name)))
+        .await
+        .into_iter()
+        .map(|guard| guard.expect("acquire"))
+        .collect();
+    let interval = ttl / 3;
+    sleep(interval * 2).await;
+    let before = grpc_messages_received(addr).await;
+    sleep(interval * intervals).await;
+    let after = grpc_messages_received(addr).await;
+    assert!(
+        guards.iter().all(|guard| guard.is_held()),
+        "renewal keeps every lock held"
+    );
+    for outcome in join_all(guards.into_iter().map(|guard| guard.release())).await {
+        assert_eq!(outcome.expect("release"), ReleaseOutcome::Released);
+    }
+    drop(client);
+    after - before
+}
+
+/// Renewal costs O(1) requests per interval however many locks the client holds: one
+/// keep-alive and one lease time-to-live query (DESIGN rule 4).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_requests_do_not_grow_with_the_number_of_locks() {
+    let server = single().await;
+    let ttl = Duration::from_secs(3);
+    let intervals = 6;
+    let few = renewal_requests(server.addr(), 10, ttl, intervals).await;
+    let many = renewal_requests(server.addr(), 300, ttl, intervals).await;
+    eprintln!(
+        "requests in {intervals} renewal intervals: {few} holding 10 locks, {many} holding 300"
+    );
+    let most = 3 * u64::from(intervals);
+    assert!(
+        few <= most,
+        "{few} requests in {intervals} intervals holding 10 locks"
+    );
+    assert!(
+        many <= most,
+        "{many} requests in {intervals} intervals holding 300 locks"
+    );
+    assert!(
+        many <= few + 4,
+        "renewal traffic grows with the lock count: {few} requests for 10 locks, {many} for 300"
+    );
+}
+
+/// When the lease's key list does not fit one answer (gRPC's 4 MiB limit: here 3000
+/// holds of ~1.5 KB keys), renewal checks the holds by reads instead: every hold stays
+/// held, and a key deleted behind the client's back still ends its hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_checks_by_reads_when_the_key_list_is_too_large() {
+    const LOCKS: usize = 3000;
+    common::trace();
+    let server = single().await;
+    let admin = raw_client(&[server.addr()]).await;
+    let ttl = Duration::from_secs(6);
+    let locks = client(&[server.addr()], with_ttl(ttl)).await;
+    // `/` is escaped to `%2F`: a 512-byte name makes a ~1.5 KB key.
+    let names: Vec<String> = (0..LOCKS)
+        .map(|i| format!("{}{i:06}", "/".repeat(506)))
+        .collect();
+    let mut guards = Vec::with_capacity(LOCKS);
+    for chunk in names.chunks(200) {
+        for guard in join_all(chunk.iter().map(|name| locks.lock(name))).await {
+            guards.push(guard.expect("acquire"));
+        }
+    }
+    let lease = locks.backend().lease_id().expect("a live lease");
+    let listed = admin
+        .lease_client()
+        .time_to_live(lease, Some(LeaseTimeToLiveOptions::new().with_keys()))
+        .await;
+    let err =
+        listed.expect_err("the key list must not fit one answer for this test to mean anything");
+    assert!(err.to_string().contains("too large"), "{err}");
+    let stolen = format!("{}{lease:x}", range(&names[0]));
+    let deleted = admin
+        .kv_client()
+        .delete(stolen.as_str(), None)
+        .await
+        .expect("delete a held key");
+    assert_eq!(deleted.deleted(), 1, "{stolen} was held");
+    let reason = timeout(ttl, guards[0].lost())
+        .await
+        .expect("the hold whose key vanished is lost within the renewal interval");
+    assert_eq!(reason, LostReason::Vanished);
+    sleep(ttl / 3).await;
+    let held = guards.iter().filter(|guard| guard.is_held()).count();
+    assert_eq!(held, LOCKS - 1, "every other hold is renewed");
 }
