@@ -38,7 +38,9 @@ async fn lead_with_first_member(cluster: &EtcdCluster) -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_keeps_the_lock() {
     trace();
-    let cluster = cluster().await;
+    let Some(cluster) = cluster().await else {
+        return;
+    };
     let addrs: Vec<_> = cluster.members().iter().map(|m| m.addr()).collect();
     // Generous against a slow election on a loaded machine: the hold must survive as
     // long as a leader is back within two thirds of the TTL.
@@ -113,7 +115,9 @@ async fn leader_kill_keeps_the_lock() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn majority_loss_is_unavailable_never_a_double_grant() {
     trace();
-    let cluster = cluster().await;
+    let Some(cluster) = cluster().await else {
+        return;
+    };
     let addrs: Vec<_> = cluster.members().iter().map(|m| m.addr()).collect();
     let ttl = Duration::from_secs(2);
     let holder = client(&addrs, with_ttl(ttl)).await;
@@ -188,7 +192,9 @@ async fn majority_loss_is_unavailable_never_a_double_grant() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_rides_out_a_leader_election() {
     trace();
-    let cluster = cluster().await;
+    let Some(cluster) = cluster().await else {
+        return;
+    };
     let addrs: Vec<_> = cluster.members().iter().map(|m| m.addr()).collect();
     let ttl = Duration::from_secs(5);
     let holder = client(&addrs, with_ttl(ttl)).await;

@@ -28,7 +28,9 @@ fn range(name: &str) -> String {
 /// closing the client revokes the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_lease_per_client_and_the_mutex_layout() {
-    let server = single().await;
+    let Some(server) = single().await else {
+        return;
+    };
     let admin = raw_client(&[server.addr()]).await;
     let locks = client(&[server.addr()], with_ttl(Duration::from_secs(5))).await;
     let names = ["layout/a", "layout/b", "plain"];
@@ -88,7 +90,9 @@ async fn one_lease_per_client_and_the_mutex_layout() {
 /// the client: mutual exclusion holds across tasks of one client and another client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_name_on_one_client_takes_turns() {
-    let server = single().await;
+    let Some(server) = single().await else {
+        return;
+    };
     let shared = client(&[server.addr()], with_ttl(Duration::from_secs(5))).await;
     let other = client(&[server.addr()], with_ttl(Duration::from_secs(5))).await;
     let resource = FencedResource::new();
@@ -146,7 +150,9 @@ async fn one_name_on_one_client_takes_turns() {
 /// waiting forever on a key that no longer queues it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_key_vanishes_stops() {
-    let server = single().await;
+    let Some(server) = single().await else {
+        return;
+    };
     let admin = raw_client(&[server.addr()]).await;
     let holder = client(&[server.addr()], with_ttl(Duration::from_secs(5))).await;
     let mut options = with_ttl(Duration::from_secs(5));
@@ -186,7 +192,9 @@ async fn a_waiter_whose_key_vanishes_stops() {
 /// key gone) within the renewal interval; the next acquire gets a new lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_revoked_lease_ends_every_hold_and_a_new_one_follows() {
-    let server = single().await;
+    let Some(server) = single().await else {
+        return;
+    };
     let admin = raw_client(&[server.addr()]).await;
     let ttl = Duration::from_secs(3);
     let locks = client(&[server.addr()], with_ttl(ttl)).await;
@@ -225,7 +233,9 @@ async fn a_revoked_lease_ends_every_hold_and_a_new_one_follows() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authentication_from_the_url() {
     const PASSWORD: &str = "s3cret-pw";
-    let server = single().await;
+    let Some(server) = single().await else {
+        return;
+    };
     let admin = raw_client(&[server.addr()]).await;
     {
         let mut auth = admin.auth_client();
@@ -271,7 +281,9 @@ async fn authentication_from_the_url() {
 /// watchdog would renew), so its place in the queue survives and it gets the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_keeps_its_lease_alive_while_it_queues() {
-    let server = single().await;
+    let Some(server) = single().await else {
+        return;
+    };
     let ttl = Duration::from_secs(1);
     let holder = client(&[server.addr()], with_ttl(ttl)).await;
     let mut options = with_ttl(ttl);
@@ -364,7 +376,9 @@ async fn renewal_requests(addr: SocketAddr, locks: usize, ttl: Duration, interva
 /// keep-alive and one lease time-to-live query (DESIGN rule 4).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn renewal_requests_do_not_grow_with_the_number_of_locks() {
-    let server = single().await;
+    let Some(server) = single().await else {
+        return;
+    };
     let ttl = Duration::from_secs(3);
     let intervals = 6;
     let few = renewal_requests(server.addr(), 10, ttl, intervals).await;
@@ -394,7 +408,9 @@ async fn renewal_requests_do_not_grow_with_the_number_of_locks() {
 async fn renewal_checks_by_reads_when_the_key_list_is_too_large() {
     const LOCKS: usize = 3000;
     common::trace();
-    let server = single().await;
+    let Some(server) = single().await else {
+        return;
+    };
     let admin = raw_client(&[server.addr()]).await;
     let ttl = Duration::from_secs(6);
     let locks = client(&[server.addr()], with_ttl(ttl)).await;
