@@ -74,7 +74,6 @@ pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
     pub(crate) renew: Script,
-    pub(crate) fence_read: Script,
     pub(crate) fence_write: Script,
 }
 
@@ -84,7 +83,6 @@ impl Scripts {
             acquire: Script::new(include_str!("scripts/acquire.lua")),
             release: Script::new(include_str!("scripts/release.lua")),
             renew: Script::new(include_str!("scripts/renew.lua")),
-            fence_read: Script::new(include_str!("scripts/fence_read.lua")),
             fence_write: Script::new(include_str!("scripts/fence_write.lua")),
         }
     }
@@ -398,8 +396,25 @@ impl Inner {
         Ok(Attempt::Held(pttl_wait(value)))
     }
 
-    /// One RedLock round: take the lock on a majority within the validity, then take a
-    /// fencing token through a majority; on failure undo everything before returning.
+    /// One RedLock round, in two parallel round trips:
+    /// 1. acquire on every server; each reply also carries that server's fencing
+    ///    counter, read in the same atomic script as the `SET`;
+    /// 2. once a majority granted, write back the maximum counter + 1 on every server
+    ///    (set if greater, only where the lock is still ours) and wait for a majority.
+    ///
+    /// The lock is granted when both rounds reached a majority and the validity, counted
+    /// from before round 1, is still positive; otherwise everything this round took is
+    /// undone before returning.
+    ///
+    /// Why the tokens strictly increase across successive holders: any two majorities
+    /// intersect. The previous holder stored its token on a majority, each time while its
+    /// key was on that server (fence_write.lua checks); this round's grants form another
+    /// majority, and each grant read the counter atomically with the `SET` that found the
+    /// key free, so after the previous holder's key had left that server (released, or
+    /// expired, which under the bounded-drift assumption is after its validity ended). At
+    /// least one server is in both majorities, and its reading already holds the previous
+    /// token: max + 1 is above it. Readings of servers that refused (held by another) only
+    /// raise the maximum.
     async fn attempt_redlock(
         &self,
         hold: &RedisHold,
@@ -418,31 +433,44 @@ impl Inner {
             .arg(hold.token.as_str())
             .arg(ttl_ms)
             .arg(0);
+        // The validity is counted from here, before round 1, so it covers both rounds.
         let requested_at = Instant::now();
         let deadline = requested_at + node_timeout;
+        // From here until the grant (or the undo below), a drop of this future leaves the
+        // cleanup of every server to a background task.
         pending.arm(hold);
-        // Once a majority granted, slower servers are not waited for (whatever they do
-        // with this token later is covered by renewal and release on every server).
+        // Round 1. Once a majority granted, slower servers are not waited for (whatever
+        // they do with this token later is covered by renewal and release on every
+        // server); the granting majority's counter readings are all the fence needs.
         let quorum = self.quorum;
         let replies = gather(
             self.nodes
                 .iter()
-                .map(|node| node.script::<(i64, i64)>("acquire", deadline, &invocation)),
-            |replies| replies.iter().filter(|r| matches!(r, Ok((1, _)))).count() >= quorum,
+                .map(|node| node.script::<(i64, i64, u64)>("acquire", deadline, &invocation)),
+            |replies| {
+                replies
+                    .iter()
+                    .filter(|r| matches!(r, Ok((1, _, _))))
+                    .count()
+                    >= quorum
+            },
         )
         .await;
         let mut won = 0;
         let mut held_for: Option<Duration> = None;
         let mut answered = 0;
+        let mut highest_counter = 0u64;
         let mut first_error = None;
         for reply in replies {
             match reply {
-                Ok((1, _)) => {
+                Ok((1, _, counter)) => {
                     won += 1;
                     answered += 1;
+                    highest_counter = highest_counter.max(counter);
                 }
-                Ok((_, pttl)) => {
+                Ok((_, pttl, counter)) => {
                     answered += 1;
+                    highest_counter = highest_counter.max(counter);
                     let retry = pttl_wait(pttl);
                     held_for = Some(held_for.map_or(retry, |w| w.min(retry)));
                 }
@@ -453,8 +481,10 @@ impl Inner {
         }
         let mut outcome = None;
         if won >= self.quorum {
-            match self.quorum_fence(hold, node_timeout).await {
-                Ok(Some(fence)) if validity_deadline(requested_at, lease) > Instant::now() => {
+            // Round 2.
+            let fence = highest_counter.saturating_add(1);
+            match self.write_fence(hold, fence, node_timeout).await {
+                Ok(true) if validity_deadline(requested_at, lease) > Instant::now() => {
                     outcome = Some(Ok(Attempt::Won(Acquired {
                         hold: hold.clone(),
                         fencing_token: FencingToken(fence),
@@ -463,7 +493,7 @@ impl Inner {
                         session: 0,
                     })));
                 }
-                Ok(Some(_)) if !wait => {
+                Ok(true) if !wait => {
                     outcome = Some(Err(Error::Unavailable {
                         backend: self.backend,
                         message: format!(
@@ -490,8 +520,9 @@ impl Inner {
         if let Some(Ok(Attempt::Won(acquired))) = outcome {
             return Ok(Attempt::Won(acquired));
         }
-        // Not granted: undo what this round took (what cannot be undone now is retried
-        // in the background when the acquire ends; the next round uses a new token).
+        // Not granted: undo what this round took on every server (what cannot be undone
+        // now is retried in the background when the acquire ends; the next round uses a
+        // new token).
         let undo = self.release_each(hold, Instant::now() + node_timeout).await;
         if undo.iter().all(Result::is_ok) {
             pending.disarm(hold);
@@ -502,54 +533,24 @@ impl Inner {
         }
     }
 
-    /// Takes the next fencing token through a majority: reads the counter everywhere,
-    /// writes back max + 1 where the lock is still ours. Any two majorities intersect,
-    /// so a later holder reads at least this token. `Ok(None)`: a majority refused the
-    /// write (the lock was lost meanwhile).
-    async fn quorum_fence(&self, hold: &RedisHold, node_timeout: Duration) -> Result<Option<u64>> {
+    /// RedLock round 2: stores fencing token `fence` on every server where the lock is
+    /// still ours and the counter is below it (set if greater), and returns once a
+    /// majority stored it. `Ok(false)`: a majority answered but refused (the lock was lost
+    /// meanwhile).
+    async fn write_fence(
+        &self,
+        hold: &RedisHold,
+        fence: u64,
+        node_timeout: Duration,
+    ) -> Result<bool> {
         let n = self.nodes.len();
-        let mut read = self.scripts.fence_read.prepare_invoke();
-        read.key(&hold.fence_key);
-        let deadline = Instant::now() + node_timeout;
-        // Any majority of readings is enough: it intersects the majority that stored the
-        // previous token.
         let quorum = self.quorum;
-        let values = gather(
-            self.nodes
-                .iter()
-                .map(|node| node.script::<u64>("read the fencing counter", deadline, &read)),
-            |values| values.iter().filter(|v| v.is_ok()).count() >= quorum,
-        )
-        .await;
-        let mut seen = Vec::with_capacity(n);
-        let mut first_error = None;
-        for value in values {
-            match value {
-                Ok(v) => seen.push(v),
-                Err(err) => {
-                    first_error.get_or_insert(err);
-                }
-            }
-        }
-        if seen.len() < self.quorum {
-            return Err(Error::Unavailable {
-                backend: self.backend,
-                message: format!(
-                    "only {} of {n} servers answered the fencing read of `{}`; RedLock needs {}",
-                    seen.len(),
-                    hold.name,
-                    self.quorum
-                ),
-                source: first_error.map(|e| Box::new(e) as lock_core::BoxError),
-            });
-        }
-        let token = seen.iter().copied().max().unwrap_or(0).saturating_add(1);
         let mut write = self.scripts.fence_write.prepare_invoke();
         write
             .key(&hold.key)
             .key(&hold.fence_key)
             .arg(hold.token.as_str())
-            .arg(token);
+            .arg(fence);
         let deadline = Instant::now() + node_timeout;
         let acks = gather(
             self.nodes
@@ -560,18 +561,19 @@ impl Inner {
         .await;
         let stored = acks.iter().filter(|a| matches!(a, Ok(1))).count();
         let answered = acks.iter().filter(|a| a.is_ok()).count();
-        if stored >= self.quorum {
-            Ok(Some(token))
-        } else if answered >= self.quorum {
-            Ok(None)
+        if stored >= quorum {
+            Ok(true)
+        } else if answered >= quorum {
+            Ok(false)
         } else {
+            let first_error = acks.into_iter().find_map(Result::err);
             Err(Error::Unavailable {
                 backend: self.backend,
                 message: format!(
-                    "only {answered} of {n} servers answered the fencing write of `{}`; RedLock needs {}",
-                    hold.name, self.quorum
+                    "only {answered} of {n} servers answered the fencing write of `{}`; RedLock needs {quorum}",
+                    hold.name
                 ),
-                source: None,
+                source: first_error.map(|e| Box::new(e) as lock_core::BoxError),
             })
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use common::{ttl_options, RedisFactory};
 use conformance::FencedResource;
 use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState, ReleaseOutcome};
+use lock_redis::{KeyLayout, DEFAULT_PREFIX};
 use tokio::time::{sleep, timeout, Instant};
 
 fn name(test: &str) -> LockName {
@@ -141,4 +142,73 @@ async fn three_of_five_down_is_unavailable_and_never_grants_twice() {
         sleep(Duration::from_millis(50)).await;
     }
     drop(held);
+}
+
+/// The fencing read rides on the acquire: a holder whose token reached only a bare
+/// majority ({0, 1, 2}) is still seen by a later holder whose majority is {2, 3, 4}, through
+/// the one server they share; the acquire only reads the counters (no `INCR` on RedLock
+/// servers) and the write-back stores exactly max + 1 on the granting majority.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fencing_read_on_acquire_sees_the_previous_majority() {
+    let factory = RedisFactory::redlock(5).await;
+    let a = factory.make(ttl_options(Duration::from_secs(2))).await;
+    let b = factory.make(ttl_options(Duration::from_secs(2))).await;
+    let lock = name("fence_intersection");
+    let fence_key = KeyLayout::new(DEFAULT_PREFIX).fence_key(&lock);
+    let mut raw = factory.raw_all().await;
+
+    let first = a.try_lock(lock.as_str()).await.expect("try").expect("free");
+    let t1 = first.fencing_token().0;
+    assert!(
+        t1 > 1_000_000_000_000_000,
+        "a missing counter reads as the server clock in microseconds: {t1}"
+    );
+    assert_eq!(
+        first.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+
+    // A previous holder whose write-back reached only servers 0, 1 and 2.
+    let previous = t1 + 1_000;
+    for conn in &mut raw[..3] {
+        let () = redis::cmd("SET")
+            .arg(&fence_key)
+            .arg(previous)
+            .query_async(conn)
+            .await
+            .expect("SET counter");
+    }
+    for conn in &mut raw[3..] {
+        let () = redis::cmd("SET")
+            .arg(&fence_key)
+            .arg(t1)
+            .query_async(conn)
+            .await
+            .expect("SET counter");
+    }
+    factory.servers.member(0).kill9().await.expect("kill 0");
+    factory.servers.member(1).kill9().await.expect("kill 1");
+
+    let next = b
+        .try_lock(lock.as_str())
+        .await
+        .expect("try")
+        .expect("granted by 3 of 5");
+    assert_eq!(
+        next.fencing_token().0,
+        previous + 1,
+        "max over the granting majority + 1"
+    );
+    for conn in &mut raw[2..] {
+        let stored: u64 = redis::cmd("GET")
+            .arg(&fence_key)
+            .query_async(conn)
+            .await
+            .expect("GET counter");
+        assert_eq!(stored, previous + 1, "written back once, never incremented");
+    }
+    assert_eq!(
+        next.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
 }
