@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{RedisNodes, RedisServer};
+use conformance::harness::{or_skip, RedisNodes, RedisServer};
 use conformance::proxy::{FaultProxy, ProxyMode};
 use conformance::{Crash, Factory};
 use lock_core::{DistributedLock, LockName, LockOptions};
@@ -75,28 +75,26 @@ pub(crate) fn config_for(addrs: &[SocketAddr], redlock: bool, options: LockOptio
 }
 
 impl RedisFactory {
-    /// A factory over one fresh server.
-    pub(crate) async fn single() -> Self {
+    /// A factory over one fresh server; `None` (after a loud notice) when redis-server is
+    /// not installed and strict mode is off.
+    pub(crate) async fn single() -> Option<Self> {
         lock_redis::register();
-        let server = RedisServer::start()
-            .await
-            .expect("redis-server must be installed (apt-get install redis-server)");
-        RedisFactory {
+        let server = or_skip(RedisServer::start().await)?;
+        Some(RedisFactory {
             servers: Servers::Single(Box::new(server)),
             proxies: Mutex::new(Vec::new()),
-        }
+        })
     }
 
-    /// A factory over `n` fresh independent servers (RedLock).
-    pub(crate) async fn redlock(n: usize) -> Self {
+    /// A factory over `n` fresh independent servers (RedLock); `None` as for
+    /// [`RedisFactory::single`].
+    pub(crate) async fn redlock(n: usize) -> Option<Self> {
         lock_redis::register();
-        let nodes = RedisNodes::start(n)
-            .await
-            .expect("redis-server must be installed (apt-get install redis-server)");
-        RedisFactory {
+        let nodes = or_skip(RedisNodes::start(n).await)?;
+        Some(RedisFactory {
             servers: Servers::Nodes(nodes),
             proxies: Mutex::new(Vec::new()),
-        }
+        })
     }
 
     fn redlock_mode(&self) -> bool {
