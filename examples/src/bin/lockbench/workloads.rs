@@ -318,8 +318,17 @@ pub(crate) async fn renewal(
         _ => None,
     };
     let still_held = guards.iter().filter(|g| g.is_held()).count();
-    for outcome in join_all(guards.into_iter().map(|g| g.release())).await {
-        outcome?;
+    // Released in bounded bursts, as they were acquired: a server may refuse a burst of
+    // thousands of concurrent requests (etcd: "too many requests").
+    let mut guards = guards.into_iter();
+    loop {
+        let burst: Vec<_> = guards.by_ref().take(200).collect();
+        if burst.is_empty() {
+            break;
+        }
+        for outcome in join_all(burst.into_iter().map(|g| g.release())).await {
+            outcome?;
+        }
     }
     Ok(RenewalRow {
         held_locks: locks,
