@@ -216,7 +216,8 @@ impl Report {
         let min = values.iter().copied().fold(max, f64::min).max(0.1);
         let lo = min.log10().floor();
         let hi = max.log10().ceil().max(lo + 1.0);
-        let scale = |v: f64| (v.max(0.1).log10() - lo) / (hi - lo) * (WIDTH - LEFT - 20.0);
+        // Room on the right for the value printed after the longest bar.
+        let scale = |v: f64| (v.max(0.1).log10() - lo) / (hi - lo) * (WIDTH - LEFT - 90.0);
         let group = ROW * series.len() as f64 + 14.0;
         let height = 60.0 + group * self.backends.len() as f64 + 30.0;
         let mut svg = String::new();
