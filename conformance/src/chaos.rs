@@ -293,8 +293,10 @@ pub struct ScenarioReport {
     pub victim_write_accepted: Option<bool>,
     /// Whether the victim was told it lost the lock, and why.
     pub victim_lost: Option<LostReason>,
-    /// Victim's lost signal → next accepted section of another holder, in ms
-    /// (positive: told before anyone else got in).
+    /// Victim's guard stopped vouching (lost signal or validity deadline, whichever came
+    /// first) → next accepted section of another holder, in ms (positive: the victim knew
+    /// before anyone else got in; negative: mutual exclusion was lost at the lock and only
+    /// the fence protected the resource).
     pub lost_signal_lead_ms: Option<f64>,
     /// Fault injected → next accepted section of another holder.
     pub takeover: Option<Duration>,
@@ -350,6 +352,12 @@ impl ScenarioReport {
         assert_eq!(self.fence.lost_updates(), 0, "lost updates: {context}");
         if expect == Expect::Safe {
             assert!(self.fence.is_safe(), "mutual exclusion violated: {context}");
+            if let Some(lead) = self.lost_signal_lead_ms {
+                assert!(
+                    lead > 0.0,
+                    "another holder got in before the victim's guard stopped vouching: {context}"
+                );
+            }
         }
         assert!(
             self.recovery.is_some(),
@@ -521,11 +529,14 @@ async fn victim_scenario(
     let seen = section.read();
     let lost_at: Arc<Mutex<Option<(Instant, LostReason)>>> = Arc::default();
     let lost_task = {
-        let lost = guard.lost();
+        let mut watch = guard.watch();
         let lost_at = Arc::clone(&lost_at);
         tokio::spawn(async move {
-            let reason = lost.await;
-            *lost_at.lock().expect("lost") = Some((Instant::now(), reason));
+            let reason = watch.lost().await;
+            // The guard stopped vouching for the lock at its validity deadline, even if
+            // the signal was delivered a little later by a busy scheduler.
+            let at = Instant::now().min(watch.valid_until());
+            *lost_at.lock().expect("lost") = Some((at, reason));
         })
     };
     let mut contenders = Vec::new();

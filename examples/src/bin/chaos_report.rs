@@ -69,9 +69,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         md,
         "Every scenario ran against real servers with faults injected (fault proxy, SIGKILL, \
          SIGSTOP, restarts). Each cell: **safe** (no overlapping accepted critical sections, \
-         no lost update), **fenced** (mutual exclusion was lost as the backend documents, the \
-         fence rejected every stale writer), **VIOLATION** (overlapping accepted sections or \
-         lost updates), or – (does not apply). `n×` counts runs.\n"
+         no lost update, and every victim knew it had lost the lock before anyone else got \
+         it), **fenced** (another client got the lock while the victim's guard still vouched \
+         for it, as the backend documents; the fence rejected every stale write), \
+         **VIOLATION** (overlapping accepted sections or lost updates), or – (does not \
+         apply). `n×` counts runs.\n"
     );
     let _ = write!(md, "| scenario |");
     for d in DEPLOYMENTS {
@@ -91,11 +93,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         .iter()
                         .filter(|r| r.violations > 0 || r.lost_updates > 0)
                         .count();
-                    let promised_safe = ran.iter().all(|r| r.expectation == "Safe");
-                    let verdict = match (unsafe_runs, promised_safe) {
-                        (0, _) => "safe",
-                        (_, true) => "VIOLATION",
-                        (_, false) => "fenced",
+                    let lock_lost = ran
+                        .iter()
+                        .any(|r| r.lost_signal_lead_ms.is_some_and(|lead| lead <= 0.0));
+                    let verdict = match (unsafe_runs, lock_lost) {
+                        (0, false) => "safe",
+                        (0, true) => "fenced",
+                        _ => "VIOLATION",
                     };
                     if ran.len() > 1 {
                         format!("{verdict} ({}×)", ran.len())
