@@ -9,10 +9,17 @@
 //!   hand-off);
 //! - hand-off: release sent until the queued waiter (another client) holds the lock.
 //!
+//! The `contention` mode instead runs CLIENTS clients (default 8), each in a loop of
+//! `lock` + `release` on ONE name for SECONDS seconds (default 3), and prints the cycles
+//! per second, p50 / p99 / max of one cycle (queueing included), and of the hand-off
+//! under contention (release sent until the next holder has the lock).
+//!
 //! ```text
 //! cargo run --release -p lock-etcd --example latency [ITERATIONS]
+//! cargo run --release -p lock-etcd --example latency contention [CLIENTS [SECONDS]]
 //! ```
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use conformance::harness::{or_skip, EtcdServer};
@@ -21,7 +28,7 @@ use etcd_client::{
 };
 use hdrhistogram::Histogram;
 use lock_core::{DistributedLockExt, LockOptions};
-use lock_etcd::{EtcdBackend, EtcdConfig};
+use lock_etcd::{EtcdBackend, EtcdConfig, EtcdLock};
 use tokio::time::{sleep, Instant};
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -49,9 +56,11 @@ fn report(what: &str, histogram: &Histogram<u64>) {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() -> Result<(), Failure> {
-    let iterations: u64 = match std::env::args().nth(1) {
-        Some(n) => n.parse()?,
-        None => 1000,
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let contention = args.first().is_some_and(|arg| arg == "contention");
+    let iterations: u64 = match args.first() {
+        Some(n) if !contention => n.parse()?,
+        _ => 1000,
     };
     let hand_offs = (iterations / 4).max(10);
     let _server;
@@ -66,8 +75,24 @@ async fn main() -> Result<(), Failure> {
             endpoint
         }
     };
-    let raw = Client::connect([format!("http://{endpoint}")], None).await?;
     let config = || EtcdConfig::new([endpoint.clone()]).with_prefix("bench");
+    if contention {
+        let clients = match args.get(1) {
+            Some(n) => n.parse()?,
+            None => 8,
+        };
+        let seconds = match args.get(2) {
+            Some(n) => n.parse()?,
+            None => 3.0,
+        };
+        let mut locks = Vec::with_capacity(clients);
+        for _ in 0..clients {
+            locks.push(EtcdBackend::connect(config().with_options(LockOptions::default())).await?);
+        }
+        println!("etcd at {endpoint}");
+        return run_contention(locks, Duration::from_secs_f64(seconds)).await;
+    }
+    let raw = Client::connect([format!("http://{endpoint}")], None).await?;
     let a = EtcdBackend::connect(config().with_options(LockOptions::default())).await?;
     let b = EtcdBackend::connect(config().with_options(LockOptions::default())).await?;
 
@@ -156,5 +181,57 @@ async fn main() -> Result<(), Failure> {
     report("distlock try_lock + release", &cycle);
     report("raw delete -> watch event", &raw_push);
     report("distlock hand-off", &hand_off);
+    Ok(())
+}
+
+/// Every client loops `lock` + `release` on one name until `length` has passed.
+async fn run_contention(locks: Vec<EtcdLock>, length: Duration) -> Result<(), Failure> {
+    let clients = locks.len();
+    // When the last release was sent: the next holder's hand-off is measured from it.
+    let released: Arc<Mutex<Option<Instant>>> = Arc::new(Mutex::new(None));
+    let started = Instant::now();
+    let until = started + length;
+    let mut tasks = Vec::with_capacity(clients);
+    for lock in locks {
+        let released = Arc::clone(&released);
+        tasks.push(tokio::spawn(async move {
+            let mut cycles = histogram()?;
+            let mut hand_offs = histogram()?;
+            while Instant::now() < until {
+                let cycle = Instant::now();
+                let guard = lock.lock("contended").await?;
+                let acquired = Instant::now();
+                let last = released
+                    .lock()
+                    .map_err(|_| "poisoned")?
+                    .take()
+                    .filter(|at| *at >= cycle);
+                if let Some(at) = last {
+                    record(&mut hand_offs, acquired.saturating_duration_since(at))?;
+                }
+                *released.lock().map_err(|_| "poisoned")? = Some(Instant::now());
+                guard.release().await?;
+                record(&mut cycles, cycle.elapsed())?;
+            }
+            Ok::<_, Failure>((cycles, hand_offs))
+        }));
+    }
+    let mut cycles = histogram()?;
+    let mut hand_offs = histogram()?;
+    for task in tasks {
+        let (c, h) = task.await??;
+        cycles.add(c)?;
+        hand_offs.add(h)?;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    println!(
+        "{clients} clients on one name for {elapsed:.1} s: {} cycles, {:.1} cycles/s (ms)\n",
+        cycles.len(),
+        cycles.len() as f64 / elapsed,
+    );
+    println!("| operation                        |      n |      p50 |      p99 |      max |");
+    println!("|----------------------------------|--------|----------|----------|----------|");
+    report("contended lock + release", &cycles);
+    report("contended hand-off", &hand_offs);
     Ok(())
 }

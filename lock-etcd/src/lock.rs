@@ -15,8 +15,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use etcd_client::{
-    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn,
-    TxnOp, TxnOpResponse, TxnResponse, WatchStream,
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchStream,
 };
 use futures::future::join_all;
 use lock_core::backend::{
@@ -29,7 +29,7 @@ use lock_core::{
 use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::time::{sleep_until, Instant};
 
-use crate::client::{EtcdClient, LeaseKeys};
+use crate::client::{ends_wait, DeleteWatch, EtcdClient, LeaseKeys};
 use crate::config::{lock_prefix, EtcdConfig};
 use crate::error::{unexpected, BACKEND};
 use crate::lease::{KeepAlive, Lease, Session};
@@ -142,6 +142,12 @@ impl EtcdBackend {
     /// `recheck` even without an event, and keeps the lease alive meanwhile. Retryable
     /// failures (an election, a member going away) are retried as long as the lease can
     /// be kept alive.
+    ///
+    /// No delete is missed: the watch carries every delete above its start revision
+    /// (see [`EtcdClient::watch_delete`]), and the predecessor was read alive at
+    /// `read_at`. When the watch starts after `read_at` (other writes in between), one
+    /// linearizable read after the watch exists confirms the predecessor is still there
+    /// (same create revision), so its delete, if any, comes after the watch's start.
     async fn wait_turn(&self, prefix: &str, key: &str, revision: i64, lease: Lease) -> Result<()> {
         loop {
             let turn = match self.check_turn(prefix, key, revision).await {
@@ -157,7 +163,7 @@ impl EtcdBackend {
                 }
                 Err(err) => return Err(err),
             };
-            let (predecessor, read_at) = match turn {
+            let (predecessor, created, read_at) = match turn {
                 Turn::Owner => return Ok(()),
                 Turn::Vanished => {
                     return Err(Error::Lost {
@@ -167,17 +173,32 @@ impl EtcdBackend {
                 }
                 Turn::After {
                     predecessor,
+                    created,
                     read_at,
-                } => (predecessor, read_at),
+                } => (predecessor, created, read_at),
             };
-            let mut watch = match self.client.watch_delete(&predecessor, read_at + 1).await {
-                Ok(watch) => Some(watch),
+            let mut recheck_at = Instant::now() + self.recheck;
+            let mut watch = match self.client.watch_delete(&predecessor).await {
+                Ok(DeleteWatch::Ended) => continue,
+                Ok(DeleteWatch::Watching { stream, start }) if start <= read_at => Some(stream),
+                Ok(DeleteWatch::Watching { stream, start }) => {
+                    // Writes landed between our read and the watch: a delete in
+                    // (read_at, start] would not be on the stream.
+                    match self.still_there(&predecessor, created).await {
+                        Ok(true) => Some(stream),
+                        Ok(false) => continue,
+                        Err(err) => {
+                            tracing::debug!(error = %err, start, read_at, "confirming the predecessor failed; re-checking soon");
+                            recheck_at = Instant::now() + self.recheck.min(RETRY_PAUSE);
+                            Some(stream)
+                        }
+                    }
+                }
                 Err(err) => {
                     tracing::debug!(error = %err, "watch failed; re-checking on the timer");
                     None
                 }
             };
-            let recheck_at = Instant::now() + self.recheck;
             loop {
                 let refresh_at = self.keep_waiting(lease.id).await?;
                 tokio::select! {
@@ -187,6 +208,19 @@ impl EtcdBackend {
                 }
             }
         }
+    }
+
+    /// One linearizable read: does `key` still exist with create revision `created`?
+    async fn still_there(&self, key: &[u8], created: i64) -> Result<bool> {
+        const WHAT: &str = "confirming the predecessor";
+        let txn = Txn::new().and_then([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
+        let response = self.client.txn(WHAT, txn).await?;
+        let found = response
+            .op_responses()
+            .first()
+            .and_then(first_kv)
+            .map(KeyValue::create_revision);
+        Ok(found == Some(created))
     }
 
     /// Keeps the lease of a waiter alive when due; returns when to look again.
@@ -243,7 +277,8 @@ impl EtcdBackend {
         match ops.get(1).and_then(first_kv) {
             None => Ok(Turn::Owner),
             Some(kv) => Ok(Turn::After {
-                predecessor: String::from_utf8_lossy(kv.key()).into_owned(),
+                predecessor: kv.key().to_vec(),
+                created: kv.create_revision(),
                 read_at,
             }),
         }
@@ -388,8 +423,13 @@ enum Turn {
     Owner,
     /// Our key is gone (deleted, or its lease expired).
     Vanished,
-    /// `predecessor` is just before us, as read at revision `read_at`.
-    After { predecessor: String, read_at: i64 },
+    /// `predecessor` (created at revision `created`) is just before us, as read at
+    /// revision `read_at`.
+    After {
+        predecessor: Vec<u8>,
+        created: i64,
+        read_at: i64,
+    },
 }
 
 /// Range options for "the key created first under the prefix" (the owner).
@@ -416,16 +456,12 @@ fn header_revision(response: &TxnResponse, what: &str) -> Result<i64> {
 
 /// Returns once the watched key is deleted, or the watch ends or breaks (a re-check
 /// follows); never returns without a watch (the re-check timer rules then).
-async fn deleted(watch: &mut Option<WatchStream>) {
+async fn deleted(watch: &mut Option<Box<WatchStream>>) {
     let Some(stream) = watch.as_mut() else {
         return std::future::pending().await;
     };
     while let Ok(Some(answer)) = stream.message().await {
-        let deleted = answer
-            .events()
-            .iter()
-            .any(|event| event.event_type() == EventType::Delete);
-        if deleted || answer.canceled() || answer.compact_revision() != 0 {
+        if ends_wait(&answer) {
             break;
         }
     }
