@@ -23,7 +23,7 @@ pub use fence::{FenceReport, FenceServer, FencedResource, Section, StaleToken};
 /// loudly that a server binary is missing; under `LOCK_TEST_STRICT=1` it fails instead). The calling crate needs `tokio` (with `macros` and
 /// `rt-multi-thread`) among its dev-dependencies.
 ///
-/// ```ignore
+/// ```text
 /// conformance::conformance_suite!(async { conformance::memory::MemoryFactory::new() });
 /// ```
 #[macro_export]
