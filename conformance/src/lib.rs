@@ -20,8 +20,9 @@ pub use fence::{FenceReport, FenceServer, FencedResource, Section, StaleToken};
 ///
 /// `$factory` is an expression of a future that yields a [`Factory`] (a server may
 /// need starting), or an `Option` of one: `None` skips the test (the harness has said
-/// loudly that a server binary is missing; under `LOCK_TEST_STRICT=1` it fails instead). The calling crate needs `tokio` (with `macros` and
-/// `rt-multi-thread`) among its dev-dependencies.
+/// loudly that a server binary is missing; under `LOCK_TEST_STRICT=1` it fails
+/// instead). The calling crate needs `tokio` (with `macros` and `rt-multi-thread`)
+/// among its dev-dependencies.
 ///
 /// ```text
 /// conformance::conformance_suite!(async { conformance::memory::MemoryFactory::new() });
