@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 
@@ -447,16 +447,11 @@ impl<B: Backend> Keeper<B> {
         Some(entry)
     }
 
-    /// Releases an entry on the server and ends its state. The first outcome goes to
-    /// `report` (the caller of an explicit release). A release that fails with a retryable
-    /// error is tried again with backoff for up to twice the TTL: backends whose holds live
-    /// with a session (ZooKeeper, etcd) keep an unreleased hold for as long as the client
-    /// lives, so the server-side TTL is no fallback there.
-    async fn finish_release(
-        &self,
-        entry: Entry<B::Hold>,
-        mut report: Option<oneshot::Sender<Result<ReleaseOutcome>>>,
-    ) {
+    /// Releases an entry on the server in the background and ends its state. A release
+    /// that fails with a retryable error is tried again with backoff for up to twice the
+    /// TTL: backends whose holds live with a session (ZooKeeper, etcd) keep an unreleased
+    /// hold for as long as the client lives, so the server-side TTL is no fallback there.
+    async fn finish_release(&self, entry: Entry<B::Hold>) {
         const FIRST_PAUSE: Duration = Duration::from_millis(50);
         const LONGEST_PAUSE: Duration = Duration::from_secs(2);
         let prior = entry.info.state();
@@ -467,15 +462,10 @@ impl<B: Backend> Keeper<B> {
             let result = self.release_once(&entry, prior).await;
             let retry = matches!(&result, Err(err) if err.is_retryable())
                 && Instant::now() + pause < give_up;
-            match (report.take(), result) {
-                (Some(caller), result) => {
-                    // The caller may have stopped waiting; the retries go on regardless.
-                    let _ = caller.send(result);
-                }
-                (None, Err(err)) if !retry => {
+            if let Err(err) = result {
+                if !retry {
                     tracing::warn!(lock = %entry.info.name, error = %err, "release failed; the server-side lease ends the hold");
                 }
-                (None, _) => {}
             }
             if !retry {
                 return;
@@ -793,7 +783,7 @@ async fn run_keeper<B: Backend>(
                 None => return,
                 Some(Command::Wake) => {}
                 Some(Command::Release(keeper, entry)) => {
-                    tokio::spawn(async move { keeper.finish_release(entry, None).await });
+                    tokio::spawn(async move { keeper.finish_release(entry).await });
                 }
             },
             _ = sleep_until(next) => {}
@@ -822,6 +812,23 @@ async fn session_change(
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
+/// An explicit release still in progress: if dropped with its entry, the background task
+/// finishes the release (with retries).
+struct UnfinishedRelease<B: Backend> {
+    keeper: Arc<Keeper<B>>,
+    entry: Option<Entry<B::Hold>>,
+}
+
+impl<B: Backend> Drop for UnfinishedRelease<B> {
+    fn drop(&mut self) {
+        if let Some(entry) = self.entry.take() {
+            let keeper = Arc::clone(&self.keeper);
+            // Fails only when the keeper task has ended; the server-side lease is left.
+            let _ = self.keeper.commands.send(Command::Release(keeper, entry));
+        }
+    }
+}
+
 impl<B: Backend> HoldOps for Keeper<B> {
     fn extend(&self, id: u64, ttl: Option<Duration>) -> BoxFuture<'_, Result<Instant>> {
         Box::pin(self.extend_hold(id, ttl))
@@ -836,14 +843,22 @@ impl<B: Backend> HoldOps for Keeper<B> {
             let Some(me) = self.arc() else {
                 return Err(Error::config("lock client is shutting down"));
             };
-            // Spawned so the release completes even if this future is dropped.
-            let (report, outcome) = oneshot::channel();
-            tokio::spawn(async move { me.finish_release(entry, Some(report)).await });
-            outcome.await.map_err(|_| Error::Protocol {
-                backend: self.capabilities.backend,
-                message: "release task ended without an outcome".into(),
-                source: None,
-            })?
+            // The first attempt runs here; if this future is dropped before it ends, or it
+            // fails in a way worth retrying, the background task carries on.
+            let prior = entry.info.state();
+            entry.info.transition(LockState::Lost(LostReason::Released));
+            let mut unfinished = UnfinishedRelease {
+                keeper: me,
+                entry: Some(entry),
+            };
+            let result = match unfinished.entry.as_ref() {
+                Some(entry) => self.release_once(entry, prior).await,
+                None => Ok(ReleaseOutcome::Released),
+            };
+            if !matches!(&result, Err(err) if err.is_retryable()) {
+                unfinished.entry = None;
+            }
+            result
         })
     }
 
