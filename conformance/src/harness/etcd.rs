@@ -10,8 +10,8 @@ use tempfile::TempDir;
 use super::probe::{http, json_str_field, Probe};
 use super::process::{find_binary, log_tail, LaunchSpec, Node};
 use super::{
-    create_dir, first_error, free_ports, majority, temp_dir, with_port_retries, HarnessError,
-    DEFAULT_READY_TIMEOUT, STOP_GRACE,
+    create_dir, first_error, free_ports, majority, temp_dir, wait_for_leader, with_port_retries,
+    HarnessError, DEFAULT_READY_TIMEOUT, STOP_GRACE,
 };
 
 const HINT: &str = "apt-get install etcd-server";
@@ -544,24 +544,7 @@ impl EtcdCluster {
         old: Option<usize>,
         timeout: Duration,
     ) -> Result<usize, HarnessError> {
-        let started = Instant::now();
-        loop {
-            let last = match self.leader().await {
-                Ok(i) if Some(i) != old => return Ok(i),
-                Ok(i) => HarnessError::Cluster {
-                    cluster: self.label.clone(),
-                    detail: format!("member {i} is still leader"),
-                },
-                Err(e) => e,
-            };
-            if started.elapsed() >= timeout {
-                return Err(HarnessError::Cluster {
-                    cluster: self.label.clone(),
-                    detail: format!("no leader after {timeout:?}; last: {last}"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for_leader(&self.label, old, timeout, || self.leader()).await
     }
 }
 

@@ -179,6 +179,38 @@ fn first_error(results: Vec<Result<(), HarnessError>>) -> Result<(), HarnessErro
     }
 }
 
+/// Polls `leader` until it names a member other than `old`, for at most `timeout`; the
+/// error carries the last observation. Shared by the consensus clusters.
+async fn wait_for_leader<F, Fut>(
+    cluster: &str,
+    old: Option<usize>,
+    timeout: Duration,
+    leader: F,
+) -> Result<usize, HarnessError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<usize, HarnessError>>,
+{
+    let started = std::time::Instant::now();
+    loop {
+        let last = match leader().await {
+            Ok(i) if Some(i) != old => return Ok(i),
+            Ok(i) => HarnessError::Cluster {
+                cluster: cluster.to_owned(),
+                detail: format!("member {i} is still leader"),
+            },
+            Err(e) => e,
+        };
+        if started.elapsed() >= timeout {
+            return Err(HarnessError::Cluster {
+                cluster: cluster.to_owned(),
+                detail: format!("no leader after {timeout:?}; last: {last}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Majority of `n` members.
 fn majority(n: usize) -> usize {
     n / 2 + 1

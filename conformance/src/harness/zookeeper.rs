@@ -12,8 +12,8 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use super::probe::{four_letter, zk_mode_line, Probe};
 use super::process::{find_binary, log_tail, LaunchSpec, Node};
 use super::{
-    create_dir, first_error, free_port, free_ports, majority, temp_dir, with_port_retries,
-    write_file, HarnessError, DEFAULT_READY_TIMEOUT, STOP_GRACE,
+    create_dir, first_error, free_port, free_ports, majority, temp_dir, wait_for_leader,
+    with_port_retries, write_file, HarnessError, DEFAULT_READY_TIMEOUT, STOP_GRACE,
 };
 
 const HINT: &str = "apt-get install zookeeper";
@@ -660,24 +660,7 @@ impl ZkEnsemble {
         old: Option<usize>,
         timeout: Duration,
     ) -> Result<usize, HarnessError> {
-        let started = Instant::now();
-        loop {
-            let last = match self.leader().await {
-                Ok(i) if Some(i) != old => return Ok(i),
-                Ok(i) => HarnessError::Cluster {
-                    cluster: self.label.clone(),
-                    detail: format!("member {i} is still leader"),
-                },
-                Err(e) => e,
-            };
-            if started.elapsed() >= timeout {
-                return Err(HarnessError::Cluster {
-                    cluster: self.label.clone(),
-                    detail: format!("no leader after {timeout:?}; last: {last}"),
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        wait_for_leader(&self.label, old, timeout, || self.leader()).await
     }
 }
 
