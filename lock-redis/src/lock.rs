@@ -360,6 +360,25 @@ impl Inner {
         Instant::now() + self.config.lock.request_timeout
     }
 
+    /// The acquire script for `hold`: with `count` it increments the fencing counter on a
+    /// grant (single server); without, it only reads it (RedLock, which writes it back
+    /// through a majority).
+    fn acquire_invocation(
+        &self,
+        hold: &RedisHold,
+        ttl_ms: u64,
+        count: bool,
+    ) -> redis::ScriptInvocation<'_> {
+        let mut invocation = self.scripts.acquire.prepare_invoke();
+        invocation
+            .key(&hold.key)
+            .key(&hold.fence_key)
+            .arg(hold.token.as_str())
+            .arg(ttl_ms)
+            .arg(u8::from(count));
+        invocation
+    }
+
     /// One attempt on a single server.
     async fn attempt_single(
         &self,
@@ -368,13 +387,7 @@ impl Inner {
         pending: &mut Pending,
     ) -> Result<Attempt> {
         let ttl_ms = ttl_millis(ttl);
-        let mut invocation = self.scripts.acquire.prepare_invoke();
-        invocation
-            .key(&hold.key)
-            .key(&hold.fence_key)
-            .arg(hold.token.as_str())
-            .arg(ttl_ms)
-            .arg(1);
+        let invocation = self.acquire_invocation(hold, ttl_ms, true);
         let requested_at = Instant::now();
         pending.arm(hold);
         let (won, value): (i64, i64) = self.nodes[0]
@@ -426,13 +439,7 @@ impl Inner {
         let ttl_ms = ttl_millis(ttl);
         let lease = Duration::from_millis(ttl_ms);
         let node_timeout = self.config.node_timeout_for(ttl);
-        let mut invocation = self.scripts.acquire.prepare_invoke();
-        invocation
-            .key(&hold.key)
-            .key(&hold.fence_key)
-            .arg(hold.token.as_str())
-            .arg(ttl_ms)
-            .arg(0);
+        let invocation = self.acquire_invocation(hold, ttl_ms, false);
         // The validity is counted from here, before round 1, so it covers both rounds.
         let requested_at = Instant::now();
         let deadline = requested_at + node_timeout;
