@@ -162,6 +162,16 @@ impl<H> Entry<H> {
         }
     }
 
+    /// Records a successful renewal sent at `requested_at` that granted `lease`.
+    fn renewed(&mut self, requested_at: Instant, lease: Duration, session_suspended: bool) {
+        self.info
+            .valid_until
+            .store(validity_deadline(requested_at, lease));
+        self.renew_due = requested_at + self.ttl / 3;
+        self.renew_failing = false;
+        self.refresh_state(session_suspended);
+    }
+
     fn refresh_state(&self, session_suspended: bool) {
         let next = if self.renew_failing || session_suspended {
             LockState::Suspect
@@ -561,10 +571,7 @@ impl<B: Backend> Keeper<B> {
                     if let Some(err) = entry.lost_error() {
                         return Err(err);
                     }
-                    info.valid_until.store(valid_until);
-                    entry.renew_due = requested_at + entry.ttl / 3;
-                    entry.renew_failing = false;
-                    entry.refresh_state(suspended);
+                    entry.renewed(requested_at, lease, suspended);
                 }
                 drop(table);
                 self.wake();
@@ -713,13 +720,7 @@ impl<B: Backend> Keeper<B> {
                             if entry.info.state().is_lost() {
                                 continue;
                             }
-                            entry
-                                .info
-                                .valid_until
-                                .store(validity_deadline(requested_at, lease));
-                            entry.renew_due = requested_at + entry.ttl / 3;
-                            entry.renew_failing = false;
-                            entry.refresh_state(suspended);
+                            entry.renewed(requested_at, lease, suspended);
                         }
                         RenewOutcome::Lost(reason) => {
                             entry.info.transition(LockState::Lost(reason));
