@@ -65,6 +65,10 @@ pub enum RenewOutcome {
     },
     /// Not ours any more.
     Lost(LostReason),
+    /// This hold could not be decided now (e.g. too few RedLock servers answered for it):
+    /// it turns Suspect and is retried soon, while the other holds of the batch keep
+    /// their own outcomes.
+    Undecided,
 }
 
 /// What a release found on the server.

@@ -172,6 +172,13 @@ impl<H> Entry<H> {
         self.refresh_state(session_suspended);
     }
 
+    /// Records a renewal that could not be done: Suspect, and retried soon.
+    fn renewal_failed(&mut self, session_suspended: bool) {
+        self.renew_failing = true;
+        self.renew_due = Instant::now() + (self.ttl / 10).max(Duration::from_millis(10));
+        self.refresh_state(session_suspended);
+    }
+
     fn refresh_state(&self, session_suspended: bool) {
         let next = if self.renew_failing || session_suspended {
             LockState::Suspect
@@ -584,6 +591,17 @@ impl<B: Backend> Keeper<B> {
                     reason,
                 })
             }
+            Ok(RenewOutcome::Undecided) => {
+                if let Some(entry) = entry {
+                    entry.renew_failing = true;
+                    entry.refresh_state(suspended);
+                }
+                Err(Error::Unavailable {
+                    backend: self.capabilities.backend,
+                    message: format!("the extension of `{}` could not be decided", info.name),
+                    source: None,
+                })
+            }
             Err(err) => {
                 if let Some(entry) = entry {
                     entry.renew_failing = true;
@@ -725,19 +743,16 @@ impl<B: Backend> Keeper<B> {
                         RenewOutcome::Lost(reason) => {
                             entry.info.transition(LockState::Lost(reason));
                         }
+                        RenewOutcome::Undecided => entry.renewal_failed(suspended),
                     }
                 }
             }
             Err(message) => {
                 tracing::warn!(backend = self.capabilities.backend, %message, holds = batch.len(), "renewal failed; holds are suspect");
-                let retry_at = Instant::now();
                 for (id, _, _) in &batch {
-                    let Some(entry) = table.holds.get_mut(id) else {
-                        continue;
-                    };
-                    entry.renew_failing = true;
-                    entry.renew_due = retry_at + (entry.ttl / 10).max(Duration::from_millis(10));
-                    entry.refresh_state(suspended);
+                    if let Some(entry) = table.holds.get_mut(id) {
+                        entry.renewal_failed(suspended);
+                    }
                 }
             }
         }
