@@ -63,6 +63,16 @@ impl EtcdBackend {
     /// [`Error::InvalidConfig`] for a bad configuration or refused credentials;
     /// [`Error::Connection`] when authentication (with credentials) cannot reach etcd.
     pub async fn connect(config: EtcdConfig) -> Result<EtcdLock> {
+        let options = config.options.clone();
+        LeaseClient::new(Self::open(config).await?, options)
+    }
+
+    /// The protocol half alone, without the lease machinery: for wrapping it (tests,
+    /// instrumentation) before [`LeaseClient::new`] turns it into a lock client.
+    ///
+    /// # Errors
+    /// As [`EtcdBackend::connect`].
+    pub async fn open(config: EtcdConfig) -> Result<EtcdBackend> {
         config.validate()?;
         let client = EtcdClient::connect(&config).await?;
         let backend = EtcdBackend {
@@ -74,7 +84,7 @@ impl EtcdBackend {
             permits: Arc::new(Permits::default()),
             keys_overflow: AtomicUsize::new(0),
         };
-        LeaseClient::new(backend, config.options)
+        Ok(backend)
     }
 
     /// A lock client for `etcd://…` or `etcds://…` (see [`EtcdConfig::from_url`]).

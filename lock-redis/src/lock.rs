@@ -142,6 +142,16 @@ impl RedisBackend {
     /// rejected credentials; [`Error::Connection`] when the server does not answer;
     /// [`Error::Unavailable`] when fewer than a majority of RedLock servers answer.
     pub async fn connect(config: RedisConfig) -> Result<RedisLock> {
+        let options = config.lock.clone();
+        LeaseClient::new(Self::open(config).await?, options)
+    }
+
+    /// The protocol half alone, without the lease machinery: for wrapping it (tests,
+    /// instrumentation) before [`LeaseClient::new`] turns it into a lock client.
+    ///
+    /// # Errors
+    /// As [`RedisBackend::connect`].
+    pub async fn open(config: RedisConfig) -> Result<RedisBackend> {
         config.validate()?;
         let backend: &'static str = if config.redlock { "redlock" } else { "redis" };
         let ca = match &config.tls_ca {
@@ -216,13 +226,9 @@ impl RedisBackend {
                 }),
             };
         }
-        let options = inner.config.lock.clone();
-        LeaseClient::new(
-            RedisBackend {
-                inner: Arc::new(inner),
-            },
-            options,
-        )
+        Ok(RedisBackend {
+            inner: Arc::new(inner),
+        })
     }
 
     /// The key layout of this client.

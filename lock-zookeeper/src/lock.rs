@@ -89,10 +89,19 @@ impl ZkBackend {
     /// [`Error::InvalidConfig`] for a bad configuration; [`Error::Connection`] when no
     /// session is established within `connect_timeout`.
     pub async fn connect(config: ZkConfig) -> Result<ZkLock> {
-        config.validate()?;
         let options = config.options.clone();
+        LeaseClient::new(Self::open(config).await?, options)
+    }
+
+    /// The protocol half alone, without the lease machinery: for wrapping it (tests,
+    /// instrumentation) before [`LeaseClient::new`] turns it into a lock client.
+    ///
+    /// # Errors
+    /// As [`ZkBackend::connect`].
+    pub async fn open(config: ZkConfig) -> Result<ZkBackend> {
+        config.validate()?;
         let session = Session::connect(config).await?;
-        LeaseClient::new(ZkBackend { session }, options)
+        Ok(ZkBackend { session })
     }
 
     /// Connects a client for a `zk://` URL (see [`ZkConfig`]).

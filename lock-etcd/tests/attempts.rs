@@ -1,0 +1,28 @@
+//! Every acquire attempt is distinguishable on the server: the late cleanup of a failed
+//! attempt never removes what a retry of the same acquisition took.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{config, with_ttl, EtcdFactory};
+use conformance::attempts::{retry_survives_late_cleanup, LateCleanup};
+use conformance::Factory;
+use lock_etcd::EtcdBackend;
+
+/// The retry's key gets a fresh create revision; the first attempt's cleanup compares
+/// the old one and leaves it alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_survives_late_cleanup_on_etcd() {
+    let Some(factory) = EtcdFactory::start().await else {
+        return;
+    };
+    let options = with_ttl(Duration::from_secs(30));
+    let backend = EtcdBackend::open(config(&factory.servers.addrs(), options.clone()))
+        .await
+        .expect("connect");
+    let flaky = LateCleanup::new(backend, Duration::from_millis(300));
+    let other = factory.client(options.clone()).await;
+    let name = format!("attempts/{}", uuid::Uuid::new_v4().simple());
+    retry_survives_late_cleanup(flaky, options, other, &name).await;
+}
