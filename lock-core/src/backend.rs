@@ -21,7 +21,9 @@ use crate::token::{FencingToken, OwnerToken};
 pub struct AcquireRequest<'a> {
     /// The lock name.
     pub name: &'a LockName,
-    /// The fresh owner token of this acquisition.
+    /// The owner token of this attempt. Every attempt of an acquisition (a retry after
+    /// a failed attempt included) has a fresh one, so cleanup keyed on the token of a
+    /// failed attempt can never remove what a later attempt takes.
     pub token: &'a OwnerToken,
     /// The lease to ask for.
     pub ttl: Duration,

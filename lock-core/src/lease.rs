@@ -340,13 +340,7 @@ impl<B: Backend> Keeper<B> {
         options: &AcquireOptions,
         ttl: Duration,
     ) -> Result<Option<LockGuard>> {
-        let token = OwnerToken::generate();
-        let request = AcquireRequest {
-            name,
-            token: &token,
-            ttl,
-            wait: !matches!(options.wait, Wait::Try),
-        };
+        let wait = !matches!(options.wait, Wait::Try);
         let started = Instant::now();
         let deadline = match options.wait {
             Wait::Timeout(limit) => Some(started + limit),
@@ -357,7 +351,16 @@ impl<B: Backend> Keeper<B> {
             waited: started.elapsed(),
         };
         let mut pause = RETRY_FIRST_PAUSE;
-        let acquired = loop {
+        let (token, acquired) = loop {
+            // Every attempt has its own owner token: the cleanup of a failed attempt (which
+            // may still be running on the server) can never touch what a retry takes.
+            let token = OwnerToken::generate();
+            let request = AcquireRequest {
+                name,
+                token: &token,
+                ttl,
+                wait,
+            };
             let attempt = self.backend.acquire(request);
             let result = match deadline {
                 Some(deadline) => timeout_at(deadline, attempt)
@@ -368,7 +371,7 @@ impl<B: Backend> Keeper<B> {
             // A waiting acquire rides out transient failures (a reset connection, a
             // moment without quorum) until its deadline, then reports the last one.
             match result {
-                Err(err) if request.wait && err.is_retryable() => {
+                Err(err) if wait && err.is_retryable() => {
                     let resume = Instant::now() + pause;
                     if deadline.is_some_and(|deadline| resume >= deadline) {
                         return Err(err);
@@ -377,7 +380,7 @@ impl<B: Backend> Keeper<B> {
                     sleep_until(resume).await;
                     pause = (pause * 2).min(RETRY_LONGEST_PAUSE);
                 }
-                result => break result?,
+                result => break (token, result?),
             }
         };
         let Some(acquired) = acquired else {
