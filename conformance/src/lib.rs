@@ -5,11 +5,11 @@
 //! [`conformance_suite!`] in one of its test files: one `#[tokio::test]` per rule of
 //! the contract, each named after the rule in [`rules`].
 
-pub mod attempts;
 pub mod chaos;
 pub mod factory;
 pub mod fence;
 pub mod harness;
+pub mod interleavings;
 pub mod memory;
 pub mod proxy;
 pub mod rules;
