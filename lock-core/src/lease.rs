@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 
@@ -39,6 +39,10 @@ pub fn drift_margin(lease: Duration) -> Duration {
 pub fn validity_deadline(requested_at: Instant, lease: Duration) -> Instant {
     requested_at + lease.saturating_sub(drift_margin(lease))
 }
+
+/// A release that keeps failing in a retryable way is given up after this many TTLs
+/// (at least a minute), even while the hold's session lives.
+const RELEASE_GIVE_UP: u32 = 10;
 
 /// First pause before a waiting acquire retries after a retryable error.
 const RETRY_FIRST_PAUSE: Duration = Duration::from_millis(50);
@@ -72,6 +76,7 @@ impl<B: Backend> LeaseClient<B> {
             base: Instant::now(),
             table: Mutex::new(Table::default()),
             gates: Mutex::new(HashMap::new()),
+            renewal_ended: Notify::new(),
         });
         Ok(LeaseClient { keeper })
     }
@@ -150,6 +155,9 @@ struct Entry<H> {
     renew_failing: bool,
     /// The server copy was already released (hold cap).
     server_released: bool,
+    /// A renewal of this hold (batched or an extend) is in flight. Renewals of one hold
+    /// are serialized, so the reply handled last is the one the server applied last.
+    renewing: bool,
 }
 
 impl<H> Entry<H> {
@@ -162,12 +170,13 @@ impl<H> Entry<H> {
         }
     }
 
-    /// Records a successful renewal sent at `requested_at` that granted `lease`.
+    /// Records a successful renewal sent at `requested_at` that granted `lease`; the next
+    /// one is planned from that lease (an extension may grant another than the TTL).
     fn renewed(&mut self, requested_at: Instant, lease: Duration, session_suspended: bool) {
         self.info
             .valid_until
             .store(validity_deadline(requested_at, lease));
-        self.renew_due = requested_at + self.ttl / 3;
+        self.renew_due = requested_at + lease / 3;
         self.renew_failing = false;
         self.refresh_state(session_suspended);
     }
@@ -199,10 +208,31 @@ impl<H> Entry<H> {
     }
 }
 
+/// When a hold ends on the server by itself.
+#[derive(Debug, Clone, Copy)]
+struct HoldEnd {
+    session: u64,
+    /// The end of its last lease on the server, with the drift margin on both sides.
+    lease_end: Instant,
+    ttl: Duration,
+}
+
+impl HoldEnd {
+    fn of<H>(entry: &Entry<H>) -> Self {
+        HoldEnd {
+            session: entry.session,
+            lease_end: entry.info.valid_until.load() + drift_margin(entry.ttl) * 2,
+            ttl: entry.ttl,
+        }
+    }
+}
+
 struct Table<H> {
     holds: HashMap<u64, Entry<H>>,
     reentrant: HashMap<(LockName, OwnerId), u64>,
     session_suspended: bool,
+    /// The last session status, for backends with sessions.
+    session: Option<SessionStatus>,
     renewal: Option<JoinHandle<()>>,
 }
 
@@ -212,6 +242,7 @@ impl<H> Default for Table<H> {
             holds: HashMap::new(),
             reentrant: HashMap::new(),
             session_suspended: false,
+            session: None,
             renewal: None,
         }
     }
@@ -238,6 +269,8 @@ struct Keeper<B: Backend> {
     table: Mutex<Table<B::Hold>>,
     /// Serializes reentrant acquisitions of one (name, owner).
     gates: Mutex<HashMap<(LockName, OwnerId), Gate>>,
+    /// Notified whenever a renewal of some hold ends (see [`Entry::renewing`]).
+    renewal_ended: Notify,
 }
 
 impl<B: Backend> fmt::Debug for Keeper<B> {
@@ -426,6 +459,7 @@ impl<B: Backend> Keeper<B> {
             renew_due: acquired.requested_at + ttl / 3,
             renew_failing: false,
             server_released: false,
+            renewing: false,
         };
         let Some(me) = self.arc() else {
             return Err(Error::config("lock client is shutting down"));
@@ -467,31 +501,49 @@ impl<B: Backend> Keeper<B> {
         Some(entry)
     }
 
-    /// Releases an entry on the server in the background and ends its state. A release
-    /// that fails with a retryable error is tried again with backoff for up to twice the
-    /// TTL: backends whose holds live with a session (ZooKeeper, etcd) keep an unreleased
-    /// hold for as long as the client lives, so the server-side TTL is no fallback there.
+    /// Releases an entry on the server in the background and ends its state.
     async fn finish_release(&self, entry: Entry<B::Hold>) {
+        entry.info.transition(LockState::Lost(LostReason::Released));
+        if entry.server_released {
+            return;
+        }
+        if let Err(err) = self.retry_release(HoldEnd::of(&entry), &entry.hold).await {
+            tracing::warn!(lock = %entry.info.name, error = %err, "release failed; the server-side lease ends the hold");
+        }
+    }
+
+    /// Releases `hold`, again with backoff while the release fails in a retryable way and the hold may still exist on the server: backends whose holds
+    /// live with a session (ZooKeeper, etcd) keep an unreleased hold for as long as the
+    /// session lives, so the server-side TTL is no fallback there. Gives up when the
+    /// session ended, when the last lease ran out (backends without sessions), or after
+    /// [`RELEASE_GIVE_UP`] TTLs, whichever comes first.
+    async fn retry_release(&self, end: HoldEnd, hold: &B::Hold) -> Result<BackendRelease> {
         const FIRST_PAUSE: Duration = Duration::from_millis(50);
         const LONGEST_PAUSE: Duration = Duration::from_secs(2);
-        let prior = entry.info.state();
-        entry.info.transition(LockState::Lost(LostReason::Released));
-        let give_up = Instant::now() + (entry.ttl * 2).max(self.options.request_timeout * 2);
+        let give_up = Instant::now() + (end.ttl * RELEASE_GIVE_UP).max(Duration::from_secs(60));
         let mut pause = FIRST_PAUSE;
         loop {
-            let result = self.release_once(&entry, prior).await;
+            let result = self.release_hold(hold).await;
             let retry = matches!(&result, Err(err) if err.is_retryable())
-                && Instant::now() + pause < give_up;
-            if let Err(err) = result {
-                if !retry {
-                    tracing::warn!(lock = %entry.info.name, error = %err, "release failed; the server-side lease ends the hold");
-                }
-            }
+                && Instant::now() + pause < give_up
+                && !self.ended_on_server(&end);
             if !retry {
-                return;
+                return result;
             }
             sleep(pause).await;
             pause = (pause * 2).min(LONGEST_PAUSE);
+        }
+    }
+
+    /// Whether a hold can no longer exist on the server: its session ended, or (without
+    /// sessions) its last lease ran out.
+    fn ended_on_server(&self, end: &HoldEnd) -> bool {
+        match self.table().session {
+            Some(status) => {
+                status.epoch > end.session
+                    || (status.epoch == end.session && status.health == SessionHealth::Expired)
+            }
+            None => Instant::now() >= end.lease_end,
         }
     }
 
@@ -507,18 +559,19 @@ impl<B: Backend> Keeper<B> {
                 _ => LostReason::HoldCapReached,
             }));
         }
-        let result = timeout(
-            self.options.request_timeout,
-            self.backend.release(&entry.hold),
-        )
-        .await
-        .unwrap_or_else(|_| Err(self.deadline_error("release")));
-        match (prior, result) {
+        match (prior, self.release_hold(&entry.hold).await) {
             (_, Err(err)) => Err(err),
             (LockState::Lost(reason), _) => Ok(ReleaseOutcome::AlreadyLost(reason)),
             (_, Ok(BackendRelease::Released)) => Ok(ReleaseOutcome::Released),
             (_, Ok(BackendRelease::NotOwner(reason))) => Ok(ReleaseOutcome::AlreadyLost(reason)),
         }
+    }
+
+    /// One release request for `hold`, within the request deadline.
+    async fn release_hold(&self, hold: &B::Hold) -> Result<BackendRelease> {
+        timeout(self.options.request_timeout, self.backend.release(hold))
+            .await
+            .unwrap_or_else(|_| Err(self.deadline_error("release")))
     }
 
     fn deadline_error(&self, what: &str) -> Error {
@@ -533,9 +586,39 @@ impl<B: Backend> Keeper<B> {
     }
 
     async fn extend_hold(&self, id: u64, ttl: Option<Duration>) -> Result<Instant> {
-        let (hold, info, ttl) = {
-            let table = self.table();
-            let entry = table.holds.get(&id).ok_or_else(|| Error::NotHeld {
+        // Wait for a renewal of this hold already in flight: the server must apply ours
+        // after it, or the deadline we record could be one the server no longer keeps.
+        let waited_until = Instant::now() + self.options.request_timeout;
+        let (hold, info, ttl, _renewing) = loop {
+            let ended = self.renewal_ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if let Some(taken) = self.start_extend(id, ttl)? {
+                break taken;
+            }
+            if timeout_at(waited_until, ended).await.is_err() {
+                return Err(self.deadline_error("extend (waiting for the renewal in flight)"));
+            }
+        };
+        let requested_at = Instant::now();
+        let items = [RenewItem { hold: &*hold, ttl }];
+        let result = timeout(self.options.request_timeout, self.backend.renew(&items))
+            .await
+            .unwrap_or_else(|_| Err(self.deadline_error("extend")));
+        self.extend_done(id, &info, requested_at, result)
+    }
+
+    /// Checks that hold `id` can be extended by `ttl` and marks its renewal in flight;
+    /// `None` while another renewal of it is in flight.
+    #[allow(clippy::type_complexity)]
+    fn start_extend(
+        &self,
+        id: u64,
+        ttl: Option<Duration>,
+    ) -> Result<Option<(Arc<B::Hold>, Arc<HoldInfo>, Duration, Renewing<'_, B>)>> {
+        {
+            let mut table = self.table();
+            let entry = table.holds.get_mut(&id).ok_or_else(|| Error::NotHeld {
                 name: String::new(),
                 message: "the hold was already released".into(),
             })?;
@@ -556,13 +639,30 @@ impl<B: Backend> Keeper<B> {
                     reason: LostReason::HoldCapReached,
                 });
             };
-            (Arc::clone(&entry.hold), Arc::clone(&entry.info), effective)
-        };
-        let requested_at = Instant::now();
-        let items = [RenewItem { hold: &*hold, ttl }];
-        let result = timeout(self.options.request_timeout, self.backend.renew(&items))
-            .await
-            .unwrap_or_else(|_| Err(self.deadline_error("extend")));
+            if entry.renewing {
+                return Ok(None);
+            }
+            entry.renewing = true;
+            Ok(Some((
+                Arc::clone(&entry.hold),
+                Arc::clone(&entry.info),
+                effective,
+                Renewing {
+                    keeper: self,
+                    ids: vec![id],
+                },
+            )))
+        }
+    }
+
+    /// Records the outcome of an extension of hold `id` sent at `requested_at`.
+    fn extend_done(
+        &self,
+        id: u64,
+        info: &HoldInfo,
+        requested_at: Instant,
+        result: Result<Vec<RenewOutcome>>,
+    ) -> Result<Instant> {
         let mut table = self.table();
         let suspended = table.session_suspended;
         let entry = table.holds.get_mut(&id);
@@ -643,13 +743,13 @@ impl<B: Backend> Keeper<B> {
                     .info
                     .transition(LockState::Lost(LostReason::HoldCapReached));
                 entry.server_released = true;
-                ended.push(Arc::clone(&entry.hold));
+                ended.push((Arc::clone(&entry.hold), HoldEnd::of(entry)));
                 continue;
             }
             if valid_until <= now {
                 entry.info.transition(LockState::Lost(LostReason::Expired));
                 entry.server_released = true;
-                ended.push(Arc::clone(&entry.hold));
+                ended.push((Arc::clone(&entry.hold), HoldEnd::of(entry)));
                 continue;
             }
             let mut wake_at = valid_until;
@@ -659,7 +759,7 @@ impl<B: Backend> Keeper<B> {
             if entry.renewal == RenewalMode::Auto {
                 // Renew early rather than twice: batch holds due within a sixth of their TTL.
                 if entry.renew_due <= now + entry.ttl / 6 {
-                    if !renewing {
+                    if !renewing && !entry.renewing {
                         due.push(*id);
                     }
                 } else {
@@ -674,12 +774,11 @@ impl<B: Backend> Keeper<B> {
             }
         }
         drop(table);
-        for hold in ended {
+        for (hold, end) in ended {
             if let Some(me) = self.arc() {
                 tokio::spawn(async move {
-                    let released = timeout(me.options.request_timeout, me.backend.release(&hold));
-                    if let Ok(Err(err)) = released.await {
-                        tracing::debug!(error = %err, "release of an ended hold failed; the server-side lease ends it");
+                    if let Err(err) = me.retry_release(end, &hold).await {
+                        tracing::warn!(error = %err, "release of an ended hold failed; the server-side lease ends it");
                     }
                 });
             }
@@ -692,21 +791,23 @@ impl<B: Backend> Keeper<B> {
         let now = Instant::now();
         let mut earliest = now + self.options.request_timeout;
         let batch: Vec<(u64, Arc<B::Hold>, Duration)> = {
-            let table = self.table();
+            let mut table = self.table();
             ids.iter()
                 .filter_map(|id| {
-                    let entry = table.holds.get(id)?;
-                    if entry.info.state().is_lost() {
+                    let entry = table.holds.get_mut(id)?;
+                    if entry.info.state().is_lost() || entry.renewing {
                         return None;
                     }
+                    let ttl = entry.effective_ttl(entry.ttl, now)?;
+                    entry.renewing = true;
                     earliest = earliest.min(entry.info.valid_until.load());
-                    Some((
-                        *id,
-                        Arc::clone(&entry.hold),
-                        entry.effective_ttl(entry.ttl, now)?,
-                    ))
+                    Some((*id, Arc::clone(&entry.hold), ttl))
                 })
                 .collect()
+        };
+        let _renewing = Renewing {
+            keeper: &self,
+            ids: batch.iter().map(|(id, _, _)| *id).collect(),
         };
         if batch.is_empty() {
             self.wake();
@@ -765,6 +866,7 @@ impl<B: Backend> Keeper<B> {
 
     fn apply_session(&self, status: SessionStatus) {
         let mut table = self.table();
+        table.session = Some(status);
         table.session_suspended = status.health == SessionHealth::Suspended;
         let suspended = table.session_suspended;
         for entry in table.holds.values_mut() {
@@ -830,6 +932,27 @@ async fn session_change(
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Marks renewals of some holds in flight (see [`Entry::renewing`]); clears the marks
+/// when dropped, also when the renewal is cancelled, and wakes what waits for them.
+struct Renewing<'a, B: Backend> {
+    keeper: &'a Keeper<B>,
+    ids: Vec<u64>,
+}
+
+impl<B: Backend> Drop for Renewing<'_, B> {
+    fn drop(&mut self) {
+        let mut table = self.keeper.table();
+        for id in &self.ids {
+            if let Some(entry) = table.holds.get_mut(id) {
+                entry.renewing = false;
+            }
+        }
+        drop(table);
+        self.keeper.renewal_ended.notify_waiters();
+        self.keeper.wake();
+    }
+}
 
 /// An explicit release still in progress: if dropped with its entry, the background task
 /// finishes the release (with retries).
