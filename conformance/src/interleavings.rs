@@ -386,3 +386,42 @@ pub async fn ended_hold_released_despite_a_broken_link(target: &dyn ChaosTarget)
     );
     drop((guard, client));
 }
+
+/// A waiting acquire whose session (ZooKeeper) or lease (etcd) runs out while it waits,
+/// because its client was cut off for longer than the TTL, goes on waiting with a new one
+/// once the link heals, and gets the lock when the holder lets go. Nothing was granted
+/// to it, so the loss of its queue entry is no reason to fail.
+pub async fn waiter_outlives_its_session(target: &dyn ChaosTarget) {
+    let ttl = target.short_ttl() * 2;
+    let mut options = LockOptions::default();
+    options.ttl = ttl;
+    options.request_timeout = ttl / 4;
+    let holder = target.client(options.clone()).await;
+    let (waiter, link) = target.linked_client(options).await;
+    let name = format!("waiter-session/{}", uuid::Uuid::new_v4().simple());
+    let held = holder
+        .lock_timeout(&name, Duration::from_secs(10))
+        .await
+        .expect("acquire");
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move { waiter.lock_timeout(&name, ttl * 8).await }
+    });
+    sleep(ttl / 4).await;
+    link.cut();
+    sleep(ttl * 2).await;
+    link.heal();
+    sleep(ttl).await;
+    assert!(
+        !waiting.is_finished(),
+        "the waiter ended while the lock was held: {:?}",
+        waiting.await
+    );
+    held.release().await.expect("release");
+    let granted = waiting.await.expect("waiter task");
+    assert!(
+        granted.is_ok(),
+        "a waiter whose session ran out while it waited failed instead of waiting on: {:?}",
+        granted.err()
+    );
+}

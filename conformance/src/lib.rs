@@ -45,6 +45,7 @@ macro_rules! conformance_suite {
             drop_releases_promptly,
             fifo_when_fair,
             reentrancy_by_owner,
+            reentrant_release_reports_loss,
             names_are_independent_and_checked,
             thousand_locks_one_client,
             bad_urls_and_options,

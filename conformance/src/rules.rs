@@ -531,6 +531,37 @@ pub async fn reentrancy_by_owner(factory: &dyn Factory) {
     next.release().await.expect("release");
 }
 
+/// Reentrancy on a lost hold: releasing a guard that is not the last one of the hold
+/// reports the loss (`AlreadyLost`), never `Released`.
+pub async fn reentrant_release_reports_loss(factory: &dyn Factory) {
+    let name = unique_name("reentrant-lost");
+    let ttl = factory.short_ttl();
+    let client = factory.client(options_with_ttl(ttl)).await;
+    let outer = client
+        .acquire(&name, &AcquireOptions::forever().reentrant("job-42"))
+        .await
+        .expect("acquire")
+        .expect("acquired");
+    let inner = client
+        .acquire(&name, &AcquireOptions::try_once().reentrant("job-42"))
+        .await
+        .expect("reentrant acquire")
+        .expect("the same owner re-acquires without waiting");
+    factory.steal(&name).await;
+    let reason = timeout(ttl + PROMPT, outer.lost())
+        .await
+        .expect("the lost signal fires within the renewal interval");
+    let inner_outcome = inner.release().await.expect("release of the inner guard");
+    assert!(
+        matches!(inner_outcome, ReleaseOutcome::AlreadyLost(_)),
+        "the inner guard of a hold lost by {reason:?} reported {inner_outcome:?}"
+    );
+    assert!(matches!(
+        outer.release().await.expect("release of the outer guard"),
+        ReleaseOutcome::AlreadyLost(_)
+    ));
+}
+
 /// Names: `jobs` and `jobs/daily` are independent, reserved characters are escaped, and
 /// empty, oversized or invalid names get a clear error and leave nothing behind.
 pub async fn names_are_independent_and_checked(factory: &dyn Factory) {

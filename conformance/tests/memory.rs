@@ -15,3 +15,10 @@ async fn ended_hold_released_despite_a_broken_link() {
     let factory = conformance::memory::MemoryFactory::new();
     conformance::interleavings::ended_hold_released_despite_a_broken_link(&factory).await;
 }
+
+/// A waiter cut off beyond the TTL waits on and gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_outlives_its_session() {
+    let factory = conformance::memory::MemoryFactory::new();
+    conformance::interleavings::waiter_outlives_its_session(&factory).await;
+}

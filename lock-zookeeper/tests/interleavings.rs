@@ -68,3 +68,12 @@ async fn ended_hold_released_despite_a_broken_link_while_the_session_lives() {
     };
     ended_hold_released_despite_a_broken_link(&factory).await;
 }
+
+/// A waiter cut off beyond the TTL waits on with a new session and gets the lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiter_outlives_its_session() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    conformance::interleavings::waiter_outlives_its_session(&factory).await;
+}
