@@ -20,7 +20,7 @@ use crate::backend::{
     SessionStatus,
 };
 use crate::capabilities::Capabilities;
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::guard::{
     AtomicInstant, HoldInfo, HoldOps, LockGuard, LockState, LostReason, ReleaseOutcome,
 };
@@ -227,6 +227,16 @@ impl HoldEnd {
     }
 }
 
+/// What dropping one guard's reference to a hold left.
+enum Unref<H> {
+    /// It was the last reference: the entry is the caller's to release.
+    Last(Entry<H>),
+    /// Other guards of the reentrant hold remain; the hold's state.
+    Shared(LockState),
+    /// The hold is no longer tracked.
+    Gone,
+}
+
 struct Table<H> {
     holds: HashMap<u64, Entry<H>>,
     reentrant: HashMap<(LockName, OwnerId), u64>,
@@ -402,9 +412,11 @@ impl<B: Backend> Keeper<B> {
                 None => attempt.await,
             };
             // A waiting acquire rides out transient failures (a reset connection, a
-            // moment without quorum) until its deadline, then reports the last one.
+            // moment without quorum) until its deadline, then reports the last one. Its
+            // queue entry lost with an expired session or lease is no reason to stop
+            // either: nothing was granted, so the next attempt queues with a new one.
             match result {
-                Err(err) if wait && err.is_retryable() => {
+                Err(err) if wait && (err.is_retryable() || err.kind() == ErrorKind::Lost) => {
                     let resume = Instant::now() + pause;
                     if deadline.is_some_and(|deadline| resume >= deadline) {
                         return Err(err);
@@ -484,21 +496,25 @@ impl<B: Backend> Keeper<B> {
     }
 
     /// Removes a guard's reference; returns the entry when it was the last one.
-    fn unref(&self, id: u64) -> Option<Entry<B::Hold>> {
+    fn unref(&self, id: u64) -> Unref<B::Hold> {
         let mut table = self.table();
-        let entry = table.holds.get_mut(&id)?;
+        let Some(entry) = table.holds.get_mut(&id) else {
+            return Unref::Gone;
+        };
         entry.refs -= 1;
         if entry.refs > 0 {
-            return None;
+            return Unref::Shared(entry.info.state());
         }
-        let entry = table.holds.remove(&id)?;
+        let Some(entry) = table.holds.remove(&id) else {
+            return Unref::Gone;
+        };
         if let Some(owner) = &entry.owner {
             let key = (entry.info.name.clone(), owner.clone());
             if table.reentrant.get(&key) == Some(&id) {
                 table.reentrant.remove(&key);
             }
         }
-        Some(entry)
+        Unref::Last(entry)
     }
 
     /// Releases an entry on the server in the background and ends its state.
@@ -978,9 +994,14 @@ impl<B: Backend> HoldOps for Keeper<B> {
 
     fn release(&self, id: u64) -> BoxFuture<'_, Result<ReleaseOutcome>> {
         Box::pin(async move {
-            let Some(entry) = self.unref(id) else {
+            let entry = match self.unref(id) {
+                Unref::Last(entry) => entry,
                 // Another guard of a reentrant hold still holds it.
-                return Ok(ReleaseOutcome::Released);
+                Unref::Shared(LockState::Lost(reason)) => {
+                    return Ok(ReleaseOutcome::AlreadyLost(reason))
+                }
+                Unref::Shared(_) => return Ok(ReleaseOutcome::Released),
+                Unref::Gone => return Ok(ReleaseOutcome::AlreadyLost(LostReason::Released)),
             };
             let Some(me) = self.arc() else {
                 return Err(Error::config("lock client is shutting down"));
@@ -1005,7 +1026,9 @@ impl<B: Backend> HoldOps for Keeper<B> {
     }
 
     fn release_in_background(&self, id: u64) {
-        let Some(entry) = self.unref(id) else { return };
+        let Unref::Last(entry) = self.unref(id) else {
+            return;
+        };
         match self.arc() {
             Some(me) => {
                 let _ = self.commands.send(Command::Release(me, entry));
