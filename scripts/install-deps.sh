@@ -9,6 +9,9 @@ command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+# etcd-client's build compiles protos that import google/protobuf/*.proto, which ship in
+# libprotobuf-dev (a recommendation of protobuf-compiler, not installed with it here).
+[ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
 { command -v java >/dev/null 2>&1 && [ -f /usr/share/java/zookeeper.jar ]; } || missing+=(zookeeper)
 # Curator interop test: a Java InterProcessMutex compiled at test time.
 command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
@@ -18,7 +21,7 @@ command -v openssl >/dev/null 2>&1 || missing+=(openssl)
 [ -f /usr/share/java/slf4j-nop.jar ] || missing+=(libslf4j-java)
 
 if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: redis-server, zookeeper, etcd, etcdctl, protoc, javac and Curator are present"
+  echo "install-deps: redis-server, zookeeper, etcd, etcdctl, protoc (with the well-known protos), javac and Curator are present"
   exit 0
 fi
 
