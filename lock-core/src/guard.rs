@@ -288,6 +288,11 @@ impl LockGuard {
     /// Renews the hold now for `ttl` (backends with a session-wide lease reject a
     /// different value) and returns the new validity deadline.
     ///
+    /// With automatic renewal, the watchdog plans its next renewal from this lease
+    /// (at a third of it) and renews for the hold's own TTL again. Renewals of one hold
+    /// never overlap: an extension waits for a renewal already in flight, so the
+    /// deadline the guard keeps is always the one the server applied last.
+    ///
     /// # Errors
     /// As [`LockGuard::extend`], and [`crate::Error::Unsupported`] for a TTL the
     /// backend cannot honour.
