@@ -20,7 +20,7 @@ use crate::backend::{
     SessionStatus,
 };
 use crate::capabilities::Capabilities;
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, Result};
 use crate::guard::{
     AtomicInstant, HoldInfo, HoldOps, LockGuard, LockState, LostReason, ReleaseOutcome,
 };
@@ -48,6 +48,17 @@ const RELEASE_GIVE_UP: u32 = 10;
 const RETRY_FIRST_PAUSE: Duration = Duration::from_millis(50);
 /// Longest pause between such retries.
 const RETRY_LONGEST_PAUSE: Duration = Duration::from_secs(1);
+
+/// Whether a waiting acquire failed because its session or lease ran out.
+fn session_ran_out(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Lost {
+            reason: LostReason::SessionExpired,
+            ..
+        }
+    )
+}
 
 /// Turns a [`Backend`] into a [`DistributedLock`], adding everything that is the same for
 /// every backend.
@@ -415,8 +426,9 @@ impl<B: Backend> Keeper<B> {
             // moment without quorum) until its deadline, then reports the last one. Its
             // queue entry lost with an expired session or lease is no reason to stop
             // either: nothing was granted, so the next attempt queues with a new one.
+            // (A queue entry removed behind its back, by an operator, does stop it.)
             match result {
-                Err(err) if wait && (err.is_retryable() || err.kind() == ErrorKind::Lost) => {
+                Err(err) if wait && (err.is_retryable() || session_ran_out(&err)) => {
                     let resume = Instant::now() + pause;
                     if deadline.is_some_and(|deadline| resume >= deadline) {
                         return Err(err);
