@@ -36,7 +36,7 @@ impl Probe {
     pub(crate) async fn check(&self, timeout: Duration) -> Result<(), String> {
         match self {
             Self::RedisPing(addr) => {
-                let reply = exchange(*addr, b"*1\r\n$4\r\nPING\r\n", Until::Line, timeout)
+                let reply = redis_command(*addr, &["PING"], timeout)
                     .await
                     .map_err(|e| format!("PING: {e}"))?;
                 if reply.starts_with("+PONG") {
@@ -120,6 +120,19 @@ async fn exchange(
     tokio::time::timeout(timeout, work)
         .await
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "probe timed out"))?
+}
+
+/// Sends one Redis command and returns the first line of the reply (`+OK`, `:1`, `-ERR …`).
+pub(crate) async fn redis_command(
+    addr: SocketAddr,
+    args: &[&str],
+    timeout: Duration,
+) -> std::io::Result<String> {
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    exchange(addr, request.as_bytes(), Until::Line, timeout).await
 }
 
 /// Sends a ZooKeeper four-letter word and returns the whole answer.

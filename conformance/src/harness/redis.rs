@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use tempfile::TempDir;
 
-use super::probe::Probe;
+use super::probe::{redis_command, Probe};
 use super::process::{find_binary, log_tail, LaunchSpec, Node};
 use super::{
     create_dir, free_port, temp_dir, with_port_retries, write_file, HarnessError,
@@ -14,6 +14,12 @@ use super::{
 };
 
 const HINT: &str = "apt-get install redis-server";
+
+/// Bound on the `SAVE` of a snapshot.
+const SAVE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The RDB file redis-server loads on start-up without persistence.
+const RDB_FILE: &str = "dump.rdb";
 
 /// Options for [`RedisServer`] and [`RedisNodes`].
 #[derive(Debug, Clone)]
@@ -63,7 +69,9 @@ impl RedisOptions {
 pub struct RedisServer {
     node: Node,
     port: u16,
+    persistence: bool,
     data_dir: PathBuf,
+    snapshot_dir: PathBuf,
     _dir: TempDir,
 }
 
@@ -113,7 +121,9 @@ impl RedisServer {
         Ok(Self {
             node,
             port,
+            persistence: options.persistence,
             data_dir,
+            snapshot_dir: dir.path().join("snapshot"),
             _dir: dir,
         })
     }
@@ -205,6 +215,72 @@ impl RedisServer {
         let label = self.node.label().to_owned();
         let data_dir = self.data_dir.clone();
         self.node.restart(move || wipe(&label, &data_dir)).await
+    }
+
+    /// Writes the dataset to disk (`SAVE`) and keeps a copy of the data files (the RDB,
+    /// and the AOF with persistence) beside the data dir, replacing any earlier snapshot:
+    /// what a backup or a replica that fell behind holds.
+    /// [`restart_from_snapshot`](Self::restart_from_snapshot) brings it back. Without
+    /// persistence the data dir is left as it was (a plain restart still starts empty).
+    ///
+    /// # Errors
+    /// If the server does not save, or the files cannot be copied.
+    pub async fn save_snapshot(&self) -> Result<(), HarnessError> {
+        let label = self.node.label();
+        let reply = redis_command(self.addr(), &["SAVE"], SAVE_TIMEOUT)
+            .await
+            .map_err(|e| HarnessError::io(label, "SAVE", e))?;
+        if !reply.starts_with("+OK") {
+            return Err(HarnessError::io(
+                label,
+                "SAVE",
+                std::io::Error::other(format!("answered {:?}", reply.trim_end())),
+            ));
+        }
+        if self.snapshot_dir.exists() {
+            std::fs::remove_dir_all(&self.snapshot_dir)
+                .map_err(|e| HarnessError::io(label, "remove the old snapshot", e))?;
+        }
+        copy_dir(label, &self.data_dir, &self.snapshot_dir)?;
+        self.forget_rdb()
+    }
+
+    /// Kills the server and starts it again, on the same port, from the data of the last
+    /// [`save_snapshot`](Self::save_snapshot): every write since is lost, also with
+    /// persistence (the AOF goes back too). Returns once it answers `PING`.
+    ///
+    /// # Errors
+    /// If there is no snapshot, the files cannot be copied or the server does not come
+    /// back.
+    pub async fn restart_from_snapshot(&self) -> Result<(), HarnessError> {
+        let label = self.node.label().to_owned();
+        if !self.snapshot_dir.is_dir() {
+            return Err(HarnessError::io(
+                &label,
+                "restore a snapshot",
+                std::io::Error::new(std::io::ErrorKind::NotFound, "no snapshot was saved"),
+            ));
+        }
+        let (data_dir, snapshot_dir) = (self.data_dir.clone(), self.snapshot_dir.clone());
+        self.node
+            .restart(move || {
+                wipe(&label, &data_dir)?;
+                copy_dir(&label, &snapshot_dir, &data_dir)
+            })
+            .await?;
+        self.forget_rdb()
+    }
+
+    /// Without persistence, removes the RDB file once written or loaded, so that a plain
+    /// restart starts empty as documented.
+    fn forget_rdb(&self) -> Result<(), HarnessError> {
+        let rdb = self.data_dir.join(RDB_FILE);
+        if self.persistence || !rdb.exists() {
+            return Ok(());
+        }
+        std::fs::remove_file(&rdb).map_err(|e| {
+            HarnessError::io(self.node.label(), format!("remove {}", rdb.display()), e)
+        })
     }
 
     /// Graceful stop: SIGTERM, then SIGKILL after a grace period. No-op if not running.
@@ -317,6 +393,29 @@ fn config(port: u16, data_dir: &Path, options: &RedisOptions) -> String {
     conf
 }
 
+/// Copies the files and directories under `from` into `to` (created if missing).
+fn copy_dir(label: &str, from: &Path, to: &Path) -> Result<(), HarnessError> {
+    create_dir(label, to)?;
+    let entries = std::fs::read_dir(from)
+        .map_err(|e| HarnessError::io(label, format!("list {}", from.display()), e))?;
+    for entry in entries {
+        let path = entry
+            .map_err(|e| HarnessError::io(label, format!("list {}", from.display()), e))?
+            .path();
+        let Some(name) = path.file_name() else {
+            continue;
+        };
+        let dest = to.join(name);
+        if path.is_dir() {
+            copy_dir(label, &path, &dest)?;
+        } else {
+            std::fs::copy(&path, &dest)
+                .map_err(|e| HarnessError::io(label, format!("copy {}", path.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
 fn wipe(label: &str, data_dir: &Path) -> Result<(), HarnessError> {
     let entries = std::fs::read_dir(data_dir)
         .map_err(|e| HarnessError::io(label, format!("list {}", data_dir.display()), e))?;
@@ -366,6 +465,47 @@ mod tests {
             .expect_err("port is taken by the first server");
         assert!(err.is_addr_in_use(), "{err}");
         assert!(first.is_ready().await);
+    }
+
+    /// `INCR counter` on `server`: the new value as the reply line (`:N`).
+    async fn incr(server: &RedisServer) -> String {
+        let reply = redis_command(server.addr(), &["INCR", "counter"], SAVE_TIMEOUT)
+            .await
+            .expect("INCR");
+        reply.trim_end().to_owned()
+    }
+
+    #[tokio::test]
+    async fn a_restart_from_a_snapshot_forgets_later_writes() {
+        for persistence in [false, true] {
+            let Some(server) = crate::harness::or_skip(
+                RedisServer::start_with(RedisOptions::default().persistence(persistence)).await,
+            ) else {
+                return;
+            };
+            assert_eq!(incr(&server).await, ":1");
+            server.save_snapshot().await.expect("snapshot");
+            assert_eq!(incr(&server).await, ":2");
+            assert_eq!(incr(&server).await, ":3");
+            server.restart_from_snapshot().await.expect("restore");
+            assert_eq!(incr(&server).await, ":2", "persistence {persistence}");
+            server.restart().await.expect("plain restart");
+            let expected = if persistence { ":3" } else { ":1" };
+            assert_eq!(incr(&server).await, expected, "persistence {persistence}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_restore_without_a_snapshot_is_an_error() {
+        let Some(server) = crate::harness::or_skip(RedisServer::start().await) else {
+            return;
+        };
+        let err = server
+            .restart_from_snapshot()
+            .await
+            .expect_err("no snapshot");
+        assert!(err.to_string().contains("no snapshot"), "{err}");
+        assert!(server.is_ready().await, "the server was left running");
     }
 
     #[test]
