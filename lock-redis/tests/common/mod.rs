@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{or_skip, RedisNodes, RedisServer};
+use conformance::harness::{or_skip, RedisNodes, RedisOptions, RedisServer};
 use conformance::proxy::{FaultProxy, ProxyMode};
 use conformance::{Crash, Factory};
 use lock_core::{DistributedLock, LockName, LockOptions};
@@ -78,8 +78,14 @@ impl RedisFactory {
     /// A factory over one fresh server; `None` (after a loud notice) when redis-server is
     /// not installed and strict mode is off.
     pub(crate) async fn single() -> Option<Self> {
+        Self::single_with(RedisOptions::default()).await
+    }
+
+    /// A factory over one fresh server started with `options`; `None` as for
+    /// [`RedisFactory::single`].
+    pub(crate) async fn single_with(options: RedisOptions) -> Option<Self> {
         lock_redis::register();
-        let server = or_skip(RedisServer::start().await)?;
+        let server = or_skip(RedisServer::start_with(options).await)?;
         Some(RedisFactory {
             servers: Servers::Single(Box::new(server)),
             proxies: Mutex::new(Vec::new()),
@@ -114,6 +120,17 @@ impl RedisFactory {
     ) -> Arc<RedisLock> {
         let config = config_for(addrs, self.redlock_mode(), options);
         Arc::new(RedisBackend::connect(config).await.expect("connect"))
+    }
+
+    /// Deletes `key` on every server, behind the clients' backs.
+    pub(crate) async fn delete_everywhere(&self, key: &str) {
+        for mut conn in self.raw_all().await {
+            let _: i64 = redis::cmd("DEL")
+                .arg(key)
+                .query_async(&mut conn)
+                .await
+                .expect("DEL");
+        }
     }
 
     /// Raw connections to every server.
@@ -172,14 +189,8 @@ impl Factory for RedisFactory {
     }
 
     async fn steal(&self, name: &LockName) {
-        let key = KeyLayout::new(DEFAULT_PREFIX).lock_key(name);
-        for mut conn in self.raw_all().await {
-            let _: i64 = redis::cmd("DEL")
-                .arg(&key)
-                .query_async(&mut conn)
-                .await
-                .expect("DEL");
-        }
+        self.delete_everywhere(&KeyLayout::new(DEFAULT_PREFIX).lock_key(name))
+            .await;
     }
 
     async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
