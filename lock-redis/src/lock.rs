@@ -366,9 +366,10 @@ impl Inner {
         Instant::now() + self.config.lock.request_timeout
     }
 
-    /// The acquire script for `hold`: with `count` it increments the fencing counter on a
-    /// grant (single server); without, it only reads it (RedLock, which writes it back
-    /// through a majority).
+    /// The acquire script for `hold`: with `count` it takes the next fencing token on a
+    /// grant, `max(counter + 1, server clock in µs)`, and stores it (single server);
+    /// without, it only reads `max(counter, server clock in µs)` (RedLock, which writes
+    /// the token back through a majority).
     fn acquire_invocation(
         &self,
         hold: &RedisHold,
@@ -416,9 +417,10 @@ impl Inner {
     }
 
     /// One RedLock round, in two parallel round trips:
-    /// 1. acquire on every server; each reply also carries that server's fencing
-    ///    counter, read in the same atomic script as the `SET`;
-    /// 2. once a majority granted, write back the maximum counter + 1 on every server
+    /// 1. acquire on every server; each reply also carries that server's reading
+    ///    `max(fencing counter, server clock in µs)`, taken in the same atomic script as
+    ///    the `SET`;
+    /// 2. once a majority granted, write back the maximum reading + 1 on every server
     ///    (set if greater, only where the lock is still ours) and wait for a majority.
     ///
     /// The lock is granted when both rounds reached a majority and the validity, counted
@@ -433,7 +435,9 @@ impl Inner {
     /// expired, which under the bounded-drift assumption is after its validity ended). At
     /// least one server is in both majorities, and its reading already holds the previous
     /// token: max + 1 is above it. Readings of servers that refused (held by another) only
-    /// raise the maximum.
+    /// raise the maximum. Where the shared servers lost that token (restored stale,
+    /// restarted empty), the clock in their readings keeps max + 1 above it, as long as
+    /// the servers' clocks do not go back and agree to within the time between grants.
     async fn attempt_redlock(
         &self,
         hold: &RedisHold,
@@ -454,7 +458,7 @@ impl Inner {
         pending.arm(hold);
         // Round 1. Once a majority granted, slower servers are not waited for (whatever
         // they do with this token later is covered by renewal and release on every
-        // server); the granting majority's counter readings are all the fence needs.
+        // server); the granting majority's readings are all the fence needs.
         let quorum = self.quorum;
         let replies = gather(
             self.nodes
@@ -472,18 +476,18 @@ impl Inner {
         let mut won = 0;
         let mut held_for: Option<Duration> = None;
         let mut answered = 0;
-        let mut highest_counter = 0u64;
+        let mut highest_reading = 0u64;
         let mut first_error = None;
         for reply in replies {
             match reply {
-                Ok((1, _, counter)) => {
+                Ok((1, _, reading)) => {
                     won += 1;
                     answered += 1;
-                    highest_counter = highest_counter.max(counter);
+                    highest_reading = highest_reading.max(reading);
                 }
-                Ok((_, pttl, counter)) => {
+                Ok((_, pttl, reading)) => {
                     answered += 1;
-                    highest_counter = highest_counter.max(counter);
+                    highest_reading = highest_reading.max(reading);
                     let retry = pttl_wait(pttl);
                     held_for = Some(held_for.map_or(retry, |w| w.min(retry)));
                 }
@@ -495,7 +499,7 @@ impl Inner {
         let mut outcome = None;
         if won >= self.quorum {
             // Round 2.
-            let fence = highest_counter.saturating_add(1);
+            let fence = highest_reading.saturating_add(1);
             match self.write_fence(hold, fence, node_timeout).await {
                 Ok(true) if validity_deadline(requested_at, lease) > Instant::now() => {
                     outcome = Some(Ok(Attempt::Won(Acquired {

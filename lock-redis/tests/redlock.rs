@@ -174,8 +174,9 @@ async fn fencing_read_on_acquire_sees_the_previous_majority() {
         ReleaseOutcome::Released
     );
 
-    // A previous holder whose write-back reached only servers 0, 1 and 2.
-    let previous = t1 + 1_000;
+    // A previous holder whose write-back reached only servers 0, 1 and 2, with a token an
+    // hour ahead of the clock (so the counters decide, not the clock in the readings).
+    let previous = t1 + 3_600_000_000;
     for conn in &mut raw[..3] {
         let () = redis::cmd("SET")
             .arg(&fence_key)
