@@ -118,6 +118,24 @@ pub trait ServerControl: Send + Sync {
     fn pause(&self) -> Result<(), HarnessError>;
     /// SIGCONT.
     fn resume(&self) -> Result<(), HarnessError>;
+    /// Keeps a copy of its data (a backup, or what a lagging replica holds) for
+    /// [`ServerControl::restart_from_snapshot`]. Default: unsupported (an error).
+    async fn save_snapshot(&self) -> Result<(), HarnessError> {
+        Err(HarnessError::io(
+            &self.label(),
+            "save a snapshot",
+            std::io::ErrorKind::Unsupported.into(),
+        ))
+    }
+    /// Starts it again from the last snapshot: every write since is lost. Default:
+    /// unsupported (an error).
+    async fn restart_from_snapshot(&self) -> Result<(), HarnessError> {
+        Err(HarnessError::io(
+            &self.label(),
+            "restart from a snapshot",
+            std::io::ErrorKind::Unsupported.into(),
+        ))
+    }
 }
 
 #[async_trait]
@@ -139,6 +157,12 @@ impl ServerControl for RedisServer {
     }
     fn resume(&self) -> Result<(), HarnessError> {
         RedisServer::resume(self)
+    }
+    async fn save_snapshot(&self) -> Result<(), HarnessError> {
+        RedisServer::save_snapshot(self).await
+    }
+    async fn restart_from_snapshot(&self) -> Result<(), HarnessError> {
+        RedisServer::restart_from_snapshot(self).await
     }
 }
 
@@ -227,6 +251,7 @@ pub const SCENARIOS: &[&str] = &[
     "majority_loss",
     "redlock_restart_immediate",
     "redlock_restart_delayed",
+    "stale_counter_restore",
     "nemesis",
 ];
 
@@ -272,6 +297,16 @@ pub fn expectation(scenario: &str, topology: Topology) -> Expect {
         ("server_restart_without_data", Independent { .. }) => {
             Expect::FencedOnly("every RedLock node restarted empty at once forgets the holder")
         }
+        ("stale_counter_restore", Single { durable: false } | Independent { .. }) => {
+            Expect::FencedOnly(
+                "restored from an older snapshot, the servers forget the holder; the fencing \
+                 token, never below the server clock, still rises past the holder's",
+            )
+        }
+        ("stale_counter_restore", _) => Expect::NotApplicable(
+            "run on Redis only: memory:// keeps nothing on disk, and ZooKeeper and etcd \
+             promise nothing once their data goes back",
+        ),
         ("early_key_expiry", _) => Expect::FencedOnly(
             "a key removed early (operator, clock jump on the server) frees the lock before its \
              holder can know",
@@ -823,6 +858,95 @@ pub async fn redlock_restart_delayed(target: &dyn ChaosTarget, plan: Plan) -> Sc
     .await
 }
 
+/// Every server is restored from a snapshot of its data taken before the victim's grant
+/// (a backup restore, a failover to a lagging replica): the lock and the fencing counter
+/// go back, yet the next holder's token is above every earlier one and the victim's
+/// write is refused.
+pub async fn stale_counter_restore(target: &dyn ChaosTarget, plan: Plan) -> ScenarioReport {
+    let name = unique_name("stale_counter_restore");
+    let resource = FencedResource::new();
+    let notes = Arc::new(Mutex::new(Vec::new()));
+    let note = |text: String| notes.lock().expect("notes").push(text);
+    let servers = target.servers();
+    let client = target.client(options(plan.ttl)).await;
+    let cycle = |until| {
+        let clients = vec![Arc::clone(&client)];
+        contend(
+            clients,
+            name.clone(),
+            resource.clone(),
+            until,
+            Arc::clone(&notes),
+        )
+    };
+    cycle(Instant::now() + plan.ttl / 2).await;
+    for server in &servers {
+        if let Err(err) = server.save_snapshot().await {
+            note(format!("snapshot {}: {err}", server.label()));
+        }
+    }
+    cycle(Instant::now() + plan.ttl / 2).await;
+    let victim = client
+        .lock_timeout(name.as_str(), Duration::from_secs(10))
+        .await
+        .expect("victim acquires");
+    let section = resource
+        .begin(victim.fencing_token())
+        .expect("the victim's token is the highest");
+    let seen = section.read();
+    let highest = resource.sections().iter().map(|s| s.token).max();
+
+    let fault_at = Instant::now();
+    for (server, restored) in servers
+        .iter()
+        .zip(join_all(servers.iter().map(|s| s.restart_from_snapshot())).await)
+    {
+        if let Err(err) = restored {
+            note(format!("restore {}: {err}", server.label()));
+        }
+    }
+    let next = target.client(options(plan.ttl)).await;
+    let mut backwards = None;
+    match next.lock_timeout(name.as_str(), plan.ttl * 3).await {
+        Ok(guard) => {
+            let token = guard.fencing_token().get();
+            if let Some(highest) = highest.filter(|&highest| token <= highest) {
+                note(format!(
+                    "the first grant after the restore got token {token}, not above {highest}"
+                ));
+                backwards = Some((highest, token));
+            }
+            let _ = resource.increment(guard.fencing_token(), async {}).await;
+            let _ = guard.release().await;
+        }
+        Err(err) => note(format!("no grant after the restore: {err}")),
+    }
+    let contenders = join_all((0..plan.contenders).map(|_| target.client(options(plan.ttl)))).await;
+    contend(
+        contenders,
+        name.clone(),
+        resource.clone(),
+        Instant::now() + plan.contend,
+        Arc::clone(&notes),
+    )
+    .await;
+    let victim_write_accepted = Some(section.write(seen + 1).is_ok());
+    section.end();
+    let victim_lost = match victim.state() {
+        LockState::Lost(reason) => Some(reason),
+        _ => None,
+    };
+    let _ = victim.release().await;
+    let recovery = recover(target, &name, plan).await;
+    let notes = notes.lock().expect("notes").clone();
+    let mut out = report("stale_counter_restore", target, &resource, recovery, notes);
+    out.fence.tokens_backwards.extend(backwards);
+    out.victim_write_accepted = victim_write_accepted;
+    out.victim_lost = victim_lost;
+    out.takeover = first_other_start(&resource, fault_at).map(|at| at - fault_at);
+    out
+}
+
 fn report(
     scenario: &'static str,
     target: &dyn ChaosTarget,
@@ -1124,6 +1248,7 @@ pub async fn run(scenario: &str, target: &dyn ChaosTarget, plan: Plan) -> Option
         "majority_loss" => majority_loss(target, plan).await,
         "redlock_restart_immediate" => redlock_restart_immediate(target, plan).await,
         "redlock_restart_delayed" => redlock_restart_delayed(target, plan).await,
+        "stale_counter_restore" => stale_counter_restore(target, plan).await,
         "nemesis" => nemesis(target, plan).await,
         _ => return None,
     })

@@ -88,6 +88,7 @@ macro_rules! chaos_suite {
             majority_loss,
             redlock_restart_immediate,
             redlock_restart_delayed,
+            stale_counter_restore,
             nemesis,
         );
     };
