@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::{ttl_options, RedisFactory};
 use conformance::FencedResource;
-use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState, ReleaseOutcome};
+use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState, LostReason, ReleaseOutcome};
 use lock_redis::{KeyLayout, DEFAULT_PREFIX};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -218,4 +218,100 @@ async fn fencing_read_on_acquire_sees_the_previous_majority() {
         next.release().await.expect("release"),
         ReleaseOutcome::Released
     );
+}
+
+/// Renewal decides each hold on its own: one hold whose key is gone from servers 0 and 1
+/// while servers 3 and 4 are stopped has one confirmation and two silent servers
+/// (undecided), yet the client's other holds, confirmed by servers 0, 1 and 2, stay Held
+/// through every renewal; only the undecided hold turns Suspect (then Lost once its
+/// validity runs out).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_undecided_hold_leaves_the_others_held() {
+    let Some(factory) = RedisFactory::redlock(5).await else {
+        return;
+    };
+    let ttl = Duration::from_secs(2);
+    let mut options = ttl_options(ttl);
+    options.request_timeout = Duration::from_millis(500);
+    let client = factory.make(options).await;
+    let names = [name("undecided"), name("decided_1"), name("decided_2")];
+    let mut guards = Vec::new();
+    for lock in &names {
+        guards.push(client.lock(lock.as_str()).await.expect("acquire"));
+    }
+    let keys = KeyLayout::new(DEFAULT_PREFIX);
+    let mut raw = factory.raw_all().await;
+    // An acquire does not wait for the servers beyond its majority: put each key on the
+    // servers it did not reach yet, so that every hold starts on all five.
+    for lock in &names {
+        let key = keys.lock_key(lock);
+        let mut owners = Vec::new();
+        for conn in &mut raw {
+            let owner: Option<String> = redis::cmd("GET")
+                .arg(&key)
+                .query_async(conn)
+                .await
+                .expect("GET");
+            owners.push(owner);
+        }
+        let owner = owners.iter().flatten().next().expect("held").clone();
+        for (conn, _) in raw.iter_mut().zip(&owners).filter(|(_, o)| o.is_none()) {
+            let () = redis::cmd("SET")
+                .arg(&key)
+                .arg(&owner)
+                .arg("PX")
+                .arg(u64::try_from(ttl.as_millis()).expect("ms"))
+                .query_async(conn)
+                .await
+                .expect("SET");
+        }
+    }
+    let undecided_key = keys.lock_key(&names[0]);
+    for conn in &mut raw[..2] {
+        let deleted: i64 = redis::cmd("DEL")
+            .arg(&undecided_key)
+            .query_async(conn)
+            .await
+            .expect("DEL");
+        assert_eq!(deleted, 1);
+    }
+    for i in [3, 4] {
+        factory.servers.member(i).pause().expect("pause");
+    }
+    // Each hold's states, in the order they were seen, until the undecided hold's
+    // validity ends (it is never renewed again: several renewals of the others).
+    let mut seen: Vec<Vec<LockState>> = vec![Vec::new(); guards.len()];
+    let until = guards[0].valid_until() - Duration::from_millis(50);
+    while Instant::now() < until {
+        for (states, guard) in seen.iter_mut().zip(&guards) {
+            let state = guard.state();
+            if states.last() != Some(&state) {
+                states.push(state);
+            }
+        }
+        sleep(Duration::from_millis(20)).await;
+    }
+    let undecided = timeout(ttl, guards[0].lost()).await;
+    for i in [3, 4] {
+        factory.servers.member(i).resume().expect("resume");
+    }
+    assert_eq!(
+        &seen[1..],
+        [vec![LockState::Held], vec![LockState::Held]],
+        "holds confirmed by a majority did not stay Held (the undecided one went {:?})",
+        seen[0]
+    );
+    assert_eq!(
+        seen[0],
+        [LockState::Held, LockState::Suspect],
+        "the undecided hold"
+    );
+    assert_eq!(
+        undecided.ok(),
+        Some(LostReason::Expired),
+        "the undecided hold ends when its validity does"
+    );
+    for guard in guards {
+        let _ = guard.release().await;
+    }
 }
