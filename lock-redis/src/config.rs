@@ -86,10 +86,10 @@ pub struct RedisConfig {
     /// for the plain layout of other Redis lock libraries (the lock key is then the
     /// escaped lock name). Must not contain `{` or `}`.
     pub prefix: String,
-    /// RedLock: how long one node may take to answer an acquire attempt before it counts
-    /// as failed \[`node_timeout`\]. Default: TTL / 10, at least 50 ms and at most the
-    /// request timeout. A slow server costs this much only when no majority answered
-    /// sooner: the outcome is taken as soon as a majority granted.
+    /// RedLock: how long one node may take to answer an acquire attempt or a renewal
+    /// before it counts as failed \[`node_timeout`\]. Default: TTL / 10, at least 50 ms
+    /// and at most the request timeout. A slow server costs an acquire this much only when
+    /// no majority answered sooner: the outcome is taken as soon as a majority granted.
     #[serde(with = "lock_core::duration_text::option")]
     pub node_timeout: Option<Duration>,
     /// Client-wide lock options (TTL, renewal, timeouts). Query keys `ttl`, `renewal`,

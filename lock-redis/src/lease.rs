@@ -53,8 +53,12 @@ impl RedisHold {
 }
 
 /// Renews `items` on every server: one script call per server (per [`RENEW_CHUNK`] keys).
-/// A hold is renewed when a majority of servers (the one server, on `redis://`) renewed
-/// it, and lost when a majority can no longer be reached.
+/// Each hold gets its own outcome: renewed when a majority of servers (the one server, on
+/// `redis://`) renewed it, lost when a majority can no longer confirm it, and undecided
+/// when the servers that did not answer could still tip it either way.
+///
+/// # Errors
+/// When fewer than a majority of servers answered: then no hold can be decided.
 pub(crate) async fn renew(
     inner: &Inner,
     items: &[RenewItem<'_, RedisHold>],
@@ -65,8 +69,15 @@ pub(crate) async fn renew(
     let n = inner.nodes.len();
     let shortest = items.iter().map(|i| i.ttl).min().unwrap_or_default();
     let limit = if inner.config.redlock {
-        // A slow server must not hold up the others' verdict past a third of the lease.
-        inner.config.lock.request_timeout.min(shortest / 3)
+        // A slow server must not hold up the others' verdict past a third of the lease,
+        // nor past the caller's bound on the whole renewal (`request_timeout`, counted from
+        // a little earlier): the replies that did come must still be counted.
+        let request_timeout = inner.config.lock.request_timeout;
+        inner
+            .config
+            .node_timeout_for(shortest)
+            .min(shortest / 3)
+            .min(request_timeout - request_timeout / 5)
     } else {
         inner.config.lock.request_timeout
     };
@@ -113,10 +124,19 @@ pub(crate) async fn renew(
             }
         }
     }
-    if answers.is_empty() {
-        return Err(
-            first_error.unwrap_or_else(|| error::protocol(inner.backend, "no reply".into()))
-        );
+    if answers.len() < inner.quorum {
+        return Err(match (n, first_error) {
+            (1, Some(err)) => err,
+            (_, first_error) => Error::Unavailable {
+                backend: inner.backend,
+                message: format!(
+                    "only {} of {n} servers answered the renewal; RedLock needs {}",
+                    answers.len(),
+                    inner.quorum
+                ),
+                source: first_error.map(|e| Box::new(e) as lock_core::BoxError),
+            },
+        });
     }
     let silent = n - answers.len();
     let mut outcomes = Vec::with_capacity(items.len());
@@ -128,16 +148,9 @@ pub(crate) async fn renew(
                 lease: std::time::Duration::from_millis(ttl_millis(item.ttl)),
             });
         } else if renewed + silent >= inner.quorum {
-            // The servers that did not answer may still hold it: undecided.
-            return Err(Error::Unavailable {
-                backend: inner.backend,
-                message: format!(
-                    "only {} of {n} servers answered the renewal; RedLock needs {}",
-                    answers.len(),
-                    inner.quorum
-                ),
-                source: first_error.map(|e| Box::new(e) as lock_core::BoxError),
-            });
+            // The servers that did not answer may still hold it: this hold alone is
+            // undecided (Suspect, retried soon).
+            outcomes.push(RenewOutcome::Undecided);
         } else if taken > 0 {
             outcomes.push(RenewOutcome::Lost(LostReason::Taken));
         } else {
