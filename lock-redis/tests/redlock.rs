@@ -315,3 +315,51 @@ async fn one_undecided_hold_leaves_the_others_held() {
         let _ = guard.release().await;
     }
 }
+
+/// Clients connected to the server behind `conn` (`conn` included).
+async fn connected_clients(conn: &mut redis::aio::MultiplexedConnection) -> usize {
+    let list: String = redis::cmd("CLIENT")
+        .arg("LIST")
+        .query_async(conn)
+        .await
+        .expect("CLIENT LIST");
+    list.lines().count()
+}
+
+/// One server listed twice, even under two names (`localhost` and `127.0.0.1`), would
+/// count as two votes: `redlock://` refuses it at connect with `InvalidConfig`, before
+/// opening any connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_server_twice_is_rejected_by_resolved_address() {
+    let Some(factory) = RedisFactory::redlock(2).await else {
+        return;
+    };
+    let (a, b) = (
+        factory.servers.member(0).port(),
+        factory.servers.member(1).port(),
+    );
+    let mut watch = factory.raw_all().await;
+    let before = connected_clients(&mut watch[0]).await;
+    for url in [
+        format!("redlock://localhost:{a},127.0.0.1:{a},127.0.0.1:{b}"),
+        format!("redlock://127.0.0.1:{a},127.0.0.1:{b},LOCALHOST:{b}"),
+        format!("redlock://127.0.0.1:{a},127.0.0.1:{a},127.0.0.1:{b}"),
+    ] {
+        match lock_core::connect(&url).await {
+            Ok(client) => panic!("{url}: connected with one server listed twice: {client}"),
+            Err(err) => {
+                assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
+                assert!(err.to_string().contains("twice"), "{url}: {err}");
+            }
+        }
+    }
+    assert_eq!(
+        connected_clients(&mut watch[0]).await,
+        before,
+        "a rejected configuration left connections behind"
+    );
+    let distinct = format!("redlock://localhost:{a},127.0.0.1:{b}");
+    lock_core::connect(&distinct)
+        .await
+        .expect("two distinct servers");
+}
