@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
@@ -14,6 +15,7 @@ use redis::{AsyncConnectionConfig, FromRedisValue, ScriptInvocation};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep, timeout, timeout_at, Instant};
 
+use crate::config::{twice_listed, RedisNode};
 use crate::error;
 
 /// First pause before reconnecting after a failure; doubles up to [`MAX_BACKOFF`].
@@ -33,6 +35,41 @@ fn backoff(failures: u32) -> Duration {
     MIN_BACKOFF
         .saturating_mul(1 << failures.saturating_sub(1).min(10))
         .min(MAX_BACKOFF)
+}
+
+/// Rejects RedLock servers that resolve to a common address (`localhost:6379` and
+/// `127.0.0.1:6379` are one server, which would cast several votes). A name that does not
+/// resolve by `deadline` is left to the connection, which counts it as a server down.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] naming two servers and the address they share.
+pub(crate) async fn reject_aliases(nodes: &[RedisNode], deadline: Instant) -> Result<()> {
+    let resolved = futures::future::join_all(nodes.iter().map(|node| async move {
+        match timeout_at(
+            deadline,
+            tokio::net::lookup_host((node.host.as_str(), node.port)),
+        )
+        .await
+        {
+            Ok(Ok(addrs)) => addrs
+                .map(|a| SocketAddr::new(a.ip().to_canonical(), a.port()))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }))
+    .await;
+    let mut owner: HashMap<SocketAddr, usize> = HashMap::new();
+    for (i, addrs) in resolved.into_iter().enumerate() {
+        for addr in addrs {
+            match owner.get(&addr) {
+                Some(&j) if j != i => return Err(twice_listed(&nodes[j], &nodes[i], Some(addr))),
+                _ => {
+                    owner.insert(addr, i);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The current connection of a node and its reconnection state.

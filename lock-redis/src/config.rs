@@ -1,6 +1,7 @@
 //! Configuration of a Redis lock client: from a URL or a serde struct.
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -41,6 +42,26 @@ impl RedisNode {
             port,
         }
     }
+}
+
+impl RedisNode {
+    /// The same host name (ignoring case) and port.
+    fn same_name(&self, other: &RedisNode) -> bool {
+        self.port == other.port && self.host.eq_ignore_ascii_case(&other.host)
+    }
+}
+
+/// RedLock servers `a` and `b` are one server (at `addr`, when known from their resolved
+/// addresses).
+pub(crate) fn twice_listed(a: &RedisNode, b: &RedisNode, addr: Option<SocketAddr>) -> Error {
+    let how = match addr {
+        Some(addr) => format!(" ({a} and {b} both resolve to {addr})"),
+        None => String::new(),
+    };
+    Error::config(format!(
+        "redlock:// lists the same server twice{how}: one server would count as several \
+         votes of the majority"
+    ))
 }
 
 impl fmt::Display for RedisNode {
@@ -246,6 +267,11 @@ impl RedisConfig {
         if self.nodes.iter().any(|n| n.host.is_empty() || n.port == 0) {
             return Err(Error::config("every node needs a host and a non-zero port"));
         }
+        for (i, node) in self.nodes.iter().enumerate() {
+            if let Some(twice) = self.nodes[..i].iter().find(|n| n.same_name(node)) {
+                return Err(twice_listed(twice, node, None));
+            }
+        }
         if self.prefix.contains(['{', '}']) {
             return Err(Error::config(
                 "the key prefix must not contain `{` or `}` (they would change the keys' hash slot)",
@@ -355,6 +381,7 @@ mod tests {
             ("redis://u:s3cret@a:1?prefix=a{b", "prefix"),
             ("redis://u:s3cret@a:1?node_timeout=0s", "node_timeout"),
             ("redlock://u:s3cret@", "list of servers"),
+            ("redlock://u:s3cret@a:1,b:2,A:1", "twice"),
             ("memory://x", "serves"),
         ] {
             let err = parse(url).unwrap_err();

@@ -138,8 +138,9 @@ impl RedisBackend {
     /// call).
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] for a bad configuration, an unreadable CA file or
-    /// rejected credentials; [`Error::Connection`] when the server does not answer;
+    /// [`Error::InvalidConfig`] for a bad configuration, RedLock servers that resolve to
+    /// the same address (checked before any connection is opened), an unreadable CA file
+    /// or rejected credentials; [`Error::Connection`] when the server does not answer;
     /// [`Error::Unavailable`] when fewer than a majority of RedLock servers answer.
     pub async fn connect(config: RedisConfig) -> Result<RedisLock> {
         let options = config.lock.clone();
@@ -153,6 +154,10 @@ impl RedisBackend {
     /// As [`RedisBackend::connect`].
     pub async fn open(config: RedisConfig) -> Result<RedisBackend> {
         config.validate()?;
+        if config.redlock {
+            let deadline = Instant::now() + config.lock.request_timeout;
+            crate::client::reject_aliases(&config.nodes, deadline).await?;
+        }
         let backend: &'static str = if config.redlock { "redlock" } else { "redis" };
         let ca = match &config.tls_ca {
             Some(path) => {
