@@ -11,8 +11,9 @@ use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use conformance::harness::{or_skip, ZkEnsemble, ZkServer};
 use conformance::proxy::{FaultProxy, ProxyMode};
 use conformance::{Crash, Factory};
-use lock_core::{DistributedLock, LockName, LockOptions};
+use lock_core::{DistributedLock, LockGuard, LockName, LockOptions, LockState};
 use lock_zookeeper::{lock_dir, sort_key, ZkBackend, ZkConfig, ZkLock};
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
 /// The base path the suite's locks live under.
@@ -67,6 +68,49 @@ pub async fn raw_client(hosts: &[String]) -> zk::Client {
         .connect(&hosts.join(","))
         .await
         .expect("raw ZooKeeper client connects")
+}
+
+/// A lock name under `tag` no other test uses.
+pub fn unique_name(tag: &str) -> LockName {
+    LockName::new(format!("{tag}/{}", uuid::Uuid::new_v4().simple())).expect("valid")
+}
+
+/// Every state a guard goes through, recorded by a background task.
+pub fn record_states(guard: &LockGuard) -> Arc<Mutex<Vec<(Instant, LockState)>>> {
+    let states = Arc::new(Mutex::new(vec![(Instant::now(), guard.state())]));
+    let mut watch = guard.watch();
+    let log = Arc::clone(&states);
+    tokio::spawn(async move {
+        loop {
+            let state = watch.changed().await;
+            log.lock().expect("log").push((Instant::now(), state));
+            if state.is_lost() {
+                return;
+            }
+        }
+    });
+    states
+}
+
+/// The states recorded by [`record_states`].
+pub fn seen(states: &Mutex<Vec<(Instant, LockState)>>) -> Vec<LockState> {
+    states
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|(_, s)| *s)
+        .collect()
+}
+
+/// Creates each of `paths` as a persistent node open to anyone, unless it exists.
+pub async fn create_persistent(admin: &zk::Client, paths: impl IntoIterator<Item = String>) {
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    for path in paths {
+        match admin.create(&path, &[], &persistent).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(err) => panic!("create {path}: {err}"),
+        }
+    }
 }
 
 /// Options with `ttl`.
