@@ -7,13 +7,17 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{config, record_states, seen, unique_name, with_ttl};
+use common::{
+    config, create_persistent, queue, raw_client, record_states, seen, unique_name, with_ttl, BASE,
+};
 use conformance::harness::{or_skip, ZkEnsemble, ZkOptions};
+use conformance::proxy::{FaultProxy, ProxyMode};
 use lock_core::{DistributedLockExt, ReleaseOutcome};
-use lock_zookeeper::ZkBackend;
-use tokio::time::{sleep, Instant};
+use lock_zookeeper::{lock_dir, ZkBackend};
+use tokio::time::{sleep, timeout, Instant};
 
 /// Signed milliseconds from `origin` to `at`.
 fn ms_since(origin: Instant, at: Instant) -> f64 {
@@ -95,4 +99,95 @@ async fn holder_on_a_cut_off_follower_stops_vouching_before_another_client_gets_
         guard.release().await.expect("release"),
         ReleaseOutcome::AlreadyLost(_)
     ));
+}
+
+/// How late every quorum message reaches its peer.
+const LAG: Duration = Duration::from_millis(1000);
+
+/// The client's create goes to one follower; the connection to it breaks before the reply
+/// and the client moves to the other follower. That one confirms the session with the
+/// leader (the create reached the leader first) but applies the create only later, when
+/// its commit arrives. The client must find its node rather than queue a second one
+/// (which, same session and a higher sequence, would wait for the first forever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_unseen_by_the_server_the_client_moves_to_leaves_one_node() {
+    // Followers wait 10 s for their leader: the lag does not make them give up.
+    let options = ZkOptions::default().peer_links(true).sync_limit(20);
+    let Some(ensemble) = or_skip(ZkEnsemble::start_with(options).await) else {
+        return;
+    };
+    let leader = ensemble.leader().await.expect("a leader");
+    let first = (leader + 1) % ensemble.len();
+    let second = (leader + 2) % ensemble.len();
+    let admin = raw_client(&[ensemble.member(leader).connect_string()]).await;
+    let lock = unique_name("lagging/unseen-create");
+    create_persistent(&admin, [BASE.to_owned(), lock_dir(BASE, &lock)]).await;
+    let to_first = FaultProxy::start(ensemble.member(first).addr())
+        .await
+        .expect("proxy");
+    let to_second = FaultProxy::start(ensemble.member(second).addr())
+        .await
+        .expect("proxy");
+    // Refused at first: the client starts on the first follower.
+    to_second.set_mode(ProxyMode::Reset);
+    // A long session: reconnecting through the slow links takes two lags.
+    let mut options = with_ttl(Duration::from_secs(12));
+    options.request_timeout = Duration::from_secs(10);
+    let hosts = vec![to_first.addr().to_string(), to_second.addr().to_string()];
+    let client = Arc::new(
+        ZkBackend::connect(config(hosts, options))
+            .await
+            .expect("the client connects to the first follower"),
+    );
+    to_second.set_mode(ProxyMode::Pass);
+
+    for member in 0..ensemble.len() {
+        ensemble
+            .set_peer_links(
+                member,
+                ProxyMode::Delay {
+                    base: LAG,
+                    jitter: Duration::ZERO,
+                },
+            )
+            .expect("slow quorum links");
+    }
+    let acquire = tokio::spawn({
+        let (client, lock) = (Arc::clone(&client), lock.clone());
+        async move {
+            client
+                .lock_timeout(lock.as_str(), Duration::from_secs(20))
+                .await
+        }
+    });
+    // The create reaches the leader after one lag and commits after three (a follower's
+    // ack); the second follower confirms the moved session after the first lag plus two
+    // and applies the create after four.
+    sleep(LAG / 2).await;
+    to_first.set_mode(ProxyMode::Reset);
+    sleep(LAG * 5).await;
+    for member in 0..ensemble.len() {
+        ensemble
+            .set_peer_links(member, ProxyMode::Pass)
+            .expect("fast quorum links");
+    }
+    let acquired = timeout(Duration::from_secs(25), acquire)
+        .await
+        .expect("the acquire ends")
+        .expect("the acquire task");
+    let nodes = queue(&admin, &lock).await;
+    let guard = acquired.unwrap_or_else(|err| {
+        panic!("the acquire failed: {err}; nodes in the lock directory: {nodes:?}")
+    });
+    assert!(
+        to_second.accepted() > 0,
+        "the client moved to the second follower"
+    );
+    assert_eq!(client.backend().session_epoch(), 1, "the session survived");
+    assert_eq!(nodes.len(), 1, "one node for one acquire: {nodes:?}");
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    assert!(queue(&admin, &lock).await.is_empty());
 }
