@@ -160,16 +160,27 @@ impl ZkBackend {
         request: &AcquireRequest<'_>,
         pending: &mut Pending,
     ) -> Result<Option<Acquired<ZkHold>>, Step> {
-        let (name, czxid) = self.create(live, dir, marker, pending).await?;
+        let (name, czxid, created_at) = self.create(live, dir, marker, pending).await?;
         let path = format!("{dir}/{name}");
         let mut losses = 0;
+        // The create was ordered by the leader after `created_at`: the first look needs no
+        // barrier of its own. A grant's validity runs from such a point, never from a
+        // read a cut-off follower may answer from its own copy.
+        let mut ordered_at = Some(created_at);
         loop {
-            let listed_at = Instant::now();
-            let children = match self
-                .session
-                .call("list lock nodes", live.client.list_children(dir))
-                .await
-            {
+            let (listed_at, listed) = match ordered_at.take() {
+                Some(at) => (
+                    at,
+                    self.session
+                        .call("list lock nodes", live.client.list_children(dir))
+                        .await,
+                ),
+                None => (
+                    Instant::now(),
+                    ordered_children(&self.session, live, &path, dir).await,
+                ),
+            };
+            let children = match listed {
                 Ok(Ok(children)) => children,
                 Ok(Err(zk::Error::NoNode)) => Vec::new(),
                 Ok(Err(err)) => {
@@ -259,19 +270,22 @@ impl ZkBackend {
 
     /// Creates the ephemeral sequential node `<dir>/<marker><seq>`; after a connection
     /// loss, finds it by its marker (owned by this session) instead of creating another.
+    /// Returns its name, its czxid and an instant before a point the leader ordered after
+    /// the node existed (the create, or the search).
     async fn create(
         &self,
         live: &Live,
         dir: &str,
         marker: &str,
         pending: &mut Pending,
-    ) -> Result<(String, u64), Step> {
+    ) -> Result<(String, u64, Instant), Step> {
         let prefix = format!("{dir}/{marker}");
         let acls = self.acls();
         let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
         let mut losses = 0;
         for _ in 0..CREATE_ATTEMPTS {
             pending.armed = true;
+            let sent_at = Instant::now();
             let created = self
                 .session
                 .call(
@@ -283,7 +297,7 @@ impl ZkBackend {
                 Ok(Ok((stat, sequence))) => {
                     let name = format!("{marker}{sequence}");
                     pending.node = Some(format!("{dir}/{name}"));
-                    return Ok((name, fencing(stat.czxid)?));
+                    return Ok((name, fencing(stat.czxid)?, sent_at));
                 }
                 Ok(Err(zk::Error::NoNode)) => {
                     self.make_parents(live, dir).await?;
@@ -295,10 +309,11 @@ impl ZkBackend {
             // The create may or may not have happened: look for our node.
             self.tolerate(live, lost, &mut losses).await?;
             loop {
+                let searched_at = Instant::now();
                 match self.find_own(live, dir, marker).await {
                     Ok(Some((name, czxid))) => {
                         pending.node = Some(format!("{dir}/{name}"));
-                        return Ok((name, czxid));
+                        return Ok((name, czxid, searched_at));
                     }
                     Ok(None) => break,
                     Err(step) => self.tolerate(live, step, &mut losses).await?,
@@ -468,6 +483,24 @@ impl Drop for Pending {
             }
         });
     }
+}
+
+/// The children of `dir` as of a point the leader ordered after this call: a
+/// [`Live::barrier`] on `anchor`, then the listing, sent together.
+async fn ordered_children(
+    session: &Session,
+    live: &Live,
+    anchor: &str,
+    dir: &str,
+) -> Result<Result<Vec<String>, zk::Error>> {
+    let barrier = live.barrier(anchor);
+    let list = live.client.list_children(dir);
+    session
+        .call("list lock nodes", async move {
+            let (barrier, list) = tokio::join!(barrier, list);
+            barrier.and(list)
+        })
+        .await
 }
 
 /// The path of the child of `dir` carrying `marker`, looked up on session `epoch`.
