@@ -271,7 +271,7 @@ impl ZkBackend {
     /// Creates the ephemeral sequential node `<dir>/<marker><seq>`; after a connection
     /// loss, finds it by its marker (owned by this session) instead of creating another.
     /// Returns its name, its czxid and an instant before a point the leader ordered after
-    /// the node existed (the create, or the search).
+    /// the node existed (the create, or the barrier of the search).
     async fn create(
         &self,
         live: &Live,
@@ -327,18 +327,16 @@ impl ZkBackend {
         }))
     }
 
-    /// Our node in `dir` (by marker), if it exists and belongs to this session.
+    /// Our node in `dir` (by marker), if it exists and belongs to this session. Looked
+    /// for after a barrier: the server we talk to now may not have applied yet a create
+    /// that another one forwarded before the connection broke.
     async fn find_own(
         &self,
         live: &Live,
         dir: &str,
         marker: &str,
     ) -> Result<Option<(String, u64)>, Step> {
-        let children = match self
-            .session
-            .call("list lock nodes", live.client.list_children(dir))
-            .await
-        {
+        let children = match ordered_children(&self.session, live, dir, dir).await {
             Ok(Ok(children)) => children,
             Ok(Err(zk::Error::NoNode)) => return Ok(None),
             Ok(Err(err)) => return Err(step(err, "list lock nodes")),
@@ -507,10 +505,7 @@ async fn ordered_children(
 async fn find_by_marker(session: &Session, dir: &str, marker: &str, epoch: u64) -> Option<String> {
     for _ in 0..3 {
         let live = session.live().ok().filter(|live| live.epoch == epoch)?;
-        match session
-            .call("list lock nodes", live.client.list_children(dir))
-            .await
-        {
+        match ordered_children(session, &live, dir, dir).await {
             Ok(Ok(children)) => {
                 return children
                     .into_iter()
