@@ -68,13 +68,25 @@ pub fn lock_dir(base: &str, name: &LockName) -> String {
     format!("{base}/{}", escape_segment(name.as_str()))
 }
 
-/// The key lock nodes are ordered by, as Curator orders them: the text after the last
-/// `lock-` (the zero-padded sequence), or the whole name.
-pub fn sort_key(child: &str) -> &str {
-    match child.rfind(LOCK_NODE) {
-        Some(i) => &child[i + LOCK_NODE.len()..],
-        None => child,
-    }
+/// The lock nodes among the `children` of a lock directory, in queue order: the names
+/// that end in `lock-` and the ten digits ZooKeeper appends to a sequential node (ours
+/// and Curator's `_c_<uuid>-lock-<seq>`), ordered by those digits as Curator orders
+/// them. Any other child is no lock node and has no place in the queue, whatever its
+/// name sorts like (Curator does not skip it, but can only be blocked by it: it grants
+/// the lock to the first child alone, which is then our first lock node too or none).
+pub fn queue_order(children: &[String]) -> Vec<&str> {
+    let mut nodes: Vec<(&str, &str)> = children
+        .iter()
+        .filter_map(|child| Some((sequence(child)?, child.as_str())))
+        .collect();
+    nodes.sort_unstable();
+    nodes.into_iter().map(|(_, child)| child).collect()
+}
+
+/// The sequence of a lock node: the ten digits after its last `lock-`.
+fn sequence(child: &str) -> Option<&str> {
+    let digits = &child[child.rfind(LOCK_NODE)? + LOCK_NODE.len()..];
+    (digits.len() == 10 && digits.bytes().all(|b| b.is_ascii_digit())).then_some(digits)
 }
 
 /// The protocol half of a ZooKeeper lock client. See the crate docs.
@@ -193,8 +205,7 @@ impl ZkBackend {
                     continue;
                 }
             };
-            let mut queue: Vec<&str> = children.iter().map(String::as_str).collect();
-            queue.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+            let queue = queue_order(&children);
             let Some(index) = queue.iter().position(|child| *child == name) else {
                 return Err(Step::Restart(Error::Unavailable {
                     backend: BACKEND,
@@ -659,15 +670,29 @@ mod tests {
     }
 
     #[test]
-    fn nodes_sort_by_sequence_like_curator() {
-        let mut children = [
+    fn nodes_queue_by_sequence_like_curator_and_other_children_not_at_all() {
+        let children = [
             "_c_9e1-lock-0000000003",
+            "foo",
+            "lock-",
+            "lock-abc",
+            "x-lock-0",
+            "0000000000",
             "_c_a22-lock-0000000001",
+            "lock-0000000000",
             "_c_0b7-lock-0000000002",
-        ];
-        children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
-        assert_eq!(children[0], "_c_a22-lock-0000000001");
-        assert_eq!(children[2], "_c_9e1-lock-0000000003");
-        assert_eq!(sort_key("foreign"), "foreign");
+            "_c_0b7-lock-00000000021",
+        ]
+        .map(String::from);
+        assert_eq!(
+            queue_order(&children),
+            [
+                "lock-0000000000",
+                "_c_a22-lock-0000000001",
+                "_c_0b7-lock-0000000002",
+                "_c_9e1-lock-0000000003",
+            ]
+        );
+        assert!(queue_order(&[]).is_empty());
     }
 }

@@ -12,7 +12,7 @@ use conformance::harness::{or_skip, ZkEnsemble, ZkServer};
 use conformance::proxy::{FaultProxy, ProxyMode};
 use conformance::{Crash, Factory};
 use lock_core::{DistributedLock, LockGuard, LockName, LockOptions, LockState};
-use lock_zookeeper::{lock_dir, sort_key, ZkBackend, ZkConfig, ZkLock};
+use lock_zookeeper::{lock_dir, queue_order, ZkBackend, ZkConfig, ZkLock};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -131,13 +131,15 @@ pub fn config(hosts: Vec<String>, options: LockOptions) -> ZkConfig {
 /// The lock nodes in `name`'s directory, in queue order.
 pub async fn queue(admin: &zk::Client, name: &LockName) -> Vec<String> {
     let dir = lock_dir(BASE, name);
-    let mut children = match admin.list_children(&dir).await {
+    let children = match admin.list_children(&dir).await {
         Ok(children) => children,
         Err(zk::Error::NoNode) => Vec::new(),
         Err(err) => panic!("list {dir}: {err}"),
     };
-    children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
-    children
+    queue_order(&children)
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
 }
 
 impl ZkFactory {
