@@ -3,7 +3,7 @@
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -474,14 +474,6 @@ impl ZkServer {
     }
 }
 
-/// One member's quorum connections to one peer, through a fault proxy.
-#[derive(Debug)]
-struct PeerLink {
-    from: usize,
-    to: usize,
-    proxy: FaultProxy,
-}
-
 /// A ZooKeeper ensemble (3 members by default) on loopback. Killed on drop.
 ///
 /// With [`ZkOptions::peer_links`], each member's configuration names every peer's quorum
@@ -496,7 +488,9 @@ struct PeerLink {
 #[derive(Debug)]
 pub struct ZkEnsemble {
     members: Vec<ZkServer>,
-    links: Vec<PeerLink>,
+    /// `links[i][k]`: the proxy member `i` reaches the quorum port of its `k`-th peer
+    /// through (peers in member order, `i` left out). Empty without peer links.
+    links: Vec<Arc<Vec<FaultProxy>>>,
     label: String,
     _dir: TempDir,
 }
@@ -542,14 +536,16 @@ impl ZkEnsemble {
         let mut links = Vec::new();
         if options.peer_links {
             for from in 0..n {
+                let mut outgoing = Vec::with_capacity(n - 1);
                 for to in (0..n).filter(|to| *to != from) {
                     let proxy = FaultProxy::start(loopback(peers[to].quorum))
                         .await
                         .map_err(|e| {
                             HarnessError::io("zookeeper ensemble", "start a peer link proxy", e)
                         })?;
-                    links.push(PeerLink { from, to, proxy });
+                    outgoing.push(proxy);
                 }
+                links.push(Arc::new(outgoing));
             }
         }
         let mut members = Vec::with_capacity(n);
@@ -560,15 +556,13 @@ impl ZkEnsemble {
             let view: Vec<MemberPorts> = peers
                 .iter()
                 .enumerate()
-                .map(
-                    |(j, peer)| match links.iter().find(|l| l.from == i && l.to == j) {
-                        Some(link) => MemberPorts {
-                            quorum: link.proxy.port(),
-                            ..*peer
-                        },
-                        None => *peer,
+                .map(|(j, peer)| match peer_link(&links, i, j) {
+                    Some(proxy) => MemberPorts {
+                        quorum: proxy.port(),
+                        ..*peer
                     },
-                )
+                    None => *peer,
+                })
                 .collect();
             members.push(ZkServer::prepare(
                 runtime,
@@ -681,17 +675,33 @@ impl ZkEnsemble {
     /// # Errors
     /// As [`partition`](Self::partition).
     pub fn set_peer_links(&self, i: usize, mode: ProxyMode) -> Result<(), HarnessError> {
-        if self.links.is_empty() {
-            return Err(HarnessError::Cluster {
+        self.peer_links(i)?;
+        for from in 0..self.links.len() {
+            for to in 0..self.links.len() {
+                if from == i || to == i {
+                    if let Some(proxy) = peer_link(&self.links, from, to) {
+                        proxy.set_mode(mode);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The proxies member `i` reaches its peers' quorum ports through. Cutting them (as
+    /// a [`Link`](crate::chaos::Link)) cuts a follower off: a follower's one quorum
+    /// connection is the one it opens to its leader.
+    ///
+    /// # Errors
+    /// As [`partition`](Self::partition).
+    pub fn peer_links(&self, i: usize) -> Result<Arc<Vec<FaultProxy>>, HarnessError> {
+        self.links
+            .get(i)
+            .cloned()
+            .ok_or_else(|| HarnessError::Cluster {
                 cluster: self.label.clone(),
                 detail: "started without peer links (ZkOptions::peer_links)".to_owned(),
-            });
-        }
-        self.links
-            .iter()
-            .filter(|l| l.from == i || l.to == i)
-            .for_each(|l| l.proxy.set_mode(mode));
-        Ok(())
+            })
     }
 
     /// Kills every member that runs and starts all of them again concurrently, on the
@@ -806,6 +816,16 @@ async fn start_slots(n: usize) -> Result<SemaphorePermit<'static>, HarnessError>
                 std::io::Error::other(e),
             )
         })
+}
+
+/// The proxy member `from` reaches member `to` through, if any.
+fn peer_link(links: &[Arc<Vec<FaultProxy>>], from: usize, to: usize) -> Option<&FaultProxy> {
+    let k = match to.cmp(&from) {
+        std::cmp::Ordering::Less => to,
+        std::cmp::Ordering::Equal => return None,
+        std::cmp::Ordering::Greater => to - 1,
+    };
+    links.get(from)?.get(k)
 }
 
 fn loopback(port: u16) -> SocketAddr {

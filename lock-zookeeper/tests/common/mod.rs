@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{or_skip, ZkEnsemble, ZkServer};
+use conformance::harness::{or_skip, ZkEnsemble, ZkOptions, ZkServer};
 use conformance::proxy::{FaultProxy, ProxyMode};
 use conformance::{Crash, Factory};
 use lock_core::{DistributedLock, LockGuard, LockName, LockOptions, LockState};
@@ -56,9 +56,9 @@ pub async fn standalone() -> Option<ZkServer> {
     or_skip(ZkServer::start().await)
 }
 
-/// Starts a 3-member ensemble; `None` as for [`standalone`].
-pub async fn ensemble() -> Option<ZkEnsemble> {
-    or_skip(ZkEnsemble::start().await)
+/// Starts a 3-member ensemble with `options`; `None` as for [`standalone`].
+pub async fn ensemble(options: ZkOptions) -> Option<ZkEnsemble> {
+    or_skip(ZkEnsemble::start_with(options).await)
 }
 
 /// A raw client of `hosts`, for checks behind the library's back.
@@ -151,7 +151,17 @@ impl ZkFactory {
 
     /// A factory over a fresh 3-member ensemble.
     pub async fn start_ensemble() -> Option<Self> {
-        let ensemble = ensemble().await?;
+        Self::start_ensemble_with(ZkOptions::default()).await
+    }
+
+    /// A factory over a fresh 3-member ensemble whose quorum links pass fault proxies
+    /// ([`ZkOptions::peer_links`]), so that a follower can be cut off from its peers.
+    pub async fn start_partitionable_ensemble() -> Option<Self> {
+        Self::start_ensemble_with(ZkOptions::default().peer_links(true)).await
+    }
+
+    async fn start_ensemble_with(options: ZkOptions) -> Option<Self> {
+        let ensemble = ensemble(options).await?;
         Some(Self::over(Servers::Ensemble(ensemble)).await)
     }
 
@@ -291,5 +301,22 @@ impl ChaosTarget for ZkFactory {
             Servers::Standalone(_) => None,
             Servers::Ensemble(e) => e.leader().await.ok(),
         }
+    }
+
+    async fn follower_link(
+        &self,
+        options: LockOptions,
+    ) -> Option<(Arc<dyn DistributedLock>, Link)> {
+        let Servers::Ensemble(ensemble) = &self.servers else {
+            return None;
+        };
+        let leader = ensemble.leader().await.ok()?;
+        let follower = (leader + 1) % ensemble.len();
+        let links = ensemble.peer_links(follower).ok()?;
+        let hosts = vec![ensemble.member(follower).connect_string()];
+        let client = ZkBackend::connect(config(hosts, options))
+            .await
+            .expect("a client of one follower connects");
+        Some((Arc::new(client), Link::Proxies(links)))
     }
 }
