@@ -220,6 +220,16 @@ pub trait ChaosTarget: Factory {
     async fn leader(&self) -> Option<usize> {
         None
     }
+
+    /// A new client that reaches one follower only, and as its link that follower's
+    /// links to its peers: cut, they cut the follower off from the quorum while the
+    /// client still reaches it. `None` where the deployment cannot do that.
+    async fn follower_link(
+        &self,
+        _options: LockOptions,
+    ) -> Option<(Arc<dyn DistributedLock>, Link)> {
+        None
+    }
 }
 
 /// What a topology promises in a scenario.
@@ -237,6 +247,7 @@ pub enum Expect {
 /// The scenarios, by name.
 pub const SCENARIOS: &[&str] = &[
     "holder_partitioned",
+    "follower_partition",
     "holder_paused_beyond_ttl",
     "long_network_delay",
     "stuck_server",
@@ -267,6 +278,8 @@ pub fn expectation(scenario: &str, topology: Topology) -> Expect {
             "the fault mix restarts nodes at once without data, outside RedLock's assumptions",
         ),
         ("member_crash" | "majority_loss", _) => Expect::NotApplicable("needs several servers"),
+        ("follower_partition", Quorum { .. }) => Expect::Safe,
+        ("follower_partition", _) => Expect::NotApplicable("needs a consensus cluster"),
         ("redlock_restart_immediate", Independent { .. }) => Expect::FencedOnly(
             "RedLock assumes a crashed node restarts only after the TTL or with persistence; \
              restarted at once and empty, a majority can forget the holder",
@@ -525,6 +538,12 @@ async fn contend(
 enum Fault<'a> {
     /// Cut the victim's link for `duration`.
     Partition(Duration),
+    /// The victim is `pinned` (a client and its link) instead of a linked client of the
+    /// target; its link is cut for `duration`.
+    Pinned {
+        pinned: (Arc<dyn DistributedLock>, Link),
+        duration: Duration,
+    },
     /// Delay the victim's link by `delay` for `duration`.
     Delay { delay: Duration, duration: Duration },
     /// SIGSTOP every server for `duration`.
@@ -553,7 +572,10 @@ async fn victim_scenario(
     let name = unique_name(scenario);
     let resource = FencedResource::new();
     let notes = Arc::new(Mutex::new(Vec::new()));
-    let (victim, link) = target.linked_client(options(plan.ttl)).await;
+    let (victim, link) = match &fault {
+        Fault::Pinned { pinned, .. } => pinned.clone(),
+        _ => target.linked_client(options(plan.ttl)).await,
+    };
     let guard = victim
         .lock_timeout(name.as_str(), Duration::from_secs(10))
         .await
@@ -589,7 +611,7 @@ async fn victim_scenario(
     ));
     let note = |text: String| notes.lock().expect("notes").push(text);
     match fault {
-        Fault::Partition(duration) => {
+        Fault::Partition(duration) | Fault::Pinned { duration, .. } => {
             link.cut();
             sleep(duration).await;
             link.heal();
@@ -735,6 +757,19 @@ pub async fn holder_partitioned(target: &dyn ChaosTarget, plan: Plan) -> Scenari
         Fault::Partition(plan.ttl * 2),
     )
     .await
+}
+
+/// The victim reaches one follower only, and that follower is cut off from its peers for
+/// 2 x TTL: it answers the victim for a while on its own (ZooKeeper: `syncLimit` ticks)
+/// while the others end the victim's session or lease and take over. `None` where the
+/// target cannot pin a client to a follower.
+pub async fn follower_partition(target: &dyn ChaosTarget, plan: Plan) -> Option<ScenarioReport> {
+    let pinned = target.follower_link(options(plan.ttl)).await?;
+    let fault = Fault::Pinned {
+        pinned,
+        duration: plan.ttl * 2,
+    };
+    Some(victim_scenario(target, "follower_partition", plan, fault).await)
 }
 
 /// The victim stops for 2 x TTL mid-section (renewals included, as with SIGSTOP of its
@@ -1234,6 +1269,7 @@ pub async fn run(scenario: &str, target: &dyn ChaosTarget, plan: Plan) -> Option
     }
     Some(match scenario {
         "holder_partitioned" => holder_partitioned(target, plan).await,
+        "follower_partition" => return follower_partition(target, plan).await,
         "holder_paused_beyond_ttl" => holder_paused_beyond_ttl(target, plan).await,
         "long_network_delay" => long_network_delay(target, plan).await,
         "stuck_server" => stuck_server(target, plan).await,

@@ -74,6 +74,7 @@ macro_rules! chaos_suite {
     ($target:expr) => {
         $crate::chaos_suite!(@scenarios $target;
             holder_partitioned,
+            follower_partition,
             holder_paused_beyond_ttl,
             long_network_delay,
             stuck_server,

@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use conformance::harness::{
     or_skip, strict, EtcdCluster, EtcdServer, HarnessError, RedisNodes, RedisOptions, RedisServer,
-    ZkEnsemble, ZkMode, ZkServer,
+    ZkEnsemble, ZkMode, ZkOptions, ZkServer,
 };
 use conformance::require_server;
 use nix::errno::Errno;
@@ -388,6 +388,53 @@ async fn zookeeper_ensemble_elects_a_new_leader_and_the_old_one_rejoins() {
     pids.extend(zk.members().iter().filter_map(ZkServer::pid));
     drop(zk);
     pids.into_iter().for_each(assert_gone);
+}
+
+/// A follower cut off from its peers (quorum links through the ensemble's proxies) keeps
+/// serving for up to `syncLimit` ticks, then stops; the others keep their leader; after
+/// healing it rejoins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zookeeper_follower_partitioned_from_its_peers_stops_serving_and_rejoins() {
+    let options = ZkOptions::default().peer_links(true);
+    let zk = require_server!(ZkEnsemble::start_with(options).await);
+    let leader = zk.leader().await.expect("leader");
+    let follower = (leader + 1) % zk.len();
+    zk.partition(follower).expect("partition");
+    let cut_at = Instant::now();
+    assert_eq!(
+        zk.member(follower).mode().await.expect("still serving"),
+        ZkMode::Follower,
+        "a follower serves on for a while after losing its leader"
+    );
+    while zk.member(follower).mode().await.is_ok() {
+        assert!(
+            cut_at.elapsed() < FAILOVER,
+            "the cut-off follower never stopped serving"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served_for = cut_at.elapsed();
+    eprintln!("zookeeper: a cut-off follower served for {served_for:?}");
+    assert_eq!(
+        zk.leader().await.expect("the majority keeps its leader"),
+        leader
+    );
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        zk.member(follower).mode().await.is_err(),
+        "a cut-off member cannot rejoin"
+    );
+    zk.heal().expect("heal");
+    let healed_at = Instant::now();
+    while !zk.member(follower).is_ready().await {
+        assert!(
+            healed_at.elapsed() < FAILOVER,
+            "the follower never rejoined"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    zk.wait_for_leader(FAILOVER).await.expect("one leader");
 }
 
 // ---------------------------------------------------------------- etcd

@@ -12,7 +12,7 @@ use tokio::time::timeout;
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
-use crate::error::{deadline, from_zk, no_session, BACKEND};
+use crate::error::{deadline, from_zk, is_connection_loss, is_session_gone, no_session, BACKEND};
 
 /// Pause between attempts to establish a replacement session.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
@@ -28,6 +28,37 @@ impl Live {
     /// The session id, as ZooKeeper stores it in `ephemeralOwner`.
     pub(crate) fn session_id(&self) -> i64 {
         self.client.session_id().0
+    }
+
+    /// Sends a barrier the leader orders with a quorum: a `multi` holding one `check` of
+    /// `path` at any version, a transaction. A server answers it only once the leader has
+    /// committed it, so neither a follower cut off from its leader (which serves reads
+    /// from its own copy for up to `syncLimit` ticks) nor a leader cut off from its
+    /// followers can confirm it; `sync` would not do (a cut-off leader answers it alone).
+    /// ZooKeeper serves the requests of a session in order, so those sent after this call
+    /// see at least the state committed with the barrier, and the session was alive at
+    /// the leader when the barrier was committed.
+    ///
+    /// Resolves to `Ok` once committed, also when the check failed (no such node, no read
+    /// permission: a failed transaction is committed all the same); to the error when the
+    /// request failed or the session is gone.
+    pub(crate) fn barrier(
+        &self,
+        path: &str,
+    ) -> impl Future<Output = Result<(), zk::Error>> + Send + '_ {
+        let mut writer = self.client.new_multi_writer();
+        let sent = writer.add_check_version(path, -1).map(|()| writer.commit());
+        async move {
+            match sent?.await {
+                Ok(_) => Ok(()),
+                Err(zk::MultiWriteError::OperationFailed { source, .. })
+                    if !is_connection_loss(&source) && !is_session_gone(&source) =>
+                {
+                    Ok(())
+                }
+                Err(err) => Err(err.into()),
+            }
+        }
     }
 }
 

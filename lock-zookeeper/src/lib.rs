@@ -8,7 +8,7 @@ mod lock;
 
 pub use config::{ZkAcl, ZkConfig, DEFAULT_BASE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT};
 pub use lease::ZkHold;
-pub use lock::{escape_segment, lock_dir, sort_key, ZkBackend, ZkLock, SCHEMES};
+pub use lock::{escape_segment, lock_dir, queue_order, ZkBackend, ZkLock, SCHEMES};
 
 /// Registers `zk://` in the process-wide registry ([`lock_core::registry`]).
 pub fn register() {

@@ -68,13 +68,25 @@ pub fn lock_dir(base: &str, name: &LockName) -> String {
     format!("{base}/{}", escape_segment(name.as_str()))
 }
 
-/// The key lock nodes are ordered by, as Curator orders them: the text after the last
-/// `lock-` (the zero-padded sequence), or the whole name.
-pub fn sort_key(child: &str) -> &str {
-    match child.rfind(LOCK_NODE) {
-        Some(i) => &child[i + LOCK_NODE.len()..],
-        None => child,
-    }
+/// The lock nodes among the `children` of a lock directory, in queue order: the names
+/// that end in `lock-` and the ten digits ZooKeeper appends to a sequential node (ours
+/// and Curator's `_c_<uuid>-lock-<seq>`), ordered by those digits as Curator orders
+/// them. Any other child is no lock node and has no place in the queue, whatever its
+/// name sorts like (Curator does not skip it, but can only be blocked by it: it grants
+/// the lock to the first child alone, which is then our first lock node too or none).
+pub fn queue_order(children: &[String]) -> Vec<&str> {
+    let mut nodes: Vec<(&str, &str)> = children
+        .iter()
+        .filter_map(|child| Some((sequence(child)?, child.as_str())))
+        .collect();
+    nodes.sort_unstable();
+    nodes.into_iter().map(|(_, child)| child).collect()
+}
+
+/// The sequence of a lock node: the ten digits after its last `lock-`.
+fn sequence(child: &str) -> Option<&str> {
+    let digits = &child[child.rfind(LOCK_NODE)? + LOCK_NODE.len()..];
+    (digits.len() == 10 && digits.bytes().all(|b| b.is_ascii_digit())).then_some(digits)
 }
 
 /// The protocol half of a ZooKeeper lock client. See the crate docs.
@@ -160,16 +172,27 @@ impl ZkBackend {
         request: &AcquireRequest<'_>,
         pending: &mut Pending,
     ) -> Result<Option<Acquired<ZkHold>>, Step> {
-        let (name, czxid) = self.create(live, dir, marker, pending).await?;
+        let (name, czxid, created_at) = self.create(live, dir, marker, pending).await?;
         let path = format!("{dir}/{name}");
         let mut losses = 0;
+        // The create was ordered by the leader after `created_at`: the first look needs no
+        // barrier of its own. A grant's validity runs from such a point, never from a
+        // read a cut-off follower may answer from its own copy.
+        let mut ordered_at = Some(created_at);
         loop {
-            let listed_at = Instant::now();
-            let children = match self
-                .session
-                .call("list lock nodes", live.client.list_children(dir))
-                .await
-            {
+            let (listed_at, listed) = match ordered_at.take() {
+                Some(at) => (
+                    at,
+                    self.session
+                        .call("list lock nodes", live.client.list_children(dir))
+                        .await,
+                ),
+                None => (
+                    Instant::now(),
+                    ordered_children(&self.session, live, &path, dir).await,
+                ),
+            };
+            let children = match listed {
                 Ok(Ok(children)) => children,
                 Ok(Err(zk::Error::NoNode)) => Vec::new(),
                 Ok(Err(err)) => {
@@ -182,8 +205,7 @@ impl ZkBackend {
                     continue;
                 }
             };
-            let mut queue: Vec<&str> = children.iter().map(String::as_str).collect();
-            queue.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
+            let queue = queue_order(&children);
             let Some(index) = queue.iter().position(|child| *child == name) else {
                 return Err(Step::Restart(Error::Unavailable {
                     backend: BACKEND,
@@ -259,19 +281,22 @@ impl ZkBackend {
 
     /// Creates the ephemeral sequential node `<dir>/<marker><seq>`; after a connection
     /// loss, finds it by its marker (owned by this session) instead of creating another.
+    /// Returns its name, its czxid and an instant before a point the leader ordered after
+    /// the node existed (the create, or the barrier of the search).
     async fn create(
         &self,
         live: &Live,
         dir: &str,
         marker: &str,
         pending: &mut Pending,
-    ) -> Result<(String, u64), Step> {
+    ) -> Result<(String, u64, Instant), Step> {
         let prefix = format!("{dir}/{marker}");
         let acls = self.acls();
         let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
         let mut losses = 0;
         for _ in 0..CREATE_ATTEMPTS {
             pending.armed = true;
+            let sent_at = Instant::now();
             let created = self
                 .session
                 .call(
@@ -283,7 +308,7 @@ impl ZkBackend {
                 Ok(Ok((stat, sequence))) => {
                     let name = format!("{marker}{sequence}");
                     pending.node = Some(format!("{dir}/{name}"));
-                    return Ok((name, fencing(stat.czxid)?));
+                    return Ok((name, fencing(stat.czxid)?, sent_at));
                 }
                 Ok(Err(zk::Error::NoNode)) => {
                     self.make_parents(live, dir).await?;
@@ -295,10 +320,11 @@ impl ZkBackend {
             // The create may or may not have happened: look for our node.
             self.tolerate(live, lost, &mut losses).await?;
             loop {
+                let searched_at = Instant::now();
                 match self.find_own(live, dir, marker).await {
                     Ok(Some((name, czxid))) => {
                         pending.node = Some(format!("{dir}/{name}"));
-                        return Ok((name, czxid));
+                        return Ok((name, czxid, searched_at));
                     }
                     Ok(None) => break,
                     Err(step) => self.tolerate(live, step, &mut losses).await?,
@@ -312,18 +338,16 @@ impl ZkBackend {
         }))
     }
 
-    /// Our node in `dir` (by marker), if it exists and belongs to this session.
+    /// Our node in `dir` (by marker), if it exists and belongs to this session. Looked
+    /// for after a barrier: the server we talk to now may not have applied yet a create
+    /// that another one forwarded before the connection broke.
     async fn find_own(
         &self,
         live: &Live,
         dir: &str,
         marker: &str,
     ) -> Result<Option<(String, u64)>, Step> {
-        let children = match self
-            .session
-            .call("list lock nodes", live.client.list_children(dir))
-            .await
-        {
+        let children = match ordered_children(&self.session, live, dir, dir).await {
             Ok(Ok(children)) => children,
             Ok(Err(zk::Error::NoNode)) => return Ok(None),
             Ok(Err(err)) => return Err(step(err, "list lock nodes")),
@@ -470,14 +494,29 @@ impl Drop for Pending {
     }
 }
 
+/// The children of `dir` as of a point the leader ordered after this call: a
+/// [`Live::barrier`] on `anchor`, then the listing, sent together.
+async fn ordered_children(
+    session: &Session,
+    live: &Live,
+    anchor: &str,
+    dir: &str,
+) -> Result<Result<Vec<String>, zk::Error>> {
+    let barrier = live.barrier(anchor);
+    let list = live.client.list_children(dir);
+    session
+        .call("list lock nodes", async move {
+            let (barrier, list) = tokio::join!(barrier, list);
+            barrier.and(list)
+        })
+        .await
+}
+
 /// The path of the child of `dir` carrying `marker`, looked up on session `epoch`.
 async fn find_by_marker(session: &Session, dir: &str, marker: &str, epoch: u64) -> Option<String> {
     for _ in 0..3 {
         let live = session.live().ok().filter(|live| live.epoch == epoch)?;
-        match session
-            .call("list lock nodes", live.client.list_children(dir))
-            .await
-        {
+        match ordered_children(session, &live, dir, dir).await {
             Ok(Ok(children)) => {
                 return children
                     .into_iter()
@@ -631,15 +670,29 @@ mod tests {
     }
 
     #[test]
-    fn nodes_sort_by_sequence_like_curator() {
-        let mut children = [
+    fn nodes_queue_by_sequence_like_curator_and_other_children_not_at_all() {
+        let children = [
             "_c_9e1-lock-0000000003",
+            "foo",
+            "lock-",
+            "lock-abc",
+            "x-lock-0",
+            "0000000000",
             "_c_a22-lock-0000000001",
+            "lock-0000000000",
             "_c_0b7-lock-0000000002",
-        ];
-        children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
-        assert_eq!(children[0], "_c_a22-lock-0000000001");
-        assert_eq!(children[2], "_c_9e1-lock-0000000003");
-        assert_eq!(sort_key("foreign"), "foreign");
+            "_c_0b7-lock-00000000021",
+        ]
+        .map(String::from);
+        assert_eq!(
+            queue_order(&children),
+            [
+                "lock-0000000000",
+                "_c_a22-lock-0000000001",
+                "_c_0b7-lock-0000000002",
+                "_c_9e1-lock-0000000003",
+            ]
+        );
+        assert!(queue_order(&[]).is_empty());
     }
 }

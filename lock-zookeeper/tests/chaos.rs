@@ -9,8 +9,8 @@ mod standalone {
     conformance::chaos_suite!(async { ZkFactory::start().await });
 }
 
-/// Scenarios on a 3-member ensemble.
+/// Scenarios on a 3-member ensemble (a follower can be cut off from its peers).
 mod ensemble {
     use super::common::ZkFactory;
-    conformance::chaos_suite!(async { ZkFactory::start_ensemble().await });
+    conformance::chaos_suite!(async { ZkFactory::start_partitionable_ensemble().await });
 }

@@ -4,43 +4,17 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
-use common::{queue, with_ttl, ZkFactory};
+use common::{queue, record_states, seen, unique_name, with_ttl, ZkFactory};
 use conformance::harness::ZkServer;
 use conformance::proxy::ProxyMode;
-use lock_core::{DistributedLockExt, LockGuard, LockName, LockState, LostReason, ReleaseOutcome};
+use lock_core::{DistributedLockExt, LockName, LockState, LostReason, ReleaseOutcome};
 use tokio::time::{sleep, timeout, Instant};
 
 fn name(tag: &str) -> LockName {
-    LockName::new(format!("faults/{tag}/{}", uuid::Uuid::new_v4().simple())).expect("valid")
-}
-
-/// Every state a guard goes through, recorded by a background task.
-fn record_states(guard: &LockGuard) -> Arc<Mutex<Vec<(Instant, LockState)>>> {
-    let states = Arc::new(Mutex::new(vec![(Instant::now(), guard.state())]));
-    let mut watch = guard.watch();
-    let log = Arc::clone(&states);
-    tokio::spawn(async move {
-        loop {
-            let state = watch.changed().await;
-            log.lock().expect("log").push((Instant::now(), state));
-            if state.is_lost() {
-                return;
-            }
-        }
-    });
-    states
-}
-
-fn seen(states: &Mutex<Vec<(Instant, LockState)>>) -> Vec<LockState> {
-    states
-        .lock()
-        .expect("log")
-        .iter()
-        .map(|(_, s)| *s)
-        .collect()
+    unique_name(&format!("faults/{tag}"))
 }
 
 /// The index of the member that serves session `sid` (from `cons`).

@@ -12,7 +12,7 @@ use conformance::interleavings::{
     retry_survives_late_cleanup, Cleanup, LateCleanup,
 };
 use conformance::Factory;
-use lock_zookeeper::{lock_dir, sort_key, ZkBackend, ZkHold};
+use lock_zookeeper::{lock_dir, queue_order, ZkBackend, ZkHold};
 
 /// The first attempt's cleanup acts as the backend's own cleanup of an abandoned create
 /// does when the create's reply never came: it deletes the child of the lock directory
@@ -35,10 +35,9 @@ async fn retry_survives_late_cleanup_by_marker() {
             let children = admin.list_children(&dir).await.expect("list");
             // The backend deletes the first marked child in the server's listing order,
             // which may be any of them: take the newest, the worst case, every time.
-            let newest = children
+            let newest = queue_order(&children)
                 .into_iter()
-                .filter(|c| c.starts_with(&marker))
-                .max_by(|a, b| sort_key(a).cmp(sort_key(b)));
+                .rfind(|c| c.starts_with(&marker));
             if let Some(child) = newest {
                 let _ = admin.delete(&format!("{dir}/{child}"), None).await;
             }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::LazyLock;
+use std::sync::{Arc, LazyLock};
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -15,6 +15,7 @@ use super::{
     create_dir, first_error, free_port, free_ports, majority, temp_dir, wait_for_leader,
     with_port_retries, write_file, HarnessError, DEFAULT_READY_TIMEOUT, STOP_GRACE,
 };
+use crate::proxy::{FaultProxy, ProxyMode};
 
 const HINT: &str = "apt-get install zookeeper";
 const JAVA_HINT: &str = "apt-get install default-jre-headless";
@@ -40,6 +41,9 @@ static JVM_START_SLOTS: LazyLock<Semaphore> = LazyLock::new(|| Semaphore::new(JV
 pub struct ZkOptions {
     /// `tickTime`. Default: 500 ms.
     pub tick_time: Duration,
+    /// `syncLimit` in ticks: how long a follower serves without hearing from its leader
+    /// (and a leader without a quorum) before it gives up. Default: 5.
+    pub sync_limit: u32,
     /// `minSessionTimeout`. Default: 1 s.
     pub min_session_timeout: Duration,
     /// `maxSessionTimeout`. Default: 60 s.
@@ -50,17 +54,23 @@ pub struct ZkOptions {
     pub members: usize,
     /// Bound on the readiness wait. Default: [`DEFAULT_READY_TIMEOUT`].
     pub ready_timeout: Duration,
+    /// Ensemble only: every member reaches each peer's quorum port through a fault proxy
+    /// of the ensemble, so that [`ZkEnsemble::partition`] can cut a member off from its
+    /// peers while its clients still reach it. Default: off.
+    pub peer_links: bool,
 }
 
 impl Default for ZkOptions {
     fn default() -> Self {
         Self {
             tick_time: Duration::from_millis(500),
+            sync_limit: 5,
             min_session_timeout: Duration::from_secs(1),
             max_session_timeout: Duration::from_secs(60),
             heap_mb: 256,
             members: 3,
             ready_timeout: DEFAULT_READY_TIMEOUT,
+            peer_links: false,
         }
     }
 }
@@ -69,6 +79,18 @@ impl ZkOptions {
     /// Sets [`tick_time`](Self::tick_time).
     pub fn tick_time(mut self, tick: Duration) -> Self {
         self.tick_time = tick;
+        self
+    }
+
+    /// Sets [`sync_limit`](Self::sync_limit).
+    pub fn sync_limit(mut self, ticks: u32) -> Self {
+        self.sync_limit = ticks;
+        self
+    }
+
+    /// Sets [`peer_links`](Self::peer_links).
+    pub fn peer_links(mut self, on: bool) -> Self {
+        self.peer_links = on;
         self
     }
 
@@ -251,11 +273,12 @@ impl ZkServer {
         create_dir(&label, &data_dir)?;
         let ms = |d: Duration| d.as_millis();
         let mut cfg = format!(
-            "tickTime={}\ninitLimit=10\nsyncLimit=5\n\
+            "tickTime={}\ninitLimit=10\nsyncLimit={}\n\
              dataDir={}\nclientPort={client_port}\nclientPortAddress=127.0.0.1\n\
              minSessionTimeout={}\nmaxSessionTimeout={}\n\
              maxClientCnxns=0\n4lw.commands.whitelist=*\nadmin.enableServer=false\n",
             ms(options.tick_time),
+            options.sync_limit,
             data_dir.display(),
             ms(options.min_session_timeout),
             ms(options.max_session_timeout),
@@ -452,9 +475,22 @@ impl ZkServer {
 }
 
 /// A ZooKeeper ensemble (3 members by default) on loopback. Killed on drop.
+///
+/// With [`ZkOptions::peer_links`], each member's configuration names every peer's quorum
+/// port through a fault proxy of its own (the connection a follower opens to its leader
+/// goes through one), so [`partition`](Self::partition) cuts a member off from its peers
+/// while its clients still reach it: the setting in which a follower keeps serving
+/// reads for up to `syncLimit` ticks after it lost its leader. Leader election messages
+/// still flow (ZooKeeper calls a peer back on the address that peer announces, so they
+/// cannot all be routed through a proxy): a cut-off follower cannot follow or lead, but
+/// a cut-off leader may be elected again and again by the others, so partition
+/// followers only.
 #[derive(Debug)]
 pub struct ZkEnsemble {
     members: Vec<ZkServer>,
+    /// `links[i][k]`: the proxy member `i` reaches the quorum port of its `k`-th peer
+    /// through (peers in member order, `i` left out). Empty without peer links.
+    links: Vec<Arc<Vec<FaultProxy>>>,
     label: String,
     _dir: TempDir,
 }
@@ -497,17 +533,44 @@ impl ZkEnsemble {
                 election: c[2],
             })
             .collect();
+        let mut links = Vec::new();
+        if options.peer_links {
+            for from in 0..n {
+                let mut outgoing = Vec::with_capacity(n - 1);
+                for to in (0..n).filter(|to| *to != from) {
+                    let proxy = FaultProxy::start(loopback(peers[to].quorum))
+                        .await
+                        .map_err(|e| {
+                            HarnessError::io("zookeeper ensemble", "start a peer link proxy", e)
+                        })?;
+                    outgoing.push(proxy);
+                }
+                links.push(Arc::new(outgoing));
+            }
+        }
         let mut members = Vec::with_capacity(n);
         for (i, p) in peers.iter().enumerate() {
             let member_dir = dir.path().join(format!("zk{}", i + 1));
             create_dir("zookeeper ensemble", &member_dir)?;
+            // How member i sees its peers: their quorum ports through its own proxies.
+            let view: Vec<MemberPorts> = peers
+                .iter()
+                .enumerate()
+                .map(|(j, peer)| match peer_link(&links, i, j) {
+                    Some(proxy) => MemberPorts {
+                        quorum: proxy.port(),
+                        ..*peer
+                    },
+                    None => *peer,
+                })
+                .collect();
             members.push(ZkServer::prepare(
                 runtime,
                 options,
                 &member_dir,
                 Some(i + 1),
                 p.client,
-                &peers,
+                &view,
             )?);
         }
         let label = format!(
@@ -520,6 +583,7 @@ impl ZkEnsemble {
         );
         let ensemble = Self {
             members,
+            links,
             label,
             _dir: dir,
         };
@@ -578,6 +642,66 @@ impl ZkEnsemble {
             .map(ZkServer::connect_string)
             .collect::<Vec<_>>()
             .join(",")
+    }
+
+    /// Cuts follower `i` off from its peers (its quorum links turn into black holes, both
+    /// ways); its clients still reach it. It keeps serving reads until `syncLimit` ticks
+    /// pass without its leader, then stops serving until [`heal`](Self::heal). (A leader
+    /// cut off this way may be re-elected: see the type's docs.)
+    ///
+    /// # Errors
+    /// [`HarnessError::Cluster`] unless the ensemble was started with
+    /// [`ZkOptions::peer_links`].
+    pub fn partition(&self, i: usize) -> Result<(), HarnessError> {
+        self.set_peer_links(i, ProxyMode::Blackhole)
+    }
+
+    /// Ends every partition: the quorum links of every member are reset (so that the
+    /// peers reconnect on clean streams) and pass traffic again.
+    ///
+    /// # Errors
+    /// As [`partition`](Self::partition).
+    pub fn heal(&self) -> Result<(), HarnessError> {
+        for i in 0..self.members.len() {
+            self.set_peer_links(i, ProxyMode::Reset)?;
+            self.set_peer_links(i, ProxyMode::Pass)?;
+        }
+        Ok(())
+    }
+
+    /// Sets `mode` on every quorum link from or to member `i` (e.g. a delay, so that
+    /// proposals and commits reach it late).
+    ///
+    /// # Errors
+    /// As [`partition`](Self::partition).
+    pub fn set_peer_links(&self, i: usize, mode: ProxyMode) -> Result<(), HarnessError> {
+        self.peer_links(i)?;
+        for from in 0..self.links.len() {
+            for to in 0..self.links.len() {
+                if from == i || to == i {
+                    if let Some(proxy) = peer_link(&self.links, from, to) {
+                        proxy.set_mode(mode);
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The proxies member `i` reaches its peers' quorum ports through. Cutting them (as
+    /// a [`Link`](crate::chaos::Link)) cuts a follower off: a follower's one quorum
+    /// connection is the one it opens to its leader.
+    ///
+    /// # Errors
+    /// As [`partition`](Self::partition).
+    pub fn peer_links(&self, i: usize) -> Result<Arc<Vec<FaultProxy>>, HarnessError> {
+        self.links
+            .get(i)
+            .cloned()
+            .ok_or_else(|| HarnessError::Cluster {
+                cluster: self.label.clone(),
+                detail: "started without peer links (ZkOptions::peer_links)".to_owned(),
+            })
     }
 
     /// Kills every member that runs and starts all of them again concurrently, on the
@@ -692,6 +816,16 @@ async fn start_slots(n: usize) -> Result<SemaphorePermit<'static>, HarnessError>
                 std::io::Error::other(e),
             )
         })
+}
+
+/// The proxy member `from` reaches member `to` through, if any.
+fn peer_link(links: &[Arc<Vec<FaultProxy>>], from: usize, to: usize) -> Option<&FaultProxy> {
+    let k = match to.cmp(&from) {
+        std::cmp::Ordering::Less => to,
+        std::cmp::Ordering::Equal => return None,
+        std::cmp::Ordering::Greater => to - 1,
+    };
+    links.get(from)?.get(k)
 }
 
 fn loopback(port: u16) -> SocketAddr {

@@ -8,11 +8,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{or_skip, ZkEnsemble, ZkServer};
+use conformance::harness::{or_skip, ZkEnsemble, ZkOptions, ZkServer};
 use conformance::proxy::{FaultProxy, ProxyMode};
 use conformance::{Crash, Factory};
-use lock_core::{DistributedLock, LockName, LockOptions};
-use lock_zookeeper::{lock_dir, sort_key, ZkBackend, ZkConfig, ZkLock};
+use lock_core::{DistributedLock, LockGuard, LockName, LockOptions, LockState};
+use lock_zookeeper::{lock_dir, queue_order, ZkBackend, ZkConfig, ZkLock};
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
 /// The base path the suite's locks live under.
@@ -55,9 +56,9 @@ pub async fn standalone() -> Option<ZkServer> {
     or_skip(ZkServer::start().await)
 }
 
-/// Starts a 3-member ensemble; `None` as for [`standalone`].
-pub async fn ensemble() -> Option<ZkEnsemble> {
-    or_skip(ZkEnsemble::start().await)
+/// Starts a 3-member ensemble with `options`; `None` as for [`standalone`].
+pub async fn ensemble(options: ZkOptions) -> Option<ZkEnsemble> {
+    or_skip(ZkEnsemble::start_with(options).await)
 }
 
 /// A raw client of `hosts`, for checks behind the library's back.
@@ -67,6 +68,49 @@ pub async fn raw_client(hosts: &[String]) -> zk::Client {
         .connect(&hosts.join(","))
         .await
         .expect("raw ZooKeeper client connects")
+}
+
+/// A lock name under `tag` no other test uses.
+pub fn unique_name(tag: &str) -> LockName {
+    LockName::new(format!("{tag}/{}", uuid::Uuid::new_v4().simple())).expect("valid")
+}
+
+/// Every state a guard goes through, recorded by a background task.
+pub fn record_states(guard: &LockGuard) -> Arc<Mutex<Vec<(Instant, LockState)>>> {
+    let states = Arc::new(Mutex::new(vec![(Instant::now(), guard.state())]));
+    let mut watch = guard.watch();
+    let log = Arc::clone(&states);
+    tokio::spawn(async move {
+        loop {
+            let state = watch.changed().await;
+            log.lock().expect("log").push((Instant::now(), state));
+            if state.is_lost() {
+                return;
+            }
+        }
+    });
+    states
+}
+
+/// The states recorded by [`record_states`].
+pub fn seen(states: &Mutex<Vec<(Instant, LockState)>>) -> Vec<LockState> {
+    states
+        .lock()
+        .expect("log")
+        .iter()
+        .map(|(_, s)| *s)
+        .collect()
+}
+
+/// Creates each of `paths` as a persistent node open to anyone, unless it exists.
+pub async fn create_persistent(admin: &zk::Client, paths: impl IntoIterator<Item = String>) {
+    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+    for path in paths {
+        match admin.create(&path, &[], &persistent).await {
+            Ok(_) | Err(zk::Error::NodeExists) => {}
+            Err(err) => panic!("create {path}: {err}"),
+        }
+    }
 }
 
 /// Options with `ttl`.
@@ -87,13 +131,15 @@ pub fn config(hosts: Vec<String>, options: LockOptions) -> ZkConfig {
 /// The lock nodes in `name`'s directory, in queue order.
 pub async fn queue(admin: &zk::Client, name: &LockName) -> Vec<String> {
     let dir = lock_dir(BASE, name);
-    let mut children = match admin.list_children(&dir).await {
+    let children = match admin.list_children(&dir).await {
         Ok(children) => children,
         Err(zk::Error::NoNode) => Vec::new(),
         Err(err) => panic!("list {dir}: {err}"),
     };
-    children.sort_by(|a, b| sort_key(a).cmp(sort_key(b)));
-    children
+    queue_order(&children)
+        .into_iter()
+        .map(str::to_owned)
+        .collect()
 }
 
 impl ZkFactory {
@@ -105,7 +151,17 @@ impl ZkFactory {
 
     /// A factory over a fresh 3-member ensemble.
     pub async fn start_ensemble() -> Option<Self> {
-        let ensemble = ensemble().await?;
+        Self::start_ensemble_with(ZkOptions::default()).await
+    }
+
+    /// A factory over a fresh 3-member ensemble whose quorum links pass fault proxies
+    /// ([`ZkOptions::peer_links`]), so that a follower can be cut off from its peers.
+    pub async fn start_partitionable_ensemble() -> Option<Self> {
+        Self::start_ensemble_with(ZkOptions::default().peer_links(true)).await
+    }
+
+    async fn start_ensemble_with(options: ZkOptions) -> Option<Self> {
+        let ensemble = ensemble(options).await?;
         Some(Self::over(Servers::Ensemble(ensemble)).await)
     }
 
@@ -245,5 +301,22 @@ impl ChaosTarget for ZkFactory {
             Servers::Standalone(_) => None,
             Servers::Ensemble(e) => e.leader().await.ok(),
         }
+    }
+
+    async fn follower_link(
+        &self,
+        options: LockOptions,
+    ) -> Option<(Arc<dyn DistributedLock>, Link)> {
+        let Servers::Ensemble(ensemble) = &self.servers else {
+            return None;
+        };
+        let leader = ensemble.leader().await.ok()?;
+        let follower = (leader + 1) % ensemble.len();
+        let links = ensemble.peer_links(follower).ok()?;
+        let hosts = vec![ensemble.member(follower).connect_string()];
+        let client = ZkBackend::connect(config(hosts, options))
+            .await
+            .expect("a client of one follower connects");
+        Some((Arc::new(client), Link::Proxies(links)))
     }
 }

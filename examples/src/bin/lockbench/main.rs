@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! lockbench --backends memory,redis,redlock,zookeeper,etcd --duration 2s
+//! lockbench --backends zookeeper,zookeeper-3 --held 100,1000,10000   # ZooKeeper, also on an ensemble
 //! ```
 
 mod floors;

@@ -162,19 +162,23 @@ impl Report {
         let _ = writeln!(md, "\n## Renewal: one client holding K locks\n");
         let _ = writeln!(
             md,
-            "| backend | K | TTL | server requests per renewal interval | client bytes per held lock | still held |"
+            "| backend | K | TTL | server requests per renewal interval | renewal round trip p50 / max | client bytes per held lock | still held |"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|");
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
         for b in &self.backends {
             for row in &b.renewal {
                 let _ = writeln!(
                     md,
-                    "| {} | {} | {:.0} ms | {} | {} | {}/{} |",
+                    "| {} | {} | {:.0} ms | {} | {} | {} | {}/{} |",
                     b.backend,
                     row.held_locks,
                     row.ttl_ms,
                     row.requests_per_interval
                         .map_or_else(|| "–".into(), |r| format!("{r:.1}")),
+                    row.round_trip.map_or_else(
+                        || "–".into(),
+                        |s| format!("{} / {}", fmt_us(s.p50_us), fmt_us(s.max_us))
+                    ),
                     row.bytes_per_lock
                         .map_or_else(|| "–".into(), |r| format!("{r:.0}")),
                     row.still_held,

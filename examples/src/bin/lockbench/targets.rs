@@ -8,7 +8,9 @@ use std::time::Duration;
 use std::net::SocketAddr;
 
 use async_trait::async_trait;
-use conformance::harness::{EtcdServer, HarnessError, RedisNodes, RedisServer, ZkServer};
+use conformance::harness::{
+    EtcdServer, HarnessError, RedisNodes, RedisServer, ZkEnsemble, ZkServer,
+};
 
 use crate::floors::{EtcdFloor, RedisFloor, ZkFloor};
 
@@ -71,8 +73,16 @@ impl Target {
     }
 }
 
-/// The backends lockbench knows, in report order.
-pub(crate) const BACKENDS: &[&str] = &["memory", "redis", "redlock", "zookeeper", "etcd"];
+/// The backends lockbench knows, in report order. `zookeeper-3` (a 3-member ensemble,
+/// the client on a follower) is measured only when asked for.
+pub(crate) const BACKENDS: &[&str] = &[
+    "memory",
+    "redis",
+    "redlock",
+    "zookeeper",
+    "zookeeper-3",
+    "etcd",
+];
 
 /// TTL of the takeover workload on networked backends (etcd leases are whole seconds).
 const TAKEOVER_TTL: Duration = Duration::from_secs(2);
@@ -128,15 +138,19 @@ impl RequestCounter for RedisCounter {
 }
 
 struct ZkCounter {
-    addr: SocketAddr,
+    addrs: Vec<SocketAddr>,
 }
 
 #[async_trait]
 impl RequestCounter for ZkCounter {
     async fn requests(&self) -> Result<u64, BoxError> {
-        // Four-letter words are not counted as packets.
-        let text = raw_exchange(self.addr, b"mntr").await?;
-        stat(&text, "zk_packets_received")
+        // Four-letter words are not counted as packets, nor is traffic between members.
+        let mut total = 0;
+        for addr in &self.addrs {
+            let text = raw_exchange(*addr, b"mntr").await?;
+            total += stat(&text, "zk_packets_received")?;
+        }
+        Ok(total)
     }
 }
 
@@ -207,7 +221,7 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
     let scheme = match backend {
         "redis" => "redis",
         "redlock" => "redlock",
-        "zookeeper" => "zk",
+        "zookeeper" | "zookeeper-3" => "zk",
         "etcd" => "etcd",
         _ => "memory",
     };
@@ -256,11 +270,27 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
                 .await
                 .map_err(floor_err)?;
             let counter = ZkCounter {
-                addr: server.addr(),
+                addrs: vec![server.addr()],
             };
             let url = format!("{}/lockbench", server.url());
             let mut target = networked("zookeeper", url, Arc::new(floor), Box::new(counter));
             target.servers.push(Box::new(server));
+            Ok(target)
+        }
+        "zookeeper-3" => {
+            let ensemble = ZkEnsemble::start().await.map_err(harness)?;
+            let leader = ensemble.leader().await.map_err(harness)?;
+            // On a follower: what the leader orders travels one more hop.
+            let follower = ensemble.member((leader + 1) % ensemble.len());
+            let floor = ZkFloor::connect(&follower.connect_string())
+                .await
+                .map_err(floor_err)?;
+            let counter = ZkCounter {
+                addrs: ensemble.members().iter().map(ZkServer::addr).collect(),
+            };
+            let url = format!("{}/lockbench", follower.url());
+            let mut target = networked("zookeeper-3", url, Arc::new(floor), Box::new(counter));
+            target.servers.push(Box::new(ensemble));
             Ok(target)
         }
         "etcd" => {

@@ -278,6 +278,9 @@ pub(crate) struct RenewalRow {
     pub(crate) bytes_per_lock: Option<f64>,
     /// Requests the client sent per renewal interval while holding them.
     pub(crate) requests_per_interval: Option<f64>,
+    /// Renewal round trips seen on a sample of the holds: from the moment a renewal was
+    /// sent (its new validity deadline minus the lease) until the guard showed it, ±1 ms.
+    pub(crate) round_trip: Option<Summary>,
     /// Holds still Held at the end (all of them, if renewal keeps up).
     pub(crate) still_held: usize,
 }
@@ -294,10 +297,18 @@ pub(crate) async fn renewal(
     let base = bench_name("renewal");
     let rss_before = resident_bytes();
     let mut guards = Vec::with_capacity(locks);
+    // Every `stride`-th hold is sampled for round trips, with its lease (less the drift
+    // margin) as granted, read before any renewal.
+    let stride = (locks / RENEWAL_SAMPLES).max(1);
+    let mut samples = Vec::new();
     let names: Vec<String> = (0..locks).map(|i| format!("{base}/{i}")).collect();
     for chunk in names.chunks(200) {
         for guard in join_all(chunk.iter().map(|n| client.try_lock(n))).await {
-            guards.push(guard?.ok_or("a fresh lock name was held")?);
+            let guard = guard?.ok_or("a fresh lock name was held")?;
+            if guards.len() % stride == 0 {
+                samples.push((guards.len(), guard.valid_until() - guard.acquired_at()));
+            }
+            guards.push(guard);
         }
     }
     let rss_after = resident_bytes();
@@ -309,7 +320,7 @@ pub(crate) async fn renewal(
         Some(counter) => Some(counter.requests().await?),
         None => None,
     };
-    sleep(interval * intervals).await;
+    let round_trip = watch_renewals(&guards, &samples, interval * intervals).await;
     let requests_per_interval = match (&target.requests, before) {
         (Some(counter), Some(before)) => {
             let after = counter.requests().await?;
@@ -337,8 +348,41 @@ pub(crate) async fn renewal(
             .zip(rss_after)
             .map(|(b, a)| a.saturating_sub(b) as f64 / locks as f64),
         requests_per_interval,
+        round_trip: round_trip.summary(),
         still_held,
     })
+}
+
+/// Holds whose renewals are timed in workload 5.
+const RENEWAL_SAMPLES: usize = 32;
+
+/// Polls the validity deadline of the sampled holds (index, lease) every millisecond
+/// for `window`; each move is a renewal, sent at the new deadline minus the lease.
+async fn watch_renewals(
+    guards: &[lock_core::LockGuard],
+    samples: &[(usize, Duration)],
+    window: Duration,
+) -> Latencies {
+    let mut latencies = Latencies::new();
+    let mut seen: Vec<Instant> = samples
+        .iter()
+        .map(|(i, _)| guards[*i].valid_until())
+        .collect();
+    let end = Instant::now() + window;
+    while Instant::now() < end {
+        sleep(Duration::from_millis(1)).await;
+        let now = Instant::now();
+        for ((index, lease), last) in samples.iter().zip(seen.iter_mut()) {
+            let valid_until = guards[*index].valid_until();
+            if valid_until != *last {
+                *last = valid_until;
+                if let Some(sent) = valid_until.checked_sub(*lease) {
+                    latencies.record(now.saturating_duration_since(sent));
+                }
+            }
+        }
+    }
+    latencies
 }
 
 /// Resident set size of this process, from /proc.
