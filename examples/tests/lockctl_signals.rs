@@ -292,3 +292,25 @@ async fn sigkill_of_lockctl_kills_the_command() {
     );
     assert!(outcome.second.success(), "{outcome:?}");
 }
+
+/// A command that ignores the forwarded SIGTERM is SIGKILLed after the grace period, and
+/// the lock is released only then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_ignoring_the_signal_is_killed_after_the_grace_period() {
+    let Some((_server, url)) = redis_url().await else {
+        return;
+    };
+    let log = EventLog::new();
+    let name = lock_name();
+    let stubborn = format!("trap '' TERM\n{BEATING}");
+    let holder = lockctl(&url, &name, &["--grace", "1s"], &stubborn, &log);
+    let outcome = stop_first(holder, Signal::SIGTERM, &url, &name, &log).await;
+
+    assert_no_overlap(&outcome.lines);
+    assert_eq!(
+        outcome.holder.code(),
+        Some(128 + Signal::SIGKILL as i32),
+        "the command was SIGKILLed: {outcome:?}"
+    );
+    assert!(outcome.second.success(), "{outcome:?}");
+}
