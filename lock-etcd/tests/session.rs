@@ -86,8 +86,8 @@ async fn one_lease_per_client_and_the_mutex_layout() {
     }
 }
 
-/// Acquisitions of one name on one client share one key, so they take turns inside
-/// the client: mutual exclusion holds across tasks of one client and another client.
+/// Acquisitions of one name on one client queue under keys of their own: mutual
+/// exclusion holds across tasks of one client and another client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_name_on_one_client_takes_turns() {
     let Some(server) = single().await else {
@@ -109,7 +109,7 @@ async fn one_name_on_one_client_takes_turns() {
     );
     assert!(
         shared.try_lock("turns").await.expect("try").is_none(),
-        "a local try while held is refused without waiting"
+        "a local try while held is refused"
     );
     let token = first.fencing_token();
     first.release().await.expect("release");
@@ -129,11 +129,10 @@ async fn one_name_on_one_client_takes_turns() {
                     .lock_timeout("turns", Duration::from_secs(30))
                     .await
                     .expect("acquire under contention");
-                let section = resource
-                    .begin(guard.fencing_token())
-                    .expect("token not stale");
-                sleep(Duration::from_millis(2)).await;
-                section.end();
+                let written = resource
+                    .hold_section(&guard, sleep(Duration::from_millis(2)))
+                    .await;
+                assert_eq!(written, Ok(true), "the holder's write is accepted");
                 guard.release().await.expect("release");
             }
         }));
@@ -144,6 +143,7 @@ async fn one_name_on_one_client_takes_turns() {
     let report = resource.check();
     assert!(report.is_safe(), "{report:?}");
     assert_eq!(report.sections, 32);
+    assert_eq!(report.counter, 32);
 }
 
 /// A second acquisition of one name on one client queues on the server at once, under
