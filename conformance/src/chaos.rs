@@ -466,6 +466,10 @@ impl Plan {
     }
 }
 
+/// How long a healthy holder works inside its critical section: long enough for another
+/// holder's section to begin meanwhile, were the lock to grant twice.
+const SECTION: Duration = Duration::from_millis(5);
+
 fn options(ttl: Duration) -> LockOptions {
     let mut options = LockOptions::default();
     options.ttl = ttl;
@@ -473,8 +477,9 @@ fn options(ttl: Duration) -> LockOptions {
     options
 }
 
-/// Healthy contenders: acquire, read-pause-write the resource, release; stop on a lost
-/// signal without writing. Runs until `until`.
+/// Healthy contenders: acquire, hold a section of the resource
+/// ([`FencedResource::hold_section`]: no write once the lock is lost), release. Runs
+/// until `until`.
 async fn contend(
     clients: Vec<Arc<dyn DistributedLock>>,
     name: LockName,
@@ -507,19 +512,7 @@ async fn contend(
                         continue;
                     }
                 };
-                if let Ok(section) = resource.begin(guard.fencing_token()) {
-                    let seen = section.read();
-                    let lost = guard.lost();
-                    tokio::select! {
-                        _ = sleep(Duration::from_millis(5)) => {
-                            if !guard.state().is_lost() {
-                                let _ = section.write(seen + 1);
-                            }
-                        }
-                        _ = lost => {}
-                    }
-                    section.end();
-                }
+                let _ = resource.hold_section(&guard, sleep(SECTION)).await;
                 let _ = guard.release().await;
             }
         })
@@ -1019,9 +1012,7 @@ pub async fn acquire_reply_delayed(target: &dyn ChaosTarget, plan: Plan) -> Scen
             match victim.try_lock(name.as_str()).await {
                 Ok(Some(guard)) => {
                     let outcome = if guard.is_held() {
-                        let written = resource
-                            .increment(guard.fencing_token(), sleep(Duration::from_millis(5)))
-                            .await;
+                        let written = resource.hold_section(&guard, sleep(SECTION)).await;
                         format!("victim got the lock; write accepted: {written:?}")
                     } else {
                         "victim got a guard that was already lost".to_owned()
@@ -1072,7 +1063,7 @@ pub async fn release_reply_lost(target: &dyn ChaosTarget, plan: Plan) -> Scenari
         .lock_timeout(name.as_str(), Duration::from_secs(10))
         .await
         .expect("victim acquires");
-    let _ = resource.increment(guard.fencing_token(), async {}).await;
+    let _ = resource.hold_section(&guard, sleep(SECTION)).await;
     let waiting = {
         let (name, waiter) = (name.clone(), Arc::clone(&waiter));
         tokio::spawn(async move {
@@ -1090,9 +1081,7 @@ pub async fn release_reply_lost(target: &dyn ChaosTarget, plan: Plan) -> Scenari
     match timeout(plan.ttl * 3 + Duration::from_secs(10), waiting).await {
         Ok(Ok(Ok(next))) => {
             takeover = Some(released_at.elapsed());
-            let _ = resource
-                .increment(next.fencing_token(), sleep(plan.ttl / 2))
-                .await;
+            let _ = resource.hold_section(&next, sleep(plan.ttl / 2)).await;
             if !next.is_held() {
                 notes.push("the waiter's hold did not survive the victim's release".into());
             }
@@ -1128,7 +1117,7 @@ pub async fn waiter_connection_reset(target: &dyn ChaosTarget, plan: Plan) -> Sc
     };
     sleep(Duration::from_millis(300)).await;
     link.set_mode(ProxyMode::Reset);
-    let _ = resource.increment(guard.fencing_token(), async {}).await;
+    let _ = resource.hold_section(&guard, sleep(SECTION)).await;
     let released_at = Instant::now();
     let _ = guard.release().await;
     sleep(Duration::from_millis(50)).await;
@@ -1137,7 +1126,7 @@ pub async fn waiter_connection_reset(target: &dyn ChaosTarget, plan: Plan) -> Sc
     match timeout(Duration::from_secs(30), waiting).await {
         Ok(Ok(Ok(next))) => {
             takeover = Some(released_at.elapsed());
-            let _ = resource.increment(next.fencing_token(), async {}).await;
+            let _ = resource.hold_section(&next, sleep(SECTION)).await;
             let _ = next.release().await;
         }
         other => notes.push(format!("waiter never got the lock: {other:?}")),
@@ -1172,9 +1161,7 @@ pub async fn cancellation_under_faults(target: &dyn ChaosTarget, plan: Plan) -> 
             while Instant::now() < until {
                 let cut = Duration::from_millis(rand::rng().random_range(1..80));
                 if let Ok(Ok(guard)) = timeout(cut, client.lock(name.as_str())).await {
-                    if guard.is_held() {
-                        let _ = resource.increment(guard.fencing_token(), async {}).await;
-                    }
+                    let _ = resource.hold_section(&guard, sleep(SECTION)).await;
                     drop(guard);
                 }
             }
@@ -1227,26 +1214,38 @@ pub async fn majority_loss(target: &dyn ChaosTarget, plan: Plan) -> ScenarioRepo
         .lock_timeout(name.as_str(), Duration::from_secs(10))
         .await
         .expect("holder acquires");
-    let section = resource.begin(guard.fencing_token()).expect("first token");
-    let seen = section.read();
     let servers = target.servers();
     let majority: Vec<usize> = (0..servers.len() / 2 + 1).collect();
-    for &i in &majority {
-        if let Err(err) = servers[i].kill9().await {
-            notes.push(format!("kill {}: {err}", servers[i].label()));
+    // The holder's section spans the fault and the other client's attempt; it claims
+    // the lock while the holder's guard vouches, so a second grant meanwhile overlaps it.
+    let attempt = async {
+        let mut said = Vec::new();
+        for &i in &majority {
+            if let Err(err) = servers[i].kill9().await {
+                said.push(format!("kill {}: {err}", servers[i].label()));
+            }
         }
-    }
-    match other.lock_timeout(name.as_str(), plan.ttl * 2).await {
-        Ok(second) => {
-            // A second grant without a majority: record it as an overlapping section.
-            let _ = resource.increment(second.fencing_token(), async {}).await;
-            notes.push("a second client acquired the lock without a majority".into());
-            let _ = second.release().await;
+        match other.lock_timeout(name.as_str(), plan.ttl * 2).await {
+            Ok(second) => {
+                let _ = resource.hold_section(&second, sleep(SECTION)).await;
+                said.push("a second client acquired the lock without a majority".into());
+                let _ = second.release().await;
+            }
+            Err(err) => said.push(format!("acquire without a majority: {err}")),
         }
-        Err(err) => notes.push(format!("acquire without a majority: {err}")),
-    }
-    let _ = section.write(seen + 1);
-    section.end();
+        said
+    };
+    tokio::pin!(attempt);
+    let mut said = None;
+    let _ = resource
+        .hold_section(&guard, async { said = Some((&mut attempt).await) })
+        .await;
+    // The holder's guard stopped vouching first: let the attempt finish outside.
+    let said = match said {
+        Some(said) => said,
+        None => attempt.await,
+    };
+    notes.extend(said);
     notes.push(format!(
         "holder's state without a majority: {:?}",
         guard.state()

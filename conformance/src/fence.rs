@@ -5,8 +5,16 @@
 //! section. The resource accepts a begin or a write only with a token at least as high as
 //! every token it has seen, like storage that checks fencing tokens, and records every
 //! section on the monotonic clock. [`FencedResource::check`] then reports overlapping
-//! accepted sections (two holders whose writes were both accepted while both were inside),
-//! stale writes that were accepted, lost updates and takeover gaps.
+//! sections, stale writes that were accepted, lost updates and takeover gaps.
+//!
+//! A section *claims* the lock while its holder is entitled to be inside. A holder that
+//! watches its guard ([`FencedResource::hold_section`]) claims it for as long as the guard
+//! vouches for the lock (not lost, before its validity deadline), whether or not the fence
+//! accepts its write: a newer holder that begins meanwhile turns the older write away, and
+//! that is an overlap at the lock even though the resource stayed consistent. A blind
+//! section (a paused process that writes without looking, [`SectionHandle::write`]) claims
+//! the lock only through an accepted write. Two sections overlap when both claim the lock
+//! at the same time.
 //!
 //! Holders in other processes reach the same resource over loopback TCP through
 //! [`FenceServer`].
@@ -15,7 +23,7 @@ use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use lock_core::FencingToken;
+use lock_core::{FencingToken, LockGuard};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
@@ -32,6 +40,22 @@ pub struct Section {
     pub written: Option<Instant>,
     /// When it was closed (`None` while open or abandoned).
     pub end: Option<Instant>,
+    /// For a holder that watched its guard: until when the guard vouched for the lock
+    /// during the section (at most `end`). `None` for a blind section.
+    pub held_until: Option<Instant>,
+}
+
+impl Section {
+    /// Until when the section claims the lock, if it does at all: a watched section while
+    /// its guard vouched, a blind one through an accepted write until it closed (or `now`
+    /// while open).
+    fn claim_until(&self, now: Instant) -> Option<Instant> {
+        let until = match self.held_until {
+            Some(held) => held,
+            None => self.written.map(|_| self.end.unwrap_or(now))?,
+        };
+        (until >= self.start).then_some(until)
+    }
 }
 
 /// A begin or write rejected because its token is lower than one already seen.
@@ -113,9 +137,32 @@ impl SectionHandle {
 
     /// Records the end of the section.
     pub fn end(self) {
+        self.close(None);
+    }
+
+    /// Writes `value` as the holder of `guard` and ends the section: the write is made
+    /// only if the guard still vouches for the lock (not lost, before its validity
+    /// deadline); the section claims the lock until then, or until the guard stopped
+    /// vouching. Returns whether a write was made and accepted.
+    pub fn finish(self, value: u64, guard: &LockGuard) -> bool {
+        let now = Instant::now();
+        let vouches = !guard.state().is_lost() && now < guard.valid_until();
+        let accepted = vouches && self.write(value).is_ok();
+        let held_until = if vouches {
+            Instant::now()
+        } else {
+            now.min(guard.valid_until())
+        };
+        self.close(Some(held_until));
+        accepted
+    }
+
+    fn close(self, held_until: Option<Instant>) {
         let mut ledger = lock(&self.ledger);
         if let Some(section) = ledger.sections.get_mut(self.index) {
-            section.end = Some(Instant::now());
+            let end = Instant::now();
+            section.end = Some(end);
+            section.held_until = held_until.map(|held| held.min(end));
         }
     }
 }
@@ -142,6 +189,7 @@ impl FencedResource {
             start: Instant::now(),
             written: None,
             end: None,
+            held_until: None,
         });
         Ok(SectionHandle {
             ledger: Arc::clone(&self.ledger),
@@ -150,8 +198,8 @@ impl FencedResource {
         })
     }
 
-    /// One full critical section: begin, read, `work`, write the incremented value, end.
-    /// Returns whether the write was accepted.
+    /// One full blind critical section: begin, read, `work`, write the incremented value,
+    /// end. Returns whether the write was accepted.
     ///
     /// # Errors
     /// [`StaleToken`] when the begin is rejected.
@@ -168,6 +216,27 @@ impl FencedResource {
         Ok(accepted)
     }
 
+    /// One full critical section of the holder of `guard`: begin with its fencing token,
+    /// read, `work` (cut short if the lock is lost), then [`SectionHandle::finish`] with
+    /// the incremented value. Returns whether the write was made and accepted.
+    ///
+    /// # Errors
+    /// [`StaleToken`] when the begin is rejected.
+    pub async fn hold_section<F: std::future::Future<Output = ()>>(
+        &self,
+        guard: &LockGuard,
+        work: F,
+    ) -> Result<bool, StaleToken> {
+        let section = self.begin(guard.fencing_token())?;
+        let seen = section.read();
+        let mut watch = guard.watch();
+        tokio::select! {
+            () = work => {}
+            _ = watch.lost() => {}
+        }
+        Ok(section.finish(seen + 1, guard))
+    }
+
     /// Every section so far, in the order they began.
     pub fn sections(&self) -> Vec<Section> {
         lock(&self.ledger).sections.clone()
@@ -179,15 +248,19 @@ impl FencedResource {
         let mut sections = ledger.sections.clone();
         sections.sort_by_key(|s| s.start);
         let accepted: Vec<&Section> = sections.iter().filter(|s| s.written.is_some()).collect();
+        let now = Instant::now();
+        let claiming: Vec<(&Section, Instant)> = sections
+            .iter()
+            .filter_map(|s| Some((s, s.claim_until(now)?)))
+            .collect();
         let mut overlaps = Vec::new();
         let mut tokens_backwards = Vec::new();
         let mut gaps = Vec::new();
-        for (i, a) in accepted.iter().enumerate() {
-            for b in &accepted[i + 1..] {
-                // Sections are sorted by start: b starts after a; they overlap if b's
-                // write lands before a closed (or a never closed).
-                let a_closed = a.end.unwrap_or(Instant::now());
-                if b.start < a_closed {
+        for (i, (a, a_until)) in claiming.iter().enumerate() {
+            for (b, _) in &claiming[i + 1..] {
+                // Sorted by start: b began after a; they overlap if b began while a
+                // still claimed the lock.
+                if b.start < *a_until {
                     overlaps.push((**a, **b));
                 } else {
                     break;
@@ -230,7 +303,7 @@ pub struct FenceReport {
     /// Writes rejected for a stale token (a holder that lost its lock and came back).
     /// No stale write is ever accepted: the fence checks every write.
     pub rejected_writes: usize,
-    /// Pairs of sections whose writes were both accepted while they overlapped in time.
+    /// Pairs of sections that claimed the lock at the same time (see the module docs).
     pub overlaps: Vec<(Section, Section)>,
     /// Consecutive accepted sections whose token went down.
     pub tokens_backwards: Vec<(u64, u64)>,
@@ -341,6 +414,60 @@ async fn serve(stream: TcpStream, resource: FencedResource) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lock_core::memory::{MemoryBackend, MemorySpace};
+    use lock_core::{AcquireOptions, DistributedLock, LockName, LockOptions};
+
+    /// A guard on a private memory space, after `before` earlier holds of the same name
+    /// (so its fencing token is `before + 1`).
+    async fn guard(before: usize, acquire: AcquireOptions) -> LockGuard {
+        let space = MemorySpace::named(&format!("fence-{}", uuid::Uuid::new_v4().simple()));
+        let client = MemoryBackend::client(space, LockOptions::default()).unwrap();
+        let name = LockName::new("fenced").unwrap();
+        for _ in 0..before {
+            let earlier = client.acquire(&name, &AcquireOptions::try_once()).await;
+            earlier.unwrap().unwrap().release().await.unwrap();
+        }
+        client.acquire(&name, &acquire).await.unwrap().unwrap()
+    }
+
+    #[tokio::test]
+    async fn a_holder_turned_away_while_its_guard_vouched_is_an_overlap() {
+        let resource = FencedResource::new();
+        let older = guard(0, AcquireOptions::try_once()).await;
+        let newer = guard(1, AcquireOptions::try_once()).await;
+        assert!(newer.fencing_token() > older.fencing_token());
+        let section = resource.begin(older.fencing_token()).unwrap();
+        let seen = section.read();
+        // A newer holder gets in while the older guard still vouches for the lock.
+        let sleep = tokio::time::sleep(Duration::from_millis(2));
+        assert!(resource.hold_section(&newer, sleep).await.unwrap());
+        assert!(!section.finish(seen + 1, &older), "the fence turns it away");
+        let report = resource.check();
+        assert_eq!(report.rejected_writes, 1);
+        assert_eq!(report.counter, 1, "the resource stayed consistent");
+        assert_eq!(report.overlaps.len(), 1, "{report:?}");
+        assert!(!report.is_safe());
+    }
+
+    #[tokio::test]
+    async fn a_holder_whose_guard_stopped_vouching_first_does_not_overlap() {
+        let resource = FencedResource::new();
+        let ttl = Duration::from_millis(20);
+        let older = guard(0, AcquireOptions::try_once().with_ttl(ttl).manual()).await;
+        let newer = guard(1, AcquireOptions::try_once()).await;
+        let section = resource.begin(older.fencing_token()).unwrap();
+        let seen = section.read();
+        tokio::time::sleep_until(older.valid_until()).await;
+        let sleep = tokio::time::sleep(Duration::from_millis(2));
+        assert!(resource.hold_section(&newer, sleep).await.unwrap());
+        assert!(
+            !section.finish(seen + 1, &older),
+            "no write past the deadline"
+        );
+        let report = resource.check();
+        assert_eq!(report.rejected_writes, 0, "{report:?}");
+        assert!(report.is_safe(), "{report:?}");
+    }
 
     #[tokio::test]
     async fn overlapping_accepted_writes_are_reported() {

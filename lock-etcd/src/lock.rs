@@ -6,8 +6,14 @@
 //! contender puts `<prefix>/<NAME>/<lease id in hex>` attached to its client's lease;
 //! the holder is the key with the lowest create revision, the rest queue in create
 //! revision order (FIFO). The create revision of the holder's key is its fencing token.
+//!
+//! Concurrent acquisitions of one name in one client each queue on the server at once,
+//! under a key of their own: the first under the plain `<lease id in hex>`, the others
+//! under `<lease id in hex>_<n>` (n ≥ 1), so a later waiter of another client never
+//! overtakes them. The Go client's `Mutex` orders every key under the range by create
+//! revision, whatever its name, so the extra keys exclude `etcdctl lock` as well.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -26,7 +32,7 @@ use lock_core::{
     Capabilities, DistributedLock, Error, FencingSource, FencingToken, LeaseClient, LockName,
     LockUrl, LostReason, Result,
 };
-use tokio::sync::{watch, OwnedMutexGuard};
+use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
 use crate::client::{ends_wait, DeleteWatch, EtcdClient, LeaseKeys};
@@ -50,7 +56,7 @@ pub struct EtcdBackend {
     prefix: String,
     label: String,
     recheck: Duration,
-    permits: Arc<Permits>,
+    slots: Arc<Slots>,
     /// How many holds the renewal checked when the lease's key list last did not fit
     /// one answer (0: it fits).
     keys_overflow: AtomicUsize,
@@ -81,7 +87,7 @@ impl EtcdBackend {
             label: config.label(),
             prefix: config.prefix.clone(),
             recheck: config.options.recheck,
-            permits: Arc::new(Permits::default()),
+            slots: Arc::new(Slots::default()),
             keys_overflow: AtomicUsize::new(0),
         };
         Ok(backend)
@@ -298,9 +304,9 @@ impl EtcdBackend {
     /// itself is gone on the server.
     ///
     /// ONE `LeaseTimeToLive` request lists every key attached to the lease: a hold whose
-    /// key is in the list is ours (its key is `<range><lease hex>`, put only by this
-    /// client under this lease, and one name's acquisitions take turns in the client,
-    /// so a key on our lease is the current hold's). A key missing from the list is
+    /// key is in the list is ours (its key is `<range><lease hex>[_<n>]`, put only by
+    /// this client under this lease, and a key [`Slot`] is used by one acquisition at a
+    /// time, so a key on our lease is the current hold's). A key missing from the list is
     /// confirmed by a linearizable read before its hold is declared lost, since the
     /// list is the leader's view of the lease and may lag a write just served by another
     /// member; in the steady state that costs nothing. When the list is too large for
@@ -501,12 +507,13 @@ pub struct EtcdHold {
     key: String,
     revision: i64,
     lease: i64,
-    /// Keeps other acquisitions of the same name in this client waiting locally.
-    permit: Mutex<Option<NamePermit>>,
+    /// Keeps the key from other acquisitions of the same name in this client.
+    slot: Mutex<Option<Slot>>,
 }
 
 impl EtcdHold {
-    /// The key (`<prefix>/<name>/<lease hex>`).
+    /// The key (`<prefix>/<name>/<lease hex>`, or `…<lease hex>_<n>` for an acquisition
+    /// made while another of the same name was under way in this client).
     pub fn key(&self) -> &str {
         &self.key
     }
@@ -516,9 +523,9 @@ impl EtcdHold {
         self.revision
     }
 
-    fn drop_permit(&self) {
+    fn free_slot(&self) {
         drop(
-            self.permit
+            self.slot
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner())
                 .take(),
@@ -537,25 +544,25 @@ impl fmt::Debug for EtcdHold {
 }
 
 /// The key of an acquire in progress: if the acquire future is dropped, the key is
-/// deleted in a background task, and only then may the next acquire of the same name
-/// in this client go on.
+/// deleted in a background task, and only then is its slot free for another acquire of
+/// the same name in this client.
 struct Pending {
     client: EtcdClient,
     key: String,
     revision: Option<i64>,
-    permit: Option<NamePermit>,
+    slot: Option<Slot>,
 }
 
 impl Pending {
     /// The acquire is complete (granted or cleaned up): nothing to undo.
-    fn disarm(mut self) -> Option<NamePermit> {
-        self.permit.take()
+    fn disarm(mut self) -> Option<Slot> {
+        self.slot.take()
     }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let Some(permit) = self.permit.take() else {
+        let Some(slot) = self.slot.take() else {
             return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -568,7 +575,7 @@ impl Drop for Pending {
             if let Err(err) = delete_if_ours(&client, &key, revision).await {
                 tracing::warn!(key, error = %err, "removing the key of a cancelled acquire failed; the lease TTL ends it");
             }
-            drop(permit);
+            drop(slot);
         });
     }
 }
@@ -589,23 +596,16 @@ impl Backend for EtcdBackend {
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<EtcdHold>>> {
         let prefix = self.lock_prefix(request.name);
-        // One key per (client lease, name): acquisitions of one name in this client
-        // take turns locally before touching the server.
-        let permit = if request.wait {
-            self.permits.lock(request.name).await
-        } else {
-            match self.permits.try_lock(request.name) {
-                Some(permit) => permit,
-                None => return Ok(None),
-            }
-        };
+        // A key of its own for each acquisition under way: it queues on the server at
+        // once, in FIFO order with every other client's.
+        let slot = self.slots.take(request.name);
         let lease = self.session.lease().await?;
-        let key = format!("{prefix}{:x}", lease.id);
+        let key = slot.key(&prefix, lease.id);
         let mut pending = Pending {
             client: self.client.clone(),
             key: key.clone(),
             revision: None,
-            permit: Some(permit),
+            slot: Some(slot),
         };
         let (revision, owner) = self.enqueue(&prefix, &key, lease.id).await?;
         pending.revision = Some(revision);
@@ -644,13 +644,13 @@ impl Backend for EtcdBackend {
         };
         let fencing = u64::try_from(revision)
             .map_err(|_| unexpected("acquire", format!("create revision {revision}")))?;
-        let permit = pending.disarm();
+        let slot = pending.disarm();
         Ok(Some(Acquired {
             hold: EtcdHold {
                 key,
                 revision,
                 lease: lease.id,
-                permit: Mutex::new(permit),
+                slot: Mutex::new(slot),
             },
             fencing_token: FencingToken(fencing),
             requested_at: lease.fresh_at,
@@ -671,7 +671,7 @@ impl Backend for EtcdBackend {
             .collect();
         for item in items {
             if current.is_none_or(|lease| lease.id != item.hold.lease) {
-                item.hold.drop_permit();
+                item.hold.free_slot();
             }
         }
         let Some(current) = current.filter(|_| !live.is_empty()) else {
@@ -692,13 +692,13 @@ impl Backend for EtcdBackend {
                 // back): every hold on it is lost, whatever the keep-alive got.
                 self.session.expire(current.id);
                 for (_, hold) in &live {
-                    hold.drop_permit();
+                    hold.free_slot();
                 }
                 return Ok(outcomes);
             }
             (Ok(KeepAlive::Gone), _) => {
                 for (_, hold) in &live {
-                    hold.drop_permit();
+                    hold.free_slot();
                 }
                 return Ok(outcomes);
             }
@@ -713,7 +713,7 @@ impl Backend for EtcdBackend {
             outcomes[*i] = match lost {
                 None => RenewOutcome::Renewed { lease: remaining },
                 Some(reason) => {
-                    hold.drop_permit();
+                    hold.free_slot();
                     RenewOutcome::Lost(reason)
                 }
             };
@@ -723,7 +723,7 @@ impl Backend for EtcdBackend {
 
     async fn release(&self, hold: &EtcdHold) -> Result<BackendRelease> {
         let deleted = self.delete_if_ours(&hold.key, hold.revision).await;
-        hold.drop_permit();
+        hold.free_slot();
         Ok(if deleted? {
             BackendRelease::Released
         } else {
@@ -736,77 +736,77 @@ impl Backend for EtcdBackend {
     }
 }
 
-/// Per-name turn-taking inside one client (one key per lease and name).
+/// The keys of one name that this client's acquisitions use. Each acquisition under way
+/// takes the lowest free slot: slot 0 is the plain `<lease hex>` key of the Go client's
+/// `Mutex`, slot n the key `<lease hex>_<n>`. A slot is freed once its hold ended or its
+/// cancelled attempt's key was cleaned up, so two live acquisitions never share a key,
+/// and a key found on the server for a free slot is a leftover of this client.
 #[derive(Default)]
-struct Permits {
-    names: Mutex<HashMap<LockName, Weak<tokio::sync::Mutex<()>>>>,
+struct Slots {
+    names: Mutex<HashMap<LockName, BTreeSet<u32>>>,
 }
 
-impl Permits {
-    fn names(&self) -> MutexGuard<'_, HashMap<LockName, Weak<tokio::sync::Mutex<()>>>> {
+impl Slots {
+    fn names(&self) -> MutexGuard<'_, HashMap<LockName, BTreeSet<u32>>> {
         self.names
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn mutex(&self, name: &LockName) -> Arc<tokio::sync::Mutex<()>> {
+    /// Takes the lowest free slot of `name`.
+    fn take(self: &Arc<Self>, name: &LockName) -> Slot {
         let mut names = self.names();
-        if let Some(mutex) = names.get(name).and_then(Weak::upgrade) {
-            return mutex;
+        let used = names.entry(name.clone()).or_default();
+        let mut n = 0;
+        while used.contains(&n) {
+            n += 1;
         }
-        if names.len() >= 64 {
-            names.retain(|_, mutex| mutex.strong_count() > 0);
-        }
-        let mutex = Arc::new(tokio::sync::Mutex::new(()));
-        names.insert(name.clone(), Arc::downgrade(&mutex));
-        mutex
-    }
-
-    async fn lock(self: &Arc<Self>, name: &LockName) -> NamePermit {
-        let guard = self.mutex(name).lock_owned().await;
-        NamePermit {
-            guard: Some(guard),
-            permits: Arc::downgrade(self),
+        used.insert(n);
+        Slot {
+            slots: Arc::downgrade(self),
             name: name.clone(),
+            n,
         }
-    }
-
-    fn try_lock(self: &Arc<Self>, name: &LockName) -> Option<NamePermit> {
-        let guard = self.mutex(name).try_lock_owned().ok()?;
-        Some(NamePermit {
-            guard: Some(guard),
-            permits: Arc::downgrade(self),
-            name: name.clone(),
-        })
     }
 }
 
-/// This client's turn on one name.
-struct NamePermit {
-    guard: Option<OwnedMutexGuard<()>>,
-    permits: Weak<Permits>,
+/// One acquisition's key slot on one name; freed on drop.
+struct Slot {
+    slots: Weak<Slots>,
     name: LockName,
+    n: u32,
 }
 
-impl Drop for NamePermit {
+impl Slot {
+    /// The slot's key in the range `prefix` under `lease`.
+    fn key(&self, prefix: &str, lease: i64) -> String {
+        match self.n {
+            0 => format!("{prefix}{lease:x}"),
+            n => format!("{prefix}{lease:x}_{n}"),
+        }
+    }
+}
+
+impl Drop for Slot {
     fn drop(&mut self) {
-        drop(self.guard.take());
-        if let Some(permits) = self.permits.upgrade() {
-            let mut names = permits.names();
-            if names
-                .get(&self.name)
-                .is_some_and(|mutex| mutex.strong_count() == 0)
-            {
+        let Some(slots) = self.slots.upgrade() else {
+            return;
+        };
+        let mut names = slots.names();
+        if let Some(used) = names.get_mut(&self.name) {
+            used.remove(&self.n);
+            if used.is_empty() {
                 names.remove(&self.name);
             }
         }
     }
 }
 
-impl fmt::Debug for NamePermit {
+impl fmt::Debug for Slot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("NamePermit")
+        f.debug_struct("Slot")
             .field("name", &self.name)
+            .field("n", &self.n)
             .finish()
     }
 }

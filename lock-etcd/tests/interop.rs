@@ -185,3 +185,53 @@ async fn our_holder_blocks_etcdctl() {
         sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A second acquisition of one name on our client queues under `<lease hex>_1`: once it
+/// holds the lock, that key blocks `etcdctl lock` as the plain key does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn our_second_local_holder_blocks_etcdctl() {
+    let Some(server) = single().await else {
+        return;
+    };
+    let ours = std::sync::Arc::new(plain_client(server.addr()).await);
+    let admin = raw_client(&[server.addr()]).await;
+    let name = plain_name();
+
+    let first = ours.lock(&name).await.expect("acquire");
+    let second = tokio::spawn({
+        let (ours, name) = (std::sync::Arc::clone(&ours), name.clone());
+        async move { ours.lock(&name).await.expect("second local acquire") }
+    });
+    sleep(Duration::from_millis(300)).await;
+    let mut etcdctl = EtcdctlLock::spawn(server.addr(), &name);
+    sleep(Duration::from_millis(300)).await;
+    first.release().await.expect("release");
+    let second = timeout(Duration::from_secs(5), second)
+        .await
+        .expect("our second acquisition is next in line")
+        .expect("waiter task");
+    let lease = ours.backend().lease_id().expect("a live lease");
+    let keys = keys_under(&admin, &format!("{name}/")).await;
+    assert_eq!(keys.len(), 2, "our second key and etcdctl's: {keys:?}");
+    assert_eq!(keys[0].0, format!("{name}/{lease:x}_1"), "{keys:?}");
+    second
+        .extend()
+        .await
+        .expect("the renewal check finds the `_1` key");
+    assert!(second.is_held());
+    assert_eq!(
+        etcdctl.held_key(Duration::from_millis(1500)).await,
+        None,
+        "etcdctl acquired a lock our second acquisition holds: {keys:?}"
+    );
+    assert_eq!(
+        second.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    let key = etcdctl
+        .held_key(Duration::from_secs(5))
+        .await
+        .expect("etcdctl gets the lock after our release");
+    assert!(key.starts_with(&format!("{name}/")));
+    etcdctl.interrupt().await;
+}

@@ -86,8 +86,8 @@ async fn one_lease_per_client_and_the_mutex_layout() {
     }
 }
 
-/// Acquisitions of one name on one client share one key, so they take turns inside
-/// the client: mutual exclusion holds across tasks of one client and another client.
+/// Acquisitions of one name on one client queue under keys of their own: mutual
+/// exclusion holds across tasks of one client and another client.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_name_on_one_client_takes_turns() {
     let Some(server) = single().await else {
@@ -109,7 +109,7 @@ async fn one_name_on_one_client_takes_turns() {
     );
     assert!(
         shared.try_lock("turns").await.expect("try").is_none(),
-        "a local try while held is refused without waiting"
+        "a local try while held is refused"
     );
     let token = first.fencing_token();
     first.release().await.expect("release");
@@ -129,11 +129,10 @@ async fn one_name_on_one_client_takes_turns() {
                     .lock_timeout("turns", Duration::from_secs(30))
                     .await
                     .expect("acquire under contention");
-                let section = resource
-                    .begin(guard.fencing_token())
-                    .expect("token not stale");
-                sleep(Duration::from_millis(2)).await;
-                section.end();
+                let written = resource
+                    .hold_section(&guard, sleep(Duration::from_millis(2)))
+                    .await;
+                assert_eq!(written, Ok(true), "the holder's write is accepted");
                 guard.release().await.expect("release");
             }
         }));
@@ -144,6 +143,75 @@ async fn one_name_on_one_client_takes_turns() {
     let report = resource.check();
     assert!(report.is_safe(), "{report:?}");
     assert_eq!(report.sections, 32);
+    assert_eq!(report.counter, 32);
+}
+
+/// A second acquisition of one name on one client queues on the server at once, under
+/// a key of its own, so it keeps its FIFO place ahead of a later waiter of another
+/// client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_local_waiter_keeps_its_place_on_the_server() {
+    let Some(server) = single().await else {
+        return;
+    };
+    let admin = raw_client(&[server.addr()]).await;
+    let local = client(&[server.addr()], with_ttl(Duration::from_secs(5))).await;
+    let remote = client(&[server.addr()], with_ttl(Duration::from_secs(5))).await;
+    let name = "fifo/local-second";
+    let granted = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let waiter = |locks: Arc<lock_etcd::EtcdLock>, who: &'static str| {
+        let granted = Arc::clone(&granted);
+        tokio::spawn(async move {
+            let guard = locks
+                .lock_timeout(name, Duration::from_secs(20))
+                .await
+                .expect("acquire");
+            granted.lock().expect("order").push(who);
+            sleep(Duration::from_millis(200)).await;
+            guard.release().await.expect("release");
+        })
+    };
+
+    let first = local.lock(name).await.expect("acquire");
+    let second = waiter(Arc::clone(&local), "second local");
+    sleep(Duration::from_millis(300)).await;
+    let later = waiter(Arc::clone(&remote), "remote");
+    sleep(Duration::from_millis(300)).await;
+    let queued = keys_under(&admin, &range(name)).await;
+    first.release().await.expect("release");
+    for task in [second, later] {
+        timeout(Duration::from_secs(20), task)
+            .await
+            .expect("both waiters get the lock")
+            .expect("waiter");
+    }
+    let order = granted.lock().expect("order").clone();
+    eprintln!("queued keys {queued:?}; granted {order:?}");
+    assert_eq!(
+        order,
+        ["second local", "remote"],
+        "FIFO across clients; queued keys {queued:?}"
+    );
+    assert_eq!(
+        queued.len(),
+        3,
+        "every waiter queues on the server: {queued:?}"
+    );
+    let lease = local.backend().lease_id().expect("a live lease");
+    assert_eq!(queued[0].0, format!("{}{lease:x}", range(name)));
+    assert_eq!(queued[1].0, format!("{}{lease:x}_1", range(name)));
+
+    // A second local acquire that gives up leaves nothing behind.
+    let held = local.lock(name).await.expect("acquire");
+    let gave_up = local.lock_timeout(name, Duration::from_millis(300)).await;
+    assert_eq!(gave_up.expect_err("times out").kind(), ErrorKind::Timeout);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while keys_under(&admin, &range(name)).await.len() > 1 && Instant::now() < deadline {
+        sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(keys_under(&admin, &range(name)).await.len(), 1);
+    held.release().await.expect("release");
+    assert!(keys_under(&admin, &range(name)).await.is_empty());
 }
 
 /// A waiter whose own key disappears stops waiting with a Lost error instead of
