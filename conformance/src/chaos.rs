@@ -301,6 +301,9 @@ pub fn expectation(scenario: &str, topology: Topology) -> Expect {
         ("server_crash_restart", Single { durable: false }) => Expect::FencedOnly(
             "single Redis without persistence forgets its locks (and fencing counters) on restart",
         ),
+        ("server_crash_restart", Independent { .. }) => Expect::FencedOnly(
+            "every RedLock node (without persistence) restarts at once, within the TTL: outside              RedLock's assumptions, a majority forgets the holder",
+        ),
         ("server_restart_without_data", Single { durable: false }) => Expect::FencedOnly(
             "a server that restarts with its data wiped forgets every lock it held",
         ),
