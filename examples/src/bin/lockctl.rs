@@ -40,7 +40,9 @@ use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lock_core::{AcquireOptions, DistributedLock, LockGuard, LockName, LockState, Wait};
+use lock_core::{
+    AcquireOptions, DistributedLock, LockGuard, LockName, LockState, ReleaseOutcome, Wait,
+};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
@@ -362,10 +364,20 @@ async fn run_command(
             }
         }
     };
-    if was_lost {
+    // The command may end before the lost signal is seen (lockctl and the command were
+    // frozen together, say): a deadline passed meanwhile, or a release the server answers
+    // with "not yours", still means the command ran without the lock at the end.
+    let expired = guard.valid_until() <= Instant::now();
+    if was_lost || expired {
         drop(guard);
+        eprintln!("lockctl: the lock was lost while the command ran");
         return Ok(ExitCode::from(EXIT_LOCK));
     }
-    guard.release().await?;
-    Ok(exit_code(status))
+    match guard.release().await? {
+        ReleaseOutcome::Released => Ok(exit_code(status)),
+        ReleaseOutcome::AlreadyLost(reason) => {
+            eprintln!("lockctl: the lock was lost while the command ran ({reason})");
+            Ok(ExitCode::from(EXIT_LOCK))
+        }
+    }
 }
