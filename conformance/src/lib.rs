@@ -106,3 +106,29 @@ macro_rules! chaos_suite {
         )*
     };
 }
+
+/// Expands to one `#[tokio::test]` per interleaving of [`interleavings`] that needs only a
+/// [`chaos::ChaosTarget`] (the ones that wrap a backend's protocol half are written per
+/// backend, since each opens its backend in its own way).
+#[macro_export]
+macro_rules! interleavings_suite {
+    ($target:expr) => {
+        $crate::interleavings_suite!(@checks $target;
+            extend_for_keeps_an_auto_renewed_hold,
+            ended_hold_released_despite_a_broken_link,
+            waiter_outlives_its_session,
+        );
+    };
+    (@checks $target:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("Interleaving [`conformance::interleavings::", stringify!($check), "`].")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let Some(target) = $crate::factory::StartedFactory::started($target.await) else {
+                    return;
+                };
+                $crate::interleavings::$check(&target).await;
+            }
+        )*
+    };
+}

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use lock_core::{
-    AcquireOptions, DistributedLockExt, ErrorKind, LockName, LockOptions, LockState, LostReason,
-    ReleaseOutcome, RenewalMode, RunOutcome, MAX_NAME_BYTES,
+    AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockGuard, LockName,
+    LockOptions, LockState, LostReason, ReleaseOutcome, RenewalMode, RunOutcome, MAX_NAME_BYTES,
 };
 use rand::Rng;
 use tokio::time::{sleep, timeout, Instant};
@@ -496,16 +496,7 @@ pub async fn reentrancy_by_owner(factory: &dyn Factory) {
     let name = unique_name("reentrant");
     let client = factory.client(LockOptions::default()).await;
     let other = factory.client(LockOptions::default()).await;
-    let outer = client
-        .acquire(&name, &AcquireOptions::forever().reentrant("job-42"))
-        .await
-        .expect("acquire")
-        .expect("acquired");
-    let inner = client
-        .acquire(&name, &AcquireOptions::try_once().reentrant("job-42"))
-        .await
-        .expect("reentrant acquire")
-        .expect("the same owner re-acquires without waiting");
+    let (outer, inner) = reentrant_pair(&*client, &name).await;
     assert_eq!(inner.fencing_token(), outer.fencing_token());
     let stranger = client
         .acquire(&name, &AcquireOptions::try_once().reentrant("job-7"))
@@ -531,22 +522,28 @@ pub async fn reentrancy_by_owner(factory: &dyn Factory) {
     next.release().await.expect("release");
 }
 
+/// Two guards of one hold: owner `job-42` acquires `name`, then acquires it again.
+async fn reentrant_pair(client: &dyn DistributedLock, name: &LockName) -> (LockGuard, LockGuard) {
+    let outer = client
+        .acquire(name, &AcquireOptions::forever().reentrant("job-42"))
+        .await
+        .expect("acquire")
+        .expect("acquired");
+    let inner = client
+        .acquire(name, &AcquireOptions::try_once().reentrant("job-42"))
+        .await
+        .expect("reentrant acquire")
+        .expect("the same owner re-acquires without waiting");
+    (outer, inner)
+}
+
 /// Reentrancy on a lost hold: releasing a guard that is not the last one of the hold
 /// reports the loss (`AlreadyLost`), never `Released`.
 pub async fn reentrant_release_reports_loss(factory: &dyn Factory) {
     let name = unique_name("reentrant-lost");
     let ttl = factory.short_ttl();
     let client = factory.client(options_with_ttl(ttl)).await;
-    let outer = client
-        .acquire(&name, &AcquireOptions::forever().reentrant("job-42"))
-        .await
-        .expect("acquire")
-        .expect("acquired");
-    let inner = client
-        .acquire(&name, &AcquireOptions::try_once().reentrant("job-42"))
-        .await
-        .expect("reentrant acquire")
-        .expect("the same owner re-acquires without waiting");
+    let (outer, inner) = reentrant_pair(&*client, &name).await;
     factory.steal(&name).await;
     let reason = timeout(ttl + PROMPT, outer.lost())
         .await

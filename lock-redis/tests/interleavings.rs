@@ -1,5 +1,7 @@
-//! Every acquire attempt is distinguishable on the server: the late cleanup of a failed
-//! attempt never removes what a retry of the same acquisition took.
+//! Interleavings opened deterministically around this backend (see
+//! `conformance::interleavings`): the ones that wrap its protocol half, then the shared
+//! ones. Every acquire attempt is distinguishable on the server, so the late cleanup of
+//! a failed attempt never removes what a retry of the same acquisition took.
 
 mod common;
 
@@ -7,7 +9,6 @@ use std::time::Duration;
 
 use common::{config_for, ttl_options, RedisFactory};
 use conformance::interleavings::{
-    ended_hold_released_despite_a_broken_link, extend_for_keeps_an_auto_renewed_hold,
     last_applied_extension_wins, retry_survives_late_cleanup, LateCleanup, SlowRenewalReply,
 };
 use lock_redis::RedisBackend;
@@ -62,29 +63,4 @@ async fn last_applied_extension_wins_on_redis() {
     last_applied_extension_wins(slow, options, other, &name).await;
 }
 
-/// `extend_for` a shorter lease on an auto-renewed hold.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn extend_for_keeps_an_auto_renewed_hold_on_redis() {
-    let Some(factory) = RedisFactory::single().await else {
-        return;
-    };
-    extend_for_keeps_an_auto_renewed_hold(&factory).await;
-}
-
-/// The release of an ended hold lost on a broken link (the key's TTL ends it anyway).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ended_hold_released_despite_a_broken_link_on_redis() {
-    let Some(factory) = RedisFactory::single().await else {
-        return;
-    };
-    ended_hold_released_despite_a_broken_link(&factory).await;
-}
-
-/// A waiter cut off beyond the TTL waits on with a new session and gets the lock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiter_outlives_its_session() {
-    let Some(factory) = RedisFactory::single().await else {
-        return;
-    };
-    conformance::interleavings::waiter_outlives_its_session(&factory).await;
-}
+conformance::interleavings_suite!(RedisFactory::single());

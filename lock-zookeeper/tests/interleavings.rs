@@ -1,5 +1,7 @@
-//! Every acquire attempt is distinguishable on the server: the late cleanup of a failed
-//! attempt never removes what a retry of the same acquisition took.
+//! Interleavings opened deterministically around this backend (see
+//! `conformance::interleavings`): the ones that wrap its protocol half, then the shared
+//! ones. Every acquire attempt is distinguishable on the server, so the late cleanup of
+//! a failed attempt never removes what a retry of the same acquisition took.
 
 mod common;
 
@@ -7,10 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{config, with_ttl, ZkFactory, BASE};
-use conformance::interleavings::{
-    ended_hold_released_despite_a_broken_link, extend_for_keeps_an_auto_renewed_hold,
-    retry_survives_late_cleanup, Cleanup, LateCleanup,
-};
+use conformance::interleavings::{retry_survives_late_cleanup, Cleanup, LateCleanup};
 use conformance::Factory;
 use lock_zookeeper::{lock_dir, queue_order, ZkBackend, ZkHold};
 
@@ -49,30 +48,4 @@ async fn retry_survives_late_cleanup_by_marker() {
     retry_survives_late_cleanup(flaky, options, other, &name).await;
 }
 
-/// `extend_for` another TTL is refused: one session-wide lease.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn extend_for_another_ttl_is_unsupported() {
-    let Some(factory) = ZkFactory::start().await else {
-        return;
-    };
-    extend_for_keeps_an_auto_renewed_hold(&factory).await;
-}
-
-/// The release of an ended hold lost on a broken link is retried while the session
-/// lives.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ended_hold_released_despite_a_broken_link_while_the_session_lives() {
-    let Some(factory) = ZkFactory::start().await else {
-        return;
-    };
-    ended_hold_released_despite_a_broken_link(&factory).await;
-}
-
-/// A waiter cut off beyond the TTL waits on with a new session and gets the lock.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn waiter_outlives_its_session() {
-    let Some(factory) = ZkFactory::start().await else {
-        return;
-    };
-    conformance::interleavings::waiter_outlives_its_session(&factory).await;
-}
+conformance::interleavings_suite!(ZkFactory::start());
