@@ -302,7 +302,8 @@ pub fn expectation(scenario: &str, topology: Topology) -> Expect {
             "single Redis without persistence forgets its locks (and fencing counters) on restart",
         ),
         ("server_crash_restart", Independent { .. }) => Expect::FencedOnly(
-            "every RedLock node (without persistence) restarts at once, within the TTL: outside              RedLock's assumptions, a majority forgets the holder",
+            "every RedLock node (without persistence) restarts at once, within the TTL: outside \
+             RedLock's assumptions, a majority forgets the holder",
         ),
         ("server_restart_without_data", Single { durable: false }) => Expect::FencedOnly(
             "a server that restarts with its data wiped forgets every lock it held",
@@ -1357,9 +1358,6 @@ fn record(
     plan: Plan,
     report: Option<&ScenarioReport>,
 ) {
-    let Ok(dir) = std::env::var("CHAOS_REPORT_DIR") else {
-        return;
-    };
     let ms = |d: Duration| d.as_secs_f64() * 1000.0;
     let row = ReportRow {
         scenario: scenario.to_owned(),
@@ -1380,8 +1378,18 @@ fn record(
         seed: plan.seed,
         notes: report.map(|r| r.notes.clone()).unwrap_or_default(),
     };
-    let path = std::path::Path::new(&dir).join(format!("{scenario}.jsonl"));
-    let line = match serde_json::to_string(&row) {
+    record_row(&row);
+}
+
+/// Appends `row` to `$CHAOS_REPORT_DIR/<scenario>.jsonl` for the reliability report, when
+/// that is set. Fault tests outside [`SCENARIOS`] (e.g. on whole processes) report
+/// through this too; the report lists them after the scenarios.
+pub fn record_row(row: &ReportRow) {
+    let Ok(dir) = std::env::var("CHAOS_REPORT_DIR") else {
+        return;
+    };
+    let path = std::path::Path::new(&dir).join(format!("{}.jsonl", row.scenario));
+    let line = match serde_json::to_string(row) {
         Ok(line) => line,
         Err(err) => {
             eprintln!("[chaos] cannot encode the report row: {err}");

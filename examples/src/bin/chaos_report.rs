@@ -81,7 +81,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let _ = writeln!(md);
     let _ = writeln!(md, "|---|{}", "---|".repeat(DEPLOYMENTS.len()));
-    for scenario in SCENARIOS {
+    // The scenarios in their order, then fault tests of whole processes (lockctl).
+    let others: std::collections::BTreeSet<&str> = rows
+        .iter()
+        .map(|r| r.scenario.as_str())
+        .filter(|s| !SCENARIOS.contains(s))
+        .collect();
+    for scenario in SCENARIOS.iter().copied().chain(others) {
         let _ = write!(md, "| {scenario} |");
         for d in DEPLOYMENTS {
             let cell = match cells.get(&(scenario.to_string(), d.to_string())) {
