@@ -540,9 +540,10 @@ impl<B: Backend> Keeper<B> {
         }
     }
 
-    /// Releases `hold`, again with backoff while the release fails in a retryable way and the hold may still exist on the server: backends whose holds
-    /// live with a session (ZooKeeper, etcd) keep an unreleased hold for as long as the
-    /// session lives, so the server-side TTL is no fallback there. Gives up when the
+    /// Releases `hold`, again with backoff while the release fails in a retryable way and
+    /// the hold may still exist on the server: backends whose holds live with a session
+    /// (ZooKeeper, etcd) keep an unreleased hold for as long as the session lives, so the
+    /// server-side TTL is no fallback there. Gives up when the
     /// session ended, when the last lease ran out (backends without sessions), or after
     /// [`RELEASE_GIVE_UP`] TTLs, whichever comes first.
     async fn retry_release(&self, end: HoldEnd, hold: &B::Hold) -> Result<BackendRelease> {
@@ -617,7 +618,7 @@ impl<B: Backend> Keeper<B> {
         // Wait for a renewal of this hold already in flight: the server must apply ours
         // after it, or the deadline we record could be one the server no longer keeps.
         let waited_until = Instant::now() + self.options.request_timeout;
-        let (hold, info, ttl, _renewing) = loop {
+        let extension = loop {
             let ended = self.renewal_ended.notified();
             tokio::pin!(ended);
             ended.as_mut().enable();
@@ -629,58 +630,54 @@ impl<B: Backend> Keeper<B> {
             }
         };
         let requested_at = Instant::now();
-        let items = [RenewItem { hold: &*hold, ttl }];
+        let items = [RenewItem {
+            hold: &*extension.hold,
+            ttl: extension.ttl,
+        }];
         let result = timeout(self.options.request_timeout, self.backend.renew(&items))
             .await
             .unwrap_or_else(|_| Err(self.deadline_error("extend")));
-        self.extend_done(id, &info, requested_at, result)
+        self.extend_done(id, &extension.info, requested_at, result)
     }
 
     /// Checks that hold `id` can be extended by `ttl` and marks its renewal in flight;
     /// `None` while another renewal of it is in flight.
-    #[allow(clippy::type_complexity)]
-    fn start_extend(
-        &self,
-        id: u64,
-        ttl: Option<Duration>,
-    ) -> Result<Option<(Arc<B::Hold>, Arc<HoldInfo>, Duration, Renewing<'_, B>)>> {
-        {
-            let mut table = self.table();
-            let entry = table.holds.get_mut(&id).ok_or_else(|| Error::NotHeld {
-                name: String::new(),
-                message: "the hold was already released".into(),
-            })?;
-            if let Some(err) = entry.lost_error() {
-                return Err(err);
-            }
-            let wanted = ttl.unwrap_or(entry.ttl);
-            check_ttl(&self.capabilities, wanted)?;
-            if !self.capabilities.per_lock_ttl && wanted != entry.ttl {
-                return Err(Error::Unsupported {
-                    backend: self.capabilities.backend,
-                    operation: "extending one hold with a different ttl".into(),
-                });
-            }
-            let Some(effective) = entry.effective_ttl(wanted, Instant::now()) else {
-                return Err(Error::Lost {
-                    name: entry.info.name.to_string(),
-                    reason: LostReason::HoldCapReached,
-                });
-            };
-            if entry.renewing {
-                return Ok(None);
-            }
-            entry.renewing = true;
-            Ok(Some((
-                Arc::clone(&entry.hold),
-                Arc::clone(&entry.info),
-                effective,
-                Renewing {
-                    keeper: self,
-                    ids: vec![id],
-                },
-            )))
+    fn start_extend(&self, id: u64, ttl: Option<Duration>) -> Result<Option<Extension<'_, B>>> {
+        let mut table = self.table();
+        let entry = table.holds.get_mut(&id).ok_or_else(|| Error::NotHeld {
+            name: String::new(),
+            message: "the hold was already released".into(),
+        })?;
+        if let Some(err) = entry.lost_error() {
+            return Err(err);
         }
+        let wanted = ttl.unwrap_or(entry.ttl);
+        check_ttl(&self.capabilities, wanted)?;
+        if !self.capabilities.per_lock_ttl && wanted != entry.ttl {
+            return Err(Error::Unsupported {
+                backend: self.capabilities.backend,
+                operation: "extending one hold with a different ttl".into(),
+            });
+        }
+        let Some(effective) = entry.effective_ttl(wanted, Instant::now()) else {
+            return Err(Error::Lost {
+                name: entry.info.name.to_string(),
+                reason: LostReason::HoldCapReached,
+            });
+        };
+        if entry.renewing {
+            return Ok(None);
+        }
+        entry.renewing = true;
+        Ok(Some(Extension {
+            hold: Arc::clone(&entry.hold),
+            info: Arc::clone(&entry.info),
+            ttl: effective,
+            _renewing: Renewing {
+                keeper: self,
+                ids: vec![id],
+            },
+        }))
     }
 
     /// Records the outcome of an extension of hold `id` sent at `requested_at`.
@@ -960,6 +957,14 @@ async fn session_change(
 }
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// An extension of one hold, marked in flight until dropped.
+struct Extension<'a, B: Backend> {
+    hold: Arc<B::Hold>,
+    info: Arc<HoldInfo>,
+    ttl: Duration,
+    _renewing: Renewing<'a, B>,
+}
 
 /// Marks renewals of some holds in flight (see [`Entry::renewing`]); clears the marks
 /// when dropped, also when the renewal is cancelled, and wakes what waits for them.
