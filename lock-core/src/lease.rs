@@ -692,15 +692,24 @@ impl<B: Backend> Keeper<B> {
         let suspended = table.session_suspended;
         let entry = table.holds.get_mut(&id);
         let outcome = match result {
-            Ok(outcomes) => outcomes.first().copied().ok_or_else(|| Error::Protocol {
-                backend: self.capabilities.backend,
-                message: "renewal returned no outcome".into(),
-                source: None,
-            }),
+            Ok(outcomes) => match outcomes.first() {
+                None => Err(Error::Protocol {
+                    backend: self.capabilities.backend,
+                    message: "renewal returned no outcome".into(),
+                    source: None,
+                }),
+                Some(RenewOutcome::Renewed { lease }) => Ok(Ok(*lease)),
+                Some(RenewOutcome::Lost(reason)) => Ok(Err(*reason)),
+                Some(RenewOutcome::Undecided) => Err(Error::Unavailable {
+                    backend: self.capabilities.backend,
+                    message: format!("the extension of `{}` could not be decided", info.name),
+                    source: None,
+                }),
+            },
             Err(err) => Err(err),
         };
         match outcome {
-            Ok(RenewOutcome::Renewed { lease }) => {
+            Ok(Ok(lease)) => {
                 let valid_until = validity_deadline(requested_at, lease);
                 if let Some(entry) = entry {
                     if let Some(err) = entry.lost_error() {
@@ -712,22 +721,11 @@ impl<B: Backend> Keeper<B> {
                 self.wake();
                 Ok(valid_until)
             }
-            Ok(RenewOutcome::Lost(reason)) => {
+            Ok(Err(reason)) => {
                 info.transition(LockState::Lost(reason));
                 Err(Error::Lost {
                     name: info.name.to_string(),
                     reason,
-                })
-            }
-            Ok(RenewOutcome::Undecided) => {
-                if let Some(entry) = entry {
-                    entry.renew_failing = true;
-                    entry.refresh_state(suspended);
-                }
-                Err(Error::Unavailable {
-                    backend: self.capabilities.backend,
-                    message: format!("the extension of `{}` could not be decided", info.name),
-                    source: None,
                 })
             }
             Err(err) => {
