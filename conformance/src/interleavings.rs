@@ -17,12 +17,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use lock_core::backend::{
+use lock_core::raw::LeaseClient;
+use lock_core::raw::{
     AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionStatus,
 };
 use lock_core::{
-    Capabilities, DistributedLock, DistributedLockExt, Error, LeaseClient, LockName, LockOptions,
-    OwnerToken, RenewalMode, Result,
+    Capabilities, DistributedLock, DistributedLockExt, Error, LockName, LockOptions, OwnerToken,
+    RenewalMode, Result,
 };
 use tokio::sync::{watch, Notify};
 use tokio::time::{sleep, sleep_until, timeout, Instant};

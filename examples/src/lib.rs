@@ -3,9 +3,9 @@
 
 /// Registers every backend of this workspace in the process-wide registry.
 pub fn register_backends() {
-    lock_redis::register();
-    lock_zookeeper::register();
-    lock_etcd::register();
+    lock_core::raw::register::<lock_redis::RedisBackend>();
+    lock_core::raw::register::<lock_zookeeper::ZkBackend>();
+    lock_core::raw::register::<lock_etcd::EtcdBackend>();
 }
 
 /// The lock URL from `LOCK_URL`, or `memory://examples`.

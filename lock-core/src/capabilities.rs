@@ -10,9 +10,9 @@ pub enum FencingSource {
     Counter,
     /// A per-name counter read and written back through a quorum of independent nodes.
     QuorumCounter,
-    /// ZooKeeper's czxid of the lock node.
-    Czxid,
-    /// etcd's create revision of the lock key.
+    /// The store's global revision (transaction id) at which the lock's entry was
+    /// created: it grows with every write to the store, so a later grant always has a
+    /// larger one.
     CreateRevision,
 }
 
@@ -20,7 +20,7 @@ pub enum FencingSource {
 #[non_exhaustive]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Capabilities {
-    /// Short backend name (`memory`, `redis`, `redlock`, `zookeeper`, `etcd`).
+    /// Short backend name, as in errors and metrics (`memory` for the built-in one).
     pub backend: &'static str,
     /// Waiters are granted in arrival (FIFO) order.
     pub fair: bool,

@@ -1,5 +1,6 @@
 //! The one public error type of distlock.
 
+use std::fmt;
 use std::time::Duration;
 
 use crate::guard::LostReason;
@@ -176,6 +177,15 @@ impl Error {
             backend,
             message: message.into(),
             source: Some(source.into()),
+        }
+    }
+
+    /// The [`Error::Connection`] of a request (`what`) that got no answer within `limit`.
+    pub fn no_answer(backend: &'static str, what: impl fmt::Display, limit: Duration) -> Self {
+        Error::Connection {
+            backend,
+            message: format!("{what} got no answer within {limit:?}"),
+            source: None,
         }
     }
 

@@ -27,6 +27,7 @@ use crate::guard::{
 use crate::lock::{check_wait, DistributedLock};
 use crate::name::LockName;
 use crate::options::{check_duration, AcquireOptions, LockOptions, RenewalMode, Wait};
+use crate::raw::{lock_unpoisoned, Backoff};
 use crate::token::{OwnerId, OwnerToken};
 
 /// The safety margin taken off every lease: 1 % of it plus 2 ms, for clock-rate drift
@@ -302,17 +303,9 @@ impl<B: Backend> fmt::Debug for Keeper<B> {
     }
 }
 
-fn lock_table<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    // A panic while holding the lock cannot leave the table inconsistent in a way
-    // that matters more than losing the lock service altogether.
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl<B: Backend> Keeper<B> {
     fn table(&self) -> MutexGuard<'_, Table<B::Hold>> {
-        lock_table(&self.table)
+        lock_unpoisoned(&self.table)
     }
 
     fn arc(&self) -> Option<Arc<Self>> {
@@ -326,7 +319,7 @@ impl<B: Backend> Keeper<B> {
 
     /// Starts the keeper task on first use (we are inside the runtime then).
     fn ensure_task(&self) {
-        let Some(receiver) = lock_table(&self.receiver).take() else {
+        let Some(receiver) = lock_unpoisoned(&self.receiver).take() else {
             return;
         };
         let session = self.backend.session();
@@ -359,7 +352,7 @@ impl<B: Backend> Keeper<B> {
             return self.acquire_new(name, options, ttl).await;
         };
         let key = (name.clone(), owner.clone());
-        let gate = Arc::clone(lock_table(&self.gates).entry(key.clone()).or_default());
+        let gate = Arc::clone(lock_unpoisoned(&self.gates).entry(key.clone()).or_default());
         let result = {
             let _serialized = gate.lock().await;
             match self.reenter(&key) {
@@ -367,7 +360,7 @@ impl<B: Backend> Keeper<B> {
                 None => self.acquire_new(name, options, ttl).await,
             }
         };
-        let mut gates = lock_table(&self.gates);
+        let mut gates = lock_unpoisoned(&self.gates);
         if gates.get(&key).is_some_and(|g| Arc::strong_count(g) == 2) {
             gates.remove(&key);
         }
@@ -404,7 +397,7 @@ impl<B: Backend> Keeper<B> {
             name: name.to_string(),
             waited: started.elapsed(),
         };
-        let mut pause = RETRY_FIRST_PAUSE;
+        let mut backoff = Backoff::new(RETRY_FIRST_PAUSE, RETRY_LONGEST_PAUSE);
         let (token, acquired) = loop {
             // Every attempt has its own owner token: the cleanup of a failed attempt (which
             // may still be running on the server) can never touch what a retry takes.
@@ -429,13 +422,12 @@ impl<B: Backend> Keeper<B> {
             // (A queue entry removed behind its back, by an operator, does stop it.)
             match result {
                 Err(err) if wait && (err.is_retryable() || session_ran_out(&err)) => {
-                    let resume = Instant::now() + pause;
+                    let resume = Instant::now() + backoff.next_pause();
                     if deadline.is_some_and(|deadline| resume >= deadline) {
                         return Err(err);
                     }
                     tracing::debug!(lock = %name, error = %err, "acquire failed; retrying");
                     sleep_until(resume).await;
-                    pause = (pause * 2).min(RETRY_LONGEST_PAUSE);
                 }
                 result => break (token, result?),
             }
@@ -550,9 +542,10 @@ impl<B: Backend> Keeper<B> {
         const FIRST_PAUSE: Duration = Duration::from_millis(50);
         const LONGEST_PAUSE: Duration = Duration::from_secs(2);
         let give_up = Instant::now() + (end.ttl * RELEASE_GIVE_UP).max(Duration::from_secs(60));
-        let mut pause = FIRST_PAUSE;
+        let mut backoff = Backoff::new(FIRST_PAUSE, LONGEST_PAUSE);
         loop {
             let result = self.release_hold(hold).await;
+            let pause = backoff.next_pause();
             let retry = matches!(&result, Err(err) if err.is_retryable())
                 && Instant::now() + pause < give_up
                 && !self.ended_on_server(&end);
@@ -560,7 +553,6 @@ impl<B: Backend> Keeper<B> {
                 return result;
             }
             sleep(pause).await;
-            pause = (pause * 2).min(LONGEST_PAUSE);
         }
     }
 
@@ -604,14 +596,11 @@ impl<B: Backend> Keeper<B> {
     }
 
     fn deadline_error(&self, what: &str) -> Error {
-        Error::Connection {
-            backend: self.capabilities.backend,
-            message: format!(
-                "{what} got no answer within {:?}",
-                self.options.request_timeout
-            ),
-            source: None,
-        }
+        Error::no_answer(
+            self.capabilities.backend,
+            what,
+            self.options.request_timeout,
+        )
     }
 
     async fn extend_hold(&self, id: u64, ttl: Option<Duration>) -> Result<Instant> {

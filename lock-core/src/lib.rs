@@ -1,6 +1,6 @@
 #![doc = include_str!("../README.md")]
 
-pub mod backend;
+mod backend;
 mod capabilities;
 mod error;
 mod guard;
@@ -10,6 +10,7 @@ mod lock_url;
 pub mod memory;
 mod name;
 mod options;
+pub mod raw;
 mod registry;
 mod run;
 mod token;
@@ -17,15 +18,13 @@ mod token;
 pub use capabilities::{Capabilities, FencingSource};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::{LockGuard, LockState, LockWatch, LostReason, ReleaseOutcome};
-pub use lease::{drift_margin, validity_deadline, LeaseClient};
 pub use lock::{DistributedLock, DistributedLockExt};
-pub use lock_url::{HostPort, LockUrl};
-pub use name::{escape, escape_where, LockName, MAX_NAME_BYTES};
+pub use name::{LockName, MAX_NAME_BYTES};
 pub use options::{
-    duration_text, format_duration, parse_duration, AcquireOptions, LockOptions, RenewalMode, Wait,
-    DEFAULT_RECHECK, DEFAULT_REQUEST_TIMEOUT, DEFAULT_TTL, MAX_DURATION,
+    AcquireOptions, LockOptions, RenewalMode, Wait, DEFAULT_RECHECK, DEFAULT_REQUEST_TIMEOUT,
+    DEFAULT_TTL, MAX_DURATION,
 };
-pub use registry::{connect, registry, ConnectFuture, Connector, Registry};
+pub use registry::connect;
 pub use run::{LockContext, RunOutcome};
 pub use token::{FencingToken, OwnerId, OwnerToken};
 

@@ -19,30 +19,22 @@ use crate::capabilities::{Capabilities, FencingSource};
 use crate::error::{Error, Result};
 use crate::guard::LostReason;
 use crate::lease::LeaseClient;
-use crate::lock::DistributedLock;
 use crate::lock_url::LockUrl;
 use crate::name::LockName;
 use crate::options::LockOptions;
-use crate::registry::{ConnectFuture, Registry};
+use crate::raw::{lock_unpoisoned, Connect};
 use crate::token::{FencingToken, OwnerToken};
-
-/// The URL schemes of this backend.
-pub const SCHEMES: &[&str] = &["memory"];
 
 /// A lock client on the in-memory backend.
 pub type MemoryLock = LeaseClient<MemoryBackend>;
 
-pub(crate) fn register_into(registry: &Registry) {
-    for scheme in SCHEMES {
-        registry.register(scheme, connect_url);
-    }
-}
-
-fn connect_url(url: LockUrl) -> ConnectFuture {
-    Box::pin(async move {
-        let client: Arc<dyn DistributedLock> = Arc::new(MemoryBackend::from_url(&url)?);
-        Ok(client)
-    })
+/// What a memory client connects to.
+#[derive(Debug, Clone)]
+pub struct MemoryConfig {
+    /// The space whose locks it shares.
+    pub space: Arc<MemorySpace>,
+    /// Client-wide lock options.
+    pub options: LockOptions,
 }
 
 /// A set of locks shared by the memory clients connected to it.
@@ -72,12 +64,6 @@ struct Waiter {
     notify: Notify,
 }
 
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl Slot {
     /// Drops an expired holder and hands a free lock to the first waiter.
     fn settle(&mut self, now: Instant) {
@@ -87,7 +73,7 @@ impl Slot {
         if self.holder.is_none() {
             if let Some(waiter) = self.queue.pop_front() {
                 let fence = self.grant(&waiter.token, waiter.ttl, now);
-                *locked(&waiter.grant) = Some((fence, now));
+                *lock_unpoisoned(&waiter.grant) = Some((fence, now));
                 waiter.notify.notify_one();
             }
         }
@@ -121,7 +107,7 @@ impl MemorySpace {
     /// The space called `name`, shared by everyone in this process who asks for it.
     pub fn named(name: &str) -> Arc<MemorySpace> {
         static SPACES: OnceLock<Mutex<HashMap<String, Weak<MemorySpace>>>> = OnceLock::new();
-        let mut spaces = locked(SPACES.get_or_init(Default::default));
+        let mut spaces = lock_unpoisoned(SPACES.get_or_init(Default::default));
         spaces.retain(|_, space| space.strong_count() > 0);
         if let Some(space) = spaces.get(name).and_then(Weak::upgrade) {
             return space;
@@ -136,7 +122,7 @@ impl MemorySpace {
     }
 
     fn slots(&self) -> MutexGuard<'_, HashMap<LockName, Slot>> {
-        locked(&self.slots)
+        lock_unpoisoned(&self.slots)
     }
 
     /// Removes the holder of `name` behind its back (as an operator or a clock jump
@@ -226,28 +212,22 @@ pub struct MemoryBackend {
 impl MemoryBackend {
     /// A client of `space`.
     pub fn client(space: Arc<MemorySpace>, options: LockOptions) -> Result<MemoryLock> {
-        let recheck = options.recheck;
-        LeaseClient::new(
-            MemoryBackend {
-                space,
-                recheck,
-                partitioned: watch::Sender::new(false),
-            },
-            options,
-        )
+        LeaseClient::new(MemoryBackend::new(space, &options), options)
     }
 
-    /// A client for `memory://[SPACE][?options]`.
+    fn new(space: Arc<MemorySpace>, options: &LockOptions) -> Self {
+        MemoryBackend {
+            space,
+            recheck: options.recheck,
+            partitioned: watch::Sender::new(false),
+        }
+    }
+
+    /// The configuration of `memory://[SPACE][?options]`.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a path, credentials or an unknown query key.
-    pub fn from_url(url: &LockUrl) -> Result<MemoryLock> {
-        if !SCHEMES.contains(&url.scheme.as_str()) {
-            return Err(Error::config(format!(
-                "memory backend cannot serve scheme `{}`",
-                url.scheme
-            )));
-        }
+    fn parse_url(url: &LockUrl) -> Result<MemoryConfig> {
         if !matches!(url.path.as_str(), "" | "/") {
             return Err(Error::config(
                 "memory:// URLs take a space name as host and no path",
@@ -268,7 +248,7 @@ impl MemoryBackend {
             )));
         }
         let space = MemorySpace::named(url.hosts.first().map_or("default", |h| h.host.as_str()));
-        MemoryBackend::client(space, options)
+        Ok(MemoryConfig { space, options })
     }
 
     /// The space this client uses.
@@ -333,6 +313,24 @@ impl Drop for QueuedWaiter<'_> {
 }
 
 #[async_trait]
+impl Connect for MemoryBackend {
+    const SCHEMES: &'static [&'static str] = &["memory"];
+    type Config = MemoryConfig;
+
+    fn config_from_url(url: &LockUrl) -> Result<MemoryConfig> {
+        MemoryBackend::parse_url(url)
+    }
+
+    fn lock_options(config: &MemoryConfig) -> &LockOptions {
+        &config.options
+    }
+
+    async fn open(config: MemoryConfig) -> Result<Self> {
+        Ok(MemoryBackend::new(config.space, &config.options))
+    }
+}
+
+#[async_trait]
 impl Backend for MemoryBackend {
     type Hold = MemoryHold;
 
@@ -389,7 +387,7 @@ impl Backend for MemoryBackend {
                 let mut slots = self.space.slots();
                 let slot = slots.entry(request.name.clone()).or_default();
                 slot.settle(now);
-                if let Some((fence, granted_at)) = *locked(&waiter.grant) {
+                if let Some((fence, granted_at)) = *lock_unpoisoned(&waiter.grant) {
                     queued.done = true;
                     return Ok(Some(Acquired {
                         hold: hold(),

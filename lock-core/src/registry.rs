@@ -1,15 +1,17 @@
 //! Selecting a backend from a URL: backends register their schemes; [`connect`] builds
-//! the client for a URL.
+//! the client for a URL. A scheme known to be served by code that is not compiled in can
+//! carry a hint saying how to add it.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::lock::DistributedLock;
 use crate::lock_url::LockUrl;
+use crate::raw::{lock_unpoisoned, Connect};
 
 /// A future that builds a lock client.
 pub type ConnectFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>>> + Send>>;
@@ -17,20 +19,17 @@ pub type ConnectFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedL
 /// Builds a lock client from a parsed URL.
 pub type Connector = fn(LockUrl) -> ConnectFuture;
 
-/// Schemes served by crates of this workspace, to name the crate when one is missing.
-const KNOWN_CRATES: &[(&str, &str)] = &[
-    ("redis", "lock-redis"),
-    ("rediss", "lock-redis"),
-    ("redlock", "lock-redis"),
-    ("zk", "lock-zookeeper"),
-    ("etcd", "lock-etcd"),
-    ("etcds", "lock-etcd"),
-];
-
 /// A table of URL schemes and the backends that serve them.
 #[derive(Default)]
 pub struct Registry {
-    connectors: RwLock<BTreeMap<String, Connector>>,
+    schemes: Mutex<Schemes>,
+}
+
+#[derive(Default)]
+struct Schemes {
+    connectors: BTreeMap<String, Connector>,
+    /// Schemes not served here, with how to add them.
+    hints: BTreeMap<String, String>,
 }
 
 impl fmt::Debug for Registry {
@@ -47,19 +46,33 @@ impl Registry {
         Self::default()
     }
 
-    /// Registers `connector` for `scheme`, replacing any earlier one.
+    /// Registers every scheme of backend `B`, replacing any earlier connector.
+    pub fn register_backend<B: Connect>(&self) {
+        for scheme in B::SCHEMES {
+            self.register(scheme, crate::raw::connect_url::<B>);
+        }
+    }
+
+    /// Registers `connector` for `scheme`, replacing any earlier one: for a client that
+    /// implements [`DistributedLock`] by itself rather than through a [`Connect`] backend.
     pub fn register(&self, scheme: &str, connector: Connector) {
-        self.connectors
-            .write()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock_unpoisoned(&self.schemes)
+            .connectors
             .insert(scheme.to_ascii_lowercase(), connector);
+    }
+
+    /// Records how to add `scheme` when it is not registered (say, which feature or crate
+    /// serves it), for the error [`Registry::connect`] returns.
+    pub fn hint_unregistered(&self, scheme: &str, hint: impl Into<String>) {
+        lock_unpoisoned(&self.schemes)
+            .hints
+            .insert(scheme.to_ascii_lowercase(), hint.into());
     }
 
     /// The registered schemes, sorted.
     pub fn schemes(&self) -> Vec<String> {
-        self.connectors
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock_unpoisoned(&self.schemes)
+            .connectors
             .keys()
             .cloned()
             .collect()
@@ -70,31 +83,27 @@ impl Registry {
     /// # Errors
     /// [`Error::InvalidConfig`] for a malformed URL (the message never repeats the URL,
     /// which may hold a password); [`Error::UnknownScheme`] listing the known schemes
-    /// and, where known, the crate that provides the missing one; whatever the backend
-    /// reports.
+    /// and the hint recorded for the missing one, if any; whatever the backend reports.
     pub async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
         let parsed = LockUrl::parse(url)?;
-        let scheme = parsed.scheme.clone();
-        let connector = self
-            .connectors
-            .read()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(&scheme)
-            .copied();
-        match connector {
-            Some(connect) => connect(parsed).await,
-            None => Err(Error::UnknownScheme {
-                hint: KNOWN_CRATES
-                    .iter()
-                    .find(|(known, _)| *known == scheme)
-                    .map(|(_, krate)| {
-                        format!(" (served by crate `{krate}`: add it and call its `register()`)")
+        let connector = {
+            let schemes = lock_unpoisoned(&self.schemes);
+            match schemes.connectors.get(&parsed.scheme) {
+                Some(connector) => *connector,
+                None => {
+                    return Err(Error::UnknownScheme {
+                        hint: schemes
+                            .hints
+                            .get(&parsed.scheme)
+                            .map(|hint| format!(" ({hint})"))
+                            .unwrap_or_default(),
+                        known: schemes.connectors.keys().cloned().collect(),
+                        scheme: parsed.scheme,
                     })
-                    .unwrap_or_default(),
-                scheme,
-                known: self.schemes(),
-            }),
-        }
+                }
+            }
+        };
+        connector(parsed).await
     }
 }
 
@@ -103,7 +112,7 @@ pub fn registry() -> &'static Registry {
     static GLOBAL: OnceLock<Registry> = OnceLock::new();
     GLOBAL.get_or_init(|| {
         let registry = Registry::new();
-        crate::memory::register_into(&registry);
+        registry.register_backend::<crate::memory::MemoryBackend>();
         registry
     })
 }
@@ -137,11 +146,7 @@ mod tests {
             ("", ErrorKind::InvalidConfig, "malformed"),
             ("not a url", ErrorKind::InvalidConfig, "malformed"),
             ("foo://x", ErrorKind::UnknownScheme, "known schemes: memory"),
-            (
-                "redis://127.0.0.1:1",
-                ErrorKind::UnknownScheme,
-                "lock-redis",
-            ),
+            ("zz://127.0.0.1:1", ErrorKind::UnknownScheme, "enable zz"),
             ("memory://x?ttl=abc", ErrorKind::InvalidConfig, "ttl"),
             ("memory://x?ttl=0s", ErrorKind::InvalidConfig, "ttl"),
             ("memory://x?bogus=1", ErrorKind::InvalidConfig, "bogus"),
@@ -158,7 +163,8 @@ mod tests {
     impl Registry {
         fn new_with_memory() -> Self {
             let registry = Registry::new();
-            crate::memory::register_into(&registry);
+            registry.register_backend::<crate::memory::MemoryBackend>();
+            registry.hint_unregistered("ZZ", "enable zz");
             registry
         }
     }

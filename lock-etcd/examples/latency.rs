@@ -28,7 +28,7 @@ use etcd_client::{
 };
 use hdrhistogram::Histogram;
 use lock_core::{DistributedLockExt, LockOptions};
-use lock_etcd::{EtcdBackend, EtcdConfig, EtcdLock};
+use lock_etcd::{EtcdConfig, EtcdLock};
 use tokio::time::{sleep, Instant};
 
 type Failure = Box<dyn std::error::Error + Send + Sync>;
@@ -87,14 +87,14 @@ async fn main() -> Result<(), Failure> {
         };
         let mut locks = Vec::with_capacity(clients);
         for _ in 0..clients {
-            locks.push(EtcdBackend::connect(config().with_options(LockOptions::default())).await?);
+            locks.push(EtcdLock::connect(config().with_options(LockOptions::default())).await?);
         }
         println!("etcd at {endpoint}");
         return run_contention(locks, Duration::from_secs_f64(seconds)).await;
     }
     let raw = Client::connect([format!("http://{endpoint}")], None).await?;
-    let a = EtcdBackend::connect(config().with_options(LockOptions::default())).await?;
-    let b = EtcdBackend::connect(config().with_options(LockOptions::default())).await?;
+    let a = EtcdLock::connect(config().with_options(LockOptions::default())).await?;
+    let b = EtcdLock::connect(config().with_options(LockOptions::default())).await?;
 
     // Raw floor: put-if-absent with a lease, then delete.
     let lease = raw.lease_client().grant(30, None).await?.id();

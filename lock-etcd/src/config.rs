@@ -3,7 +3,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use lock_core::{Error, HostPort, LockName, LockOptions, LockUrl, Result};
+use lock_core::raw::{HostPort, LockUrl};
+use lock_core::{Error, LockName, LockOptions, Result};
 use serde::{Deserialize, Serialize};
 
 /// The client port etcd listens on unless told otherwise.
@@ -227,7 +228,7 @@ impl EtcdConfig {
 
 /// The key range of lock `name` under `prefix` (see [`EtcdConfig::lock_prefix`]).
 pub(crate) fn lock_prefix(prefix: &str, name: &LockName) -> String {
-    let escaped = lock_core::escape(name.as_str(), &['/']);
+    let escaped = lock_core::raw::escape(name.as_str(), &['/']);
     if prefix.is_empty() {
         format!("{escaped}/")
     } else {

@@ -11,10 +11,3 @@ pub use lock::{EtcdBackend, EtcdHold, EtcdLock, MAX_TXN_OPS};
 
 /// The URL schemes this crate serves: `etcd` (plain) and `etcds` (TLS).
 pub const SCHEMES: &[&str] = &["etcd", "etcds"];
-
-/// Registers [`SCHEMES`] in the process-wide registry ([`lock_core::registry`]).
-pub fn register() {
-    for scheme in SCHEMES {
-        lock_core::registry().register(scheme, lock::connect_url);
-    }
-}

@@ -25,13 +25,12 @@ use etcd_client::{
     TxnOpResponse, TxnResponse, WatchStream,
 };
 use futures::future::join_all;
-use lock_core::backend::{
+use lock_core::raw::{
     AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionStatus,
 };
-use lock_core::{
-    Capabilities, DistributedLock, Error, FencingSource, FencingToken, LeaseClient, LockName,
-    LockUrl, LostReason, Result,
-};
+use lock_core::raw::{Connect, LeaseClient, LockUrl};
+use lock_core::LockOptions;
+use lock_core::{Capabilities, Error, FencingSource, FencingToken, LockName, LostReason, Result};
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
@@ -62,23 +61,22 @@ pub struct EtcdBackend {
     keys_overflow: AtomicUsize,
 }
 
-impl EtcdBackend {
-    /// Connects and returns a lock client.
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for a bad configuration or refused credentials;
-    /// [`Error::Connection`] when authentication (with credentials) cannot reach etcd.
-    pub async fn connect(config: EtcdConfig) -> Result<EtcdLock> {
-        let options = config.options.clone();
-        LeaseClient::new(Self::open(config).await?, options)
+/// Opened with [`Error::InvalidConfig`] for a bad configuration or refused credentials;
+/// [`Error::Connection`] when authentication (with credentials) cannot reach etcd.
+#[async_trait]
+impl Connect for EtcdBackend {
+    const SCHEMES: &'static [&'static str] = crate::SCHEMES;
+    type Config = EtcdConfig;
+
+    fn config_from_url(url: &LockUrl) -> Result<EtcdConfig> {
+        EtcdConfig::from_url(url)
     }
 
-    /// The protocol half alone, without the lease machinery: for wrapping it (tests,
-    /// instrumentation) before [`LeaseClient::new`] turns it into a lock client.
-    ///
-    /// # Errors
-    /// As [`EtcdBackend::connect`].
-    pub async fn open(config: EtcdConfig) -> Result<EtcdBackend> {
+    fn lock_options(config: &EtcdConfig) -> &LockOptions {
+        &config.options
+    }
+
+    async fn open(config: EtcdConfig) -> Result<EtcdBackend> {
         config.validate()?;
         let client = EtcdClient::connect(&config).await?;
         let backend = EtcdBackend {
@@ -92,15 +90,9 @@ impl EtcdBackend {
         };
         Ok(backend)
     }
+}
 
-    /// A lock client for `etcd://…` or `etcds://…` (see [`EtcdConfig::from_url`]).
-    ///
-    /// # Errors
-    /// As [`EtcdConfig::from_url`] and [`EtcdBackend::connect`].
-    pub async fn from_url(url: &LockUrl) -> Result<EtcdLock> {
-        EtcdBackend::connect(EtcdConfig::from_url(url)?).await
-    }
-
+impl EtcdBackend {
     /// The key range of lock `name` (see [`EtcdConfig::lock_prefix`]).
     pub fn lock_prefix(&self, name: &LockName) -> String {
         lock_prefix(&self.prefix, name)
@@ -809,12 +801,4 @@ impl fmt::Debug for Slot {
             .field("n", &self.n)
             .finish()
     }
-}
-
-/// Builds a client for a parsed URL (the registry's connector).
-pub(crate) fn connect_url(url: LockUrl) -> lock_core::ConnectFuture {
-    Box::pin(async move {
-        let client: Arc<dyn DistributedLock> = Arc::new(EtcdBackend::from_url(&url).await?);
-        Ok(client)
-    })
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use common::{config, with_ttl, EtcdFactory};
 use conformance::interleavings::{retry_survives_late_cleanup, LateCleanup};
 use conformance::Factory;
+use lock_core::raw::Connect;
 use lock_etcd::EtcdBackend;
 
 /// The retry's key gets a fresh create revision; the first attempt's cleanup compares

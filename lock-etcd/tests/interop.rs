@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{keys_under, raw_client, single, with_ttl};
 use lock_core::{DistributedLockExt, ErrorKind, ReleaseOutcome};
-use lock_etcd::{EtcdBackend, EtcdConfig, EtcdLock};
+use lock_etcd::{EtcdConfig, EtcdLock};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
@@ -68,7 +68,7 @@ impl EtcdctlLock {
 /// A lock client with no key prefix: lock `NAME` is exactly `etcdctl lock NAME`.
 async fn plain_client(addr: SocketAddr) -> EtcdLock {
     let config = EtcdConfig::new([addr.to_string()]).with_options(with_ttl(Duration::from_secs(5)));
-    EtcdBackend::connect(config).await.expect("connect")
+    EtcdLock::connect(config).await.expect("connect")
 }
 
 fn plain_name() -> String {

@@ -315,7 +315,7 @@ async fn authentication_from_the_url() {
             .expect("grant root");
         auth.auth_enable().await.expect("enable auth");
     }
-    lock_etcd::register();
+    lock_core::raw::register::<lock_etcd::EtcdBackend>();
     let url = format!("etcd://root:{PASSWORD}@{}/secured?ttl=5s", server.addr());
     let locks = lock_core::connect(&url)
         .await

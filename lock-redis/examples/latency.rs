@@ -24,7 +24,7 @@ use conformance::harness::{RedisNodes, RedisServer};
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use lock_core::{DistributedLockExt, LockOptions};
-use lock_redis::{RedisBackend, RedisConfig, RedisNode};
+use lock_redis::{RedisConfig, RedisLock, RedisNode};
 use tokio::time::{sleep, Instant};
 
 const RELEASE: &str = "if redis.call('GET', KEYS[1]) == ARGV[1] then \
@@ -61,7 +61,7 @@ async fn client(ports: &[u16]) -> Arc<lock_redis::RedisLock> {
         ),
     };
     config.lock = LockOptions::default();
-    Arc::new(RedisBackend::connect(config).await.expect("connect"))
+    Arc::new(RedisLock::connect(config).await.expect("connect"))
 }
 
 async fn raw(port: u16) -> redis::aio::MultiplexedConnection {

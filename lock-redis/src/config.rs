@@ -5,7 +5,8 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lock_core::{Error, LockOptions, LockUrl, Result};
+use lock_core::raw::LockUrl;
+use lock_core::{Error, LockOptions, Result};
 use serde::{Deserialize, Serialize};
 
 /// The URL schemes this crate serves.
@@ -111,7 +112,7 @@ pub struct RedisConfig {
     /// before it counts as failed \[`node_timeout`\]. Default: TTL / 10, at least 50 ms
     /// and at most the request timeout. A slow server costs an acquire this much only when
     /// no majority answered sooner: the outcome is taken as soon as a majority granted.
-    #[serde(with = "lock_core::duration_text::option")]
+    #[serde(with = "lock_core::raw::duration_text::option")]
     pub node_timeout: Option<Duration>,
     /// Client-wide lock options (TTL, renewal, timeouts). Query keys `ttl`, `renewal`,
     /// `max_hold`, `request_timeout`, `recheck`.
@@ -231,7 +232,8 @@ impl RedisConfig {
             match key.as_str() {
                 "prefix" => config.prefix = value,
                 "node_timeout" => {
-                    config.node_timeout = Some(lock_core::parse_duration("node_timeout", &value)?)
+                    config.node_timeout =
+                        Some(lock_core::raw::parse_duration("node_timeout", &value)?)
                 }
                 "tls" if config.redlock => config.tls = parse_bool("tls", &value)?,
                 "tls_ca" => config.tls_ca = Some(PathBuf::from(value)),

@@ -2,7 +2,7 @@
 //! client (compare-and-PEXPIRE per key).
 
 use futures::future::join_all;
-use lock_core::backend::{RenewItem, RenewOutcome};
+use lock_core::raw::{RenewItem, RenewOutcome};
 use lock_core::{Error, LockName, LostReason, OwnerToken, Result};
 use tokio::time::Instant;
 

@@ -7,13 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::join_all;
 use futures::stream::{FuturesUnordered, StreamExt};
-use lock_core::backend::{
-    AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome,
-};
-use lock_core::{
-    escape, validity_deadline, Capabilities, Error, FencingSource, FencingToken, LeaseClient,
-    LockName, LockUrl, LostReason, Result,
-};
+use lock_core::raw::{escape, validity_deadline, Connect, LockUrl};
+use lock_core::raw::{AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome};
+use lock_core::LockOptions;
+use lock_core::{Capabilities, Error, FencingSource, FencingToken, LockName, LostReason, Result};
 use rand::Rng;
 use redis::{ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, Script, TlsCertificates};
 use tokio::time::{sleep, Instant};
@@ -22,7 +19,6 @@ use crate::client::{Node, Subscription, Wakeups};
 use crate::config::RedisConfig;
 use crate::error;
 use crate::lease::RedisHold;
-use crate::RedisLock;
 
 /// Shortest TTL accepted on one server.
 const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
@@ -101,7 +97,7 @@ pub(crate) struct Inner {
 
 /// The protocol half of a Redis lock client, for one server (`redis://`, `rediss://`) or
 /// RedLock over several independent servers (`redlock://`). Wrap it in
-/// [`lock_core::LeaseClient`] ([`RedisLock`]); [`RedisBackend::connect`] does.
+/// [`lock_core::raw::LeaseClient`] ([`RedisLock`]); [`RedisBackend::connect`] does.
 ///
 /// `Debug` and `Display` name the servers, never the credentials.
 pub struct RedisBackend {
@@ -124,35 +120,26 @@ impl fmt::Display for RedisBackend {
     }
 }
 
-impl RedisBackend {
-    /// A client for a `redis://`, `rediss://` or `redlock://` URL (see [`RedisConfig`]).
-    ///
-    /// # Errors
-    /// As [`RedisConfig::from_url`] and [`RedisBackend::connect`].
-    pub async fn from_url(url: &LockUrl) -> Result<RedisLock> {
-        Self::connect(RedisConfig::from_url(url)?).await
+/// A single server must answer at open; RedLock needs a majority of its servers to answer
+/// then (the others are retried in the background of each call). Open fails with
+/// [`Error::InvalidConfig`] for a bad configuration, RedLock servers that resolve to the
+/// same address (checked before any connection is opened), an unreadable CA file or
+/// rejected credentials; [`Error::Connection`] when the server does not answer;
+/// [`Error::Unavailable`] when fewer than a majority of RedLock servers answer.
+#[async_trait]
+impl Connect for RedisBackend {
+    const SCHEMES: &'static [&'static str] = crate::SCHEMES;
+    type Config = RedisConfig;
+
+    fn config_from_url(url: &LockUrl) -> Result<RedisConfig> {
+        RedisConfig::from_url(url)
     }
 
-    /// A client for `config`. A single server must answer now; RedLock needs a majority
-    /// of its servers to answer now (the others are retried in the background of each
-    /// call).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for a bad configuration, RedLock servers that resolve to
-    /// the same address (checked before any connection is opened), an unreadable CA file
-    /// or rejected credentials; [`Error::Connection`] when the server does not answer;
-    /// [`Error::Unavailable`] when fewer than a majority of RedLock servers answer.
-    pub async fn connect(config: RedisConfig) -> Result<RedisLock> {
-        let options = config.lock.clone();
-        LeaseClient::new(Self::open(config).await?, options)
+    fn lock_options(config: &RedisConfig) -> &LockOptions {
+        &config.lock
     }
 
-    /// The protocol half alone, without the lease machinery: for wrapping it (tests,
-    /// instrumentation) before [`LeaseClient::new`] turns it into a lock client.
-    ///
-    /// # Errors
-    /// As [`RedisBackend::connect`].
-    pub async fn open(config: RedisConfig) -> Result<RedisBackend> {
+    async fn open(config: RedisConfig) -> Result<RedisBackend> {
         config.validate()?;
         if config.redlock {
             let deadline = Instant::now() + config.lock.request_timeout;
@@ -235,7 +222,9 @@ impl RedisBackend {
             inner: Arc::new(inner),
         })
     }
+}
 
+impl RedisBackend {
     /// The key layout of this client.
     pub fn keys(&self) -> &KeyLayout {
         &self.inner.keys

@@ -14,7 +14,8 @@ use conformance::fence::SectionHandle;
 use conformance::harness::RedisOptions;
 use conformance::proxy::{FaultProxy, ProxyMode};
 use conformance::FencedResource;
-use lock_core::backend::{AcquireRequest, Backend};
+use lock_core::raw::Connect;
+use lock_core::raw::{AcquireRequest, Backend};
 use lock_core::{DistributedLockExt, LockGuard, LockName, LockOptions, OwnerToken};
 use lock_redis::{KeyLayout, RedisBackend, RedisLock, DEFAULT_PREFIX};
 

@@ -11,6 +11,7 @@ use common::{config_for, ttl_options, RedisFactory};
 use conformance::interleavings::{
     last_applied_extension_wins, retry_survives_late_cleanup, LateCleanup, SlowRenewalReply,
 };
+use lock_core::raw::Connect;
 use lock_redis::RedisBackend;
 
 async fn check(factory: RedisFactory, redlock: bool) {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{raw, ttl_options, RedisFactory};
 use conformance::harness::{or_skip, RedisOptions, RedisServer};
 use lock_core::{DistributedLockExt, LockName, LockState, LostReason, ReleaseOutcome};
-use lock_redis::{KeyLayout, RedisBackend, RedisConfig, DEFAULT_PREFIX};
+use lock_redis::{KeyLayout, RedisConfig, RedisLock, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -30,7 +30,7 @@ async fn client_of(
     let mut config = RedisConfig::single("127.0.0.1", server.port());
     config.lock = ttl_options(ttl);
     config.prefix = prefix.to_owned();
-    Arc::new(RedisBackend::connect(config).await.expect("connect"))
+    Arc::new(RedisLock::connect(config).await.expect("connect"))
 }
 
 async fn evalsha_calls(conn: &mut MultiplexedConnection) -> u64 {
@@ -295,7 +295,7 @@ async fn lost_replies_are_cleaned_up_and_recovered_from() {
     let mut config = RedisConfig::single("127.0.0.1", proxy.port());
     config.lock = ttl_options(Duration::from_secs(3));
     config.lock.request_timeout = Duration::from_millis(300);
-    let client = RedisBackend::connect(config).await.expect("connect");
+    let client = RedisLock::connect(config).await.expect("connect");
     let other = client_of(&server, Duration::from_secs(3), DEFAULT_PREFIX).await;
     let mut conn = raw(server.addr()).await;
 

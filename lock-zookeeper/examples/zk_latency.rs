@@ -15,7 +15,7 @@ use std::time::Duration;
 use conformance::harness::ZkServer;
 use hdrhistogram::Histogram;
 use lock_core::{DistributedLockExt, LockName, LockOptions};
-use lock_zookeeper::{lock_dir, ZkBackend, ZkConfig};
+use lock_zookeeper::{lock_dir, ZkConfig, ZkLock};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -54,9 +54,7 @@ async fn lock_client(hosts: &str) -> lock_zookeeper::ZkLock {
     let mut options = LockOptions::default();
     options.ttl = Duration::from_secs(10);
     config.options = options;
-    ZkBackend::connect(config)
-        .await
-        .expect("lock client connects")
+    ZkLock::connect(config).await.expect("lock client connects")
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]

@@ -5,7 +5,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
-use lock_core::backend::{SessionHealth, SessionStatus};
+use lock_core::raw::{SessionHealth, SessionStatus};
 use lock_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::timeout;

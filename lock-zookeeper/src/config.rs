@@ -3,7 +3,8 @@
 use std::fmt;
 use std::time::Duration;
 
-use lock_core::{Error, LockOptions, LockUrl, Result};
+use lock_core::raw::LockUrl;
+use lock_core::{Error, LockOptions, Result};
 use serde::{Deserialize, Serialize};
 
 /// The default client port of ZooKeeper.
@@ -52,7 +53,7 @@ pub struct ZkConfig {
     /// ACL of created nodes. Default [`ZkAcl::Open`].
     pub acl: ZkAcl,
     /// Bound on establishing (or re-establishing) a session. Default 10 s.
-    #[serde(with = "lock_core::duration_text")]
+    #[serde(with = "lock_core::raw::duration_text")]
     pub connect_timeout: Duration,
     /// Lock options; `ttl` is the requested session timeout.
     pub options: LockOptions,
@@ -142,7 +143,7 @@ impl ZkConfig {
                     }
                 }
                 "connect_timeout" => {
-                    config.connect_timeout = lock_core::parse_duration(&key, &value)?;
+                    config.connect_timeout = lock_core::raw::parse_duration(&key, &value)?;
                 }
                 _ => {
                     return Err(Error::config(format!(

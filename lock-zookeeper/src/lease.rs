@@ -19,7 +19,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::backend::{RenewItem, RenewOutcome};
+use lock_core::raw::{RenewItem, RenewOutcome};
 use lock_core::{LostReason, Result};
 use zookeeper_client as zk;
 

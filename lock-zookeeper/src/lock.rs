@@ -6,13 +6,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::backend::{
+use lock_core::raw::{
     AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionStatus,
 };
-use lock_core::{
-    Capabilities, DistributedLock, Error, FencingSource, FencingToken, LeaseClient, LockName,
-    LockUrl, LostReason, Result,
-};
+use lock_core::raw::{Connect, LeaseClient, LockUrl};
+use lock_core::LockOptions;
+use lock_core::{Capabilities, Error, FencingSource, FencingToken, LockName, LostReason, Result};
 use tokio::sync::watch;
 use tokio::time::{sleep, Instant};
 use zookeeper_client as zk;
@@ -41,13 +40,6 @@ const RESTARTS: usize = 5;
 /// Shortest pause after a connection loss.
 const LOSS_PAUSE: Duration = Duration::from_millis(50);
 
-pub(crate) fn connect_url(url: LockUrl) -> lock_core::ConnectFuture {
-    Box::pin(async move {
-        let client: Arc<dyn DistributedLock> = Arc::new(ZkBackend::from_url(&url).await?);
-        Ok(client)
-    })
-}
-
 /// Escapes a lock name into one ZooKeeper path segment.
 ///
 /// `%`, `/` and the characters ZooKeeper rejects are percent-encoded byte by byte; the
@@ -60,7 +52,7 @@ pub fn escape_segment(name: &str) -> String {
         ".." => return "%2E%2E".to_owned(),
         _ => {}
     }
-    lock_core::escape_where(name, |c| c == '/' || forbidden_in_path(c))
+    lock_core::raw::escape_where(name, |c| c == '/' || forbidden_in_path(c))
 }
 
 /// The directory of lock `name` under `base`: `<base>/<escaped name>`.
@@ -94,36 +86,29 @@ pub struct ZkBackend {
     session: Arc<Session>,
 }
 
-impl ZkBackend {
-    /// Connects a client with `config` (one session).
-    ///
-    /// # Errors
-    /// [`Error::InvalidConfig`] for a bad configuration; [`Error::Connection`] when no
-    /// session is established within `connect_timeout`.
-    pub async fn connect(config: ZkConfig) -> Result<ZkLock> {
-        let options = config.options.clone();
-        LeaseClient::new(Self::open(config).await?, options)
+/// Opened with one session: fails with [`Error::InvalidConfig`] for a bad configuration
+/// and [`Error::Connection`] when no session is established within `connect_timeout`.
+#[async_trait]
+impl Connect for ZkBackend {
+    const SCHEMES: &'static [&'static str] = crate::SCHEMES;
+    type Config = ZkConfig;
+
+    fn config_from_url(url: &LockUrl) -> Result<ZkConfig> {
+        ZkConfig::from_url(url)
     }
 
-    /// The protocol half alone, without the lease machinery: for wrapping it (tests,
-    /// instrumentation) before [`LeaseClient::new`] turns it into a lock client.
-    ///
-    /// # Errors
-    /// As [`ZkBackend::connect`].
-    pub async fn open(config: ZkConfig) -> Result<ZkBackend> {
+    fn lock_options(config: &ZkConfig) -> &LockOptions {
+        &config.options
+    }
+
+    async fn open(config: ZkConfig) -> Result<ZkBackend> {
         config.validate()?;
         let session = Session::connect(config).await?;
         Ok(ZkBackend { session })
     }
+}
 
-    /// Connects a client for a `zk://` URL (see [`ZkConfig`]).
-    ///
-    /// # Errors
-    /// As [`ZkBackend::connect`]; [`Error::InvalidConfig`] for a malformed URL.
-    pub async fn from_url(url: &LockUrl) -> Result<ZkLock> {
-        Self::connect(ZkConfig::from_url(url)?).await
-    }
-
+impl ZkBackend {
     /// The configuration.
     pub fn config(&self) -> &ZkConfig {
         self.session.config()
@@ -559,7 +544,7 @@ impl Backend for ZkBackend {
             .per_lock_ttl(false)
             .min_ttl(Duration::from_secs(1))
             .durable(true)
-            .fencing(FencingSource::Czxid)
+            .fencing(FencingSource::CreateRevision)
     }
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<ZkHold>>> {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use common::{config, with_ttl, ZkFactory, BASE};
 use conformance::interleavings::{retry_survives_late_cleanup, Cleanup, LateCleanup};
 use conformance::Factory;
+use lock_core::raw::Connect;
 use lock_zookeeper::{lock_dir, queue_order, ZkBackend, ZkHold};
 
 /// The first attempt's cleanup acts as the backend's own cleanup of an abandoned create

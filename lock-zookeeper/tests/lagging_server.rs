@@ -16,7 +16,7 @@ use common::{
 use conformance::harness::{or_skip, ZkEnsemble, ZkOptions};
 use conformance::proxy::{FaultProxy, ProxyMode};
 use lock_core::{DistributedLockExt, ReleaseOutcome};
-use lock_zookeeper::{lock_dir, ZkBackend};
+use lock_zookeeper::{lock_dir, ZkLock};
 use tokio::time::{sleep, timeout, Instant};
 
 /// Signed milliseconds from `origin` to `at`.
@@ -49,10 +49,10 @@ async fn holder_on_a_cut_off_follower_stops_vouching_before_another_client_gets_
     let mut options = with_ttl(ttl);
     options.request_timeout = Duration::from_secs(1);
     let only_follower = vec![ensemble.member(follower).connect_string()];
-    let holder = ZkBackend::connect(config(only_follower, options.clone()))
+    let holder = ZkLock::connect(config(only_follower, options.clone()))
         .await
         .expect("the holder connects to the follower");
-    let other = ZkBackend::connect(config(majority, options))
+    let other = ZkLock::connect(config(majority, options))
         .await
         .expect("the other client connects to the majority");
     let lock = unique_name("lagging/cut-off-follower");
@@ -135,7 +135,7 @@ async fn create_unseen_by_the_server_the_client_moves_to_leaves_one_node() {
     options.request_timeout = Duration::from_secs(10);
     let hosts = vec![to_first.addr().to_string(), to_second.addr().to_string()];
     let client = Arc::new(
-        ZkBackend::connect(config(hosts, options))
+        ZkLock::connect(config(hosts, options))
             .await
             .expect("the client connects to the first follower"),
     );

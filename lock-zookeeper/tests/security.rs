@@ -129,7 +129,7 @@ async fn chroot_scopes_every_path() {
 /// A failed connect says what failed without the password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_errors_hide_the_password() {
-    lock_zookeeper::register();
+    lock_core::raw::register::<lock_zookeeper::ZkBackend>();
     let port = conformance::harness::free_port().expect("free port");
     let url = format!("zk://app:{PASSWORD}@127.0.0.1:{port}/x?connect_timeout=1s");
     let started = tokio::time::Instant::now();

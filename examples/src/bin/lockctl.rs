@@ -101,7 +101,7 @@ enum Command {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    lock_core::parse_duration("duration", text).map_err(|e| e.to_string())
+    lock_core::raw::parse_duration("duration", text).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -357,7 +357,7 @@ async fn run_command(
             () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() && !killed => {
                 eprintln!(
                     "lockctl: the command did not end within {}; killing it",
-                    lock_core::format_duration(grace)
+                    lock_core::raw::format_duration(grace)
                 );
                 let _ = child.start_kill();
                 killed = true;

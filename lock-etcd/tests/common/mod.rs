@@ -15,7 +15,7 @@ use conformance::proxy::{FaultProxy, ProxyMode};
 use conformance::{Crash, Factory};
 use etcd_client::{Client, GetOptions};
 use lock_core::{DistributedLock, LockName, LockOptions};
-use lock_etcd::{EtcdBackend, EtcdConfig, EtcdLock};
+use lock_etcd::{EtcdConfig, EtcdLock};
 
 /// The key prefix the suite's locks live under.
 pub const PREFIX: &str = "conformance";
@@ -94,7 +94,7 @@ pub fn config(addrs: &[SocketAddr], options: LockOptions) -> EtcdConfig {
 /// A lock client of `addrs` under [`PREFIX`].
 pub async fn client(addrs: &[SocketAddr], options: LockOptions) -> Arc<EtcdLock> {
     Arc::new(
-        EtcdBackend::connect(config(addrs, options))
+        EtcdLock::connect(config(addrs, options))
             .await
             .expect("etcd lock client connects"),
     )
@@ -142,7 +142,7 @@ impl EtcdFactory {
     }
 
     async fn over(servers: Servers) -> Self {
-        lock_etcd::register();
+        lock_core::raw::register::<lock_etcd::EtcdBackend>();
         let admin = raw_client(&servers.addrs()).await;
         EtcdFactory {
             servers,

@@ -13,7 +13,7 @@ use conformance::harness::{or_skip, RedisNodes, RedisOptions, RedisServer};
 use conformance::proxy::{FaultProxy, ProxyMode};
 use conformance::{Crash, Factory};
 use lock_core::{DistributedLock, LockName, LockOptions};
-use lock_redis::{KeyLayout, RedisBackend, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
+use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
 
 /// The servers behind a factory.
@@ -84,7 +84,7 @@ impl RedisFactory {
     /// A factory over one fresh server started with `options`; `None` as for
     /// [`RedisFactory::single`].
     pub(crate) async fn single_with(options: RedisOptions) -> Option<Self> {
-        lock_redis::register();
+        lock_core::raw::register::<lock_redis::RedisBackend>();
         let server = or_skip(RedisServer::start_with(options).await)?;
         Some(RedisFactory {
             servers: Servers::Single(Box::new(server)),
@@ -95,7 +95,7 @@ impl RedisFactory {
     /// A factory over `n` fresh independent servers (RedLock); `None` as for
     /// [`RedisFactory::single`].
     pub(crate) async fn redlock(n: usize) -> Option<Self> {
-        lock_redis::register();
+        lock_core::raw::register::<lock_redis::RedisBackend>();
         let nodes = or_skip(RedisNodes::start(n).await)?;
         Some(RedisFactory {
             servers: Servers::Nodes(nodes),
@@ -119,7 +119,7 @@ impl RedisFactory {
         options: LockOptions,
     ) -> Arc<RedisLock> {
         let config = config_for(addrs, self.redlock_mode(), options);
-        Arc::new(RedisBackend::connect(config).await.expect("connect"))
+        Arc::new(RedisLock::connect(config).await.expect("connect"))
     }
 
     /// Deletes `key` on every server, behind the clients' backs.

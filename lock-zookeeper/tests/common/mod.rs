@@ -12,7 +12,7 @@ use conformance::harness::{or_skip, ZkEnsemble, ZkOptions, ZkServer};
 use conformance::proxy::{FaultProxy, ProxyMode};
 use conformance::{Crash, Factory};
 use lock_core::{DistributedLock, LockGuard, LockName, LockOptions, LockState};
-use lock_zookeeper::{lock_dir, queue_order, ZkBackend, ZkConfig, ZkLock};
+use lock_zookeeper::{lock_dir, queue_order, ZkConfig, ZkLock};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -166,7 +166,7 @@ impl ZkFactory {
     }
 
     async fn over(servers: Servers) -> Self {
-        lock_zookeeper::register();
+        lock_core::raw::register::<lock_zookeeper::ZkBackend>();
         let admin = raw_client(&servers.hosts()).await;
         ZkFactory {
             servers,
@@ -182,7 +182,7 @@ impl ZkFactory {
 
     /// A concrete client with `options`.
     pub async fn zk_client(&self, options: LockOptions) -> Arc<ZkLock> {
-        let client = ZkBackend::connect(config(self.servers.hosts(), options))
+        let client = ZkLock::connect(config(self.servers.hosts(), options))
             .await
             .expect("zk client connects");
         Arc::new(client)
@@ -207,7 +207,7 @@ impl ZkFactory {
             .expect("proxies")
             .push(Arc::clone(&proxies));
         let hosts = proxies.iter().map(|p| p.addr().to_string()).collect();
-        let client = ZkBackend::connect(config(hosts, options))
+        let client = ZkLock::connect(config(hosts, options))
             .await
             .expect("proxied zk client connects");
         (Arc::new(client), proxies)
@@ -314,7 +314,7 @@ impl ChaosTarget for ZkFactory {
         let follower = (leader + 1) % ensemble.len();
         let links = ensemble.peer_links(follower).ok()?;
         let hosts = vec![ensemble.member(follower).connect_string()];
-        let client = ZkBackend::connect(config(hosts, options))
+        let client = ZkLock::connect(config(hosts, options))
             .await
             .expect("a client of one follower connects");
         Some((Arc::new(client), Link::Proxies(links)))

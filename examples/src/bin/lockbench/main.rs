@@ -84,7 +84,7 @@ struct RunArgs {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    lock_core::parse_duration("duration", text).map_err(|e| e.to_string())
+    lock_core::raw::parse_duration("duration", text).map_err(|e| e.to_string())
 }
 
 #[tokio::main]

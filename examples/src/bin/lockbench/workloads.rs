@@ -215,7 +215,7 @@ pub(crate) struct Takeover {
 /// the lock, against the TTL.
 pub(crate) async fn takeover(target: &Target, rounds: usize) -> Result<Takeover, BoxError> {
     let ttl = target.takeover_ttl;
-    let query = format!("ttl={}", lock_core::format_duration(ttl));
+    let query = format!("ttl={}", lock_core::raw::format_duration(ttl));
     let url = target.url_with(&query);
     let waiter_client = connect(target, &query).await?;
     let mut takeover_ms = Vec::new();
@@ -291,7 +291,7 @@ pub(crate) async fn renewal(
     locks: usize,
     ttl: Duration,
 ) -> Result<RenewalRow, BoxError> {
-    let query = format!("ttl={}", lock_core::format_duration(ttl));
+    let query = format!("ttl={}", lock_core::raw::format_duration(ttl));
     let url = target.url_with(&query);
     let client = lock_core::connect(&url).await?;
     let base = bench_name("renewal");

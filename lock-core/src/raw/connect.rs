@@ -1,0 +1,84 @@
+//! How a backend is opened from a configuration or a URL, written once for every backend:
+//! a backend declares its schemes, its configuration and how it opens a connection; the
+//! client constructors and the URL registration follow from that.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use crate::backend::Backend;
+use crate::error::{Error, Result};
+use crate::lease::LeaseClient;
+use crate::lock::DistributedLock;
+use crate::lock_url::LockUrl;
+use crate::options::LockOptions;
+use crate::registry::{registry, ConnectFuture};
+
+/// A backend that can be opened from its configuration or a URL.
+#[async_trait]
+pub trait Connect: Backend + Sized {
+    /// The URL schemes it serves, lowercase.
+    const SCHEMES: &'static [&'static str];
+
+    /// Its configuration.
+    type Config: Send + 'static;
+
+    /// Parses a URL whose scheme is one of [`Connect::SCHEMES`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming what is wrong (never repeating a password).
+    fn config_from_url(url: &LockUrl) -> Result<Self::Config>;
+
+    /// The client-wide lock options in `config`.
+    fn lock_options(config: &Self::Config) -> &LockOptions;
+
+    /// Opens the protocol half. Fails fast, within the configuration's request timeout,
+    /// when the service does not answer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a configuration the service rejects (credentials, TLS);
+    /// [`Error::Connection`] or [`Error::Unavailable`] when it does not answer.
+    async fn open(config: Self::Config) -> Result<Self>;
+}
+
+impl<B: Connect> LeaseClient<B> {
+    /// Opens a lock client with `config`.
+    ///
+    /// # Errors
+    /// As [`Connect::open`], and [`Error::InvalidConfig`] for options out of range.
+    pub async fn connect(config: B::Config) -> Result<Self> {
+        let options = B::lock_options(&config).clone();
+        // Bad options are refused before a connection is opened, not after.
+        options.validate()?;
+        LeaseClient::new(B::open(config).await?, options)
+    }
+
+    /// Opens a lock client for `url` (one of [`Connect::SCHEMES`]).
+    ///
+    /// # Errors
+    /// As [`Connect::config_from_url`] and [`LeaseClient::connect`].
+    pub async fn from_url(url: &LockUrl) -> Result<Self> {
+        if !B::SCHEMES.contains(&url.scheme.as_str()) {
+            return Err(Error::config(format!(
+                "this backend serves {}://, not {}://",
+                B::SCHEMES.join("://, "),
+                url.scheme
+            )));
+        }
+        Self::connect(B::config_from_url(url)?).await
+    }
+}
+
+/// Registers `B`'s schemes in the process-wide [`registry`], so that
+/// [`connect`](crate::connect) serves them.
+pub fn register<B: Connect>() {
+    registry().register_backend::<B>();
+}
+
+/// The [`Connector`](crate::raw::Connector) of backend `B`.
+pub(crate) fn connect_url<B: Connect>(url: LockUrl) -> ConnectFuture {
+    Box::pin(async move {
+        let client: Arc<dyn DistributedLock> = Arc::new(LeaseClient::<B>::from_url(&url).await?);
+        Ok(client)
+    })
+}
