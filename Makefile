@@ -32,7 +32,7 @@ chaos: deps
 		$(CARGO) test --release -p conformance -p lock-redis -p lock-zookeeper -p lock-etcd \
 		--test chaos -- --test-threads 2
 	CHAOS_REPORT_DIR=$(CURDIR)/chaos-report LOCK_TEST_STRICT=1 \
-		$(CARGO) test --release -p examples --test lockctl_signals
+		$(CARGO) test --release -p lockctl --test signals
 	$(CARGO) run --quiet --release -p examples --bin chaos_report -- chaos-report
 
 ## The full comparative benchmark (a few minutes); report in lockbench-report/.

@@ -2,12 +2,11 @@
 //!
 //! `LOCK_URL=redis://127.0.0.1:6379 cargo run -p examples --bin basic`
 
-use lock_core::{DistributedLockExt, ReleaseOutcome};
+use distlock::{DistributedLockExt, ReleaseOutcome};
 
 #[tokio::main]
-async fn main() -> lock_core::Result<()> {
-    examples::register_backends();
-    let locks = lock_core::connect(&examples::lock_url()).await?;
+async fn main() -> distlock::Result<()> {
+    let locks = distlock::connect(&examples::lock_url()).await?;
 
     // --- the taught part ---
     let guard = locks.lock("reports/daily").await?;
@@ -19,7 +18,7 @@ async fn main() -> lock_core::Result<()> {
     );
     println!(
         "valid for another {:?}",
-        guard.valid_until() - lock_core::Instant::now()
+        guard.valid_until() - distlock::Instant::now()
     );
     match guard.release().await? {
         ReleaseOutcome::Released => println!("released"),

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{
+use distlock::{
     AcquireOptions, DistributedLock, DistributedLockExt, LockName, ReleaseOutcome, RunOutcome,
 };
 use tokio::time::{sleep, Instant};
@@ -16,7 +16,7 @@ const WORKERS: usize = 4;
 const ROUNDS: usize = 3;
 
 #[tokio::main]
-async fn main() -> lock_core::Result<()> {
+async fn main() -> distlock::Result<()> {
     let url = std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://demo".to_owned());
     println!("distlock demo on {url}\n");
 
@@ -30,13 +30,13 @@ async fn main() -> lock_core::Result<()> {
 
 /// Several independent clients take turns on one lock; each holder's fencing token is
 /// higher than the previous one, and the shared counter loses no update.
-async fn contention(url: &str) -> lock_core::Result<()> {
+async fn contention(url: &str) -> distlock::Result<()> {
     println!("1. {WORKERS} clients x {ROUNDS} rounds contend for `reports/daily`:");
     let counter = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let mut tasks = Vec::new();
     for worker in 0..WORKERS {
-        let client = lock_core::connect(url).await?;
+        let client = distlock::connect(url).await?;
         let counter = Arc::clone(&counter);
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
@@ -52,7 +52,7 @@ async fn contention(url: &str) -> lock_core::Result<()> {
                 counter.store(seen + 1, Ordering::SeqCst);
                 guard.release().await?;
             }
-            Ok::<_, lock_core::Error>(())
+            Ok::<_, distlock::Error>(())
         }));
     }
     for task in tasks {
@@ -67,10 +67,10 @@ async fn contention(url: &str) -> lock_core::Result<()> {
 }
 
 /// `try_lock` on a held lock says "not acquired"; a bounded wait ends in a timeout error.
-async fn try_and_timeout(url: &str) -> lock_core::Result<()> {
+async fn try_and_timeout(url: &str) -> distlock::Result<()> {
     println!("2. try and timeout:");
-    let a = lock_core::connect(url).await?;
-    let b = lock_core::connect(url).await?;
+    let a = distlock::connect(url).await?;
+    let b = distlock::connect(url).await?;
     let guard = a.lock("invoices").await?;
     let attempt = b.try_lock("invoices").await?;
     println!(
@@ -95,14 +95,14 @@ async fn try_and_timeout(url: &str) -> lock_core::Result<()> {
 }
 
 /// A guard dropped without release frees the lock in the background, at once.
-async fn dropped_guard(url: &str) -> lock_core::Result<()> {
+async fn dropped_guard(url: &str) -> distlock::Result<()> {
     println!("3. a guard dropped without release (TTL 30 s):");
-    let a = lock_core::connect(url).await?;
-    let b = lock_core::connect(url).await?;
+    let a = distlock::connect(url).await?;
+    let b = distlock::connect(url).await?;
     let guard = a.lock("exports").await?;
     let waiter = tokio::spawn(async move {
         let guard = b.lock("exports").await?;
-        Ok::<_, lock_core::Error>((Instant::now(), guard))
+        Ok::<_, distlock::Error>((Instant::now(), guard))
     });
     sleep(Duration::from_millis(100)).await;
     let dropped_at = Instant::now();
@@ -119,10 +119,10 @@ async fn dropped_guard(url: &str) -> lock_core::Result<()> {
 
 /// Manual renewal without extend: the lock expires, the lost signal cancels the work,
 /// and the late release reports it was already lost.
-async fn lost_lock_cancels_work(url: &str) -> lock_core::Result<()> {
+async fn lost_lock_cancels_work(url: &str) -> distlock::Result<()> {
     println!("4. a lost lock cancels the work:");
     let client: Arc<dyn DistributedLock> =
-        lock_core::connect(&format!("{url}?ttl=500ms&renewal=manual")).await?;
+        distlock::connect(&format!("{url}?ttl=500ms&renewal=manual")).await?;
     let outcome = client
         .with_lock("cleanup", &AcquireOptions::forever(), |ctx| async move {
             println!(

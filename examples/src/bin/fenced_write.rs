@@ -4,7 +4,7 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use lock_core::{AcquireOptions, DistributedLock, DistributedLockExt, FencingToken, LockName};
+use distlock::{AcquireOptions, DistributedLock, DistributedLockExt, FencingToken, LockName};
 
 /// Storage that remembers the highest fencing token it accepted.
 #[derive(Default)]
@@ -24,12 +24,11 @@ impl FencedStore {
 }
 
 #[tokio::main]
-async fn main() -> lock_core::Result<()> {
-    examples::register_backends();
+async fn main() -> distlock::Result<()> {
     let url = examples::lock_url();
     let store = FencedStore::default();
-    let slow = lock_core::connect(&format!("{url}?ttl=1s&renewal=manual")).await?;
-    let fast = lock_core::connect(&url).await?;
+    let slow = distlock::connect(&format!("{url}?ttl=1s&renewal=manual")).await?;
+    let fast = distlock::connect(&url).await?;
     let name = LockName::new("profile/42")?;
 
     // A holder takes the lock, then stalls (a GC pause, a swapped-out VM) past its TTL.

@@ -4,12 +4,11 @@
 
 use std::time::Duration;
 
-use lock_core::{AcquireOptions, DistributedLockExt, RunOutcome};
+use distlock::{AcquireOptions, DistributedLockExt, RunOutcome};
 
 #[tokio::main]
-async fn main() -> lock_core::Result<()> {
-    examples::register_backends();
-    let locks = lock_core::connect(&examples::lock_url()).await?;
+async fn main() -> distlock::Result<()> {
+    let locks = distlock::connect(&examples::lock_url()).await?;
     let instance = std::process::id();
 
     // --- the taught part ---

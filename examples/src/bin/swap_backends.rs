@@ -4,10 +4,10 @@
 //! cargo run -p examples --bin swap_backends -- memory://a redis://127.0.0.1:6379 zk://127.0.0.1:2181/locks etcd://127.0.0.1:2379/locks
 //! ```
 
-use lock_core::{DistributedLock, DistributedLockExt};
+use distlock::{DistributedLock, DistributedLockExt};
 
 /// Business code sees only `dyn DistributedLock`.
-async fn nightly_export(locks: &dyn DistributedLock) -> lock_core::Result<()> {
+async fn nightly_export(locks: &dyn DistributedLock) -> distlock::Result<()> {
     let Some(guard) = locks.try_lock("nightly-export").await? else {
         println!("  {locks}: another instance is exporting; skipping");
         return Ok(());
@@ -23,14 +23,13 @@ async fn nightly_export(locks: &dyn DistributedLock) -> lock_core::Result<()> {
 
 #[tokio::main]
 async fn main() {
-    examples::register_backends();
     let mut urls: Vec<String> = std::env::args().skip(1).collect();
     if urls.is_empty() {
         urls.push(examples::lock_url());
     }
     for url in urls {
         println!("{url}:");
-        match lock_core::connect(&url).await {
+        match distlock::connect(&url).await {
             Ok(locks) => {
                 if let Err(err) = nightly_export(locks.as_ref()).await {
                     println!("  error: {err}");

@@ -84,13 +84,12 @@ struct RunArgs {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    lock_core::raw::parse_duration("duration", text).map_err(|e| e.to_string())
+    distlock::raw::parse_duration("duration", text).map_err(|e| e.to_string())
 }
 
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let cli = Cli::parse();
-    examples::register_backends();
     match cli.command {
         Some(Command::Hold { url, name }) => workloads::hold_until_killed(&url, &name).await,
         None => run(cli.run).await,

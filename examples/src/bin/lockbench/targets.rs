@@ -225,11 +225,7 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
         "etcd" => "etcd",
         _ => "memory",
     };
-    if !lock_core::raw::registry()
-        .schemes()
-        .iter()
-        .any(|s| s == scheme)
-    {
+    if !distlock::registry().schemes().iter().any(|s| s == scheme) {
         return Err(format!("no backend serves {scheme}:// in this build"));
     }
     match backend {

@@ -5,8 +5,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use distlock::{DistributedLock, DistributedLockExt};
 use futures::future::join_all;
-use lock_core::{DistributedLock, DistributedLockExt};
 use rand::Rng;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -33,7 +33,7 @@ fn bench_name(workload: &str) -> String {
 }
 
 async fn connect(target: &Target, query: &str) -> Result<Arc<dyn DistributedLock>, BoxError> {
-    Ok(lock_core::connect(&target.url_with(query)).await?)
+    Ok(distlock::connect(&target.url_with(query)).await?)
 }
 
 /// Workload 1: acquire + release by one client on a free lock.
@@ -215,7 +215,7 @@ pub(crate) struct Takeover {
 /// the lock, against the TTL.
 pub(crate) async fn takeover(target: &Target, rounds: usize) -> Result<Takeover, BoxError> {
     let ttl = target.takeover_ttl;
-    let query = format!("ttl={}", lock_core::raw::format_duration(ttl));
+    let query = format!("ttl={}", distlock::raw::format_duration(ttl));
     let url = target.url_with(&query);
     let waiter_client = connect(target, &query).await?;
     let mut takeover_ms = Vec::new();
@@ -260,7 +260,7 @@ pub(crate) async fn takeover(target: &Target, rounds: usize) -> Result<Takeover,
 
 /// The child side of workload 4: take the lock, say `HELD`, and wait to be killed.
 pub(crate) async fn hold_until_killed(url: &str, name: &str) -> Result<(), BoxError> {
-    let client = lock_core::connect(url).await?;
+    let client = distlock::connect(url).await?;
     let guard = client.lock_timeout(name, WAIT_LIMIT).await?;
     println!("HELD");
     // Bounded: a holder nobody kills gives up after ten minutes.
@@ -291,9 +291,9 @@ pub(crate) async fn renewal(
     locks: usize,
     ttl: Duration,
 ) -> Result<RenewalRow, BoxError> {
-    let query = format!("ttl={}", lock_core::raw::format_duration(ttl));
+    let query = format!("ttl={}", distlock::raw::format_duration(ttl));
     let url = target.url_with(&query);
-    let client = lock_core::connect(&url).await?;
+    let client = distlock::connect(&url).await?;
     let base = bench_name("renewal");
     let rss_before = resident_bytes();
     let mut guards = Vec::with_capacity(locks);
@@ -359,7 +359,7 @@ const RENEWAL_SAMPLES: usize = 32;
 /// Polls the validity deadline of the sampled holds (index, lease) every millisecond
 /// for `window`; each move is a renewal, sent at the new deadline minus the lease.
 async fn watch_renewals(
-    guards: &[lock_core::LockGuard],
+    guards: &[distlock::LockGuard],
     samples: &[(usize, Duration)],
     window: Duration,
 ) -> Latencies {

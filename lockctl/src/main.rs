@@ -40,7 +40,7 @@ use std::process::{ExitCode, ExitStatus};
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
-use lock_core::{
+use distlock::{
     AcquireOptions, DistributedLock, LockGuard, LockName, LockState, ReleaseOutcome, Wait,
 };
 use nix::sys::signal::{kill, Signal};
@@ -100,8 +100,13 @@ enum Command {
     },
 }
 
+/// The lock URL from `LOCK_URL`, or `memory://`.
+fn lock_url() -> String {
+    std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://".to_owned())
+}
+
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    lock_core::raw::parse_duration("duration", text).map_err(|e| e.to_string())
+    distlock::raw::parse_duration("duration", text).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {
@@ -110,7 +115,6 @@ fn main() -> ExitCode {
         return trampoline(args);
     }
     let cli = Cli::parse();
-    examples::register_backends();
     // `block_on` runs `run` on this, the main thread: the command's parent-death signal
     // is tied to the thread that starts it.
     let result = tokio::runtime::Builder::new_multi_thread()
@@ -197,8 +201,8 @@ fn exit_code(status: ExitStatus) -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
-    let url = cli.url.unwrap_or_else(examples::lock_url);
-    let locks = lock_core::connect(&url).await?;
+    let url = cli.url.unwrap_or_else(lock_url);
+    let locks = distlock::connect(&url).await?;
     let wait = cli.timeout.map_or(Wait::Forever, Wait::Timeout);
     match cli.command {
         Command::Try { name } => {
@@ -269,7 +273,7 @@ async fn acquire(
     match signals.or_signal(locks.acquire(&name, &options)).await {
         Ok(Ok(Some(guard))) => Ok(Acquired::Held(guard)),
         Ok(Ok(None)) => Ok(Acquired::TimedOut),
-        Ok(Err(err)) if err.kind() == lock_core::ErrorKind::Timeout => {
+        Ok(Err(err)) if err.kind() == distlock::ErrorKind::Timeout => {
             eprintln!("lockctl: {err}");
             Ok(Acquired::TimedOut)
         }
@@ -357,7 +361,7 @@ async fn run_command(
             () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() && !killed => {
                 eprintln!(
                     "lockctl: the command did not end within {}; killing it",
-                    lock_core::raw::format_duration(grace)
+                    distlock::raw::format_duration(grace)
                 );
                 let _ = child.start_kill();
                 killed = true;

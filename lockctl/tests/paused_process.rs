@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use conformance::harness::{or_skip, EtcdServer, RedisServer, ZkServer};
 use conformance::{FenceServer, FencedResource};
-use lock_core::DistributedLockExt;
+use distlock::DistributedLockExt;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::time::{sleep, timeout, Instant};
@@ -33,13 +33,12 @@ echo "begin=$begin write=$write"
 "#;
 
 async fn paused_holder(url: String) {
-    examples::register_backends();
     let resource = FencedResource::new();
     let fence = FenceServer::start(resource.clone())
         .await
         .expect("fence server");
     let name = format!("paused/{}", uuid::Uuid::new_v4().simple());
-    let locked_url = format!("{url}?ttl={}", lock_core::raw::format_duration(TTL));
+    let locked_url = format!("{url}?ttl={}", distlock::raw::format_duration(TTL));
     let holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
         .args([
             "--url",
@@ -72,7 +71,7 @@ async fn paused_holder(url: String) {
     let frozen_at = Instant::now();
 
     // Another client gets the lock once the frozen holder's lease is gone, and writes.
-    let other = lock_core::connect(&locked_url).await.expect("client");
+    let other = distlock::connect(&locked_url).await.expect("client");
     let guard = other
         .lock_timeout(&name, TTL * 4 + Duration::from_secs(5))
         .await

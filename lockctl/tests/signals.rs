@@ -216,12 +216,11 @@ fn no_overlap(lines: &[String]) -> bool {
 }
 
 async fn redis_url() -> Option<(RedisServer, String)> {
-    examples::register_backends();
     let server = or_skip(RedisServer::start().await)?;
     let url = format!(
         "{}?ttl={}",
         server.url(),
-        lock_core::raw::format_duration(TTL)
+        distlock::raw::format_duration(TTL)
     );
     Some((server, url))
 }

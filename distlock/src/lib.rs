@@ -1,0 +1,154 @@
+#![doc = include_str!("../../README.md")]
+//!
+//! # Cargo features
+//!
+//! Each backend is a feature; [`connect`] serves the schemes of those compiled in and names
+//! the feature to enable for the others.
+//!
+//! | feature | schemes | module |
+//! |---|---|---|
+//! | `memory` (default) | `memory://` | [`memory`] |
+//! | `redis` | `redis://`, `rediss://`, `redlock://` | `redis` |
+//! | `zookeeper` | `zk://` | `zookeeper` |
+//! | `etcd` | `etcd://`, `etcds://` | `etcd` |
+//! | `full` | all of the above | |
+
+use std::sync::{Arc, OnceLock};
+
+pub use lock_core::*;
+
+/// The Redis backend (single server and RedLock): its configuration, hold and key layout.
+#[cfg(feature = "redis")]
+pub use lock_redis as redis;
+
+/// The ZooKeeper backend: its configuration, hold and node layout.
+#[cfg(feature = "zookeeper")]
+pub use lock_zookeeper as zookeeper;
+
+/// The etcd backend: its configuration, hold and key layout.
+#[cfg(feature = "etcd")]
+pub use lock_etcd as etcd;
+
+/// Each backend feature and the URL schemes it serves, to name the feature a URL needs
+/// when it is not compiled in. (When it is, the schemes come from the backend itself; a
+/// test checks that the two agree.)
+const FEATURE_SCHEMES: &[(&str, &[&str])] = &[
+    ("memory", &["memory"]),
+    ("redis", &["redis", "rediss", "redlock"]),
+    ("zookeeper", &["zk"]),
+    ("etcd", &["etcd", "etcds"]),
+];
+
+/// The registry [`connect`] uses: every compiled-in backend, and a hint naming the
+/// feature for the others. Register a backend of your own here
+/// ([`raw::Registry::register_backend`]) to make [`connect`] serve it too.
+pub fn registry() -> &'static raw::Registry {
+    static REGISTRY: OnceLock<raw::Registry> = OnceLock::new();
+    REGISTRY.get_or_init(|| {
+        let registry = raw::Registry::new();
+        for (feature, schemes) in FEATURE_SCHEMES {
+            for scheme in *schemes {
+                registry.hint_unregistered(
+                    scheme,
+                    format!("enable the `{feature}` feature of the `distlock` crate"),
+                );
+            }
+        }
+        #[cfg(feature = "memory")]
+        registry.register_backend::<memory::MemoryBackend>();
+        #[cfg(feature = "redis")]
+        registry.register_backend::<lock_redis::RedisBackend>();
+        #[cfg(feature = "zookeeper")]
+        registry.register_backend::<lock_zookeeper::ZkBackend>();
+        #[cfg(feature = "etcd")]
+        registry.register_backend::<lock_etcd::EtcdBackend>();
+        registry
+    })
+}
+
+/// Connects a lock client for `url`, on whichever compiled-in backend serves its scheme.
+///
+/// ```
+/// # async fn demo() -> distlock::Result<()> {
+/// use distlock::DistributedLockExt;
+/// let locks = distlock::connect("memory://docs?ttl=10s").await?;
+/// let guard = locks.lock("reports/daily").await?;
+/// println!("fencing token {}", guard.fencing_token());
+/// guard.release().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a malformed URL or options (the message never repeats the
+/// URL, which may hold a password); [`Error::UnknownScheme`] listing the schemes served and,
+/// for a backend not compiled in, the feature to enable; whatever the backend reports
+/// when it cannot connect ([`Error::Connection`] within the request timeout).
+pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
+    registry().connect(url).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_backend_not_compiled_in_names_its_feature() {
+        for (feature, schemes) in FEATURE_SCHEMES {
+            let compiled_in = match *feature {
+                "memory" => cfg!(feature = "memory"),
+                "redis" => cfg!(feature = "redis"),
+                "zookeeper" => cfg!(feature = "zookeeper"),
+                "etcd" => cfg!(feature = "etcd"),
+                other => panic!("feature {other} missing from this test"),
+            };
+            let registered = registry().schemes();
+            for scheme in *schemes {
+                assert_eq!(
+                    registered.contains(&scheme.to_string()),
+                    compiled_in,
+                    "{scheme}"
+                );
+                if !compiled_in {
+                    let err = connect(&format!("{scheme}://127.0.0.1:1"))
+                        .await
+                        .expect_err("not compiled in");
+                    assert_eq!(err.kind(), ErrorKind::UnknownScheme, "{err}");
+                    assert!(
+                        err.to_string().contains(&format!("`{feature}` feature")),
+                        "{err}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn feature_table_matches_the_backends() {
+        use raw::Connect;
+        let table = |feature: &str| {
+            FEATURE_SCHEMES
+                .iter()
+                .find(|(name, _)| *name == feature)
+                .map(|(_, schemes)| schemes.to_vec())
+        };
+        assert_eq!(
+            table("memory"),
+            Some(memory::MemoryBackend::SCHEMES.to_vec())
+        );
+        #[cfg(feature = "redis")]
+        assert_eq!(
+            table("redis"),
+            Some(lock_redis::RedisBackend::SCHEMES.to_vec())
+        );
+        #[cfg(feature = "zookeeper")]
+        assert_eq!(
+            table("zookeeper"),
+            Some(lock_zookeeper::ZkBackend::SCHEMES.to_vec())
+        );
+        #[cfg(feature = "etcd")]
+        assert_eq!(
+            table("etcd"),
+            Some(lock_etcd::EtcdBackend::SCHEMES.to_vec())
+        );
+    }
+}
