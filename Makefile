@@ -12,6 +12,8 @@ test: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	LOCK_TEST_STRICT=1 $(CARGO) test --workspace --no-fail-fast
+	# The facade without its backends: a URL names the feature to enable.
+	$(CARGO) test -p distlock --no-default-features --lib
 
 ## A short demonstration: clients contending for one lock, then a comparative
 ## benchmark of every backend on throwaway local servers (under two minutes).
