@@ -20,11 +20,59 @@ use crate::run::{run_locked, LockContext, RunOutcome};
 /// live in [`DistributedLockExt`].
 ///
 /// # Contract
-/// Every implementation honours the rules of the conformance suite: mutual exclusion
-/// while a guard is valid; a server-side lease on every hold; atomic owner-checked
-/// release and extend; background renewal at TTL/3 unless manual; strictly increasing
-/// fencing tokens; a validity deadline on the monotonic clock; a lost signal; typed
-/// release; cancellation-safe acquisition; push-driven waiting with a bounded re-check.
+/// Every implementation honours these rules, each checked against real servers by the
+/// conformance function it links to:
+/// - mutual exclusion: while a guard is valid no other owner is granted the lock; K
+///   clients × M iterations lose no update ([`mutual_exclusion`]).
+/// - a try on a held lock says "not acquired" (`Ok(None)`); a waiter is woken by a push,
+///   re-checking at least every `recheck` ([`try_on_held_is_not_acquired`]).
+/// - fencing tokens strictly increase per name, also after a takeover by expiry
+///   ([`fencing_tokens_increase`]).
+/// - every hold has a server-side lease: a crashed holder blocks others for at most TTL
+///   plus a bound, and its guard is Lost first ([`crashed_holder_blocks_at_most_ttl`]).
+/// - automatic renewal (at TTL/3) keeps a lock for as long as the guard lives
+///   ([`auto_renewal_keeps_lock`]).
+/// - the hold cap (`max_hold`) ends renewal ([`hold_cap_ends_renewal`]).
+/// - manual renewal: `extend` is owner-checked and atomic, a lapsed lease is Lost,
+///   extending it says so ([`manual_mode`]).
+/// - the lost signal fires when the lock is taken behind its holder; the release then
+///   says `AlreadyLost` ([`lost_signal_on_steal`]).
+/// - a wait with a timeout fails close to its deadline with `Error::Timeout`
+///   ([`wait_timeout`]).
+/// - cancellation safety: an acquire dropped at any await point leaves nothing queued or
+///   held ([`cancellation_leaves_nothing`]).
+/// - a dropped guard frees the lock promptly, without blocking in `Drop`
+///   ([`drop_releases_promptly`]).
+/// - waiters are granted in arrival order where the backend claims fairness
+///   ([`fifo_when_fair`]).
+/// - reentrancy only by explicit owner id ([`reentrancy_by_owner`]).
+/// - releasing a reentrant guard of a lost hold says `AlreadyLost`
+///   ([`reentrant_release_reports_loss`]).
+/// - names are escaped and independent; bad names get `Error::InvalidName`
+///   ([`names_are_independent_and_checked`]).
+/// - one client holds 1,000 locks through renewals ([`thousand_locks_one_client`]).
+/// - malformed URLs and options get typed errors, never a panic
+///   ([`bad_urls_and_options`]).
+/// - a scoped run is cancelled when its lock is lost ([`scoped_run_cancels_on_loss`]).
+///
+/// [`mutual_exclusion`]: ../conformance/rules/fn.mutual_exclusion.html
+/// [`try_on_held_is_not_acquired`]: ../conformance/rules/fn.try_on_held_is_not_acquired.html
+/// [`fencing_tokens_increase`]: ../conformance/rules/fn.fencing_tokens_increase.html
+/// [`crashed_holder_blocks_at_most_ttl`]: ../conformance/rules/fn.crashed_holder_blocks_at_most_ttl.html
+/// [`auto_renewal_keeps_lock`]: ../conformance/rules/fn.auto_renewal_keeps_lock.html
+/// [`hold_cap_ends_renewal`]: ../conformance/rules/fn.hold_cap_ends_renewal.html
+/// [`manual_mode`]: ../conformance/rules/fn.manual_mode.html
+/// [`lost_signal_on_steal`]: ../conformance/rules/fn.lost_signal_on_steal.html
+/// [`wait_timeout`]: ../conformance/rules/fn.wait_timeout.html
+/// [`cancellation_leaves_nothing`]: ../conformance/rules/fn.cancellation_leaves_nothing.html
+/// [`drop_releases_promptly`]: ../conformance/rules/fn.drop_releases_promptly.html
+/// [`fifo_when_fair`]: ../conformance/rules/fn.fifo_when_fair.html
+/// [`reentrancy_by_owner`]: ../conformance/rules/fn.reentrancy_by_owner.html
+/// [`reentrant_release_reports_loss`]: ../conformance/rules/fn.reentrant_release_reports_loss.html
+/// [`names_are_independent_and_checked`]: ../conformance/rules/fn.names_are_independent_and_checked.html
+/// [`thousand_locks_one_client`]: ../conformance/rules/fn.thousand_locks_one_client.html
+/// [`bad_urls_and_options`]: ../conformance/rules/fn.bad_urls_and_options.html
+/// [`scoped_run_cancels_on_loss`]: ../conformance/rules/fn.scoped_run_cancels_on_loss.html
 ///
 /// # Cancellation
 /// Dropping an acquire future at any await point leaves nothing queued or held on the

@@ -1,0 +1,179 @@
+//! Acquisition: reentrant re-entry by owner id, the retried attempts of a waiting
+//! acquire (each with its own owner token), and registering a granted hold.
+
+use super::*;
+
+impl<B: Backend> Keeper<B> {
+    pub(super) async fn acquire(
+        &self,
+        name: &LockName,
+        options: &AcquireOptions,
+    ) -> Result<Option<LockGuard>> {
+        let ttl = options.ttl.unwrap_or(self.options.ttl);
+        check_ttl(&self.capabilities, ttl)?;
+        if !self.capabilities.per_lock_ttl && ttl != self.options.ttl {
+            return Err(Error::Unsupported {
+                backend: self.capabilities.backend,
+                operation: format!(
+                    "a per-lock ttl ({ttl:?}); this backend uses one session-wide lease of {:?}",
+                    self.options.ttl
+                ),
+            });
+        }
+        if let Some(cap) = options.max_hold {
+            check_duration("max_hold", cap)?;
+        }
+        check_wait(options.wait)?;
+        self.ensure_task();
+
+        let Some(owner) = &options.owner else {
+            return self.acquire_new(name, options, ttl).await;
+        };
+        let key = (name.clone(), owner.clone());
+        let gate = Arc::clone(lock_unpoisoned(&self.gates).entry(key.clone()).or_default());
+        let result = {
+            let _serialized = gate.lock().await;
+            match self.reenter(&key) {
+                Some(guard) => Ok(Some(guard)),
+                None => self.acquire_new(name, options, ttl).await,
+            }
+        };
+        let mut gates = lock_unpoisoned(&self.gates);
+        if gates.get(&key).is_some_and(|g| Arc::strong_count(g) == 2) {
+            gates.remove(&key);
+        }
+        result
+    }
+
+    /// A new guard on an existing hold of the same (name, owner), if any.
+    fn reenter(&self, key: &(LockName, OwnerId)) -> Option<LockGuard> {
+        let mut table = self.table();
+        let id = *table.reentrant.get(key)?;
+        let entry = table.holds.get_mut(&id)?;
+        if entry.info.state().is_lost() {
+            return None;
+        }
+        entry.refs += 1;
+        let info = Arc::clone(&entry.info);
+        drop(table);
+        Some(LockGuard::new(info, self.arc()?))
+    }
+
+    async fn acquire_new(
+        &self,
+        name: &LockName,
+        options: &AcquireOptions,
+        ttl: Duration,
+    ) -> Result<Option<LockGuard>> {
+        let wait = !matches!(options.wait, Wait::Try);
+        let started = Instant::now();
+        let deadline = match options.wait {
+            Wait::Timeout(limit) => Some(started + limit),
+            Wait::Try | Wait::Forever => None,
+        };
+        let timed_out = || Error::Timeout {
+            name: name.to_string(),
+            waited: started.elapsed(),
+        };
+        let mut backoff = Backoff::new(RETRY_FIRST_PAUSE, RETRY_LONGEST_PAUSE);
+        let (token, acquired) = loop {
+            // Every attempt has its own owner token: the cleanup of a failed attempt (which
+            // may still be running on the server) can never touch what a retry takes.
+            let token = OwnerToken::generate();
+            let request = AcquireRequest {
+                name,
+                token: &token,
+                ttl,
+                wait,
+            };
+            let attempt = self.backend.acquire(request);
+            let result = match deadline {
+                Some(deadline) => timeout_at(deadline, attempt)
+                    .await
+                    .map_err(|_| timed_out())?,
+                None => attempt.await,
+            };
+            // A waiting acquire rides out transient failures (a reset connection, a
+            // moment without quorum) until its deadline, then reports the last one. Its
+            // queue entry lost with an expired session or lease is no reason to stop
+            // either: nothing was granted, so the next attempt queues with a new one.
+            // (A queue entry removed behind its back, by an operator, does stop it.)
+            match result {
+                Err(err) if wait && (err.is_retryable() || session_ran_out(&err)) => {
+                    let resume = Instant::now() + backoff.next_pause();
+                    if deadline.is_some_and(|deadline| resume >= deadline) {
+                        return Err(err);
+                    }
+                    tracing::debug!(lock = %name, error = %err, "acquire failed; retrying");
+                    sleep_until(resume).await;
+                }
+                result => break (token, result?),
+            }
+        };
+        let Some(acquired) = acquired else {
+            return Ok(None);
+        };
+        self.register(name, token, ttl, options, acquired).map(Some)
+    }
+
+    /// Starts tracking a fresh hold. Synchronous, so an acquire cancelled after the
+    /// backend granted the lock cannot leave it untracked.
+    fn register(
+        &self,
+        name: &LockName,
+        token: OwnerToken,
+        ttl: Duration,
+        options: &AcquireOptions,
+        acquired: Acquired<B::Hold>,
+    ) -> Result<LockGuard> {
+        let now = Instant::now();
+        let valid_until = validity_deadline(acquired.requested_at, acquired.lease);
+        let renewal = options.renewal.unwrap_or(self.options.renewal);
+        let cap = options.max_hold.or(self.options.max_hold);
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (state, _) = watch::channel(LockState::Held);
+        let info = Arc::new(HoldInfo {
+            id,
+            name: name.clone(),
+            token,
+            fencing_token: acquired.fencing_token,
+            acquired_at: acquired.requested_at,
+            valid_until: Arc::new(AtomicInstant::new(self.base, valid_until)),
+            state,
+        });
+        let entry = Entry {
+            info: Arc::clone(&info),
+            hold: Arc::new(acquired.hold),
+            ttl,
+            renewal,
+            cap_at: cap.map(|cap| acquired.requested_at + cap),
+            session: acquired.session,
+            owner: options.owner.clone(),
+            refs: 1,
+            renew_due: acquired.requested_at + ttl / 3,
+            renew_failing: false,
+            server_released: false,
+            renewing: false,
+        };
+        let Some(me) = self.arc() else {
+            return Err(Error::config("lock client is shutting down"));
+        };
+        if valid_until <= now {
+            let _ = self.commands.send(Command::Release(Arc::clone(&me), entry));
+            return Err(Error::Unavailable {
+                backend: self.capabilities.backend,
+                message: format!("the lease on `{name}` ran out before the grant arrived"),
+                source: None,
+            });
+        }
+        let mut table = self.table();
+        if let Some(owner) = &entry.owner {
+            table.reentrant.insert((name.clone(), owner.clone()), id);
+        }
+        entry.refresh_state(table.session_suspended);
+        table.holds.insert(id, entry);
+        drop(table);
+        self.wake();
+        Ok(LockGuard::new(info, me))
+    }
+}

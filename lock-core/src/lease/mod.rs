@@ -1,0 +1,272 @@
+//! The lease machinery shared by every backend: the renewal watchdog (one batched
+//! renewal per interval per client), the Held / Suspect / Lost state machine, validity
+//! deadlines, the hold cap, reentrancy by owner id, and background release.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::{mpsc, watch, Notify};
+use tokio::task::JoinHandle;
+use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
+
+use crate::backend::{
+    AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionHealth,
+    SessionStatus,
+};
+use crate::capabilities::Capabilities;
+use crate::error::{Error, Result};
+use crate::guard::{
+    AtomicInstant, HoldInfo, HoldOps, LockGuard, LockState, LostReason, ReleaseOutcome,
+};
+use crate::lock::{check_wait, DistributedLock};
+use crate::name::LockName;
+use crate::options::{check_duration, AcquireOptions, LockOptions, RenewalMode, Wait};
+use crate::raw::{lock_unpoisoned, Backoff};
+use crate::token::{OwnerId, OwnerToken};
+
+/// The safety margin taken off every lease: 1 % of it plus 2 ms, for clock-rate drift
+/// between client and server and for scheduling delay.
+pub fn drift_margin(lease: Duration) -> Duration {
+    lease / 100 + Duration::from_millis(2)
+}
+
+/// The validity deadline of a lease granted for a request sent at `requested_at`.
+pub fn validity_deadline(requested_at: Instant, lease: Duration) -> Instant {
+    requested_at + lease.saturating_sub(drift_margin(lease))
+}
+
+/// A release that keeps failing in a retryable way is given up after this many TTLs
+/// (at least a minute), even while the hold's session lives.
+const RELEASE_GIVE_UP: u32 = 10;
+
+/// First pause before a waiting acquire retries after a retryable error.
+const RETRY_FIRST_PAUSE: Duration = Duration::from_millis(50);
+/// Longest pause between such retries.
+const RETRY_LONGEST_PAUSE: Duration = Duration::from_secs(1);
+
+/// Whether a waiting acquire failed because its session or lease ran out.
+fn session_ran_out(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Lost {
+            reason: LostReason::SessionExpired,
+            ..
+        }
+    )
+}
+
+/// Turns a [`Backend`] into a [`DistributedLock`], adding everything that is the same for
+/// every backend.
+pub struct LeaseClient<B: Backend> {
+    keeper: Arc<Keeper<B>>,
+}
+
+impl<B: Backend> LeaseClient<B> {
+    /// Wraps `backend` with client-wide defaults `options`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] if `options` are out of range for the backend.
+    pub fn new(backend: B, options: LockOptions) -> Result<Self> {
+        options.validate()?;
+        let capabilities = backend.capabilities();
+        check_ttl(&capabilities, options.ttl)?;
+        let (commands, receiver) = mpsc::unbounded_channel();
+        let keeper = Arc::new_cyclic(|me| Keeper {
+            me: me.clone(),
+            backend,
+            options,
+            capabilities,
+            commands,
+            receiver: Mutex::new(Some(receiver)),
+            next_id: AtomicU64::new(1),
+            base: Instant::now(),
+            table: Mutex::new(Table::default()),
+            gates: Mutex::new(HashMap::new()),
+            renewal_ended: Notify::new(),
+        });
+        Ok(LeaseClient { keeper })
+    }
+
+    /// The backend, for backend-specific operations.
+    pub fn backend(&self) -> &B {
+        &self.keeper.backend
+    }
+
+    /// How many holds this client tracks right now (held, suspect, or lost but not yet
+    /// released by their guard).
+    pub fn tracked_holds(&self) -> usize {
+        self.keeper.table().holds.len()
+    }
+}
+
+impl<B: Backend> fmt::Debug for LeaseClient<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseClient")
+            .field("backend", &self.keeper.backend)
+            .field("options", &self.keeper.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> fmt::Display for LeaseClient<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(&self.keeper.backend, f)
+    }
+}
+
+#[async_trait]
+impl<B: Backend> DistributedLock for LeaseClient<B> {
+    async fn acquire(
+        &self,
+        name: &LockName,
+        options: &AcquireOptions,
+    ) -> Result<Option<LockGuard>> {
+        self.keeper.acquire(name, options).await
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.keeper.capabilities.clone()
+    }
+
+    fn options(&self) -> &LockOptions {
+        &self.keeper.options
+    }
+}
+
+fn check_ttl(capabilities: &Capabilities, ttl: Duration) -> Result<()> {
+    check_duration("ttl", ttl)?;
+    if ttl < capabilities.min_ttl {
+        return Err(Error::config(format!(
+            "ttl {ttl:?} is below the {} minimum of {:?}",
+            capabilities.backend, capabilities.min_ttl
+        )));
+    }
+    Ok(())
+}
+
+mod acquire;
+mod release;
+mod renewal;
+mod table;
+
+use release::UnfinishedRelease;
+use renewal::run_keeper;
+use table::{Entry, HoldEnd, Table, Unref};
+
+enum Command<B: Backend> {
+    /// Re-plan the schedule.
+    Wake,
+    /// Release a hold whose last guard was dropped.
+    Release(Arc<Keeper<B>>, Entry<B::Hold>),
+}
+
+type Gate = Arc<tokio::sync::Mutex<()>>;
+
+struct Keeper<B: Backend> {
+    me: Weak<Keeper<B>>,
+    backend: B,
+    options: LockOptions,
+    capabilities: Capabilities,
+    commands: mpsc::UnboundedSender<Command<B>>,
+    receiver: Mutex<Option<mpsc::UnboundedReceiver<Command<B>>>>,
+    next_id: AtomicU64,
+    base: Instant,
+    table: Mutex<Table<B::Hold>>,
+    /// Serializes reentrant acquisitions of one (name, owner).
+    gates: Mutex<HashMap<(LockName, OwnerId), Gate>>,
+    /// Notified whenever a renewal of some hold ends (see [`Entry::renewing`]).
+    renewal_ended: Notify,
+}
+
+impl<B: Backend> fmt::Debug for Keeper<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Keeper")
+            .field("backend", &self.backend)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Backend> Keeper<B> {
+    fn table(&self) -> MutexGuard<'_, Table<B::Hold>> {
+        lock_unpoisoned(&self.table)
+    }
+
+    fn arc(&self) -> Option<Arc<Self>> {
+        self.me.upgrade()
+    }
+
+    fn wake(&self) {
+        // Fails only when the keeper task has ended, when there is nothing to re-plan.
+        let _ = self.commands.send(Command::Wake);
+    }
+
+    /// Starts the keeper task on first use (we are inside the runtime then).
+    fn ensure_task(&self) {
+        let Some(receiver) = lock_unpoisoned(&self.receiver).take() else {
+            return;
+        };
+        let session = self.backend.session();
+        tokio::spawn(run_keeper(self.me.clone(), receiver, session));
+    }
+}
+
+type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+impl<B: Backend> HoldOps for Keeper<B> {
+    fn extend(&self, id: u64, ttl: Option<Duration>) -> BoxFuture<'_, Result<Instant>> {
+        Box::pin(self.extend_hold(id, ttl))
+    }
+
+    fn release(&self, id: u64) -> BoxFuture<'_, Result<ReleaseOutcome>> {
+        Box::pin(async move {
+            let entry = match self.unref(id) {
+                Unref::Last(entry) => entry,
+                // Another guard of a reentrant hold still holds it.
+                Unref::Shared(LockState::Lost(reason)) => {
+                    return Ok(ReleaseOutcome::AlreadyLost(reason))
+                }
+                Unref::Shared(_) => return Ok(ReleaseOutcome::Released),
+                Unref::Gone => return Ok(ReleaseOutcome::AlreadyLost(LostReason::Released)),
+            };
+            let Some(me) = self.arc() else {
+                return Err(Error::config("lock client is shutting down"));
+            };
+            // The first attempt runs here; if this future is dropped before it ends, or it
+            // fails in a way worth retrying, the background task carries on.
+            let prior = entry.info.state();
+            entry.info.transition(LockState::Lost(LostReason::Released));
+            let mut unfinished = UnfinishedRelease {
+                keeper: me,
+                entry: Some(entry),
+            };
+            let result = match unfinished.entry.as_ref() {
+                Some(entry) => self.release_once(entry, prior).await,
+                None => Ok(ReleaseOutcome::Released),
+            };
+            if !matches!(&result, Err(err) if err.is_retryable()) {
+                unfinished.entry = None;
+            }
+            result
+        })
+    }
+
+    fn release_in_background(&self, id: u64) {
+        let Unref::Last(entry) = self.unref(id) else {
+            return;
+        };
+        match self.arc() {
+            Some(me) => {
+                let _ = self.commands.send(Command::Release(me, entry));
+            }
+            None => {
+                entry.info.transition(LockState::Lost(LostReason::Released));
+            }
+        }
+    }
+}

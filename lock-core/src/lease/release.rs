@@ -1,0 +1,132 @@
+//! Release: dropping a guard's reference, the owner-checked release on the server,
+//! retried while the hold may still exist there, finished in the background when the
+//! caller goes away.
+
+use super::*;
+
+impl<B: Backend> Keeper<B> {
+    /// Removes a guard's reference; returns the entry when it was the last one.
+    pub(super) fn unref(&self, id: u64) -> Unref<B::Hold> {
+        let mut table = self.table();
+        let Some(entry) = table.holds.get_mut(&id) else {
+            return Unref::Gone;
+        };
+        entry.refs -= 1;
+        if entry.refs > 0 {
+            return Unref::Shared(entry.info.state());
+        }
+        let Some(entry) = table.holds.remove(&id) else {
+            return Unref::Gone;
+        };
+        if let Some(owner) = &entry.owner {
+            let key = (entry.info.name.clone(), owner.clone());
+            if table.reentrant.get(&key) == Some(&id) {
+                table.reentrant.remove(&key);
+            }
+        }
+        Unref::Last(entry)
+    }
+
+    /// Releases an entry on the server in the background and ends its state.
+    pub(super) async fn finish_release(&self, entry: Entry<B::Hold>) {
+        entry.info.transition(LockState::Lost(LostReason::Released));
+        if entry.server_released {
+            return;
+        }
+        if let Err(err) = self.retry_release(HoldEnd::of(&entry), &entry.hold).await {
+            tracing::warn!(lock = %entry.info.name, error = %err, "release failed; the server-side lease ends the hold");
+        }
+    }
+
+    /// Releases `hold`, again with backoff while the release fails in a retryable way and
+    /// the hold may still exist on the server: backends whose holds live with a session
+    /// (ZooKeeper, etcd) keep an unreleased hold for as long as the session lives, so the
+    /// server-side TTL is no fallback there. Gives up when the
+    /// session ended, when the last lease ran out (backends without sessions), or after
+    /// [`RELEASE_GIVE_UP`] TTLs, whichever comes first.
+    pub(super) async fn retry_release(
+        &self,
+        end: HoldEnd,
+        hold: &B::Hold,
+    ) -> Result<BackendRelease> {
+        const FIRST_PAUSE: Duration = Duration::from_millis(50);
+        const LONGEST_PAUSE: Duration = Duration::from_secs(2);
+        let give_up = Instant::now() + (end.ttl * RELEASE_GIVE_UP).max(Duration::from_secs(60));
+        let mut backoff = Backoff::new(FIRST_PAUSE, LONGEST_PAUSE);
+        loop {
+            let result = self.release_hold(hold).await;
+            let pause = backoff.next_pause();
+            let retry = matches!(&result, Err(err) if err.is_retryable())
+                && Instant::now() + pause < give_up
+                && !self.ended_on_server(&end);
+            if !retry {
+                return result;
+            }
+            sleep(pause).await;
+        }
+    }
+
+    /// Whether a hold can no longer exist on the server: its session ended, or (without
+    /// sessions) its last lease ran out.
+    fn ended_on_server(&self, end: &HoldEnd) -> bool {
+        match self.table().session {
+            Some(status) => {
+                status.epoch > end.session
+                    || (status.epoch == end.session && status.health == SessionHealth::Expired)
+            }
+            None => Instant::now() >= end.lease_end,
+        }
+    }
+
+    /// One release request for `entry`, whose state before the release was `prior`.
+    pub(super) async fn release_once(
+        &self,
+        entry: &Entry<B::Hold>,
+        prior: LockState,
+    ) -> Result<ReleaseOutcome> {
+        if entry.server_released {
+            return Ok(ReleaseOutcome::AlreadyLost(match prior {
+                LockState::Lost(reason) => reason,
+                _ => LostReason::HoldCapReached,
+            }));
+        }
+        match (prior, self.release_hold(&entry.hold).await) {
+            (_, Err(err)) => Err(err),
+            (LockState::Lost(reason), _) => Ok(ReleaseOutcome::AlreadyLost(reason)),
+            (_, Ok(BackendRelease::Released)) => Ok(ReleaseOutcome::Released),
+            (_, Ok(BackendRelease::NotOwner(reason))) => Ok(ReleaseOutcome::AlreadyLost(reason)),
+        }
+    }
+
+    /// One release request for `hold`, within the request deadline.
+    async fn release_hold(&self, hold: &B::Hold) -> Result<BackendRelease> {
+        timeout(self.options.request_timeout, self.backend.release(hold))
+            .await
+            .unwrap_or_else(|_| Err(self.deadline_error("release")))
+    }
+
+    pub(super) fn deadline_error(&self, what: &str) -> Error {
+        Error::no_answer(
+            self.capabilities.backend,
+            what,
+            self.options.request_timeout,
+        )
+    }
+}
+
+/// An explicit release still in progress: if dropped with its entry, the background task
+/// finishes the release (with retries).
+pub(super) struct UnfinishedRelease<B: Backend> {
+    pub(super) keeper: Arc<Keeper<B>>,
+    pub(super) entry: Option<Entry<B::Hold>>,
+}
+
+impl<B: Backend> Drop for UnfinishedRelease<B> {
+    fn drop(&mut self) {
+        if let Some(entry) = self.entry.take() {
+            let keeper = Arc::clone(&self.keeper);
+            // Fails only when the keeper task has ended; the server-side lease is left.
+            let _ = self.keeper.commands.send(Command::Release(keeper, entry));
+        }
+    }
+}

@@ -1,0 +1,374 @@
+//! Renewal: the watchdog task (one batched renewal per interval per client), explicit
+//! extensions (serialized per hold), the schedule, and session health.
+
+use super::*;
+
+impl<B: Backend> Keeper<B> {
+    pub(super) async fn extend_hold(&self, id: u64, ttl: Option<Duration>) -> Result<Instant> {
+        // Wait for a renewal of this hold already in flight: the server must apply ours
+        // after it, or the deadline we record could be one the server no longer keeps.
+        let waited_until = Instant::now() + self.options.request_timeout;
+        let extension = loop {
+            let ended = self.renewal_ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if let Some(taken) = self.start_extend(id, ttl)? {
+                break taken;
+            }
+            if timeout_at(waited_until, ended).await.is_err() {
+                return Err(self.deadline_error("extend (waiting for the renewal in flight)"));
+            }
+        };
+        let requested_at = Instant::now();
+        let items = [RenewItem {
+            hold: &*extension.hold,
+            ttl: extension.ttl,
+        }];
+        let result = timeout(self.options.request_timeout, self.backend.renew(&items))
+            .await
+            .unwrap_or_else(|_| Err(self.deadline_error("extend")));
+        self.extend_done(id, &extension.info, requested_at, result)
+    }
+
+    /// Checks that hold `id` can be extended by `ttl` and marks its renewal in flight;
+    /// `None` while another renewal of it is in flight.
+    fn start_extend(&self, id: u64, ttl: Option<Duration>) -> Result<Option<Extension<'_, B>>> {
+        let mut table = self.table();
+        let entry = table.holds.get_mut(&id).ok_or_else(|| Error::NotHeld {
+            name: String::new(),
+            message: "the hold was already released".into(),
+        })?;
+        if let Some(err) = entry.lost_error() {
+            return Err(err);
+        }
+        let wanted = ttl.unwrap_or(entry.ttl);
+        check_ttl(&self.capabilities, wanted)?;
+        if !self.capabilities.per_lock_ttl && wanted != entry.ttl {
+            return Err(Error::Unsupported {
+                backend: self.capabilities.backend,
+                operation: "extending one hold with a different ttl".into(),
+            });
+        }
+        let Some(effective) = entry.effective_ttl(wanted, Instant::now()) else {
+            return Err(Error::Lost {
+                name: entry.info.name.to_string(),
+                reason: LostReason::HoldCapReached,
+            });
+        };
+        if entry.renewing {
+            return Ok(None);
+        }
+        entry.renewing = true;
+        Ok(Some(Extension {
+            hold: Arc::clone(&entry.hold),
+            info: Arc::clone(&entry.info),
+            ttl: effective,
+            _renewing: Renewing {
+                keeper: self,
+                ids: vec![id],
+            },
+        }))
+    }
+
+    /// Records the outcome of an extension of hold `id` sent at `requested_at`.
+    fn extend_done(
+        &self,
+        id: u64,
+        info: &HoldInfo,
+        requested_at: Instant,
+        result: Result<Vec<RenewOutcome>>,
+    ) -> Result<Instant> {
+        let mut table = self.table();
+        let suspended = table.session_suspended;
+        let entry = table.holds.get_mut(&id);
+        let outcome = match result {
+            Ok(outcomes) => match outcomes.first() {
+                None => Err(Error::Protocol {
+                    backend: self.capabilities.backend,
+                    message: "renewal returned no outcome".into(),
+                    source: None,
+                }),
+                Some(RenewOutcome::Renewed { lease }) => Ok(Ok(*lease)),
+                Some(RenewOutcome::Lost(reason)) => Ok(Err(*reason)),
+                Some(RenewOutcome::Undecided) => Err(Error::Unavailable {
+                    backend: self.capabilities.backend,
+                    message: format!("the extension of `{}` could not be decided", info.name),
+                    source: None,
+                }),
+            },
+            Err(err) => Err(err),
+        };
+        match outcome {
+            Ok(Ok(lease)) => {
+                let valid_until = validity_deadline(requested_at, lease);
+                if let Some(entry) = entry {
+                    if let Some(err) = entry.lost_error() {
+                        return Err(err);
+                    }
+                    entry.renewed(requested_at, lease, suspended);
+                }
+                drop(table);
+                self.wake();
+                Ok(valid_until)
+            }
+            Ok(Err(reason)) => {
+                info.transition(LockState::Lost(reason));
+                Err(Error::Lost {
+                    name: info.name.to_string(),
+                    reason,
+                })
+            }
+            Err(err) => {
+                if let Some(entry) = entry {
+                    entry.renew_failing = true;
+                    entry.refresh_state(suspended);
+                }
+                Err(err)
+            }
+        }
+    }
+
+    /// Expires holds whose deadline or cap passed, starts a batched renewal of the holds
+    /// that are due, and returns when to look again.
+    fn plan(&self) -> Option<Instant> {
+        let now = Instant::now();
+        let mut table = self.table();
+        let renewing = table
+            .renewal
+            .as_ref()
+            .is_some_and(|task| !task.is_finished());
+        let mut next: Option<Instant> = None;
+        let mut due = Vec::new();
+        // Holds that ended on the client: removed on the server too, so that backends
+        // whose holds live with a session (ZooKeeper, etcd) do not keep them.
+        let mut ended = Vec::new();
+        for (id, entry) in table.holds.iter_mut() {
+            if entry.info.state().is_lost() {
+                continue;
+            }
+            let valid_until = entry.info.valid_until.load();
+            // The last renewals are cut at the cap, so an expiry near the cap is the cap's.
+            let cap_reached = entry.cap_at.is_some_and(|cap| {
+                cap <= now || (valid_until <= now && cap <= valid_until + drift_margin(entry.ttl))
+            });
+            if cap_reached {
+                entry
+                    .info
+                    .transition(LockState::Lost(LostReason::HoldCapReached));
+                entry.server_released = true;
+                ended.push((Arc::clone(&entry.hold), HoldEnd::of(entry)));
+                continue;
+            }
+            if valid_until <= now {
+                entry.info.transition(LockState::Lost(LostReason::Expired));
+                entry.server_released = true;
+                ended.push((Arc::clone(&entry.hold), HoldEnd::of(entry)));
+                continue;
+            }
+            let mut wake_at = valid_until;
+            if let Some(cap) = entry.cap_at {
+                wake_at = wake_at.min(cap);
+            }
+            if entry.renewal == RenewalMode::Auto {
+                // Renew early rather than twice: batch holds due within a sixth of their TTL.
+                if entry.renew_due <= now + entry.ttl / 6 {
+                    if !renewing && !entry.renewing {
+                        due.push(*id);
+                    }
+                } else {
+                    wake_at = wake_at.min(entry.renew_due);
+                }
+            }
+            next = Some(next.map_or(wake_at, |n| n.min(wake_at)));
+        }
+        if !due.is_empty() {
+            if let Some(me) = self.arc() {
+                table.renewal = Some(tokio::spawn(me.renew_batch(due)));
+            }
+        }
+        drop(table);
+        for (hold, end) in ended {
+            if let Some(me) = self.arc() {
+                tokio::spawn(async move {
+                    if let Err(err) = me.retry_release(end, &hold).await {
+                        tracing::warn!(error = %err, "release of an ended hold failed; the server-side lease ends it");
+                    }
+                });
+            }
+        }
+        next
+    }
+
+    /// Renews the holds `ids` in one backend call.
+    async fn renew_batch(self: Arc<Self>, ids: Vec<u64>) {
+        let now = Instant::now();
+        let mut earliest = now + self.options.request_timeout;
+        let batch: Vec<(u64, Arc<B::Hold>, Duration)> = {
+            let mut table = self.table();
+            ids.iter()
+                .filter_map(|id| {
+                    let entry = table.holds.get_mut(id)?;
+                    if entry.info.state().is_lost() || entry.renewing {
+                        return None;
+                    }
+                    let ttl = entry.effective_ttl(entry.ttl, now)?;
+                    entry.renewing = true;
+                    earliest = earliest.min(entry.info.valid_until.load());
+                    Some((*id, Arc::clone(&entry.hold), ttl))
+                })
+                .collect()
+        };
+        let _renewing = Renewing {
+            keeper: &self,
+            ids: batch.iter().map(|(id, _, _)| *id).collect(),
+        };
+        if batch.is_empty() {
+            self.wake();
+            return;
+        }
+        let items: Vec<RenewItem<'_, B::Hold>> = batch
+            .iter()
+            .map(|(_, hold, ttl)| RenewItem {
+                hold: &**hold,
+                ttl: *ttl,
+            })
+            .collect();
+        let requested_at = Instant::now();
+        let result = match timeout_at(earliest.max(requested_at), self.backend.renew(&items)).await
+        {
+            Ok(Ok(outcomes)) if outcomes.len() == items.len() => Ok(outcomes),
+            Ok(Ok(_)) => Err("renewal returned the wrong number of outcomes".to_owned()),
+            Ok(Err(err)) => Err(err.to_string()),
+            Err(_) => Err("renewal got no answer before the validity deadline".to_owned()),
+        };
+        drop(items);
+        let mut table = self.table();
+        let suspended = table.session_suspended;
+        match result {
+            Ok(outcomes) => {
+                for ((id, _, _), outcome) in batch.iter().zip(outcomes) {
+                    let Some(entry) = table.holds.get_mut(id) else {
+                        continue;
+                    };
+                    match outcome {
+                        RenewOutcome::Renewed { lease } => {
+                            if entry.info.state().is_lost() {
+                                continue;
+                            }
+                            entry.renewed(requested_at, lease, suspended);
+                        }
+                        RenewOutcome::Lost(reason) => {
+                            entry.info.transition(LockState::Lost(reason));
+                        }
+                        RenewOutcome::Undecided => entry.renewal_failed(suspended),
+                    }
+                }
+            }
+            Err(message) => {
+                tracing::warn!(backend = self.capabilities.backend, %message, holds = batch.len(), "renewal failed; holds are suspect");
+                for (id, _, _) in &batch {
+                    if let Some(entry) = table.holds.get_mut(id) {
+                        entry.renewal_failed(suspended);
+                    }
+                }
+            }
+        }
+        drop(table);
+        self.wake();
+    }
+
+    fn apply_session(&self, status: SessionStatus) {
+        let mut table = self.table();
+        table.session = Some(status);
+        table.session_suspended = status.health == SessionHealth::Suspended;
+        let suspended = table.session_suspended;
+        for entry in table.holds.values_mut() {
+            if entry.session < status.epoch
+                || (entry.session == status.epoch && status.health == SessionHealth::Expired)
+            {
+                entry
+                    .info
+                    .transition(LockState::Lost(LostReason::SessionExpired));
+            } else if entry.session == status.epoch {
+                entry.refresh_state(suspended);
+            }
+        }
+    }
+}
+
+pub(super) async fn run_keeper<B: Backend>(
+    keeper: Weak<Keeper<B>>,
+    mut commands: mpsc::UnboundedReceiver<Command<B>>,
+    mut session: Option<watch::Receiver<SessionStatus>>,
+) {
+    const IDLE: Duration = Duration::from_secs(3600);
+    if let (Some(receiver), Some(keeper)) = (&mut session, keeper.upgrade()) {
+        let initial = *receiver.borrow_and_update();
+        keeper.apply_session(initial);
+    }
+    loop {
+        let next = match keeper.upgrade() {
+            Some(keeper) => keeper.plan(),
+            None => return,
+        };
+        let next = next.unwrap_or_else(|| Instant::now() + IDLE);
+        tokio::select! {
+            command = commands.recv() => match command {
+                None => return,
+                Some(Command::Wake) => {}
+                Some(Command::Release(keeper, entry)) => {
+                    tokio::spawn(async move { keeper.finish_release(entry).await });
+                }
+            },
+            _ = sleep_until(next) => {}
+            status = session_change(&mut session) => {
+                match (status, keeper.upgrade()) {
+                    (Some(status), Some(keeper)) => keeper.apply_session(status),
+                    (None, _) => session = None,
+                    (_, None) => return,
+                }
+            }
+        }
+    }
+}
+
+async fn session_change(
+    session: &mut Option<watch::Receiver<SessionStatus>>,
+) -> Option<SessionStatus> {
+    match session {
+        Some(receiver) => match receiver.changed().await {
+            Ok(()) => Some(*receiver.borrow_and_update()),
+            Err(_) => None,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// An extension of one hold, marked in flight until dropped.
+struct Extension<'a, B: Backend> {
+    hold: Arc<B::Hold>,
+    info: Arc<HoldInfo>,
+    ttl: Duration,
+    _renewing: Renewing<'a, B>,
+}
+
+/// Marks renewals of some holds in flight (see [`Entry::renewing`]); clears the marks
+/// when dropped, also when the renewal is cancelled, and wakes what waits for them.
+struct Renewing<'a, B: Backend> {
+    keeper: &'a Keeper<B>,
+    ids: Vec<u64>,
+}
+
+impl<B: Backend> Drop for Renewing<'_, B> {
+    fn drop(&mut self) {
+        let mut table = self.keeper.table();
+        for id in &self.ids {
+            if let Some(entry) = table.holds.get_mut(id) {
+                entry.renewing = false;
+            }
+        }
+        drop(table);
+        self.keeper.renewal_ended.notify_waiters();
+        self.keeper.wake();
+    }
+}

@@ -1,0 +1,129 @@
+//! The table of tracked holds: each hold's entry (state, lease, renewal mark, guard
+//! count) and the reentrancy index.
+
+use super::*;
+
+/// One tracked hold.
+pub(super) struct Entry<H> {
+    pub(super) info: Arc<HoldInfo>,
+    pub(super) hold: Arc<H>,
+    pub(super) ttl: Duration,
+    pub(super) renewal: RenewalMode,
+    pub(super) cap_at: Option<Instant>,
+    pub(super) session: u64,
+    pub(super) owner: Option<OwnerId>,
+    /// Guards sharing this hold (reentrancy).
+    pub(super) refs: usize,
+    /// When the watchdog renews next.
+    pub(super) renew_due: Instant,
+    /// The last renewal attempt failed.
+    pub(super) renew_failing: bool,
+    /// The server copy was already released (hold cap).
+    pub(super) server_released: bool,
+    /// A renewal of this hold (batched or an extend) is in flight. Renewals of one hold
+    /// are serialized, so the reply handled last is the one the server applied last.
+    pub(super) renewing: bool,
+}
+
+impl<H> Entry<H> {
+    /// The TTL to ask for now: the hold's TTL, cut at the hold cap.
+    pub(super) fn effective_ttl(&self, wanted: Duration, now: Instant) -> Option<Duration> {
+        match self.cap_at {
+            Some(cap) if cap <= now => None,
+            Some(cap) => Some(wanted.min(cap - now)),
+            None => Some(wanted),
+        }
+    }
+
+    /// Records a successful renewal sent at `requested_at` that granted `lease`; the next
+    /// one is planned from that lease (an extension may grant another than the TTL).
+    pub(super) fn renewed(
+        &mut self,
+        requested_at: Instant,
+        lease: Duration,
+        session_suspended: bool,
+    ) {
+        self.info
+            .valid_until
+            .store(validity_deadline(requested_at, lease));
+        self.renew_due = requested_at + lease / 3;
+        self.renew_failing = false;
+        self.refresh_state(session_suspended);
+    }
+
+    /// Records a renewal that could not be done: Suspect, and retried soon.
+    pub(super) fn renewal_failed(&mut self, session_suspended: bool) {
+        self.renew_failing = true;
+        self.renew_due = Instant::now() + (self.ttl / 10).max(Duration::from_millis(10));
+        self.refresh_state(session_suspended);
+    }
+
+    pub(super) fn refresh_state(&self, session_suspended: bool) {
+        let next = if self.renew_failing || session_suspended {
+            LockState::Suspect
+        } else {
+            LockState::Held
+        };
+        self.info.transition(next);
+    }
+
+    pub(super) fn lost_error(&self) -> Option<Error> {
+        match self.info.state() {
+            LockState::Lost(reason) => Some(Error::Lost {
+                name: self.info.name.to_string(),
+                reason,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// When a hold ends on the server by itself.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct HoldEnd {
+    pub(super) session: u64,
+    /// The end of its last lease on the server, with the drift margin on both sides.
+    pub(super) lease_end: Instant,
+    pub(super) ttl: Duration,
+}
+
+impl HoldEnd {
+    pub(super) fn of<H>(entry: &Entry<H>) -> Self {
+        HoldEnd {
+            session: entry.session,
+            lease_end: entry.info.valid_until.load() + drift_margin(entry.ttl) * 2,
+            ttl: entry.ttl,
+        }
+    }
+}
+
+/// What dropping one guard's reference to a hold left.
+pub(super) enum Unref<H> {
+    /// It was the last reference: the entry is the caller's to release.
+    Last(Entry<H>),
+    /// Other guards of the reentrant hold remain; the hold's state.
+    Shared(LockState),
+    /// The hold is no longer tracked.
+    Gone,
+}
+
+pub(super) struct Table<H> {
+    pub(super) holds: HashMap<u64, Entry<H>>,
+    pub(super) reentrant: HashMap<(LockName, OwnerId), u64>,
+    pub(super) session_suspended: bool,
+    /// The last session status, for backends with sessions.
+    pub(super) session: Option<SessionStatus>,
+    pub(super) renewal: Option<JoinHandle<()>>,
+}
+
+impl<H> Default for Table<H> {
+    fn default() -> Self {
+        Table {
+            holds: HashMap::new(),
+            reentrant: HashMap::new(),
+            session_suspended: false,
+            session: None,
+            renewal: None,
+        }
+    }
+}
