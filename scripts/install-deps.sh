@@ -1,41 +1,310 @@
 #!/usr/bin/env bash
-# Installs what distlock's tests and demo need on Debian, only if something is missing:
-# redis-server, ZooKeeper (java), etcd (server and etcdctl), protoc (etcd client build),
-# and Curator with a JDK for the ZooKeeper interop test.
+# Sets up what distlock's build, tests and demo need on Debian, and shows that it works.
+#
+# Each row of DEPS is one Debian package the build or the tests need, the capability it
+# brings and the check that shows the capability works on this machine (a program runs,
+# compiles or loads its classes; not merely a file exists). A row is checked only once
+# the rows it needs pass, so one absent package is reported once, by its own row.
+#
+#   scripts/install-deps.sh          check; install the packages of every row that does not
+#                                    pass (apt-get --no-install-recommends); check again and
+#                                    fail naming each capability still missing
+#   scripts/install-deps.sh --check  check only: one line per row, exit 1 unless all pass
+#   scripts/install-deps.sh --list   the table: package, the rows it needs, capability
+#
+# scripts/prove-install-deps.sh hides each package in turn and shows that --check names it.
 set -euo pipefail
 
-missing=()
-command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
-command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
-command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
-command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
-# etcd-client's build compiles protos that import google/protobuf/*.proto, which ship in
-# libprotobuf-dev (a recommendation of protobuf-compiler, not installed with it here).
-[ -f /usr/include/google/protobuf/descriptor.proto ] || missing+=(libprotobuf-dev)
-{ command -v java >/dev/null 2>&1 && [ -f /usr/share/java/zookeeper.jar ]; } || missing+=(zookeeper)
-# Curator interop test: a Java InterProcessMutex compiled at test time.
-command -v javac >/dev/null 2>&1 || missing+=(default-jdk-headless)
-# TLS tests make throwaway certificates.
-command -v openssl >/dev/null 2>&1 || missing+=(openssl)
-[ -f /usr/share/java/curator-recipes.jar ] || missing+=(libcurator-recipes-java)
-[ -f /usr/share/java/slf4j-nop.jar ] || missing+=(libslf4j-java)
+# package | packages it needs | check | capability
+DEPS=(
+  "gcc||check_cc|cc runs (rustc links with it; ring's build script compiles C with it)"
+  "libc6-dev|gcc|check_c_program|cc compiles and links a C program against libc"
+  "protobuf-compiler||check_protoc|protoc compiles a .proto file (etcd-client's build script runs it)"
+  "libprotobuf-dev|protobuf-compiler|check_protoc_imports|protoc compiles a .proto importing google/protobuf/descriptor.proto (etcd-client's protos do)"
+  "redis-server||check_redis|redis-server runs (the harness's Redis servers)"
+  "etcd-server||check_etcd|etcd runs (the harness's etcd servers, the etcds:// test)"
+  "etcd-client||check_etcdctl|etcdctl runs (the etcdctl lock interop test)"
+  "openssl||check_openssl|openssl makes a CA and a server certificate it signs, RSA and EC (the TLS tests)"
+  "default-jre-headless||check_java|java runs (ZooKeeper, the Curator holder)"
+  "default-jdk-headless|default-jre-headless|check_javac|javac compiles a class that java runs (the Curator test compiles its holder)"
+  "libslf4j-java||check_jars slf4j-api.jar slf4j-nop.jar|slf4j-api.jar and slf4j-nop.jar in /usr/share/java (ZooKeeper's and Curator's logging)"
+  "libguava-java||check_jars guava.jar|guava.jar in /usr/share/java (Curator's class path)"
+  "libzookeeper-java|default-jre-headless libslf4j-java|check_zookeeper|ZooKeeper's server starts from the class path the harness builds and reads its config; zookeeper-jute.jar is there"
+  "libcurator-client-java||check_jars curator-client.jar|curator-client.jar in /usr/share/java"
+  "libcurator-framework-java||check_jars curator-framework.jar|curator-framework.jar in /usr/share/java"
+  "libcurator-recipes-java|default-jdk-headless libslf4j-java libguava-java libzookeeper-java libcurator-client-java libcurator-framework-java|check_curator|a program taking Curator's InterProcessMutex compiles and runs on the Curator test's class path"
+)
 
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: redis-server, zookeeper, etcd, etcdctl, protoc (with the well-known protos), javac and Curator are present"
-  exit 0
-fi
+JAR_DIR=/usr/share/java
+# A JVM that starts fast: these checks run for well under a second each.
+JVM=(-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData)
+JAVAC=(-J-XX:TieredStopAtLevel=1 -J-XX:+UseSerialGC -J-XX:-UsePerfData)
+# Where the harness looks for zookeeper.jar (conformance/src/harness/zookeeper.rs).
+ZK_JAR_DIRS=(/usr/share/java /usr/share/zookeeper /usr/share/zookeeper/lib)
+# The class path of the Curator test (lock-zookeeper/tests/curator.rs).
+CURATOR_JARS=(curator-recipes.jar curator-framework.jar curator-client.jar zookeeper.jar
+  zookeeper-jute.jar guava.jar slf4j-api.jar slf4j-nop.jar)
 
-echo "install-deps: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "install-deps: need root or sudo to install ${missing[*]}" >&2; exit 1; }
-  sudo="sudo"
-fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-# Packages may start system-wide services on install; the harness starts its own servers.
-for service in redis-server zookeeper etcd; do
-  $sudo service "$service" stop >/dev/null 2>&1 || true
-done
-echo "install-deps: done"
+check_cc() {
+  cc --version
+}
+
+check_c_program() {
+  printf '#include <stdio.h>\nint main(void) { puts("c ok"); return 0; }\n' >"$work/hello.c"
+  cc -o "$work/hello" "$work/hello.c" && [ "$("$work/hello")" = "c ok" ]
+}
+
+check_protoc() {
+  printf 'syntax = "proto3";\nmessage Plain { string s = 1; }\n' >"$work/plain.proto"
+  protoc --version && protoc -I "$work" --descriptor_set_out="$work/plain.pb" "$work/plain.proto"
+}
+
+check_protoc_imports() {
+  printf '%s\n' 'syntax = "proto3";' 'import "google/protobuf/descriptor.proto";' \
+    'message Imports { google.protobuf.FileDescriptorProto file = 1; }' >"$work/imports.proto"
+  protoc -I "$work" --descriptor_set_out="$work/imports.pb" "$work/imports.proto"
+}
+
+check_redis() {
+  redis-server --version | grep 'Redis server v='
+}
+
+check_etcd() {
+  etcd --version | grep 'etcd Version:'
+}
+
+check_etcdctl() {
+  ETCDCTL_API=3 etcdctl version | grep 'etcdctl version:'
+}
+
+# The steps of lock-redis/tests/security.rs (EC) and lock-etcd/tests/tls.rs (RSA).
+check_openssl() {
+  local dir="$work/tls"
+  mkdir -p "$dir" && cd "$dir" &&
+    printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >ext.cnf &&
+    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 \
+      -subj "/CN=distlock check CA" &&
+    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout server.key \
+      -out server.csr -subj /CN=127.0.0.1 &&
+    openssl x509 -req -days 1 -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
+      -extfile ext.cnf -out server.pem &&
+    openssl verify -CAfile ca.pem server.pem
+}
+
+check_java() {
+  java "${JVM[@]}" -version
+}
+
+check_javac() {
+  mkdir -p "$work/javac" &&
+    printf 'public class Hello { public static void main(String[] a) { System.out.println("java ok"); } }\n' \
+      >"$work/javac/Hello.java" &&
+    javac "${JAVAC[@]}" -d "$work/javac" "$work/javac/Hello.java" &&
+    [ "$(java "${JVM[@]}" -cp "$work/javac" Hello)" = "java ok" ]
+}
+
+check_jars() {
+  local jar status=0
+  for jar in "$@"; do
+    [ -f "$JAR_DIR/$jar" ] || { echo "no $JAR_DIR/$jar"; status=1; }
+  done
+  return "$status"
+}
+
+# The class path conformance/src/harness/zookeeper.rs builds: zookeeper.jar (its manifest
+# names the rest) and a log binding, log4j 1.2 or else slf4j-simple. A missing config file
+# makes QuorumPeerMain exit 2 with "Invalid config" once its classes and logging loaded.
+check_zookeeper() {
+  local dir jar="" cp out status=0
+  for dir in "${ZK_JAR_DIRS[@]}"; do
+    [ -f "$dir/zookeeper.jar" ] && { jar="$dir/zookeeper.jar"; break; }
+  done
+  [ -n "$jar" ] || { echo "no zookeeper.jar in ${ZK_JAR_DIRS[*]}"; return 1; }
+  check_jars zookeeper-jute.jar || return 1
+  cp="$jar"
+  if [ -f "$JAR_DIR/slf4j-log4j12.jar" ] && [ -f "$JAR_DIR/log4j-1.2.jar" ]; then
+    cp="$cp:$JAR_DIR/slf4j-log4j12.jar:$JAR_DIR/log4j-1.2.jar"
+  elif [ -f "$JAR_DIR/slf4j-simple.jar" ]; then
+    cp="$cp:$JAR_DIR/slf4j-simple.jar"
+  fi
+  java "${JVM[@]}" -cp "$cp" org.apache.zookeeper.Version || return 1
+  out=$(java "${JVM[@]}" -cp "$cp" org.apache.zookeeper.server.quorum.QuorumPeerMain "$work/absent.cfg" 2>&1) ||
+    status=$?
+  echo "$out"
+  [ "$status" -eq 2 ] && grep -q 'Invalid config' <<<"$out"
+}
+
+check_curator() {
+  local cp jar
+  cp=$(for jar in "${CURATOR_JARS[@]}"; do printf '%s:' "$JAR_DIR/$jar"; done)
+  mkdir -p "$work/curator" && cat >"$work/curator/CuratorCheck.java" <<'EOF'
+import org.apache.curator.framework.CuratorFramework;
+import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.retry.RetryNTimes;
+
+public class CuratorCheck {
+    public static void main(String[] args) throws Exception {
+        Class.forName("org.slf4j.impl.StaticLoggerBinder");
+        CuratorFramework client = CuratorFrameworkFactory.builder()
+            .connectString("127.0.0.1:1").retryPolicy(new RetryNTimes(0, 1)).build();
+        new InterProcessMutex(client, "/distlock-check");
+        client.close();
+        System.out.println("curator ok");
+    }
+}
+EOF
+  javac "${JAVAC[@]}" -d "$work/curator" -cp "$cp" "$work/curator/CuratorCheck.java" &&
+    [ "$(java "${JVM[@]}" -cp "$work/curator:$cp" CuratorCheck)" = "curator ok" ]
+}
+
+# Runs every row, each as soon as the rows it needs pass, in parallel; sets status[pkg] to
+# ok, missing, or unchecked (a row it needs did not pass).
+check_all() {
+  local row pkg needs check capability need rc ready running
+  status=()
+  rm -f "$work"/*.rc
+  while :; do
+    running=0
+    for row in "${DEPS[@]}"; do
+      IFS='|' read -r pkg needs check capability <<<"$row"
+      if [ "${status[$pkg]:-}" = running ] && [ -f "$work/$pkg.rc" ]; then
+        rc=$(<"$work/$pkg.rc")
+        [ "$rc" = 0 ] && status[$pkg]=ok || status[$pkg]=missing
+      fi
+      [ "${status[$pkg]:-}" = running ] && running=$((running + 1))
+      [ -z "${status[$pkg]:-}" ] || continue
+      ready=1
+      for need in $needs; do
+        case "${status[$need]:-}" in
+          ok) ;;
+          missing | unchecked)
+            status[$pkg]=unchecked
+            continue 2
+            ;;
+          *) ready=0 ;;
+        esac
+      done
+      [ "$ready" = 1 ] || continue
+      status[$pkg]=running
+      running=$((running + 1))
+      {
+        # shellcheck disable=SC2086 # the check's arguments are words of the table
+        if (cd "$work" && $check) >"$work/$pkg.log" 2>&1; then rc=0; else rc=1; fi
+        echo "$rc" >"$work/$pkg.rc.part" && mv "$work/$pkg.rc.part" "$work/$pkg.rc"
+      } &
+    done
+    [ "$running" -gt 0 ] || break
+    wait -n || true
+  done
+  for row in "${DEPS[@]}"; do
+    IFS='|' read -r pkg needs check capability <<<"$row"
+    [ -n "${status[$pkg]:-}" ] || status[$pkg]=unchecked
+  done
+}
+
+# One line per row that is not ok (all rows with --verbose): status, package, capability.
+report() {
+  local row pkg needs check capability
+  for row in "${DEPS[@]}"; do
+    IFS='|' read -r pkg needs check capability <<<"$row"
+    case "${status[$pkg]}" in
+      ok) [ "${1:-}" = --verbose ] && printf 'ok        %-26s %s\n' "$pkg" "$capability" ;;
+      missing) printf 'missing   %-26s %s\n' "$pkg" "$capability" ;;
+      *) printf 'unchecked %-26s needs: %s\n' "$pkg" "$needs" ;;
+    esac
+  done
+  return 0
+}
+
+all_ok() {
+  local pkg
+  for pkg in "${!status[@]}"; do
+    [ "${status[$pkg]}" = ok ] || return 1
+  done
+}
+
+install() {
+  local sudo="" pkg
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || {
+      echo "install-deps: need root or sudo to install $*" >&2
+      exit 1
+    }
+    sudo="sudo"
+  fi
+  echo "install-deps: installing $*"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "$@" >/dev/null
+  # The server packages start system-wide services on install; the harness runs its own.
+  for pkg in "$@"; do
+    case "$pkg" in
+      redis-server) $sudo service redis-server stop >/dev/null 2>&1 || true ;;
+      etcd-server) $sudo service etcd stop >/dev/null 2>&1 || true ;;
+    esac
+  done
+}
+
+main() {
+  local mode="${1:-install}" row pkg needs check capability
+  case "$mode" in
+    --list)
+      for row in "${DEPS[@]}"; do
+        IFS='|' read -r pkg needs check capability <<<"$row"
+        printf '%s\t%s\t%s\n' "$pkg" "${needs:--}" "$capability"
+      done
+      return 0
+      ;;
+    --check | install) ;;
+    *)
+      echo "usage: $0 [--check | --list]" >&2
+      return 2
+      ;;
+  esac
+
+  work=$(mktemp -d "${TMPDIR:-/tmp}/install-deps.XXXXXX")
+  trap 'rm -rf "$work"' EXIT
+  declare -gA status
+  check_all
+  if [ "$mode" = --check ]; then
+    report --verbose
+    all_ok
+    return
+  fi
+  if all_ok; then
+    echo "install-deps: all ${#DEPS[@]} capabilities present (scripts/install-deps.sh --check lists them)"
+    return 0
+  fi
+
+  # Rows that do not pass, and rows waiting on them unless their package is installed.
+  report
+  local wanted=()
+  for row in "${DEPS[@]}"; do
+    IFS='|' read -r pkg needs check capability <<<"$row"
+    case "${status[$pkg]}" in
+      missing) wanted+=("$pkg") ;;
+      unchecked)
+        dpkg-query -W -f '${db:Status-Status}' "$pkg" 2>/dev/null | grep -qx installed ||
+          wanted+=("$pkg")
+        ;;
+    esac
+  done
+  install "${wanted[@]}"
+
+  check_all
+  if all_ok; then
+    echo "install-deps: done; all ${#DEPS[@]} capabilities present"
+    return 0
+  fi
+  echo "install-deps: FAILED: still missing after installing ${wanted[*]}:" >&2
+  for row in "${DEPS[@]}"; do
+    IFS='|' read -r pkg needs check capability <<<"$row"
+    [ "${status[$pkg]}" = ok ] && continue
+    echo "  - $capability  [package $pkg: ${status[$pkg]}]" >&2
+    [ -s "$work/$pkg.log" ] && tail -n 15 "$work/$pkg.log" | sed 's/^/      /' >&2
+  done
+  return 1
+}
+
+main "$@"
