@@ -19,8 +19,9 @@ set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 install_deps="$here/install-deps.sh"
-# Overlaid file trees: where Debian packages put files.
-TREES=(/usr /etc /var)
+# Overlaid file trees: where Debian packages and rustup components put files.
+SYSROOT=$(rustc --print sysroot)
+TREES=(/usr /etc /var "$SYSROOT")
 
 # Mounts an overlay with an empty upper layer over each of TREES (on a tmpfs mounted on
 # $PROVE_SCRATCH), then whites out the files of the packages "$@" in it. Only inside a
@@ -34,7 +35,7 @@ overlay_and_hide() {
   [ $# -eq 0 ] || while IFS= read -r path; do
     dir=$(realpath -e "$(dirname "$path")") # /bin/x is /usr/bin/x
     case "$dir/" in
-      /usr/* | /etc/* | /var/*) ;;
+      /usr/* | /etc/* | /var/* | "$SYSROOT"/*) ;;
       *)
         echo "prove-install-deps: cannot hide $path (outside ${TREES[*]})" >&2
         return 1
@@ -60,6 +61,11 @@ overlay_and_hide() {
 # are not rows of the table themselves.
 stand_ins() {
   local dep path
+  case "$1" in rustup:*)
+    echo "$1"
+    return
+    ;;
+  esac
   if installed "$1"; then
     echo "$1"
     while IFS= read -r path; do
@@ -90,9 +96,19 @@ inside() {
   "$@"
 }
 
-# The files (not directories) the packages "$@" installed here.
+# The files (not directories) the packages "$@" installed here; rustup:NAME is the
+# toolchain component NAME.
 package_files() {
-  local path
+  local pkg path debs=()
+  for pkg in "$@"; do
+    case "$pkg" in
+      rustup:*)
+        sed -n "s|^file:|$SYSROOT/|p" "$SYSROOT"/lib/rustlib/manifest-"${pkg#rustup:}"{,-preview}-"$(rustc -vV | sed -n 's/^host: //p')" 2>/dev/null
+        ;;
+      *) debs+=("$pkg") ;;
+    esac
+  done
+  [ ${#debs[@]} -gt 0 ] || return 0
   while IFS= read -r path; do
     case "$path" in /*) ;; *) continue ;; esac # "diverted by" notes
     { [ -e "$path" ] || [ -L "$path" ]; } || continue
@@ -100,7 +116,7 @@ package_files() {
     # /lib, /bin...: directories of the package, now symlinks into /usr (merged /usr).
     [ -L "$path" ] && [ "$(dirname "$path")" = / ] && continue
     echo "$path"
-  done < <(dpkg -L "$@")
+  done < <(dpkg -L "${debs[@]}")
 }
 
 prove() {
