@@ -93,7 +93,8 @@ check_etcdctl() {
 check_openssl() {
   local dir="$work/tls"
   mkdir -p "$dir" && cd "$dir" &&
-    printf 'subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >ext.cnf &&
+    printf '%s\n' subjectAltName=IP:127.0.0.1 basicConstraints=CA:FALSE \
+      extendedKeyUsage=serverAuth >ext.cnf &&
     openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 \
       -subj "/CN=distlock check CA" &&
     openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout server.key \
@@ -124,7 +125,7 @@ check_jars() {
 # names the rest) and a log binding, log4j 1.2 or else slf4j-simple. A missing config file
 # makes QuorumPeerMain exit 2 with "Invalid config" once its classes and logging loaded.
 check_zookeeper() {
-  local dir jar="" cp out status=0
+  local dir jar="" cp out rc=0
   for dir in "${ZK_JAR_DIRS[@]}"; do
     [ -f "$dir/zookeeper.jar" ] && { jar="$dir/zookeeper.jar"; break; }
   done
@@ -136,10 +137,10 @@ check_zookeeper() {
   elif [ -f "$JAR_DIR/slf4j-simple.jar" ]; then
     cp="$cp:$JAR_DIR/slf4j-simple.jar"
   fi
-  out=$(java "${JVM[@]}" -cp "$cp" org.apache.zookeeper.server.quorum.QuorumPeerMain "$work/absent.cfg" 2>&1) ||
-    status=$?
+  out=$(java "${JVM[@]}" -cp "$cp" org.apache.zookeeper.server.quorum.QuorumPeerMain \
+    "$work/absent.cfg" 2>&1) || rc=$?
   echo "$out"
-  [ "$status" -eq 2 ] && grep -q 'Invalid config' <<<"$out"
+  [ "$rc" -eq 2 ] && grep -q 'Invalid config' <<<"$out"
 }
 
 check_curator() {
@@ -305,7 +306,7 @@ main() {
     return
   fi
   if all_ok; then
-    echo "install-deps: all ${#DEPS[@]} capabilities present (scripts/install-deps.sh --check lists them)"
+    echo "install-deps: all ${#DEPS[@]} capabilities present (--check lists them)"
     return 0
   fi
 

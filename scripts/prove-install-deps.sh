@@ -4,23 +4,25 @@
 # For every row of `install-deps.sh --list` (or the packages given as arguments) this hides
 # the package's files in a private mount namespace and runs `install-deps.sh --check` there;
 # the row is proven when the check reports exactly that package missing. Files are hidden
-# with overlayfs whiteouts on tmpfs over /usr, /etc and /var, as if dpkg had removed them
-# (symlinks included): nothing on this machine changes and no other process sees a
-# difference. A package not installed here (a metapackage such as default-jdk-headless) is
-# stood in for by the installed packages it depends on.
+# with overlayfs whiteouts on a tmpfs over /usr, /etc, /var and the Rust toolchain, as if
+# the package had been removed (symlinks included): nothing on this machine changes and no
+# other process sees a difference. A dependency package (default-jre-headless) is hidden
+# with the installed packages it depends on; one not installed here (default-jdk-headless)
+# is stood in for by those alone.
 #
 #   scripts/prove-install-deps.sh [PKG...]    one line per package: PASS or FAIL
 #   scripts/prove-install-deps.sh --reinstall also, in a namespace, purge libprotobuf-dev
 #                                             with dpkg and let install-deps.sh install it
 #                                             again (downloads it with apt-get)
 #
-# Needs root (unshare, mount), as the packages' owner would to install them.
+# Needs root (unshare, mount). docs/setup.md keeps the output of the last run.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 install_deps="$here/install-deps.sh"
 # Overlaid file trees: where Debian packages and rustup components put files.
 SYSROOT=$(rustc --print sysroot)
+HOST=$(rustc -vV | sed -n 's/^host: //p')
 TREES=(/usr /etc /var "$SYSROOT")
 
 # Mounts an overlay with an empty upper layer over each of TREES (on a tmpfs mounted on
@@ -103,7 +105,8 @@ package_files() {
   for pkg in "$@"; do
     case "$pkg" in
       rustup:*)
-        sed -n "s|^file:|$SYSROOT/|p" "$SYSROOT"/lib/rustlib/manifest-"${pkg#rustup:}"{,-preview}-"$(rustc -vV | sed -n 's/^host: //p')" 2>/dev/null
+        sed -n "s|^file:|$SYSROOT/|p" \
+          "$SYSROOT/lib/rustlib/manifest-${pkg#rustup:}"{,-preview}"-$HOST" 2>/dev/null
         ;;
       *) debs+=("$pkg") ;;
     esac
