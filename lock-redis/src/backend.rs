@@ -59,8 +59,9 @@ pub(crate) struct Inner {
 }
 
 /// The protocol half of a Redis lock client, for one server (`redis://`, `rediss://`) or
-/// RedLock over several independent servers (`redlock://`). Wrap it in
-/// [`lock_core::raw::LeaseClient`] ([`RedisLock`](crate::RedisLock)); [`RedisLock::connect`](crate::RedisLock) does.
+/// RedLock over several independent servers (`redlock://`). [`RedisLock`](crate::RedisLock)
+/// wraps it in [`LeaseClient`](lock_core::raw::LeaseClient); its `connect` and `from_url`
+/// open it.
 ///
 /// `Debug` and `Display` name the servers, never the credentials.
 pub struct RedisBackend {
@@ -106,7 +107,7 @@ impl Connect for RedisBackend {
         config.validate()?;
         if config.redlock {
             let deadline = Instant::now() + config.options.request_timeout;
-            crate::connection::reject_aliases(&config.endpoints, deadline).await?;
+            crate::redlock::reject_aliases(&config.endpoints, deadline).await?;
         }
         let backend: &'static str = if config.redlock { "redlock" } else { "redis" };
         let ca = match &config.ca_file {

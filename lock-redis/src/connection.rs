@@ -4,9 +4,7 @@
 
 mod wakeups;
 
-use std::collections::HashMap;
 use std::fmt;
-use std::net::SocketAddr;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -19,7 +17,7 @@ use redis::{
 };
 use tokio::time::{timeout_at, Instant};
 
-use crate::config::{twice_listed, RedisConfig, RedisNode};
+use crate::config::{RedisConfig, RedisNode};
 use crate::error;
 
 pub(crate) use wakeups::{Subscription, Wakeups};
@@ -69,41 +67,6 @@ pub(crate) fn redis_client(
         ),
         None => redis::Client::open(info),
     }
-}
-
-/// Rejects RedLock servers that resolve to a common address (`localhost:6379` and
-/// `127.0.0.1:6379` are one server, which would cast several votes). A name that does not
-/// resolve by `deadline` is left to the connection, which counts it as a server down.
-///
-/// # Errors
-/// [`Error::InvalidConfig`] naming two servers and the address they share.
-pub(crate) async fn reject_aliases(nodes: &[RedisNode], deadline: Instant) -> Result<()> {
-    let resolved = futures::future::join_all(nodes.iter().map(|node| async move {
-        match timeout_at(
-            deadline,
-            tokio::net::lookup_host((node.host.as_str(), node.port)),
-        )
-        .await
-        {
-            Ok(Ok(addrs)) => addrs
-                .map(|a| SocketAddr::new(a.ip().to_canonical(), a.port()))
-                .collect(),
-            _ => Vec::new(),
-        }
-    }))
-    .await;
-    let mut owner: HashMap<SocketAddr, usize> = HashMap::new();
-    for (i, addrs) in resolved.into_iter().enumerate() {
-        for addr in addrs {
-            match owner.get(&addr) {
-                Some(&j) if j != i => return Err(twice_listed(&nodes[j], &nodes[i], Some(addr))),
-                _ => {
-                    owner.insert(addr, i);
-                }
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The current connection of a node and its reconnection state.
@@ -222,7 +185,7 @@ impl Node {
     }
 
     /// `what` on this server failed with `err`.
-    pub(crate) fn failed(&self, what: &str, err: redis::RedisError) -> Error {
+    fn failed(&self, what: &str, err: redis::RedisError) -> Error {
         error::from_client(self.backend, format_args!("{what} on {}", self.label), err)
     }
 

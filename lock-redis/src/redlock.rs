@@ -1,16 +1,55 @@
 //! RedLock: the quorum rounds of an acquire over several independent servers (acquire
-//! with a fencing reading, then the fencing write-back), each decided by a majority.
+//! with a fencing reading, then the fencing write-back), each decided by a majority; and
+//! the check that no server is listed twice (it would cast several votes).
 
+use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use lock_core::raw::{validity_deadline, Acquired, CleanupOnDrop};
 use lock_core::{Error, FencingToken, Result};
-use tokio::time::Instant;
+use tokio::time::{timeout_at, Instant};
 
 use crate::backend::{pttl_wait, Abandoned, Attempt, Inner};
+use crate::config::{twice_listed, RedisNode};
 use crate::error;
 use crate::hold::{ttl_millis, RedisHold};
+
+/// Rejects RedLock servers that resolve to a common address (`localhost:6379` and
+/// `127.0.0.1:6379` are one server, which would cast several votes). A name that does not
+/// resolve by `deadline` is left to the connection, which counts it as a server down.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] naming two servers and the address they share.
+pub(crate) async fn reject_aliases(nodes: &[RedisNode], deadline: Instant) -> Result<()> {
+    let resolved = futures::future::join_all(nodes.iter().map(|node| async move {
+        match timeout_at(
+            deadline,
+            tokio::net::lookup_host((node.host.as_str(), node.port)),
+        )
+        .await
+        {
+            Ok(Ok(addrs)) => addrs
+                .map(|a| SocketAddr::new(a.ip().to_canonical(), a.port()))
+                .collect(),
+            _ => Vec::new(),
+        }
+    }))
+    .await;
+    let mut owner: HashMap<SocketAddr, usize> = HashMap::new();
+    for (i, addrs) in resolved.into_iter().enumerate() {
+        for addr in addrs {
+            match owner.get(&addr) {
+                Some(&j) if j != i => return Err(twice_listed(&nodes[j], &nodes[i], Some(addr))),
+                _ => {
+                    owner.insert(addr, i);
+                }
+            }
+        }
+    }
+    Ok(())
+}
 
 impl Inner {
     /// One RedLock round, in two parallel round trips:
