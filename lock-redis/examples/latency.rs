@@ -60,7 +60,7 @@ async fn client(ports: &[u16]) -> Arc<lock_redis::RedisLock> {
                 .collect(),
         ),
     };
-    config.lock = LockOptions::default();
+    config.options = LockOptions::default();
     Arc::new(RedisLock::connect(config).await.expect("connect"))
 }
 

@@ -9,8 +9,7 @@ use lock_core::raw::LockUrl;
 use lock_core::{Error, LockOptions, Result};
 use serde::{Deserialize, Serialize};
 
-/// The URL schemes this crate serves.
-pub const SCHEMES: &[&str] = &["redis", "rediss", "redlock"];
+use crate::SCHEMES;
 
 /// Default key prefix of lock keys.
 pub const DEFAULT_PREFIX: &str = "distlock:";
@@ -19,7 +18,7 @@ pub const DEFAULT_PREFIX: &str = "distlock:";
 pub const DEFAULT_PORT: u16 = 6379;
 
 /// Query keys this backend reads besides the common ones of [`LockOptions`].
-const BACKEND_KEYS: &str = "prefix, node_timeout, tls, tls_ca";
+const BACKEND_KEYS: &str = "prefix, node_timeout, tls, ca_file (or tls_ca)";
 
 /// One Redis server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -89,15 +88,18 @@ impl fmt::Display for RedisNode {
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
-    /// The servers. Exactly one unless [`RedisConfig::redlock`]. Default `127.0.0.1:6379`.
-    pub nodes: Vec<RedisNode>,
-    /// RedLock across [`RedisConfig::nodes`] (the `redlock://` scheme). Default `false`.
+    /// The servers (serde also reads `nodes`). Exactly one unless
+    /// [`RedisConfig::redlock`]. Default `127.0.0.1:6379`.
+    #[serde(alias = "nodes")]
+    pub endpoints: Vec<RedisNode>,
+    /// RedLock across [`RedisConfig::endpoints`] (the `redlock://` scheme). Default `false`.
     pub redlock: bool,
     /// TLS (`rediss://`, or \[`tls=true`\] on `redlock://`). Default `false`.
     pub tls: bool,
-    /// PEM file of the CA certificates that sign the servers' certificates \[`tls_ca`\].
-    /// Default: the system's trust store.
-    pub tls_ca: Option<PathBuf>,
+    /// PEM file of the CA certificates that sign the servers' certificates \[`ca_file`, or
+    /// `tls_ca`\] (serde also reads `tls_ca`). Default: the system's trust store.
+    #[serde(alias = "tls_ca")]
+    pub ca_file: Option<PathBuf>,
     /// ACL user name. Default: none (the `default` user).
     pub username: Option<String>,
     /// Password (`AUTH`). Default: none. Never printed.
@@ -114,24 +116,25 @@ pub struct RedisConfig {
     /// no majority answered sooner: the outcome is taken as soon as a majority granted.
     #[serde(with = "lock_core::raw::duration_text::option")]
     pub node_timeout: Option<Duration>,
-    /// Client-wide lock options (TTL, renewal, timeouts). Query keys `ttl`, `renewal`,
-    /// `max_hold`, `request_timeout`, `recheck`.
-    pub lock: LockOptions,
+    /// Client-wide lock options (TTL, renewal, timeouts) (serde also reads `lock`). Query
+    /// keys `ttl`, `renewal`, `max_hold`, `request_timeout`, `recheck`.
+    #[serde(alias = "lock")]
+    pub options: LockOptions,
 }
 
 impl Default for RedisConfig {
     fn default() -> Self {
         RedisConfig {
-            nodes: vec![RedisNode::new("127.0.0.1", DEFAULT_PORT)],
+            endpoints: vec![RedisNode::new("127.0.0.1", DEFAULT_PORT)],
             redlock: false,
             tls: false,
-            tls_ca: None,
+            ca_file: None,
             username: None,
             password: None,
             db: 0,
             prefix: DEFAULT_PREFIX.to_owned(),
             node_timeout: None,
-            lock: LockOptions::default(),
+            options: LockOptions::default(),
         }
     }
 }
@@ -139,16 +142,16 @@ impl Default for RedisConfig {
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisConfig")
-            .field("nodes", &self.nodes)
+            .field("endpoints", &self.endpoints)
             .field("redlock", &self.redlock)
             .field("tls", &self.tls)
-            .field("tls_ca", &self.tls_ca)
+            .field("ca_file", &self.ca_file)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("db", &self.db)
             .field("prefix", &self.prefix)
             .field("node_timeout", &self.node_timeout)
-            .field("lock", &self.lock)
+            .field("options", &self.options)
             .finish()
     }
 }
@@ -157,15 +160,15 @@ impl RedisConfig {
     /// A single-server configuration for `host:port`.
     pub fn single(host: impl Into<String>, port: u16) -> Self {
         RedisConfig {
-            nodes: vec![RedisNode::new(host, port)],
+            endpoints: vec![RedisNode::new(host, port)],
             ..RedisConfig::default()
         }
     }
 
-    /// A RedLock configuration over `nodes`.
-    pub fn redlock(nodes: Vec<RedisNode>) -> Self {
+    /// A RedLock configuration over `endpoints`.
+    pub fn redlock(endpoints: Vec<RedisNode>) -> Self {
         RedisConfig {
-            nodes,
+            endpoints,
             redlock: true,
             ..RedisConfig::default()
         }
@@ -201,11 +204,11 @@ impl RedisConfig {
                     "redlock:// needs a list of servers: redlock://h1:p1,h2:p2,h3:p3",
                 ));
             }
-            config.nodes = nodes;
+            config.endpoints = nodes;
         } else {
             match nodes.len() {
                 0 => {}
-                1 => config.nodes = nodes,
+                1 => config.endpoints = nodes,
                 _ => {
                     return Err(Error::config(format!(
                         "{}:// takes one server; use redlock:// for several independent servers",
@@ -228,7 +231,7 @@ impl RedisConfig {
                     ))
                 })?,
         };
-        for (key, value) in url.apply_common_options(&mut config.lock)? {
+        for (key, value) in url.apply_common_options(&mut config.options)? {
             match key.as_str() {
                 "prefix" => config.prefix = value,
                 "node_timeout" => {
@@ -236,7 +239,7 @@ impl RedisConfig {
                         Some(lock_core::raw::parse_duration("node_timeout", &value)?)
                 }
                 "tls" if config.redlock => config.tls = parse_bool("tls", &value)?,
-                "tls_ca" => config.tls_ca = Some(PathBuf::from(value)),
+                "ca_file" | "tls_ca" => config.ca_file = Some(PathBuf::from(value)),
                 _ => {
                     return Err(Error::config(format!(
                         "unknown {}:// option `{key}` (known: ttl, renewal, max_hold, \
@@ -255,22 +258,26 @@ impl RedisConfig {
     /// # Errors
     /// [`Error::InvalidConfig`] describing the first problem.
     pub fn validate(&self) -> Result<()> {
-        self.lock.validate()?;
-        if self.nodes.is_empty() {
+        self.options.validate()?;
+        if self.endpoints.is_empty() {
             return Err(Error::config(
                 "a Redis configuration needs at least one node",
             ));
         }
-        if !self.redlock && self.nodes.len() > 1 {
+        if !self.redlock && self.endpoints.len() > 1 {
             return Err(Error::config(
                 "several nodes need `redlock: true` (RedLock); one Redis client talks to one server",
             ));
         }
-        if self.nodes.iter().any(|n| n.host.is_empty() || n.port == 0) {
+        if self
+            .endpoints
+            .iter()
+            .any(|n| n.host.is_empty() || n.port == 0)
+        {
             return Err(Error::config("every node needs a host and a non-zero port"));
         }
-        for (i, node) in self.nodes.iter().enumerate() {
-            if let Some(twice) = self.nodes[..i].iter().find(|n| n.same_name(node)) {
+        for (i, node) in self.endpoints.iter().enumerate() {
+            if let Some(twice) = self.endpoints[..i].iter().find(|n| n.same_name(node)) {
                 return Err(twice_listed(twice, node, None));
             }
         }
@@ -289,9 +296,9 @@ impl RedisConfig {
                 ));
             }
         }
-        if self.tls_ca.is_some() && !self.tls {
+        if self.ca_file.is_some() && !self.tls {
             return Err(Error::config(
-                "tls_ca needs TLS (rediss://, or tls=true on redlock://)",
+                "ca_file or tls_ca needs TLS (rediss://, or tls=true on redlock://)",
             ));
         }
         Ok(())
@@ -299,14 +306,14 @@ impl RedisConfig {
 
     /// How many nodes must agree (a majority).
     pub fn quorum(&self) -> usize {
-        self.nodes.len() / 2 + 1
+        self.endpoints.len() / 2 + 1
     }
 
     /// The per-node acquire deadline for a hold of `ttl` (RedLock).
     pub(crate) fn node_timeout_for(&self, ttl: Duration) -> Duration {
         self.node_timeout
             .unwrap_or_else(|| (ttl / 10).max(Duration::from_millis(50)))
-            .min(self.lock.request_timeout)
+            .min(self.options.request_timeout)
     }
 
     /// The endpoint for messages: scheme and servers, never credentials.
@@ -316,7 +323,7 @@ impl RedisConfig {
             (false, true) => "rediss",
             (false, false) => "redis",
         };
-        let hosts: Vec<String> = self.nodes.iter().map(ToString::to_string).collect();
+        let hosts: Vec<String> = self.endpoints.iter().map(ToString::to_string).collect();
         let mut text = format!("{scheme}://{}", hosts.join(","));
         if self.db != 0 {
             text.push_str(&format!("/{}", self.db));
@@ -347,28 +354,30 @@ mod tests {
     #[test]
     fn urls_parse_into_configs() {
         let c = parse("redis://u:s3cret@10.0.0.1:7000/3?prefix=app:&ttl=5s").unwrap();
-        assert_eq!(c.nodes, vec![RedisNode::new("10.0.0.1", 7000)]);
+        assert_eq!(c.endpoints, vec![RedisNode::new("10.0.0.1", 7000)]);
         assert_eq!(
             (c.username.as_deref(), c.password.as_deref()),
             (Some("u"), Some("s3cret"))
         );
         assert_eq!((c.db, c.prefix.as_str()), (3, "app:"));
-        assert_eq!(c.lock.ttl, Duration::from_secs(5));
+        assert_eq!(c.options.ttl, Duration::from_secs(5));
         assert!(!c.tls && !c.redlock);
 
         let c = parse("rediss://h?tls_ca=/etc/ca.pem").unwrap();
         assert!(c.tls);
-        assert_eq!(c.nodes[0].port, DEFAULT_PORT);
-        assert_eq!(c.tls_ca, Some(PathBuf::from("/etc/ca.pem")));
+        assert_eq!(c.endpoints[0].port, DEFAULT_PORT);
+        assert_eq!(c.ca_file, Some(PathBuf::from("/etc/ca.pem")));
+        let c = parse("rediss://h?ca_file=/etc/ca.pem").unwrap();
+        assert_eq!(c.ca_file, Some(PathBuf::from("/etc/ca.pem")));
 
         let c = parse("redlock://a:1,b:2,c:3,d:4,e:5?node_timeout=20ms&prefix=").unwrap();
         assert!(c.redlock);
-        assert_eq!((c.nodes.len(), c.quorum()), (5, 3));
+        assert_eq!((c.endpoints.len(), c.quorum()), (5, 3));
         assert_eq!(c.node_timeout, Some(Duration::from_millis(20)));
         assert_eq!(c.prefix, "");
         assert_eq!(c.endpoint(), "redlock://a:1,b:2,c:3,d:4,e:5");
 
-        assert_eq!(parse("redis://").unwrap().nodes[0].host, "127.0.0.1");
+        assert_eq!(parse("redis://").unwrap().endpoints[0].host, "127.0.0.1");
     }
 
     #[test]
@@ -407,8 +416,12 @@ mod tests {
         assert_eq!(back, c);
         let partial: RedisConfig =
             serde_json::from_str(r#"{"nodes":[{"host":"h"}],"prefix":"p:"}"#).unwrap();
-        assert_eq!(partial.nodes[0].port, DEFAULT_PORT);
-        assert_eq!(partial.lock, LockOptions::default());
+        assert_eq!(partial.endpoints[0].port, DEFAULT_PORT);
+        assert_eq!(partial.options, LockOptions::default());
+        let renamed: RedisConfig =
+            serde_json::from_str(r#"{"endpoints":[{"host":"h"}],"ca_file":"/ca.pem"}"#).unwrap();
+        assert_eq!(renamed.endpoints, partial.endpoints);
+        assert_eq!(renamed.ca_file, Some(PathBuf::from("/ca.pem")));
     }
 
     #[test]
@@ -424,7 +437,7 @@ mod tests {
         );
         assert_eq!(
             c.node_timeout_for(Duration::from_secs(3600)),
-            c.lock.request_timeout
+            c.options.request_timeout
         );
     }
 }

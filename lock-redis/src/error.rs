@@ -1,8 +1,9 @@
-//! Mapping of the Redis client library's errors onto [`lock_core::Error`].
+//! Mapping of the Redis client library's errors onto [`lock_core::Error`], and the
+//! Redis-specific error predicates.
 
-use std::time::Duration;
+use std::fmt;
 
-use lock_core::Error;
+use lock_core::{BoxError, Error};
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// Server error codes that mean "reachable, but cannot serve now".
@@ -21,27 +22,30 @@ const UNAVAILABLE_CODES: &[&str] = &[
 /// Server error codes that mean the credentials are wrong or lack a permission.
 const AUTH_CODES: &[&str] = &["NOAUTH", "WRONGPASS", "NOPERM"];
 
-/// What went wrong when `what` was asked of `node` (a `host:port`, never credentials).
-pub(crate) fn map(backend: &'static str, what: &str, node: &str, err: RedisError) -> Error {
-    let message = format!("{what} on {node}: {err}");
+/// What went wrong when `what` (naming the server as `host:port`, never credentials) was
+/// asked on `backend` (`redis` or `redlock`).
+pub(crate) fn from_client(
+    backend: &'static str,
+    what: impl fmt::Display,
+    err: RedisError,
+) -> Error {
+    let message = format!("{what}: {err}");
     let code = err.code().unwrap_or_default().to_owned();
-    let source = Some(Box::new(err.clone()) as lock_core::BoxError);
+    let source = Some(Box::new(err.clone()) as BoxError);
     match err.kind() {
         ErrorKind::AuthenticationFailed | ErrorKind::Server(ServerErrorKind::NoPerm) => {
             Error::InvalidConfig {
-                message: format!("{what} on {node}: authentication or permission failed: {err}"),
+                message: format!("{what}: authentication or permission failed: {err}"),
                 source,
             }
         }
         _ if AUTH_CODES.contains(&code.as_str()) => Error::InvalidConfig {
-            message: format!("{what} on {node}: authentication or permission failed: {err}"),
+            message: format!("{what}: authentication or permission failed: {err}"),
             source,
         },
         ErrorKind::InvalidClientConfig => Error::InvalidConfig { message, source },
         ErrorKind::Io if refused_certificate(&err) => Error::InvalidConfig {
-            message: format!(
-                "{what} on {node}: the server's TLS certificate is not trusted: {err}"
-            ),
+            message: format!("{what}: the server's TLS certificate is not trusted: {err}"),
             source,
         },
         ErrorKind::Server(
@@ -73,21 +77,26 @@ pub(crate) fn map(backend: &'static str, what: &str, node: &str, err: RedisError
     }
 }
 
-/// `what` got no answer from `node` within `limit`.
-pub(crate) fn deadline(backend: &'static str, what: &str, node: &str, limit: Duration) -> Error {
-    Error::Connection {
-        backend,
-        message: format!("{what} on {node} got no answer within {limit:?}"),
-        source: None,
-    }
-}
-
 /// A reply of an unexpected shape.
 pub(crate) fn protocol(backend: &'static str, message: String) -> Error {
     Error::Protocol {
         backend,
         message,
         source: None,
+    }
+}
+
+/// Fewer servers than a majority answered (`message` says what and how many); the first
+/// error seen is the source.
+pub(crate) fn no_majority(
+    backend: &'static str,
+    message: String,
+    first_error: Option<Error>,
+) -> Error {
+    Error::Unavailable {
+        backend,
+        message,
+        source: first_error.map(|e| Box::new(e) as BoxError),
     }
 }
 
@@ -118,22 +127,26 @@ mod tests {
     #[test]
     fn errors_are_classified() {
         let io = RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionRefused));
-        assert_eq!(map("redis", "acquire", "h:1", io).kind(), Kind::Connection);
+        assert_eq!(
+            from_client("redis", "acquire on h:1", io).kind(),
+            Kind::Connection
+        );
         let loading =
             RedisError::from((ErrorKind::Server(ServerErrorKind::BusyLoading), "loading"));
         assert_eq!(
-            map("redis", "acquire", "h:1", loading).kind(),
+            from_client("redis", "acquire on h:1", loading).kind(),
             Kind::Unavailable
         );
         let auth = RedisError::from((ErrorKind::AuthenticationFailed, "bad"));
-        let mapped = map("redis", "connect", "h:1", auth);
+        let mapped = from_client("redis", "connect on h:1", auth);
         assert_eq!(mapped.kind(), Kind::InvalidConfig);
         assert!(!mapped.is_retryable());
         let parse = RedisError::from((ErrorKind::UnexpectedReturnType, "shape"));
-        assert_eq!(map("redis", "renew", "h:1", parse).kind(), Kind::Protocol);
         assert_eq!(
-            deadline("redis", "renew", "h:1", Duration::from_secs(1)).kind(),
-            Kind::Connection
+            from_client("redis", "renew on h:1", parse).kind(),
+            Kind::Protocol
         );
+        let silent = Error::no_answer("redis", "renew on h:1", std::time::Duration::from_secs(1));
+        assert_eq!(silent.kind(), Kind::Connection);
     }
 }

@@ -1,16 +1,28 @@
 #![doc = include_str!("../README.md")]
 
-mod client;
+// The same files as every backend crate: `config.rs`, `error.rs`, `backend.rs` (the
+// `Backend` and `Connect` impls), `hold.rs` (holds, renewal, release), `connection.rs`
+// (connections, wake-up subscriptions), `layout.rs` (key names); and, for Redis alone,
+// `redlock.rs` (the RedLock quorum rounds) and `scripts/` (the Lua scripts).
+
+mod backend;
 mod config;
+mod connection;
 mod error;
-mod lease;
-mod lock;
+mod hold;
+mod layout;
+mod redlock;
 
 use lock_core::raw::LeaseClient;
 
-pub use config::{RedisConfig, RedisNode, DEFAULT_PORT, DEFAULT_PREFIX, SCHEMES};
-pub use lease::RedisHold;
-pub use lock::{KeyLayout, RedisBackend};
+pub use backend::RedisBackend;
+pub use config::{RedisConfig, RedisNode, DEFAULT_PORT, DEFAULT_PREFIX};
+pub use hold::RedisHold;
+pub use layout::KeyLayout;
+
+/// The URL schemes this crate serves: `redis` (one server), `rediss` (one server over
+/// TLS) and `redlock` (RedLock over several independent servers).
+pub const SCHEMES: &[&str] = &["redis", "rediss", "redlock"];
 
 /// A lock client on Redis (single server or RedLock): [`RedisBackend`] with the shared
 /// lease machinery of `lock-core`.

@@ -28,7 +28,7 @@ async fn client_of(
     prefix: &str,
 ) -> Arc<lock_redis::RedisLock> {
     let mut config = RedisConfig::single("127.0.0.1", server.port());
-    config.lock = ttl_options(ttl);
+    config.options = ttl_options(ttl);
     config.prefix = prefix.to_owned();
     Arc::new(RedisLock::connect(config).await.expect("connect"))
 }
@@ -293,8 +293,8 @@ async fn lost_replies_are_cleaned_up_and_recovered_from() {
     };
     let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
     let mut config = RedisConfig::single("127.0.0.1", proxy.port());
-    config.lock = ttl_options(Duration::from_secs(3));
-    config.lock.request_timeout = Duration::from_millis(300);
+    config.options = ttl_options(Duration::from_secs(3));
+    config.options.request_timeout = Duration::from_millis(300);
     let client = RedisLock::connect(config).await.expect("connect");
     let other = client_of(&server, Duration::from_secs(3), DEFAULT_PREFIX).await;
     let mut conn = raw(server.addr()).await;

@@ -70,7 +70,7 @@ pub(crate) fn config_for(addrs: &[SocketAddr], redlock: bool, options: LockOptio
     } else {
         RedisConfig::single(addrs[0].ip().to_string(), addrs[0].port())
     };
-    config.lock = options;
+    config.options = options;
     config
 }
 

@@ -1,0 +1,439 @@
+//! The Redis backend: [`RedisBackend`], how it opens ([`Connect`]) and how it acquires,
+//! renews and releases ([`Backend`]) on one server or, through [`crate::redlock`], on a
+//! majority of several.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use futures::future::join_all;
+use lock_core::raw::{
+    AcquireRequest, Acquired, Backend, BackendRelease, Cleanup, CleanupOnDrop, Connect, LockUrl,
+    RenewItem, RenewOutcome,
+};
+use lock_core::{Capabilities, Error, FencingSource, FencingToken, LockOptions, Result};
+use rand::Rng;
+use redis::Script;
+use tokio::time::{sleep, Instant};
+
+use crate::config::RedisConfig;
+use crate::connection::{redis_client, Node, Subscription, Wakeups};
+use crate::error;
+use crate::hold::{ttl_millis, RedisHold};
+use crate::layout::KeyLayout;
+
+/// Shortest TTL accepted on one server.
+const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
+/// Shortest TTL accepted by RedLock (it must cover several round trips and the drift).
+const MIN_TTL_REDLOCK: Duration = Duration::from_millis(100);
+
+/// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`).
+pub(crate) struct Scripts {
+    pub(crate) acquire: Script,
+    pub(crate) release: Script,
+    pub(crate) renew: Script,
+    pub(crate) fence_write: Script,
+}
+
+impl Scripts {
+    fn new() -> Self {
+        Scripts {
+            acquire: Script::new(include_str!("scripts/acquire.lua")),
+            release: Script::new(include_str!("scripts/release.lua")),
+            renew: Script::new(include_str!("scripts/renew.lua")),
+            fence_write: Script::new(include_str!("scripts/fence_write.lua")),
+        }
+    }
+}
+
+/// State shared by the backend and its background tasks.
+pub(crate) struct Inner {
+    pub(crate) backend: &'static str,
+    pub(crate) config: RedisConfig,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) quorum: usize,
+    pub(crate) keys: KeyLayout,
+    pub(crate) scripts: Scripts,
+    pub(crate) wakeups: Wakeups,
+}
+
+/// The protocol half of a Redis lock client, for one server (`redis://`, `rediss://`) or
+/// RedLock over several independent servers (`redlock://`). [`RedisLock`](crate::RedisLock)
+/// wraps it in [`LeaseClient`](lock_core::raw::LeaseClient); its `connect` and `from_url`
+/// open it.
+///
+/// `Debug` and `Display` name the servers, never the credentials.
+pub struct RedisBackend {
+    inner: Arc<Inner>,
+}
+
+impl fmt::Debug for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("endpoint", &self.inner.config.endpoint())
+            .field("prefix", &self.inner.config.prefix)
+            .field("quorum", &self.inner.quorum)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for RedisBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.inner.config.endpoint())
+    }
+}
+
+/// A single server must answer at open; RedLock needs a majority of its servers to answer
+/// then (the others are retried in the background of each call). Open fails with
+/// [`Error::InvalidConfig`] for a bad configuration, RedLock servers that resolve to the
+/// same address (checked before any connection is opened), an unreadable CA file or
+/// rejected credentials; [`Error::Connection`] when the server does not answer;
+/// [`Error::Unavailable`] when fewer than a majority of RedLock servers answer.
+#[async_trait]
+impl Connect for RedisBackend {
+    const SCHEMES: &'static [&'static str] = crate::SCHEMES;
+    type Config = RedisConfig;
+
+    fn config_from_url(url: &LockUrl) -> Result<RedisConfig> {
+        RedisConfig::from_url(url)
+    }
+
+    fn lock_options(config: &RedisConfig) -> &LockOptions {
+        &config.options
+    }
+
+    async fn open(config: RedisConfig) -> Result<RedisBackend> {
+        config.validate()?;
+        if config.redlock {
+            let deadline = Instant::now() + config.options.request_timeout;
+            crate::redlock::reject_aliases(&config.endpoints, deadline).await?;
+        }
+        let backend: &'static str = if config.redlock { "redlock" } else { "redis" };
+        let ca = match &config.ca_file {
+            Some(path) => {
+                Some(
+                    tokio::fs::read(path)
+                        .await
+                        .map_err(|err| Error::InvalidConfig {
+                            message: format!("cannot read the TLS CA file {}", path.display()),
+                            source: Some(Box::new(err)),
+                        })?,
+                )
+            }
+            None => None,
+        };
+        if config.tls {
+            // Several rustls providers may be compiled in; pick one explicitly (a no-op
+            // when the process already chose).
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        let mut nodes = Vec::with_capacity(config.endpoints.len());
+        for node in &config.endpoints {
+            let client = redis_client(&config, node, ca.as_deref()).map_err(|err| {
+                error::from_client(backend, format_args!("configure on {node}"), err)
+            })?;
+            nodes.push(Node::new(
+                backend,
+                node.to_string(),
+                client,
+                config.options.request_timeout,
+            ));
+        }
+        let wakeups = Wakeups::new(
+            backend,
+            nodes
+                .iter()
+                .map(|n| (n.label.clone(), n.client().clone()))
+                .collect(),
+            config.options.request_timeout,
+        );
+        let inner = Inner {
+            backend,
+            quorum: config.quorum(),
+            keys: KeyLayout::new(config.prefix.clone()),
+            scripts: Scripts::new(),
+            wakeups,
+            nodes,
+            config,
+        };
+        let deadline = Instant::now() + inner.config.options.request_timeout;
+        let pings = join_all(inner.nodes.iter().map(|n| n.ping(deadline))).await;
+        let mut answered = 0;
+        let mut first_error = None;
+        for ping in pings {
+            match ping {
+                Ok(()) => answered += 1,
+                Err(err) if err.kind() == lock_core::ErrorKind::InvalidConfig => return Err(err),
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        if answered < inner.quorum {
+            return match (inner.nodes.len(), first_error) {
+                (1, Some(err)) => Err(err),
+                (n, err) => Err(error::no_majority(
+                    backend,
+                    format!(
+                        "only {answered} of {n} servers answered; RedLock needs {}",
+                        inner.quorum
+                    ),
+                    err,
+                )),
+            };
+        }
+        Ok(RedisBackend {
+            inner: Arc::new(inner),
+        })
+    }
+}
+
+impl RedisBackend {
+    /// The key layout of this client.
+    pub fn keys(&self) -> &KeyLayout {
+        &self.inner.keys
+    }
+
+    /// The configuration of this client.
+    pub fn config(&self) -> &RedisConfig {
+        &self.inner.config
+    }
+
+    /// How many wake-up channels this client listens to right now (one per lock name
+    /// with a waiter, on one shared subscription connection per server).
+    pub fn wakeup_channels(&self) -> usize {
+        self.inner.wakeups.active_channels()
+    }
+
+    fn hold(&self, request: &AcquireRequest<'_>) -> RedisHold {
+        let keys = &self.inner.keys;
+        RedisHold {
+            name: request.name.clone(),
+            key: keys.lock_key(request.name),
+            fence_key: keys.fence_key(request.name),
+            channel: keys.wakeup_channel(request.name),
+            token: request.token.clone(),
+        }
+    }
+}
+
+/// The outcome of one acquire attempt.
+pub(crate) enum Attempt {
+    Won(Acquired<RedisHold>),
+    /// Held by someone else: try again after at most this long.
+    Held(Duration),
+}
+
+/// What an acquire may have left on the servers if its future is dropped (or fails)
+/// while a request is in flight, or a failed RedLock round could not undo: released by
+/// [`CleanupOnDrop`] in a background task.
+pub(crate) struct Abandoned {
+    inner: Arc<Inner>,
+    /// Holds (one per owner token) that may exist on some server.
+    dirty: Vec<RedisHold>,
+}
+
+impl Abandoned {
+    /// `hold` may exist on some server from now on.
+    pub(crate) fn arm(&mut self, hold: &RedisHold) {
+        if !self.dirty.iter().any(|h| h.token == hold.token) {
+            self.dirty.push(hold.clone());
+        }
+    }
+
+    /// `hold` is granted or known to be gone everywhere.
+    pub(crate) fn disarm(&mut self, hold: &RedisHold) {
+        self.dirty.retain(|h| h.token != hold.token);
+    }
+}
+
+impl Cleanup for Abandoned {
+    async fn cleanup(self) {
+        for hold in self.dirty {
+            let deadline = self.inner.request_deadline();
+            if let Err(err) = self.inner.release_all(&hold, deadline).await {
+                tracing::debug!(backend = self.inner.backend, lock = %hold.name, error = %err,
+                    "cleanup of an abandoned acquire failed; the TTL ends it");
+            }
+        }
+    }
+
+    fn is_needed(&self) -> bool {
+        !self.dirty.is_empty()
+    }
+}
+
+impl Inner {
+    fn capabilities(&self) -> Capabilities {
+        let base = Capabilities::new(self.backend)
+            .fair(false)
+            .push_wakeup(true)
+            .durable(false);
+        if self.config.redlock {
+            base.min_ttl(MIN_TTL_REDLOCK)
+                .fencing(FencingSource::QuorumCounter)
+        } else {
+            base.min_ttl(MIN_TTL_SINGLE).fencing(FencingSource::Counter)
+        }
+    }
+
+    pub(crate) fn request_deadline(&self) -> Instant {
+        Instant::now() + self.config.options.request_timeout
+    }
+
+    /// The acquire script for `hold`: with `count` it takes the next fencing token on a
+    /// grant, `max(counter + 1, server clock in µs)`, and stores it (single server);
+    /// without, it only reads `max(counter, server clock in µs)` (RedLock, which writes
+    /// the token back through a majority).
+    pub(crate) fn acquire_invocation(
+        &self,
+        hold: &RedisHold,
+        ttl_ms: u64,
+        count: bool,
+    ) -> redis::ScriptInvocation<'_> {
+        let mut invocation = self.scripts.acquire.prepare_invoke();
+        invocation
+            .key(&hold.key)
+            .key(&hold.fence_key)
+            .arg(hold.token.as_str())
+            .arg(ttl_ms)
+            .arg(u8::from(count));
+        invocation
+    }
+
+    /// One attempt on a single server.
+    async fn attempt_single(
+        &self,
+        hold: &RedisHold,
+        ttl: Duration,
+        pending: &mut CleanupOnDrop<Abandoned>,
+    ) -> Result<Attempt> {
+        let ttl_ms = ttl_millis(ttl);
+        let invocation = self.acquire_invocation(hold, ttl_ms, true);
+        let requested_at = Instant::now();
+        pending.state_mut().arm(hold);
+        let (won, value): (i64, i64) = self.nodes[0]
+            .script("acquire", self.request_deadline(), &invocation)
+            .await?;
+        if won == 1 {
+            let fence = u64::try_from(value).map_err(|_| {
+                error::protocol(self.backend, format!("negative fencing token {value}"))
+            })?;
+            return Ok(Attempt::Won(Acquired {
+                hold: hold.clone(),
+                fencing_token: FencingToken(fence),
+                requested_at,
+                lease: Duration::from_millis(ttl_ms),
+                session: 0,
+            }));
+        }
+        pending.state_mut().disarm(hold);
+        Ok(Attempt::Held(pttl_wait(value)))
+    }
+}
+
+/// How long to wait before retrying a lock whose holder's key expires in `pttl` ms.
+pub(crate) fn pttl_wait(pttl: i64) -> Duration {
+    match u64::try_from(pttl) {
+        // Wait until just past the expiry.
+        Ok(ms) => Duration::from_millis(ms.saturating_add(1)),
+        // -1: a key without expiry (written by someone else); -2: gone already.
+        Err(_) if pttl == -1 => Duration::MAX,
+        Err(_) => Duration::ZERO,
+    }
+}
+
+#[async_trait]
+impl Backend for RedisBackend {
+    type Hold = RedisHold;
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    /// # Cancellation
+    /// When this future is dropped while an acquire request is in flight (or after a
+    /// RedLock round took some servers), a background task releases whatever it may
+    /// have taken (compare-and-delete on the owner token, so nothing else is touched);
+    /// the subscription to the wake-up channel is left at once.
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<RedisHold>>> {
+        let inner = &self.inner;
+        let first = self.hold(&request);
+        let mut pending = CleanupOnDrop::new(Abandoned {
+            inner: Arc::clone(inner),
+            dirty: Vec::new(),
+        });
+        let recheck = inner.config.options.recheck;
+        let mut subscription: Option<Subscription> = None;
+        let mut round = 0u64;
+        loop {
+            if let Some(subscription) = subscription.as_mut() {
+                subscription.mark();
+            }
+            let attempt = if inner.config.redlock {
+                // Each RedLock round has its own owner token, so that a late undo of an
+                // earlier round can never remove what a later round took.
+                let hold = first.for_round(round);
+                inner
+                    .attempt_redlock(&hold, request.ttl, request.wait, &mut pending)
+                    .await?
+            } else {
+                inner
+                    .attempt_single(&first, request.ttl, &mut pending)
+                    .await?
+            };
+            round += 1;
+            let retry_in = match attempt {
+                Attempt::Won(acquired) => {
+                    pending.state_mut().disarm(&acquired.hold);
+                    return Ok(Some(acquired));
+                }
+                Attempt::Held(_) if !request.wait => return Ok(None),
+                Attempt::Held(retry_in) => retry_in,
+            };
+            let mut nap = retry_in.min(recheck).max(Duration::from_millis(1));
+            if inner.config.redlock {
+                // Contenders that split the servers between them must not retry in step.
+                let spread =
+                    (request.ttl / 50).clamp(Duration::from_millis(2), Duration::from_millis(25));
+                nap += rand::rng().random_range(Duration::ZERO..spread);
+            }
+            match subscription.as_mut() {
+                Some(subscription) => {
+                    tokio::select! {
+                        () = subscription.rung() => {}
+                        () = sleep(nap) => {}
+                    }
+                }
+                // Subscribing rings the bell once confirmed, so the next attempt comes
+                // after the subscription is live and no release is missed in between.
+                None => subscription = Some(inner.wakeups.join(&first.channel)),
+            }
+        }
+    }
+
+    async fn renew(&self, items: &[RenewItem<'_, RedisHold>]) -> Result<Vec<RenewOutcome>> {
+        self.inner.renew(items).await
+    }
+
+    async fn release(&self, hold: &RedisHold) -> Result<BackendRelease> {
+        self.inner
+            .release_all(hold, self.inner.request_deadline())
+            .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn waits_follow_the_holders_expiry() {
+        assert_eq!(pttl_wait(250), Duration::from_millis(251));
+        assert_eq!(pttl_wait(-1), Duration::MAX);
+        assert_eq!(pttl_wait(-2), Duration::ZERO);
+        assert_eq!(ttl_millis(Duration::from_micros(1500)), 1);
+        assert_eq!(ttl_millis(Duration::from_nanos(1)), 1);
+    }
+}

@@ -1,0 +1,264 @@
+//! Connections to the servers: one multiplexed connection per server, with a deadline on
+//! every call and reconnection with backoff; the client's wake-up subscriptions are in
+//! [`wakeups`].
+
+mod wakeups;
+
+use std::fmt;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use lock_core::raw::{lock_unpoisoned, Backoff};
+use lock_core::{Error, Result};
+use redis::aio::MultiplexedConnection;
+use redis::{
+    AsyncConnectionConfig, ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisConnectionInfo,
+    ScriptInvocation, TlsCertificates,
+};
+use tokio::time::{timeout_at, Instant};
+
+use crate::config::{RedisConfig, RedisNode};
+use crate::error;
+
+pub(crate) use wakeups::{Subscription, Wakeups};
+
+/// First pause before reconnecting after a failure; doubles up to [`MAX_BACKOFF`].
+const MIN_BACKOFF: Duration = Duration::from_millis(10);
+/// Longest pause between reconnection attempts.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The pauses between reconnection attempts (to a server, or of a subscription).
+fn reconnect_backoff() -> Backoff {
+    Backoff::new(MIN_BACKOFF, MAX_BACKOFF)
+}
+
+/// The client library's client for `node` as `config` says (TLS, credentials, database),
+/// trusting the CA certificates in `ca` (PEM) when given. Opens no connection.
+pub(crate) fn redis_client(
+    config: &RedisConfig,
+    node: &RedisNode,
+    ca: Option<&[u8]>,
+) -> redis::RedisResult<redis::Client> {
+    let addr = if config.tls {
+        ConnectionAddr::TcpTls {
+            host: node.host.clone(),
+            port: node.port,
+            insecure: false,
+            tls_params: None,
+        }
+    } else {
+        ConnectionAddr::Tcp(node.host.clone(), node.port)
+    };
+    let mut settings = RedisConnectionInfo::default().set_db(config.db);
+    if let Some(user) = &config.username {
+        settings = settings.set_username(user);
+    }
+    if let Some(password) = &config.password {
+        settings = settings.set_password(password);
+    }
+    let info = addr.into_connection_info()?.set_redis_settings(settings);
+    match ca {
+        Some(pem) => redis::Client::build_with_tls(
+            info,
+            TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.to_vec()),
+            },
+        ),
+        None => redis::Client::open(info),
+    }
+}
+
+/// The current connection of a node and its reconnection state.
+#[derive(Default)]
+struct Slot {
+    conn: Option<(u64, MultiplexedConnection)>,
+    generation: u64,
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+/// One Redis server: a lazily (re)connected multiplexed connection.
+pub(crate) struct Node {
+    backend: &'static str,
+    /// `host:port`, for messages (never credentials).
+    pub(crate) label: String,
+    client: redis::Client,
+    connect_timeout: Duration,
+    backoff: Backoff,
+    slot: Mutex<Slot>,
+    /// Serializes connection attempts.
+    connecting: tokio::sync::Mutex<()>,
+}
+
+impl fmt::Debug for Node {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Node").field("label", &self.label).finish()
+    }
+}
+
+impl Node {
+    pub(crate) fn new(
+        backend: &'static str,
+        label: String,
+        client: redis::Client,
+        connect_timeout: Duration,
+    ) -> Self {
+        Node {
+            backend,
+            label,
+            client,
+            connect_timeout,
+            backoff: reconnect_backoff(),
+            slot: Mutex::new(Slot::default()),
+            connecting: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    pub(crate) fn client(&self) -> &redis::Client {
+        &self.client
+    }
+
+    /// The current connection, connecting first if there is none (unless a recent failure
+    /// asks to wait: then the call fails at once rather than hammering a dead server).
+    async fn connection(&self, deadline: Instant) -> Result<(u64, MultiplexedConnection)> {
+        if let Some(conn) = lock_unpoisoned(&self.slot).conn.clone() {
+            return Ok(conn);
+        }
+        let _serial = timeout_at(deadline, self.connecting.lock())
+            .await
+            .map_err(|_| self.deadline_error("connect", deadline))?;
+        {
+            let slot = lock_unpoisoned(&self.slot);
+            if let Some(conn) = slot.conn.clone() {
+                return Ok(conn);
+            }
+            if let Some(at) = slot.retry_at.filter(|at| *at > Instant::now()) {
+                return Err(Error::Connection {
+                    backend: self.backend,
+                    message: format!(
+                        "{} is unreachable ({} failed connection attempts); next attempt in {:?}",
+                        self.label,
+                        slot.failures,
+                        at - Instant::now()
+                    ),
+                    source: None,
+                });
+            }
+        }
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None);
+        let attempt = self
+            .client
+            .get_multiplexed_async_connection_with_config(&config);
+        let outcome = timeout_at(deadline, attempt).await;
+        let mut slot = lock_unpoisoned(&self.slot);
+        match outcome {
+            Ok(Ok(conn)) => {
+                slot.generation += 1;
+                slot.failures = 0;
+                slot.retry_at = None;
+                let entry = (slot.generation, conn);
+                slot.conn = Some(entry.clone());
+                Ok(entry)
+            }
+            Ok(Err(err)) => {
+                slot.failures += 1;
+                slot.retry_at = Some(Instant::now() + self.backoff.after(slot.failures));
+                Err(self.failed("connect", err))
+            }
+            Err(_) => {
+                slot.failures += 1;
+                slot.retry_at = Some(Instant::now() + self.backoff.after(slot.failures));
+                Err(self.deadline_error("connect", deadline))
+            }
+        }
+    }
+
+    /// Forgets connection `generation` so that the next call reconnects.
+    fn invalidate(&self, generation: u64) {
+        let mut slot = lock_unpoisoned(&self.slot);
+        if slot.conn.as_ref().is_some_and(|(g, _)| *g == generation) {
+            slot.conn = None;
+        }
+    }
+
+    /// `what` on this server failed with `err`.
+    fn failed(&self, what: &str, err: redis::RedisError) -> Error {
+        error::from_client(self.backend, format_args!("{what} on {}", self.label), err)
+    }
+
+    /// `what` on this server got no answer within `limit`.
+    fn no_answer(&self, what: &str, limit: Duration) -> Error {
+        Error::no_answer(
+            self.backend,
+            format_args!("{what} on {}", self.label),
+            limit,
+        )
+    }
+
+    fn deadline_error(&self, what: &str, deadline: Instant) -> Error {
+        let limit = deadline.saturating_duration_since(Instant::now());
+        self.no_answer(what, limit.max(Duration::from_millis(1)))
+    }
+
+    /// Runs a script (EVALSHA, loading it on `NOSCRIPT`) with a deadline.
+    ///
+    /// A connection that turns out broken (the server restarted, the network reset it)
+    /// is replaced and the script is sent once more on the new one, within the same
+    /// deadline. Every script of this crate may safely run twice: acquire recognizes
+    /// its own token, renew and release compare it.
+    pub(crate) async fn script<T: FromRedisValue>(
+        &self,
+        what: &str,
+        deadline: Instant,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T> {
+        let started = Instant::now();
+        let mut retried = false;
+        loop {
+            let (generation, mut conn) = self.connection(deadline).await?;
+            match timeout_at(deadline, invocation.invoke_async::<T>(&mut conn)).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(err)) => {
+                    if error::breaks_connection(&err) {
+                        self.invalidate(generation);
+                        if !retried && err.is_connection_dropped() {
+                            retried = true;
+                            continue;
+                        }
+                    }
+                    return Err(self.failed(what, err));
+                }
+                Err(_) => {
+                    // A reply may still arrive, or be lost for good: a fresh connection
+                    // keeps later replies from being paired with the wrong request.
+                    self.invalidate(generation);
+                    return Err(self.no_answer(what, deadline.saturating_duration_since(started)));
+                }
+            }
+        }
+    }
+
+    /// Connects now (if not connected) to check that the server answers.
+    pub(crate) async fn ping(&self, deadline: Instant) -> Result<()> {
+        let (generation, mut conn) = self.connection(deadline).await?;
+        let reply = timeout_at(
+            deadline,
+            redis::cmd("PING").query_async::<String>(&mut conn),
+        )
+        .await;
+        match reply {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(err)) => {
+                self.invalidate(generation);
+                Err(self.failed("PING", err))
+            }
+            Err(_) => {
+                self.invalidate(generation);
+                Err(self.deadline_error("PING", deadline))
+            }
+        }
+    }
+}

@@ -1,0 +1,239 @@
+//! Holds and the server-side hold protocol: batched renewal (one script call per server
+//! renews every hold of the client, compare-and-PEXPIRE per key), release
+//! (compare-and-DEL plus a wake-up publish) and how a majority of answers decides each.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use lock_core::raw::{BackendRelease, RenewItem, RenewOutcome};
+use lock_core::{LockName, LostReason, OwnerToken, Result};
+use tokio::time::Instant;
+
+use crate::backend::Inner;
+use crate::error;
+
+/// Keys per renewal script call; bigger batches are split into several calls sent
+/// together on the same connection.
+const RENEW_CHUNK: usize = 1000;
+
+/// One hold on Redis: the lock key and the owner token stored in it.
+#[derive(Debug, Clone)]
+pub struct RedisHold {
+    pub(crate) name: LockName,
+    pub(crate) key: String,
+    pub(crate) fence_key: String,
+    pub(crate) channel: String,
+    pub(crate) token: OwnerToken,
+}
+
+impl RedisHold {
+    /// The lock name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The owner token stored in the lock key. On RedLock, an acquisition that needed
+    /// several rounds stores its token with a `~<round>` suffix.
+    pub fn token(&self) -> &OwnerToken {
+        &self.token
+    }
+
+    /// The hold a RedLock round would take: round 0 uses the acquisition's token.
+    pub(crate) fn for_round(&self, round: u64) -> RedisHold {
+        if round == 0 {
+            return self.clone();
+        }
+        RedisHold {
+            token: OwnerToken::from_string(format!("{}~{round}", self.token)),
+            ..self.clone()
+        }
+    }
+}
+
+/// TTL in whole milliseconds (at least 1), as Redis takes it.
+pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
+    u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Inner {
+    /// Renews `items` on every server: one script call per server (per [`RENEW_CHUNK`] keys).
+    /// Each hold gets its own outcome: renewed when a majority of servers (the one server, on
+    /// `redis://`) renewed it, lost when a majority can no longer confirm it, and undecided
+    /// when the servers that did not answer could still tip it either way.
+    ///
+    /// # Errors
+    /// When fewer than a majority of servers answered: then no hold can be decided.
+    pub(crate) async fn renew(
+        &self,
+        items: &[RenewItem<'_, RedisHold>],
+    ) -> Result<Vec<RenewOutcome>> {
+        if items.is_empty() {
+            return Ok(Vec::new());
+        }
+        let n = self.nodes.len();
+        let shortest = items.iter().map(|i| i.ttl).min().unwrap_or_default();
+        let limit = if self.config.redlock {
+            // A slow server must not hold up the others' verdict past a third of the lease,
+            // nor past the caller's bound on the whole renewal (`request_timeout`, counted from
+            // a little earlier): the replies that did come must still be counted.
+            let request_timeout = self.config.options.request_timeout;
+            self.config
+                .node_timeout_for(shortest)
+                .min(shortest / 3)
+                .min(request_timeout - request_timeout / 5)
+        } else {
+            self.config.options.request_timeout
+        };
+        let deadline = Instant::now() + limit;
+        let per_node = join_all(self.nodes.iter().map(|node| async move {
+            let calls = items.chunks(RENEW_CHUNK).map(|chunk| {
+                let mut invocation = self.scripts.renew.prepare_invoke();
+                for item in chunk {
+                    invocation
+                        .key(&item.hold.key)
+                        .arg(item.hold.token.as_str())
+                        .arg(ttl_millis(item.ttl));
+                }
+                async move {
+                    node.script::<Vec<i64>>("renew", deadline, &invocation)
+                        .await
+                }
+            });
+            let mut statuses = Vec::with_capacity(items.len());
+            for chunk in join_all(calls).await {
+                statuses.extend(chunk?);
+            }
+            if statuses.len() != items.len() {
+                return Err(error::protocol(
+                    self.backend,
+                    format!(
+                        "renewal of {} locks on {} returned {} statuses",
+                        items.len(),
+                        node.label,
+                        statuses.len()
+                    ),
+                ));
+            }
+            Ok(statuses)
+        }))
+        .await;
+        let mut answers = Vec::with_capacity(n);
+        let mut first_error = None;
+        for result in per_node {
+            match result {
+                Ok(statuses) => answers.push(statuses),
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        if answers.len() < self.quorum {
+            return Err(match (n, first_error) {
+                (1, Some(err)) => err,
+                (_, first_error) => error::no_majority(
+                    self.backend,
+                    format!(
+                        "only {} of {n} servers answered the renewal; RedLock needs {}",
+                        answers.len(),
+                        self.quorum
+                    ),
+                    first_error,
+                ),
+            });
+        }
+        let silent = n - answers.len();
+        let mut outcomes = Vec::with_capacity(items.len());
+        for (i, item) in items.iter().enumerate() {
+            let renewed = answers.iter().filter(|a| a[i] == 1).count();
+            let taken = answers.iter().filter(|a| a[i] < 0).count();
+            if renewed >= self.quorum {
+                outcomes.push(RenewOutcome::Renewed {
+                    lease: Duration::from_millis(ttl_millis(item.ttl)),
+                });
+            } else if renewed + silent >= self.quorum {
+                // The servers that did not answer may still hold it: this hold alone is
+                // undecided (Suspect, retried soon).
+                outcomes.push(RenewOutcome::Undecided);
+            } else if taken > 0 {
+                outcomes.push(RenewOutcome::Lost(LostReason::Taken));
+            } else {
+                outcomes.push(RenewOutcome::Lost(LostReason::Vanished));
+            }
+        }
+        Ok(outcomes)
+    }
+
+    /// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held
+    /// by another owner.
+    pub(crate) async fn release_each(
+        &self,
+        hold: &RedisHold,
+        deadline: Instant,
+    ) -> Vec<Result<i64>> {
+        let mut invocation = self.scripts.release.prepare_invoke();
+        invocation
+            .key(&hold.key)
+            .arg(hold.token.as_str())
+            .arg(&hold.channel);
+        join_all(
+            self.nodes
+                .iter()
+                .map(|node| node.script::<i64>("release", deadline, &invocation)),
+        )
+        .await
+    }
+
+    /// Releases `hold` on every server (compare-and-delete, then a wake-up publish).
+    pub(crate) async fn release_all(
+        &self,
+        hold: &RedisHold,
+        deadline: Instant,
+    ) -> Result<BackendRelease> {
+        let mut released = 0;
+        let mut taken = 0;
+        let mut answered = 0;
+        let mut first_error = None;
+        for reply in self.release_each(hold, deadline).await {
+            match reply {
+                Ok(status) => {
+                    answered += 1;
+                    match status {
+                        1 => released += 1,
+                        0 => {}
+                        _ => taken += 1,
+                    }
+                }
+                Err(err) => {
+                    first_error.get_or_insert(err);
+                }
+            }
+        }
+        let reason = if taken > 0 {
+            LostReason::Taken
+        } else {
+            LostReason::Vanished
+        };
+        if released >= self.quorum {
+            Ok(BackendRelease::Released)
+        } else if answered >= self.quorum {
+            Ok(BackendRelease::NotOwner(reason))
+        } else if self.nodes.len() == 1 {
+            Err(first_error.unwrap_or_else(|| error::protocol(self.backend, "no reply".into())))
+        } else {
+            Err(error::no_majority(
+                self.backend,
+                format!(
+                    "only {answered} of {} servers answered the release of `{}`",
+                    self.nodes.len(),
+                    hold.name
+                ),
+                first_error,
+            ))
+        }
+    }
+}
