@@ -7,6 +7,8 @@ use lock_core::raw::LockUrl;
 use lock_core::{Error, LockOptions, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::layout::forbidden_in_path;
+
 /// The default client port of ZooKeeper.
 pub const DEFAULT_PORT: u16 = 2181;
 /// The default base path under which lock directories live.
@@ -237,13 +239,6 @@ fn check_path(field: &str, path: &str) -> Result<()> {
         return bad("is reserved by ZooKeeper");
     }
     Ok(())
-}
-
-/// Characters ZooKeeper rejects in a path (besides `/` as a separator).
-pub(crate) fn forbidden_in_path(c: char) -> bool {
-    c.is_control()
-        || ('\u{E000}'..='\u{F8FF}').contains(&c)
-        || ('\u{FFF0}'..='\u{FFFF}').contains(&c)
 }
 
 #[cfg(test)]

@@ -1,6 +1,5 @@
-//! Mapping ZooKeeper client errors into the one public [`lock_core::Error`].
-
-use std::time::Duration;
+//! Mapping ZooKeeper client errors into the one public [`lock_core::Error`], and the
+//! predicates that classify them.
 
 use lock_core::Error;
 use zookeeper_client as zk;
@@ -9,7 +8,7 @@ use zookeeper_client as zk;
 pub(crate) const BACKEND: &str = "zookeeper";
 
 /// Converts a client error of operation `what` into the public error.
-pub(crate) fn from_zk(err: zk::Error, what: &str) -> Error {
+pub(crate) fn from_client(what: &str, err: zk::Error) -> Error {
     let message = format!("{what}: {err}");
     match err {
         zk::Error::ConnectionLoss
@@ -36,15 +35,6 @@ pub(crate) fn from_zk(err: zk::Error, what: &str) -> Error {
             message,
             source: Some(Box::new(err)),
         },
-    }
-}
-
-/// The error of a call that got no answer within `limit`.
-pub(crate) fn deadline(what: &str, limit: Duration) -> Error {
-    Error::Connection {
-        backend: BACKEND,
-        message: format!("{what} got no answer within {limit:?}"),
-        source: None,
     }
 }
 

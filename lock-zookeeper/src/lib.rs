@@ -1,11 +1,20 @@
 #![doc = include_str!("../README.md")]
 
-mod client;
+mod backend;
 mod config;
+mod connection;
 mod error;
-mod lease;
-mod lock;
+mod hold;
+mod layout;
+mod queue;
 
+pub use backend::ZkBackend;
 pub use config::{ZkAcl, ZkConfig, DEFAULT_BASE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT};
-pub use lease::ZkHold;
-pub use lock::{escape_segment, lock_dir, queue_order, ZkBackend, ZkLock, SCHEMES};
+pub use hold::ZkHold;
+pub use layout::{escape_segment, lock_dir, queue_order};
+
+/// The URL schemes of this backend.
+pub const SCHEMES: &[&str] = &["zk"];
+
+/// A lock client on ZooKeeper.
+pub type ZkLock = lock_core::raw::LeaseClient<ZkBackend>;

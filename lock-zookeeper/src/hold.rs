@@ -1,4 +1,5 @@
-//! Holds and their lease on ZooKeeper.
+//! Holds and their lease on ZooKeeper: the hold type, renewal and release requests, and
+//! the lease a hold gets.
 //!
 //! A hold is an ephemeral node: it lives as long as the session, which the client library
 //! keeps alive with pings. Renewal of all holds of a client is a barrier the leader
@@ -19,12 +20,12 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{RenewItem, RenewOutcome};
-use lock_core::{LostReason, Result};
+use lock_core::raw::{BackendRelease, RenewItem, RenewOutcome};
+use lock_core::{Error, LostReason, Result};
 use zookeeper_client as zk;
 
-use crate::client::{Live, Session};
-use crate::error::from_zk;
+use crate::connection::{Live, Session};
+use crate::error::{from_client, is_session_gone, BACKEND};
 
 /// Operations per `multiRead` request.
 const RENEW_CHUNK: usize = 500;
@@ -70,13 +71,36 @@ pub(crate) async fn delete_in_epoch(session: &Session, path: &str, epoch: u64) {
         }
         match session.call("delete", live.client.delete(path, None)).await {
             Ok(Ok(())) | Ok(Err(zk::Error::NoNode)) => return,
-            Ok(Err(err)) if crate::error::is_session_gone(&err) => return,
+            Ok(Err(err)) if is_session_gone(&err) => return,
             Ok(Err(err)) => tracing::debug!(%path, error = %err, "delete failed; retrying"),
             Err(err) => tracing::debug!(%path, error = %err, "delete failed; retrying"),
         }
         session
             .wait_usable(epoch, session.config().options.request_timeout)
             .await;
+    }
+}
+
+/// Releases `hold`: deletes its node if it still belongs to the live session.
+pub(crate) async fn release(session: &Session, hold: &ZkHold) -> Result<BackendRelease> {
+    let live = match session.live() {
+        Ok(live) => live,
+        Err(_) if hold.epoch <= session.epoch() => {
+            // The hold's session is gone, and its ephemeral node with it.
+            return Ok(BackendRelease::NotOwner(LostReason::SessionExpired));
+        }
+        Err(err) => return Err(err),
+    };
+    if live.epoch != hold.epoch || live.session_id() != hold.session_id {
+        return Ok(BackendRelease::NotOwner(LostReason::SessionExpired));
+    }
+    match session
+        .call("delete lock node", live.client.delete(&hold.path, None))
+        .await?
+    {
+        Ok(()) => Ok(BackendRelease::Released),
+        Err(zk::Error::NoNode) => Ok(BackendRelease::NotOwner(LostReason::Vanished)),
+        Err(err) => Err(from_client("delete lock node", err)),
     }
 }
 
@@ -118,7 +142,7 @@ pub(crate) async fn renew(
             read_stats(session, &live, paths)
         });
         let (barrier, results) = tokio::join!(barrier, join_all(reads));
-        barrier?.map_err(|err| from_zk(err, "renew"))?;
+        barrier?.map_err(|err| from_client("renew", err))?;
         record(items, &live, &pending, results, &mut outcomes)?;
     }
     Ok(outcomes
@@ -157,7 +181,7 @@ async fn read_stats(session: &Session, live: &Live, paths: Vec<&str>) -> Result<
     for path in &paths {
         reader
             .add_get_data(path)
-            .map_err(|err| from_zk(err, "renew"))?;
+            .map_err(|err| from_client("renew", err))?;
     }
     match session.call("renew", reader.commit()).await? {
         Ok(results) => results
@@ -167,9 +191,9 @@ async fn read_stats(session: &Session, live: &Live, paths: Vec<&str>) -> Result<
                 zk::MultiReadResult::Error {
                     err: zk::Error::NoNode,
                 } => Ok(None),
-                zk::MultiReadResult::Error { err } => Err(from_zk(err, "renew")),
-                other => Err(lock_core::Error::Protocol {
-                    backend: crate::error::BACKEND,
+                zk::MultiReadResult::Error { err } => Err(from_client("renew", err)),
+                other => Err(Error::Protocol {
+                    backend: BACKEND,
                     message: format!("unexpected multiRead result {other:?}"),
                     source: None,
                 }),
@@ -180,16 +204,16 @@ async fn read_stats(session: &Session, live: &Live, paths: Vec<&str>) -> Result<
             let reads = join_all(paths.iter().map(|path| live.client.check_stat(path)));
             let stats = tokio::time::timeout(limit, reads)
                 .await
-                .map_err(|_| crate::error::deadline("renew", limit))?;
+                .map_err(|_| Error::no_answer(BACKEND, "renew", limit))?;
             stats
                 .into_iter()
                 .map(|stat| {
                     stat.map(|s| s.map(|s| s.ephemeral_owner))
-                        .map_err(|err| from_zk(err, "renew"))
+                        .map_err(|err| from_client("renew", err))
                 })
                 .collect()
         }
-        Err(err) => Err(from_zk(err, "renew")),
+        Err(err) => Err(from_client("renew", err)),
     }
 }
 

@@ -2,17 +2,17 @@
 //! machinery, and replaces an expired session with a new one (a new epoch).
 
 use std::future::Future;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::raw::{SessionHealth, SessionStatus};
+use lock_core::raw::{lock_unpoisoned, SessionHealth, SessionStatus};
 use lock_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::timeout;
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
-use crate::error::{deadline, from_zk, is_connection_loss, is_session_gone, no_session, BACKEND};
+use crate::error::{from_client, is_connection_loss, is_session_gone, no_session, BACKEND};
 
 /// Pause between attempts to establish a replacement session.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
@@ -76,12 +76,6 @@ pub(crate) struct Session {
     status: watch::Sender<SessionStatus>,
 }
 
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 impl Session {
     /// Establishes the first session (epoch 1) and starts watching it.
     pub(crate) async fn connect(config: ZkConfig) -> Result<Arc<Session>> {
@@ -104,7 +98,7 @@ impl Session {
 
     /// The live session, or an error while none is established.
     pub(crate) fn live(&self) -> Result<Live> {
-        let current = locked(&self.current);
+        let current = lock_unpoisoned(&self.current);
         match &current.client {
             Some(client) => Ok(Live {
                 client: client.clone(),
@@ -116,7 +110,7 @@ impl Session {
 
     /// The epoch of the newest session (live or not).
     pub(crate) fn epoch(&self) -> u64 {
-        locked(&self.current).epoch
+        lock_unpoisoned(&self.current).epoch
     }
 
     /// Session health changes.
@@ -137,7 +131,7 @@ impl Session {
         let limit = self.config.options.request_timeout;
         timeout(limit, request)
             .await
-            .map_err(|_| deadline(what, limit))
+            .map_err(|_| Error::no_answer(BACKEND, what, limit))
     }
 
     /// Waits (at most `limit`) until the session epoch is newer than `epoch` or the
@@ -165,7 +159,7 @@ impl Session {
     }
 
     fn expire(&self, epoch: u64) {
-        let mut current = locked(&self.current);
+        let mut current = lock_unpoisoned(&self.current);
         if current.epoch == epoch {
             current.client = None;
         }
@@ -174,7 +168,7 @@ impl Session {
     }
 
     fn install(&self, client: zk::Client) -> u64 {
-        let mut current = locked(&self.current);
+        let mut current = lock_unpoisoned(&self.current);
         current.epoch += 1;
         current.client = Some(client);
         let epoch = current.epoch;
@@ -194,9 +188,9 @@ async fn open(config: &ZkConfig) -> Result<zk::Client> {
     let client = match timeout(config.connect_timeout, connector.connect(&target)).await {
         Ok(Ok(client)) => client,
         Ok(Err(err)) => {
-            return Err(from_zk(
-                err,
+            return Err(from_client(
                 &format!("connect to {}", config.hosts.join(",")),
+                err,
             ))
         }
         Err(_) => {

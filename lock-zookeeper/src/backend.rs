@@ -1,0 +1,156 @@
+//! The `zk://` backend: [`ZkBackend`] opens a session and runs acquisitions (the queue in
+//! [`crate::queue`]), renewals and releases (in [`crate::hold`]) on it.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::raw::{
+    AcquireRequest, Acquired, Backend, BackendRelease, CleanupOnDrop, Connect, LockUrl, RenewItem,
+    RenewOutcome, SessionStatus,
+};
+use lock_core::{Capabilities, FencingSource, LockName, LockOptions, Result};
+use tokio::sync::watch;
+
+use crate::config::ZkConfig;
+use crate::connection::Session;
+use crate::error::BACKEND;
+use crate::hold::{self, ZkHold};
+use crate::layout::{lock_dir, node_marker};
+use crate::queue::{Queue, QueuedNode, Step};
+
+/// New sessions an acquire waits through before failing.
+const RESTARTS: usize = 5;
+
+/// The protocol half of a ZooKeeper lock client. See the crate docs.
+pub struct ZkBackend {
+    session: Arc<Session>,
+}
+
+/// Opened with one session: fails with [`lock_core::Error::InvalidConfig`] for a bad
+/// configuration and [`lock_core::Error::Connection`] when no session is established within `connect_timeout`.
+#[async_trait]
+impl Connect for ZkBackend {
+    const SCHEMES: &'static [&'static str] = crate::SCHEMES;
+    type Config = ZkConfig;
+
+    fn config_from_url(url: &LockUrl) -> Result<ZkConfig> {
+        ZkConfig::from_url(url)
+    }
+
+    fn lock_options(config: &ZkConfig) -> &LockOptions {
+        &config.options
+    }
+
+    async fn open(config: ZkConfig) -> Result<ZkBackend> {
+        config.validate()?;
+        let session = Session::connect(config).await?;
+        Ok(ZkBackend { session })
+    }
+}
+
+impl ZkBackend {
+    /// The configuration.
+    pub fn config(&self) -> &ZkConfig {
+        self.session.config()
+    }
+
+    /// The directory of lock `name` (relative to the chroot, if any).
+    pub fn lock_dir(&self, name: &LockName) -> String {
+        lock_dir(&self.config().base, name)
+    }
+
+    /// The id of the live session, `None` while none is established.
+    pub fn session_id(&self) -> Option<i64> {
+        self.session.live().ok().map(|live| live.session_id())
+    }
+
+    /// The negotiated session timeout of the live session.
+    pub fn session_timeout(&self) -> Option<Duration> {
+        self.session
+            .live()
+            .ok()
+            .map(|live| live.client.session_timeout())
+    }
+
+    /// The epoch of the newest session: 1 for the first, +1 for each replacement.
+    pub fn session_epoch(&self) -> u64 {
+        self.session.epoch()
+    }
+}
+
+impl fmt::Debug for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ZkBackend")
+            .field("config", self.config())
+            .field("epoch", &self.session.epoch())
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for ZkBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.config().endpoint())
+    }
+}
+
+#[async_trait]
+impl Backend for ZkBackend {
+    type Hold = ZkHold;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(BACKEND)
+            .fair(true)
+            .per_lock_ttl(false)
+            .min_ttl(Duration::from_secs(1))
+            .durable(true)
+            .fencing(FencingSource::CreateRevision)
+    }
+
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<ZkHold>>> {
+        let dir = self.lock_dir(request.name);
+        let marker = node_marker(request.token);
+        let mut restarts = 0;
+        loop {
+            let outcome = match self.session.live() {
+                Ok(live) => {
+                    let mut pending = CleanupOnDrop::new(QueuedNode::new(
+                        &self.session,
+                        &dir,
+                        &marker,
+                        live.epoch,
+                    ));
+                    Queue::new(&self.session)
+                        .attempt(&live, &dir, &marker, &request, &mut pending)
+                        .await
+                }
+                Err(err) => Err(Step::Restart(err)),
+            };
+            match outcome {
+                Ok(acquired) => return Ok(acquired),
+                Err(Step::Restart(err)) if request.wait && restarts < RESTARTS => {
+                    tracing::debug!(lock = %request.name, error = %err, "acquire starts over on a new session");
+                    restarts += 1;
+                    let epoch = self.session.epoch();
+                    self.session
+                        .wait_usable(epoch, self.config().connect_timeout)
+                        .await;
+                }
+                Err(step) => return Err(step.into_error()),
+            }
+        }
+    }
+
+    async fn renew(&self, items: &[RenewItem<'_, ZkHold>]) -> Result<Vec<RenewOutcome>> {
+        hold::renew(&self.session, items).await
+    }
+
+    async fn release(&self, hold: &ZkHold) -> Result<BackendRelease> {
+        hold::release(&self.session, hold).await
+    }
+
+    fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
+        Some(self.session.subscribe())
+    }
+}

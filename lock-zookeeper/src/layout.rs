@@ -1,0 +1,131 @@
+//! Where locks live on the server: lock `NAME` is the directory `<prefix>/<escaped NAME>`,
+//! each acquisition a node `_c_<token>-lock-<sequence>` in it (Curator's layout).
+
+use lock_core::LockName;
+
+/// What Curator's InterProcessMutex names its nodes after the protection prefix.
+const LOCK_NODE: &str = "lock-";
+/// Curator's protection prefix.
+const PROTECTED: &str = "_c_";
+
+/// Escapes a lock name into one ZooKeeper path segment.
+///
+/// `%`, `/` and the characters ZooKeeper rejects are percent-encoded byte by byte; the
+/// segments `.` and `..` become `%2E` and `%2E%2E`. Distinct names give distinct
+/// segments, and plain names (e.g. `jobs`) are unchanged, so a Curator
+/// InterProcessMutex on `<prefix>/jobs` is the same lock as the name `jobs`.
+pub fn escape_segment(name: &str) -> String {
+    match name {
+        "." => return "%2E".to_owned(),
+        ".." => return "%2E%2E".to_owned(),
+        _ => {}
+    }
+    lock_core::raw::escape_where(name, |c| c == '/' || forbidden_in_path(c))
+}
+
+/// The directory of lock `name` under `prefix`: `<prefix>/<escaped name>`.
+pub fn lock_dir(prefix: &str, name: &LockName) -> String {
+    format!("{prefix}/{}", escape_segment(name.as_str()))
+}
+
+/// The name start of the nodes of acquisitions with owner token `token`:
+/// `_c_<token>-lock-`; ZooKeeper appends the sequence.
+pub(crate) fn node_marker(token: impl std::fmt::Display) -> String {
+    format!("{PROTECTED}{token}-{LOCK_NODE}")
+}
+
+/// The lock nodes among the `children` of a lock directory, in queue order: the names
+/// that end in `lock-` and the ten digits ZooKeeper appends to a sequential node (ours
+/// and Curator's `_c_<uuid>-lock-<seq>`), ordered by those digits as Curator orders
+/// them. Any other child is no lock node and has no place in the queue, whatever its
+/// name sorts like (Curator does not skip it, but can only be blocked by it: it grants
+/// the lock to the first child alone, which is then our first lock node too or none).
+pub fn queue_order(children: &[String]) -> Vec<&str> {
+    let mut nodes: Vec<(&str, &str)> = children
+        .iter()
+        .filter_map(|child| Some((sequence(child)?, child.as_str())))
+        .collect();
+    nodes.sort_unstable();
+    nodes.into_iter().map(|(_, child)| child).collect()
+}
+
+/// The sequence of a lock node: the ten digits after its last `lock-`.
+fn sequence(child: &str) -> Option<&str> {
+    let digits = &child[child.rfind(LOCK_NODE)? + LOCK_NODE.len()..];
+    (digits.len() == 10 && digits.bytes().all(|b| b.is_ascii_digit())).then_some(digits)
+}
+
+/// Characters ZooKeeper rejects in a path (besides `/` as a separator).
+pub(crate) fn forbidden_in_path(c: char) -> bool {
+    c.is_control()
+        || ('\u{E000}'..='\u{F8FF}').contains(&c)
+        || ('\u{FFF0}'..='\u{FFFF}').contains(&c)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_map_to_one_distinct_segment_each() {
+        let names = [
+            "jobs",
+            "jobs/daily",
+            "jobs/",
+            "jobs//daily",
+            "jobs%2Fdaily",
+            "jobs%252Fdaily",
+            ".",
+            "..",
+            "%2E",
+            "...",
+            "a\u{E000}b",
+            "a\u{FFF5}b",
+            "zookeeper",
+            "jöbs",
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for name in names {
+            let segment = escape_segment(name);
+            assert!(!segment.contains('/'), "{name} -> {segment}");
+            assert!(segment != "." && segment != "..", "{name} -> {segment}");
+            assert!(
+                !segment.chars().any(forbidden_in_path),
+                "{name} -> {segment}"
+            );
+            assert!(seen.insert(segment.clone()), "{name} collides: {segment}");
+        }
+        assert_eq!(escape_segment("jobs"), "jobs");
+        assert_eq!(escape_segment("jobs/daily"), "jobs%2Fdaily");
+        assert_eq!(escape_segment("..."), "...");
+        let name = LockName::new("a/b").unwrap();
+        assert_eq!(lock_dir("/locks", &name), "/locks/a%2Fb");
+    }
+
+    #[test]
+    fn nodes_queue_by_sequence_like_curator_and_other_children_not_at_all() {
+        let children = [
+            "_c_9e1-lock-0000000003",
+            "foo",
+            "lock-",
+            "lock-abc",
+            "x-lock-0",
+            "0000000000",
+            "_c_a22-lock-0000000001",
+            "lock-0000000000",
+            "_c_0b7-lock-0000000002",
+            "_c_0b7-lock-00000000021",
+        ]
+        .map(String::from);
+        assert_eq!(
+            queue_order(&children),
+            [
+                "lock-0000000000",
+                "_c_a22-lock-0000000001",
+                "_c_0b7-lock-0000000002",
+                "_c_9e1-lock-0000000003",
+            ]
+        );
+        assert!(queue_order(&[]).is_empty());
+    }
+}
