@@ -50,7 +50,7 @@ async fn raw_client(hosts: &str) -> zk::Client {
 
 async fn lock_client(hosts: &str) -> lock_zookeeper::ZkLock {
     let mut config = ZkConfig::new(hosts.split(','));
-    config.base = BASE.to_owned();
+    config.prefix = BASE.to_owned();
     let mut options = LockOptions::default();
     options.ttl = Duration::from_secs(10);
     config.options = options;

@@ -58,7 +58,7 @@ impl ZkBackend {
 
     /// The directory of lock `name` (relative to the chroot, if any).
     pub fn lock_dir(&self, name: &LockName) -> String {
-        lock_dir(&self.config().base, name)
+        lock_dir(&self.config().prefix, name)
     }
 
     /// The id of the live session, `None` while none is established.

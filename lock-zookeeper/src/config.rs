@@ -11,8 +11,8 @@ use crate::layout::forbidden_in_path;
 
 /// The default client port of ZooKeeper.
 pub const DEFAULT_PORT: u16 = 2181;
-/// The default base path under which lock directories live.
-pub const DEFAULT_BASE: &str = "/locks";
+/// The default path prefix under which lock directories live.
+pub const DEFAULT_PREFIX: &str = "/locks";
 /// The default bound on establishing a session: 10 s.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -31,9 +31,10 @@ pub enum ZkAcl {
 
 /// Configuration of a ZooKeeper lock client.
 ///
-/// From a URL: `zk://[user:password@]host[:port][,host[:port]…][/base/path][?options]`.
+/// From a URL: `zk://[user:password@]host[:port][,host[:port]…][/prefix/path][?options]`.
 /// Options (besides the common `ttl`, `renewal`, `max_hold`, `request_timeout`,
-/// `recheck`): `chroot=/path`, `acl=open|creator`, `connect_timeout=10s`.
+/// `recheck`): `chroot=/path`, `acl=open|creator`, `connect_timeout=10s`, and
+/// `prefix=/path` as another way to give the URL path.
 ///
 /// `Debug` never shows the password.
 #[non_exhaustive]
@@ -41,11 +42,13 @@ pub enum ZkAcl {
 #[serde(default, deny_unknown_fields)]
 pub struct ZkConfig {
     /// `host:port` of each server. Default: `127.0.0.1:2181`.
-    pub hosts: Vec<String>,
-    /// The base path: lock `NAME` lives in the directory `<base>/<escaped NAME>`.
-    /// Default [`DEFAULT_BASE`]. Given by the URL path.
-    pub base: String,
-    /// A ZooKeeper chroot: every path of this client (the base included) is relative
+    #[serde(alias = "hosts")]
+    pub endpoints: Vec<String>,
+    /// The path prefix: lock `NAME` lives in the directory `<prefix>/<escaped NAME>`.
+    /// Default [`DEFAULT_PREFIX`]. Given by the URL path (or the `prefix` option).
+    #[serde(alias = "base")]
+    pub prefix: String,
+    /// A ZooKeeper chroot: every path of this client (the prefix included) is relative
     /// to it on the server. Default: none.
     pub chroot: Option<String>,
     /// Digest user name. Default: none (no authentication).
@@ -64,8 +67,8 @@ pub struct ZkConfig {
 impl Default for ZkConfig {
     fn default() -> Self {
         ZkConfig {
-            hosts: vec![format!("127.0.0.1:{DEFAULT_PORT}")],
-            base: DEFAULT_BASE.to_owned(),
+            endpoints: vec![format!("127.0.0.1:{DEFAULT_PORT}")],
+            prefix: DEFAULT_PREFIX.to_owned(),
             chroot: None,
             username: None,
             password: None,
@@ -79,8 +82,8 @@ impl Default for ZkConfig {
 impl fmt::Debug for ZkConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ZkConfig")
-            .field("hosts", &self.hosts)
-            .field("base", &self.base)
+            .field("endpoints", &self.endpoints)
+            .field("prefix", &self.prefix)
             .field("chroot", &self.chroot)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
@@ -92,17 +95,18 @@ impl fmt::Debug for ZkConfig {
 }
 
 const KNOWN_KEYS: &str =
-    "ttl, renewal, max_hold, request_timeout, recheck, chroot, acl, connect_timeout";
+    "ttl, renewal, max_hold, request_timeout, recheck, chroot, acl, connect_timeout, prefix";
 
 impl ZkConfig {
-    /// A configuration for servers `hosts` (`host:port`), other fields at their defaults.
-    pub fn new<I, S>(hosts: I) -> Self
+    /// A configuration for servers `endpoints` (`host:port`), other fields at their
+    /// defaults.
+    pub fn new<I, S>(endpoints: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
         ZkConfig {
-            hosts: hosts.into_iter().map(Into::into).collect(),
+            endpoints: endpoints.into_iter().map(Into::into).collect(),
             ..ZkConfig::default()
         }
     }
@@ -122,16 +126,24 @@ impl ZkConfig {
             return Err(Error::config("zk:// URLs need at least one host"));
         }
         let mut config = ZkConfig {
-            hosts: url.hosts.iter().map(|h| h.address(DEFAULT_PORT)).collect(),
+            endpoints: url.hosts.iter().map(|h| h.address(DEFAULT_PORT)).collect(),
             username: url.username.clone(),
             password: url.password.clone(),
             ..ZkConfig::default()
         };
-        if !matches!(url.path.as_str(), "" | "/") {
-            config.base = url.path.clone();
+        let has_path = !matches!(url.path.as_str(), "" | "/");
+        if has_path {
+            config.prefix = url.path.clone();
         }
         for (key, value) in url.apply_common_options(&mut config.options)? {
             match key.as_str() {
+                // The name the other backends use for it.
+                "prefix" if has_path => {
+                    return Err(Error::config(
+                        "give the prefix either as the URL path or as `prefix=`, not both",
+                    ))
+                }
+                "prefix" => config.prefix = value,
                 "chroot" => config.chroot = Some(value),
                 "acl" => {
                     config.acl = match value.as_str() {
@@ -164,15 +176,17 @@ impl ZkConfig {
     /// [`Error::InvalidConfig`] naming the field.
     pub fn validate(&self) -> Result<()> {
         self.options.validate()?;
-        if self.hosts.is_empty()
+        if self.endpoints.is_empty()
             || self
-                .hosts
+                .endpoints
                 .iter()
                 .any(|h| h.is_empty() || h.contains(['/', ',']))
         {
-            return Err(Error::config("hosts must be a non-empty list of host:port"));
+            return Err(Error::config(
+                "endpoints must be a non-empty list of host:port",
+            ));
         }
-        check_path("base", &self.base)?;
+        check_path("prefix", &self.prefix)?;
         if let Some(chroot) = &self.chroot {
             check_path("chroot", chroot)?;
         }
@@ -203,20 +217,20 @@ impl ZkConfig {
 
     /// The connect string the client library takes: `h1:p1,h2:p2[/chroot]`.
     pub(crate) fn connect_string(&self) -> String {
-        let mut text = self.hosts.join(",");
+        let mut text = self.endpoints.join(",");
         if let Some(chroot) = &self.chroot {
             text.push_str(chroot);
         }
         text
     }
 
-    /// `zk://hosts[/chroot]/base` without credentials, for `Display`.
+    /// `zk://endpoints[/chroot]/prefix` without credentials, for `Display`.
     pub(crate) fn endpoint(&self) -> String {
         format!(
             "zk://{}{}{}",
-            self.hosts.join(","),
+            self.endpoints.join(","),
             self.chroot.as_deref().unwrap_or(""),
-            self.base
+            self.prefix
         )
     }
 }
@@ -251,13 +265,13 @@ mod tests {
     }
 
     #[test]
-    fn parses_hosts_base_credentials_and_options() {
+    fn parses_endpoints_prefix_credentials_and_options() {
         let config = parse(
             "zk://app:s%3Acret@10.0.0.1,10.0.0.2:2182/svc/locks?ttl=8s&chroot=/prod&acl=creator&connect_timeout=3s",
         )
         .unwrap();
-        assert_eq!(config.hosts, vec!["10.0.0.1:2181", "10.0.0.2:2182"]);
-        assert_eq!(config.base, "/svc/locks");
+        assert_eq!(config.endpoints, vec!["10.0.0.1:2181", "10.0.0.2:2182"]);
+        assert_eq!(config.prefix, "/svc/locks");
         assert_eq!(config.chroot.as_deref(), Some("/prod"));
         assert_eq!(config.username.as_deref(), Some("app"));
         assert_eq!(config.password.as_deref(), Some("s:cret"));
@@ -272,9 +286,22 @@ mod tests {
     #[test]
     fn defaults_apply_without_path() {
         let config = parse("zk://127.0.0.1:2181").unwrap();
-        assert_eq!(config.base, DEFAULT_BASE);
+        assert_eq!(config.prefix, DEFAULT_PREFIX);
         assert_eq!(config.acl, ZkAcl::Open);
         assert_eq!(config.chroot, None);
+    }
+
+    #[test]
+    fn prefix_option_and_old_field_names_are_accepted() {
+        let config = parse("zk://h?prefix=/svc/locks").unwrap();
+        assert_eq!(config.prefix, "/svc/locks");
+        let err = parse("zk://h/locks?prefix=/other").unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+        let old: ZkConfig = serde_json::from_str(r#"{"hosts": ["a:1"], "base": "/x"}"#).unwrap();
+        assert_eq!(
+            (old.endpoints, old.prefix),
+            (vec!["a:1".to_owned()], "/x".to_owned())
+        );
     }
 
     #[test]
@@ -285,9 +312,9 @@ mod tests {
             ("zk://h/locks?acl=everyone", "acl"),
             ("zk://h/locks?acl=creator", "credentials"),
             ("zk://u@h/locks", "password"),
-            ("zk://h/locks/", "base"),
-            ("zk://h/a//b", "base"),
-            ("zk://h/a/../b", "base"),
+            ("zk://h/locks/", "prefix"),
+            ("zk://h/a//b", "prefix"),
+            ("zk://h/a/../b", "prefix"),
             ("zk://h/zookeeper/x", "reserved"),
             ("zk://h/locks?chroot=relative", "chroot"),
             ("zk://h/locks?ttl=30000h", "ttl"),

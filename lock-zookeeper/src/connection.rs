@@ -189,7 +189,7 @@ async fn open(config: &ZkConfig) -> Result<zk::Client> {
         Ok(Ok(client)) => client,
         Ok(Err(err)) => {
             return Err(from_client(
-                &format!("connect to {}", config.hosts.join(",")),
+                &format!("connect to {}", config.endpoints.join(",")),
                 err,
             ))
         }
@@ -198,7 +198,7 @@ async fn open(config: &ZkConfig) -> Result<zk::Client> {
                 backend: BACKEND,
                 message: format!(
                     "no session with {} within {:?}",
-                    config.hosts.join(","),
+                    config.endpoints.join(","),
                     config.connect_timeout
                 ),
                 source: None,

@@ -9,7 +9,7 @@ mod layout;
 mod queue;
 
 pub use backend::ZkBackend;
-pub use config::{ZkAcl, ZkConfig, DEFAULT_BASE, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT};
+pub use config::{ZkAcl, ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_PREFIX};
 pub use hold::ZkHold;
 pub use layout::{escape_segment, lock_dir, queue_order};
 

@@ -340,7 +340,7 @@ impl<'a> Queue<'a> {
         }
     }
 
-    /// Creates the missing ancestors of `dir` (the base included) as container nodes,
+    /// Creates the missing ancestors of `dir` (the prefix included) as container nodes,
     /// which the server removes once they are empty again.
     async fn make_parents(&self, live: &Live, dir: &str) -> Result<(), Step> {
         let acls = self.acls();

@@ -123,7 +123,7 @@ pub fn with_ttl(ttl: Duration) -> LockOptions {
 /// A config for `hosts` under [`BASE`] with `options`.
 pub fn config(hosts: Vec<String>, options: LockOptions) -> ZkConfig {
     let mut config = ZkConfig::new(hosts);
-    config.base = BASE.to_owned();
+    config.prefix = BASE.to_owned();
     config.options = options;
     config
 }
