@@ -194,15 +194,11 @@ async fn open(config: &ZkConfig) -> Result<zk::Client> {
             ))
         }
         Err(_) => {
-            return Err(Error::Connection {
-                backend: BACKEND,
-                message: format!(
-                    "no session with {} within {:?}",
-                    config.endpoints.join(","),
-                    config.connect_timeout
-                ),
-                source: None,
-            })
+            return Err(Error::no_answer(
+                BACKEND,
+                format!("establishing a session with {}", config.endpoints.join(",")),
+                config.connect_timeout,
+            ))
         }
     };
     if client.session_timeout() != config.options.ttl {
