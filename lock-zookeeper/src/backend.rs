@@ -29,7 +29,8 @@ pub struct ZkBackend {
 }
 
 /// Opened with one session: fails with [`lock_core::Error::InvalidConfig`] for a bad
-/// configuration and [`lock_core::Error::Connection`] when no session is established within `connect_timeout`.
+/// configuration and [`lock_core::Error::Connection`] when no session is established
+/// within the shorter of `connect_timeout` and `request_timeout`.
 #[async_trait]
 impl Connect for ZkBackend {
     const SCHEMES: &'static [&'static str] = crate::SCHEMES;

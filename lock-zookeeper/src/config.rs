@@ -57,7 +57,8 @@ pub struct ZkConfig {
     pub password: Option<String>,
     /// ACL of created nodes. Default [`ZkAcl::Open`].
     pub acl: ZkAcl,
-    /// Bound on establishing (or re-establishing) a session. Default 10 s.
+    /// Bound on re-establishing a session. Default 10 s. The first session, at connect,
+    /// is bounded by the shorter of this and `options.request_timeout`.
     #[serde(with = "lock_core::raw::duration_text")]
     pub connect_timeout: Duration,
     /// Lock options; `ttl` is the requested session timeout.

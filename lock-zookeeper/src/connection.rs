@@ -77,9 +77,11 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// Establishes the first session (epoch 1) and starts watching it.
+    /// Establishes the first session (epoch 1) and starts watching it. Fails fast, like
+    /// every backend: within the shorter of `connect_timeout` and `request_timeout`.
     pub(crate) async fn connect(config: ZkConfig) -> Result<Arc<Session>> {
-        let client = open(&config).await?;
+        let limit = config.connect_timeout.min(config.options.request_timeout);
+        let client = open(&config, limit).await?;
         let status = SessionStatus {
             epoch: 1,
             health: SessionHealth::Connected,
@@ -178,14 +180,14 @@ impl Session {
     }
 }
 
-/// Opens a session with the configured timeout and credentials.
-async fn open(config: &ZkConfig) -> Result<zk::Client> {
+/// Opens a session with the configured credentials, waiting at most `limit`.
+async fn open(config: &ZkConfig, limit: Duration) -> Result<zk::Client> {
     let mut connector = zk::Client::connector().with_session_timeout(config.options.ttl);
     if let (Some(user), Some(password)) = (&config.username, &config.password) {
         connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
     }
     let target = config.connect_string();
-    let client = match timeout(config.connect_timeout, connector.connect(&target)).await {
+    let client = match timeout(limit, connector.connect(&target)).await {
         Ok(Ok(client)) => client,
         Ok(Err(err)) => {
             return Err(from_client(
@@ -197,7 +199,7 @@ async fn open(config: &ZkConfig) -> Result<zk::Client> {
             return Err(Error::no_answer(
                 BACKEND,
                 format!("establishing a session with {}", config.endpoints.join(",")),
-                config.connect_timeout,
+                limit,
             ))
         }
     };
@@ -246,7 +248,7 @@ async fn monitor(session: Weak<Session>, mut watcher: zk::StateWatcher, mut epoc
 async fn reopen(session: &Weak<Session>) -> Option<(u64, zk::StateWatcher)> {
     loop {
         let config = session.upgrade()?.config.clone();
-        match open(&config).await {
+        match open(&config, config.connect_timeout).await {
             Ok(client) => {
                 let shared = session.upgrade()?;
                 let watcher = client.state_watcher();
