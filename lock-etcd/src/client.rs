@@ -51,8 +51,8 @@ impl std::fmt::Debug for EtcdClient {
 }
 
 impl EtcdClient {
-    /// Prepares connections as `config` says; connects to the first member that
-    /// answers (with credentials this authenticates there).
+    /// Prepares connections as `config` says and connects to the first member that
+    /// answers (see [`EtcdClient::check_reachable`]).
     pub(crate) async fn connect(config: &EtcdConfig) -> Result<Self> {
         let limit = config.options.request_timeout;
         let mut options = ConnectOptions::new()
@@ -77,11 +77,23 @@ impl EtcdClient {
             }),
             timeout: limit,
         };
-        if config.username.is_some() {
-            // Check the credentials now: a wrong password is a configuration error.
-            client.call("connecting", |_| async { Ok(()) }).await?;
-        }
+        client.check_reachable().await?;
         Ok(client)
+    }
+
+    /// Fails fast, within one request timeout, unless a member answers: one status
+    /// request (which needs no permission), after authenticating there when the
+    /// configuration has credentials (a wrong password is then a configuration error).
+    /// A member that answers it has no leader counts as reachable: an election may be
+    /// running, and requests ride it out.
+    async fn check_reachable(&self) -> Result<()> {
+        self.call("connecting", |client| async move {
+            match client.maintenance_client().status().await {
+                Err(err) if no_leader(&err) => Ok(()),
+                answered => answered.map(drop),
+            }
+        })
+        .await
     }
 
     /// The request timeout.
