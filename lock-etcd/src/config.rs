@@ -7,12 +7,15 @@ use lock_core::raw::{HostPort, LockUrl};
 use lock_core::{Error, LockName, LockOptions, Result};
 use serde::{Deserialize, Serialize};
 
+use crate::layout::lock_prefix;
+
 /// The client port etcd listens on unless told otherwise.
 pub const DEFAULT_PORT: u16 = 2379;
 
 /// The query keys this backend reads besides the common ones of [`LockOptions`].
 const OWN_KEYS: &[&str] = &[
     "user",
+    "username",
     "password",
     "ca_file",
     "cert_file",
@@ -24,8 +27,8 @@ const OWN_KEYS: &[&str] = &[
 ///
 /// From a URL: `etcd://[user[:password]@]host[:port][,host[:port]…][/prefix][?query]`,
 /// `etcds://…` for TLS. Query keys: the common [`LockOptions`] keys (`ttl`, `renewal`,
-/// `max_hold`, `request_timeout`, `recheck`) and `user`, `password`, `ca_file`,
-/// `cert_file`, `key_file`, `tls_domain`. Unknown keys are an error.
+/// `max_hold`, `request_timeout`, `recheck`) and `user` (or `username`), `password`,
+/// `ca_file`, `cert_file`, `key_file`, `tls_domain`. Unknown keys are an error.
 ///
 /// `Debug` never shows the password.
 #[non_exhaustive]
@@ -142,7 +145,7 @@ impl EtcdConfig {
         };
         for (key, value) in url.apply_common_options(&mut config.options)? {
             match key.as_str() {
-                "user" => config.username = Some(value),
+                "user" | "username" => config.username = Some(value),
                 "password" => config.password = Some(value),
                 "ca_file" => config.ca_file = Some(PathBuf::from(value)),
                 "cert_file" => config.cert_file = Some(PathBuf::from(value)),
@@ -226,16 +229,6 @@ impl EtcdConfig {
     }
 }
 
-/// The key range of lock `name` under `prefix` (see [`EtcdConfig::lock_prefix`]).
-pub(crate) fn lock_prefix(prefix: &str, name: &LockName) -> String {
-    let escaped = lock_core::raw::escape(name.as_str(), &['/']);
-    if prefix.is_empty() {
-        format!("{escaped}/")
-    } else {
-        format!("{prefix}/{escaped}/")
-    }
-}
-
 fn prefix_from_path(path: &str) -> String {
     let path = path.strip_prefix('/').unwrap_or(path);
     path.trim_end_matches('/').to_owned()
@@ -294,6 +287,12 @@ mod tests {
 
         let c = parse("etcd://h").expect("valid");
         assert_eq!(c.prefix, "");
+
+        // `user` and the common name `username` both set the user name.
+        for key in ["user", "username"] {
+            let c = parse(&format!("etcd://h?{key}=u&password=p")).expect("valid");
+            assert_eq!(c.username.as_deref(), Some("u"), "{key}");
+        }
     }
 
     #[test]
@@ -312,19 +311,6 @@ mod tests {
             assert!(err.to_string().contains(needle), "{url}: {err}");
             assert!(!err.to_string().contains("s3cret"));
         }
-    }
-
-    #[test]
-    fn names_map_to_disjoint_ranges() {
-        let name = |n: &str| LockName::new(n).expect("valid");
-        assert_eq!(lock_prefix("", &name("jobs")), "jobs/");
-        assert_eq!(lock_prefix("", &name("jobs/daily")), "jobs%2Fdaily/");
-        assert_eq!(lock_prefix("locks", &name("jobs")), "locks/jobs/");
-        assert_eq!(lock_prefix("locks", &name("a%2Fb")), "locks/a%252Fb/");
-        // No range is a prefix of another's keys: escaped names hold no `/`.
-        let a = lock_prefix("p", &name("jobs"));
-        let b = lock_prefix("p", &name("jobs/daily"));
-        assert!(!b.starts_with(&a) && !a.starts_with(&b));
     }
 
     #[test]

@@ -1,12 +1,11 @@
-//! Mapping etcd client errors into the one public [`lock_core::Error`].
+//! Mapping etcd client errors into the one public [`lock_core::Error`] ([`from_client`]),
+//! and the predicates on those errors that the protocol decides by.
 //!
 //! Classification follows what the caller can do about it: a lost quorum or a leader
 //! election is [`Error::Unavailable`] (retry later), a broken or silent connection is
 //! [`Error::Connection`], refused credentials are [`Error::InvalidConfig`] (retrying
 //! will not help), anything unexpected is [`Error::Protocol`]. Messages never contain
 //! credentials: the etcd client never puts them in its errors and we never add them.
-
-use std::time::Duration;
 
 use lock_core::Error;
 use tonic::Code;
@@ -15,7 +14,7 @@ use tonic::Code;
 pub(crate) const BACKEND: &str = "etcd";
 
 /// Converts an etcd client error met while doing `what`.
-pub(crate) fn from_etcd(what: &str, err: etcd_client::Error) -> Error {
+pub(crate) fn from_client(what: &str, err: etcd_client::Error) -> Error {
     match err {
         etcd_client::Error::GRpcStatus(status) => from_status(what, status),
         etcd_client::Error::InvalidArgs(_)
@@ -102,12 +101,41 @@ pub(crate) fn is_lease_not_found(err: &etcd_client::Error) -> bool {
     }
 }
 
-/// The error for a request that got no answer within the request timeout.
-pub(crate) fn no_answer(what: &str, limit: Duration) -> Error {
-    Error::Connection {
-        backend: BACKEND,
-        message: format!("{what} got no answer within {limit:?}"),
-        source: None,
+/// True when an answer was refused for its size (the client's decoding limit).
+pub(crate) fn is_too_large(err: &etcd_client::Error) -> bool {
+    matches!(err, etcd_client::Error::GRpcStatus(status) if status.code() == Code::OutOfRange)
+}
+
+/// True when `err` proves the request never took effect: the connection could not be
+/// made, or the member has no leader (so it applies nothing). Safe to send elsewhere.
+pub(crate) fn not_applied(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => {
+            let message = status.message();
+            status.code() == Code::Unavailable
+                && (message.contains("connect error")
+                    || message.contains("error trying to connect")
+                    || message.contains("no leader"))
+        }
+        etcd_client::Error::TransportError(_) => true,
+        _ => false,
+    }
+}
+
+/// True when a member answered that it has no leader (no quorum on its side).
+pub(crate) fn no_leader(err: &etcd_client::Error) -> bool {
+    matches!(err, etcd_client::Error::GRpcStatus(status) if status.message().contains("no leader"))
+}
+
+/// True when `err` is about the connection rather than the request.
+pub(crate) fn is_transport(err: &etcd_client::Error) -> bool {
+    match err {
+        etcd_client::Error::GRpcStatus(status) => matches!(
+            status.code(),
+            Code::Unavailable | Code::Unknown | Code::Cancelled
+        ),
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
+        _ => false,
     }
 }
 
@@ -157,7 +185,7 @@ mod tests {
             ),
         ];
         for (status, kind) in cases {
-            let err = from_etcd("acquire", etcd_client::Error::GRpcStatus(status));
+            let err = from_client("acquire", etcd_client::Error::GRpcStatus(status));
             assert_eq!(err.kind(), kind, "{err}");
         }
     }

@@ -1,13 +1,19 @@
 #![doc = include_str!("../README.md")]
 
-mod client;
+mod backend;
 mod config;
+mod connection;
 mod error;
-mod lease;
-mod lock;
+mod hold;
+mod layout;
+mod queue;
 
+pub use backend::EtcdBackend;
 pub use config::{EtcdConfig, DEFAULT_PORT};
-pub use lock::{EtcdBackend, EtcdHold, EtcdLock, MAX_TXN_OPS};
+pub use hold::{EtcdHold, MAX_TXN_OPS};
 
 /// The URL schemes this crate serves: `etcd` (plain) and `etcds` (TLS).
 pub const SCHEMES: &[&str] = &["etcd", "etcds"];
+
+/// A lock client on etcd.
+pub type EtcdLock = lock_core::raw::LeaseClient<EtcdBackend>;

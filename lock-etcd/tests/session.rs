@@ -337,7 +337,7 @@ async fn authentication_from_the_url() {
 
     let anonymous = lock_core::connect(&format!("etcd://{}/secured", server.addr()))
         .await
-        .expect("connect without credentials is lazy");
+        .expect("connect without credentials (the status request needs none)");
     let err = anonymous
         .try_lock("auth")
         .await

@@ -147,13 +147,19 @@ async fn etcds_locks_over_tls() {
     lock_core::raw::register::<lock_etcd::EtcdBackend>();
     let ca = dir.path().join("ca.pem").display().to_string();
     let url = format!("etcds://127.0.0.1:{}/tls?ttl=5s&ca_file={ca}", ports[0]);
-    let locks = lock_core::connect(&url).await.expect("connect over TLS");
 
-    // Wait (bounded) for the member to serve.
+    // Wait (bounded) for the member to serve: connecting fails fast until it does.
     let deadline = Instant::now() + Duration::from_secs(20);
-    let guard = loop {
-        match locks.try_lock("tls").await {
-            Ok(Some(guard)) => break guard,
+    let (_locks, guard) = loop {
+        let attempt = match lock_core::connect(&url).await {
+            Ok(locks) => {
+                let got = locks.try_lock("tls").await;
+                got.map(|got| got.map(|guard| (locks, guard)))
+            }
+            Err(err) => Err(err),
+        };
+        match attempt {
+            Ok(Some(held)) => break held,
             Ok(None) => panic!("a fresh server has the lock held"),
             Err(err) => {
                 assert!(
@@ -174,23 +180,18 @@ async fn etcds_locks_over_tls() {
         ReleaseOutcome::Released
     );
 
-    // Same server, no trusted CA: the handshake fails.
-    let untrusted = lock_core::connect(&format!("etcds://127.0.0.1:{}/tls", ports[0]))
-        .await
-        .expect("connect is lazy");
-    let err = untrusted
-        .try_lock("tls")
+    // Same server, no trusted CA: the handshake fails, at connect.
+    let err = lock_core::connect(&format!("etcds://127.0.0.1:{}/tls", ports[0]))
         .await
         .expect_err("an untrusted server is refused");
     assert_eq!(err.kind(), ErrorKind::Connection, "{err}");
 
     // Plain etcd:// to a TLS port fails too, with an error rather than a hang.
-    let plain = lock_core::connect(&format!(
+    assert!(lock_core::connect(&format!(
         "etcd://127.0.0.1:{}/tls?request_timeout=2s",
         ports[0]
     ))
     .await
-    .expect("connect is lazy");
-    assert!(plain.try_lock("tls").await.is_err());
+    .is_err());
     drop(etcd.kill().await);
 }

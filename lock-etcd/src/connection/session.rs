@@ -17,13 +17,13 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
-use lock_core::raw::{SessionHealth, SessionStatus};
+use lock_core::raw::{lock_unpoisoned, SessionHealth, SessionStatus};
 use lock_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::{timeout_at, Instant};
 
-use crate::client::{EtcdClient, KeepAliveError};
-use crate::error::{no_answer, unexpected};
+use super::{EtcdClient, KeepAliveError};
+use crate::error::{unexpected, BACKEND};
 
 /// One granted lease as the client knows it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,12 +88,6 @@ impl std::fmt::Debug for Session {
     }
 }
 
-fn locked<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
 /// Whole seconds of `ttl`, rounded up, at least 1.
 pub(crate) fn ttl_seconds(ttl: Duration) -> i64 {
     let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
@@ -117,7 +111,7 @@ impl Session {
     }
 
     fn current(&self) -> MutexGuard<'_, Option<Lease>> {
-        locked(&self.current)
+        lock_unpoisoned(&self.current)
     }
 
     /// The current lease if the client still believes it alive.
@@ -226,7 +220,13 @@ impl Session {
                 Ok(Err(err)) => {
                     tracing::debug!(error = %err, "keep-alive stream broke; reopening it");
                 }
-                Err(_) => return Err(no_answer(WHAT, self.client.request_timeout())),
+                Err(_) => {
+                    return Err(Error::no_answer(
+                        BACKEND,
+                        WHAT,
+                        self.client.request_timeout(),
+                    ))
+                }
             }
         }
         // Opening a stream sends the first keep-alive and waits for its answer, which
@@ -263,7 +263,7 @@ impl Session {
         tokio::spawn(async move { session.grant_now().await })
             .await
             .map_err(|err| Error::Protocol {
-                backend: crate::error::BACKEND,
+                backend: BACKEND,
                 message: "granting the session lease: task failed".into(),
                 source: Some(Box::new(err)),
             })?
@@ -285,7 +285,7 @@ impl Session {
             ));
         };
         let epoch = {
-            let mut epoch = locked(&self.epoch);
+            let mut epoch = lock_unpoisoned(&self.epoch);
             *epoch += 1;
             *epoch
         };

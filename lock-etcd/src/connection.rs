@@ -1,5 +1,11 @@
 //! The connection to etcd: every request goes through [`EtcdClient`], which puts the
-//! request timeout on it and maps errors into [`lock_core::Error`].
+//! request timeout on it, fails over between members and maps errors into
+//! [`lock_core::Error`]; watches of deletes wake waiters up. The client's lease and its
+//! keep-alive are the [`Session`] (in `session.rs`).
+
+mod session;
+
+pub(crate) use session::{KeepAlive, Lease, Session};
 
 use std::future::Future;
 use std::time::Duration;
@@ -8,16 +14,19 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use etcd_client::{
-    Certificate, Client, ConnectOptions, EventType, Identity, LeaseKeepAliveStream, LeaseKeeper,
-    LeaseTimeToLiveOptions, LeaseTimeToLiveResponse, TlsOptions, Txn, TxnResponse, WatchFilterType,
-    WatchOptions, WatchResponse, WatchStream,
+    Certificate, Client, ConnectOptions, EventType, Identity, KeyValue, LeaseKeepAliveStream,
+    LeaseKeeper, LeaseTimeToLiveOptions, LeaseTimeToLiveResponse, TlsOptions, Txn, TxnOpResponse,
+    TxnResponse, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
 use lock_core::{Error, Result};
 use tokio::sync::OnceCell;
 use tokio::time::{timeout_at, Instant};
 
 use crate::config::EtcdConfig;
-use crate::error::{from_etcd, is_lease_not_found, no_answer};
+use crate::error::{
+    from_client, is_lease_not_found, is_too_large, is_transport, no_leader, not_applied,
+    unexpected, BACKEND,
+};
 
 /// A cheap-to-clone handle on the etcd connection, with a deadline on every call and
 /// failover between members.
@@ -51,8 +60,8 @@ impl std::fmt::Debug for EtcdClient {
 }
 
 impl EtcdClient {
-    /// Prepares connections as `config` says; connects to the first member that
-    /// answers (with credentials this authenticates there).
+    /// Prepares connections as `config` says and connects to the first member that
+    /// answers (see [`EtcdClient::check_reachable`]).
     pub(crate) async fn connect(config: &EtcdConfig) -> Result<Self> {
         let limit = config.options.request_timeout;
         let mut options = ConnectOptions::new()
@@ -77,11 +86,23 @@ impl EtcdClient {
             }),
             timeout: limit,
         };
-        if config.username.is_some() {
-            // Check the credentials now: a wrong password is a configuration error.
-            client.call("connecting", |_| async { Ok(()) }).await?;
-        }
+        client.check_reachable().await?;
         Ok(client)
+    }
+
+    /// Fails fast, within one request timeout, unless a member answers: one status
+    /// request (which needs no permission), after authenticating there when the
+    /// configuration has credentials (a wrong password is then a configuration error).
+    /// A member that answers it has no leader counts as reachable: an election may be
+    /// running, and requests ride it out.
+    async fn check_reachable(&self) -> Result<()> {
+        self.call("connecting", |client| async move {
+            match client.maintenance_client().status().await {
+                Err(err) if no_leader(&err) => Ok(()),
+                answered => answered.map(drop),
+            }
+        })
+        .await
     }
 
     /// The request timeout.
@@ -146,17 +167,17 @@ impl EtcdClient {
                     if is_transport(&err) {
                         self.failed(index);
                     }
-                    return Err(from_etcd(what, err));
+                    return Err(from_client(what, err));
                 }
                 Err(_) => {
                     self.failed(index);
-                    return Err(no_answer(what, self.timeout));
+                    return Err(Error::no_answer(BACKEND, what, self.timeout));
                 }
             }
         }
         Err(match last {
-            Some(err) => from_etcd(what, err),
-            None => no_answer(what, self.timeout),
+            Some(err) => from_client(what, err),
+            None => Error::no_answer(BACKEND, what, self.timeout),
         })
     }
 
@@ -337,11 +358,6 @@ pub(crate) enum LeaseKeys {
     TooLarge,
 }
 
-/// True when an answer was refused for its size (the client's decoding limit).
-fn is_too_large(err: &etcd_client::Error) -> bool {
-    matches!(err, etcd_client::Error::GRpcStatus(status) if status.code() == tonic::Code::OutOfRange)
-}
-
 /// Why a keep-alive stream could not be opened.
 #[derive(Debug)]
 pub(crate) enum KeepAliveError {
@@ -349,39 +365,6 @@ pub(crate) enum KeepAliveError {
     LeaseNotFound,
     /// The request failed.
     Failed(Error),
-}
-
-/// True when `err` proves the request never took effect: the connection could not be
-/// made, or the member has no leader (so it applies nothing). Safe to send elsewhere.
-fn not_applied(err: &etcd_client::Error) -> bool {
-    match err {
-        etcd_client::Error::GRpcStatus(status) => {
-            let message = status.message();
-            status.code() == tonic::Code::Unavailable
-                && (message.contains("connect error")
-                    || message.contains("error trying to connect")
-                    || message.contains("no leader"))
-        }
-        etcd_client::Error::TransportError(_) => true,
-        _ => false,
-    }
-}
-
-/// True when a member answered that it has no leader (no quorum on its side).
-fn no_leader(err: &etcd_client::Error) -> bool {
-    matches!(err, etcd_client::Error::GRpcStatus(status) if status.message().contains("no leader"))
-}
-
-/// True when `err` is about the connection rather than the request.
-fn is_transport(err: &etcd_client::Error) -> bool {
-    match err {
-        etcd_client::Error::GRpcStatus(status) => matches!(
-            status.code(),
-            tonic::Code::Unavailable | tonic::Code::Unknown | tonic::Code::Cancelled
-        ),
-        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => true,
-        _ => false,
-    }
 }
 
 /// Reads the TLS files off the runtime threads and builds the TLS options.
@@ -418,4 +401,20 @@ async fn tls_options(config: &EtcdConfig) -> Result<TlsOptions> {
         tls = tls.domain_name(domain.clone());
     }
     Ok(tls)
+}
+
+/// The first key-value of a range answer inside a transaction answer.
+pub(crate) fn first_kv(op: &TxnOpResponse) -> Option<&KeyValue> {
+    match op {
+        TxnOpResponse::Get(get) => get.kvs().first(),
+        _ => None,
+    }
+}
+
+/// The revision a transaction answer was served at.
+pub(crate) fn header_revision(response: &TxnResponse, what: &str) -> Result<i64> {
+    response
+        .header()
+        .map(|header| header.revision())
+        .ok_or_else(|| unexpected(what, "answer without a header"))
 }

@@ -1,0 +1,285 @@
+//! [`EtcdBackend`]: opening a client (fails fast when etcd does not answer), its
+//! capabilities, and the acquire / renew / release orchestration over the queue
+//! ([`crate::queue`]), the hold protocol ([`crate::hold`]) and the session lease.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use lock_core::raw::{
+    AcquireRequest, Acquired, Backend, BackendRelease, Cleanup, CleanupOnDrop, Connect, LockUrl,
+    RenewItem, RenewOutcome, SessionStatus,
+};
+use lock_core::{
+    Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, LostReason, Result,
+};
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+use crate::config::EtcdConfig;
+use crate::connection::{EtcdClient, KeepAlive, Session};
+use crate::error::{unexpected, BACKEND};
+use crate::hold::{delete_if_ours, EtcdHold, HoldCheck};
+use crate::layout::lock_prefix;
+use crate::queue::{Queue, Slot, Slots};
+
+/// The protocol half of an etcd lock client (see the crate docs).
+pub struct EtcdBackend {
+    client: EtcdClient,
+    session: Arc<Session>,
+    queue: Queue,
+    holds: HoldCheck,
+    prefix: String,
+    label: String,
+    slots: Arc<Slots>,
+}
+
+/// Opened with [`Error::InvalidConfig`] for a bad configuration or refused credentials;
+/// [`Error::Connection`] (or [`Error::Unavailable`]) when no member answers within the
+/// request timeout.
+#[async_trait]
+impl Connect for EtcdBackend {
+    const SCHEMES: &'static [&'static str] = crate::SCHEMES;
+    type Config = EtcdConfig;
+
+    fn config_from_url(url: &LockUrl) -> Result<EtcdConfig> {
+        EtcdConfig::from_url(url)
+    }
+
+    fn lock_options(config: &EtcdConfig) -> &LockOptions {
+        &config.options
+    }
+
+    async fn open(config: EtcdConfig) -> Result<EtcdBackend> {
+        config.validate()?;
+        let client = EtcdClient::connect(&config).await?;
+        let session = Arc::new(Session::new(client.clone(), config.options.ttl));
+        Ok(EtcdBackend {
+            queue: Queue {
+                client: client.clone(),
+                session: Arc::clone(&session),
+                recheck: config.options.recheck,
+            },
+            client,
+            session,
+            holds: HoldCheck::default(),
+            label: config.label(),
+            prefix: config.prefix.clone(),
+            slots: Arc::new(Slots::default()),
+        })
+    }
+}
+
+impl EtcdBackend {
+    /// The key range of lock `name` (see [`EtcdConfig::lock_prefix`]).
+    pub fn lock_prefix(&self, name: &LockName) -> String {
+        lock_prefix(&self.prefix, name)
+    }
+
+    /// The id of the client's current lease, if it has a live one.
+    pub fn lease_id(&self) -> Option<i64> {
+        self.session.live_lease().map(|lease| lease.id)
+    }
+}
+
+impl Drop for EtcdBackend {
+    fn drop(&mut self) {
+        // The client is gone: free its keys now rather than at the TTL.
+        self.session.close();
+    }
+}
+
+impl fmt::Debug for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdBackend")
+            .field("endpoint", &self.label)
+            .field("session", &self.session)
+            .finish_non_exhaustive()
+    }
+}
+
+impl fmt::Display for EtcdBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.label)
+    }
+}
+
+/// The key of an acquire in progress. If the acquire future is dropped, the key is
+/// deleted in a background task (only if its create revision is ours, once known), and
+/// only then is its slot free for another acquire of the same name in this client.
+struct PendingKey {
+    client: EtcdClient,
+    key: String,
+    revision: Option<i64>,
+    slot: Slot,
+}
+
+impl Cleanup for PendingKey {
+    async fn cleanup(self) {
+        if let Err(err) = delete_if_ours(&self.client, &self.key, self.revision).await {
+            tracing::warn!(key = self.key, error = %err, "removing the key of a cancelled acquire failed; the lease TTL ends it");
+        }
+        drop(self.slot);
+    }
+}
+
+#[async_trait]
+impl Backend for EtcdBackend {
+    type Hold = EtcdHold;
+
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::new(BACKEND)
+            .fair(true)
+            .per_lock_ttl(false)
+            .min_ttl(Duration::from_secs(1))
+            .push_wakeup(true)
+            .durable(true)
+            .fencing(FencingSource::CreateRevision)
+    }
+
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<EtcdHold>>> {
+        let prefix = self.lock_prefix(request.name);
+        // A key of its own for each acquisition under way: it queues on the server at
+        // once, in FIFO order with every other client's.
+        let slot = self.slots.take(request.name);
+        let lease = self.session.lease().await?;
+        let key = slot.key(&prefix, lease.id);
+        let mut pending = CleanupOnDrop::new(PendingKey {
+            client: self.client.clone(),
+            key: key.clone(),
+            revision: None,
+            slot,
+        });
+        let (revision, owner) = self.queue.enqueue(&prefix, &key, lease.id).await?;
+        pending.state_mut().revision = Some(revision);
+        if owner != Some(revision) {
+            if !request.wait {
+                // Like TryLock: leave the queue at once. On failure the pending guard
+                // retries the delete in the background.
+                if delete_if_ours(&self.client, &key, Some(revision))
+                    .await
+                    .is_ok()
+                {
+                    drop(pending.disarm());
+                }
+                return Ok(None);
+            }
+            self.queue
+                .wait_turn(&prefix, &key, revision, lease)
+                .await
+                .map_err(|err| match err {
+                    Error::Lost { reason, .. } => Error::Lost {
+                        name: request.name.to_string(),
+                        reason,
+                    },
+                    other => other,
+                })?;
+        }
+        // The hold lives as long as the lease: measure it from the last keep-alive,
+        // refreshed now if it is older than TTL/3.
+        let lease = match self.session.lease_by_id(lease.id) {
+            Some(now) if Instant::now() < now.refresh_due() => now,
+            _ => match self.session.keep_alive(lease.id, lease.ttl / 3).await? {
+                KeepAlive::Alive(now) => now,
+                KeepAlive::Gone => {
+                    return Err(Error::Lost {
+                        name: request.name.to_string(),
+                        reason: LostReason::SessionExpired,
+                    })
+                }
+            },
+        };
+        let fencing = u64::try_from(revision)
+            .map_err(|_| unexpected("acquire", format!("create revision {revision}")))?;
+        let slot = pending.disarm().slot;
+        Ok(Some(Acquired {
+            hold: EtcdHold {
+                key,
+                revision,
+                lease: lease.id,
+                slot: Mutex::new(Some(slot)),
+            },
+            fencing_token: FencingToken(fencing),
+            requested_at: lease.fresh_at,
+            lease: lease.ttl,
+            session: lease.epoch,
+        }))
+    }
+
+    async fn renew(&self, items: &[RenewItem<'_, EtcdHold>]) -> Result<Vec<RenewOutcome>> {
+        let started = Instant::now();
+        let current = self.session.live_lease();
+        let mut outcomes = vec![RenewOutcome::Lost(LostReason::SessionExpired); items.len()];
+        let live: Vec<(usize, &EtcdHold)> = items
+            .iter()
+            .enumerate()
+            .filter(|(_, item)| current.is_some_and(|lease| lease.id == item.hold.lease))
+            .map(|(i, item)| (i, item.hold))
+            .collect();
+        for item in items {
+            if current.is_none_or(|lease| lease.id != item.hold.lease) {
+                item.hold.free_slot();
+            }
+        }
+        let Some(current) = current.filter(|_| !live.is_empty()) else {
+            return Ok(outcomes);
+        };
+        // Two requests whatever the number of holds: one keep-alive for the client's
+        // lease (shared with concurrent users; a lease time-to-live query does not renew
+        // it), and one list of the keys still attached to the lease, since a keep-alive
+        // success alone proves nothing about keys deleted behind our back.
+        let holds: Vec<&EtcdHold> = live.iter().map(|(_, hold)| *hold).collect();
+        let (kept, checked) = futures::join!(
+            self.session.keep_alive(current.id, current.ttl / 6),
+            self.holds.check(&self.client, current.id, &holds)
+        );
+        let (lease, verdicts) = match (kept, checked) {
+            (_, Ok(None)) => {
+                // The server does not know the lease (expired, or revoked behind our
+                // back): every hold on it is lost, whatever the keep-alive got.
+                self.session.expire(current.id);
+                for (_, hold) in &live {
+                    hold.free_slot();
+                }
+                return Ok(outcomes);
+            }
+            (Ok(KeepAlive::Gone), _) => {
+                for (_, hold) in &live {
+                    hold.free_slot();
+                }
+                return Ok(outcomes);
+            }
+            (Err(err), _) | (_, Err(err)) => return Err(err),
+            (Ok(KeepAlive::Alive(lease)), Ok(Some(verdicts))) => (lease, verdicts),
+        };
+        let remaining = lease
+            .valid_until()
+            .saturating_duration_since(started)
+            .min(lease.ttl);
+        for ((i, hold), lost) in live.iter().zip(verdicts) {
+            outcomes[*i] = match lost {
+                None => RenewOutcome::Renewed { lease: remaining },
+                Some(reason) => {
+                    hold.free_slot();
+                    RenewOutcome::Lost(reason)
+                }
+            };
+        }
+        Ok(outcomes)
+    }
+
+    async fn release(&self, hold: &EtcdHold) -> Result<BackendRelease> {
+        let deleted = delete_if_ours(&self.client, &hold.key, Some(hold.revision)).await;
+        hold.free_slot();
+        Ok(if deleted? {
+            BackendRelease::Released
+        } else {
+            BackendRelease::NotOwner(LostReason::Vanished)
+        })
+    }
+
+    fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
+        Some(self.session.subscribe())
+    }
+}

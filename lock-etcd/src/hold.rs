@@ -1,0 +1,201 @@
+//! The hold: our key, its create revision and the lease it lives on; and the server side
+//! of holding: the owner-checked release and the renewal check (one list of the lease's
+//! keys, whatever the number of holds).
+
+use std::collections::HashSet;
+use std::fmt;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use futures::future::join_all;
+use lock_core::raw::lock_unpoisoned;
+use lock_core::{LostReason, Result};
+
+use crate::connection::{first_kv, EtcdClient, LeaseKeys};
+use crate::error::unexpected;
+use crate::queue::Slot;
+
+/// etcd's default `--max-txn-ops`: the most operations (or compares) in one transaction.
+pub const MAX_TXN_OPS: usize = 128;
+
+/// A hold on etcd: our key, its create revision and the lease it lives on.
+pub struct EtcdHold {
+    pub(crate) key: String,
+    pub(crate) revision: i64,
+    pub(crate) lease: i64,
+    /// Keeps the key from other acquisitions of the same name in this client.
+    pub(crate) slot: Mutex<Option<Slot>>,
+}
+
+impl EtcdHold {
+    /// The key (`<prefix>/<name>/<lease hex>`, or `…<lease hex>_<n>` for an acquisition
+    /// made while another of the same name was under way in this client).
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// The key's create revision (the fencing token).
+    pub fn revision(&self) -> i64 {
+        self.revision
+    }
+
+    /// The hold ended: its key is free for another acquisition in this client.
+    pub(crate) fn free_slot(&self) {
+        drop(lock_unpoisoned(&self.slot).take());
+    }
+}
+
+impl fmt::Debug for EtcdHold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EtcdHold")
+            .field("key", &self.key)
+            .field("revision", &self.revision)
+            .field("lease", &format_args!("{:x}", self.lease))
+            .finish()
+    }
+}
+
+/// Deletes `key`, only if its create revision is `revision` when one is given; whether
+/// it did.
+pub(crate) async fn delete_if_ours(
+    client: &EtcdClient,
+    key: &str,
+    revision: Option<i64>,
+) -> Result<bool> {
+    let compares = revision
+        .map(|revision| vec![Compare::create_revision(key, CompareOp::Equal, revision)])
+        .unwrap_or_default();
+    let txn = Txn::new()
+        .when(compares)
+        .and_then([TxnOp::delete(key, None)]);
+    let response = client.txn("release", txn).await?;
+    if !response.succeeded() {
+        return Ok(false);
+    }
+    Ok(response.op_responses().iter().any(|op| match op {
+        TxnOpResponse::Delete(delete) => delete.deleted() > 0,
+        _ => false,
+    }))
+}
+
+/// The renewal check: which holds on the client's lease are still ours.
+#[derive(Debug, Default)]
+pub(crate) struct HoldCheck {
+    /// How many holds the check covered when the lease's key list last did not fit one
+    /// answer (0: it fits).
+    keys_overflow: AtomicUsize,
+}
+
+impl HoldCheck {
+    /// Which `holds` (all on lease `lease`) are no longer ours; `None` when the lease
+    /// itself is gone on the server.
+    ///
+    /// ONE `LeaseTimeToLive` request lists every key attached to the lease: a hold whose
+    /// key is in the list is ours (its key is `<range><lease hex>[_<n>]`, put only by
+    /// this client under this lease, and a key [`Slot`] is used by one acquisition at a
+    /// time, so a key on our lease is the current hold's). A key missing from the list is
+    /// confirmed by a linearizable read before its hold is declared lost, since the
+    /// list is the leader's view of the lease and may lag a write just served by another
+    /// member; in the steady state that costs nothing. When the list is too large for
+    /// one answer, every hold is checked by reads ([`compare_holds`]).
+    pub(crate) async fn check(
+        &self,
+        client: &EtcdClient,
+        lease: i64,
+        holds: &[&EtcdHold],
+    ) -> Result<Option<Vec<Option<LostReason>>>> {
+        let overflowed_at = self.keys_overflow.load(Ordering::Relaxed);
+        if overflowed_at != 0 && holds.len().saturating_mul(2) > overflowed_at {
+            // The list overflowed with about this many holds: do not fetch it again.
+            return compare_holds(client, lease, holds).await.map(Some);
+        }
+        let attached = match client.lease_keys(lease).await? {
+            LeaseKeys::Gone => return Ok(None),
+            LeaseKeys::TooLarge => {
+                tracing::debug!(
+                    holds = holds.len(),
+                    "the keys of the session lease do not fit one answer; checking holds by reads"
+                );
+                self.keys_overflow
+                    .store(holds.len().max(1), Ordering::Relaxed);
+                return compare_holds(client, lease, holds).await.map(Some);
+            }
+            LeaseKeys::Attached(answer) => answer,
+        };
+        self.keys_overflow.store(0, Ordering::Relaxed);
+        let listed: HashSet<&[u8]> = attached.keys().iter().map(Vec::as_slice).collect();
+        let missing: Vec<usize> = holds
+            .iter()
+            .enumerate()
+            .filter(|(_, hold)| !listed.contains(hold.key.as_bytes()))
+            .map(|(i, _)| i)
+            .collect();
+        let mut verdicts = vec![None; holds.len()];
+        if missing.is_empty() {
+            return Ok(Some(verdicts));
+        }
+        let suspects: Vec<&EtcdHold> = missing.iter().map(|&i| holds[i]).collect();
+        let confirmed = compare_holds(client, lease, &suspects).await?;
+        for (i, verdict) in missing.into_iter().zip(confirmed) {
+            verdicts[i] = verdict;
+        }
+        Ok(Some(verdicts))
+    }
+}
+
+/// Checks by linearizable reads that every hold's key still exists with its create
+/// revision on lease `lease`: one transaction per [`MAX_TXN_OPS`] compares (two per
+/// hold), all in flight at once.
+async fn compare_holds(
+    client: &EtcdClient,
+    lease: i64,
+    holds: &[&EtcdHold],
+) -> Result<Vec<Option<LostReason>>> {
+    let checks = holds.chunks(MAX_TXN_OPS / 2).map(|chunk| async move {
+        const WHAT: &str = "checking held keys";
+        let txn = Txn::new()
+            .when(
+                chunk
+                    .iter()
+                    .flat_map(|h| {
+                        [
+                            Compare::create_revision(&*h.key, CompareOp::Equal, h.revision),
+                            Compare::lease(&*h.key, CompareOp::Equal, lease),
+                        ]
+                    })
+                    .collect::<Vec<_>>(),
+            )
+            .or_else(
+                chunk
+                    .iter()
+                    .map(|h| TxnOp::get(&*h.key, Some(GetOptions::new().with_keys_only())))
+                    .collect::<Vec<_>>(),
+            );
+        let response = client.txn(WHAT, txn).await?;
+        if response.succeeded() {
+            return Ok(vec![None; chunk.len()]);
+        }
+        let ops = response.op_responses();
+        if ops.len() != chunk.len() {
+            return Err(unexpected(WHAT, "wrong number of answers"));
+        }
+        Ok(chunk
+            .iter()
+            .zip(&ops)
+            .map(|(hold, op)| match first_kv(op) {
+                None => Some(LostReason::Vanished),
+                // Recreated, or rewritten off our lease: not this hold's key any more.
+                Some(kv) if kv.create_revision() != hold.revision || kv.lease() != lease => {
+                    Some(LostReason::Taken)
+                }
+                Some(_) => None,
+            })
+            .collect())
+    });
+    let mut out = Vec::with_capacity(holds.len());
+    for chunk in join_all(checks).await {
+        out.extend(chunk?);
+    }
+    Ok(out)
+}
