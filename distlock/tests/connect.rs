@@ -1,6 +1,7 @@
 //! Connecting to a server that is not there fails at connect, for every backend alike:
 //! with a typed, retryable error, within the request timeout, whether nothing listens on
-//! the port or something accepts connections and never answers.
+//! the port, something accepts connections and never answers, or several servers are
+//! listed and each is one of those (one deadline covers them all). No server needed.
 
 use std::time::Duration;
 
@@ -12,15 +13,41 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(1);
 /// Slack on top of it for scheduling on a loaded machine.
 const SLACK: Duration = Duration::from_secs(2);
 
-/// The URLs of every backend on `port`.
-fn urls(port: u16) -> Vec<String> {
+/// The URLs of every backend on `hosts` (`host:port`, comma-separated where the scheme
+/// takes several servers).
+fn urls(hosts: &str) -> Vec<String> {
     let query = "request_timeout=1s";
+    let single = hosts.split(',').next().unwrap_or(hosts);
     vec![
-        format!("redis://127.0.0.1:{port}?{query}"),
-        format!("redlock://127.0.0.1:{port}?{query}"),
-        format!("zk://127.0.0.1:{port}/locks?{query}"),
-        format!("etcd://127.0.0.1:{port}/locks?{query}"),
+        format!("redis://{single}?{query}"),
+        format!("redlock://{hosts}?{query}"),
+        format!("zk://{hosts}/locks?{query}"),
+        format!("etcd://{hosts}/locks?{query}"),
     ]
+}
+
+/// A loopback port with nothing listening on it.
+async fn closed_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    listener.local_addr().expect("addr").port()
+}
+
+/// A loopback listener that accepts connections (the kernel completes the handshake)
+/// and never answers a byte, until the task is aborted.
+async fn silent_listener() -> (u16, tokio::task::JoinHandle<()>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let task = tokio::spawn(async move {
+        let mut held = Vec::new();
+        // Bounded: the test aborts the task long before this many connections.
+        while held.len() < 1000 {
+            match listener.accept().await {
+                Ok((socket, _)) => held.push(socket),
+                Err(_) => break,
+            }
+        }
+    });
+    (port, task)
 }
 
 /// Connects to every URL at once; panics listing each one that did not fail fast with a
@@ -51,24 +78,26 @@ async fn assert_fail_fast(urls: Vec<String>) {
 
 #[tokio::test]
 async fn nothing_listening_fails_at_connect() {
-    let port = {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        listener.local_addr().expect("addr").port()
-    };
-    assert_fail_fast(urls(port)).await;
+    let port = closed_port().await;
+    assert_fail_fast(urls(&format!("127.0.0.1:{port}"))).await;
 }
 
 #[tokio::test]
 async fn silent_server_fails_at_connect_within_the_request_timeout() {
-    // Accepts (the kernel completes the handshake) and never answers a byte.
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-    let port = listener.local_addr().expect("addr").port();
-    let accepted = tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((socket, _)) = listener.accept().await {
-            held.push(socket);
-        }
-    });
-    assert_fail_fast(urls(port)).await;
-    accepted.abort();
+    let (port, listener) = silent_listener().await;
+    assert_fail_fast(urls(&format!("127.0.0.1:{port}"))).await;
+    listener.abort();
+}
+
+#[tokio::test]
+async fn dead_servers_fail_at_connect_within_one_request_timeout() {
+    let (first, a) = silent_listener().await;
+    let (second, b) = silent_listener().await;
+    let closed = closed_port().await;
+    assert_fail_fast(urls(&format!(
+        "127.0.0.1:{first},127.0.0.1:{closed},127.0.0.1:{second}"
+    )))
+    .await;
+    a.abort();
+    b.abort();
 }
