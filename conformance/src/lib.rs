@@ -68,34 +68,16 @@ macro_rules! conformance_suite {
 
 /// Expands to one `#[tokio::test]` per fault scenario of [`chaos::SCENARIOS`] for a
 /// [`chaos::ChaosTarget`]; each asserts what [`chaos::expectation`] promises for the
-/// target's topology and says loudly when a scenario does not apply.
+/// target's topology and says loudly when a scenario does not apply. The tests follow
+/// the one list of scenarios, [`chaos_scenarios!`].
 #[macro_export]
 macro_rules! chaos_suite {
     ($target:expr) => {
-        $crate::chaos_suite!(@scenarios $target;
-            holder_partitioned,
-            follower_partition,
-            holder_paused_beyond_ttl,
-            long_network_delay,
-            stuck_server,
-            server_crash_restart,
-            server_restart_without_data,
-            early_key_expiry,
-            acquire_reply_delayed,
-            release_reply_lost,
-            waiter_connection_reset,
-            cancellation_under_faults,
-            member_crash,
-            majority_loss,
-            redlock_restart_immediate,
-            redlock_restart_delayed,
-            stale_counter_restore,
-            nemesis,
-        );
+        $crate::chaos_scenarios!($crate::chaos_suite! { @scenarios $target; });
     };
     (@scenarios $target:expr; $($scenario:ident),* $(,)?) => {
         $(
-            #[doc = concat!("Fault scenario `", stringify!($scenario), "`.")]
+            #[doc = concat!("Fault scenario [`conformance::chaos::", stringify!($scenario), "`].")]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $scenario() {
                 let Some(target) = $crate::factory::StartedFactory::started($target.await) else {

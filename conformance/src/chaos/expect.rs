@@ -1,0 +1,164 @@
+//! What each topology promises in each scenario: one function per scenario, named
+//! after it, that [`expectation`](super::expectation) dispatches to.
+
+use super::Topology::{self, InProcess, Independent, Quorum, Single};
+
+/// What a topology promises in a scenario.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expect {
+    /// No overlapping accepted sections, no lost update, bounded takeover.
+    Safe,
+    /// Mutual exclusion may be lost for the documented reason; the fence must still
+    /// turn the stale writer away, so the resource stays consistent.
+    FencedOnly(&'static str),
+    /// The scenario needs something this topology does not have.
+    NotApplicable(&'static str),
+}
+
+const NO_SERVER: Expect = Expect::NotApplicable("no server process");
+const NO_NETWORK: Expect = Expect::NotApplicable("no network");
+const REDLOCK_ONLY: Expect = Expect::NotApplicable("RedLock only");
+
+/// `Safe`, except where there is no network to fault.
+fn needs_network(topology: Topology) -> Expect {
+    match topology {
+        InProcess => NO_NETWORK,
+        _ => Expect::Safe,
+    }
+}
+
+/// `Safe` on several servers, else not applicable.
+fn needs_members(topology: Topology) -> Expect {
+    match topology {
+        Quorum { .. } | Independent { .. } => Expect::Safe,
+        _ => Expect::NotApplicable("needs several servers"),
+    }
+}
+
+pub(super) fn holder_partitioned(_: Topology) -> Expect {
+    Expect::Safe
+}
+
+pub(super) fn follower_partition(topology: Topology) -> Expect {
+    match topology {
+        Quorum { .. } => Expect::Safe,
+        _ => Expect::NotApplicable("needs a consensus cluster"),
+    }
+}
+
+pub(super) fn holder_paused_beyond_ttl(_: Topology) -> Expect {
+    Expect::Safe
+}
+
+pub(super) fn long_network_delay(topology: Topology) -> Expect {
+    needs_network(topology)
+}
+
+pub(super) fn stuck_server(topology: Topology) -> Expect {
+    match topology {
+        InProcess => NO_SERVER,
+        _ => Expect::Safe,
+    }
+}
+
+pub(super) fn server_crash_restart(topology: Topology) -> Expect {
+    match topology {
+        InProcess => NO_SERVER,
+        Single { durable: false } => Expect::FencedOnly(
+            "single Redis without persistence forgets its locks (and fencing counters) on restart",
+        ),
+        Independent { .. } => Expect::FencedOnly(
+            "every RedLock node (without persistence) restarts at once, within the TTL: outside \
+             RedLock's assumptions, a majority forgets the holder",
+        ),
+        _ => Expect::Safe,
+    }
+}
+
+pub(super) fn server_restart_without_data(topology: Topology) -> Expect {
+    match topology {
+        InProcess => NO_SERVER,
+        Single { durable: false } => Expect::FencedOnly(
+            "a server that restarts with its data wiped forgets every lock it held",
+        ),
+        Single { durable: true } | Quorum { .. } => {
+            Expect::NotApplicable("losing the data of a durable store is outside its guarantees")
+        }
+        Independent { .. } => {
+            Expect::FencedOnly("every RedLock node restarted empty at once forgets the holder")
+        }
+    }
+}
+
+pub(super) fn early_key_expiry(_: Topology) -> Expect {
+    Expect::FencedOnly(
+        "a key removed early (operator, clock jump on the server) frees the lock before its \
+         holder can know",
+    )
+}
+
+pub(super) fn acquire_reply_delayed(topology: Topology) -> Expect {
+    needs_network(topology)
+}
+
+pub(super) fn release_reply_lost(topology: Topology) -> Expect {
+    needs_network(topology)
+}
+
+pub(super) fn waiter_connection_reset(topology: Topology) -> Expect {
+    needs_network(topology)
+}
+
+pub(super) fn cancellation_under_faults(_: Topology) -> Expect {
+    Expect::Safe
+}
+
+pub(super) fn member_crash(topology: Topology) -> Expect {
+    needs_members(topology)
+}
+
+pub(super) fn majority_loss(topology: Topology) -> Expect {
+    needs_members(topology)
+}
+
+pub(super) fn redlock_restart_immediate(topology: Topology) -> Expect {
+    match topology {
+        Independent { .. } => Expect::FencedOnly(
+            "RedLock assumes a crashed node restarts only after the TTL or with persistence; \
+             restarted at once and empty, a majority can forget the holder",
+        ),
+        _ => REDLOCK_ONLY,
+    }
+}
+
+pub(super) fn redlock_restart_delayed(topology: Topology) -> Expect {
+    match topology {
+        Independent { .. } => Expect::Safe,
+        _ => REDLOCK_ONLY,
+    }
+}
+
+pub(super) fn stale_counter_restore(topology: Topology) -> Expect {
+    match topology {
+        Single { durable: false } | Independent { .. } => Expect::FencedOnly(
+            "restored from an older snapshot, the servers forget the holder; the fencing \
+             token, never below the server clock, still rises past the holder's",
+        ),
+        _ => Expect::NotApplicable(
+            "run on Redis only: memory:// keeps nothing on disk, and ZooKeeper and etcd \
+             promise nothing once their data goes back",
+        ),
+    }
+}
+
+pub(super) fn nemesis(topology: Topology) -> Expect {
+    match topology {
+        Single { durable: false } => Expect::FencedOnly(
+            "the fault mix restarts the server, and Redis without persistence forgets its locks",
+        ),
+        Independent { .. } => Expect::FencedOnly(
+            "the fault mix restarts nodes at once without data, outside RedLock's assumptions",
+        ),
+        _ => Expect::Safe,
+    }
+}

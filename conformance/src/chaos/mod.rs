@@ -1,0 +1,186 @@
+//! Safety under faults: scenarios that break servers, networks and holders while
+//! contenders fight over a lock guarding a [`FencedResource`](crate::FencedResource),
+//! then check what the resource saw.
+//!
+//! Each scenario has a *victim* (a holder whose client, link or server the fault hits)
+//! and healthy *contenders* that keep acquiring, writing and releasing. A victim that
+//! loses its lock is also told so (its lost signal); a victim that cannot look (a paused
+//! process) writes anyway, and the fence must turn it away. [`ScenarioReport`] holds what
+//! the checker found; [`expectation`] says what each backend topology promises, so a
+//! test asserts exactly the documented guarantee — no more, no less.
+//!
+//! The scenarios are listed once, in [`chaos_scenarios!`](crate::chaos_scenarios):
+//! [`SCENARIOS`], [`run`], [`expectation`], the tests of
+//! [`chaos_suite!`](crate::chaos_suite) and the reliability report's rows all follow it.
+//!
+//! Layout: [`topology`] (deployments, client links, [`ChaosTarget`]), `expect` (each
+//! scenario's promise per topology), `victim` (scenarios around one victim holder),
+//! `scenarios` (the ones with a choreography of their own), `nemesis` (the random fault
+//! mix), `workload` (contenders, recovery, crashes shared by all), `report` (what a run
+//! found and how the reliability report stores it).
+
+use std::time::Duration;
+
+mod expect;
+mod nemesis;
+mod report;
+mod scenarios;
+pub mod topology;
+mod victim;
+mod workload;
+
+pub use expect::Expect;
+pub use nemesis::nemesis;
+pub use report::{record_row, ReportRow, ScenarioReport};
+pub use scenarios::{
+    acquire_reply_delayed, cancellation_under_faults, majority_loss, release_reply_lost,
+    stale_counter_restore, waiter_connection_reset,
+};
+pub use topology::{ChaosTarget, Link, ServerControl, Topology};
+pub use victim::{
+    early_key_expiry, follower_partition, holder_partitioned, holder_paused_beyond_ttl,
+    long_network_delay, member_crash, redlock_restart_delayed, redlock_restart_immediate,
+    server_crash_restart, server_restart_without_data, stuck_server,
+};
+
+/// The fault scenarios, in report order: the one list the scenario names come from.
+///
+/// Calls `$callback! { $($args)* name, name, ... }` with every scenario (a function of
+/// this module, and a promise in `expect`), so that each use of the list (tests,
+/// dispatch, report order) is generated from it.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! chaos_scenarios {
+    ($($callback:ident)::+ ! { $($args:tt)* }) => {
+        $($callback)::+! { $($args)*
+            holder_partitioned,
+            follower_partition,
+            holder_paused_beyond_ttl,
+            long_network_delay,
+            stuck_server,
+            server_crash_restart,
+            server_restart_without_data,
+            early_key_expiry,
+            acquire_reply_delayed,
+            release_reply_lost,
+            waiter_connection_reset,
+            cancellation_under_faults,
+            member_crash,
+            majority_loss,
+            redlock_restart_immediate,
+            redlock_restart_delayed,
+            stale_counter_restore,
+            nemesis,
+        }
+    };
+}
+
+/// [`SCENARIOS`], [`run`] and [`expectation`] from the list.
+macro_rules! scenario_table {
+    ($($scenario:ident),* $(,)?) => {
+        /// The scenarios, by name, in report order.
+        pub const SCENARIOS: &[&str] = &[$(stringify!($scenario)),*];
+
+        /// What `topology` promises in `scenario` (a name from [`SCENARIOS`]).
+        pub fn expectation(scenario: &str, topology: Topology) -> Expect {
+            match scenario {
+                $(stringify!($scenario) => expect::$scenario(topology),)*
+                _ => Expect::Safe,
+            }
+        }
+
+        /// Runs `scenario` (a name from [`SCENARIOS`]) on `target`; `None` if it does
+        /// not apply.
+        pub async fn run(
+            scenario: &str,
+            target: &dyn ChaosTarget,
+            plan: Plan,
+        ) -> Option<ScenarioReport> {
+            if let Expect::NotApplicable(_) = expectation(scenario, target.topology()) {
+                return None;
+            }
+            match scenario {
+                $(stringify!($scenario) => {
+                    Option::from($scenario(stringify!($scenario), target, plan).await)
+                })*
+                _ => None,
+            }
+        }
+    };
+}
+
+crate::chaos_scenarios!(scenario_table! {});
+
+/// Timing of a scenario run.
+#[derive(Debug, Clone, Copy)]
+pub struct Plan {
+    /// TTL of every client.
+    pub ttl: Duration,
+    /// How long healthy contenders keep cycling.
+    pub contend: Duration,
+    /// Healthy contenders.
+    pub contenders: usize,
+    /// How long the nemesis injects faults.
+    pub nemesis: Duration,
+    /// Seed of the nemesis' random fault schedule.
+    pub seed: u64,
+}
+
+impl Plan {
+    /// The short plan used by `make test`: a few seconds per scenario.
+    pub fn short(ttl: Duration) -> Self {
+        Plan {
+            ttl,
+            contend: ttl * 4,
+            contenders: 2,
+            nemesis: ttl * 4,
+            seed: 1,
+        }
+    }
+
+    /// The plan of `make chaos`: the nemesis runs `seconds` with `seed`.
+    pub fn long(ttl: Duration, seconds: u64, seed: u64) -> Self {
+        Plan {
+            nemesis: Duration::from_secs(seconds),
+            seed,
+            ..Plan::short(ttl)
+        }
+    }
+
+    /// The short plan, or the long one when `CHAOS_LONG=1` (with `CHAOS_SECONDS`,
+    /// default 60, and `CHAOS_SEED`, default 1).
+    pub fn from_env(ttl: Duration) -> Self {
+        let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
+        if var("CHAOS_LONG") == Some(1) {
+            Plan::long(
+                ttl,
+                var("CHAOS_SECONDS").unwrap_or(60),
+                var("CHAOS_SEED").unwrap_or(1),
+            )
+        } else {
+            Plan::short(ttl)
+        }
+    }
+}
+
+/// Runs `scenario` on `target` with [`Plan::from_env`] and asserts the topology's
+/// promise. Prints the report (and appends it as a JSON line to
+/// `$CHAOS_REPORT_DIR/<scenario>.jsonl` when that is set); says loudly when the scenario
+/// does not apply.
+pub async fn check(scenario: &str, target: &dyn ChaosTarget) {
+    let topology = target.topology();
+    let expect = expectation(scenario, topology);
+    let plan = Plan::from_env(target.short_ttl());
+    let report = run(scenario, target, plan).await;
+    report::record(scenario, target, topology, expect, plan, report.as_ref());
+    match report {
+        None => eprintln!(
+            "[chaos] {scenario} does not apply to {}: {expect:?}",
+            target.label()
+        ),
+        Some(report) => {
+            eprintln!("[chaos] {report}");
+            report.assert_meets(expect);
+        }
+    }
+}

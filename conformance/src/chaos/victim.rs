@@ -1,0 +1,339 @@
+//! Scenarios around one victim holder: it holds the lock and sits in a critical
+//! section while a fault strikes its link, its servers or its key; healthy contenders
+//! keep going; then the victim writes anyway and the fence decides.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use lock_core::{DistributedLock, DistributedLockExt, LockState, LostReason};
+use tokio::time::{sleep, Instant};
+
+use super::workload::{contend, crash_members, first_other_start, options, recover, signed_ms};
+use super::{ChaosTarget, Link, Plan, ScenarioReport};
+use crate::fence::FencedResource;
+use crate::proxy::ProxyMode;
+use crate::rules::unique_name;
+
+/// The fault of a victim scenario.
+enum Fault<'a> {
+    /// Cut the victim's link for `duration`.
+    Partition(Duration),
+    /// The victim is `pinned` (a client and its link) instead of a linked client of the
+    /// target; its link is cut for `duration`.
+    Pinned {
+        pinned: (Arc<dyn DistributedLock>, Link),
+        duration: Duration,
+    },
+    /// Delay the victim's link by `delay` for `duration`.
+    Delay { delay: Duration, duration: Duration },
+    /// SIGSTOP every server for `duration`.
+    StuckServer(Duration),
+    /// Kill every server and restart it (wiped or not) after `down`.
+    ServerCrash { wipe: bool, down: Duration },
+    /// Remove the lock behind the victim's back.
+    Steal(&'a dyn ChaosTarget),
+    /// Kill `servers` (indices), restart after `down` (wiped or not).
+    Members {
+        which: Vec<usize>,
+        wipe: bool,
+        down: Duration,
+    },
+}
+
+/// A victim holds the lock and sits in a critical section (read done, write pending)
+/// while `fault` strikes; healthy contenders keep going; then the victim writes anyway
+/// (as a paused process would) and the fence decides.
+async fn victim_scenario(
+    target: &dyn ChaosTarget,
+    scenario: &'static str,
+    plan: Plan,
+    fault: Fault<'_>,
+) -> ScenarioReport {
+    let name = unique_name(scenario);
+    let resource = FencedResource::new();
+    let notes = Arc::new(Mutex::new(Vec::new()));
+    let (victim, link) = match &fault {
+        Fault::Pinned { pinned, .. } => pinned.clone(),
+        _ => target.linked_client(options(plan.ttl)).await,
+    };
+    let guard = victim
+        .lock_timeout(name.as_str(), Duration::from_secs(10))
+        .await
+        .expect("victim acquires a free lock");
+    let section = resource
+        .begin(guard.fencing_token())
+        .expect("the first token is never stale");
+    let seen = section.read();
+    let lost_at: Arc<Mutex<Option<(Instant, LostReason)>>> = Arc::default();
+    let lost_task = {
+        let mut watch = guard.watch();
+        let lost_at = Arc::clone(&lost_at);
+        tokio::spawn(async move {
+            let reason = watch.lost().await;
+            // The guard stopped vouching for the lock at its validity deadline, even if
+            // the signal was delivered a little later by a busy scheduler.
+            let at = Instant::now().min(watch.valid_until());
+            *lost_at.lock().expect("lost") = Some((at, reason));
+        })
+    };
+    let mut contenders = Vec::new();
+    for _ in 0..plan.contenders {
+        contenders.push(target.client(options(plan.ttl)).await);
+    }
+    let fault_at = Instant::now();
+    let until = fault_at + plan.contend;
+    let contention = tokio::spawn(contend(
+        contenders,
+        name.clone(),
+        resource.clone(),
+        until,
+        Arc::clone(&notes),
+    ));
+    let note = |text: String| notes.lock().expect("notes").push(text);
+    match fault {
+        Fault::Partition(duration) | Fault::Pinned { duration, .. } => {
+            link.cut();
+            sleep(duration).await;
+            link.heal();
+        }
+        Fault::Delay { delay, duration } => {
+            link.set_mode(ProxyMode::Delay {
+                base: delay,
+                jitter: delay / 10,
+            });
+            sleep(duration).await;
+            link.heal();
+        }
+        Fault::StuckServer(duration) => {
+            for server in target.servers() {
+                if let Err(err) = server.pause() {
+                    note(format!("pause {}: {err}", server.label()));
+                }
+            }
+            sleep(duration).await;
+            for server in target.servers() {
+                if let Err(err) = server.resume() {
+                    note(format!("resume {}: {err}", server.label()));
+                }
+            }
+        }
+        Fault::ServerCrash { wipe, down } => {
+            let servers = target.servers();
+            let all: Vec<usize> = (0..servers.len()).collect();
+            crash_members(&servers, &all, wipe, down, &note).await;
+        }
+        Fault::Members { which, wipe, down } => {
+            crash_members(&target.servers(), &which, wipe, down, &note).await;
+        }
+        Fault::Steal(target) => {
+            target.steal(&name).await;
+            sleep(plan.ttl).await;
+        }
+    }
+    // The victim wakes up a TTL later (whoever could take over has done so by then)
+    // and writes without looking, as a paused process would.
+    sleep(plan.ttl).await;
+    let victim_write_accepted = Some(section.write(seen + 1).is_ok());
+    section.end();
+    if let Err(err) = contention.await {
+        note(format!("contention panicked: {err}"));
+    }
+    let victim_lost = match guard.state() {
+        LockState::Lost(reason) => Some(reason),
+        _ => None,
+    };
+    let _ = guard.release().await;
+    lost_task.abort();
+    let recovery = recover(target, &name, plan).await;
+    let fence = resource.check();
+    let takeover = first_other_start(&resource, fault_at);
+    let lost_signal_lead_ms = lost_at
+        .lock()
+        .expect("lost")
+        .zip(first_other_start(&resource, fault_at))
+        .map(|((lost, _), other)| signed_ms(other, lost));
+    let notes = notes.lock().expect("notes").clone();
+    ScenarioReport {
+        scenario,
+        target: target.label(),
+        fence,
+        victim_write_accepted,
+        victim_lost,
+        lost_signal_lead_ms,
+        takeover: takeover.map(|at| at.saturating_duration_since(fault_at)),
+        recovery,
+        notes,
+    }
+}
+
+/// The victim's link is cut for 2 x TTL: its lease ends, others take over, its late write
+/// is refused.
+pub async fn holder_partitioned(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    victim_scenario(target, scenario, plan, Fault::Partition(plan.ttl * 2)).await
+}
+
+/// The victim reaches one follower only, and that follower is cut off from its peers for
+/// 2 x TTL: it answers the victim for a while on its own (ZooKeeper: `syncLimit` ticks)
+/// while the others end the victim's session or lease and take over. `None` where the
+/// target cannot pin a client to a follower.
+pub async fn follower_partition(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> Option<ScenarioReport> {
+    let pinned = target.follower_link(options(plan.ttl)).await?;
+    let fault = Fault::Pinned {
+        pinned,
+        duration: plan.ttl * 2,
+    };
+    Some(victim_scenario(target, scenario, plan, fault).await)
+}
+
+/// The victim stops for 2 x TTL mid-section (renewals included, as with SIGSTOP of its
+/// process), then writes without looking.
+pub async fn holder_paused_beyond_ttl(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    // From the servers' side a stopped process and a cut link look the same: silence.
+    victim_scenario(target, scenario, plan, Fault::Partition(plan.ttl * 2)).await
+}
+
+/// The victim's traffic is delayed by more than the TTL for 2 x TTL.
+pub async fn long_network_delay(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    victim_scenario(
+        target,
+        scenario,
+        plan,
+        Fault::Delay {
+            delay: plan.ttl + plan.ttl / 2,
+            duration: plan.ttl * 2,
+        },
+    )
+    .await
+}
+
+/// Every server is stopped (SIGSTOP) for 2 x TTL, then continued.
+pub async fn stuck_server(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    victim_scenario(target, scenario, plan, Fault::StuckServer(plan.ttl * 2)).await
+}
+
+/// Every server is killed (SIGKILL) and restarted with its data.
+pub async fn server_crash_restart(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    victim_scenario(
+        target,
+        scenario,
+        plan,
+        Fault::ServerCrash {
+            wipe: false,
+            down: plan.ttl / 4,
+        },
+    )
+    .await
+}
+
+/// Every server is killed and restarted with its data wiped.
+pub async fn server_restart_without_data(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    victim_scenario(
+        target,
+        scenario,
+        plan,
+        Fault::ServerCrash {
+            wipe: true,
+            down: plan.ttl / 4,
+        },
+    )
+    .await
+}
+
+/// The lock is removed behind the victim's back (operator, server clock jump).
+pub async fn early_key_expiry(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    victim_scenario(target, scenario, plan, Fault::Steal(target)).await
+}
+
+/// One member (the leader, where there is one) is killed while the lock is held and
+/// restarted after 2 x TTL.
+pub async fn member_crash(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    let which = vec![target.leader().await.unwrap_or(0)];
+    victim_scenario(
+        target,
+        scenario,
+        plan,
+        Fault::Members {
+            which,
+            wipe: false,
+            down: plan.ttl * 2,
+        },
+    )
+    .await
+}
+
+/// RedLock: a majority of nodes crash and restart at once, empty.
+pub async fn redlock_restart_immediate(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    let n = target.servers().len();
+    victim_scenario(
+        target,
+        scenario,
+        plan,
+        Fault::Members {
+            which: (0..n / 2 + 1).collect(),
+            wipe: true,
+            down: Duration::from_millis(50),
+        },
+    )
+    .await
+}
+
+/// RedLock: a minority of nodes crash and restart empty only after the TTL (the
+/// documented operating rule).
+pub async fn redlock_restart_delayed(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    let n = target.servers().len();
+    victim_scenario(
+        target,
+        scenario,
+        plan,
+        Fault::Members {
+            which: (0..n.saturating_sub(1) / 2).collect(),
+            wipe: true,
+            down: plan.ttl + plan.ttl / 2,
+        },
+    )
+    .await
+}
