@@ -18,6 +18,9 @@
 //!
 //! Holders in other processes reach the same resource over loopback TCP through
 //! [`FenceServer`].
+//!
+//! (Over 500 lines with its unit tests, about 130: the resource, its checker and its TCP
+//! face share one ledger and are read together.)
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};

@@ -288,7 +288,7 @@ async fn redis_pause_blocks_replies_until_resume_and_drop_kills_paused() {
 
 #[tokio::test]
 async fn redis_nodes_start_five_independent_servers() {
-    let nodes = require_server!(RedisNodes::start(5).await);
+    let nodes = require_server!(RedisNodes::start_with(RedisOptions::default().members(5)).await);
     assert_eq!(nodes.len(), 5);
     let mut ports: Vec<u16> = nodes.members().iter().map(RedisServer::port).collect();
     ports.sort_unstable();
@@ -443,10 +443,7 @@ async fn zookeeper_follower_partitioned_from_its_peers_stops_serving_and_rejoins
 async fn etcd_single_is_healthy_and_serves_the_json_gateway() {
     let etcd = require_server!(EtcdServer::start().await);
     let pid = etcd.pid().expect("running");
-    assert_eq!(
-        etcd.url(),
-        format!("etcd://127.0.0.1:{}", etcd.client_port())
-    );
+    assert_eq!(etcd.url(), format!("etcd://127.0.0.1:{}", etcd.port()));
     assert!(etcd.is_ready().await);
     let status = etcd.status().await.expect("status");
     assert_eq!(

@@ -20,7 +20,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conformance::harness::{RedisNodes, RedisServer};
+use conformance::harness::{RedisNodes, RedisOptions, RedisServer};
 use futures::StreamExt;
 use hdrhistogram::Histogram;
 use lock_core::{DistributedLockExt, LockOptions};
@@ -261,7 +261,7 @@ async fn single(n: usize) {
 }
 
 async fn redlock(n: usize) {
-    let servers = RedisNodes::start(5)
+    let servers = RedisNodes::start_with(RedisOptions::default().members(5))
         .await
         .expect("redis-server (apt-get install redis-server)");
     let ports: Vec<u16> = servers.members().iter().map(RedisServer::port).collect();

@@ -1,6 +1,5 @@
 //! What the scenarios break: how a backend is deployed ([`Topology`]), a client's
-//! network path ([`Link`]), the servers' fault controls ([`ServerControl`]), and the
-//! deployment hooks a backend provides ([`ChaosTarget`]).
+//! network path ([`Link`]), and the deployment hooks a backend provides ([`ChaosTarget`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,7 +9,7 @@ use lock_core::memory::MemoryLock;
 use lock_core::{DistributedLock, LockOptions};
 
 use crate::factory::Factory;
-use crate::harness::{EtcdServer, HarnessError, RedisServer, ZkServer};
+pub use crate::harness::ServerControl;
 use crate::proxy::{FaultProxy, ProxyMode};
 
 /// How a backend is deployed; selects the scenarios that apply.
@@ -82,110 +81,6 @@ impl Link {
                 true
             }
         }
-    }
-}
-
-/// Fault control of one server process.
-#[async_trait]
-pub trait ServerControl: Send + Sync {
-    /// For messages.
-    fn label(&self) -> String;
-    /// SIGKILL.
-    async fn kill9(&self) -> Result<(), HarnessError>;
-    /// Starts it again on the same ports and data.
-    async fn restart(&self) -> Result<(), HarnessError>;
-    /// Starts it again on the same ports with its data wiped (Redis without persistence
-    /// behaves like this on every restart). Default: same as [`ServerControl::restart`].
-    async fn restart_wiped(&self) -> Result<(), HarnessError> {
-        self.restart().await
-    }
-    /// SIGSTOP.
-    fn pause(&self) -> Result<(), HarnessError>;
-    /// SIGCONT.
-    fn resume(&self) -> Result<(), HarnessError>;
-    /// Keeps a copy of its data (a backup, or what a lagging replica holds) for
-    /// [`ServerControl::restart_from_snapshot`]. Default: unsupported (an error).
-    async fn save_snapshot(&self) -> Result<(), HarnessError> {
-        Err(HarnessError::io(
-            &self.label(),
-            "save a snapshot",
-            std::io::ErrorKind::Unsupported.into(),
-        ))
-    }
-    /// Starts it again from the last snapshot: every write since is lost. Default:
-    /// unsupported (an error).
-    async fn restart_from_snapshot(&self) -> Result<(), HarnessError> {
-        Err(HarnessError::io(
-            &self.label(),
-            "restart from a snapshot",
-            std::io::ErrorKind::Unsupported.into(),
-        ))
-    }
-}
-
-#[async_trait]
-impl ServerControl for RedisServer {
-    fn label(&self) -> String {
-        self.url()
-    }
-    async fn kill9(&self) -> Result<(), HarnessError> {
-        RedisServer::kill9(self).await
-    }
-    async fn restart(&self) -> Result<(), HarnessError> {
-        RedisServer::restart(self).await
-    }
-    async fn restart_wiped(&self) -> Result<(), HarnessError> {
-        RedisServer::restart_wiped(self).await
-    }
-    fn pause(&self) -> Result<(), HarnessError> {
-        RedisServer::pause(self)
-    }
-    fn resume(&self) -> Result<(), HarnessError> {
-        RedisServer::resume(self)
-    }
-    async fn save_snapshot(&self) -> Result<(), HarnessError> {
-        RedisServer::save_snapshot(self).await
-    }
-    async fn restart_from_snapshot(&self) -> Result<(), HarnessError> {
-        RedisServer::restart_from_snapshot(self).await
-    }
-}
-
-#[async_trait]
-impl ServerControl for ZkServer {
-    fn label(&self) -> String {
-        self.url()
-    }
-    async fn kill9(&self) -> Result<(), HarnessError> {
-        ZkServer::kill9(self).await
-    }
-    async fn restart(&self) -> Result<(), HarnessError> {
-        ZkServer::restart(self).await
-    }
-    fn pause(&self) -> Result<(), HarnessError> {
-        ZkServer::pause(self)
-    }
-    fn resume(&self) -> Result<(), HarnessError> {
-        ZkServer::resume(self)
-    }
-}
-
-#[async_trait]
-impl ServerControl for EtcdServer {
-    fn label(&self) -> String {
-        self.url()
-    }
-    async fn kill9(&self) -> Result<(), HarnessError> {
-        EtcdServer::kill9(self).await
-    }
-    async fn restart(&self) -> Result<(), HarnessError> {
-        EtcdServer::restart(self).await
-    }
-    fn pause(&self) -> Result<(), HarnessError> {
-        EtcdServer::pause(self)
-    }
-    fn resume(&self) -> Result<(), HarnessError> {
-        EtcdServer::resume(self)
     }
 }
 

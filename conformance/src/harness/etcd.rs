@@ -1,24 +1,22 @@
-//! etcd: a single member, and a cluster (3 members by default).
+//! etcd as a [`ServerKind`]: a single member ([`EtcdServer`]) and a cluster
+//! ([`EtcdCluster`], 3 members by default) that agrees on a leader.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tempfile::TempDir;
+use async_trait::async_trait;
 
+use super::cluster::Cluster;
+use super::majority;
+use super::node::Node;
 use super::probe::{http, json_str_field, Probe};
-use super::process::{find_binary, log_tail, LaunchSpec, Node};
-use super::{
-    create_dir, first_error, free_ports, majority, temp_dir, wait_for_leader, with_port_retries,
-    HarnessError, DEFAULT_READY_TIMEOUT, STOP_GRACE,
-};
+use super::process::{find_binary, LaunchSpec};
+use super::server::{loopback, Member, Prepared, Server, ServerKind};
+use super::{create_dir, HarnessError, DEFAULT_READY_TIMEOUT};
 
 const HINT: &str = "apt-get install etcd-server";
 /// Bound on one HTTP request to a member.
 const HTTP_TIMEOUT: Duration = Duration::from_secs(2);
-
-static CLUSTER_SEQ: AtomicU64 = AtomicU64::new(0);
 
 /// Options for [`EtcdServer`] and [`EtcdCluster`].
 #[derive(Debug, Clone)]
@@ -87,79 +85,64 @@ pub struct EtcdStatus {
     pub raft_term: u64,
 }
 
-/// Ports of one member.
-#[derive(Debug, Clone, Copy)]
-struct MemberPorts {
-    client: u16,
-    peer: u16,
-}
-
 /// One etcd member (alone, or part of an [`EtcdCluster`]). Killed on drop.
+pub type EtcdServer = Server<Etcd>;
+
+/// An etcd cluster (3 members by default) on loopback. Killed on drop.
+pub type EtcdCluster = Cluster<Etcd>;
+
+/// The etcd kind: what a member keeps beyond its process.
 #[derive(Debug)]
-pub struct EtcdServer {
-    node: Node,
+pub struct Etcd {
     name: String,
-    ports: MemberPorts,
-    data_dir: PathBuf,
-    _dir: Option<TempDir>,
+    peer_port: u16,
 }
 
-impl EtcdServer {
-    /// Starts a single-member etcd with default options.
-    ///
-    /// # Errors
-    /// [`HarnessError::MissingBinary`] if `etcd` is not installed (or `$ETCD_BIN` points
-    /// nowhere); other variants if it does not start.
-    pub async fn start() -> Result<Self, HarnessError> {
-        Self::start_with(EtcdOptions::default()).await
+#[async_trait]
+impl ServerKind for Etcd {
+    type Options = EtcdOptions;
+    type Program = PathBuf;
+
+    const NAME: &'static str = "etcd";
+    const CLUSTER: &'static str = "etcd cluster";
+    const SCHEME: &'static str = "etcd";
+    const CLUSTER_SCHEME: &'static str = "etcd";
+    /// Client and peer ports.
+    const PORTS: usize = 2;
+    const ELECTS_LEADER: bool = true;
+
+    fn find() -> Result<PathBuf, HarnessError> {
+        find_binary("etcd", "ETCD_BIN", HINT)
     }
 
-    /// Starts a single-member etcd with `options`.
-    ///
-    /// # Errors
-    /// As [`start`](Self::start).
-    pub async fn start_with(options: EtcdOptions) -> Result<Self, HarnessError> {
-        let program = find_binary("etcd", "ETCD_BIN", HINT)?;
-        with_port_retries("etcd", || async {
-            let dir = temp_dir("etcd")?;
-            let ports = member_ports(1)?;
-            let token = cluster_token();
-            let server = Self::prepare(&program, &options, dir.path(), 0, &ports, &token)?;
-            server.node.launch().await?;
-            Ok(Self {
-                _dir: Some(dir),
-                ..server
-            })
-        })
-        .await
+    fn members(options: &EtcdOptions) -> usize {
+        options.members
     }
 
-    /// Builds member `index` of the cluster described by `all`; does not spawn.
+    fn ready_timeout(options: &EtcdOptions) -> Duration {
+        options.ready_timeout
+    }
+
     fn prepare(
-        program: &Path,
+        program: &PathBuf,
         options: &EtcdOptions,
         dir: &Path,
-        index: usize,
-        all: &[MemberPorts],
-        token: &str,
-    ) -> Result<Self, HarnessError> {
+        member: Member<'_>,
+    ) -> Result<Prepared<Self>, HarnessError> {
+        let index = member.index.unwrap_or(0);
         let name = format!("m{}", index + 1);
-        let ports = all.get(index).copied().ok_or_else(|| {
-            HarnessError::io(
-                "etcd",
-                "pick ports",
-                std::io::Error::other("no ports for member"),
-            )
-        })?;
-        let label = format!("etcd {name} 127.0.0.1:{}", ports.client);
+        let ports = member.own_ports();
+        let (client_port, peer_port) = (ports[0], ports[1]);
+        let label = format!("etcd {name} 127.0.0.1:{}", client_port);
         let data_dir = dir.join("data");
         create_dir(&label, dir)?;
-        let client_url = format!("http://127.0.0.1:{}", ports.client);
-        let peer_url = format!("http://127.0.0.1:{}", ports.peer);
-        let initial_cluster = all
+        let client_url = format!("http://127.0.0.1:{}", client_port);
+        let peer_url = format!("http://127.0.0.1:{}", peer_port);
+        let initial_cluster = member
+            .ports
             .iter()
             .enumerate()
-            .map(|(i, p)| format!("m{}=http://127.0.0.1:{}", i + 1, p.peer))
+            .map(|(i, p)| format!("m{}=http://127.0.0.1:{}", i + 1, p[1]))
             .collect::<Vec<_>>()
             .join(",");
         let mut args: Vec<String> = vec![
@@ -180,7 +163,7 @@ impl EtcdServer {
             "--initial-cluster-state".into(),
             "new".into(),
             "--initial-cluster-token".into(),
-            token.to_owned(),
+            cluster_token(member.ports),
             "--heartbeat-interval".into(),
             options.heartbeat_interval.as_millis().to_string(),
             "--election-timeout".into(),
@@ -202,74 +185,64 @@ impl EtcdServer {
             cwd: dir.to_owned(),
             log: dir.join("server.log"),
         };
-        let probe = Probe::EtcdHealth(loopback(ports.client));
-        Ok(Self {
+        let probe = Probe::EtcdHealth(loopback(client_port));
+        Ok(Prepared {
             node: Node::new(label, spec, probe, options.ready_timeout),
-            name,
-            ports,
             data_dir,
-            _dir: None,
+            kind: Etcd { name, peer_port },
         })
     }
 
-    /// The client address.
-    pub fn addr(&self) -> SocketAddr {
-        loopback(self.ports.client)
+    /// A majority of all members must answer, all answers must name the same leader,
+    /// and the leader must be among those answering.
+    async fn leader(members: &[EtcdServer], cluster: &str) -> Result<usize, HarnessError> {
+        let statuses = futures::future::join_all(members.iter().map(|m| async move {
+            if m.is_running() {
+                m.status().await.ok()
+            } else {
+                None
+            }
+        }))
+        .await;
+        let answering: Vec<(usize, EtcdStatus)> = statuses
+            .iter()
+            .enumerate()
+            .filter_map(|(i, s)| s.map(|s| (i, s)))
+            .collect();
+        let agreed = answering
+            .first()
+            .map(|(_, s)| s.leader)
+            .filter(|l| *l != 0 && answering.iter().all(|(_, s)| s.leader == *l));
+        let leader = agreed.and_then(|l| {
+            answering
+                .iter()
+                .find(|(_, s)| s.member_id == l)
+                .map(|(i, _)| *i)
+        });
+        match leader {
+            Some(i) if answering.len() >= majority(members.len()) => Ok(i),
+            _ => Err(HarnessError::Cluster {
+                cluster: cluster.to_owned(),
+                detail: format!("no agreed leader; status by member: {statuses:?}"),
+            }),
+        }
     }
+}
 
-    /// The client port.
-    pub fn client_port(&self) -> u16 {
-        self.ports.client
-    }
-
+impl Server<Etcd> {
     /// The peer (Raft) port.
     pub fn peer_port(&self) -> u16 {
-        self.ports.peer
+        self.kind.peer_port
     }
 
     /// The member name (`m1`, `m2`, ...).
     pub fn name(&self) -> &str {
-        &self.name
-    }
-
-    /// `etcd://127.0.0.1:PORT`.
-    pub fn url(&self) -> String {
-        format!("etcd://127.0.0.1:{}", self.ports.client)
+        &self.kind.name
     }
 
     /// `http://127.0.0.1:PORT`, the client endpoint.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.ports.client)
-    }
-
-    /// Pid of the member, `None` when it is not running.
-    pub fn pid(&self) -> Option<u32> {
-        self.node.pid()
-    }
-
-    /// True when the process is alive and not paused.
-    pub fn is_running(&self) -> bool {
-        self.node.is_running()
-    }
-
-    /// True when `GET /health` says healthy now.
-    pub async fn is_ready(&self) -> bool {
-        self.node.probe_once().await.is_ok()
-    }
-
-    /// The member's data directory.
-    pub fn data_dir(&self) -> &Path {
-        &self.data_dir
-    }
-
-    /// The log file.
-    pub fn log_path(&self) -> &Path {
-        self.node.log_path()
-    }
-
-    /// The last `lines` lines of the log.
-    pub fn log_tail(&self, lines: usize) -> String {
-        log_tail(self.node.log_path(), lines)
+        format!("http://{}", self.addr())
     }
 
     /// Member id, leader id and term, from `POST /v3/maintenance/status`.
@@ -304,277 +277,20 @@ impl EtcdServer {
             )),
         }
     }
-
-    /// SIGKILL the member and reap it. No-op if it is not running.
-    ///
-    /// # Errors
-    /// If the process cannot be reaped in time.
-    pub async fn kill9(&self) -> Result<(), HarnessError> {
-        self.node.kill9().await
-    }
-
-    /// SIGSTOP the member.
-    ///
-    /// # Errors
-    /// [`HarnessError::NotRunning`] or a signal error.
-    pub fn pause(&self) -> Result<(), HarnessError> {
-        self.node.pause()
-    }
-
-    /// SIGCONT a paused member.
-    ///
-    /// # Errors
-    /// [`HarnessError::NotRunning`] or a signal error.
-    pub fn resume(&self) -> Result<(), HarnessError> {
-        self.node.resume()
-    }
-
-    /// Kills the member if it runs and starts it again on the same ports and data dir;
-    /// returns once it reports healthy (which needs a quorum with a leader).
-    ///
-    /// # Errors
-    /// If the member does not come back in time.
-    pub async fn restart(&self) -> Result<(), HarnessError> {
-        self.node.restart(|| Ok(())).await
-    }
-
-    /// Graceful stop: SIGTERM, then SIGKILL after a grace period. No-op if not running.
-    ///
-    /// # Errors
-    /// If the process cannot be reaped in time.
-    pub async fn stop(&self) -> Result<(), HarnessError> {
-        self.node.stop(STOP_GRACE).await
-    }
 }
 
-/// An etcd cluster (3 members by default) on loopback. Killed on drop.
-#[derive(Debug)]
-pub struct EtcdCluster {
-    members: Vec<EtcdServer>,
-    label: String,
-    _dir: TempDir,
-}
-
-impl EtcdCluster {
-    /// Starts a 3-member cluster with default options; returns once every member is
-    /// healthy and they agree on a leader.
-    ///
-    /// # Errors
-    /// As [`EtcdServer::start`], or [`HarnessError::Cluster`] if no leader is agreed in time.
-    pub async fn start() -> Result<Self, HarnessError> {
-        Self::start_with(EtcdOptions::default()).await
-    }
-
-    /// Starts a cluster of `options.members` members.
-    ///
-    /// # Errors
-    /// As [`start`](Self::start).
-    pub async fn start_with(options: EtcdOptions) -> Result<Self, HarnessError> {
-        let program = find_binary("etcd", "ETCD_BIN", HINT)?;
-        let n = options.members.max(1);
-        with_port_retries("etcd cluster", || Self::try_start(&program, &options, n)).await
-    }
-
-    async fn try_start(
-        program: &Path,
-        options: &EtcdOptions,
-        n: usize,
-    ) -> Result<Self, HarnessError> {
-        let dir = temp_dir("etcd-cluster")?;
-        let ports = member_ports(n)?;
-        let token = cluster_token();
-        let mut members = Vec::with_capacity(n);
-        for i in 0..n {
-            let member_dir = dir.path().join(format!("m{}", i + 1));
-            members.push(EtcdServer::prepare(
-                program,
-                options,
-                &member_dir,
-                i,
-                &ports,
-                &token,
-            )?);
-        }
-        let label = format!(
-            "etcd cluster {}",
-            members
-                .iter()
-                .map(|m| format!("127.0.0.1:{}", m.ports.client))
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        let cluster = Self {
-            members,
-            label,
-            _dir: dir,
-        };
-        let started = Instant::now();
-        let mut offsets = Vec::with_capacity(n);
-        for m in &cluster.members {
-            offsets.push(m.node.spawn()?);
-        }
-        let results = futures::future::join_all(
-            cluster
-                .members
-                .iter()
-                .zip(offsets)
-                .map(|(m, offset)| m.node.wait_ready(offset)),
-        )
-        .await;
-        first_error(results)?;
-        let remaining = options.ready_timeout.saturating_sub(started.elapsed());
-        cluster
-            .wait_for_leader(remaining.max(Duration::from_secs(5)))
-            .await?;
-        Ok(cluster)
-    }
-
-    /// Number of members.
-    pub fn len(&self) -> usize {
-        self.members.len()
-    }
-
-    /// True when the cluster has no members.
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
-    }
-
-    /// Member `i` (0-based; named `m{i+1}`).
-    ///
-    /// # Panics
-    /// If `i >= len()`.
-    pub fn member(&self, i: usize) -> &EtcdServer {
-        &self.members[i]
-    }
-
-    /// All members.
-    pub fn members(&self) -> &[EtcdServer] {
-        &self.members
-    }
-
-    /// `etcd://127.0.0.1:P1,127.0.0.1:P2,...` (every member, also stopped ones).
-    pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .members
-            .iter()
-            .map(|m| format!("127.0.0.1:{}", m.ports.client))
-            .collect();
-        format!("etcd://{}", hosts.join(","))
-    }
-
+impl Cluster<Etcd> {
     /// `http://127.0.0.1:PORT` of every member.
     pub fn endpoints(&self) -> Vec<String> {
-        self.members.iter().map(EtcdServer::endpoint).collect()
-    }
-
-    /// Kills every member that runs and starts all of them again concurrently, on the
-    /// same ports and data dirs (one member alone cannot be healthy without a quorum);
-    /// returns once every member is healthy and they agree on a leader.
-    ///
-    /// # Errors
-    /// If a member does not come back or no leader is agreed in time.
-    pub async fn restart_all(&self) -> Result<(), HarnessError> {
-        futures::future::try_join_all(self.members.iter().map(EtcdServer::restart)).await?;
-        self.wait_for_leader(DEFAULT_READY_TIMEOUT)
-            .await
-            .map(|_| ())
-    }
-
-    /// The current leader's index, asking every running member: a majority of all
-    /// members must answer, all answers must name the same leader, and the leader must
-    /// be among those answering.
-    ///
-    /// # Errors
-    /// [`HarnessError::Cluster`] when that is not the case right now.
-    pub async fn leader(&self) -> Result<usize, HarnessError> {
-        let statuses = futures::future::join_all(self.members.iter().map(|m| async move {
-            if m.is_running() {
-                m.status().await.ok()
-            } else {
-                None
-            }
-        }))
-        .await;
-        let answering: Vec<(usize, EtcdStatus)> = statuses
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.map(|s| (i, s)))
-            .collect();
-        let agreed = answering
-            .first()
-            .map(|(_, s)| s.leader)
-            .filter(|l| *l != 0 && answering.iter().all(|(_, s)| s.leader == *l));
-        let leader = agreed.and_then(|l| {
-            answering
-                .iter()
-                .find(|(_, s)| s.member_id == l)
-                .map(|(i, _)| *i)
-        });
-        match leader {
-            Some(i) if answering.len() >= majority(self.members.len()) => Ok(i),
-            _ => Err(HarnessError::Cluster {
-                cluster: self.label.clone(),
-                detail: format!("no agreed leader; status by member: {statuses:?}"),
-            }),
-        }
-    }
-
-    /// Polls [`leader`](Self::leader) until it succeeds, for at most `timeout`.
-    ///
-    /// # Errors
-    /// [`HarnessError::Cluster`] with the last observation if no leader shows up in time.
-    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, HarnessError> {
-        self.wait_for_leader_other_than(None, timeout).await
-    }
-
-    /// Polls until a leader other than member `old` is agreed, for at most `timeout`.
-    ///
-    /// # Errors
-    /// [`HarnessError::Cluster`] with the last observation if none shows up in time.
-    pub async fn wait_for_new_leader(
-        &self,
-        old: usize,
-        timeout: Duration,
-    ) -> Result<usize, HarnessError> {
-        self.wait_for_leader_other_than(Some(old), timeout).await
-    }
-
-    async fn wait_for_leader_other_than(
-        &self,
-        old: Option<usize>,
-        timeout: Duration,
-    ) -> Result<usize, HarnessError> {
-        wait_for_leader(&self.label, old, timeout, || self.leader()).await
+        self.members().iter().map(EtcdServer::endpoint).collect()
     }
 }
 
-impl Drop for EtcdCluster {
-    fn drop(&mut self) {
-        // Kill all first; each member's own drop then only reaps.
-        for m in &self.members {
-            m.node.kill_now();
-        }
-    }
-}
-
-fn member_ports(n: usize) -> Result<Vec<MemberPorts>, HarnessError> {
-    Ok(free_ports(2 * n)?
-        .chunks_exact(2)
-        .map(|c| MemberPorts {
-            client: c[0],
-            peer: c[1],
-        })
-        .collect())
-}
-
-/// A cluster token unique across processes and within this one.
-fn cluster_token() -> String {
-    format!(
-        "distlock-{}-{}-{:08x}",
-        std::process::id(),
-        CLUSTER_SEQ.fetch_add(1, Ordering::Relaxed),
-        rand::random::<u32>()
-    )
+/// A cluster token unique across processes and clusters: the same for every member
+/// of one cluster (they share `ports`), another for the next cluster.
+fn cluster_token(ports: &[Vec<u16>]) -> String {
+    let first = ports.first().map_or(0, |p| p[0]);
+    format!("distlock-{}-{first}", std::process::id())
 }
 
 /// `ETCD_UNSUPPORTED_ARCH` value etcd 3.4 wants on architectures other than amd64.
@@ -585,8 +301,4 @@ fn unsupported_arch() -> Option<&'static str> {
         "powerpc64" => Some("ppc64le"),
         other => Some(other),
     }
-}
-
-fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }

@@ -1,5 +1,10 @@
 //! Real servers for tests: redis-server, ZooKeeper and etcd, single or clustered.
 //!
+//! One server of any kind is a [`Server<K>`](Server), a group of them a
+//! [`Cluster<K>`](Cluster); the kinds ([`Redis`], [`ZooKeeper`], [`Etcd`]) say what
+//! differs ([`ServerKind`]). [`RedisServer`], [`ZkEnsemble`], [`EtcdCluster`]... name
+//! the usual combinations.
+//!
 //! Every server runs as a child process on free 127.0.0.1 ports, in its own temporary
 //! directory that holds its data, its config and its log (stdout and stderr). `start`
 //! returns once the server answers a readiness probe over raw TCP (Redis `PING`,
@@ -42,23 +47,32 @@
 //! # }
 //! ```
 
+mod cluster;
 mod error;
 mod etcd;
+mod node;
 mod ports;
 mod probe;
 mod process;
 mod redis;
+mod server;
 mod zookeeper;
 
 use std::future::Future;
 use std::io::Write;
 use std::time::Duration;
 
+pub use cluster::Cluster;
 pub use error::HarnessError;
-pub use etcd::{EtcdCluster, EtcdOptions, EtcdServer, EtcdStatus};
+pub use etcd::{Etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdStatus};
 pub use ports::{free_port, free_ports};
-pub use redis::{RedisNodes, RedisOptions, RedisServer};
-pub use zookeeper::{ZkEnsemble, ZkMode, ZkOptions, ZkServer};
+pub use redis::{Redis, RedisNodes, RedisOptions, RedisServer};
+#[doc(hidden)]
+pub use server::{Member, Prepared};
+pub use server::{Server, ServerControl, ServerKind};
+#[doc(hidden)]
+pub use zookeeper::ZkRuntime;
+pub use zookeeper::{ZkEnsemble, ZkMode, ZkOptions, ZkServer, ZooKeeper};
 
 /// Default bound on a server's readiness wait.
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,31 +1,26 @@
-//! Server child processes: spawn with logs in the temp dir, signals, readiness, reaping.
+//! Server child processes: finding the binary, spawning with logs in the temp dir,
+//! signals and reaping, reading the log.
 
 use std::ffi::OsString;
 use std::fs::OpenOptions;
-use std::io::{Read, Seek, SeekFrom, Write};
+use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
-use super::probe::Probe;
 use super::HarnessError;
 
 /// Lines of log quoted in start-up errors.
 pub(crate) const LOG_TAIL_LINES: usize = 30;
-/// Bound on one readiness probe attempt.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(2);
 /// Bound on reaping a killed process asynchronously.
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on the busy reap in `Drop` (SIGKILL takes effect in well under this).
 const DROP_REAP_SPIN: Duration = Duration::from_millis(500);
-/// Attempts of a same-port restart when the port is briefly taken.
-const RESTART_ATTEMPTS: usize = 5;
 
 /// Finds an executable: `$env_var` if set, else the `PATH` and the usual system directories.
 pub(crate) fn find_binary(
@@ -69,7 +64,7 @@ pub(crate) fn log_tail(path: &Path, n: usize) -> String {
 }
 
 /// Reads a file from `offset` (or its last `cap` bytes when `offset` is `None`), at most `cap`.
-fn read_from(path: &Path, offset: Option<u64>, cap: u64) -> String {
+pub(crate) fn read_from(path: &Path, offset: Option<u64>, cap: u64) -> String {
     let Ok(mut file) = std::fs::File::open(path) else {
         return String::new();
     };
@@ -90,7 +85,7 @@ fn read_from(path: &Path, offset: Option<u64>, cap: u64) -> String {
 
 /// Whether the process `pid` holds the listening TCP socket on `port` (Linux `/proc`);
 /// `None` when that cannot be told.
-fn listener_owned_by(pid: u32, port: u16) -> Option<bool> {
+pub(crate) fn listener_owned_by(pid: u32, port: u16) -> Option<bool> {
     let mut inodes = Vec::new();
     let mut readable = false;
     for table in ["/proc/net/tcp", "/proc/net/tcp6"] {
@@ -137,14 +132,14 @@ pub(crate) struct LaunchSpec {
 
 /// One spawned child. Killed (SIGKILL) and reaped on drop, even when stopped.
 #[derive(Debug)]
-struct ServerProcess {
+pub(crate) struct ServerProcess {
     /// `None` once reaped.
     child: Option<Child>,
-    pid: u32,
+    pub(crate) pid: u32,
 }
 
 impl ServerProcess {
-    fn spawn(label: &str, spec: &LaunchSpec) -> Result<Self, HarnessError> {
+    pub(crate) fn spawn(label: &str, spec: &LaunchSpec) -> Result<Self, HarnessError> {
         let log = OpenOptions::new()
             .create(true)
             .append(true)
@@ -174,7 +169,7 @@ impl ServerProcess {
     }
 
     /// Sends `sig` unless the child has been reaped (so a recycled pid is never signalled).
-    fn signal(&self, label: &str, sig: Signal) -> Result<(), HarnessError> {
+    pub(crate) fn signal(&self, label: &str, sig: Signal) -> Result<(), HarnessError> {
         if self.child.is_none() {
             return Err(HarnessError::NotRunning {
                 server: label.to_owned(),
@@ -189,7 +184,7 @@ impl ServerProcess {
     }
 
     /// Reaps the child if it has exited; returns its status.
-    fn try_reap(&mut self) -> Option<ExitStatus> {
+    pub(crate) fn try_reap(&mut self) -> Option<ExitStatus> {
         let status = self.child.as_mut()?.try_wait().ok()??;
         self.child = None;
         Some(status)
@@ -215,7 +210,7 @@ impl ServerProcess {
     }
 
     /// SIGKILL (plus SIGCONT for a stopped child), then reap, bounded.
-    async fn kill_and_reap(&mut self, label: &str) -> Result<(), HarnessError> {
+    pub(crate) async fn kill_and_reap(&mut self, label: &str) -> Result<(), HarnessError> {
         if self.child.is_none() {
             return Ok(());
         }
@@ -236,7 +231,11 @@ impl ServerProcess {
     }
 
     /// SIGTERM (plus SIGCONT), wait up to `grace`, then SIGKILL.
-    async fn terminate(&mut self, label: &str, grace: Duration) -> Result<(), HarnessError> {
+    pub(crate) async fn terminate(
+        &mut self,
+        label: &str,
+        grace: Duration,
+    ) -> Result<(), HarnessError> {
         if self.child.is_none() {
             return Ok(());
         }
@@ -270,265 +269,4 @@ impl Drop for ServerProcess {
 
 fn pid_of(pid: u32) -> Pid {
     Pid::from_raw(i32::try_from(pid).unwrap_or(i32::MAX))
-}
-
-/// Mutable state of a [`Node`].
-#[derive(Debug, Default)]
-struct NodeState {
-    process: Option<ServerProcess>,
-    paused: bool,
-}
-
-/// One server: its launch spec, readiness probe and current process.
-///
-/// Lifecycle operations (kill, stop, restart) are serialized; status queries never wait
-/// for them.
-#[derive(Debug)]
-pub(crate) struct Node {
-    label: String,
-    spec: LaunchSpec,
-    probe: Probe,
-    ready_timeout: Duration,
-    state: Mutex<NodeState>,
-    ops: tokio::sync::Mutex<()>,
-}
-
-impl Node {
-    pub(crate) fn new(
-        label: String,
-        spec: LaunchSpec,
-        probe: Probe,
-        ready_timeout: Duration,
-    ) -> Self {
-        Self {
-            label,
-            spec,
-            probe,
-            ready_timeout,
-            state: Mutex::new(NodeState::default()),
-            ops: tokio::sync::Mutex::new(()),
-        }
-    }
-
-    pub(crate) fn label(&self) -> &str {
-        &self.label
-    }
-
-    pub(crate) fn ready_timeout(&self) -> Duration {
-        self.ready_timeout
-    }
-
-    pub(crate) fn log_path(&self) -> &Path {
-        &self.spec.log
-    }
-
-    fn state(&self) -> MutexGuard<'_, NodeState> {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Pid of the live (possibly paused) process.
-    pub(crate) fn pid(&self) -> Option<u32> {
-        let mut state = self.state();
-        let process = state.process.as_mut()?;
-        if process.try_reap().is_some() {
-            return None;
-        }
-        Some(process.pid)
-    }
-
-    /// A process exists and is not paused.
-    pub(crate) fn is_running(&self) -> bool {
-        self.pid().is_some() && !self.state().paused
-    }
-
-    /// Spawns the process and waits for readiness; kills it again on failure.
-    pub(crate) async fn launch(&self) -> Result<(), HarnessError> {
-        let offset = self.spawn()?;
-        let result = self.wait_ready(offset).await;
-        if result.is_err() {
-            let process = self.state().process.take();
-            if let Some(mut process) = process {
-                let _ = process.kill_and_reap(&self.label).await;
-            }
-        }
-        result
-    }
-
-    /// Spawns the process (replacing none: the caller ensures nothing runs); returns the
-    /// log length before the spawn, where this run's output starts.
-    pub(crate) fn spawn(&self) -> Result<u64, HarnessError> {
-        let offset = std::fs::metadata(&self.spec.log)
-            .map(|m| m.len())
-            .unwrap_or(0);
-        if offset > 0 {
-            if let Ok(mut f) = OpenOptions::new().append(true).open(&self.spec.log) {
-                let _ = writeln!(f, "\n----- harness: starting {} again -----", self.label);
-            }
-        }
-        let process = ServerProcess::spawn(&self.label, &self.spec)?;
-        let mut state = self.state();
-        state.process = Some(process);
-        state.paused = false;
-        Ok(offset)
-    }
-
-    /// Polls the readiness probe until it passes, the process exits, the log reports a
-    /// port clash, or the ready timeout passes.
-    pub(crate) async fn wait_ready(&self, log_offset: u64) -> Result<(), HarnessError> {
-        let started = Instant::now();
-        let mut interval = Duration::from_millis(20);
-        loop {
-            let exited = {
-                let mut state = self.state();
-                match state.process.as_mut() {
-                    None => Some("killed".to_owned()),
-                    Some(p) => p.try_reap().map(|s| s.to_string()),
-                }
-            };
-            let clash = self.log_reports_addr_in_use(log_offset);
-            if clash {
-                return Err(HarnessError::AddrInUse {
-                    server: self.label.clone(),
-                    log: self.spec.log.display().to_string(),
-                    log_tail: log_tail(&self.spec.log, LOG_TAIL_LINES),
-                });
-            }
-            if let Some(status) = exited {
-                return Err(HarnessError::Exited {
-                    server: self.label.clone(),
-                    status,
-                    log: self.spec.log.display().to_string(),
-                    log_tail: log_tail(&self.spec.log, LOG_TAIL_LINES),
-                });
-            }
-            let last = match self.probe.check(PROBE_TIMEOUT).await {
-                Ok(()) => {
-                    // The answer may come from another process that holds the port while
-                    // ours failed to bind it (and has not exited yet).
-                    let pid = self.pid();
-                    let port = self.probe.port();
-                    if pid.and_then(|pid| listener_owned_by(pid, port)) == Some(false) {
-                        return Err(HarnessError::AddrInUse {
-                            server: self.label.clone(),
-                            log: self.spec.log.display().to_string(),
-                            log_tail: format!(
-                                "(port {port} answers, but not from pid {pid:?})\n{}",
-                                log_tail(&self.spec.log, LOG_TAIL_LINES)
-                            ),
-                        });
-                    }
-                    return Ok(());
-                }
-                Err(seen) => seen,
-            };
-            if started.elapsed() >= self.ready_timeout {
-                return Err(HarnessError::NotReady {
-                    server: self.label.clone(),
-                    waited: started.elapsed(),
-                    detail: last,
-                    log: self.spec.log.display().to_string(),
-                    log_tail: log_tail(&self.spec.log, LOG_TAIL_LINES),
-                });
-            }
-            tokio::time::sleep(interval).await;
-            interval = (interval * 2).min(Duration::from_millis(250));
-        }
-    }
-
-    fn log_reports_addr_in_use(&self, offset: u64) -> bool {
-        read_from(&self.spec.log, Some(offset), 4 << 20)
-            .to_ascii_lowercase()
-            .contains("address already in use")
-    }
-
-    /// One readiness probe, now.
-    pub(crate) async fn probe_once(&self) -> Result<(), String> {
-        self.probe.check(PROBE_TIMEOUT).await
-    }
-
-    fn signal(&self, sig: Signal) -> Result<(), HarnessError> {
-        let state = self.state();
-        let process = state
-            .process
-            .as_ref()
-            .ok_or_else(|| HarnessError::NotRunning {
-                server: self.label.clone(),
-            })?;
-        process.signal(&self.label, sig)
-    }
-
-    /// SIGKILL (and SIGCONT) without reaping: lets a cluster's members die in parallel
-    /// before each one's drop reaps it.
-    pub(crate) fn kill_now(&self) {
-        let _ = self.signal(Signal::SIGKILL);
-        let _ = self.signal(Signal::SIGCONT);
-    }
-
-    /// SIGSTOP.
-    pub(crate) fn pause(&self) -> Result<(), HarnessError> {
-        self.signal(Signal::SIGSTOP)?;
-        self.state().paused = true;
-        Ok(())
-    }
-
-    /// SIGCONT.
-    pub(crate) fn resume(&self) -> Result<(), HarnessError> {
-        self.signal(Signal::SIGCONT)?;
-        self.state().paused = false;
-        Ok(())
-    }
-
-    /// SIGKILL and reap; a no-op when nothing runs.
-    pub(crate) async fn kill9(&self) -> Result<(), HarnessError> {
-        let _ops = self.ops.lock().await;
-        self.kill_locked().await
-    }
-
-    async fn kill_locked(&self) -> Result<(), HarnessError> {
-        let process = {
-            let mut state = self.state();
-            state.paused = false;
-            state.process.take()
-        };
-        match process {
-            Some(mut p) => p.kill_and_reap(&self.label).await,
-            None => Ok(()),
-        }
-    }
-
-    /// SIGTERM, wait up to `grace`, then SIGKILL; a no-op when nothing runs.
-    pub(crate) async fn stop(&self, grace: Duration) -> Result<(), HarnessError> {
-        let _ops = self.ops.lock().await;
-        let process = {
-            let mut state = self.state();
-            state.paused = false;
-            state.process.take()
-        };
-        match process {
-            Some(mut p) => p.terminate(&self.label, grace).await,
-            None => Ok(()),
-        }
-    }
-
-    /// Kills the process if any, runs `between` (e.g. wipe data), starts again on the same
-    /// ports and data dir, and waits for readiness. Retries briefly if a port is taken.
-    pub(crate) async fn restart(
-        &self,
-        between: impl FnOnce() -> Result<(), HarnessError>,
-    ) -> Result<(), HarnessError> {
-        let _ops = self.ops.lock().await;
-        self.kill_locked().await?;
-        between()?;
-        let mut attempt = 0;
-        loop {
-            attempt += 1;
-            match self.launch().await {
-                Err(e) if e.is_addr_in_use() && attempt < RESTART_ATTEMPTS => {
-                    tracing::warn!(server = %self.label, attempt, "port taken on restart, retrying");
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                }
-                other => return other,
-            }
-        }
-    }
 }

@@ -1,17 +1,17 @@
-//! redis-server: a single server, and N independent servers for RedLock.
+//! redis-server as a [`ServerKind`]: a single server ([`RedisServer`]), and N
+//! independent servers for RedLock ([`RedisNodes`]); snapshots and wiped restarts.
 
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use tempfile::TempDir;
+use async_trait::async_trait;
 
+use super::cluster::Cluster;
+use super::node::Node;
 use super::probe::{redis_command, Probe};
-use super::process::{find_binary, log_tail, LaunchSpec, Node};
-use super::{
-    create_dir, free_port, temp_dir, with_port_retries, write_file, HarnessError,
-    DEFAULT_READY_TIMEOUT, STOP_GRACE,
-};
+use super::process::{find_binary, LaunchSpec};
+use super::server::{loopback, Member, Prepared, Server, ServerKind};
+use super::{create_dir, write_file, HarnessError, DEFAULT_READY_TIMEOUT};
 
 const HINT: &str = "apt-get install redis-server";
 
@@ -32,6 +32,8 @@ pub struct RedisOptions {
     pub ready_timeout: Duration,
     /// Extra config lines appended to `redis.conf` (e.g. `"maxmemory 64mb"`). Default: none.
     pub extra_config: Vec<String>,
+    /// Number of [`RedisNodes`]; ignored by [`RedisServer`]. Default: 5.
+    pub members: usize,
 }
 
 impl Default for RedisOptions {
@@ -40,6 +42,7 @@ impl Default for RedisOptions {
             persistence: false,
             ready_timeout: DEFAULT_READY_TIMEOUT,
             extra_config: Vec::new(),
+            members: 5,
         }
     }
 }
@@ -57,6 +60,12 @@ impl RedisOptions {
         self
     }
 
+    /// Sets [`members`](Self::members).
+    pub fn members(mut self, n: usize) -> Self {
+        self.members = n;
+        self
+    }
+
     /// Appends one line to [`extra_config`](Self::extra_config).
     pub fn config_line(mut self, line: impl Into<String>) -> Self {
         self.extra_config.push(line.into());
@@ -65,155 +74,94 @@ impl RedisOptions {
 }
 
 /// One redis-server on a free loopback port, in a temp dir. Killed on drop.
+pub type RedisServer = Server<Redis>;
+
+/// N independent redis-servers (no replication), e.g. for RedLock
+/// ([`members`](RedisOptions::members), default 5). Killed on drop.
+pub type RedisNodes = Cluster<Redis>;
+
+/// The redis-server kind: what a server keeps beyond its process.
 #[derive(Debug)]
-pub struct RedisServer {
-    node: Node,
-    port: u16,
+pub struct Redis {
     persistence: bool,
-    data_dir: PathBuf,
     snapshot_dir: PathBuf,
-    _dir: TempDir,
 }
 
-impl RedisServer {
-    /// Starts a server with default options (no persistence).
-    ///
-    /// # Errors
-    /// [`HarnessError::MissingBinary`] if `redis-server` is not installed (or
-    /// `$REDIS_SERVER_BIN` points nowhere); other variants if it does not start.
-    pub async fn start() -> Result<Self, HarnessError> {
-        Self::start_with(RedisOptions::default()).await
+#[async_trait]
+impl ServerKind for Redis {
+    type Options = RedisOptions;
+    type Program = PathBuf;
+
+    const NAME: &'static str = "redis-server";
+    const CLUSTER: &'static str = "redis nodes";
+    const SCHEME: &'static str = "redis";
+    const CLUSTER_SCHEME: &'static str = "redlock";
+    const PORTS: usize = 1;
+    const ELECTS_LEADER: bool = false;
+
+    fn find() -> Result<PathBuf, HarnessError> {
+        find_binary("redis-server", "REDIS_SERVER_BIN", HINT)
     }
 
-    /// Starts a server with `options`.
-    ///
-    /// # Errors
-    /// As [`start`](Self::start).
-    pub async fn start_with(options: RedisOptions) -> Result<Self, HarnessError> {
-        let program = find_binary("redis-server", "REDIS_SERVER_BIN", HINT)?;
-        with_port_retries("redis-server", || async {
-            Self::try_start(&program, &options, free_port()?).await
-        })
-        .await
+    fn members(options: &RedisOptions) -> usize {
+        options.members
     }
 
-    async fn try_start(
-        program: &Path,
+    fn ready_timeout(options: &RedisOptions) -> Duration {
+        options.ready_timeout
+    }
+
+    fn prepare(
+        program: &PathBuf,
         options: &RedisOptions,
-        port: u16,
-    ) -> Result<Self, HarnessError> {
-        let dir = temp_dir("redis")?;
+        dir: &Path,
+        member: Member<'_>,
+    ) -> Result<Prepared<Self>, HarnessError> {
+        let port = member.own_ports()[0];
         let label = format!("redis-server 127.0.0.1:{port}");
-        let data_dir = dir.path().join("data");
+        let data_dir = dir.join("data");
         create_dir(&label, &data_dir)?;
-        let conf = dir.path().join("redis.conf");
+        let conf = dir.join("redis.conf");
         write_file(&label, &conf, &config(port, &data_dir, options))?;
         let spec = LaunchSpec {
-            program: program.to_owned(),
+            program: program.clone(),
             args: vec![conf.into_os_string()],
             env: Vec::new(),
-            cwd: dir.path().to_owned(),
-            log: dir.path().join("server.log"),
+            cwd: dir.to_owned(),
+            log: dir.join("server.log"),
         };
         let probe = Probe::RedisPing(loopback(port));
-        let node = Node::new(label, spec, probe, options.ready_timeout);
-        node.launch().await?;
-        Ok(Self {
-            node,
-            port,
-            persistence: options.persistence,
+        Ok(Prepared {
+            node: Node::new(label, spec, probe, options.ready_timeout),
             data_dir,
-            snapshot_dir: dir.path().join("snapshot"),
-            _dir: dir,
+            kind: Redis {
+                persistence: options.persistence,
+                snapshot_dir: dir.join("snapshot"),
+            },
         })
     }
 
-    /// The server's address.
-    pub fn addr(&self) -> SocketAddr {
-        loopback(self.port)
+    async fn restart_wiped(server: &RedisServer) -> Result<(), HarnessError> {
+        server.restart_wiped().await
     }
 
-    /// The server's port.
-    pub fn port(&self) -> u16 {
-        self.port
+    async fn save_snapshot(server: &RedisServer) -> Result<(), HarnessError> {
+        server.save_snapshot().await
     }
 
-    /// `redis://127.0.0.1:PORT`.
-    pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+    async fn restart_from_snapshot(server: &RedisServer) -> Result<(), HarnessError> {
+        server.restart_from_snapshot().await
     }
+}
 
-    /// Pid of the server process, `None` when it is not running (killed or stopped).
-    pub fn pid(&self) -> Option<u32> {
-        self.node.pid()
-    }
-
-    /// True when the process is alive and not paused.
-    pub fn is_running(&self) -> bool {
-        self.node.is_running()
-    }
-
-    /// True when the server answers `PING` now.
-    pub async fn is_ready(&self) -> bool {
-        self.node.probe_once().await.is_ok()
-    }
-
-    /// The server's data directory (AOF and RDB files).
-    pub fn data_dir(&self) -> &Path {
-        &self.data_dir
-    }
-
-    /// The server's log file (stdout and stderr of every run).
-    pub fn log_path(&self) -> &Path {
-        self.node.log_path()
-    }
-
-    /// The last `lines` lines of the log.
-    pub fn log_tail(&self, lines: usize) -> String {
-        log_tail(self.node.log_path(), lines)
-    }
-
-    /// SIGKILL the server and reap it. No-op if it is not running.
-    ///
-    /// # Errors
-    /// If the process cannot be reaped in time.
-    pub async fn kill9(&self) -> Result<(), HarnessError> {
-        self.node.kill9().await
-    }
-
-    /// SIGSTOP the server: connections stay open, nothing is answered.
-    ///
-    /// # Errors
-    /// [`HarnessError::NotRunning`] or a signal error.
-    pub fn pause(&self) -> Result<(), HarnessError> {
-        self.node.pause()
-    }
-
-    /// SIGCONT a paused server.
-    ///
-    /// # Errors
-    /// [`HarnessError::NotRunning`] or a signal error.
-    pub fn resume(&self) -> Result<(), HarnessError> {
-        self.node.resume()
-    }
-
-    /// Kills the server if it runs and starts it again on the same port and data dir;
-    /// returns once it answers `PING`. Data survives only with
-    /// [`persistence`](RedisOptions::persistence).
-    ///
-    /// # Errors
-    /// If the server does not come back.
-    pub async fn restart(&self) -> Result<(), HarnessError> {
-        self.node.restart(|| Ok(())).await
-    }
-
+impl Server<Redis> {
     /// Like [`restart`](Self::restart), but deletes the data dir's contents in between.
     ///
     /// # Errors
     /// If the data cannot be deleted or the server does not come back.
     pub async fn restart_wiped(&self) -> Result<(), HarnessError> {
         let label = self.node.label().to_owned();
-        let data_dir = self.data_dir.clone();
+        let data_dir = self.data_dir().to_owned();
         self.node.restart(move || wipe(&label, &data_dir)).await
     }
 
@@ -237,11 +185,12 @@ impl RedisServer {
                 std::io::Error::other(format!("answered {:?}", reply.trim_end())),
             ));
         }
-        if self.snapshot_dir.exists() {
-            std::fs::remove_dir_all(&self.snapshot_dir)
+        let snapshot_dir = &self.kind.snapshot_dir;
+        if snapshot_dir.exists() {
+            std::fs::remove_dir_all(snapshot_dir)
                 .map_err(|e| HarnessError::io(label, "remove the old snapshot", e))?;
         }
-        copy_dir(label, &self.data_dir, &self.snapshot_dir)?;
+        copy_dir(label, self.data_dir(), snapshot_dir)?;
         self.forget_rdb()
     }
 
@@ -254,14 +203,14 @@ impl RedisServer {
     /// back.
     pub async fn restart_from_snapshot(&self) -> Result<(), HarnessError> {
         let label = self.node.label().to_owned();
-        if !self.snapshot_dir.is_dir() {
+        if !self.kind.snapshot_dir.is_dir() {
             return Err(HarnessError::io(
                 &label,
                 "restore a snapshot",
                 std::io::Error::new(std::io::ErrorKind::NotFound, "no snapshot was saved"),
             ));
         }
-        let (data_dir, snapshot_dir) = (self.data_dir.clone(), self.snapshot_dir.clone());
+        let (data_dir, snapshot_dir) = (self.data_dir().to_owned(), self.kind.snapshot_dir.clone());
         self.node
             .restart(move || {
                 wipe(&label, &data_dir)?;
@@ -274,100 +223,14 @@ impl RedisServer {
     /// Without persistence, removes the RDB file once written or loaded, so that a plain
     /// restart starts empty as documented.
     fn forget_rdb(&self) -> Result<(), HarnessError> {
-        let rdb = self.data_dir.join(RDB_FILE);
-        if self.persistence || !rdb.exists() {
+        let rdb = self.data_dir().join(RDB_FILE);
+        if self.kind.persistence || !rdb.exists() {
             return Ok(());
         }
         std::fs::remove_file(&rdb).map_err(|e| {
             HarnessError::io(self.node.label(), format!("remove {}", rdb.display()), e)
         })
     }
-
-    /// Graceful stop: SIGTERM, then SIGKILL after a grace period. No-op if not running.
-    ///
-    /// # Errors
-    /// If the process cannot be reaped in time.
-    pub async fn stop(&self) -> Result<(), HarnessError> {
-        self.node.stop(STOP_GRACE).await
-    }
-}
-
-/// N independent redis-servers (no replication), e.g. for RedLock. Killed on drop.
-#[derive(Debug)]
-pub struct RedisNodes {
-    nodes: Vec<RedisServer>,
-}
-
-impl RedisNodes {
-    /// Starts `n` servers concurrently with default options.
-    ///
-    /// # Errors
-    /// As [`RedisServer::start`]; servers already started are killed.
-    pub async fn start(n: usize) -> Result<Self, HarnessError> {
-        Self::start_with(n, RedisOptions::default()).await
-    }
-
-    /// Starts `n` servers concurrently with `options`.
-    ///
-    /// # Errors
-    /// As [`RedisServer::start`]; servers already started are killed.
-    pub async fn start_with(n: usize, options: RedisOptions) -> Result<Self, HarnessError> {
-        let nodes =
-            futures::future::try_join_all((0..n).map(|_| RedisServer::start_with(options.clone())))
-                .await?;
-        Ok(Self { nodes })
-    }
-
-    /// Number of servers.
-    pub fn len(&self) -> usize {
-        self.nodes.len()
-    }
-
-    /// True when there are no servers.
-    pub fn is_empty(&self) -> bool {
-        self.nodes.is_empty()
-    }
-
-    /// Server `i`.
-    ///
-    /// # Panics
-    /// If `i >= len()`.
-    pub fn member(&self, i: usize) -> &RedisServer {
-        &self.nodes[i]
-    }
-
-    /// All servers.
-    pub fn members(&self) -> &[RedisServer] {
-        &self.nodes
-    }
-
-    /// `redis://127.0.0.1:PORT` of each server.
-    pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(RedisServer::url).collect()
-    }
-
-    /// `redlock://127.0.0.1:P1,127.0.0.1:P2,...`.
-    pub fn url(&self) -> String {
-        let hosts: Vec<String> = self
-            .nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        format!("redlock://{}", hosts.join(","))
-    }
-}
-
-impl Drop for RedisNodes {
-    fn drop(&mut self) {
-        // Kill all first; each server's own drop then only reaps.
-        for n in &self.nodes {
-            n.node.kill_now();
-        }
-    }
-}
-
-fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }
 
 fn config(port: u16, data_dir: &Path, options: &RedisOptions) -> String {
@@ -446,7 +309,7 @@ mod tests {
         };
         let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
         let port = taken.local_addr().expect("addr").port();
-        let err = RedisServer::try_start(&program, &RedisOptions::default(), port)
+        let err = RedisServer::start_on(&program, &RedisOptions::default(), vec![port])
             .await
             .expect_err("port is taken");
         assert!(err.is_addr_in_use(), "{err}");
@@ -460,7 +323,7 @@ mod tests {
             return;
         };
         let first = RedisServer::start().await.expect("first server");
-        let err = RedisServer::try_start(&program, &RedisOptions::default(), first.port())
+        let err = RedisServer::start_on(&program, &RedisOptions::default(), vec![first.port()])
             .await
             .expect_err("port is taken by the first server");
         assert!(err.is_addr_in_use(), "{err}");

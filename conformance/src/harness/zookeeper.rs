@@ -1,20 +1,26 @@
-//! ZooKeeper (Debian package `zookeeper`, run with `java`): standalone and ensemble.
+//! ZooKeeper (Debian package `zookeeper`, run with `java`) as a [`ServerKind`]: a
+//! standalone server ([`ZkServer`]) and an ensemble ([`ZkEnsemble`]) whose quorum
+//! links can pass fault proxies, to cut a member off from its peers.
+//!
+//! (Over 500 lines: ZooKeeper needs more than the other kinds, a JVM class path, start
+//! slots, four-letter words and peer links; each is the ZooKeeper half of a harness
+//! piece, kept beside the others.)
 
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, LazyLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tempfile::TempDir;
+use async_trait::async_trait;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+use super::cluster::Cluster;
+use super::majority;
+use super::node::Node;
 use super::probe::{four_letter, zk_mode_line, Probe};
-use super::process::{find_binary, log_tail, LaunchSpec, Node};
-use super::{
-    create_dir, first_error, free_port, free_ports, majority, temp_dir, wait_for_leader,
-    with_port_retries, write_file, HarnessError, DEFAULT_READY_TIMEOUT, STOP_GRACE,
-};
+use super::process::{find_binary, LaunchSpec};
+use super::server::{loopback, Member, Prepared, Server, ServerKind};
+use super::{create_dir, write_file, HarnessError, DEFAULT_READY_TIMEOUT};
 use crate::proxy::{FaultProxy, ProxyMode};
 
 const HINT: &str = "apt-get install zookeeper";
@@ -151,14 +157,14 @@ impl fmt::Display for ZkMode {
     }
 }
 
-/// Java and the class path to run ZooKeeper with.
+/// Java and the class path to run ZooKeeper with (found before a start).
 #[derive(Debug, Clone)]
-struct Runtime {
+pub struct ZkRuntime {
     java: PathBuf,
     classpath: String,
 }
 
-impl Runtime {
+impl ZkRuntime {
     /// `$JAVA_BIN` or `java`; `$ZOOKEEPER_CLASSPATH` or `zookeeper.jar` plus a log4j binding.
     fn find() -> Result<Self, HarnessError> {
         let java = find_binary("java", "JAVA_BIN", JAVA_HINT)?;
@@ -202,69 +208,67 @@ impl Runtime {
     }
 }
 
-/// Ports of one ensemble member.
-#[derive(Debug, Clone, Copy)]
-struct MemberPorts {
-    client: u16,
-    quorum: u16,
-    election: u16,
-}
-
 /// One ZooKeeper server (standalone, or a member of a [`ZkEnsemble`]). Killed on drop.
 ///
 /// Runs with `tickTime` 500 ms, session timeouts 1-60 s, four-letter words enabled, no
 /// admin server, a 256 MiB heap, log4j to the console (the log file), and
 /// `forceSync=no`: a killed process loses nothing (its writes are in the page cache);
 /// only a machine crash would.
+pub type ZkServer = Server<ZooKeeper>;
+
+/// A ZooKeeper ensemble (3 members by default) on loopback. Killed on drop.
+///
+/// With [`ZkOptions::peer_links`], each member's configuration names every peer's quorum
+/// port through a fault proxy of its own (the connection a follower opens to its leader
+/// goes through one), so [`partition`](Self::partition) cuts a member off from its peers
+/// while its clients still reach it: the setting in which a follower keeps serving
+/// reads for up to `syncLimit` ticks after it lost its leader. Leader election messages
+/// still flow (ZooKeeper calls a peer back on the address that peer announces, so they
+/// cannot all be routed through a proxy): a cut-off follower cannot follow or lead, but
+/// a cut-off leader may be elected again and again by the others, so partition
+/// followers only.
+pub type ZkEnsemble = Cluster<ZooKeeper>;
+
+/// The ZooKeeper kind: what a server keeps beyond its process.
 #[derive(Debug)]
-pub struct ZkServer {
-    node: Node,
-    port: u16,
+pub struct ZooKeeper {
     /// `myid` for ensemble members.
     id: Option<usize>,
-    data_dir: PathBuf,
-    _dir: Option<TempDir>,
 }
 
-impl ZkServer {
-    /// Starts a standalone server with default options.
-    ///
-    /// # Errors
-    /// [`HarnessError::MissingBinary`] if java or the ZooKeeper jar is missing; other
-    /// variants if it does not start.
-    pub async fn start() -> Result<Self, HarnessError> {
-        Self::start_with(ZkOptions::default()).await
+#[async_trait]
+impl ServerKind for ZooKeeper {
+    type Options = ZkOptions;
+    type Program = ZkRuntime;
+
+    const NAME: &'static str = "zookeeper";
+    const CLUSTER: &'static str = "zookeeper ensemble";
+    const SCHEME: &'static str = "zk";
+    const CLUSTER_SCHEME: &'static str = "zk";
+    /// Client, quorum and election ports.
+    const PORTS: usize = 3;
+    const ELECTS_LEADER: bool = true;
+
+    fn find() -> Result<ZkRuntime, HarnessError> {
+        ZkRuntime::find()
     }
 
-    /// Starts a standalone server with `options`.
-    ///
-    /// # Errors
-    /// As [`start`](Self::start).
-    pub async fn start_with(options: ZkOptions) -> Result<Self, HarnessError> {
-        let runtime = Runtime::find()?;
-        with_port_retries("zookeeper", || async {
-            let dir = temp_dir("zk")?;
-            let port = free_port()?;
-            let server = Self::prepare(&runtime, &options, dir.path(), None, port, &[])?;
-            let _slot = start_slots(1).await?;
-            server.node.launch().await?;
-            Ok(Self {
-                _dir: Some(dir),
-                ..server
-            })
-        })
-        .await
+    fn members(options: &ZkOptions) -> usize {
+        options.members
     }
 
-    /// Writes config, log config and data dir under `dir`; does not spawn.
+    fn ready_timeout(options: &ZkOptions) -> Duration {
+        options.ready_timeout
+    }
+
     fn prepare(
-        runtime: &Runtime,
+        runtime: &ZkRuntime,
         options: &ZkOptions,
         dir: &Path,
-        id: Option<usize>,
-        client_port: u16,
-        peers: &[MemberPorts],
-    ) -> Result<Self, HarnessError> {
+        member: Member<'_>,
+    ) -> Result<Prepared<Self>, HarnessError> {
+        let client_port = member.own_ports()[0];
+        let id = member.index.map(|i| i + 1);
         let label = match id {
             Some(id) => format!("zookeeper member {id} 127.0.0.1:{client_port}"),
             None => format!("zookeeper 127.0.0.1:{client_port}"),
@@ -285,12 +289,14 @@ impl ZkServer {
         );
         if let Some(id) = id {
             write_file(&label, &data_dir.join("myid"), &format!("{id}\n"))?;
-            for (i, p) in peers.iter().enumerate() {
+            for (j, peer) in member.ports.iter().enumerate() {
+                // How this member sees its peers: their quorum ports through its own
+                // proxies, when there are peer links.
+                let quorum = peer_link(member.links, id - 1, j).map_or(peer[1], FaultProxy::port);
                 cfg.push_str(&format!(
-                    "server.{}=127.0.0.1:{}:{}\n",
-                    i + 1,
-                    p.quorum,
-                    p.election
+                    "server.{}=127.0.0.1:{quorum}:{}\n",
+                    j + 1,
+                    peer[2]
                 ));
             }
         }
@@ -342,68 +348,76 @@ impl ZkServer {
             addr: loopback(client_port),
             standalone: id.is_none(),
         };
-        Ok(Self {
+        Ok(Prepared {
             node: Node::new(label, spec, probe, options.ready_timeout),
-            port: client_port,
-            id,
             data_dir,
-            _dir: None,
+            kind: ZooKeeper { id },
         })
     }
 
-    /// The client address.
-    pub fn addr(&self) -> SocketAddr {
-        loopback(self.port)
+    async fn peer_links(
+        options: &ZkOptions,
+        ports: &[Vec<u16>],
+    ) -> Result<Vec<Arc<Vec<FaultProxy>>>, HarnessError> {
+        let n = ports.len();
+        let mut links = Vec::new();
+        if options.peer_links {
+            for from in 0..n {
+                let mut outgoing = Vec::with_capacity(n - 1);
+                for to in (0..n).filter(|to| *to != from) {
+                    let proxy = FaultProxy::start(loopback(ports[to][1]))
+                        .await
+                        .map_err(|e| {
+                            HarnessError::io("zookeeper ensemble", "start a peer link proxy", e)
+                        })?;
+                    outgoing.push(proxy);
+                }
+                links.push(Arc::new(outgoing));
+            }
+        }
+        Ok(links)
     }
 
-    /// The client port.
-    pub fn port(&self) -> u16 {
-        self.port
+    async fn start_slots(n: usize) -> Result<Option<SemaphorePermit<'static>>, HarnessError> {
+        start_slots(n).await.map(Some)
     }
 
-    /// `zk://127.0.0.1:PORT`.
-    pub fn url(&self) -> String {
-        format!("zk://127.0.0.1:{}", self.port)
+    /// A majority of all members must serve and exactly one of them must be leader.
+    async fn leader(members: &[ZkServer], cluster: &str) -> Result<usize, HarnessError> {
+        let modes = futures::future::join_all(members.iter().map(|m| async move {
+            if m.is_running() {
+                m.mode().await.ok()
+            } else {
+                None
+            }
+        }))
+        .await;
+        let serving = modes.iter().flatten().count();
+        let leaders: Vec<usize> = modes
+            .iter()
+            .enumerate()
+            .filter(|(_, m)| **m == Some(ZkMode::Leader))
+            .map(|(i, _)| i)
+            .collect();
+        match leaders.as_slice() {
+            [leader] if serving >= majority(members.len()) => Ok(*leader),
+            _ => Err(HarnessError::Cluster {
+                cluster: cluster.to_owned(),
+                detail: format!("no single leader; modes by member: {modes:?}"),
+            }),
+        }
     }
+}
 
+impl Server<ZooKeeper> {
     /// `127.0.0.1:PORT`, a ZooKeeper connect string.
     pub fn connect_string(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.addr().to_string()
     }
 
     /// The member's `myid` (1-based) in an ensemble; `None` when standalone.
     pub fn id(&self) -> Option<usize> {
-        self.id
-    }
-
-    /// Pid of the JVM, `None` when it is not running.
-    pub fn pid(&self) -> Option<u32> {
-        self.node.pid()
-    }
-
-    /// True when the process is alive and not paused.
-    pub fn is_running(&self) -> bool {
-        self.node.is_running()
-    }
-
-    /// True when the server serves clients now (`srvr` shows the expected mode).
-    pub async fn is_ready(&self) -> bool {
-        self.node.probe_once().await.is_ok()
-    }
-
-    /// The data directory (snapshots, transaction logs, `myid`).
-    pub fn data_dir(&self) -> &Path {
-        &self.data_dir
-    }
-
-    /// The log file (stdout/stderr of the JVM, log4j to the console).
-    pub fn log_path(&self) -> &Path {
-        self.node.log_path()
-    }
-
-    /// The last `lines` lines of the log.
-    pub fn log_tail(&self, lines: usize) -> String {
-        log_tail(self.node.log_path(), lines)
+        self.kind.id
     }
 
     /// Sends a four-letter word (`srvr`, `ruok`, `stat`, `mntr`, ...) and returns the answer.
@@ -429,219 +443,12 @@ impl ZkServer {
                 detail: format!("not serving: {:?}", out.trim_end()),
             })
     }
-
-    /// SIGKILL the JVM and reap it. No-op if it is not running.
-    ///
-    /// # Errors
-    /// If the process cannot be reaped in time.
-    pub async fn kill9(&self) -> Result<(), HarnessError> {
-        self.node.kill9().await
-    }
-
-    /// SIGSTOP the JVM: connections stay open, nothing is answered, sessions expire.
-    ///
-    /// # Errors
-    /// [`HarnessError::NotRunning`] or a signal error.
-    pub fn pause(&self) -> Result<(), HarnessError> {
-        self.node.pause()
-    }
-
-    /// SIGCONT a paused JVM.
-    ///
-    /// # Errors
-    /// [`HarnessError::NotRunning`] or a signal error.
-    pub fn resume(&self) -> Result<(), HarnessError> {
-        self.node.resume()
-    }
-
-    /// Kills the server if it runs and starts it again on the same ports and data dir;
-    /// returns once it serves (an ensemble member: once it has rejoined as leader or
-    /// follower, which needs a quorum).
-    ///
-    /// # Errors
-    /// If the server does not come back in time.
-    pub async fn restart(&self) -> Result<(), HarnessError> {
-        let _slot = start_slots(1).await?;
-        self.node.restart(|| Ok(())).await
-    }
-
-    /// Graceful stop: SIGTERM, then SIGKILL after a grace period. No-op if not running.
-    ///
-    /// # Errors
-    /// If the process cannot be reaped in time.
-    pub async fn stop(&self) -> Result<(), HarnessError> {
-        self.node.stop(STOP_GRACE).await
-    }
 }
 
-/// A ZooKeeper ensemble (3 members by default) on loopback. Killed on drop.
-///
-/// With [`ZkOptions::peer_links`], each member's configuration names every peer's quorum
-/// port through a fault proxy of its own (the connection a follower opens to its leader
-/// goes through one), so [`partition`](Self::partition) cuts a member off from its peers
-/// while its clients still reach it: the setting in which a follower keeps serving
-/// reads for up to `syncLimit` ticks after it lost its leader. Leader election messages
-/// still flow (ZooKeeper calls a peer back on the address that peer announces, so they
-/// cannot all be routed through a proxy): a cut-off follower cannot follow or lead, but
-/// a cut-off leader may be elected again and again by the others, so partition
-/// followers only.
-#[derive(Debug)]
-pub struct ZkEnsemble {
-    members: Vec<ZkServer>,
-    /// `links[i][k]`: the proxy member `i` reaches the quorum port of its `k`-th peer
-    /// through (peers in member order, `i` left out). Empty without peer links.
-    links: Vec<Arc<Vec<FaultProxy>>>,
-    label: String,
-    _dir: TempDir,
-}
-
-impl ZkEnsemble {
-    /// Starts a 3-member ensemble with default options; returns once every member serves
-    /// and exactly one is leader.
-    ///
-    /// # Errors
-    /// As [`ZkServer::start`], or [`HarnessError::Cluster`] if no leader is elected in time.
-    pub async fn start() -> Result<Self, HarnessError> {
-        Self::start_with(ZkOptions::default()).await
-    }
-
-    /// Starts an ensemble of `options.members` members.
-    ///
-    /// # Errors
-    /// As [`start`](Self::start).
-    pub async fn start_with(options: ZkOptions) -> Result<Self, HarnessError> {
-        let runtime = Runtime::find()?;
-        let n = options.members.max(1);
-        with_port_retries("zookeeper ensemble", || {
-            Self::try_start(&runtime, &options, n)
-        })
-        .await
-    }
-
-    async fn try_start(
-        runtime: &Runtime,
-        options: &ZkOptions,
-        n: usize,
-    ) -> Result<Self, HarnessError> {
-        let dir = temp_dir("zk-ensemble")?;
-        let flat = free_ports(3 * n)?;
-        let peers: Vec<MemberPorts> = flat
-            .chunks_exact(3)
-            .map(|c| MemberPorts {
-                client: c[0],
-                quorum: c[1],
-                election: c[2],
-            })
-            .collect();
-        let mut links = Vec::new();
-        if options.peer_links {
-            for from in 0..n {
-                let mut outgoing = Vec::with_capacity(n - 1);
-                for to in (0..n).filter(|to| *to != from) {
-                    let proxy = FaultProxy::start(loopback(peers[to].quorum))
-                        .await
-                        .map_err(|e| {
-                            HarnessError::io("zookeeper ensemble", "start a peer link proxy", e)
-                        })?;
-                    outgoing.push(proxy);
-                }
-                links.push(Arc::new(outgoing));
-            }
-        }
-        let mut members = Vec::with_capacity(n);
-        for (i, p) in peers.iter().enumerate() {
-            let member_dir = dir.path().join(format!("zk{}", i + 1));
-            create_dir("zookeeper ensemble", &member_dir)?;
-            // How member i sees its peers: their quorum ports through its own proxies.
-            let view: Vec<MemberPorts> = peers
-                .iter()
-                .enumerate()
-                .map(|(j, peer)| match peer_link(&links, i, j) {
-                    Some(proxy) => MemberPorts {
-                        quorum: proxy.port(),
-                        ..*peer
-                    },
-                    None => *peer,
-                })
-                .collect();
-            members.push(ZkServer::prepare(
-                runtime,
-                options,
-                &member_dir,
-                Some(i + 1),
-                p.client,
-                &view,
-            )?);
-        }
-        let label = format!(
-            "zookeeper ensemble {}",
-            members
-                .iter()
-                .map(ZkServer::connect_string)
-                .collect::<Vec<_>>()
-                .join(",")
-        );
-        let ensemble = Self {
-            members,
-            links,
-            label,
-            _dir: dir,
-        };
-        let _slots = start_slots(n).await?;
-        let started = Instant::now();
-        let mut offsets = Vec::with_capacity(n);
-        for m in &ensemble.members {
-            offsets.push(m.node.spawn()?);
-        }
-        let waits = ensemble
-            .members
-            .iter()
-            .zip(offsets)
-            .map(|(m, offset)| m.node.wait_ready(offset));
-        let results = futures::future::join_all(waits).await;
-        first_error(results)?;
-        let remaining = options.ready_timeout.saturating_sub(started.elapsed());
-        ensemble
-            .wait_for_leader(remaining.max(Duration::from_secs(5)))
-            .await?;
-        Ok(ensemble)
-    }
-
-    /// Number of members.
-    pub fn len(&self) -> usize {
-        self.members.len()
-    }
-
-    /// True when the ensemble has no members.
-    pub fn is_empty(&self) -> bool {
-        self.members.is_empty()
-    }
-
-    /// Member `i` (0-based; its `myid` is `i + 1`).
-    ///
-    /// # Panics
-    /// If `i >= len()`.
-    pub fn member(&self, i: usize) -> &ZkServer {
-        &self.members[i]
-    }
-
-    /// All members.
-    pub fn members(&self) -> &[ZkServer] {
-        &self.members
-    }
-
-    /// `zk://127.0.0.1:P1,127.0.0.1:P2,...` (every member, also stopped ones).
-    pub fn url(&self) -> String {
-        format!("zk://{}", self.connect_string())
-    }
-
+impl Cluster<ZooKeeper> {
     /// `127.0.0.1:P1,127.0.0.1:P2,...`, a ZooKeeper connect string.
     pub fn connect_string(&self) -> String {
-        self.members
-            .iter()
-            .map(ZkServer::connect_string)
-            .collect::<Vec<_>>()
-            .join(",")
+        self.hosts().join(",")
     }
 
     /// Cuts follower `i` off from its peers (its quorum links turn into black holes, both
@@ -662,7 +469,7 @@ impl ZkEnsemble {
     /// # Errors
     /// As [`partition`](Self::partition).
     pub fn heal(&self) -> Result<(), HarnessError> {
-        for i in 0..self.members.len() {
+        for i in 0..self.len() {
             self.set_peer_links(i, ProxyMode::Reset)?;
             self.set_peer_links(i, ProxyMode::Pass)?;
         }
@@ -703,98 +510,6 @@ impl ZkEnsemble {
                 detail: "started without peer links (ZkOptions::peer_links)".to_owned(),
             })
     }
-
-    /// Kills every member that runs and starts all of them again concurrently, on the
-    /// same ports and data dirs (one member alone cannot serve without a quorum); returns
-    /// once every member serves and there is one leader.
-    ///
-    /// # Errors
-    /// If a member does not come back or no leader is elected in time.
-    pub async fn restart_all(&self) -> Result<(), HarnessError> {
-        let started = Instant::now();
-        let timeout = self
-            .members
-            .iter()
-            .map(|m| m.node.ready_timeout())
-            .max()
-            .unwrap_or(DEFAULT_READY_TIMEOUT);
-        {
-            let _slots = start_slots(self.members.len()).await?;
-            futures::future::try_join_all(self.members.iter().map(|m| m.node.restart(|| Ok(()))))
-                .await?;
-        }
-        let remaining = timeout.saturating_sub(started.elapsed());
-        self.wait_for_leader(remaining.max(Duration::from_secs(5)))
-            .await
-            .map(|_| ())
-    }
-
-    /// The current leader's index, asking every running member: a majority of all
-    /// members must serve and exactly one of them must be leader.
-    ///
-    /// # Errors
-    /// [`HarnessError::Cluster`] when that is not the case right now.
-    pub async fn leader(&self) -> Result<usize, HarnessError> {
-        let modes = futures::future::join_all(self.members.iter().map(|m| async move {
-            if m.is_running() {
-                m.mode().await.ok()
-            } else {
-                None
-            }
-        }))
-        .await;
-        let serving = modes.iter().flatten().count();
-        let leaders: Vec<usize> = modes
-            .iter()
-            .enumerate()
-            .filter(|(_, m)| **m == Some(ZkMode::Leader))
-            .map(|(i, _)| i)
-            .collect();
-        match leaders.as_slice() {
-            [leader] if serving >= majority(self.members.len()) => Ok(*leader),
-            _ => Err(HarnessError::Cluster {
-                cluster: self.label.clone(),
-                detail: format!("no single leader; modes by member: {modes:?}"),
-            }),
-        }
-    }
-
-    /// Polls [`leader`](Self::leader) until it succeeds, for at most `timeout`.
-    ///
-    /// # Errors
-    /// [`HarnessError::Cluster`] with the last observation if no leader shows up in time.
-    pub async fn wait_for_leader(&self, timeout: Duration) -> Result<usize, HarnessError> {
-        self.wait_for_leader_other_than(None, timeout).await
-    }
-
-    /// Polls until a leader other than member `old` is elected, for at most `timeout`.
-    ///
-    /// # Errors
-    /// [`HarnessError::Cluster`] with the last observation if none shows up in time.
-    pub async fn wait_for_new_leader(
-        &self,
-        old: usize,
-        timeout: Duration,
-    ) -> Result<usize, HarnessError> {
-        self.wait_for_leader_other_than(Some(old), timeout).await
-    }
-
-    async fn wait_for_leader_other_than(
-        &self,
-        old: Option<usize>,
-        timeout: Duration,
-    ) -> Result<usize, HarnessError> {
-        wait_for_leader(&self.label, old, timeout, || self.leader()).await
-    }
-}
-
-impl Drop for ZkEnsemble {
-    fn drop(&mut self) {
-        // Kill all first; each member's own drop then only reaps.
-        for m in &self.members {
-            m.node.kill_now();
-        }
-    }
 }
 
 /// Waits for `n` (at most [`JVM_STARTS`]) JVM start slots, bounded.
@@ -826,8 +541,4 @@ fn peer_link(links: &[Arc<Vec<FaultProxy>>], from: usize, to: usize) -> Option<&
         std::cmp::Ordering::Greater => to - 1,
     };
     links.get(from)?.get(k)
-}
-
-fn loopback(port: u16) -> SocketAddr {
-    SocketAddr::from((Ipv4Addr::LOCALHOST, port))
 }

@@ -96,7 +96,7 @@ impl RedisFactory {
     /// [`RedisFactory::single`].
     pub(crate) async fn redlock(n: usize) -> Option<Self> {
         lock_core::raw::register::<lock_redis::RedisBackend>();
-        let nodes = or_skip(RedisNodes::start(n).await)?;
+        let nodes = or_skip(RedisNodes::start_with(RedisOptions::default().members(n)).await)?;
         Some(RedisFactory {
             servers: Servers::Nodes(nodes),
             proxies: Mutex::new(Vec::new()),

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 
 use async_trait::async_trait;
 use conformance::harness::{
-    EtcdServer, HarnessError, RedisNodes, RedisServer, ZkEnsemble, ZkServer,
+    EtcdServer, HarnessError, RedisNodes, RedisOptions, RedisServer, ZkEnsemble, ZkServer,
 };
 
 use crate::floors::{EtcdFloor, RedisFloor, ZkFloor};
@@ -251,7 +251,9 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             Ok(target)
         }
         "redlock" => {
-            let nodes = RedisNodes::start(5).await.map_err(harness)?;
+            let nodes = RedisNodes::start_with(RedisOptions::default().members(5))
+                .await
+                .map_err(harness)?;
             let mut floors = Vec::new();
             for url in nodes.urls() {
                 floors.push(RedisFloor::connect(&url).await.map_err(floor_err)?);

@@ -1,0 +1,77 @@
+//! One public async function per rule of the contract. Each takes a [`Factory`] and
+//! panics with a message naming the rule when the backend breaks it.
+//!
+//! Rules use fresh random lock names, so they can share one server and run in parallel.
+//!
+//! By theme: `exclusion` (mutual exclusion, fencing, crashed holders), `renewal` (holds
+//! over time and their loss), `waiting` (timeouts, cancellation, release, fairness),
+//! `reentrancy`, `names` (names, many locks, bad URLs and options). Every rule is
+//! re-exported here: its path is `conformance::rules::<rule>`.
+
+use std::time::Duration;
+
+use lock_core::{LockName, LockOptions};
+use tokio::time::{sleep, Instant};
+
+use crate::factory::Factory;
+
+mod exclusion;
+mod names;
+mod reentrancy;
+mod renewal;
+mod waiting;
+
+pub use exclusion::{
+    crashed_holder_blocks_at_most_ttl, fencing_tokens_increase, mutual_exclusion,
+    try_on_held_is_not_acquired,
+};
+pub use names::{
+    bad_urls_and_options, names_are_independent_and_checked, thousand_locks_one_client,
+};
+pub use reentrancy::{reentrancy_by_owner, reentrant_release_reports_loss};
+pub use renewal::{
+    auto_renewal_keeps_lock, hold_cap_ends_renewal, lost_signal_on_steal, manual_mode,
+    scoped_run_cancels_on_loss,
+};
+pub use waiting::{
+    cancellation_leaves_nothing, drop_releases_promptly, fifo_when_fair, wait_timeout,
+};
+
+/// Generous bound for "promptly": pushes, background releases and renewals must act
+/// well within it, while a polling loop or a wait for the TTL would not.
+const PROMPT: Duration = Duration::from_secs(3);
+
+/// A fresh lock name for one rule.
+pub fn unique_name(rule: &str) -> LockName {
+    let name = format!("conformance/{rule}/{}", uuid::Uuid::new_v4().simple());
+    LockName::new(name).expect("generated names are valid")
+}
+
+fn options_with_ttl(ttl: Duration) -> LockOptions {
+    let mut options = LockOptions::default();
+    options.ttl = ttl;
+    options
+}
+
+/// Options whose recheck is long, so only a push can make a waiter act promptly.
+fn push_only_options() -> LockOptions {
+    let mut options = LockOptions::default();
+    options.recheck = Duration::from_secs(20);
+    options
+}
+
+async fn eventually_empty(factory: &dyn Factory, names: &[LockName], rule: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let left = factory.leftovers(names).await;
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "[{rule}] {}: state left on the server after 10 s: {left:?}",
+            factory.label()
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+}

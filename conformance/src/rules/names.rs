@@ -1,0 +1,158 @@
+//! Names, many locks on one client, and bad URLs and options.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use lock_core::{
+    AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, LockOptions,
+    LockState, ReleaseOutcome, MAX_NAME_BYTES,
+};
+use tokio::time::sleep;
+
+use super::{eventually_empty, options_with_ttl, unique_name};
+use crate::factory::Factory;
+
+/// Names: `jobs` and `jobs/daily` are independent, reserved characters are escaped, and
+/// empty, oversized or invalid names get a clear error and leave nothing behind.
+pub async fn names_are_independent_and_checked(factory: &dyn Factory) {
+    let client = factory.client(LockOptions::default()).await;
+    let base = unique_name("names");
+    let variants = [
+        "jobs",
+        "jobs/daily",
+        "jobs/",
+        "jobs//daily",
+        "{jobs}",
+        "jobs%2Fdaily",
+        "jobs daily",
+        "jöbs",
+        "jobs.",
+        "..",
+        ".",
+        "_c_x-lock-0000000001",
+        "*",
+        "jobs:daily",
+    ];
+    let mut guards = Vec::new();
+    let mut names = Vec::new();
+    for v in variants {
+        let name = LockName::new(format!("{base}/{v}")).expect("valid name");
+        let guard = client
+            .try_lock(name.as_str())
+            .await
+            .unwrap_or_else(|err| panic!("name {name:?}: {err}"));
+        let guard = guard.unwrap_or_else(|| panic!("{name:?} collided with another name"));
+        names.push(name);
+        guards.push(guard);
+    }
+    // Bare names too (no shared prefix), including the two the contract names.
+    for bare in ["jobs", "jobs/daily"] {
+        let name =
+            LockName::new(format!("{}-{bare}", uuid::Uuid::new_v4().simple())).expect("valid");
+        let guard = client.try_lock(name.as_str()).await.expect("try");
+        guards.push(guard.expect("bare name acquired"));
+        names.push(name);
+    }
+    for guard in guards {
+        assert_eq!(
+            guard.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+    let oversized = "x".repeat(MAX_NAME_BYTES + 1);
+    for bad in ["", oversized.as_str(), "a\0b", "a\nb"] {
+        let err = client.try_lock(bad).await.expect_err("bad name");
+        assert_eq!(err.kind(), ErrorKind::InvalidName, "{err}");
+        assert!(!err.is_retryable());
+    }
+    eventually_empty(factory, &names, "names_are_independent_and_checked").await;
+}
+
+/// One client holds 1,000 distinct locks at once, keeps them through renewals, and
+/// releases them all.
+pub async fn thousand_locks_one_client(factory: &dyn Factory) {
+    const LOCKS: usize = 1000;
+    let ttl = factory.short_ttl().max(Duration::from_secs(2));
+    let client = factory.client(options_with_ttl(ttl)).await;
+    let other = factory.client(options_with_ttl(ttl)).await;
+    let base = unique_name("many");
+    let names: Vec<LockName> = (0..LOCKS)
+        .map(|i| LockName::new(format!("{base}/{i}")).expect("valid"))
+        .collect();
+    let mut guards = Vec::with_capacity(LOCKS);
+    for chunk in names.chunks(100) {
+        let acquired = join_all(chunk.iter().map(|n| client.try_lock(n.as_str()))).await;
+        for (name, guard) in chunk.iter().zip(acquired) {
+            guards.push(
+                guard
+                    .expect("try")
+                    .unwrap_or_else(|| panic!("{name:?} not acquired")),
+            );
+        }
+    }
+    sleep(ttl + ttl / 2).await;
+    for (i, guard) in guards.iter().enumerate() {
+        assert_eq!(
+            guard.state(),
+            LockState::Held,
+            "lock {i} not kept through renewal"
+        );
+    }
+    for name in names.iter().step_by(97) {
+        assert!(other.try_lock(name.as_str()).await.expect("try").is_none());
+    }
+    let outcomes = join_all(guards.into_iter().map(|g| g.release())).await;
+    for outcome in outcomes {
+        assert_eq!(outcome.expect("release"), ReleaseOutcome::Released);
+    }
+    eventually_empty(factory, &names, "thousand_locks_one_client").await;
+}
+
+/// Malformed URLs and options get clear typed errors, never a panic.
+pub async fn bad_urls_and_options(factory: &dyn Factory) {
+    let url = factory.url();
+    let cases = [
+        format!("{url}?ttl=abc"),
+        format!("{url}?ttl=0s"),
+        format!("{url}?renewal=sometimes"),
+        format!("{url}?no_such_option=1"),
+        format!("{url}?ttl=100000h"),
+    ];
+    for case in &cases {
+        match lock_core::connect(case).await {
+            Ok(client) => panic!("{case} was accepted: {client}"),
+            Err(err) => {
+                assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{case}: {err}");
+                assert!(!err.is_retryable());
+            }
+        }
+    }
+    let client = factory.client(LockOptions::default()).await;
+    let name = unique_name("bad_options");
+    let min = client.capabilities().min_ttl;
+    if min > Duration::from_nanos(1) {
+        let err = client
+            .acquire(&name, &AcquireOptions::try_once().with_ttl(min / 2))
+            .await
+            .expect_err("ttl below the backend minimum");
+        assert!(
+            matches!(
+                err.kind(),
+                ErrorKind::InvalidConfig | ErrorKind::Unsupported
+            ),
+            "{err}"
+        );
+    }
+    let err = client
+        .acquire(&name, &AcquireOptions::try_once().with_ttl(Duration::ZERO))
+        .await
+        .expect_err("zero ttl");
+    assert!(
+        matches!(
+            err.kind(),
+            ErrorKind::InvalidConfig | ErrorKind::Unsupported
+        ),
+        "{err}"
+    );
+    eventually_empty(factory, &[name], "bad_urls_and_options").await;
+}
