@@ -75,3 +75,10 @@ impl<F: Factory> StartedFactory for Option<F> {
         self
     }
 }
+
+/// Default options with `ttl`: the options most tests give their clients.
+pub fn with_ttl(ttl: Duration) -> LockOptions {
+    let mut options = LockOptions::default();
+    options.ttl = ttl;
+    options
+}

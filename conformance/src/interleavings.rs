@@ -360,8 +360,7 @@ pub async fn extend_for_keeps_an_auto_renewed_hold(factory: &dyn Factory) {
 /// life of the client.
 pub async fn ended_hold_released_despite_a_broken_link(target: &dyn ChaosTarget) {
     let ttl = target.short_ttl() * 2;
-    let mut options = LockOptions::default();
-    options.ttl = ttl;
+    let mut options = crate::with_ttl(ttl);
     options.renewal = RenewalMode::Manual;
     options.request_timeout = ttl / 5;
     let (client, link) = target.linked_client(options.clone()).await;
@@ -394,8 +393,7 @@ pub async fn ended_hold_released_despite_a_broken_link(target: &dyn ChaosTarget)
 /// to it, so the loss of its queue entry is no reason to fail.
 pub async fn waiter_outlives_its_session(target: &dyn ChaosTarget) {
     let ttl = target.short_ttl() * 2;
-    let mut options = LockOptions::default();
-    options.ttl = ttl;
+    let mut options = crate::with_ttl(ttl);
     options.request_timeout = ttl / 4;
     let holder = target.client(options.clone()).await;
     let (waiter, link) = target.linked_client(options).await;

@@ -14,7 +14,7 @@ pub mod memory;
 pub mod proxy;
 pub mod rules;
 
-pub use factory::{Crash, Factory};
+pub use factory::{with_ttl, Crash, Factory};
 pub use fence::{FenceReport, FenceServer, FencedResource, Section, StaleToken};
 
 /// Expands to one `#[tokio::test]` per conformance rule for a backend.

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{config_for, ttl_options, RedisFactory};
+use common::{config_for, with_ttl, RedisFactory};
 use conformance::fence::SectionHandle;
 use conformance::harness::RedisOptions;
 use conformance::proxy::{FaultProxy, ProxyMode};
@@ -28,7 +28,7 @@ fn name(test: &str) -> LockName {
 }
 
 fn options() -> LockOptions {
-    let mut options = ttl_options(Duration::from_secs(5));
+    let mut options = with_ttl(Duration::from_secs(5));
     options.request_timeout = Duration::from_secs(1);
     options
 }

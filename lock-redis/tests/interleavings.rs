@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config_for, ttl_options, RedisFactory};
+use common::{config_for, with_ttl, RedisFactory};
 use conformance::interleavings::{
     last_applied_extension_wins, retry_survives_late_cleanup, LateCleanup, SlowRenewalReply,
 };
@@ -15,7 +15,7 @@ use lock_core::raw::Connect;
 use lock_redis::RedisBackend;
 
 async fn check(factory: RedisFactory, redlock: bool) {
-    let options = ttl_options(Duration::from_secs(30));
+    let options = with_ttl(Duration::from_secs(30));
     let backend = RedisBackend::open(config_for(
         &factory.servers.addrs(),
         redlock,
@@ -54,7 +54,7 @@ async fn last_applied_extension_wins_on_redis() {
     let Some(factory) = RedisFactory::single().await else {
         return;
     };
-    let options = ttl_options(Duration::from_secs(1));
+    let options = with_ttl(Duration::from_secs(1));
     let backend = RedisBackend::open(config_for(&factory.servers.addrs(), false, options.clone()))
         .await
         .expect("connect");

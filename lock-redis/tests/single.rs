@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{raw, ttl_options, RedisFactory};
+use common::{raw, with_ttl, RedisFactory};
 use conformance::harness::{or_skip, RedisOptions, RedisServer};
 use lock_core::{DistributedLockExt, LockName, LockState, LostReason, ReleaseOutcome};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, DEFAULT_PREFIX};
@@ -28,7 +28,7 @@ async fn client_of(
     prefix: &str,
 ) -> Arc<lock_redis::RedisLock> {
     let mut config = RedisConfig::single("127.0.0.1", server.port());
-    config.options = ttl_options(ttl);
+    config.options = with_ttl(ttl);
     config.prefix = prefix.to_owned();
     Arc::new(RedisLock::connect(config).await.expect("connect"))
 }
@@ -199,8 +199,8 @@ async fn waiters_share_one_subscription_connection() {
     let Some(factory) = RedisFactory::single().await else {
         return;
     };
-    let holder = factory.make(ttl_options(Duration::from_secs(10))).await;
-    let waiter = factory.make(ttl_options(Duration::from_secs(10))).await;
+    let holder = factory.make(with_ttl(Duration::from_secs(10))).await;
+    let waiter = factory.make(with_ttl(Duration::from_secs(10))).await;
     let mut conn = raw(factory.servers.addrs()[0]).await;
     let names: Vec<LockName> = (0..20).map(|i| name(&format!("shared_sub_{i}"))).collect();
     let mut guards = Vec::new();
@@ -249,7 +249,7 @@ async fn renewal_is_one_call_per_interval_for_all_holds() {
         return;
     };
     let ttl = Duration::from_millis(600);
-    let client = factory.make(ttl_options(ttl)).await;
+    let client = factory.make(with_ttl(ttl)).await;
     let mut conn = raw(factory.servers.addrs()[0]).await;
     let mut guards = Vec::new();
     for i in 0..200 {
@@ -293,7 +293,7 @@ async fn lost_replies_are_cleaned_up_and_recovered_from() {
     };
     let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
     let mut config = RedisConfig::single("127.0.0.1", proxy.port());
-    config.options = ttl_options(Duration::from_secs(3));
+    config.options = with_ttl(Duration::from_secs(3));
     config.options.request_timeout = Duration::from_millis(300);
     let client = RedisLock::connect(config).await.expect("connect");
     let other = client_of(&server, Duration::from_secs(3), DEFAULT_PREFIX).await;

@@ -41,8 +41,8 @@ async fn client_on(
     wanted: impl Fn(usize) -> bool,
 ) -> (Arc<lock_zookeeper::ZkLock>, Option<usize>) {
     let members = match &factory.servers {
-        common::Servers::Ensemble(e) => e.members(),
-        common::Servers::Standalone(_) => panic!("needs an ensemble"),
+        common::Servers::Cluster(e) => e.members(),
+        common::Servers::Single(_) => panic!("needs an ensemble"),
     };
     let mut last = None;
     for _ in 0..12 {
@@ -63,7 +63,7 @@ async fn kill_member_keeps_lock(kill_leader: bool) {
     let Some(factory) = ZkFactory::start_ensemble().await else {
         return;
     };
-    let common::Servers::Ensemble(ensemble) = &factory.servers else {
+    let common::Servers::Cluster(ensemble) = &factory.servers else {
         unreachable!()
     };
     let ttl = Duration::from_secs(6);

@@ -2,13 +2,14 @@
 //! network path ([`Link`]), and the deployment hooks a backend provides ([`ChaosTarget`]).
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use lock_core::memory::MemoryLock;
 use lock_core::{DistributedLock, LockOptions};
 
-use crate::factory::Factory;
+use crate::factory::{Crash, Factory};
 pub use crate::harness::ServerControl;
 use crate::proxy::{FaultProxy, ProxyMode};
 
@@ -54,6 +55,20 @@ impl fmt::Debug for Link {
 }
 
 impl Link {
+    /// A fault proxy in front of each of `servers`: the link, and the addresses a
+    /// client connects to instead of the servers'.
+    ///
+    /// # Panics
+    /// If a proxy cannot start (test support).
+    pub async fn proxied(servers: &[SocketAddr]) -> (Link, Vec<SocketAddr>) {
+        let mut proxies = Vec::with_capacity(servers.len());
+        for &server in servers {
+            proxies.push(FaultProxy::start(server).await.expect("fault proxy starts"));
+        }
+        let addrs = proxies.iter().map(FaultProxy::addr).collect();
+        (Link::Proxies(Arc::new(proxies)), addrs)
+    }
+
     /// Cuts the client off (network partition; no reply, no close).
     pub fn cut(&self) {
         match self {
@@ -81,6 +96,14 @@ impl Link {
                 true
             }
         }
+    }
+}
+
+/// A crash of a linked client is a cut that never heals.
+#[async_trait]
+impl Crash for Link {
+    async fn crash(&self) {
+        self.cut();
     }
 }
 

@@ -16,8 +16,7 @@ use crate::fence::FencedResource;
 pub(super) const SECTION: Duration = Duration::from_millis(5);
 
 pub(super) fn options(ttl: Duration) -> LockOptions {
-    let mut options = LockOptions::default();
-    options.ttl = ttl;
+    let mut options = crate::with_ttl(ttl);
     options.request_timeout = (ttl / 2).max(Duration::from_millis(200));
     options
 }

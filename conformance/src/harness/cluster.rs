@@ -1,12 +1,14 @@
 //! A group of servers of one kind ([`Cluster`]): independent Redis nodes, a ZooKeeper
-//! ensemble or an etcd cluster; start-up together, restart of all, leader lookups.
+//! ensemble or an etcd cluster; start-up together, restart of all, leader lookups. And
+//! [`Deployment`]: one server or a cluster, what a backend's tests run on.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::server::{Member, Server, ServerKind};
+use super::server::{Member, Server, ServerControl, ServerKind};
 use super::{
     create_dir, first_error, free_ports, temp_dir, wait_for_leader, with_port_retries,
     HarnessError, DEFAULT_READY_TIMEOUT,
@@ -199,6 +201,73 @@ impl<K: ServerKind> Drop for Cluster<K> {
         // Kill all first; each member's own drop then only reaps.
         for m in &self.members {
             m.node.kill_now();
+        }
+    }
+}
+
+/// What a backend's tests run on: one server alone, or a cluster, of one kind.
+#[derive(Debug)]
+pub enum Deployment<K: ServerKind> {
+    /// One server.
+    Single(Box<Server<K>>),
+    /// Several (independent nodes or a consensus cluster).
+    Cluster(Cluster<K>),
+}
+
+impl<K: ServerKind> Deployment<K> {
+    /// Every server, in a stable order.
+    pub fn members(&self) -> Vec<&Server<K>> {
+        match self {
+            Deployment::Single(server) => vec![&**server],
+            Deployment::Cluster(cluster) => cluster.members().iter().collect(),
+        }
+    }
+
+    /// Server `i`.
+    ///
+    /// # Panics
+    /// If there is no such server.
+    pub fn member(&self, i: usize) -> &Server<K> {
+        self.members()[i]
+    }
+
+    /// The client address of every server.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.members().iter().map(|m| m.addr()).collect()
+    }
+
+    /// `127.0.0.1:PORT` of every server.
+    pub fn hosts(&self) -> Vec<String> {
+        self.members()
+            .iter()
+            .map(|m| m.addr().to_string())
+            .collect()
+    }
+
+    /// The URL of the server, or of the cluster.
+    pub fn url(&self) -> String {
+        match self {
+            Deployment::Single(server) => server.url(),
+            Deployment::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    /// Fault controls of every server, as [`ChaosTarget::servers`] hands them out.
+    ///
+    /// [`ChaosTarget::servers`]: crate::chaos::ChaosTarget::servers
+    pub fn controls(&self) -> Vec<&dyn ServerControl> {
+        self.members()
+            .into_iter()
+            .map(|m| m as &dyn ServerControl)
+            .collect()
+    }
+
+    /// The cluster's current leader; `None` alone, for independent nodes, or when
+    /// there is none right now.
+    pub async fn leader(&self) -> Option<usize> {
+        match self {
+            Deployment::Single(_) => None,
+            Deployment::Cluster(cluster) => cluster.leader().await.ok(),
         }
     }
 }

@@ -62,7 +62,7 @@ use std::future::Future;
 use std::io::Write;
 use std::time::Duration;
 
-pub use cluster::Cluster;
+pub use cluster::{Cluster, Deployment};
 pub use error::HarnessError;
 pub use etcd::{Etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdStatus};
 pub use ports::{free_port, free_ports};

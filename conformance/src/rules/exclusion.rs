@@ -7,7 +7,7 @@ use futures::future::join_all;
 use lock_core::{DistributedLockExt, LockOptions, LostReason, ReleaseOutcome};
 use tokio::time::{sleep, timeout, Instant};
 
-use super::{eventually_empty, options_with_ttl, push_only_options, unique_name, PROMPT};
+use super::{eventually_empty, push_only_options, unique_name, with_ttl, PROMPT};
 use crate::factory::Factory;
 use crate::fence::FencedResource;
 
@@ -121,7 +121,7 @@ pub async fn fencing_tokens_increase(factory: &dyn Factory) {
         guard.release().await.expect("release");
     }
     // A takeover after expiry: the crashed holder's token is below the next one.
-    let (crashing, crash) = factory.crashable_client(options_with_ttl(ttl)).await;
+    let (crashing, crash) = factory.crashable_client(with_ttl(ttl)).await;
     let doomed = crashing
         .lock(name.as_str())
         .await
@@ -147,8 +147,8 @@ pub async fn fencing_tokens_increase(factory: &dyn Factory) {
 pub async fn crashed_holder_blocks_at_most_ttl(factory: &dyn Factory) {
     let name = unique_name("crash");
     let ttl = factory.short_ttl();
-    let (holder, crash) = factory.crashable_client(options_with_ttl(ttl)).await;
-    let other = factory.client(options_with_ttl(ttl)).await;
+    let (holder, crash) = factory.crashable_client(with_ttl(ttl)).await;
+    let other = factory.client(with_ttl(ttl)).await;
     let guard = holder.lock(name.as_str()).await.expect("acquire");
     let mut watch = guard.watch();
     crash.crash().await;

@@ -14,6 +14,7 @@ use lock_core::{LockName, LockOptions};
 use tokio::time::{sleep, Instant};
 
 use crate::factory::Factory;
+use crate::with_ttl;
 
 mod exclusion;
 mod names;
@@ -45,12 +46,6 @@ const PROMPT: Duration = Duration::from_secs(3);
 pub fn unique_name(rule: &str) -> LockName {
     let name = format!("conformance/{rule}/{}", uuid::Uuid::new_v4().simple());
     LockName::new(name).expect("generated names are valid")
-}
-
-fn options_with_ttl(ttl: Duration) -> LockOptions {
-    let mut options = LockOptions::default();
-    options.ttl = ttl;
-    options
 }
 
 /// Options whose recheck is long, so only a push can make a waiter act promptly.

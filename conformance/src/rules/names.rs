@@ -9,7 +9,7 @@ use lock_core::{
 };
 use tokio::time::sleep;
 
-use super::{eventually_empty, options_with_ttl, unique_name};
+use super::{eventually_empty, unique_name, with_ttl};
 use crate::factory::Factory;
 
 /// Names: `jobs` and `jobs/daily` are independent, reserved characters are escaped, and
@@ -73,8 +73,8 @@ pub async fn names_are_independent_and_checked(factory: &dyn Factory) {
 pub async fn thousand_locks_one_client(factory: &dyn Factory) {
     const LOCKS: usize = 1000;
     let ttl = factory.short_ttl().max(Duration::from_secs(2));
-    let client = factory.client(options_with_ttl(ttl)).await;
-    let other = factory.client(options_with_ttl(ttl)).await;
+    let client = factory.client(with_ttl(ttl)).await;
+    let other = factory.client(with_ttl(ttl)).await;
     let base = unique_name("many");
     let names: Vec<LockName> = (0..LOCKS)
         .map(|i| LockName::new(format!("{base}/{i}")).expect("valid"))

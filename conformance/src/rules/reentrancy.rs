@@ -6,7 +6,7 @@ use lock_core::{
 };
 use tokio::time::timeout;
 
-use super::{options_with_ttl, unique_name, PROMPT};
+use super::{unique_name, with_ttl, PROMPT};
 use crate::factory::Factory;
 
 /// Reentrancy by explicit owner id: the same owner re-acquires at once and shares the
@@ -61,7 +61,7 @@ async fn reentrant_pair(client: &dyn DistributedLock, name: &LockName) -> (LockG
 pub async fn reentrant_release_reports_loss(factory: &dyn Factory) {
     let name = unique_name("reentrant-lost");
     let ttl = factory.short_ttl();
-    let client = factory.client(options_with_ttl(ttl)).await;
+    let client = factory.client(with_ttl(ttl)).await;
     let (outer, inner) = reentrant_pair(&*client, &name).await;
     factory.steal(&name).await;
     let reason = timeout(ttl + PROMPT, outer.lost())

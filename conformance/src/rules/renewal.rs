@@ -10,15 +10,15 @@ use lock_core::{
 };
 use tokio::time::{sleep, timeout, Instant};
 
-use super::{eventually_empty, options_with_ttl, unique_name, PROMPT};
+use super::{eventually_empty, unique_name, with_ttl, PROMPT};
 use crate::factory::Factory;
 
 /// Auto-renewal keeps a lock for 3 x TTL with no other holder getting it.
 pub async fn auto_renewal_keeps_lock(factory: &dyn Factory) {
     let name = unique_name("renewal");
     let ttl = factory.short_ttl();
-    let holder = factory.client(options_with_ttl(ttl)).await;
-    let other = factory.client(options_with_ttl(ttl)).await;
+    let holder = factory.client(with_ttl(ttl)).await;
+    let other = factory.client(with_ttl(ttl)).await;
     let guard = holder.lock(name.as_str()).await.expect("acquire");
     let first_deadline = guard.valid_until();
     let until = Instant::now() + ttl * 3;
@@ -46,8 +46,8 @@ pub async fn auto_renewal_keeps_lock(factory: &dyn Factory) {
 pub async fn hold_cap_ends_renewal(factory: &dyn Factory) {
     let name = unique_name("hold_cap");
     let ttl = factory.short_ttl();
-    let holder = factory.client(options_with_ttl(ttl)).await;
-    let other = factory.client(options_with_ttl(ttl)).await;
+    let holder = factory.client(with_ttl(ttl)).await;
+    let other = factory.client(with_ttl(ttl)).await;
     let cap = ttl * 2;
     let started = Instant::now();
     let guard = holder
@@ -83,10 +83,10 @@ pub async fn hold_cap_ends_renewal(factory: &dyn Factory) {
 pub async fn manual_mode(factory: &dyn Factory) {
     let name = unique_name("manual");
     let ttl = factory.short_ttl();
-    let mut options = options_with_ttl(ttl);
+    let mut options = with_ttl(ttl);
     options.renewal = RenewalMode::Manual;
     let holder = factory.client(options).await;
-    let other = factory.client(options_with_ttl(ttl)).await;
+    let other = factory.client(with_ttl(ttl)).await;
     let guard = holder.lock(name.as_str()).await.expect("acquire");
     let first = guard.valid_until();
     sleep(ttl / 2).await;
@@ -119,9 +119,9 @@ pub async fn manual_mode(factory: &dyn Factory) {
 pub async fn lost_signal_on_steal(factory: &dyn Factory) {
     let name = unique_name("steal");
     let ttl = factory.short_ttl();
-    let holder = factory.client(options_with_ttl(ttl)).await;
-    let thief = factory.client(options_with_ttl(ttl)).await;
-    let third = factory.client(options_with_ttl(ttl)).await;
+    let holder = factory.client(with_ttl(ttl)).await;
+    let thief = factory.client(with_ttl(ttl)).await;
+    let third = factory.client(with_ttl(ttl)).await;
     let guard = holder.lock(name.as_str()).await.expect("acquire");
     factory.steal(&name).await;
     let successor = thief
@@ -156,7 +156,7 @@ pub async fn lost_signal_on_steal(factory: &dyn Factory) {
 /// a Lost outcome when the lock is stolen mid-run.
 pub async fn scoped_run_cancels_on_loss(factory: &dyn Factory) {
     let ttl = factory.short_ttl();
-    let client = factory.client(options_with_ttl(ttl)).await;
+    let client = factory.client(with_ttl(ttl)).await;
     let name = unique_name("scoped");
     let outcome = client
         .with_lock(

@@ -2,7 +2,8 @@
 //! deployment per factory (a single member or a 3-member cluster), killed when the
 //! factory drops.
 
-#![allow(dead_code, unreachable_pub)]
+// Not every test file uses every helper or re-export.
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, Weak};
@@ -10,8 +11,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{or_skip, EtcdCluster, EtcdServer};
-use conformance::proxy::{FaultProxy, ProxyMode};
+use conformance::harness::{or_skip, Deployment, Etcd, EtcdCluster, EtcdServer};
 use conformance::{Crash, Factory};
 use etcd_client::{Client, GetOptions};
 use lock_core::{DistributedLock, LockName, LockOptions};
@@ -20,29 +20,8 @@ use lock_etcd::{EtcdConfig, EtcdLock};
 /// The key prefix the suite's locks live under.
 pub const PREFIX: &str = "conformance";
 
-/// The servers behind a factory.
-#[derive(Debug)]
-pub enum Servers {
-    /// One member.
-    Single(Box<EtcdServer>),
-    /// A 3-member cluster.
-    Cluster(EtcdCluster),
-}
-
-impl Servers {
-    /// Every member.
-    pub fn members(&self) -> Vec<&EtcdServer> {
-        match self {
-            Servers::Single(server) => vec![&**server],
-            Servers::Cluster(cluster) => cluster.members().iter().collect(),
-        }
-    }
-
-    /// Client addresses of every member.
-    pub fn addrs(&self) -> Vec<SocketAddr> {
-        self.members().iter().map(|m| m.addr()).collect()
-    }
-}
+/// The servers behind a factory: a single member or a cluster.
+pub type Servers = Deployment<Etcd>;
 
 /// Debug logs of the backend and the core into the test's captured output (shown when a
 /// test fails); `RUST_LOG` overrides the filter.
@@ -78,11 +57,7 @@ pub async fn raw_client(addrs: &[SocketAddr]) -> Client {
 }
 
 /// Options with `ttl`.
-pub fn with_ttl(ttl: Duration) -> LockOptions {
-    let mut options = LockOptions::default();
-    options.ttl = ttl;
-    options
-}
+pub use conformance::with_ttl;
 
 /// A config for `addrs` under [`PREFIX`] with `options`.
 pub fn config(addrs: &[SocketAddr], options: LockOptions) -> EtcdConfig {
@@ -123,7 +98,7 @@ pub async fn keys_under(admin: &Client, range: &str) -> Vec<(String, i64)> {
 pub struct EtcdFactory {
     pub servers: Servers,
     admin: Client,
-    proxies: Mutex<Vec<Arc<Vec<FaultProxy>>>>,
+    proxies: Mutex<Vec<Link>>,
     /// Every client handed out, to tell their leases from leaked ones.
     clients: Mutex<Vec<Weak<EtcdLock>>>,
 }
@@ -132,13 +107,13 @@ impl EtcdFactory {
     /// A factory over a fresh single member.
     pub async fn start() -> Option<Self> {
         let server = single().await?;
-        Some(Self::over(Servers::Single(Box::new(server))).await)
+        Some(Self::over(Deployment::Single(Box::new(server))).await)
     }
 
     /// A factory over a fresh 3-member cluster; clients know every member.
     pub async fn start_cluster() -> Option<Self> {
         let cluster = cluster().await?;
-        Some(Self::over(Servers::Cluster(cluster)).await)
+        Some(Self::over(Deployment::Cluster(cluster)).await)
     }
 
     async fn over(servers: Servers) -> Self {
@@ -196,23 +171,12 @@ impl EtcdFactory {
     }
 }
 
-struct EtcdCrash(Arc<Vec<FaultProxy>>);
-
-#[async_trait]
-impl Crash for EtcdCrash {
-    async fn crash(&self) {
-        for proxy in self.0.iter() {
-            proxy.set_mode(ProxyMode::Blackhole);
-        }
-    }
-}
-
 #[async_trait]
 impl Factory for EtcdFactory {
     fn label(&self) -> String {
         match &self.servers {
-            Servers::Single(server) => format!("etcd {}", server.addr()),
-            Servers::Cluster(cluster) => format!("etcd cluster {}", cluster.url()),
+            Deployment::Single(server) => format!("etcd {}", server.addr()),
+            Deployment::Cluster(cluster) => format!("etcd cluster {}", cluster.url()),
         }
     }
 
@@ -235,19 +199,8 @@ impl Factory for EtcdFactory {
         &self,
         options: LockOptions,
     ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
-        let mut proxies = Vec::new();
-        for addr in self.servers.addrs() {
-            proxies.push(FaultProxy::start(addr).await.expect("fault proxy starts"));
-        }
-        let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
-        let proxies = Arc::new(proxies);
-        self.proxies
-            .lock()
-            .expect("proxies")
-            .push(Arc::clone(&proxies));
-        let client = client(&addrs, options).await;
-        self.track(&client);
-        (client, Box::new(EtcdCrash(proxies)))
+        let (client, link) = self.linked_client(options).await;
+        (client, Box::new(link))
     }
 
     async fn steal(&self, name: &LockName) {
@@ -276,36 +229,26 @@ impl Factory for EtcdFactory {
 impl ChaosTarget for EtcdFactory {
     fn topology(&self) -> Topology {
         match &self.servers {
-            Servers::Single(_) => Topology::Single { durable: true },
-            Servers::Cluster(cluster) => Topology::Quorum {
+            Deployment::Single(_) => Topology::Single { durable: true },
+            Deployment::Cluster(cluster) => Topology::Quorum {
                 members: cluster.len(),
             },
         }
     }
 
     async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
-        let mut proxies = Vec::new();
-        for addr in self.servers.addrs() {
-            proxies.push(FaultProxy::start(addr).await.expect("fault proxy starts"));
-        }
-        let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+        let (link, addrs) = Link::proxied(&self.servers.addrs()).await;
         let client = client(&addrs, options).await;
         self.track(&client);
-        (client, Link::Proxies(Arc::new(proxies)))
+        self.proxies.lock().expect("proxies").push(link.clone());
+        (client, link)
     }
 
     fn servers(&self) -> Vec<&dyn ServerControl> {
-        self.servers
-            .members()
-            .into_iter()
-            .map(|m| m as &dyn ServerControl)
-            .collect()
+        self.servers.controls()
     }
 
     async fn leader(&self) -> Option<usize> {
-        match &self.servers {
-            Servers::Single(_) => None,
-            Servers::Cluster(cluster) => cluster.leader().await.ok(),
-        }
+        self.servers.leader().await
     }
 }

@@ -5,49 +5,26 @@
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{or_skip, RedisNodes, RedisOptions, RedisServer};
-use conformance::proxy::{FaultProxy, ProxyMode};
+use conformance::harness::{or_skip, Deployment, Redis, RedisNodes, RedisOptions, RedisServer};
+#[allow(unused_imports)] // not every test file uses it
+pub(crate) use conformance::with_ttl;
 use conformance::{Crash, Factory};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
 
-/// The servers behind a factory.
-pub(crate) enum Servers {
-    /// One server (`redis://`).
-    Single(Box<RedisServer>),
-    /// Independent servers (`redlock://`).
-    Nodes(RedisNodes),
-}
-
-impl Servers {
-    /// The servers' addresses.
-    pub(crate) fn addrs(&self) -> Vec<SocketAddr> {
-        match self {
-            Servers::Single(s) => vec![s.addr()],
-            Servers::Nodes(n) => n.members().iter().map(RedisServer::addr).collect(),
-        }
-    }
-
-    /// Server `i`.
-    pub(crate) fn member(&self, i: usize) -> &RedisServer {
-        match self {
-            Servers::Single(s) => s,
-            Servers::Nodes(n) => n.member(i),
-        }
-    }
-}
+/// The servers behind a factory: one (`redis://`) or independent nodes (`redlock://`).
+pub(crate) type Servers = Deployment<Redis>;
 
 /// Makes clients of one Redis topology for the conformance suite.
 pub(crate) struct RedisFactory {
     /// The servers (killed on drop).
     pub(crate) servers: Servers,
     /// Proxies of crashable clients, kept alive as long as the factory.
-    proxies: Mutex<Vec<Arc<FaultProxy>>>,
+    proxies: Mutex<Vec<Link>>,
 }
 
 /// A raw connection to `addr`.
@@ -87,7 +64,7 @@ impl RedisFactory {
         lock_core::raw::register::<lock_redis::RedisBackend>();
         let server = or_skip(RedisServer::start_with(options).await)?;
         Some(RedisFactory {
-            servers: Servers::Single(Box::new(server)),
+            servers: Deployment::Single(Box::new(server)),
             proxies: Mutex::new(Vec::new()),
         })
     }
@@ -98,13 +75,13 @@ impl RedisFactory {
         lock_core::raw::register::<lock_redis::RedisBackend>();
         let nodes = or_skip(RedisNodes::start_with(RedisOptions::default().members(n)).await)?;
         Some(RedisFactory {
-            servers: Servers::Nodes(nodes),
+            servers: Deployment::Cluster(nodes),
             proxies: Mutex::new(Vec::new()),
         })
     }
 
     fn redlock_mode(&self) -> bool {
-        matches!(self.servers, Servers::Nodes(_))
+        matches!(self.servers, Deployment::Cluster(_))
     }
 
     /// A client of these servers.
@@ -143,17 +120,6 @@ impl RedisFactory {
     }
 }
 
-struct ProxyCrash(Vec<Arc<FaultProxy>>);
-
-#[async_trait]
-impl Crash for ProxyCrash {
-    async fn crash(&self) {
-        for proxy in &self.0 {
-            proxy.set_mode(ProxyMode::Blackhole);
-        }
-    }
-}
-
 #[async_trait]
 impl Factory for RedisFactory {
     fn label(&self) -> String {
@@ -161,10 +127,7 @@ impl Factory for RedisFactory {
     }
 
     fn url(&self) -> String {
-        match &self.servers {
-            Servers::Single(s) => s.url(),
-            Servers::Nodes(n) => n.url(),
-        }
+        self.servers.url()
     }
 
     async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
@@ -175,17 +138,8 @@ impl Factory for RedisFactory {
         &self,
         options: LockOptions,
     ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
-        let mut proxies = Vec::new();
-        for addr in self.servers.addrs() {
-            proxies.push(Arc::new(FaultProxy::start(addr).await.expect("proxy")));
-        }
-        let addrs: Vec<SocketAddr> = proxies.iter().map(|p| p.addr()).collect();
-        let client = self.make_at(&addrs, options).await;
-        self.proxies
-            .lock()
-            .expect("proxies")
-            .extend(proxies.iter().cloned());
-        (client, Box::new(ProxyCrash(proxies)))
+        let (client, link) = self.linked_client(options).await;
+        (client, Box::new(link))
     }
 
     async fn steal(&self, name: &LockName) {
@@ -225,40 +179,23 @@ impl Factory for RedisFactory {
     }
 }
 
-/// Options with this TTL.
-pub(crate) fn ttl_options(ttl: Duration) -> LockOptions {
-    let mut options = LockOptions::default();
-    options.ttl = ttl;
-    options
-}
-
 #[async_trait]
 impl ChaosTarget for RedisFactory {
     fn topology(&self) -> Topology {
         match &self.servers {
-            Servers::Single(_) => Topology::Single { durable: false },
-            Servers::Nodes(n) => Topology::Independent { nodes: n.len() },
+            Deployment::Single(_) => Topology::Single { durable: false },
+            Deployment::Cluster(n) => Topology::Independent { nodes: n.len() },
         }
     }
 
     async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
-        let mut proxies = Vec::new();
-        for addr in self.servers.addrs() {
-            proxies.push(FaultProxy::start(addr).await.expect("proxy"));
-        }
-        let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+        let (link, addrs) = Link::proxied(&self.servers.addrs()).await;
         let client = self.make_at(&addrs, options).await;
-        (client, Link::Proxies(Arc::new(proxies)))
+        self.proxies.lock().expect("proxies").push(link.clone());
+        (client, link)
     }
 
     fn servers(&self) -> Vec<&dyn ServerControl> {
-        match &self.servers {
-            Servers::Single(s) => vec![&**s as &dyn ServerControl],
-            Servers::Nodes(n) => n
-                .members()
-                .iter()
-                .map(|m| m as &dyn ServerControl)
-                .collect(),
-        }
+        self.servers.controls()
     }
 }

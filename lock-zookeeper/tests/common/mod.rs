@@ -1,15 +1,16 @@
 //! The conformance factory for `zk://`: real ZooKeeper servers from the harness, one per
 //! factory (standalone or a 3-member ensemble), killed when the factory drops.
 
-#![allow(dead_code, unreachable_pub)]
+// Not every test file uses every helper or re-export.
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{or_skip, ZkEnsemble, ZkOptions, ZkServer};
-use conformance::proxy::{FaultProxy, ProxyMode};
+use conformance::harness::{or_skip, Deployment, ZkEnsemble, ZkOptions, ZkServer, ZooKeeper};
+use conformance::proxy::FaultProxy;
 use conformance::{Crash, Factory};
 use lock_core::{DistributedLock, LockGuard, LockName, LockOptions, LockState};
 use lock_zookeeper::{lock_dir, queue_order, ZkConfig, ZkLock};
@@ -19,29 +20,8 @@ use zookeeper_client as zk;
 /// The base path the suite's locks live under.
 pub const BASE: &str = "/conformance";
 
-/// The servers behind a factory.
-#[derive(Debug)]
-pub enum Servers {
-    /// One standalone server.
-    Standalone(Box<ZkServer>),
-    /// A 3-member ensemble.
-    Ensemble(ZkEnsemble),
-}
-
-impl Servers {
-    /// Every member.
-    pub fn members(&self) -> Vec<&ZkServer> {
-        match self {
-            Servers::Standalone(server) => vec![&**server],
-            Servers::Ensemble(ensemble) => ensemble.members().iter().collect(),
-        }
-    }
-
-    /// `host:port` of every member.
-    pub fn hosts(&self) -> Vec<String> {
-        self.members().iter().map(|m| m.connect_string()).collect()
-    }
-}
+/// The servers behind a factory: a standalone server or an ensemble.
+pub type Servers = Deployment<ZooKeeper>;
 
 /// Clients of one ZooKeeper deployment.
 pub struct ZkFactory {
@@ -71,9 +51,7 @@ pub async fn raw_client(hosts: &[String]) -> zk::Client {
 }
 
 /// A lock name under `tag` no other test uses.
-pub fn unique_name(tag: &str) -> LockName {
-    LockName::new(format!("{tag}/{}", uuid::Uuid::new_v4().simple())).expect("valid")
-}
+pub use conformance::rules::unique_name;
 
 /// Every state a guard goes through, recorded by a background task.
 pub fn record_states(guard: &LockGuard) -> Arc<Mutex<Vec<(Instant, LockState)>>> {
@@ -114,11 +92,7 @@ pub async fn create_persistent(admin: &zk::Client, paths: impl IntoIterator<Item
 }
 
 /// Options with `ttl`.
-pub fn with_ttl(ttl: Duration) -> LockOptions {
-    let mut options = LockOptions::default();
-    options.ttl = ttl;
-    options
-}
+pub use conformance::with_ttl;
 
 /// A config for `hosts` under [`BASE`] with `options`.
 pub fn config(hosts: Vec<String>, options: LockOptions) -> ZkConfig {
@@ -146,7 +120,7 @@ impl ZkFactory {
     /// A factory over a fresh standalone server.
     pub async fn start() -> Option<Self> {
         let server = standalone().await?;
-        Some(Self::over(Servers::Standalone(Box::new(server))).await)
+        Some(Self::over(Deployment::Single(Box::new(server))).await)
     }
 
     /// A factory over a fresh 3-member ensemble.
@@ -162,7 +136,7 @@ impl ZkFactory {
 
     async fn start_ensemble_with(options: ZkOptions) -> Option<Self> {
         let ensemble = ensemble(options).await?;
-        Some(Self::over(Servers::Ensemble(ensemble)).await)
+        Some(Self::over(Deployment::Cluster(ensemble)).await)
     }
 
     async fn over(servers: Servers) -> Self {
@@ -193,36 +167,19 @@ impl ZkFactory {
         &self,
         options: LockOptions,
     ) -> (Arc<ZkLock>, Arc<Vec<FaultProxy>>) {
-        let mut proxies = Vec::new();
-        for member in self.servers.members() {
-            proxies.push(
-                FaultProxy::start(member.addr())
-                    .await
-                    .expect("fault proxy starts"),
-            );
-        }
-        let proxies = Arc::new(proxies);
+        let (link, addrs) = Link::proxied(&self.servers.addrs()).await;
+        let Link::Proxies(proxies) = link else {
+            unreachable!("a proxied link is made of proxies")
+        };
         self.proxies
             .lock()
             .expect("proxies")
             .push(Arc::clone(&proxies));
-        let hosts = proxies.iter().map(|p| p.addr().to_string()).collect();
+        let hosts = addrs.iter().map(ToString::to_string).collect();
         let client = ZkLock::connect(config(hosts, options))
             .await
             .expect("proxied zk client connects");
         (Arc::new(client), proxies)
-    }
-}
-
-/// Cuts a proxied client off: every proxy of it turns into a black hole.
-struct Blackhole(Arc<Vec<FaultProxy>>);
-
-#[async_trait]
-impl Crash for Blackhole {
-    async fn crash(&self) {
-        for proxy in self.0.iter() {
-            proxy.set_mode(ProxyMode::Blackhole);
-        }
     }
 }
 
@@ -249,7 +206,7 @@ impl Factory for ZkFactory {
         options: LockOptions,
     ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
         let (client, proxies) = self.proxied_client(options).await;
-        (client, Box::new(Blackhole(proxies)))
+        (client, Box::new(Link::Proxies(proxies)))
     }
 
     async fn steal(&self, name: &LockName) {
@@ -278,8 +235,8 @@ impl Factory for ZkFactory {
 impl ChaosTarget for ZkFactory {
     fn topology(&self) -> Topology {
         match &self.servers {
-            Servers::Standalone(_) => Topology::Single { durable: true },
-            Servers::Ensemble(e) => Topology::Quorum { members: e.len() },
+            Deployment::Single(_) => Topology::Single { durable: true },
+            Deployment::Cluster(e) => Topology::Quorum { members: e.len() },
         }
     }
 
@@ -289,25 +246,18 @@ impl ChaosTarget for ZkFactory {
     }
 
     fn servers(&self) -> Vec<&dyn ServerControl> {
-        self.servers
-            .members()
-            .into_iter()
-            .map(|m| m as &dyn ServerControl)
-            .collect()
+        self.servers.controls()
     }
 
     async fn leader(&self) -> Option<usize> {
-        match &self.servers {
-            Servers::Standalone(_) => None,
-            Servers::Ensemble(e) => e.leader().await.ok(),
-        }
+        self.servers.leader().await
     }
 
     async fn follower_link(
         &self,
         options: LockOptions,
     ) -> Option<(Arc<dyn DistributedLock>, Link)> {
-        let Servers::Ensemble(ensemble) = &self.servers else {
+        let Deployment::Cluster(ensemble) = &self.servers else {
             return None;
         };
         let leader = ensemble.leader().await.ok()?;

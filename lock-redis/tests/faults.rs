@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ttl_options, RedisFactory};
+use common::{with_ttl, RedisFactory};
 use conformance::FencedResource;
 use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState, LostReason, ReleaseOutcome};
 use lock_redis::{KeyLayout, DEFAULT_PREFIX};
@@ -25,8 +25,8 @@ async fn two_of_five_down_still_grants_and_excludes() {
     let Some(factory) = RedisFactory::redlock(5).await else {
         return;
     };
-    let a = factory.make(ttl_options(Duration::from_secs(2))).await;
-    let b = factory.make(ttl_options(Duration::from_secs(2))).await;
+    let a = factory.make(with_ttl(Duration::from_secs(2))).await;
+    let b = factory.make(with_ttl(Duration::from_secs(2))).await;
     factory.servers.member(0).kill9().await.expect("kill 0");
     factory.servers.member(3).kill9().await.expect("kill 3");
     let lock = name("two_down");
@@ -88,8 +88,8 @@ async fn three_of_five_down_is_unavailable_and_never_grants_twice() {
         return;
     };
     let ttl = Duration::from_secs(2);
-    let holder = factory.make(ttl_options(ttl)).await;
-    let other = factory.make(ttl_options(ttl)).await;
+    let holder = factory.make(with_ttl(ttl)).await;
+    let other = factory.make(with_ttl(ttl)).await;
     let lock = name("three_down");
     let held = holder
         .lock(lock.as_str())
@@ -157,8 +157,8 @@ async fn fencing_read_on_acquire_sees_the_previous_majority() {
     let Some(factory) = RedisFactory::redlock(5).await else {
         return;
     };
-    let a = factory.make(ttl_options(Duration::from_secs(2))).await;
-    let b = factory.make(ttl_options(Duration::from_secs(2))).await;
+    let a = factory.make(with_ttl(Duration::from_secs(2))).await;
+    let b = factory.make(with_ttl(Duration::from_secs(2))).await;
     let lock = name("fence_intersection");
     let fence_key = KeyLayout::new(DEFAULT_PREFIX).fence_key(&lock);
     let mut raw = factory.raw_all().await;
@@ -231,7 +231,7 @@ async fn one_undecided_hold_leaves_the_others_held() {
         return;
     };
     let ttl = Duration::from_secs(2);
-    let mut options = ttl_options(ttl);
+    let mut options = with_ttl(ttl);
     options.request_timeout = Duration::from_millis(500);
     let client = factory.make(options).await;
     let names = [name("undecided"), name("decided_1"), name("decided_2")];
