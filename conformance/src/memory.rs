@@ -41,7 +41,9 @@ impl Default for MemoryFactory {
     }
 }
 
-struct MemoryCrash(Arc<MemoryLock>);
+/// The crash of an in-process client: its backend stops, as a killed process would.
+#[derive(Debug)]
+pub struct MemoryCrash(pub Arc<MemoryLock>);
 
 #[async_trait]
 impl Crash for MemoryCrash {

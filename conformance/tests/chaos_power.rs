@@ -8,6 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conformance::chaos::{self, ChaosTarget, Link, Plan, ServerControl, Topology};
 use conformance::factory::{Crash, Factory};
+use conformance::memory::MemoryCrash;
 use lock_core::memory::{MemoryBackend, MemoryLock, MemorySpace};
 use lock_core::{DistributedLock, LockName, LockOptions};
 
@@ -22,15 +23,6 @@ impl ExcludesNobody {
             uuid::Uuid::new_v4().simple()
         ));
         Arc::new(MemoryBackend::client(space, options).expect("valid options"))
-    }
-}
-
-struct CrashMemory(Arc<MemoryLock>);
-
-#[async_trait]
-impl Crash for CrashMemory {
-    async fn crash(&self) {
-        self.0.backend().crash();
     }
 }
 
@@ -57,7 +49,7 @@ impl Factory for ExcludesNobody {
         options: LockOptions,
     ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
         let client = Self::make(options);
-        (client.clone(), Box::new(CrashMemory(client)))
+        (client.clone(), Box::new(MemoryCrash(client)))
     }
 
     async fn steal(&self, _name: &LockName) {}
