@@ -45,7 +45,7 @@ JVM=(-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData)
 JAVAC=(-J-XX:TieredStopAtLevel=1 -J-XX:+UseSerialGC -J-XX:-UsePerfData)
 # Where the harness looks for zookeeper.jar (conformance/src/harness/zookeeper.rs).
 ZK_JAR_DIRS=(/usr/share/java /usr/share/zookeeper /usr/share/zookeeper/lib)
-# The class path of the Curator test (lock-zookeeper/tests/curator.rs).
+# The class path of the Curator test (lock-zookeeper/tests/interop.rs).
 CURATOR_JARS=(curator-recipes.jar curator-framework.jar curator-client.jar zookeeper.jar
   zookeeper-jute.jar guava.jar slf4j-api.jar slf4j-nop.jar)
 
@@ -89,7 +89,7 @@ check_etcdctl() {
   ETCDCTL_API=3 etcdctl version | grep 'etcdctl version:'
 }
 
-# The steps of lock-redis/tests/security.rs (EC) and lock-etcd/tests/tls.rs (RSA).
+# The steps of lock-redis/tests/security.rs (EC) and lock-etcd/tests/security.rs (RSA).
 check_openssl() {
   local dir="$work/tls"
   mkdir -p "$dir" && cd "$dir" &&
