@@ -1,4 +1,4 @@
-//! ZooKeeper (Debian package `zookeeper`, run with `java`) as a [`ServerKind`]: a
+//! ZooKeeper (the jar of Debian package `libzookeeper-java`, run with `java`) as a [`ServerKind`]: a
 //! standalone server ([`ZkServer`]) and an ensemble ([`ZkEnsemble`]) whose quorum
 //! links can pass fault proxies, to cut a member off from its peers.
 //!
@@ -23,7 +23,7 @@ use super::server::{loopback, Member, Prepared, Server, ServerKind};
 use super::{create_dir, write_file, HarnessError, DEFAULT_READY_TIMEOUT};
 use crate::proxy::{FaultProxy, ProxyMode};
 
-const HINT: &str = "apt-get install zookeeper";
+const HINT: &str = "make deps (installs libzookeeper-java)";
 const JAVA_HINT: &str = "apt-get install default-jre-headless";
 const MAIN_CLASS: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
 /// Where the Debian packages put the jars.
