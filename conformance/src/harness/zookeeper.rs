@@ -1,6 +1,6 @@
-//! ZooKeeper (the jar of Debian package `libzookeeper-java`, run with `java`) as a [`ServerKind`]: a
-//! standalone server ([`ZkServer`]) and an ensemble ([`ZkEnsemble`]) whose quorum
-//! links can pass fault proxies, to cut a member off from its peers.
+//! ZooKeeper (the jar of Debian package `libzookeeper-java`, run with `java`) as a
+//! [`ServerKind`]: a standalone server ([`ZkServer`]) and an ensemble ([`ZkEnsemble`])
+//! whose quorum links can pass fault proxies, to cut a member off from its peers.
 //!
 //! (Over 500 lines: ZooKeeper needs more than the other kinds, a JVM class path, start
 //! slots, four-letter words and peer links; each is the ZooKeeper half of a harness
