@@ -117,17 +117,9 @@ pub fn registry() -> &'static Registry {
     })
 }
 
-/// Builds a client for `url` from the process-wide [`registry`].
-///
-/// ```
-/// # async fn demo() -> lock_core::Result<()> {
-/// use lock_core::DistributedLockExt;
-/// let locks = lock_core::connect("memory://docs?ttl=10s").await?;
-/// let guard = locks.lock("reports/daily").await?;
-/// println!("fencing token {}", guard.fencing_token());
-/// guard.release().await?;
-/// # Ok(()) }
-/// ```
+/// Builds a client for `url` from the process-wide [`registry`]: `memory://` and the
+/// backends registered with [`raw::register`](crate::raw::register). Applications use
+/// `distlock::connect`, which serves every backend compiled into the `distlock` crate.
 ///
 /// # Errors
 /// See [`Registry::connect`].
