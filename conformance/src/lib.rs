@@ -17,21 +17,14 @@ pub mod rules;
 pub use factory::{with_ttl, Crash, Factory};
 pub use fence::{FenceReport, FenceServer, FencedResource, Section, StaleToken};
 
-/// Expands to one `#[tokio::test]` per conformance rule for a backend.
-///
-/// `$factory` is an expression of a future that yields a [`Factory`] (a server may
-/// need starting), or an `Option` of one: `None` skips the test (the harness has said
-/// loudly that a server binary is missing; under `LOCK_TEST_STRICT=1` it fails
-/// instead). The calling crate needs `tokio` (with `macros` and `rt-multi-thread`)
-/// among its dev-dependencies.
-///
-/// ```text
-/// conformance::conformance_suite!(async { conformance::memory::MemoryFactory::new() });
-/// ```
+/// The one list of conformance rules, in report order: calls `$callback! { $args... rule,
+/// rule, ... }`. [`rules::RULES`], the tests of [`conformance_suite!`] and the checks of the
+/// documented lists (the trait's `# Contract`, the README's table) follow it.
+#[doc(hidden)]
 #[macro_export]
-macro_rules! conformance_suite {
-    ($factory:expr) => {
-        $crate::conformance_suite!(@rules $factory;
+macro_rules! conformance_rules {
+    ($($callback:ident)::+ ! { $($args:tt)* }) => {
+        $($callback)::+! { $($args)*
             try_on_held_is_not_acquired,
             mutual_exclusion,
             fencing_tokens_increase,
@@ -50,7 +43,25 @@ macro_rules! conformance_suite {
             thousand_locks_one_client,
             bad_urls_and_options,
             scoped_run_cancels_on_loss,
-        );
+        }
+    };
+}
+
+/// Expands to one `#[tokio::test]` per conformance rule for a backend.
+///
+/// `$factory` is an expression of a future that yields a [`Factory`] (a server may
+/// need starting), or an `Option` of one: `None` skips the test (the harness has said
+/// loudly that a server binary is missing; under `LOCK_TEST_STRICT=1` it fails
+/// instead). The calling crate needs `tokio` (with `macros` and `rt-multi-thread`)
+/// among its dev-dependencies.
+///
+/// ```text
+/// conformance::conformance_suite!(async { conformance::memory::MemoryFactory::new() });
+/// ```
+#[macro_export]
+macro_rules! conformance_suite {
+    ($factory:expr) => {
+        $crate::conformance_rules!($crate::conformance_suite! { @rules $factory; });
     };
     (@rules $factory:expr; $($rule:ident),* $(,)?) => {
         $(

@@ -22,10 +22,10 @@ use crate::run::{run_locked, LockContext, RunOutcome};
 /// # Contract
 /// Every implementation honours these rules, each checked against real servers by the
 /// conformance function it links to:
-/// - mutual exclusion: while a guard is valid no other owner is granted the lock; K
-///   clients × M iterations lose no update ([`mutual_exclusion`]).
 /// - a try on a held lock says "not acquired" (`Ok(None)`); a waiter is woken by a push,
 ///   re-checking at least every `recheck` ([`try_on_held_is_not_acquired`]).
+/// - mutual exclusion: while a guard is valid no other owner is granted the lock; K
+///   clients × M iterations lose no update ([`mutual_exclusion`]).
 /// - fencing tokens strictly increase per name, also after a takeover by expiry
 ///   ([`fencing_tokens_increase`]).
 /// - every hold has a server-side lease: a crashed holder blocks others for at most TTL
@@ -55,8 +55,8 @@ use crate::run::{run_locked, LockContext, RunOutcome};
 ///   ([`bad_urls_and_options`]).
 /// - a scoped run is cancelled when its lock is lost ([`scoped_run_cancels_on_loss`]).
 ///
-/// [`mutual_exclusion`]: ../conformance/rules/fn.mutual_exclusion.html
 /// [`try_on_held_is_not_acquired`]: ../conformance/rules/fn.try_on_held_is_not_acquired.html
+/// [`mutual_exclusion`]: ../conformance/rules/fn.mutual_exclusion.html
 /// [`fencing_tokens_increase`]: ../conformance/rules/fn.fencing_tokens_increase.html
 /// [`crashed_holder_blocks_at_most_ttl`]: ../conformance/rules/fn.crashed_holder_blocks_at_most_ttl.html
 /// [`auto_renewal_keeps_lock`]: ../conformance/rules/fn.auto_renewal_keeps_lock.html

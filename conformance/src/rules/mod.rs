@@ -38,6 +38,15 @@ pub use waiting::{
     cancellation_leaves_nothing, drop_releases_promptly, fifo_when_fair, wait_timeout,
 };
 
+/// [`RULES`] from the one list, [`conformance_rules!`](crate::conformance_rules).
+macro_rules! rule_names {
+    ($($rule:ident),* $(,)?) => {
+        /// The rules, by name, in report order.
+        pub const RULES: &[&str] = &[$(stringify!($rule)),*];
+    };
+}
+crate::conformance_rules!(rule_names! {});
+
 /// Generous bound for "promptly": pushes, background releases and renewals must act
 /// well within it, while a polling loop or a wait for the TTL would not.
 const PROMPT: Duration = Duration::from_secs(3);
