@@ -1,11 +1,14 @@
 //! What a backend provides to run the suite: independent clients and a few hooks that
 //! reach behind the library (steal a lock, cut a client off, list what is left).
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use lock_core::raw::Backoff;
 use lock_core::{DistributedLock, LockName, LockOptions};
+use tokio::time::{sleep, Instant};
 
 /// Cuts a client off from its server as a crash or a partition would: afterwards the
 /// client sends nothing that arrives and releases nothing, so its holds end only by
@@ -81,4 +84,30 @@ pub fn with_ttl(ttl: Duration) -> LockOptions {
     let mut options = LockOptions::default();
     options.ttl = ttl;
     options
+}
+
+/// How long [`connect_patiently`] keeps trying.
+pub const CONNECT_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Connects a test client with `connect`, retrying retryable errors for up to
+/// [`CONNECT_PATIENCE`]: connects fail fast, and a service still recovering from a fault
+/// (an ensemble electing a leader after it was stopped) refuses new clients for a while.
+/// Panics with the last error after that, or at once on an error that is not retryable.
+pub async fn connect_patiently<T, F, Fut>(what: &str, mut connect: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = lock_core::Result<T>>,
+{
+    let give_up = Instant::now() + CONNECT_PATIENCE;
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+    loop {
+        match connect().await {
+            Ok(client) => return client,
+            Err(err) if err.is_retryable() && Instant::now() < give_up => {
+                tracing::debug!(what, error = %err, "connect failed; retrying");
+                sleep(backoff.next_pause()).await;
+            }
+            Err(err) => panic!("{what}: {err:?}"),
+        }
+    }
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use conformance::harness::{or_skip, Deployment, Etcd, EtcdCluster, EtcdServer};
-use conformance::{Crash, Factory};
+use conformance::{connect_patiently, Crash, Factory};
 use etcd_client::{Client, GetOptions};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_etcd::{EtcdConfig, EtcdLock};
@@ -68,11 +68,11 @@ pub fn config(addrs: &[SocketAddr], options: LockOptions) -> EtcdConfig {
 
 /// A lock client of `addrs` under [`PREFIX`].
 pub async fn client(addrs: &[SocketAddr], options: LockOptions) -> Arc<EtcdLock> {
-    Arc::new(
-        EtcdLock::connect(config(addrs, options))
-            .await
-            .expect("etcd lock client connects"),
-    )
+    let config = config(addrs, options);
+    let client = connect_patiently("etcd lock client connects", || {
+        EtcdLock::connect(config.clone())
+    });
+    Arc::new(client.await)
 }
 
 /// Keys under `range`, with their create revisions.

@@ -11,7 +11,7 @@ use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use conformance::harness::{or_skip, Deployment, Redis, RedisNodes, RedisOptions, RedisServer};
 #[allow(unused_imports)] // not every test file uses it
 pub(crate) use conformance::with_ttl;
-use conformance::{Crash, Factory};
+use conformance::{connect_patiently, Crash, Factory};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
@@ -96,7 +96,7 @@ impl RedisFactory {
         options: LockOptions,
     ) -> Arc<RedisLock> {
         let config = config_for(addrs, self.redlock_mode(), options);
-        Arc::new(RedisLock::connect(config).await.expect("connect"))
+        Arc::new(connect_patiently("connect", || RedisLock::connect(config.clone())).await)
     }
 
     /// Deletes `key` on every server, behind the clients' backs.

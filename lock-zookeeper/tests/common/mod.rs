@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use conformance::harness::{or_skip, Deployment, ZkEnsemble, ZkOptions, ZkServer, ZooKeeper};
 use conformance::proxy::FaultProxy;
-use conformance::{Crash, Factory};
+use conformance::{connect_patiently, Crash, Factory};
 use lock_core::{DistributedLock, LockGuard, LockName, LockOptions, LockState};
 use lock_zookeeper::{lock_dir, queue_order, ZkConfig, ZkLock};
 use tokio::time::Instant;
@@ -156,10 +156,9 @@ impl ZkFactory {
 
     /// A concrete client with `options`.
     pub async fn zk_client(&self, options: LockOptions) -> Arc<ZkLock> {
-        let client = ZkLock::connect(config(self.servers.hosts(), options))
-            .await
-            .expect("zk client connects");
-        Arc::new(client)
+        let config = config(self.servers.hosts(), options);
+        let client = connect_patiently("zk client connects", || ZkLock::connect(config.clone()));
+        Arc::new(client.await)
     }
 
     /// A concrete client that reaches every server through its own fault proxy.
@@ -176,10 +175,11 @@ impl ZkFactory {
             .expect("proxies")
             .push(Arc::clone(&proxies));
         let hosts = addrs.iter().map(ToString::to_string).collect();
-        let client = ZkLock::connect(config(hosts, options))
-            .await
-            .expect("proxied zk client connects");
-        (Arc::new(client), proxies)
+        let config = config(hosts, options);
+        let client = connect_patiently("proxied zk client connects", || {
+            ZkLock::connect(config.clone())
+        });
+        (Arc::new(client.await), proxies)
     }
 }
 
