@@ -37,13 +37,6 @@ impl<C: Cleanup> CleanupOnDrop<C> {
             .unwrap_or_else(|| unreachable!("the state is taken only by disarm and drop"))
     }
 
-    /// The state, read-only.
-    pub fn state(&self) -> &C {
-        self.state
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("the state is taken only by disarm and drop"))
-    }
-
     /// Nothing is left to undo: returns the state without cleaning up.
     pub fn disarm(mut self) -> C {
         self.state
