@@ -28,7 +28,7 @@ DEPS=(
   "redis-server||check_redis|redis-server runs (the harness's Redis servers)"
   "etcd-server||check_etcd|etcd runs (the harness's etcd servers, the etcds:// test)"
   "etcd-client||check_etcdctl|etcdctl runs (the etcdctl lock interop test)"
-  "openssl||check_openssl|openssl makes a CA and a server certificate it signs, RSA and EC (the TLS tests)"
+  "openssl||check_openssl|openssl makes a CA and a server certificate it signs, as the TLS tests do"
   "default-jre-headless||check_java|java runs (ZooKeeper, the Curator holder)"
   "default-jdk-headless|default-jre-headless|check_javac|javac runs (the Curator test compiles its holder with it)"
   "libslf4j-java||check_jars slf4j-api.jar slf4j-nop.jar|slf4j-api.jar and slf4j-nop.jar in /usr/share/java (ZooKeeper's and Curator's logging)"
@@ -89,18 +89,17 @@ check_etcdctl() {
   ETCDCTL_API=3 etcdctl version | grep 'etcdctl version:'
 }
 
-# The steps of lock-redis/tests/security.rs (EC) and lock-etcd/tests/security.rs (RSA).
+# The steps of conformance/src/harness/tls.rs, which makes the TLS tests' certificates.
 check_openssl() {
-  local dir="$work/tls"
+  local dir="$work/tls" key=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
   mkdir -p "$dir" && cd "$dir" &&
-    printf '%s\n' subjectAltName=IP:127.0.0.1 basicConstraints=CA:FALSE \
-      extendedKeyUsage=serverAuth >ext.cnf &&
-    openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.pem -days 1 \
-      -subj "/CN=distlock check CA" &&
-    openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes -keyout server.key \
-      -out server.csr -subj /CN=127.0.0.1 &&
+    printf '%s\n' basicConstraints=CA:FALSE keyUsage=digitalSignature \
+      extendedKeyUsage=serverAuth subjectAltName=IP:127.0.0.1,DNS:localhost >server.ext &&
+    openssl req -x509 -days 1 -subj "/CN=distlock check CA" "${key[@]}" \
+      -keyout ca.key -out ca.pem &&
+    openssl req -subj /CN=localhost "${key[@]}" -keyout server.key -out server.csr &&
     openssl x509 -req -days 1 -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial \
-      -extfile ext.cnf -out server.pem &&
+      -extfile server.ext -out server.pem &&
     openssl verify -CAfile ca.pem server.pem
 }
 

@@ -8,95 +8,10 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use conformance::harness::free_ports;
+use conformance::harness::tls::make_certificates;
 use lock_core::{DistributedLockExt, ErrorKind, ReleaseOutcome};
 use tokio::process::{Child, Command};
-use tokio::time::{sleep, timeout, Instant};
-
-async fn run(dir: &Path, program: &str, args: &[&str]) {
-    let status = timeout(
-        Duration::from_secs(30),
-        Command::new(program)
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .status(),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("{program} {args:?} took too long"))
-    .unwrap_or_else(|err| panic!("{program} is needed for this test: {err}"));
-    assert!(status.success(), "{program} {args:?} failed");
-}
-
-/// A CA and a server certificate for 127.0.0.1 in `dir`.
-async fn make_certificates(dir: &Path) {
-    std::fs::write(
-        dir.join("server.ext"),
-        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\n\
-         extendedKeyUsage=serverAuth\nsubjectAltName=IP:127.0.0.1,DNS:localhost\n",
-    )
-    .expect("write extensions");
-    run(
-        dir,
-        "openssl",
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "1",
-            "-subj",
-            "/CN=distlock test CA",
-        ],
-    )
-    .await;
-    run(
-        dir,
-        "openssl",
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    )
-    .await;
-    run(
-        dir,
-        "openssl",
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "server.pem",
-            "-days",
-            "1",
-            "-extfile",
-            "server.ext",
-        ],
-    )
-    .await;
-}
+use tokio::time::{sleep, Instant};
 
 /// etcd serving HTTPS on `client_port`; killed on drop.
 fn start_tls_etcd(dir: &Path, client_port: u16, peer_port: u16) -> Child {

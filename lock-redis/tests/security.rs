@@ -4,13 +4,12 @@
 
 mod common;
 
-use std::path::Path;
 use std::time::Duration;
 
 use common::raw;
+use conformance::harness::tls::make_certificates;
 use conformance::harness::{free_port, or_skip, RedisOptions, RedisServer};
 use lock_core::{DistributedLockExt, ErrorKind, ReleaseOutcome};
-use tokio::process::Command;
 
 const USER_PASSWORD: &str = "l0ck-Pa55-user";
 const DEFAULT_PASSWORD: &str = "s3cret-Pa55-default";
@@ -93,72 +92,6 @@ async fn passwords_from_the_url_and_clear_auth_errors() {
         assert!(text.contains("authentication"), "{text}");
         println!("{err}");
     }
-}
-
-async fn openssl(dir: &Path, args: &[&str]) {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .await
-        .expect("openssl must be installed");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Makes a CA and a server certificate for 127.0.0.1 in `dir`.
-async fn make_certificates(dir: &Path) {
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    let mut ca = vec![
-        "req",
-        "-x509",
-        "-days",
-        "1",
-        "-subj",
-        "/CN=distlock test CA",
-    ];
-    ca.extend(ec);
-    ca.extend(["-keyout", "ca.key", "-out", "ca.pem"]);
-    openssl(dir, &ca).await;
-    let mut csr = vec!["req", "-subj", "/CN=127.0.0.1"];
-    csr.extend(ec);
-    csr.extend(["-keyout", "server.key", "-out", "server.csr"]);
-    openssl(dir, &csr).await;
-    std::fs::write(
-        dir.join("ext.cnf"),
-        "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("ext.cnf");
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-days",
-            "1",
-            "-in",
-            "server.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-extfile",
-            "ext.cnf",
-            "-out",
-            "server.pem",
-        ],
-    )
-    .await;
 }
 
 /// `rediss://` with the CA from `tls_ca` locks and releases; without the CA the server's

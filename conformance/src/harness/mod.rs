@@ -56,6 +56,7 @@ mod probe;
 mod process;
 mod redis;
 mod server;
+pub mod tls;
 mod zookeeper;
 
 use std::future::Future;
