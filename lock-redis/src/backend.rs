@@ -20,18 +20,22 @@ use tokio::time::{sleep, Instant};
 use crate::config::RedisConfig;
 use crate::connection::{redis_client, Node, Subscription, Wakeups};
 use crate::error;
-use crate::hold::{ttl_millis, RedisHold};
+use crate::hold::{ttl_millis, RedisHold, WakeKeys};
 use crate::layout::KeyLayout;
+use crate::queue::QueueTimes;
 
 /// Shortest TTL accepted on one server.
 const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
 /// Shortest TTL accepted by RedLock (it must cover several round trips and the drift).
 const MIN_TTL_REDLOCK: Duration = Duration::from_millis(100);
 
-/// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`).
+/// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`). Shared helpers are
+/// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts.
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
+    pub(crate) acquire_q: Script,
+    pub(crate) release_q: Script,
     pub(crate) renew: Script,
     pub(crate) fence_write: Script,
 }
@@ -39,8 +43,20 @@ pub(crate) struct Scripts {
 impl Scripts {
     fn new() -> Self {
         Scripts {
-            acquire: Script::new(include_str!("scripts/acquire.lua")),
+            acquire: Script::new(concat!(
+                include_str!("scripts/tokens.lua"),
+                include_str!("scripts/acquire.lua")
+            )),
             release: Script::new(include_str!("scripts/release.lua")),
+            acquire_q: Script::new(concat!(
+                include_str!("scripts/tokens.lua"),
+                include_str!("scripts/queue.lua"),
+                include_str!("scripts/acquire_q.lua")
+            )),
+            release_q: Script::new(concat!(
+                include_str!("scripts/queue.lua"),
+                include_str!("scripts/release_q.lua")
+            )),
             renew: Script::new(include_str!("scripts/renew.lua")),
             fence_write: Script::new(include_str!("scripts/fence_write.lua")),
         }
@@ -56,6 +72,13 @@ pub(crate) struct Inner {
     pub(crate) keys: KeyLayout,
     pub(crate) scripts: Scripts,
     pub(crate) wakeups: Wakeups,
+    /// Waiters queue (single server with [`RedisConfig::queue`]).
+    pub(crate) queued: bool,
+    pub(crate) queue_times: QueueTimes,
+    /// This client's id in waiter ids and its wake-up channel's name.
+    pub(crate) client_id: String,
+    /// What precedes a client id in a wake-up channel's name.
+    pub(crate) channel_prefix: String,
 }
 
 /// The protocol half of a Redis lock client, for one server (`redis://`, `rediss://`) or
@@ -140,6 +163,9 @@ impl Connect for RedisBackend {
                 config.options.request_timeout,
             ));
         }
+        let keys = KeyLayout::new(config.prefix.clone());
+        let client_id = uuid::Uuid::new_v4().simple().to_string();
+        let channel_prefix = keys.client_channel_prefix();
         let wakeups = Wakeups::new(
             backend,
             nodes
@@ -147,14 +173,19 @@ impl Connect for RedisBackend {
                 .map(|n| (n.label.clone(), n.client().clone()))
                 .collect(),
             config.options.request_timeout,
+            format!("{channel_prefix}{client_id}"),
         );
         let inner = Inner {
             backend,
             quorum: config.quorum(),
-            keys: KeyLayout::new(config.prefix.clone()),
+            keys,
             scripts: Scripts::new(),
             wakeups,
             nodes,
+            queued: config.queue && !config.redlock,
+            queue_times: QueueTimes::new(config.options.recheck, config.options.request_timeout),
+            client_id,
+            channel_prefix,
             config,
         };
         let deadline = Instant::now() + inner.config.options.request_timeout;
@@ -200,19 +231,33 @@ impl RedisBackend {
         &self.inner.config
     }
 
-    /// How many wake-up channels this client listens to right now (one per lock name
-    /// with a waiter, on one shared subscription connection per server).
+    /// How many wake-up channels this client listens to right now, on one shared
+    /// subscription connection per server: its own once a waiter queued, and, without the
+    /// queue, one per lock name with a waiter.
     pub fn wakeup_channels(&self) -> usize {
         self.inner.wakeups.active_channels()
     }
 
+    /// How many of this client's acquires wait in a queue right now.
+    pub fn queued_waiters(&self) -> usize {
+        self.inner.wakeups.queued_waiters()
+    }
+
     fn hold(&self, request: &AcquireRequest<'_>) -> RedisHold {
         let keys = &self.inner.keys;
+        let wake = if self.inner.queued {
+            WakeKeys::Queue {
+                queue: keys.queue_key(request.name),
+                live: keys.queue_live_key(request.name),
+            }
+        } else {
+            WakeKeys::Channel(keys.wakeup_channel(request.name))
+        };
         RedisHold {
             name: request.name.clone(),
             key: keys.lock_key(request.name),
             fence_key: keys.fence_key(request.name),
-            channel: keys.wakeup_channel(request.name),
+            wake,
             token: request.token.clone(),
         }
     }
@@ -252,7 +297,7 @@ impl Cleanup for Abandoned {
     async fn cleanup(self) {
         for hold in self.dirty {
             let deadline = self.inner.request_deadline();
-            if let Err(err) = self.inner.release_all(&hold, deadline).await {
+            if let Err(err) = self.inner.release_all(&hold, true, deadline).await {
                 tracing::debug!(backend = self.inner.backend, lock = %hold.name, error = %err,
                     "cleanup of an abandoned acquire failed; the TTL ends it");
             }
@@ -267,7 +312,7 @@ impl Cleanup for Abandoned {
 impl Inner {
     fn capabilities(&self) -> Capabilities {
         let base = Capabilities::new(self.backend)
-            .fair(false)
+            .fair(self.queued)
             .push_wakeup(true)
             .durable(false);
         if self.config.redlock {
@@ -353,10 +398,11 @@ impl Backend for RedisBackend {
     }
 
     /// # Cancellation
-    /// When this future is dropped while an acquire request is in flight (or after a
-    /// RedLock round took some servers), a background task releases whatever it may
-    /// have taken (compare-and-delete on the owner token, so nothing else is touched);
-    /// the subscription to the wake-up channel is left at once.
+    /// When this future is dropped while an acquire request is in flight, while it waits
+    /// in the queue, or after a RedLock round took some servers, a background task
+    /// releases whatever it may have taken and takes its waiter out of the queue
+    /// (compare-and-delete on the owner token, so nothing else is touched); the bell or the
+    /// subscription to the wake-up channel is left at once.
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<RedisHold>>> {
         let inner = &self.inner;
         let first = self.hold(&request);
@@ -364,6 +410,9 @@ impl Backend for RedisBackend {
             inner: Arc::clone(inner),
             dirty: Vec::new(),
         });
+        if inner.queued {
+            return inner.acquire_queued(&first, &request, &mut pending).await;
+        }
         let recheck = inner.config.options.recheck;
         let mut subscription: Option<Subscription> = None;
         let mut round = 0u64;
@@ -402,13 +451,17 @@ impl Backend for RedisBackend {
             match subscription.as_mut() {
                 Some(subscription) => {
                     tokio::select! {
-                        () = subscription.rung() => {}
+                        _ = subscription.rung() => {}
                         () = sleep(nap) => {}
                     }
                 }
                 // Subscribing rings the bell once confirmed, so the next attempt comes
                 // after the subscription is live and no release is missed in between.
-                None => subscription = Some(inner.wakeups.join(&first.channel)),
+                None => {
+                    if let WakeKeys::Channel(channel) = &first.wake {
+                        subscription = Some(inner.wakeups.join(channel));
+                    }
+                }
             }
         }
     }
@@ -419,7 +472,7 @@ impl Backend for RedisBackend {
 
     async fn release(&self, hold: &RedisHold) -> Result<BackendRelease> {
         self.inner
-            .release_all(hold, self.inner.request_deadline())
+            .release_all(hold, false, self.inner.request_deadline())
             .await
     }
 }

@@ -18,7 +18,7 @@ pub const DEFAULT_PREFIX: &str = "distlock:";
 pub const DEFAULT_PORT: u16 = 6379;
 
 /// Query keys this backend reads besides the common ones of [`LockOptions`].
-const BACKEND_KEYS: &str = "prefix, node_timeout, tls, ca_file (or tls_ca)";
+const BACKEND_KEYS: &str = "prefix, queue, node_timeout, tls, ca_file (or tls_ca)";
 
 /// One Redis server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,6 +110,14 @@ pub struct RedisConfig {
     /// for the plain layout of other Redis lock libraries (the lock key is then the
     /// escaped lock name). Must not contain `{` or `}`.
     pub prefix: String,
+    /// Waiters queue in arrival order and each release wakes only the head of the queue
+    /// \[`queue`, `on` or `off`\]. Default `true`. With `false`, waiters do not queue:
+    /// every release is published to all waiters of the name and the fastest takes it
+    /// (no order, and work per hand-off that grows with the number of waiters). Choose
+    /// `false` only while clients of a version without the queue still take the same
+    /// names: they neither queue nor wake queued waiters (who then notice a release at
+    /// their next recheck), and queued clients do not wake them.
+    pub queue: bool,
     /// RedLock: how long one node may take to answer an acquire attempt or a renewal
     /// before it counts as failed \[`node_timeout`\]. Default: TTL / 10, at least 50 ms
     /// and at most the request timeout. A slow server costs an acquire this much only when
@@ -133,6 +141,7 @@ impl Default for RedisConfig {
             password: None,
             db: 0,
             prefix: DEFAULT_PREFIX.to_owned(),
+            queue: true,
             node_timeout: None,
             options: LockOptions::default(),
         }
@@ -150,6 +159,7 @@ impl fmt::Debug for RedisConfig {
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("db", &self.db)
             .field("prefix", &self.prefix)
+            .field("queue", &self.queue)
             .field("node_timeout", &self.node_timeout)
             .field("options", &self.options)
             .finish()
@@ -234,6 +244,7 @@ impl RedisConfig {
         for (key, value) in url.apply_common_options(&mut config.options)? {
             match key.as_str() {
                 "prefix" => config.prefix = value,
+                "queue" => config.queue = parse_bool("queue", &value)?,
                 "node_timeout" => {
                     config.node_timeout =
                         Some(lock_core::raw::parse_duration("node_timeout", &value)?)
@@ -334,10 +345,10 @@ impl RedisConfig {
 
 fn parse_bool(key: &str, value: &str) -> Result<bool> {
     match value {
-        "true" | "1" | "yes" => Ok(true),
-        "false" | "0" | "no" => Ok(false),
+        "true" | "1" | "yes" | "on" => Ok(true),
+        "false" | "0" | "no" | "off" => Ok(false),
         _ => Err(Error::config(format!(
-            "{key} must be true or false, not {value:?}"
+            "{key} must be on or off (true or false), not {value:?}"
         ))),
     }
 }

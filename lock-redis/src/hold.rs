@@ -1,6 +1,7 @@
 //! Holds and the server-side hold protocol: batched renewal (one script call per server
 //! renews every hold of the client, compare-and-PEXPIRE per key), release
-//! (compare-and-DEL plus a wake-up publish) and how a majority of answers decides each.
+//! (compare-and-DEL plus a wake-up of the head of the queue, or a publish to the name's
+//! channel without the queue) and how a majority of answers decides each.
 
 use std::time::Duration;
 
@@ -22,8 +23,18 @@ pub struct RedisHold {
     pub(crate) name: LockName,
     pub(crate) key: String,
     pub(crate) fence_key: String,
-    pub(crate) channel: String,
+    pub(crate) wake: WakeKeys,
     pub(crate) token: OwnerToken,
+}
+
+/// How the waiters of a name learn of its release.
+#[derive(Debug, Clone)]
+pub(crate) enum WakeKeys {
+    /// They queue in these sorted sets (see [`KeyLayout`](crate::KeyLayout)); a release
+    /// wakes the head.
+    Queue { queue: String, live: String },
+    /// They listen to this channel of the name; a release is published to all.
+    Channel(String),
 }
 
 impl RedisHold {
@@ -169,17 +180,25 @@ impl Inner {
     }
 
     /// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held
-    /// by another owner.
+    /// by another owner. With `leave`, a queued waiter of the acquisition is also taken
+    /// out of the queue.
     pub(crate) async fn release_each(
         &self,
         hold: &RedisHold,
+        leave: bool,
         deadline: Instant,
     ) -> Vec<Result<i64>> {
-        let mut invocation = self.scripts.release.prepare_invoke();
-        invocation
-            .key(&hold.key)
-            .arg(hold.token.as_str())
-            .arg(&hold.channel);
+        let invocation = match &hold.wake {
+            WakeKeys::Queue { .. } => self.release_q_invocation(hold, leave),
+            WakeKeys::Channel(channel) => {
+                let mut invocation = self.scripts.release.prepare_invoke();
+                invocation
+                    .key(&hold.key)
+                    .arg(hold.token.as_str())
+                    .arg(channel);
+                invocation
+            }
+        };
         join_all(
             self.nodes
                 .iter()
@@ -188,17 +207,19 @@ impl Inner {
         .await
     }
 
-    /// Releases `hold` on every server (compare-and-delete, then a wake-up publish).
+    /// Releases `hold` on every server (compare-and-delete, then a wake-up); with `leave`,
+    /// also takes the acquisition's waiter out of the queue.
     pub(crate) async fn release_all(
         &self,
         hold: &RedisHold,
+        leave: bool,
         deadline: Instant,
     ) -> Result<BackendRelease> {
         let mut released = 0;
         let mut taken = 0;
         let mut answered = 0;
         let mut first_error = None;
-        for reply in self.release_each(hold, deadline).await {
+        for reply in self.release_each(hold, leave, deadline).await {
             match reply {
                 Ok(status) => {
                     answered += 1;

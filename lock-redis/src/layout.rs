@@ -10,10 +10,15 @@ use lock_core::LockName;
 ///   names never share a key);
 /// - fencing counter: `<prefix>{<lock key>}:fence`, never deleted (tokens must keep
 ///   increasing);
-/// - wake-up channel: `<prefix>{<lock key>}:released`.
+/// - waiter queue: `<prefix>{<lock key>}:q`, a sorted set of waiter ids by arrival
+///   ticket, and `<prefix>{<lock key>}:qlive`, the same ids by the server time (ms) at
+///   which each is dropped unless it shows up again;
+/// - wake-up channel of a client (queue mode): `<prefix>client:<client id>`, on which a
+///   release names the queued waiter it wakes;
+/// - wake-up channel of a name (without the queue): `<prefix>{<lock key>}:released`.
 ///
-/// The side names carry the whole lock key as their hash tag, so all three share one
-/// hash slot.
+/// The keys beside the lock key carry the whole lock key as their hash tag, so they share
+/// its hash slot.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyLayout {
     prefix: String,
@@ -37,7 +42,22 @@ impl KeyLayout {
         format!("{}{{{}}}:fence", self.prefix, self.lock_key(name))
     }
 
-    /// The channel on which a release of `name` is published.
+    /// The waiter queue of `name` (ids by arrival ticket).
+    pub fn queue_key(&self, name: &LockName) -> String {
+        format!("{}{{{}}}:q", self.prefix, self.lock_key(name))
+    }
+
+    /// The liveness deadlines of the waiters of `name` (ids by server time in ms).
+    pub fn queue_live_key(&self, name: &LockName) -> String {
+        format!("{}{{{}}}:qlive", self.prefix, self.lock_key(name))
+    }
+
+    /// What precedes a client id in the name of its wake-up channel.
+    pub fn client_channel_prefix(&self) -> String {
+        format!("{}client:", self.prefix)
+    }
+
+    /// The channel on which a release of `name` is published (without the queue).
     pub fn wakeup_channel(&self, name: &LockName) -> String {
         format!("{}{{{}}}:released", self.prefix, self.lock_key(name))
     }
@@ -57,6 +77,11 @@ mod tests {
         assert_eq!(
             keys.wakeup_channel(&name),
             format!("distlock:{{{lock}}}:released")
+        );
+        assert_eq!(keys.queue_key(&name), format!("distlock:{{{lock}}}:q"));
+        assert_eq!(
+            keys.queue_live_key(&name),
+            format!("distlock:{{{lock}}}:qlive")
         );
         let plain = KeyLayout::new("");
         assert_eq!(plain.lock_key(&LockName::new("jobs").unwrap()), "jobs");

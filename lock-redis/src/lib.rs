@@ -2,8 +2,9 @@
 
 // The same files as every backend crate: `config.rs`, `error.rs`, `backend.rs` (the
 // `Backend` and `Connect` impls), `hold.rs` (holds, renewal, release), `connection.rs`
-// (connections, wake-up subscriptions), `layout.rs` (key names); and, for Redis alone,
-// `redlock.rs` (the RedLock quorum rounds) and `scripts/` (the Lua scripts).
+// (connections, wake-up subscriptions), `layout.rs` (key names), `queue.rs` (the waiter
+// queue); and, for Redis alone, `redlock.rs` (the RedLock quorum rounds) and `scripts/`
+// (the Lua scripts).
 
 mod backend;
 mod config;
@@ -11,6 +12,7 @@ mod connection;
 mod error;
 mod hold;
 mod layout;
+mod queue;
 mod redlock;
 
 use lock_core::raw::LeaseClient;

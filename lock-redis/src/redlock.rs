@@ -176,7 +176,9 @@ impl Inner {
         // Not granted: undo what this round took on every server (what cannot be undone
         // now is retried in the background when the acquire ends; the next round uses a
         // new token).
-        let undo = self.release_each(hold, Instant::now() + node_timeout).await;
+        let undo = self
+            .release_each(hold, false, Instant::now() + node_timeout)
+            .await;
         if undo.iter().all(Result::is_ok) {
             pending.state_mut().disarm(hold);
         }

@@ -192,53 +192,90 @@ async fn plain_set_nx_holders_and_ours_exclude_each_other() {
     assert_eq!(set.as_deref(), Some("OK"), "free after our release");
 }
 
-/// Many waiters of one client share one subscription connection; each channel is left
-/// when its last waiter goes.
+/// Many waiters of one client share one subscription connection. Queued, they all hear
+/// their wake-ups on the client's one channel; without the queue, on one channel per name,
+/// each left when its last waiter goes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_share_one_subscription_connection() {
     let Some(factory) = RedisFactory::single().await else {
         return;
     };
-    let holder = factory.make(with_ttl(Duration::from_secs(10))).await;
-    let waiter = factory.make(with_ttl(Duration::from_secs(10))).await;
-    let mut conn = raw(factory.servers.addrs()[0]).await;
-    let names: Vec<LockName> = (0..20).map(|i| name(&format!("shared_sub_{i}"))).collect();
-    let mut guards = Vec::new();
-    for n in &names {
-        guards.push(holder.lock(n.as_str()).await.expect("acquire"));
+    for queue in [true, false] {
+        let holder = factory.make(with_ttl(Duration::from_secs(10))).await;
+        let mut config = common::config_for(
+            &factory.servers.addrs(),
+            false,
+            with_ttl(Duration::from_secs(10)),
+        );
+        config.queue = queue;
+        let waiter = Arc::new(RedisLock::connect(config).await.expect("connect"));
+        let mut conn = raw(factory.servers.addrs()[0]).await;
+        let names: Vec<LockName> = (0..20)
+            .map(|i| name(&format!("shared_sub_{queue}_{i}")))
+            .collect();
+        let mut guards = Vec::new();
+        for n in &names {
+            guards.push(holder.lock(n.as_str()).await.expect("acquire"));
+        }
+        let mut tasks = Vec::new();
+        for n in names.iter().cycle().take(40) {
+            let (waiter, n) = (waiter.clone(), n.clone());
+            tasks.push(tokio::spawn(async move {
+                let _ = waiter
+                    .lock_timeout(n.as_str(), Duration::from_secs(2))
+                    .await;
+            }));
+        }
+        sleep(Duration::from_millis(500)).await;
+        let (channels, queued) = if queue { (1, 40) } else { (20, 0) };
+        assert_eq!(
+            waiter.backend().wakeup_channels(),
+            channels,
+            "queue {queue}"
+        );
+        assert_eq!(waiter.backend().queued_waiters(), queued, "queue {queue}");
+        let pubsub_conns = subscription_connections(&mut conn).await;
+        assert_eq!(
+            pubsub_conns.lines().count(),
+            1,
+            "40 waiters on 20 names use one subscription connection: {pubsub_conns}"
+        );
+        for task in tasks {
+            task.await.expect("waiter task");
+        }
+        assert_eq!(waiter.backend().queued_waiters(), 0, "bells are left");
+        assert_eq!(
+            waiter.backend().wakeup_channels(),
+            usize::from(queue),
+            "the client's channel stays, the names' channels are left with their waiters"
+        );
+        drop(guards);
+        drop(waiter);
+        // The dropped client's subscription connection goes with it.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let list = subscription_connections(&mut conn).await;
+            if list.lines().count() == 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "subscription connection left: {list}"
+            );
+            sleep(Duration::from_millis(20)).await;
+        }
     }
-    let mut tasks = Vec::new();
-    for n in names.iter().cycle().take(40) {
-        let (waiter, n) = (waiter.clone(), n.clone());
-        tasks.push(tokio::spawn(async move {
-            let _ = waiter
-                .lock_timeout(n.as_str(), Duration::from_secs(2))
-                .await;
-        }));
-    }
-    sleep(Duration::from_millis(500)).await;
-    assert_eq!(waiter.backend().wakeup_channels(), 20);
-    let pubsub_conns: String = redis::cmd("CLIENT")
+}
+
+/// The server's list of subscription connections (`CLIENT LIST TYPE pubsub`).
+async fn subscription_connections(conn: &mut MultiplexedConnection) -> String {
+    redis::cmd("CLIENT")
         .arg("LIST")
         .arg("TYPE")
         .arg("pubsub")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await
-        .expect("CLIENT LIST");
-    assert_eq!(
-        pubsub_conns.lines().count(),
-        1,
-        "40 waiters on 20 names use one subscription connection: {pubsub_conns}"
-    );
-    for task in tasks {
-        task.await.expect("waiter task");
-    }
-    assert_eq!(
-        waiter.backend().wakeup_channels(),
-        0,
-        "channels are left with their waiters"
-    );
-    drop(guards);
+        .expect("CLIENT LIST")
 }
 
 /// Renewal cost does not grow with the number of holds: 200 holds of one client are

@@ -1,5 +1,7 @@
 //! The client's wake-up subscriptions: one pub/sub connection per server, shared by every
-//! waiter of the client, reconnected with backoff.
+//! waiter of the client, reconnected with backoff. Queued waiters hear their wake-ups on
+//! the client's own channel (a release names the waiter it wakes); without the queue,
+//! waiters listen to the channel of the name they wait for.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -10,7 +12,7 @@ use futures::StreamExt;
 use lock_core::raw::{lock_unpoisoned, Backoff};
 use redis::aio::PubSubSink;
 use tokio::sync::{mpsc, watch};
-use tokio::time::{sleep, timeout};
+use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::reconnect_backoff;
 
@@ -24,21 +26,57 @@ enum SubCommand {
     Unsubscribe(String),
 }
 
+/// What a bell has rung so far.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Rings {
+    wake: u64,
+    standby: u64,
+}
+
+/// What a waiter was told.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ring {
+    /// Try now.
+    Wake,
+    /// The waiter ahead was woken: try if it has not taken the lock within the hand-off
+    /// window.
+    Standby,
+}
+
+fn ring(bell: &watch::Sender<Rings>, what: Ring) {
+    bell.send_modify(|rings| match what {
+        Ring::Wake => rings.wake = rings.wake.wrapping_add(1),
+        Ring::Standby => rings.standby = rings.standby.wrapping_add(1),
+    });
+}
+
 struct Channel {
     waiters: usize,
-    bell: watch::Sender<u64>,
+    bell: watch::Sender<Rings>,
+}
+
+/// The client's own channel and the bells of its queued waiters.
+struct Inbox {
+    channel: String,
+    /// Subscription asked for (it then stays for the client's life).
+    requested: bool,
+    /// Per server: the subscription is confirmed on the current connection.
+    live: Vec<bool>,
+    /// Bells by owner token.
+    bells: HashMap<String, watch::Sender<Rings>>,
 }
 
 struct Registry {
     channels: HashMap<String, Channel>,
+    inbox: Inbox,
     /// One command queue per subscriber task (one per server), started on first use.
     tasks: Option<Vec<mpsc::UnboundedSender<SubCommand>>>,
 }
 
-/// The wake-up subscriptions of one client: waiters join a channel; one subscriber task
-/// per server listens on one pub/sub connection for all of them and rings the channel's
-/// bell on each message (and after every (re)subscription, as a message may have been
-/// missed meanwhile).
+/// The wake-up subscriptions of one client. One subscriber task per server listens on one
+/// pub/sub connection for all waiters of the client and rings the bell of the waiter (queue)
+/// or of the channel (without the queue) a message is for, and every bell after every
+/// (re)subscription, as a message may have been missed meanwhile.
 pub(crate) struct Wakeups {
     shared: Arc<Shared>,
 }
@@ -60,11 +98,14 @@ impl fmt::Debug for Wakeups {
 }
 
 impl Wakeups {
+    /// Wake-ups from `nodes`; `client_channel` is the client's own channel.
     pub(crate) fn new(
         backend: &'static str,
         nodes: Vec<(String, redis::Client)>,
         request_timeout: Duration,
+        client_channel: String,
     ) -> Self {
+        let servers = nodes.len();
         Wakeups {
             shared: Arc::new(Shared {
                 backend,
@@ -72,16 +113,64 @@ impl Wakeups {
                 request_timeout,
                 registry: Mutex::new(Registry {
                     channels: HashMap::new(),
+                    inbox: Inbox {
+                        channel: client_channel,
+                        requested: false,
+                        live: vec![false; servers],
+                        bells: HashMap::new(),
+                    },
                     tasks: None,
                 }),
             }),
         }
     }
 
-    /// Joins `channel` until the returned subscription is dropped. Must be called inside
-    /// a tokio runtime (it starts the subscriber tasks on first use).
-    pub(crate) fn join(&self, channel: &str) -> Subscription {
+    /// The bell of queued waiter `token`, when the client's channel is already subscribed
+    /// on server `node` (no wake-up can then be missed from now on); `None` otherwise
+    /// (see [`Wakeups::enlist`]).
+    pub(crate) fn bell(&self, token: &str, node: usize) -> Option<Subscription> {
         let mut registry = lock_unpoisoned(&self.shared.registry);
+        if !registry.inbox.live[node] {
+            return None;
+        }
+        Some(self.inbox_bell(&mut registry, token))
+    }
+
+    /// The bell of queued waiter `token`, subscribing the client's channel first if needed.
+    /// The bell rings once the subscription is live on server `node` (at once if it is):
+    /// a wake-up published before may have been missed. Must be called inside a tokio
+    /// runtime (it starts the subscriber tasks on first use).
+    pub(crate) fn enlist(&self, token: &str, node: usize) -> Subscription {
+        let mut registry = lock_unpoisoned(&self.shared.registry);
+        self.start(&mut registry);
+        if !registry.inbox.requested {
+            registry.inbox.requested = true;
+            let channel = registry.inbox.channel.clone();
+            registry.send(|| SubCommand::Subscribe(channel.clone()));
+        }
+        let live = registry.inbox.live[node];
+        let subscription = self.inbox_bell(&mut registry, token);
+        if live {
+            if let Some(bell) = registry.inbox.bells.get(token) {
+                ring(bell, Ring::Wake);
+            }
+        }
+        subscription
+    }
+
+    fn inbox_bell(&self, registry: &mut Registry, token: &str) -> Subscription {
+        let (bell, receiver) = watch::channel(Rings::default());
+        registry.inbox.bells.insert(token.to_owned(), bell);
+        Subscription {
+            shared: Arc::clone(&self.shared),
+            membership: Membership::Inbox(token.to_owned()),
+            seen: Rings::default(),
+            bell: receiver,
+        }
+    }
+
+    /// Starts the subscriber tasks, if not yet.
+    fn start(&self, registry: &mut Registry) {
         if registry.tasks.is_none() {
             let senders = self
                 .shared
@@ -100,13 +189,21 @@ impl Wakeups {
                 .collect();
             registry.tasks = Some(senders);
         }
+    }
+
+    /// Joins the channel of a name (without the queue) until the returned subscription is
+    /// dropped; it rings once the subscription is live. Must be called inside a tokio
+    /// runtime (it starts the subscriber tasks on first use).
+    pub(crate) fn join(&self, channel: &str) -> Subscription {
+        let mut registry = lock_unpoisoned(&self.shared.registry);
+        self.start(&mut registry);
         let bell = match registry.channels.get_mut(channel) {
             Some(entry) => {
                 entry.waiters += 1;
                 entry.bell.subscribe()
             }
             None => {
-                let (bell, receiver) = watch::channel(0);
+                let (bell, receiver) = watch::channel(Rings::default());
                 registry
                     .channels
                     .insert(channel.to_owned(), Channel { waiters: 1, bell });
@@ -116,14 +213,22 @@ impl Wakeups {
         };
         Subscription {
             shared: Arc::clone(&self.shared),
-            channel: channel.to_owned(),
+            membership: Membership::Channel(channel.to_owned()),
+            seen: Rings::default(),
             bell,
         }
     }
 
-    /// Channels with at least one waiter (for tests and diagnostics).
+    /// Channels this client listens to right now (for tests and diagnostics): its own
+    /// once a waiter queued, and the names' channels that have a waiter without the queue.
     pub(crate) fn active_channels(&self) -> usize {
-        lock_unpoisoned(&self.shared.registry).channels.len()
+        let registry = lock_unpoisoned(&self.shared.registry);
+        registry.channels.len() + usize::from(registry.inbox.requested)
+    }
+
+    /// Queued waiters with a bell right now (for tests and diagnostics).
+    pub(crate) fn queued_waiters(&self) -> usize {
+        lock_unpoisoned(&self.shared.registry).inbox.bells.len()
     }
 }
 
@@ -137,28 +242,82 @@ impl Registry {
 }
 
 impl Shared {
-    fn ring(&self, channel: &str) {
-        if let Some(entry) = lock_unpoisoned(&self.registry).channels.get(channel) {
-            entry.bell.send_modify(|n| *n = n.wrapping_add(1));
+    /// A message arrived on `channel`.
+    fn deliver(&self, channel: &str, payload: &[u8]) {
+        let registry = lock_unpoisoned(&self.registry);
+        if channel == registry.inbox.channel {
+            let (what, token) = match std::str::from_utf8(payload)
+                .ok()
+                .and_then(|p| p.split_once(' '))
+            {
+                Some(("wake", token)) => (Ring::Wake, token),
+                Some(("standby", token)) => (Ring::Standby, token),
+                _ => {
+                    tracing::debug!(
+                        backend = self.backend,
+                        channel,
+                        "wake-up message of an unknown form"
+                    );
+                    return;
+                }
+            };
+            if let Some(bell) = registry.inbox.bells.get(token) {
+                ring(bell, what);
+            }
+        } else if let Some(entry) = registry.channels.get(channel) {
+            ring(&entry.bell, Ring::Wake);
         }
     }
 
-    fn ring_all(&self) {
-        for entry in lock_unpoisoned(&self.registry).channels.values() {
-            entry.bell.send_modify(|n| *n = n.wrapping_add(1));
+    /// `channel` is subscribed on server `index`'s current connection.
+    fn subscribed(&self, index: usize, channel: &str) {
+        let mut registry = lock_unpoisoned(&self.registry);
+        if channel == registry.inbox.channel {
+            registry.inbox.live[index] = true;
+            for bell in registry.inbox.bells.values() {
+                ring(bell, Ring::Wake);
+            }
+        } else if let Some(entry) = registry.channels.get(channel) {
+            ring(&entry.bell, Ring::Wake);
         }
+    }
+
+    /// Every channel is subscribed on server `index`'s new connection: anything published
+    /// while it was not is lost, so every waiter re-checks.
+    fn resubscribed(&self, index: usize) {
+        let mut registry = lock_unpoisoned(&self.registry);
+        if registry.inbox.requested {
+            registry.inbox.live[index] = true;
+        }
+        let bells = registry.channels.values().map(|c| &c.bell);
+        for bell in bells.chain(registry.inbox.bells.values()) {
+            ring(bell, Ring::Wake);
+        }
+    }
+
+    /// Server `index`'s subscriber connection is gone.
+    fn disconnected(&self, index: usize) {
+        lock_unpoisoned(&self.registry).inbox.live[index] = false;
     }
 
     fn channel_names(&self) -> Vec<String> {
-        lock_unpoisoned(&self.registry)
-            .channels
-            .keys()
-            .cloned()
-            .collect()
+        let registry = lock_unpoisoned(&self.registry);
+        let mut names: Vec<String> = registry.channels.keys().cloned().collect();
+        if registry.inbox.requested {
+            names.push(registry.inbox.channel.clone());
+        }
+        names
     }
 
-    fn leave(&self, channel: &str) {
+    fn leave(&self, membership: &Membership) {
         let mut registry = lock_unpoisoned(&self.registry);
+        let channel = match membership {
+            Membership::Inbox(token) => {
+                registry.inbox.bells.remove(token);
+                return;
+            }
+            Membership::Channel(channel) => channel,
+        };
         let Some(entry) = registry.channels.get_mut(channel) else {
             return;
         };
@@ -170,17 +329,28 @@ impl Shared {
     }
 }
 
-/// A waiter's membership in a wake-up channel; leaving happens on drop.
+/// What a subscription listens to.
+#[derive(Debug)]
+enum Membership {
+    /// The channel of a name.
+    Channel(String),
+    /// The client's channel, for the queued waiter with this owner token.
+    Inbox(String),
+}
+
+/// A waiter's bell; leaving happens on drop.
 pub(crate) struct Subscription {
     shared: Arc<Shared>,
-    channel: String,
-    bell: watch::Receiver<u64>,
+    membership: Membership,
+    /// The rings already acted on.
+    seen: Rings,
+    bell: watch::Receiver<Rings>,
 }
 
 impl fmt::Debug for Subscription {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Subscription")
-            .field("channel", &self.channel)
+            .field("membership", &self.membership)
             .finish_non_exhaustive()
     }
 }
@@ -188,20 +358,45 @@ impl fmt::Debug for Subscription {
 impl Subscription {
     /// Forgets the rings so far: [`Subscription::rung`] waits for the next one.
     pub(crate) fn mark(&mut self) {
-        self.bell.borrow_and_update();
+        self.seen = *self.bell.borrow_and_update();
     }
 
-    /// Waits for a ring after the last [`Subscription::mark`].
-    pub(crate) async fn rung(&mut self) {
-        if self.bell.changed().await.is_err() {
-            std::future::pending::<()>().await;
+    /// Waits for a ring after the last one seen (wake-ups before stand-by notices).
+    pub(crate) async fn rung(&mut self) -> Ring {
+        loop {
+            let now = *self.bell.borrow_and_update();
+            let seen = std::mem::replace(&mut self.seen, now);
+            if now.wake != seen.wake {
+                return Ring::Wake;
+            }
+            if now.standby != seen.standby {
+                return Ring::Standby;
+            }
+            if self.bell.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Waits until woken or until `nap` has passed; a stand-by notice shortens the wait to
+    /// `window` from the notice.
+    pub(crate) async fn wait(&mut self, nap: Duration, window: Duration) {
+        let mut until = Instant::now() + nap;
+        loop {
+            tokio::select! {
+                ring = self.rung() => match ring {
+                    Ring::Wake => return,
+                    Ring::Standby => until = until.min(Instant::now() + window),
+                },
+                () = sleep_until(until) => return,
+            }
         }
     }
 }
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        self.shared.leave(&self.channel);
+        self.shared.leave(&self.membership);
     }
 }
 
@@ -221,7 +416,12 @@ async fn run_subscriber(
 ) {
     let mut backoff = reconnect_backoff();
     loop {
-        match subscriber_session(&shared, index, &mut commands, &mut backoff).await {
+        let outcome = subscriber_session(&shared, index, &mut commands, &mut backoff).await;
+        match shared.upgrade() {
+            Some(s) => s.disconnected(index),
+            None => return,
+        }
+        match outcome {
             Broken::Stop => return,
             Broken::Reconnect => {
                 let pause = sleep(backoff.next_pause());
@@ -271,8 +471,7 @@ async fn subscriber_session(
     }
     backoff.reset();
     match shared.upgrade() {
-        // Anything published while we were not subscribed is lost: everyone re-checks.
-        Some(s) => s.ring_all(),
+        Some(s) => s.resubscribed(index),
         None => return Broken::Stop,
     }
     let mut ping = tokio::time::interval(SUBSCRIBER_PING);
@@ -286,7 +485,7 @@ async fn subscriber_session(
                         return Broken::Reconnect;
                     }
                     match shared.upgrade() {
-                        Some(s) => s.ring(&channel),
+                        Some(s) => s.subscribed(index, &channel),
                         None => return Broken::Stop,
                     }
                 }
@@ -297,7 +496,9 @@ async fn subscriber_session(
                 }
             },
             message = stream.next() => match (message, shared.upgrade()) {
-                (Some(message), Some(s)) => s.ring(message.get_channel_name()),
+                (Some(message), Some(s)) => {
+                    s.deliver(message.get_channel_name(), message.get_payload_bytes());
+                }
                 (None, _) => return Broken::Reconnect,
                 (_, None) => return Broken::Stop,
             },

@@ -1,0 +1,192 @@
+//! The waiter queue on one server: waiters take a ticket in a sorted set beside the lock
+//! key (`acquire_q.lua`), a free key goes only to the head, and a release wakes the head
+//! alone on its client's channel (`release_q.lua`).
+//!
+//! Liveness of the queue: a waiter re-runs its acquire at least every `recheck`, which
+//! also keeps its entry alive; an entry not renewed for [`QueueTimes::stay`] is dropped by
+//! the next script that looks. A woken head has [`QueueTimes::window`] to take the lock,
+//! after which the waiter behind it (told to stand by) drops it and takes over, so a
+//! crashed head stalls the queue for about one window. A cancelled acquire leaves at
+//! once (the cleanup of [`Abandoned`]) and wakes the next head when the key is free.
+
+use std::time::Duration;
+
+use lock_core::raw::{AcquireRequest, Acquired, CleanupOnDrop};
+use lock_core::{FencingToken, Result};
+use tokio::time::Instant;
+
+use crate::backend::{pttl_wait, Abandoned, Inner};
+use crate::error;
+use crate::hold::{ttl_millis, RedisHold, WakeKeys};
+
+/// Shortest hand-off window of a woken head.
+const MIN_WINDOW: Duration = Duration::from_millis(20);
+
+/// The times of the queue, from the client's options.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueueTimes {
+    /// How long an entry stays without its waiter showing up: two rechecks and a
+    /// request timeout (a live waiter shows up every recheck).
+    pub(crate) stay: Duration,
+    /// How long a woken head has to take the lock: a quarter of the recheck interval,
+    /// at least 20 ms and at most the request timeout.
+    pub(crate) window: Duration,
+}
+
+impl QueueTimes {
+    pub(crate) fn new(recheck: Duration, request_timeout: Duration) -> Self {
+        QueueTimes {
+            stay: recheck.saturating_mul(2).saturating_add(request_timeout),
+            window: (recheck / 4).max(MIN_WINDOW).min(request_timeout),
+        }
+    }
+}
+
+/// A reply of `acquire_q.lua`.
+enum Reply {
+    Granted {
+        fence: u64,
+    },
+    /// Refused; `place` in the queue (0 = head), `None` when not queued.
+    Refused {
+        pttl: i64,
+        place: Option<u64>,
+    },
+}
+
+impl Reply {
+    fn parse(backend: &'static str, reply: &[i64]) -> Result<Reply> {
+        match *reply {
+            [1, fence, ..] => u64::try_from(fence)
+                .map(|fence| Reply::Granted { fence })
+                .map_err(|_| error::protocol(backend, format!("negative fencing token {fence}"))),
+            [0, pttl, _, place] => Ok(Reply::Refused {
+                pttl,
+                place: u64::try_from(place).ok(),
+            }),
+            _ => Err(error::protocol(
+                backend,
+                format!("unexpected reply of the queued acquire: {reply:?}"),
+            )),
+        }
+    }
+}
+
+/// `script` for `hold`, with the keys of `queue.lua` and the owner token as first argument.
+fn queue_invocation<'a>(
+    script: &'a redis::Script,
+    hold: &RedisHold,
+) -> redis::ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    invocation.key(&hold.key).key(&hold.fence_key);
+    if let WakeKeys::Queue { queue, live } = &hold.wake {
+        invocation.key(queue).key(live);
+    }
+    invocation.arg(hold.token.as_str());
+    invocation
+}
+
+impl Inner {
+    /// The queued acquire for `hold` (see `acquire_q.lua`): with `count` it takes the next
+    /// fencing token on a grant; with `wait` a refused waiter queues.
+    pub(crate) fn acquire_q_invocation(
+        &self,
+        hold: &RedisHold,
+        ttl_ms: u64,
+        count: bool,
+        wait: bool,
+    ) -> redis::ScriptInvocation<'_> {
+        let mut invocation = queue_invocation(&self.scripts.acquire_q, hold);
+        invocation
+            .arg(ttl_millis(Duration::from_millis(ttl_ms)))
+            .arg(u8::from(count))
+            .arg(&self.client_id)
+            .arg(ttl_millis(self.queue_times.stay))
+            .arg(u8::from(wait));
+        invocation
+    }
+
+    /// The release of `hold` (see `release_q.lua`); with `leave`, its waiter also leaves
+    /// the queue.
+    pub(crate) fn release_q_invocation(
+        &self,
+        hold: &RedisHold,
+        leave: bool,
+    ) -> redis::ScriptInvocation<'_> {
+        let mut invocation = queue_invocation(&self.scripts.release_q, hold);
+        invocation
+            .arg(if leave { self.client_id.as_str() } else { "" })
+            .arg(&self.channel_prefix)
+            .arg(ttl_millis(self.queue_times.window));
+        invocation
+    }
+
+    /// Acquires `hold` on one server through the queue: in arrival order, each release
+    /// waking only the head.
+    pub(crate) async fn acquire_queued(
+        &self,
+        hold: &RedisHold,
+        request: &AcquireRequest<'_>,
+        pending: &mut CleanupOnDrop<Abandoned>,
+    ) -> Result<Option<Acquired<RedisHold>>> {
+        let recheck = self.config.options.recheck;
+        let ttl_ms = ttl_millis(request.ttl);
+        let token = hold.token.as_str();
+        // When the client's channel is live, the bell is there before the first request,
+        // so that no wake-up can be missed.
+        let mut bell = self.wakeups.bell(token, 0);
+        let invocation = self.acquire_q_invocation(hold, ttl_ms, true, request.wait);
+        loop {
+            if let Some(bell) = bell.as_mut() {
+                bell.mark();
+            }
+            let requested_at = Instant::now();
+            pending.state_mut().arm(hold);
+            let reply: Vec<i64> = self.nodes[0]
+                .script("acquire", self.request_deadline(), &invocation)
+                .await?;
+            let (pttl, place) = match Reply::parse(self.backend, &reply)? {
+                Reply::Granted { fence } => {
+                    pending.state_mut().disarm(hold);
+                    return Ok(Some(Acquired {
+                        hold: hold.clone(),
+                        fencing_token: FencingToken(fence),
+                        requested_at,
+                        lease: Duration::from_millis(ttl_ms),
+                        session: 0,
+                    }));
+                }
+                Reply::Refused { pttl, place } => (pttl, place),
+            };
+            if !request.wait {
+                pending.state_mut().disarm(hold);
+                return Ok(None);
+            }
+            // The head waits for the holder's expiry or a wake-up; the others for a
+            // wake-up, showing up at least every recheck to stay in the queue.
+            let nap = match place {
+                Some(0) => pttl_wait(pttl).min(recheck),
+                _ => recheck,
+            }
+            .max(Duration::from_millis(1));
+            let bell = bell.get_or_insert_with(|| self.wakeups.enlist(token, 0));
+            bell.wait(nap, self.queue_times.window).await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queue_times_follow_the_options() {
+        let times = QueueTimes::new(Duration::from_secs(1), Duration::from_secs(5));
+        assert_eq!(times.stay, Duration::from_secs(7));
+        assert_eq!(times.window, Duration::from_millis(250));
+        let fast = QueueTimes::new(Duration::from_millis(40), Duration::from_millis(15));
+        assert_eq!(fast.window, Duration::from_millis(15));
+        let slow = QueueTimes::new(Duration::from_millis(40), Duration::from_secs(5));
+        assert_eq!(slow.window, MIN_WINDOW);
+    }
+}

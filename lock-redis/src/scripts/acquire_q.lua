@@ -1,0 +1,57 @@
+-- Takes a lock in arrival order: as acquire.lua, but a free key goes only to the head of
+-- the queue (or to anyone while nobody queues), and a refused waiter joins the queue or,
+-- already in it, shows it is alive.
+-- KEYS: as in queue.lua (lock, fencing counter, queue, liveness)
+-- ARGV[1]: owner token; ARGV[2]: TTL in milliseconds
+-- ARGV[3]: "1" to take the next fencing token (single server), "0" to read it (RedLock)
+-- ARGV[4]: client id (the waiter id is "<client id>/<owner token>"); ARGV[5]: how long (ms) the waiter stays queued without showing up
+-- ARGV[6]: "1" to queue when refused, "0" not to (a try)
+-- Returns {1, fencing token, 0} (single server) or {1, 0, reading} (RedLock) when the
+-- lock is ours; {0, PTTL of the holder (-2 when the key is free but others are ahead),
+-- reading or 0, place in the queue (0 = head; -1 not queued)} when it is not.
+-- A re-sent request (its reply was lost) finds the lock ours or keeps its ticket.
+-- The helpers come from tokens.lua and queue.lua.
+
+local now = now_ms()
+evict(now)
+local me = ARGV[4] .. '/' .. ARGV[1]
+local holder = redis.call('GET', LOCK)
+local mine = holder == ARGV[1]
+if mine then
+  redis.call('PEXPIRE', LOCK, ARGV[2])
+elseif holder == false then
+  local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
+  if head == nil or head == me then
+    redis.call('SET', LOCK, ARGV[1], 'PX', ARGV[2])
+    mine = true
+  end
+end
+if mine then
+  leave(me)
+  if ARGV[3] == '1' then
+    return {1, next_token(), 0}
+  end
+  return {1, 0, reading()}
+end
+local read = 0
+if ARGV[3] ~= '1' then
+  read = reading()
+end
+local pttl = redis.call('PTTL', LOCK)
+if ARGV[6] ~= '1' then
+  return {0, pttl, read, -1}
+end
+if not redis.call('ZSCORE', QUEUE, me) then
+  local last = redis.call('ZRANGE', QUEUE, -1, -1, 'WITHSCORES')
+  local ticket = 1
+  if last[2] then
+    ticket = tonumber(last[2]) + 1
+  end
+  redis.call('ZADD', QUEUE, ticket, me)
+end
+local stay = tonumber(ARGV[5])
+redis.call('ZADD', LIVE, now + stay, me)
+-- An abandoned queue outlives its last deadline by at most a second.
+redis.call('PEXPIRE', QUEUE, stay + 1000)
+redis.call('PEXPIRE', LIVE, stay + 1000)
+return {0, pttl, read, redis.call('ZRANK', QUEUE, me)}

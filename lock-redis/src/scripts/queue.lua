@@ -1,0 +1,61 @@
+-- The waiter queue of a lock: the helpers the queue scripts start with (prepended in Rust,
+-- after tokens.lua).
+-- KEYS[1]: the lock key; KEYS[2]: its fencing counter; KEYS[3]: the queue, waiter ids by
+-- arrival ticket; KEYS[4]: the liveness deadlines, the same ids by the server time (ms)
+-- after which a waiter that has not shown up again is dropped.
+-- A waiter id is "<client id>/<owner token>"; a client hears its waiters' wake-ups on the
+-- channel "<channel prefix><client id>" as "wake <owner token>" or "standby <owner token>".
+--
+-- Safety never rests on the queue: the lock is the plain key, taken with SET NX semantics.
+-- The queue decides only who may take a free key, so a lost, stale or damaged queue costs
+-- order or latency, never exclusion.
+
+local LOCK, QUEUE, LIVE = KEYS[1], KEYS[3], KEYS[4]
+
+-- The server clock in milliseconds.
+local function now_ms()
+  local now = redis.call('TIME')
+  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+
+-- Drops up to 16 waiters whose deadline has passed (bounded work per call; any later call
+-- drops more), and a head without a deadline (left by a partial loss of the keys).
+local function evict(now)
+  local dead = redis.call('ZRANGEBYSCORE', LIVE, '-inf', now, 'LIMIT', 0, 16)
+  if #dead > 0 then
+    redis.call('ZREM', QUEUE, unpack(dead))
+    redis.call('ZREM', LIVE, unpack(dead))
+  end
+  local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
+  if head and not redis.call('ZSCORE', LIVE, head) then
+    redis.call('ZREM', QUEUE, head)
+  end
+end
+
+-- Drops waiter `id` from the queue.
+local function leave(id)
+  redis.call('ZREM', QUEUE, id)
+  redis.call('ZREM', LIVE, id)
+end
+
+-- Wakes the head of the queue, which then has `window` ms to take the lock before it is
+-- dropped, and tells the waiter behind it to stand by (to take over should the head not
+-- come).
+local function wake_head(channel_prefix, window, now)
+  local first = redis.call('ZRANGE', QUEUE, 0, 1)
+  for i, id in ipairs(first) do
+    local client, token = string.match(id, '^([^/]*)/(.*)$')
+    if client then
+      if i == 1 then
+        local deadline = tonumber(redis.call('ZSCORE', LIVE, id) or '0')
+        if deadline > now + window then
+          redis.call('ZADD', LIVE, now + window, id)
+        end
+        redis.call('PUBLISH', channel_prefix .. client, 'wake ' .. token)
+      else
+        redis.call('PUBLISH', channel_prefix .. client, 'standby ' .. token)
+      end
+    end
+  end
+end
+
