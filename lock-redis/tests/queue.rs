@@ -1,0 +1,244 @@
+//! The waiter queue on one server, seen from behind the library: a dead head is passed
+//! over within the hand-off window, dead entries never block, a waiter dropped from the
+//! queue behind its back queues again, and clients with and without the queue exclude
+//! each other on the plain lock key.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{config_for, raw, RedisFactory};
+use conformance::fence::FencedResource;
+use conformance::Factory;
+use lock_core::{DistributedLockExt, LockName, LockOptions};
+use lock_redis::{KeyLayout, RedisLock, DEFAULT_PREFIX};
+use redis::aio::MultiplexedConnection;
+use tokio::time::{sleep, timeout, Instant};
+
+fn name(test: &str) -> LockName {
+    LockName::new(format!(
+        "queue-test/{test}/{}",
+        uuid::Uuid::new_v4().simple()
+    ))
+    .expect("name")
+}
+
+/// Options whose recheck (2 s) is well above the hand-off window (500 ms), so that a wait
+/// ended by the window is told apart from one ended by the recheck.
+fn options() -> LockOptions {
+    let mut options = common::with_ttl(Duration::from_secs(10));
+    options.recheck = Duration::from_secs(2);
+    options
+}
+
+async fn client(factory: &RedisFactory, queue: bool) -> Arc<RedisLock> {
+    client_with(factory, queue, options()).await
+}
+
+async fn client_with(factory: &RedisFactory, queue: bool, options: LockOptions) -> Arc<RedisLock> {
+    let mut config = config_for(&factory.servers.addrs(), false, options);
+    config.queue = queue;
+    Arc::new(RedisLock::connect(config).await.expect("connect"))
+}
+
+/// The server clock in milliseconds.
+async fn server_ms(conn: &mut MultiplexedConnection) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(conn).await.expect("TIME");
+    secs * 1000 + micros / 1000
+}
+
+/// Puts a waiter that will never show up at the tail of `name`'s queue, alive for `for_ms`.
+async fn enqueue_ghost(conn: &mut MultiplexedConnection, name: &LockName, id: &str, for_ms: u64) {
+    let keys = KeyLayout::new(DEFAULT_PREFIX);
+    let last: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(keys.queue_key(name))
+        .arg(-1)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await
+        .expect("ZRANGE");
+    let ticket = last.first().map_or(1.0, |(_, t)| t + 1.0);
+    let deadline = server_ms(conn).await + for_ms;
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg(keys.queue_key(name))
+        .arg(ticket)
+        .arg(id)
+        .ignore()
+        .cmd("ZADD")
+        .arg(keys.queue_live_key(name))
+        .arg(deadline)
+        .arg(id)
+        .ignore()
+        .query_async(conn)
+        .await
+        .expect("enqueue");
+}
+
+async fn queue_of(conn: &mut MultiplexedConnection, name: &LockName) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(KeyLayout::new(DEFAULT_PREFIX).queue_key(name))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("ZRANGE")
+}
+
+/// Waits (bounded) until `name`'s queue has `n` entries.
+async fn until_queued(conn: &mut MultiplexedConnection, name: &LockName, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queue_of(conn, name).await.len() != n {
+        assert!(
+            Instant::now() < deadline,
+            "the queue never reached {n} entries"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A head of the queue that crashed (its entry alive for another minute) stalls the
+/// waiter behind it for one hand-off window after the release, not until its entry
+/// expires nor until the next recheck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_head_is_passed_over_within_the_window() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let lock = name("dead_head");
+    let holder = client(&factory, true).await;
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    enqueue_ghost(&mut conn, &lock, "crashedclient/token", 60_000).await;
+    let waiter = client(&factory, true).await;
+    let waiting = tokio::spawn({
+        let lock = lock.clone();
+        async move { waiter.lock(lock.as_str()).await.expect("waiter acquires") }
+    });
+    until_queued(&mut conn, &lock, 2).await;
+    let released_at = Instant::now();
+    guard.release().await.expect("release");
+    let next = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter behind a dead head gets the lock")
+        .expect("waiter task");
+    let after = released_at.elapsed();
+    println!("takeover {after:?} after the release (window 500 ms, recheck 2 s)");
+    assert!(
+        after >= Duration::from_millis(450),
+        "the woken head keeps its window: {after:?}"
+    );
+    assert!(
+        after < Duration::from_millis(1900),
+        "the stand-by waiter takes over after the window, before its recheck: {after:?}"
+    );
+    assert!(
+        queue_of(&mut conn, &lock).await.is_empty(),
+        "the dead head was dropped"
+    );
+    next.release().await.expect("release");
+}
+
+/// Entries whose deadline passed are dropped by the next script that looks: a queue of
+/// dead waiters does not keep a try from a free lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_entries_never_block() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let lock = name("expired");
+    for i in 0..5 {
+        enqueue_ghost(&mut conn, &lock, &format!("gone{i}/token"), 1).await;
+    }
+    sleep(Duration::from_millis(20)).await;
+    let client = client(&factory, true).await;
+    let guard = client
+        .try_lock(lock.as_str())
+        .await
+        .expect("try")
+        .expect("a queue of dead waiters does not hold the lock");
+    assert!(queue_of(&mut conn, &lock).await.is_empty());
+    guard.release().await.expect("release");
+    let left = factory.leftovers(&[lock]).await;
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// A live waiter whose entry was dropped behind its back (evicted while it was away)
+/// queues again when it next shows up, and gets the lock: it never waits forever for a
+/// wake-up that nobody will send.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiter_dropped_from_the_queue_queues_again() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let lock = name("dropped");
+    let holder = client(&factory, true).await;
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    let waiter = client(&factory, true).await;
+    let waiting = tokio::spawn({
+        let lock = lock.clone();
+        async move { waiter.lock(lock.as_str()).await.expect("waiter acquires") }
+    });
+    until_queued(&mut conn, &lock, 1).await;
+    let keys = KeyLayout::new(DEFAULT_PREFIX);
+    let _: () = redis::cmd("DEL")
+        .arg(keys.queue_key(&lock))
+        .arg(keys.queue_live_key(&lock))
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    guard.release().await.expect("release");
+    let next = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the dropped waiter still gets the lock")
+        .expect("waiter task");
+    next.release().await.expect("release");
+}
+
+/// Clients with and without the queue on one name exclude each other (the plain key
+/// decides), and all of them get their turns. (A release of one kind does not wake the
+/// waiters of the other, which notice it at their next recheck: 100 ms here.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_with_and_without_the_queue_exclude_each_other() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let lock = name("mixed");
+    let resource = FencedResource::new();
+    let mut tasks = Vec::new();
+    for i in 0..6 {
+        let mut options = options();
+        options.recheck = Duration::from_millis(100);
+        let client = client_with(&factory, i % 2 == 0, options).await;
+        let (lock, resource) = (lock.clone(), resource.clone());
+        tasks.push(tokio::spawn(async move {
+            for _ in 0..25 {
+                let guard = client
+                    .lock_timeout(lock.as_str(), Duration::from_secs(20))
+                    .await
+                    .expect("acquire");
+                resource
+                    .hold_section(&guard, sleep(Duration::from_millis(1)))
+                    .await
+                    .expect("fresh token");
+                guard.release().await.expect("release");
+            }
+        }));
+    }
+    for task in tasks {
+        timeout(Duration::from_secs(120), task)
+            .await
+            .expect("every client finishes")
+            .expect("client task");
+    }
+    let report = resource.check();
+    assert!(report.overlaps.is_empty(), "{report:?}");
+    assert!(report.tokens_backwards.is_empty(), "{report:?}");
+    assert_eq!(report.accepted_writes, 150);
+    let left = factory.leftovers(&[lock]).await;
+    assert!(left.is_empty(), "{left:?}");
+}
