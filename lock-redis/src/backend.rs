@@ -15,7 +15,7 @@ use lock_core::raw::{
 use lock_core::{Capabilities, Error, FencingSource, FencingToken, LockOptions, Result};
 use rand::Rng;
 use redis::Script;
-use tokio::time::{sleep, Instant};
+use tokio::time::Instant;
 
 use crate::config::RedisConfig;
 use crate::connection::{redis_client, Node, Subscription, Wakeups};
@@ -72,8 +72,12 @@ pub(crate) struct Inner {
     pub(crate) keys: KeyLayout,
     pub(crate) scripts: Scripts,
     pub(crate) wakeups: Wakeups,
-    /// Waiters queue (single server with [`RedisConfig::queue`]).
+    /// Waiters queue ([`RedisConfig::queue`]): on the one server, or on RedLock on the
+    /// arbiter.
     pub(crate) queued: bool,
+    /// The server whose queue orders the waiters: the only one, or on RedLock the first
+    /// in sorted order (every client of the servers agrees on it).
+    pub(crate) arbiter: usize,
     pub(crate) queue_times: QueueTimes,
     /// This client's id in waiter ids and its wake-up channel's name.
     pub(crate) client_id: String,
@@ -182,7 +186,8 @@ impl Connect for RedisBackend {
             scripts: Scripts::new(),
             wakeups,
             nodes,
-            queued: config.queue && !config.redlock,
+            queued: config.queue,
+            arbiter: arbiter_of(&config.endpoints),
             queue_times: QueueTimes::new(config.options.recheck, config.options.request_timeout),
             client_id,
             channel_prefix,
@@ -245,10 +250,11 @@ impl RedisBackend {
 
     fn hold(&self, request: &AcquireRequest<'_>) -> RedisHold {
         let keys = &self.inner.keys;
-        let wake = if self.inner.queued {
+        let wake = if self.inner.config.queue {
             WakeKeys::Queue {
                 queue: keys.queue_key(request.name),
                 live: keys.queue_live_key(request.name),
+                waiter: format!("{}/{}", self.inner.client_id, request.token),
             }
         } else {
             WakeKeys::Channel(keys.wakeup_channel(request.name))
@@ -263,11 +269,21 @@ impl RedisBackend {
     }
 }
 
+/// The index of the first of `endpoints` in sorted order (`host:port`, ignoring case).
+fn arbiter_of(endpoints: &[crate::RedisNode]) -> usize {
+    (0..endpoints.len())
+        .min_by_key(|&i| endpoints[i].to_string().to_ascii_lowercase())
+        .unwrap_or(0)
+}
+
 /// The outcome of one acquire attempt.
 pub(crate) enum Attempt {
     Won(Acquired<RedisHold>),
     /// Held by someone else: try again after at most this long.
     Held(Duration),
+    /// Queued on the server that orders the waiters: try again when woken or after at most
+    /// this long.
+    Queued(Duration),
 }
 
 /// What an acquire may have left on the servers if its future is dropped (or fails)
@@ -410,15 +426,20 @@ impl Backend for RedisBackend {
             inner: Arc::clone(inner),
             dirty: Vec::new(),
         });
-        if inner.queued {
+        if inner.queued && !inner.config.redlock {
             return inner.acquire_queued(&first, &request, &mut pending).await;
         }
         let recheck = inner.config.options.recheck;
-        let mut subscription: Option<Subscription> = None;
+        // Queued (RedLock), the bell is there before the first round when the client's
+        // channel is live, so that no wake-up can be missed.
+        let mut bell: Option<Subscription> = match &first.wake {
+            WakeKeys::Queue { .. } => inner.wakeups.bell(first.token.as_str(), inner.arbiter),
+            WakeKeys::Channel(_) => None,
+        };
         let mut round = 0u64;
         loop {
-            if let Some(subscription) = subscription.as_mut() {
-                subscription.mark();
+            if let Some(bell) = bell.as_mut() {
+                bell.mark();
             }
             let attempt = if inner.config.redlock {
                 // Each RedLock round has its own owner token, so that a late undo of an
@@ -433,34 +454,34 @@ impl Backend for RedisBackend {
                     .await?
             };
             round += 1;
-            let retry_in = match attempt {
+            let nap = match attempt {
                 Attempt::Won(acquired) => {
                     pending.state_mut().disarm(&acquired.hold);
                     return Ok(Some(acquired));
                 }
-                Attempt::Held(_) if !request.wait => return Ok(None),
-                Attempt::Held(retry_in) => retry_in,
-            };
-            let mut nap = retry_in.min(recheck).max(Duration::from_millis(1));
-            if inner.config.redlock {
-                // Contenders that split the servers between them must not retry in step.
-                let spread =
-                    (request.ttl / 50).clamp(Duration::from_millis(2), Duration::from_millis(25));
-                nap += rand::rng().random_range(Duration::ZERO..spread);
-            }
-            match subscription.as_mut() {
-                Some(subscription) => {
-                    tokio::select! {
-                        _ = subscription.rung() => {}
-                        () = sleep(nap) => {}
-                    }
+                Attempt::Held(_) | Attempt::Queued(_) if !request.wait => return Ok(None),
+                Attempt::Queued(nap) => nap,
+                Attempt::Held(retry_in) if inner.config.redlock => {
+                    // Not queued: contenders that split the servers between them must not
+                    // retry in step.
+                    let spread = (request.ttl / 50)
+                        .clamp(Duration::from_millis(2), Duration::from_millis(25));
+                    retry_in.min(recheck).max(Duration::from_millis(1))
+                        + rand::rng().random_range(Duration::ZERO..spread)
                 }
-                // Subscribing rings the bell once confirmed, so the next attempt comes
-                // after the subscription is live and no release is missed in between.
+                Attempt::Held(retry_in) => retry_in.min(recheck).max(Duration::from_millis(1)),
+            };
+            match bell.as_mut() {
+                Some(bell) => bell.wait(nap, inner.queue_times.window).await,
+                // The bell rings once the subscription is live; the next attempt right
+                // away covers a release published before.
                 None => {
-                    if let WakeKeys::Channel(channel) = &first.wake {
-                        subscription = Some(inner.wakeups.join(channel));
-                    }
+                    bell = Some(match &first.wake {
+                        WakeKeys::Queue { .. } => {
+                            inner.wakeups.enlist(first.token.as_str(), inner.arbiter)
+                        }
+                        WakeKeys::Channel(channel) => inner.wakeups.join(channel),
+                    });
                 }
             }
         }

@@ -30,9 +30,14 @@ pub struct RedisHold {
 /// How the waiters of a name learn of its release.
 #[derive(Debug, Clone)]
 pub(crate) enum WakeKeys {
-    /// They queue in these sorted sets (see [`KeyLayout`](crate::KeyLayout)); a release
+    /// They queue in these sorted sets (see [`KeyLayout`](crate::KeyLayout)), this
+    /// acquisition as `waiter` (`<client id>/<owner token of its first round>`); a release
     /// wakes the head.
-    Queue { queue: String, live: String },
+    Queue {
+        queue: String,
+        live: String,
+        waiter: String,
+    },
     /// They listen to this channel of the name; a release is published to all.
     Channel(String),
 }
@@ -52,6 +57,14 @@ impl RedisHold {
     /// several rounds stores its token with a `~<round>` suffix.
     pub fn token(&self) -> &OwnerToken {
         &self.token
+    }
+
+    /// The id of the acquisition in the waiter queue ("" without the queue).
+    pub(crate) fn waiter(&self) -> &str {
+        match &self.wake {
+            WakeKeys::Queue { waiter, .. } => waiter,
+            WakeKeys::Channel(_) => "",
+        }
     }
 
     /// The hold a RedLock round would take: round 0 uses the acquisition's token.
@@ -188,22 +201,29 @@ impl Inner {
         leave: bool,
         deadline: Instant,
     ) -> Vec<Result<i64>> {
-        let invocation = match &hold.wake {
-            WakeKeys::Queue { .. } => self.release_q_invocation(hold, leave),
-            WakeKeys::Channel(channel) => {
-                let mut invocation = self.scripts.release.prepare_invoke();
-                invocation
-                    .key(&hold.key)
-                    .arg(hold.token.as_str())
-                    .arg(channel);
-                invocation
-            }
+        // With the queue, the server that orders the waiters (the only one on `redis://`)
+        // runs the queue's release, which wakes the head; the others a plain release.
+        let (queued, channel) = match &hold.wake {
+            WakeKeys::Queue { .. } => (Some(self.release_q_invocation(hold, leave)), ""),
+            WakeKeys::Channel(channel) => (None, channel.as_str()),
         };
-        join_all(
-            self.nodes
-                .iter()
-                .map(|node| node.script::<i64>("release", deadline, &invocation)),
-        )
+        let plain = (queued.is_none() || self.nodes.len() > 1).then(|| {
+            let mut invocation = self.scripts.release.prepare_invoke();
+            invocation
+                .key(&hold.key)
+                .arg(hold.token.as_str())
+                .arg(channel);
+            invocation
+        });
+        join_all(self.nodes.iter().enumerate().map(|(i, node)| {
+            let invocation = match (&queued, &plain) {
+                (Some(queued), _) if i == self.arbiter => queued,
+                (_, Some(plain)) => plain,
+                (Some(queued), None) => queued,
+                (None, None) => unreachable!("a release without a script"),
+            };
+            node.script::<i64>("release", deadline, invocation)
+        }))
         .await
     }
 

@@ -79,7 +79,7 @@ fn queue_invocation<'a>(
 ) -> redis::ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
     invocation.key(&hold.key).key(&hold.fence_key);
-    if let WakeKeys::Queue { queue, live } = &hold.wake {
+    if let WakeKeys::Queue { queue, live, .. } = &hold.wake {
         invocation.key(queue).key(live);
     }
     invocation.arg(hold.token.as_str());
@@ -100,7 +100,7 @@ impl Inner {
         invocation
             .arg(ttl_millis(Duration::from_millis(ttl_ms)))
             .arg(u8::from(count))
-            .arg(&self.client_id)
+            .arg(hold.waiter())
             .arg(ttl_millis(self.queue_times.stay))
             .arg(u8::from(wait));
         invocation
@@ -115,10 +115,26 @@ impl Inner {
     ) -> redis::ScriptInvocation<'_> {
         let mut invocation = queue_invocation(&self.scripts.release_q, hold);
         invocation
-            .arg(if leave { self.client_id.as_str() } else { "" })
+            .arg(if leave { hold.waiter() } else { "" })
             .arg(&self.channel_prefix)
             .arg(ttl_millis(self.queue_times.window));
         invocation
+    }
+
+    /// How long a waiter at `place` in the queue (`None`: not queued) sleeps unless woken,
+    /// when the holder's key expires in `pttl` ms (-2: the key is free).
+    pub(crate) fn queued_nap(&self, place: Option<u64>, pttl: i64) -> Duration {
+        let recheck = self.config.options.recheck;
+        match place {
+            // The head waits for the holder's expiry or a wake-up.
+            Some(0) => pttl_wait(pttl).min(recheck),
+            // The key is free while the head was woken to take it: the next in line looks
+            // again once the head's window is over (in case the stand-by notice was missed).
+            Some(1) if pttl == -2 => self.queue_times.window,
+            // The others wait for a wake-up, showing up at least every recheck to stay.
+            _ => recheck,
+        }
+        .max(Duration::from_millis(1))
     }
 
     /// Acquires `hold` on one server through the queue: in arrival order, each release
@@ -129,7 +145,6 @@ impl Inner {
         request: &AcquireRequest<'_>,
         pending: &mut CleanupOnDrop<Abandoned>,
     ) -> Result<Option<Acquired<RedisHold>>> {
-        let recheck = self.config.options.recheck;
         let ttl_ms = ttl_millis(request.ttl);
         let token = hold.token.as_str();
         // When the client's channel is live, the bell is there before the first request,
@@ -162,13 +177,7 @@ impl Inner {
                 pending.state_mut().disarm(hold);
                 return Ok(None);
             }
-            // The head waits for the holder's expiry or a wake-up; the others for a
-            // wake-up, showing up at least every recheck to stay in the queue.
-            let nap = match place {
-                Some(0) => pttl_wait(pttl).min(recheck),
-                _ => recheck,
-            }
-            .max(Duration::from_millis(1));
+            let nap = self.queued_nap(place, pttl);
             let bell = bell.get_or_insert_with(|| self.wakeups.enlist(token, 0));
             bell.wait(nap, self.queue_times.window).await;
         }

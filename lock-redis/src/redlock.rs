@@ -14,6 +14,7 @@ use tokio::time::{timeout_at, Instant};
 use crate::backend::{pttl_wait, Abandoned, Attempt, Inner};
 use crate::config::{twice_listed, RedisNode};
 use crate::error;
+use crate::hold::WakeKeys;
 use crate::hold::{ttl_millis, RedisHold};
 
 /// Rejects RedLock servers that resolve to a common address (`localhost:6379` and
@@ -85,57 +86,82 @@ impl Inner {
         let ttl_ms = ttl_millis(ttl);
         let lease = Duration::from_millis(ttl_ms);
         let node_timeout = self.config.node_timeout_for(ttl);
-        let invocation = self.acquire_invocation(hold, ttl_ms, false);
+        let plain = self.acquire_invocation(hold, ttl_ms, false);
+        let queued = matches!(hold.wake, WakeKeys::Queue { .. });
+        let ordered = queued.then(|| self.acquire_q_invocation(hold, ttl_ms, false, wait));
         // The validity is counted from here, before round 1, so it covers both rounds.
         let requested_at = Instant::now();
         let deadline = requested_at + node_timeout;
         // From here until the grant (or the undo below), a drop of this future leaves the
         // cleanup of every server to a background task.
         pending.state_mut().arm(hold);
-        // Round 1. Once a majority granted, slower servers are not waited for (whatever
+        // Round 1. Once a majority granted, other slower servers are not waited for (whatever
         // they do with this token later is covered by renewal and release on every
         // server); the granting majority's readings are all the fence needs.
         let quorum = self.quorum;
-        let replies = gather(
-            self.nodes
+        let calls = self.nodes.iter().enumerate().map(|(i, node)| {
+            let invocation = match &ordered {
+                Some(ordered) if i == self.arbiter => ordered,
+                _ => &plain,
+            };
+            async move {
+                let reply = node
+                    .script::<Vec<i64>>("acquire", deadline, invocation)
+                    .await;
+                (i, reply.and_then(|r| NodeReply::parse(self.backend, &r)))
+            }
+        });
+        // With the queue, the server that orders the waiters is always waited for (within
+        // the node timeout): its refusal decides, below.
+        let arbiter = self.arbiter;
+        let replies = gather(calls, |replies| {
+            replies
                 .iter()
-                .map(|node| node.script::<(i64, i64, u64)>("acquire", deadline, &invocation)),
-            |replies| {
-                replies
-                    .iter()
-                    .filter(|r| matches!(r, Ok((1, _, _))))
-                    .count()
-                    >= quorum
-            },
-        )
+                .filter(|(_, r)| matches!(r, Ok(r) if r.won))
+                .count()
+                >= quorum
+                && (!queued || replies.iter().any(|(i, _)| *i == arbiter))
+        })
         .await;
-        let mut won = 0;
-        let mut held_for: Option<Duration> = None;
-        let mut answered = 0;
-        let mut highest_reading = 0u64;
-        let mut first_error = None;
-        for reply in replies {
-            match reply {
-                Ok((1, _, reading)) => {
-                    won += 1;
-                    answered += 1;
-                    highest_reading = highest_reading.max(reading);
+        let mut tally = Tally::new(n);
+        for (i, reply) in replies {
+            tally.count(i, reply);
+        }
+        if queued && tally.granted[self.arbiter] {
+            // The server that orders the waiters granted: the others' refusals are
+            // contenders that lost it and are undoing their round, or the tail of the
+            // previous holder's release; ask them again, about one round trip apart.
+            let pause = requested_at.elapsed().max(Duration::from_millis(1));
+            for _ in 0..ARBITER_RETRIES {
+                if tally.won() >= quorum
+                    || validity_deadline(requested_at, lease) <= Instant::now() + pause
+                {
+                    break;
                 }
-                Ok((_, pttl, reading)) => {
-                    answered += 1;
-                    highest_reading = highest_reading.max(reading);
-                    let retry = pttl_wait(pttl);
-                    held_for = Some(held_for.map_or(retry, |w| w.min(retry)));
-                }
-                Err(err) => {
-                    first_error.get_or_insert(err);
+                tokio::time::sleep(pause).await;
+                let deadline = Instant::now() + node_timeout;
+                let missing = (0..n).filter(|&i| !tally.granted[i]);
+                let plain = &plain;
+                let replies = futures::future::join_all(missing.map(|i| {
+                    let node = &self.nodes[i];
+                    async move {
+                        let reply = node.script::<Vec<i64>>("acquire", deadline, plain).await;
+                        (i, reply.and_then(|r| NodeReply::parse(self.backend, &r)))
+                    }
+                }))
+                .await;
+                for (i, reply) in replies {
+                    tally.count(i, reply);
                 }
             }
         }
+        // While the server that orders the waiters answers, its refusal decides: the lock
+        // goes to the head of its queue, not to whoever reaches a majority first.
+        let arbiter_refused = queued && tally.refused[self.arbiter];
         let mut outcome = None;
-        if won >= self.quorum {
+        if tally.won() >= quorum && !arbiter_refused {
             // Round 2.
-            let fence = highest_reading.saturating_add(1);
+            let fence = tally.highest_reading.saturating_add(1);
             match self.write_fence(hold, fence, node_timeout).await {
                 Ok(true) if validity_deadline(requested_at, lease) > Instant::now() => {
                     outcome = Some(Ok(Attempt::Won(Acquired {
@@ -160,14 +186,14 @@ impl Inner {
                 Ok(_) => outcome = Some(Ok(Attempt::Held(Duration::ZERO))),
                 Err(err) => outcome = Some(Err(err)),
             }
-        } else if answered < self.quorum {
+        } else if tally.answered < quorum {
             outcome = Some(Err(error::no_majority(
                 self.backend,
                 format!(
-                    "only {answered} of {n} servers answered the acquire of `{}`; RedLock needs {}",
-                    hold.name, self.quorum
+                    "only {} of {n} servers answered the acquire of `{}`; RedLock needs {quorum}",
+                    tally.answered, hold.name
                 ),
-                first_error,
+                tally.first_error,
             )));
         }
         if let Some(Ok(Attempt::Won(acquired))) = outcome {
@@ -175,16 +201,23 @@ impl Inner {
         }
         // Not granted: undo what this round took on every server (what cannot be undone
         // now is retried in the background when the acquire ends; the next round uses a
-        // new token).
+        // new token). A place in the queue is kept.
         let undo = self
             .release_each(hold, false, Instant::now() + node_timeout)
             .await;
         if undo.iter().all(Result::is_ok) {
             pending.state_mut().disarm(hold);
         }
+        if tally.place.is_some() && wait {
+            // Queued: leaving the queue is the cleanup's job until the acquire ends.
+            pending.state_mut().arm(&hold.for_round(0));
+        }
         match outcome {
             Some(result) => result,
-            None => Ok(Attempt::Held(held_for.unwrap_or(Duration::ZERO))),
+            None => Ok(match tally.place {
+                Some(place) => Attempt::Queued(self.queued_nap(Some(place), tally.queue_pttl)),
+                None => Attempt::Held(tally.held_for.unwrap_or(Duration::ZERO)),
+            }),
         }
     }
 
@@ -234,14 +267,107 @@ impl Inner {
     }
 }
 
+/// How often the holder of the server that orders the waiters asks the servers that
+/// refused again within one round.
+const ARBITER_RETRIES: usize = 4;
+
+/// One server's answer to a RedLock acquire (`acquire.lua` or `acquire_q.lua` reading mode).
+struct NodeReply {
+    won: bool,
+    pttl: i64,
+    reading: u64,
+    /// Place in the queue (the server that orders the waiters), when queued.
+    place: Option<u64>,
+}
+
+impl NodeReply {
+    fn parse(backend: &'static str, reply: &[i64]) -> Result<NodeReply> {
+        let (won, pttl, reading, place) = match *reply {
+            [1, _, reading, ..] => (true, 0, reading, None),
+            [0, pttl, reading] => (false, pttl, reading, None),
+            [0, pttl, reading, place] => (false, pttl, reading, u64::try_from(place).ok()),
+            _ => {
+                return Err(error::protocol(
+                    backend,
+                    format!("unexpected reply of a RedLock acquire: {reply:?}"),
+                ))
+            }
+        };
+        let reading = u64::try_from(reading)
+            .map_err(|_| error::protocol(backend, format!("negative fencing reading {reading}")))?;
+        Ok(NodeReply {
+            won,
+            pttl,
+            reading,
+            place,
+        })
+    }
+}
+
+/// The answers of a round so far.
+struct Tally {
+    granted: Vec<bool>,
+    refused: Vec<bool>,
+    answered: usize,
+    highest_reading: u64,
+    held_for: Option<Duration>,
+    place: Option<u64>,
+    /// The PTTL the queue's server reported with `place`.
+    queue_pttl: i64,
+    first_error: Option<Error>,
+}
+
+impl Tally {
+    fn new(n: usize) -> Self {
+        Tally {
+            granted: vec![false; n],
+            refused: vec![false; n],
+            answered: 0,
+            highest_reading: 0,
+            held_for: None,
+            place: None,
+            queue_pttl: 0,
+            first_error: None,
+        }
+    }
+
+    fn won(&self) -> usize {
+        self.granted.iter().filter(|g| **g).count()
+    }
+
+    /// Server `i` answered `reply`.
+    fn count(&mut self, i: usize, reply: Result<NodeReply>) {
+        match reply {
+            Ok(reply) => {
+                if !self.refused[i] && !self.granted[i] {
+                    self.answered += 1;
+                }
+                self.highest_reading = self.highest_reading.max(reply.reading);
+                if reply.won {
+                    self.granted[i] = true;
+                    self.refused[i] = false;
+                } else {
+                    self.refused[i] = true;
+                    let retry = pttl_wait(reply.pttl);
+                    self.held_for = Some(self.held_for.map_or(retry, |w| w.min(retry)));
+                    if reply.place.is_some() {
+                        self.place = reply.place;
+                        self.queue_pttl = reply.pttl;
+                    }
+                }
+            }
+            Err(err) => {
+                self.first_error.get_or_insert(err);
+            }
+        }
+    }
+}
+
 /// Runs `calls` concurrently and collects their results as they finish, until `enough`
 /// says the outcome is decided or all are done; the calls still running are dropped.
-async fn gather<T, F>(
-    calls: impl IntoIterator<Item = F>,
-    enough: impl Fn(&[Result<T>]) -> bool,
-) -> Vec<Result<T>>
+async fn gather<T, F>(calls: impl IntoIterator<Item = F>, enough: impl Fn(&[T]) -> bool) -> Vec<T>
 where
-    F: std::future::Future<Output = Result<T>>,
+    F: std::future::Future<Output = T>,
 {
     let mut running: FuturesUnordered<F> = calls.into_iter().collect();
     let mut done = Vec::with_capacity(running.len());

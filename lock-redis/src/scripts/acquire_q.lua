@@ -4,7 +4,7 @@
 -- KEYS: as in queue.lua (lock, fencing counter, queue, liveness)
 -- ARGV[1]: owner token; ARGV[2]: TTL in milliseconds
 -- ARGV[3]: "1" to take the next fencing token (single server), "0" to read it (RedLock)
--- ARGV[4]: client id (the waiter id is "<client id>/<owner token>"); ARGV[5]: how long (ms) the waiter stays queued without showing up
+-- ARGV[4]: waiter id; ARGV[5]: how long (ms) the waiter stays queued without showing up
 -- ARGV[6]: "1" to queue when refused, "0" not to (a try)
 -- Returns {1, fencing token, 0} (single server) or {1, 0, reading} (RedLock) when the
 -- lock is ours; {0, PTTL of the holder (-2 when the key is free but others are ahead),
@@ -14,7 +14,7 @@
 
 local now = now_ms()
 evict(now)
-local me = ARGV[4] .. '/' .. ARGV[1]
+local me = ARGV[4]
 local holder = redis.call('GET', LOCK)
 local mine = holder == ARGV[1]
 if mine then

@@ -1,10 +1,13 @@
--- Releases a lock if it is still ours and wakes the waiters.
--- KEYS[1]: the lock key; ARGV[1]: owner token; ARGV[2]: the wake-up channel
+-- Releases a lock if it is still ours and wakes the waiters listening to its channel.
+-- KEYS[1]: the lock key; ARGV[1]: owner token; ARGV[2]: the wake-up channel, or "" for no
+-- wake-up (the RedLock servers beside the one whose queue orders the waiters)
 -- Returns 1 when released, 0 when the key is gone, -1 when another owner holds it.
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('DEL', KEYS[1])
-  redis.call('PUBLISH', ARGV[2], 'released')
+  if ARGV[2] ~= '' then
+    redis.call('PUBLISH', ARGV[2], 'released')
+  end
   return 1
 elseif holder == false then
   return 0

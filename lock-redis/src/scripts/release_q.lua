@@ -2,8 +2,7 @@
 -- that gave up or was cancelled; also releases a grant it did not learn of), and, when
 -- the key is then free, wakes the head of the queue.
 -- KEYS: as in queue.lua (lock, fencing counter, queue, liveness)
--- ARGV[1]: owner token; ARGV[2]: the client id of a waiter to take out of the queue (the
--- waiter id is "<client id>/<owner token>"), or ""
+-- ARGV[1]: owner token; ARGV[2]: the id of a waiter to take out of the queue, or ""
 -- ARGV[3]: channel prefix of the clients' wake-up channels
 -- ARGV[4]: how long (ms) a woken head has to take the lock
 -- Returns 1 when released, 0 when the key is gone, -1 when another owner holds it.
@@ -18,7 +17,7 @@ elseif holder == false then
   status = 0
 end
 if ARGV[2] ~= '' then
-  leave(ARGV[2] .. '/' .. ARGV[1])
+  leave(ARGV[2])
 end
 if status >= 0 then
   local now = now_ms()
