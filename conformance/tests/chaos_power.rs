@@ -102,3 +102,8 @@ async fn holder_partitioned_sees_double_grants() {
 async fn nemesis_sees_double_grants() {
     sees_double_grants("nemesis").await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn crashed_head_waiter_sees_double_grants() {
+    sees_double_grants("crashed_head_waiter").await;
+}

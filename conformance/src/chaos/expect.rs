@@ -109,6 +109,14 @@ pub(super) fn waiter_connection_reset(topology: Topology) -> Expect {
     needs_network(topology)
 }
 
+pub(super) fn waiter_long_connection_reset(topology: Topology) -> Expect {
+    needs_network(topology)
+}
+
+pub(super) fn crashed_head_waiter(_: Topology) -> Expect {
+    Expect::Safe
+}
+
 pub(super) fn cancellation_under_faults(_: Topology) -> Expect {
     Expect::Safe
 }

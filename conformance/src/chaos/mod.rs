@@ -15,9 +15,10 @@
 //!
 //! Layout: [`topology`] (deployments, client links, [`ChaosTarget`]), `expect` (each
 //! scenario's promise per topology), `victim` (scenarios around one victim holder),
-//! `scenarios` (the ones with a choreography of their own), `nemesis` (the random fault
-//! mix), `workload` (contenders, recovery, crashes shared by all), `report` (what a run
-//! found and how the reliability report stores it).
+//! `waiters` (scenarios around queued waiters: lost release replies, reset links, a
+//! crashed head), `scenarios` (the others with a choreography of their own), `nemesis`
+//! (the random fault mix), `workload` (contenders, recovery, crashes shared by all),
+//! `report` (what a run found and how the reliability report stores it).
 
 use std::time::Duration;
 
@@ -27,20 +28,23 @@ mod report;
 mod scenarios;
 pub mod topology;
 mod victim;
+mod waiters;
 mod workload;
 
 pub use expect::Expect;
 pub use nemesis::nemesis;
 pub use report::{record_row, ReportRow, ScenarioReport};
 pub use scenarios::{
-    acquire_reply_delayed, cancellation_under_faults, majority_loss, release_reply_lost,
-    stale_counter_restore, waiter_connection_reset,
+    acquire_reply_delayed, cancellation_under_faults, majority_loss, stale_counter_restore,
 };
 pub use topology::{ChaosTarget, Link, ServerControl, Topology};
 pub use victim::{
     early_key_expiry, follower_partition, holder_partitioned, holder_paused_beyond_ttl,
     long_network_delay, member_crash, redlock_restart_delayed, redlock_restart_immediate,
     server_crash_restart, server_restart_without_data, stuck_server,
+};
+pub use waiters::{
+    crashed_head_waiter, release_reply_lost, waiter_connection_reset, waiter_long_connection_reset,
 };
 
 /// The fault scenarios, in report order: the one list the scenario names come from.
@@ -64,6 +68,8 @@ macro_rules! chaos_scenarios {
             acquire_reply_delayed,
             release_reply_lost,
             waiter_connection_reset,
+            waiter_long_connection_reset,
+            crashed_head_waiter,
             cancellation_under_faults,
             member_crash,
             majority_loss,

@@ -31,6 +31,9 @@ pub struct ScenarioReport {
     pub takeover: Option<Duration>,
     /// After healing, a fresh client acquired the lock within this long.
     pub recovery: Option<Duration>,
+    /// Waiters that got no grant within their scenario's generous limit, described: a
+    /// hang, whatever the topology promises (asserted empty).
+    pub stalled_waiters: Vec<String>,
     /// Errors worth a look (not assertions).
     pub notes: Vec<String>,
 }
@@ -63,6 +66,9 @@ impl fmt::Display for ScenarioReport {
             ms(self.fence.gaps.iter().max().copied()),
             ms(self.recovery),
         )?;
+        for stalled in &self.stalled_waiters {
+            write!(f, "\n  stalled: {stalled}")?;
+        }
         for note in &self.notes {
             write!(f, "\n  note: {note}")?;
         }
@@ -88,6 +94,7 @@ impl ScenarioReport {
                 );
             }
         }
+        assert!(self.stalled_waiters.is_empty(), "a waiter hung: {context}");
         assert!(
             self.recovery.is_some(),
             "the lock was stuck after the faults healed: {context}"
@@ -156,7 +163,10 @@ pub(super) fn record(
             .map(ms),
         recovery_ms: report.and_then(|r| r.recovery).map(ms),
         seed: plan.seed,
-        notes: report.map(|r| r.notes.clone()).unwrap_or_default(),
+        notes: report.map_or_else(Vec::new, |r| {
+            let stalled = r.stalled_waiters.iter().map(|s| format!("stalled: {s}"));
+            stalled.chain(r.notes.iter().cloned()).collect()
+        }),
     };
     record_row(&row);
 }

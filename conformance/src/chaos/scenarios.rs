@@ -1,13 +1,12 @@
-//! Scenarios with a choreography of their own: a restore from an old snapshot, delayed
-//! and lost replies, a waiter's reset connections, cancellations under faults, and the
-//! loss of a majority.
+//! Scenarios with a choreography of their own: a restore from an old snapshot, a delayed
+//! acquire reply, cancellations under faults, and the loss of a majority (the waiters'
+//! scenarios are in `waiters`).
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::{DistributedLock, DistributedLockExt, LockGuard, LockState};
-use tokio::task::JoinHandle;
+use lock_core::{DistributedLockExt, LockState};
 use tokio::time::{sleep, timeout, Instant};
 
 use super::workload::{contend, first_other_start, options, recover, report, SECTION};
@@ -167,126 +166,6 @@ pub async fn acquire_reply_delayed(
     let recovery = recover(target, &name, plan).await;
     let notes = notes.lock().expect("notes").clone();
     report(scenario, target, &resource, recovery, notes)
-}
-
-/// The reply to the victim's release is lost: the release is ambiguous to the victim, yet
-/// a waiter gets the lock and nothing the victim does afterwards touches it.
-pub async fn release_reply_lost(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let name = unique_name(scenario);
-    let resource = FencedResource::new();
-    let mut notes = Vec::new();
-    let (victim, link) = target.linked_client(options(plan.ttl)).await;
-    let waiter = target.client(options(plan.ttl)).await;
-    let guard = victim
-        .lock_timeout(name.as_str(), Duration::from_secs(10))
-        .await
-        .expect("victim acquires");
-    let _ = resource.hold_section(&guard, sleep(SECTION)).await;
-    let waiting = spawn_waiter(Arc::clone(&waiter), name.as_str());
-    sleep(Duration::from_millis(200)).await;
-    link.set_mode(ProxyMode::DropNextReply);
-    let released_at = Instant::now();
-    notes.push(format!("victim's release: {:?}", guard.release().await));
-    link.heal();
-    let limit = plan.ttl * 3 + Duration::from_secs(10);
-    let takeover = take_over(
-        waiting,
-        limit,
-        released_at,
-        &resource,
-        plan.ttl / 2,
-        &mut notes,
-    )
-    .await;
-    if takeover.is_some_and(|takeover| !takeover.held_through) {
-        notes.push("the waiter's hold did not survive the victim's release".into());
-    }
-    let recovery = recover(target, &name, plan).await;
-    let mut out = report(scenario, target, &resource, recovery, notes);
-    out.takeover = takeover.map(|takeover| takeover.after);
-    out
-}
-
-/// A waiter's connections are reset just before the holder releases (a missed pub/sub
-/// message or watch event): the waiter must still get the lock, within its re-check bound.
-pub async fn waiter_connection_reset(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let name = unique_name(scenario);
-    let resource = FencedResource::new();
-    let mut notes = Vec::new();
-    let holder = target.client(options(plan.ttl)).await;
-    let (waiter, link) = target.linked_client(options(plan.ttl)).await;
-    let guard = holder
-        .lock_timeout(name.as_str(), Duration::from_secs(10))
-        .await
-        .expect("holder acquires");
-    let waiting = spawn_waiter(waiter, name.as_str());
-    sleep(Duration::from_millis(300)).await;
-    link.set_mode(ProxyMode::Reset);
-    let _ = resource.hold_section(&guard, sleep(SECTION)).await;
-    let released_at = Instant::now();
-    let _ = guard.release().await;
-    sleep(Duration::from_millis(50)).await;
-    link.heal();
-    let limit = Duration::from_secs(30);
-    let takeover = take_over(waiting, limit, released_at, &resource, SECTION, &mut notes).await;
-    let recovery = recover(target, &name, plan).await;
-    let mut out = report(scenario, target, &resource, recovery, notes);
-    out.takeover = takeover.map(|takeover| takeover.after);
-    out
-}
-
-/// A waiter queued on `name` in a task of its own (for up to 30 s).
-fn spawn_waiter(
-    waiter: Arc<dyn DistributedLock>,
-    name: &str,
-) -> JoinHandle<lock_core::Result<LockGuard>> {
-    let name = name.to_owned();
-    tokio::spawn(async move { waiter.lock_timeout(&name, Duration::from_secs(30)).await })
-}
-
-/// How a waiter took the lock over.
-#[derive(Debug, Clone, Copy)]
-struct Takeover {
-    /// From the holder's release to the waiter's grant.
-    after: Duration,
-    /// The waiter still held the lock after its section.
-    held_through: bool,
-}
-
-/// Waits up to `limit` for the waiter's grant; then runs one section of `section` under it
-/// and releases it. Notes a waiter that never got the lock.
-async fn take_over(
-    waiting: JoinHandle<lock_core::Result<LockGuard>>,
-    limit: Duration,
-    released_at: Instant,
-    resource: &FencedResource,
-    section: Duration,
-    notes: &mut Vec<String>,
-) -> Option<Takeover> {
-    match timeout(limit, waiting).await {
-        Ok(Ok(Ok(next))) => {
-            let after = released_at.elapsed();
-            let _ = resource.hold_section(&next, sleep(section)).await;
-            let held_through = next.is_held();
-            let _ = next.release().await;
-            Some(Takeover {
-                after,
-                held_through,
-            })
-        }
-        other => {
-            notes.push(format!("waiter never got the lock: {other:?}"));
-            None
-        }
-    }
 }
 
 /// Acquires with random short timeouts race grants while connections are reset: nothing

@@ -162,6 +162,7 @@ async fn victim_scenario(
         lost_signal_lead_ms,
         takeover: takeover.map(|at| at.saturating_duration_since(fault_at)),
         recovery,
+        stalled_waiters: Vec::new(),
         notes,
     }
 }

@@ -152,6 +152,7 @@ pub(super) fn report(
         lost_signal_lead_ms: None,
         takeover: None,
         recovery,
+        stalled_waiters: Vec::new(),
         notes,
     }
 }
