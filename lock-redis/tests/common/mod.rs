@@ -152,19 +152,29 @@ impl Factory for RedisFactory {
         let mut left = Vec::new();
         for (i, mut conn) in self.raw_all().await.into_iter().enumerate() {
             for name in names {
+                let key = keys.lock_key(name);
+                let exists: i64 = redis::cmd("EXISTS")
+                    .arg(&key)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("EXISTS");
+                if exists > 0 {
+                    left.push(format!("server {i}: lock key {key:?} exists"));
+                }
                 let queue = [
-                    ("lock key", keys.lock_key(name)),
                     ("waiter queue", keys.queue_key(name)),
                     ("waiter liveness", keys.queue_live_key(name)),
                 ];
                 for (what, key) in queue {
-                    let exists: i64 = redis::cmd("EXISTS")
+                    let entries: i64 = redis::cmd("ZCARD")
                         .arg(&key)
                         .query_async(&mut conn)
                         .await
-                        .expect("EXISTS");
-                    if exists > 0 {
-                        left.push(format!("server {i}: {what} {key:?} exists"));
+                        .expect("ZCARD");
+                    if entries > 0 {
+                        left.push(format!(
+                            "server {i}: {what} {key:?} holds {entries} entries"
+                        ));
                     }
                 }
                 let channel = keys.wakeup_channel(name);
