@@ -58,8 +58,9 @@ struct Channel {
 /// The client's own channel and the bells of its queued waiters.
 struct Inbox {
     channel: String,
-    /// Subscription asked for (it then stays for the client's life).
-    requested: bool,
+    /// The server on which its subscription was asked for (it then stays for the client's
+    /// life): the one whose queue orders the waiters.
+    requested: Option<usize>,
     /// Per server: the subscription is confirmed on the current connection.
     live: Vec<bool>,
     /// Bells by owner token.
@@ -69,8 +70,8 @@ struct Inbox {
 struct Registry {
     channels: HashMap<String, Channel>,
     inbox: Inbox,
-    /// One command queue per subscriber task (one per server), started on first use.
-    tasks: Option<Vec<mpsc::UnboundedSender<SubCommand>>>,
+    /// The command queue of each server's subscriber task, started on first use.
+    tasks: Vec<Option<mpsc::UnboundedSender<SubCommand>>>,
 }
 
 /// The wake-up subscriptions of one client. One subscriber task per server listens on one
@@ -115,11 +116,11 @@ impl Wakeups {
                     channels: HashMap::new(),
                     inbox: Inbox {
                         channel: client_channel,
-                        requested: false,
+                        requested: None,
                         live: vec![false; servers],
                         bells: HashMap::new(),
                     },
-                    tasks: None,
+                    tasks: (0..servers).map(|_| None).collect(),
                 }),
             }),
         }
@@ -142,11 +143,13 @@ impl Wakeups {
     /// runtime (it starts the subscriber tasks on first use).
     pub(crate) fn enlist(&self, token: &str, node: usize) -> Subscription {
         let mut registry = lock_unpoisoned(&self.shared.registry);
-        self.start(&mut registry);
-        if !registry.inbox.requested {
-            registry.inbox.requested = true;
+        if registry.inbox.requested.is_none() {
+            self.start(&mut registry, node);
+            registry.inbox.requested = Some(node);
             let channel = registry.inbox.channel.clone();
-            registry.send(|| SubCommand::Subscribe(channel.clone()));
+            if let Some(task) = &registry.tasks[node] {
+                let _ = task.send(SubCommand::Subscribe(channel));
+            }
         }
         let live = registry.inbox.live[node];
         let subscription = self.inbox_bell(&mut registry, token);
@@ -169,25 +172,16 @@ impl Wakeups {
         }
     }
 
-    /// Starts the subscriber tasks, if not yet.
-    fn start(&self, registry: &mut Registry) {
-        if registry.tasks.is_none() {
-            let senders = self
-                .shared
-                .nodes
-                .iter()
-                .enumerate()
-                .map(|(index, _)| {
-                    let (sender, receiver) = mpsc::unbounded_channel();
-                    tokio::spawn(run_subscriber(
-                        Arc::downgrade(&self.shared),
-                        index,
-                        receiver,
-                    ));
-                    sender
-                })
-                .collect();
-            registry.tasks = Some(senders);
+    /// Starts the subscriber task of server `index`, if not yet.
+    fn start(&self, registry: &mut Registry, index: usize) {
+        if registry.tasks[index].is_none() {
+            let (sender, receiver) = mpsc::unbounded_channel();
+            tokio::spawn(run_subscriber(
+                Arc::downgrade(&self.shared),
+                index,
+                receiver,
+            ));
+            registry.tasks[index] = Some(sender);
         }
     }
 
@@ -196,7 +190,9 @@ impl Wakeups {
     /// runtime (it starts the subscriber tasks on first use).
     pub(crate) fn join(&self, channel: &str) -> Subscription {
         let mut registry = lock_unpoisoned(&self.shared.registry);
-        self.start(&mut registry);
+        for index in 0..self.shared.nodes.len() {
+            self.start(&mut registry, index);
+        }
         let bell = match registry.channels.get_mut(channel) {
             Some(entry) => {
                 entry.waiters += 1;
@@ -223,7 +219,7 @@ impl Wakeups {
     /// once a waiter queued, and the names' channels that have a waiter without the queue.
     pub(crate) fn active_channels(&self) -> usize {
         let registry = lock_unpoisoned(&self.shared.registry);
-        registry.channels.len() + usize::from(registry.inbox.requested)
+        registry.channels.len() + usize::from(registry.inbox.requested.is_some())
     }
 
     /// Queued waiters with a bell right now (for tests and diagnostics).
@@ -233,6 +229,7 @@ impl Wakeups {
 }
 
 impl Registry {
+    /// Sends `command` to every started subscriber task.
     fn send(&self, command: impl Fn() -> SubCommand) {
         for sender in self.tasks.iter().flatten() {
             // Fails only when the task ended, i.e. the client is going away.
@@ -286,7 +283,7 @@ impl Shared {
     /// while it was not is lost, so every waiter re-checks.
     fn resubscribed(&self, index: usize) {
         let mut registry = lock_unpoisoned(&self.registry);
-        if registry.inbox.requested {
+        if registry.inbox.requested == Some(index) {
             registry.inbox.live[index] = true;
         }
         let bells = registry.channels.values().map(|c| &c.bell);
@@ -300,10 +297,11 @@ impl Shared {
         lock_unpoisoned(&self.registry).inbox.live[index] = false;
     }
 
-    fn channel_names(&self) -> Vec<String> {
+    /// The channels server `index`'s subscriber listens to.
+    fn channel_names(&self, index: usize) -> Vec<String> {
         let registry = lock_unpoisoned(&self.registry);
         let mut names: Vec<String> = registry.channels.keys().cloned().collect();
-        if registry.inbox.requested {
+        if registry.inbox.requested == Some(index) {
             names.push(registry.inbox.channel.clone());
         }
         names
@@ -463,7 +461,7 @@ async fn subscriber_session(
     };
     let (mut sink, mut stream) = pubsub.split();
     let channels = match shared.upgrade() {
-        Some(s) => s.channel_names(),
+        Some(s) => s.channel_names(index),
         None => return Broken::Stop,
     };
     if !channels.is_empty() && !call(limit, sink.subscribe(&channels)).await {
