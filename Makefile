@@ -16,12 +16,13 @@ test: deps
 	$(CARGO) test -p distlock --no-default-features --lib
 
 ## A short demonstration: clients contending for one lock, then a comparative
-## benchmark of every backend on throwaway local servers (under two minutes).
+## benchmark of every backend on throwaway local servers (one run, so no medians,
+## to stay under two minutes; `make bench` reports medians of 3 runs).
 demo: deps
 	$(CARGO) build --quiet --release -p examples --bin demo --bin lockbench
 	./target/release/demo
-	./target/release/lockbench --duration 1s --warmup 300ms --clients 64 --locks 1,1024 \
-		--held 1000 --takeover-rounds 2 --out lockbench-report
+	./target/release/lockbench --runs 1 --duration 1s --warmup 300ms --clients 64 --locks 1,1024 \
+		--sweep 1,8,64,256 --held 1000 --takeover-rounds 2 --out lockbench-report
 
 ## Longer seeded fault schedules on every backend, then the reliability report in
 ## chaos-report/ (CHAOS_SECONDS per nemesis run, CHAOS_SEED for its schedule).
@@ -37,10 +38,11 @@ chaos: deps
 		$(CARGO) test --release -p lockctl --test signals
 	$(CARGO) run --quiet --release -p examples --bin chaos_report -- chaos-report
 
-## The full comparative benchmark (a few minutes); report in lockbench-report/.
+## The full comparative benchmark, medians of 3 runs (about ten minutes on 2 cores);
+## report in lockbench-report/.
 bench: deps
 	$(CARGO) build --quiet --release -p examples --bin lockbench
-	./target/release/lockbench --out lockbench-report
+	./target/release/lockbench --runs 3 --out lockbench-report
 
 fmt:
 	$(CARGO) fmt --all

@@ -6,19 +6,90 @@ use async_trait::async_trait;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use zookeeper_client as zk;
 
-use crate::targets::{BoxError, RawFloor, RawHold};
+use crate::targets::BoxError;
+
+/// One raw hold of the floor protocol (key and token, node path, key).
+#[derive(Debug)]
+pub(crate) struct RawHold {
+    pub(crate) name: String,
+    pub(crate) token: String,
+}
+
+/// The same operations as a lock, in the backend's raw protocol with no library on top:
+/// the floor every ratio is measured against.
+#[async_trait]
+pub(crate) trait RawFloor: Send + Sync {
+    /// Takes `name` (uncontended).
+    async fn acquire(&self, name: &str) -> Result<RawHold, BoxError>;
+    /// Gives it back.
+    async fn release(&self, hold: RawHold) -> Result<(), BoxError>;
+}
+
+/// Where a backend's floor connects. Each measurement opens its own floor client on its
+/// own runtime, as it does its library client, so both run on the same runtime flavour.
+#[derive(Debug, Clone)]
+pub(crate) enum FloorSpec {
+    /// One Redis server (URL).
+    Redis(String),
+    /// Redis nodes written in parallel, as RedLock does (URLs).
+    RedisQuorum(Vec<String>),
+    /// A ZooKeeper connect string.
+    ZooKeeper(String),
+    /// etcd endpoints.
+    Etcd(Vec<String>),
+}
+
+impl FloorSpec {
+    /// What the floor does, for the report.
+    pub(crate) fn describe(&self) -> String {
+        match self {
+            FloorSpec::Redis(_) => "SET NX PX + EVALSHA compare-and-delete".into(),
+            FloorSpec::RedisQuorum(urls) => {
+                format!("SET NX PX + EVALSHA on {} nodes in parallel", urls.len())
+            }
+            FloorSpec::ZooKeeper(_) => "create ephemeral sequential + delete".into(),
+            FloorSpec::Etcd(_) => "txn put-if-absent with lease + delete".into(),
+        }
+    }
+
+    /// Opens a floor client on the current runtime, within [`CONNECT_LIMIT`].
+    pub(crate) async fn connect(&self) -> Result<Box<dyn RawFloor>, BoxError> {
+        tokio::time::timeout(CONNECT_LIMIT, self.open())
+            .await
+            .map_err(|_| format!("raw floor client did not connect within {CONNECT_LIMIT:?}"))?
+    }
+
+    async fn open(&self) -> Result<Box<dyn RawFloor>, BoxError> {
+        Ok(match self {
+            FloorSpec::Redis(url) => Box::new(RedisFloor::connect(url).await?),
+            FloorSpec::RedisQuorum(urls) => {
+                let mut nodes = Vec::new();
+                for url in urls {
+                    nodes.push(RedisFloor::connect(url).await?);
+                }
+                Box::new(QuorumFloor { nodes })
+            }
+            FloorSpec::ZooKeeper(connect_string) => {
+                Box::new(ZkFloor::connect(connect_string).await?)
+            }
+            FloorSpec::Etcd(endpoints) => Box::new(EtcdFloor::connect(endpoints).await?),
+        })
+    }
+}
 
 /// Lease of raw holds: long enough never to expire during a measurement.
 const RAW_TTL: Duration = Duration::from_secs(30);
+/// Bound on opening a floor client.
+const CONNECT_LIMIT: Duration = Duration::from_secs(30);
 
 /// Redis: `SET key token NX PX ttl`, then a compare-and-delete script by EVALSHA.
-pub(crate) struct RedisFloor {
+struct RedisFloor {
     conn: redis::aio::MultiplexedConnection,
     release: redis::Script,
 }
 
 impl RedisFloor {
-    pub(crate) async fn connect(url: &str) -> Result<Self, BoxError> {
+    async fn connect(url: &str) -> Result<Self, BoxError> {
         let client = redis::Client::open(url)?;
         let conn = client.get_multiplexed_async_connection().await?;
         let release = redis::Script::new(
@@ -30,10 +101,6 @@ impl RedisFloor {
 
 #[async_trait]
 impl RawFloor for RedisFloor {
-    fn describe(&self) -> String {
-        "SET NX PX + EVALSHA compare-and-delete".into()
-    }
-
     async fn acquire(&self, name: &str) -> Result<RawHold, BoxError> {
         let token = uuid::Uuid::new_v4().to_string();
         let mut conn = self.conn.clone();
@@ -69,12 +136,12 @@ impl RawFloor for RedisFloor {
 }
 
 /// ZooKeeper: create an ephemeral sequential node, then delete it.
-pub(crate) struct ZkFloor {
+struct ZkFloor {
     client: zk::Client,
 }
 
 impl ZkFloor {
-    pub(crate) async fn connect(connect_string: &str) -> Result<Self, BoxError> {
+    async fn connect(connect_string: &str) -> Result<Self, BoxError> {
         let client = zk::Client::connector()
             .with_session_timeout(RAW_TTL)
             .connect(connect_string)
@@ -85,10 +152,6 @@ impl ZkFloor {
 
 #[async_trait]
 impl RawFloor for ZkFloor {
-    fn describe(&self) -> String {
-        "create ephemeral sequential + delete".into()
-    }
-
     async fn acquire(&self, name: &str) -> Result<RawHold, BoxError> {
         let dir = format!("/lockbench-floor/{}", name.replace('/', "_"));
         let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
@@ -120,13 +183,13 @@ impl RawFloor for ZkFloor {
 }
 
 /// etcd: a transaction that puts the key with a lease if absent, then a delete.
-pub(crate) struct EtcdFloor {
+struct EtcdFloor {
     client: etcd_client::Client,
     lease: i64,
 }
 
 impl EtcdFloor {
-    pub(crate) async fn connect(endpoints: &[String]) -> Result<Self, BoxError> {
+    async fn connect(endpoints: &[String]) -> Result<Self, BoxError> {
         let mut client = etcd_client::Client::connect(endpoints, None).await?;
         let ttl = i64::try_from(RAW_TTL.as_secs())?;
         let lease = client.lease_grant(ttl, None).await?.id();
@@ -136,10 +199,6 @@ impl EtcdFloor {
 
 #[async_trait]
 impl RawFloor for EtcdFloor {
-    fn describe(&self) -> String {
-        "txn put-if-absent with lease + delete".into()
-    }
-
     async fn acquire(&self, name: &str) -> Result<RawHold, BoxError> {
         let key = format!("lockbench-floor/{name}/{:x}", self.lease);
         let txn = Txn::new()
@@ -161,6 +220,44 @@ impl RawFloor for EtcdFloor {
 
     async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
         self.client.kv_client().delete(hold.name, None).await?;
+        Ok(())
+    }
+}
+
+/// RedLock's floor: the raw Redis floor on every node in parallel.
+struct QuorumFloor {
+    nodes: Vec<RedisFloor>,
+}
+
+#[async_trait]
+impl RawFloor for QuorumFloor {
+    async fn acquire(&self, name: &str) -> Result<RawHold, BoxError> {
+        let holds = futures::future::join_all(self.nodes.iter().map(|n| n.acquire(name))).await;
+        let mut token = String::new();
+        for hold in holds {
+            token.push_str(&hold?.token);
+            token.push(' ');
+        }
+        Ok(RawHold {
+            name: name.to_owned(),
+            token,
+        })
+    }
+
+    async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
+        let releases = self
+            .nodes
+            .iter()
+            .zip(hold.token.split(' '))
+            .map(|(node, token)| {
+                node.release(RawHold {
+                    name: hold.name.clone(),
+                    token: token.to_owned(),
+                })
+            });
+        for released in futures::future::join_all(releases).await {
+            released?;
+        }
         Ok(())
     }
 }

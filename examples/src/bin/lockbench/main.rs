@@ -1,24 +1,34 @@
 //! lockbench: the same lock workloads on every backend in one run, each next to its raw
-//! protocol floor on the same server. Writes a Markdown + JSON + SVG report.
+//! protocol floor on the same server. Every workload but takeover and renewal is repeated
+//! `--runs` times and reported as medians; writes a Markdown + JSON + SVG report.
 //!
 //! ```text
-//! lockbench --backends memory,redis,redlock,zookeeper,etcd --duration 2s
+//! lockbench --backends memory,redis,redlock,zookeeper,etcd --duration 2s --runs 3
 //! lockbench --backends zookeeper,zookeeper-3 --held 100,1000,10000   # ZooKeeper, also on an ensemble
 //! ```
+//!
+//! All backends' servers are started first; each run is then one pass over the backends,
+//! so that "the same run" of two backends is close in time on a noisy shared machine.
 
+mod contention;
 mod floors;
+mod goals;
 mod report;
 mod stats;
+mod svg;
 mod targets;
 mod workloads;
 
+use std::future::Future;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use tokio::runtime::Runtime;
 
-use crate::report::{BackendReport, Report};
+use crate::report::{BackendReport, Report, RunReport, UncontendedRun};
 use crate::targets::{BoxError, Target};
 use crate::workloads::Plan;
 
@@ -54,6 +64,9 @@ struct RunArgs {
         default_value = "memory,redis,redlock,zookeeper,etcd"
     )]
     backends: Vec<String>,
+    /// Runs of every workload but takeover and renewal; the report shows their medians.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u16).range(1..))]
+    runs: u16,
     /// Measurement time of each workload, e.g. 2s.
     #[arg(long, default_value = "2s", value_parser = parse_duration)]
     duration: Duration,
@@ -66,6 +79,9 @@ struct RunArgs {
     /// Lock names of the throughput workload.
     #[arg(long, value_delimiter = ',', default_value = "1,1024")]
     locks: Vec<usize>,
+    /// Contenders on one lock name in the queue-length sweep (empty: no sweep).
+    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
+    sweep: Vec<usize>,
     /// Waiters queued behind the holder in the hand-off workload.
     #[arg(long, default_value_t = 4)]
     waiters: usize,
@@ -78,121 +94,236 @@ struct RunArgs {
     /// Holder processes killed in the takeover workload.
     #[arg(long, default_value_t = 3)]
     takeover_rounds: usize,
-    /// Directory for report.md, report.json and latency.svg.
+    /// Directory for report.md, report.json, latency.svg and queue-sweep.svg.
     #[arg(long, default_value = "lockbench-report")]
     out: PathBuf,
+}
+
+impl RunArgs {
+    /// The (clients, names) pairs of the contended workloads: the throughput grid and the
+    /// sweep on one name, each pair once.
+    fn contention_shapes(&self) -> Vec<(usize, usize)> {
+        let mut shapes: Vec<(usize, usize)> = self.sweep.iter().map(|&n| (n, 1)).collect();
+        for &clients in &self.clients {
+            for &locks in &self.locks {
+                shapes.push((clients, locks));
+            }
+        }
+        shapes.retain(|&(clients, locks)| clients > 0 && locks > 0);
+        shapes.sort_unstable();
+        shapes.dedup();
+        shapes
+    }
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
     distlock::raw::parse_duration("duration", text).map_err(|e| e.to_string())
 }
 
-#[tokio::main]
-async fn main() -> Result<(), BoxError> {
-    let cli = Cli::parse();
-    match cli.command {
-        Some(Command::Hold { url, name }) => workloads::hold_until_killed(&url, &name).await,
-        None => run(cli.run).await,
+/// The tokio runtime a measurement runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub(crate) enum Flavour {
+    /// A worker per core (what `#[tokio::main]` builds); everything else runs here too.
+    MultiThread,
+    /// One thread, built afresh for each measurement.
+    CurrentThread,
+}
+
+impl Flavour {
+    pub(crate) const ALL: [Flavour; 2] = [Flavour::MultiThread, Flavour::CurrentThread];
+
+    pub(crate) fn label(self) -> &'static str {
+        match self {
+            Flavour::MultiThread => "multi-thread",
+            Flavour::CurrentThread => "current-thread",
+        }
+    }
+
+    fn runtime(self) -> std::io::Result<Runtime> {
+        match self {
+            Flavour::MultiThread => tokio::runtime::Builder::new_multi_thread(),
+            Flavour::CurrentThread => tokio::runtime::Builder::new_current_thread(),
+        }
+        .enable_all()
+        .build()
+    }
+
+    /// Runs `work` to completion on this flavour: on `main` for the multi-thread one, on a
+    /// fresh current-thread runtime (dropped afterwards, with whatever `work` spawned) for
+    /// the other. Called from outside any runtime.
+    fn block_on<T>(
+        self,
+        main: &Runtime,
+        work: impl Future<Output = Result<T, BoxError>>,
+    ) -> Result<T, BoxError> {
+        match self {
+            Flavour::MultiThread => main.block_on(work),
+            Flavour::CurrentThread => self.runtime()?.block_on(work),
+        }
     }
 }
 
-async fn run(args: RunArgs) -> Result<(), BoxError> {
+fn main() -> Result<(), BoxError> {
+    let cli = Cli::parse();
+    let runtime = Flavour::MultiThread.runtime()?;
+    match cli.command {
+        Some(Command::Hold { url, name }) => {
+            runtime.block_on(workloads::hold_until_killed(&url, &name))
+        }
+        None => run(&runtime, &cli.run),
+    }
+}
+
+fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
+    let began = std::time::Instant::now();
     let plan = Plan {
         warmup: args.warmup,
         duration: args.duration,
     };
-    let mut report = Report {
-        machine: machine(),
-        started: started(),
-        warmup_s: plan.warmup.as_secs_f64(),
-        duration_s: plan.duration.as_secs_f64(),
-        backends: Vec::new(),
-        skipped: Vec::new(),
-    };
-    let rows = args.clients.len() * args.locks.len();
-    let steps_per_backend = 4 + rows + args.held.len();
+    let runs = usize::from(args.runs);
+    let shapes = args.contention_shapes();
+    let steps_per_backend = runs * (Flavour::ALL.len() + 1 + shapes.len()) + 1 + args.held.len();
     let bar = ProgressBar::new((steps_per_backend * args.backends.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
             .expect("valid template")
             .progress_chars("=> "),
     );
+    let mut targets = Vec::new();
+    let mut skipped = Vec::new();
     for backend in &args.backends {
         bar.set_message(format!("{backend}: starting servers"));
-        let target = match targets::start(backend).await {
-            Ok(target) => target,
+        match runtime.block_on(targets::start(backend)) {
+            Ok(target) => targets.push(target),
             Err(why) => {
                 bar.println(format!("lockbench: SKIPPING {backend}: {why}"));
-                report.skipped.push((backend.clone(), why));
+                skipped.push((backend.clone(), why));
                 bar.inc(steps_per_backend as u64);
-                continue;
             }
-        };
-        let result = measure(&target, &args, plan, &bar).await;
-        report.backends.push(result);
+        }
     }
+    let mut backends: Vec<BackendReport> = targets
+        .iter()
+        .map(|t| BackendReport {
+            backend: t.label.clone(),
+            floor: t.floor.as_ref().map(floors::FloorSpec::describe),
+            handoff_waiters: args.waiters,
+            ..BackendReport::default()
+        })
+        .collect();
+    for run in 0..runs {
+        for (target, report) in targets.iter().zip(&mut backends) {
+            let tag = format!("run {}/{runs}", run + 1);
+            let measured = measure_run(runtime, target, args, &shapes, plan, &bar, &tag);
+            report.notes.extend(measured.1);
+            report.runs.push(measured.0);
+        }
+    }
+    for (target, report) in targets.iter().zip(&mut backends) {
+        measure_once(runtime, target, args, &bar, report);
+    }
+    // The servers go with their targets; their handles belong to the main runtime.
+    runtime.block_on(async move { drop(targets) });
     bar.finish_with_message("done");
+    let mut report = Report {
+        machine: machine(),
+        started: started(),
+        runs,
+        warmup_s: plan.warmup.as_secs_f64(),
+        duration_s: plan.duration.as_secs_f64(),
+        elapsed_s: began.elapsed().as_secs_f64(),
+        throughput_clients: args.clients.clone(),
+        throughput_locks: args.locks.clone(),
+        sweep: args.sweep.clone(),
+        backends,
+        skipped,
+        goals: Vec::new(),
+    };
+    report.goals = goals::evaluate(&report);
     report.write(&args.out)?;
     println!("\n{}", report.markdown());
     println!(
-        "Report written to {0}/report.md, {0}/report.json and {0}/latency.svg",
-        args.out.display()
+        "Report written to {0}/report.md, {0}/report.json, {0}/latency.svg and {0}/{1}",
+        args.out.display(),
+        report::SWEEP_SVG
     );
     Ok(())
 }
 
-async fn measure(target: &Target, args: &RunArgs, plan: Plan, bar: &ProgressBar) -> BackendReport {
+/// One run of the repeated workloads on `target`, and the failures to note.
+fn measure_run(
+    runtime: &Runtime,
+    target: &Target,
+    args: &RunArgs,
+    shapes: &[(usize, usize)],
+    plan: Plan,
+    bar: &ProgressBar,
+    tag: &str,
+) -> (RunReport, Vec<String>) {
     let label = &target.label;
-    let mut out = BackendReport {
-        backend: label.clone(),
-        floor: target.floor.as_ref().map(|f| f.describe()),
-        handoff_waiters: args.waiters,
-        ..BackendReport::default()
-    };
+    let mut out = RunReport::default();
     let mut failures = Vec::new();
     let mut note = |what: &str, err: BoxError| {
-        let text = format!("{what} failed: {err}");
+        let text = format!("{tag}: {what} failed: {err}");
         bar.println(format!("lockbench: {label}: {text}"));
         failures.push(text);
     };
-
-    bar.set_message(format!("{label}: uncontended"));
-    match workloads::uncontended(target, plan).await {
-        Ok(l) => out.uncontended = l.summary(),
-        Err(e) => note("uncontended", e),
-    }
-    bar.inc(1);
-    bar.set_message(format!("{label}: raw floor"));
-    if let Some(floor) = &target.floor {
-        match workloads::uncontended_floor(floor.as_ref(), plan).await {
-            Ok(f) => {
-                out.floor_cycle = f.cycle.summary();
-                out.floor_acquire = f.acquire.summary();
-                out.floor_release = f.release.summary();
+    for flavour in Flavour::ALL {
+        let runtime_label = flavour.label();
+        bar.set_message(format!(
+            "{label} {tag}: uncontended, {runtime_label} runtime"
+        ));
+        match flavour.block_on(runtime, workloads::uncontended(target, plan)) {
+            Ok(measured) => {
+                let floor = measured.floor.as_ref();
+                out.uncontended.push(UncontendedRun {
+                    runtime: flavour,
+                    library: measured.library.summary(),
+                    floor_cycle: floor.and_then(|f| f.cycle.summary()),
+                    floor_acquire: floor.and_then(|f| f.acquire.summary()),
+                    floor_release: floor.and_then(|f| f.release.summary()),
+                });
             }
-            Err(e) => note("raw floor", e),
+            Err(e) => note(&format!("uncontended ({runtime_label})"), e),
         }
+        bar.inc(1);
     }
-    bar.inc(1);
-    bar.set_message(format!("{label}: hand-off"));
-    match workloads::handoff(target, args.waiters, plan).await {
-        Ok(l) => out.handoff = l.summary(),
+    bar.set_message(format!("{label} {tag}: hand-off"));
+    match runtime.block_on(workloads::handoff(target, args.waiters, plan)) {
+        Ok(latencies) => out.handoff = latencies.summary(),
         Err(e) => note("hand-off", e),
     }
     bar.inc(1);
-    for &clients in &args.clients {
-        for &locks in &args.locks {
-            bar.set_message(format!("{label}: throughput C={clients} L={locks}"));
-            match workloads::throughput(target, clients, locks, plan).await {
-                Ok(row) => out.throughput.push(row),
-                Err(e) => note(&format!("throughput C={clients} L={locks}"), e),
-            }
-            bar.inc(1);
+    for &(clients, locks) in shapes {
+        bar.set_message(format!("{label} {tag}: {clients} clients on {locks} names"));
+        match runtime.block_on(contention::contention(target, clients, locks, plan)) {
+            Ok(row) => out.contention.push(row),
+            Err(e) => note(&format!("{clients} clients on {locks} names"), e),
         }
+        bar.inc(1);
     }
+    (out, failures)
+}
+
+/// The workloads measured once: takeover and renewal.
+fn measure_once(
+    runtime: &Runtime,
+    target: &Target,
+    args: &RunArgs,
+    bar: &ProgressBar,
+    out: &mut BackendReport,
+) {
+    let label = &target.label;
+    let mut notes = Vec::new();
+    let mut note = |what: &str, err: BoxError| {
+        let text = format!("{what} failed: {err}");
+        bar.println(format!("lockbench: {label}: {text}"));
+        notes.push(text);
+    };
     bar.set_message(format!("{label}: takeover"));
     if target.cross_process {
-        match workloads::takeover(target, args.takeover_rounds).await {
+        match runtime.block_on(workloads::takeover(target, args.takeover_rounds)) {
             Ok(t) => out.takeover = Some(t),
             Err(e) => note("takeover", e),
         }
@@ -203,14 +334,13 @@ async fn measure(target: &Target, args: &RunArgs, plan: Plan, bar: &ProgressBar)
     bar.inc(1);
     for &held in &args.held {
         bar.set_message(format!("{label}: renewal K={held}"));
-        match workloads::renewal(target, held, args.renewal_ttl).await {
+        match runtime.block_on(workloads::renewal(target, held, args.renewal_ttl)) {
             Ok(row) => out.renewal.push(row),
             Err(e) => note(&format!("renewal K={held}"), e),
         }
         bar.inc(1);
     }
-    out.notes.extend(failures);
-    out
+    out.notes.extend(notes);
 }
 
 /// A one-line description of this machine.

@@ -1,39 +1,136 @@
-//! The report: Markdown for people, JSON for tools, SVG for the README.
+//! The report: what each run measured (kept run by run in the JSON), and the Markdown page
+//! for people, where every figure is the median over the runs.
 
 use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
 
-use crate::stats::{fmt_us, Summary};
-use crate::workloads::{RenewalRow, Takeover, ThroughputRow};
+use crate::contention::ContentionRow;
+use crate::goals::GoalRow;
+use crate::stats::{fmt_count, fmt_us, median, median_summary, Summary};
+use crate::workloads::{RenewalRow, Takeover};
+use crate::Flavour;
+
+/// Workload 1 of one run on one runtime flavour: library and floor side by side.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct UncontendedRun {
+    pub(crate) runtime: Flavour,
+    pub(crate) library: Option<Summary>,
+    pub(crate) floor_cycle: Option<Summary>,
+    pub(crate) floor_acquire: Option<Summary>,
+    pub(crate) floor_release: Option<Summary>,
+}
+
+impl UncontendedRun {
+    /// Library p50 against the floor's p50 of the same run and runtime.
+    fn ratio(&self) -> Option<f64> {
+        Some(self.library?.p50_us / self.floor_cycle?.p50_us)
+    }
+
+    /// Raw acquire p50 + raw release p50: the floor of a hand-off.
+    fn handoff_floor_us(&self) -> Option<f64> {
+        Some(self.floor_acquire?.p50_us + self.floor_release?.p50_us)
+    }
+}
+
+/// Everything one run measured on one backend.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct RunReport {
+    pub(crate) uncontended: Vec<UncontendedRun>,
+    pub(crate) handoff: Option<Summary>,
+    /// The throughput grid and the queue-length sweep; a (C, L) pair both ask for is
+    /// measured once.
+    pub(crate) contention: Vec<ContentionRow>,
+}
+
+impl RunReport {
+    /// Workload 1 of this run on `runtime`.
+    pub(crate) fn uncontended_on(&self, runtime: Flavour) -> Option<&UncontendedRun> {
+        self.uncontended.iter().find(|u| u.runtime == runtime)
+    }
+
+    /// The row of `clients` clients over `locks` names.
+    pub(crate) fn contention(&self, clients: usize, locks: usize) -> Option<&ContentionRow> {
+        self.contention
+            .iter()
+            .find(|r| r.clients == clients && r.locks == locks)
+    }
+
+    /// Library p50 against the floor p50, both measured in this run on `runtime`.
+    pub(crate) fn uncontended_ratio(&self, runtime: Flavour) -> Option<f64> {
+        self.uncontended_on(runtime)?.ratio()
+    }
+
+    /// Hand-off p50 against raw acquire + raw release p50 of this run (both on the
+    /// multi-thread runtime, where the hand-off runs).
+    pub(crate) fn handoff_ratio(&self) -> Option<f64> {
+        Some(
+            self.handoff?.p50_us
+                / self
+                    .uncontended_on(Flavour::MultiThread)?
+                    .handoff_floor_us()?,
+        )
+    }
+}
 
 /// Everything measured for one backend.
 #[derive(Debug, Default, Serialize)]
 pub(crate) struct BackendReport {
     pub(crate) backend: String,
     pub(crate) floor: Option<String>,
-    pub(crate) uncontended: Option<Summary>,
-    pub(crate) floor_cycle: Option<Summary>,
-    pub(crate) floor_acquire: Option<Summary>,
-    pub(crate) floor_release: Option<Summary>,
     pub(crate) handoff_waiters: usize,
-    pub(crate) handoff: Option<Summary>,
-    pub(crate) throughput: Vec<ThroughputRow>,
+    /// One entry per run, in order.
+    pub(crate) runs: Vec<RunReport>,
+    /// Measured once (its rounds are listed one by one).
     pub(crate) takeover: Option<Takeover>,
+    /// Measured once.
     pub(crate) renewal: Vec<RenewalRow>,
     pub(crate) notes: Vec<String>,
 }
 
 impl BackendReport {
-    /// Uncontended p50 against the floor's p50.
-    pub(crate) fn uncontended_ratio(&self) -> Option<f64> {
-        Some(self.uncontended?.p50_us / self.floor_cycle?.p50_us)
+    /// The median over the runs of a per-run figure.
+    pub(crate) fn median_of(&self, per_run: impl Fn(&RunReport) -> Option<f64>) -> Option<f64> {
+        median(self.runs.iter().filter_map(per_run))
     }
 
-    /// Hand-off p50 against raw release p50 + raw acquire p50.
-    pub(crate) fn handoff_ratio(&self) -> Option<f64> {
-        Some(self.handoff?.p50_us / (self.floor_acquire?.p50_us + self.floor_release?.p50_us))
+    /// Per-run figures, their median, and their spread when there are several.
+    fn spread(&self, per_run: impl Fn(&RunReport) -> Option<f64>) -> Spread {
+        Spread(self.runs.iter().filter_map(per_run).collect())
+    }
+
+    fn summary_of(&self, per_run: impl Fn(&RunReport) -> Option<Summary>) -> Option<Summary> {
+        median_summary(self.runs.iter().map(per_run))
+    }
+
+    /// Errors of the (C, L) row summed over the runs, with the first one seen.
+    fn contention_errors(&self, clients: usize, locks: usize) -> (u64, Option<&str>) {
+        let rows = self
+            .runs
+            .iter()
+            .filter_map(|r| r.contention(clients, locks));
+        rows.fold((0, None), |(n, first), row| {
+            (n + row.errors, first.or(row.first_error.as_deref()))
+        })
+    }
+}
+
+/// One figure over the runs.
+struct Spread(Vec<f64>);
+
+impl Spread {
+    /// `median` alone for one run, `median (min–max)` for several.
+    fn show(&self, fmt: fn(f64) -> String) -> String {
+        let Some(mid) = median(self.0.iter().copied()) else {
+            return "–".into();
+        };
+        if self.0.len() < 2 {
+            return fmt(mid);
+        }
+        let lo = self.0.iter().copied().fold(f64::INFINITY, f64::min);
+        let hi = self.0.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+        format!("{} ({}–{})", fmt(mid), fmt(lo), fmt(hi))
     }
 }
 
@@ -42,29 +139,57 @@ impl BackendReport {
 pub(crate) struct Report {
     pub(crate) machine: String,
     pub(crate) started: String,
+    pub(crate) runs: usize,
     pub(crate) warmup_s: f64,
     pub(crate) duration_s: f64,
+    /// Wall time of the whole benchmark, servers included.
+    pub(crate) elapsed_s: f64,
+    pub(crate) throughput_clients: Vec<usize>,
+    pub(crate) throughput_locks: Vec<usize>,
+    pub(crate) sweep: Vec<usize>,
     pub(crate) backends: Vec<BackendReport>,
     pub(crate) skipped: Vec<(String, String)>,
+    /// The issue's targets, computed from the runs.
+    pub(crate) goals: Vec<GoalRow>,
 }
+
+/// File name of the queue-length chart, next to `latency.svg`.
+pub(crate) const SWEEP_SVG: &str = "queue-sweep.svg";
 
 fn cell(summary: Option<Summary>, pick: fn(&Summary) -> f64) -> String {
     summary.map_or_else(|| "–".to_owned(), |s| fmt_us(pick(&s)))
 }
 
-fn ratio(value: Option<f64>) -> String {
-    value.map_or_else(|| "–".to_owned(), |r| format!("{r:.2}x"))
+pub(crate) fn fmt_ratio(r: f64) -> String {
+    format!("{r:.2}x")
 }
 
 impl Report {
+    /// The backend labelled `label`, if it was measured.
+    pub(crate) fn backend(&self, label: &str) -> Option<&BackendReport> {
+        self.backends.iter().find(|b| b.backend == label)
+    }
+
     pub(crate) fn markdown(&self) -> String {
         let mut md = String::new();
         let _ = writeln!(md, "# lockbench report\n");
         let _ = writeln!(
             md,
-            "Machine: {}. Started {}. Warm-up {:.1} s, then {:.1} s per measurement. \
-             Latencies are client-observed on loopback (p50 / p99 / p99.9 / max).\n",
-            self.machine, self.started, self.warmup_s, self.duration_s
+            "Machine: {}. Started {}; the whole benchmark took {:.0} s. {} run{} of every \
+             workload; warm-up {:.1} s, then {:.1} s per measurement. Latencies are \
+             client-observed on loopback.\n\n\
+             Every figure is the **median over the runs** of that figure (min–max of the \
+             runs in brackets where it helps). A ratio is computed **within each run** — the \
+             library against the raw floor measured in the same run on the same runtime, \
+             one backend against another in the same pass — and then its median is taken. \
+             Takeover and renewal are measured once. report.json keeps every run.\n",
+            self.machine,
+            self.started,
+            self.elapsed_s,
+            self.runs,
+            if self.runs == 1 { "" } else { "s" },
+            self.warmup_s,
+            self.duration_s
         );
         for (backend, why) in &self.skipped {
             let _ = writeln!(md, "- **{backend} skipped**: {why}");
@@ -72,71 +197,206 @@ impl Report {
         if !self.skipped.is_empty() {
             md.push('\n');
         }
+        self.goals_md(&mut md);
+        self.uncontended_md(&mut md);
+        self.handoff_md(&mut md);
+        self.throughput_md(&mut md);
+        self.sweep_md(&mut md);
+        self.errors_md(&mut md);
+        self.once_md(&mut md);
+        let notes: Vec<String> = self
+            .backends
+            .iter()
+            .flat_map(|b| b.notes.iter().map(move |n| format!("- {}: {n}", b.backend)))
+            .collect();
+        if !notes.is_empty() {
+            let _ = writeln!(md, "\n## Notes\n");
+            for note in notes {
+                let _ = writeln!(md, "{note}");
+            }
+        }
+        md
+    }
+
+    fn goals_md(&self, md: &mut String) {
+        if self.goals.is_empty() {
+            return;
+        }
+        let _ = writeln!(md, "## Targets\n");
+        let _ = writeln!(md, "| target | measured | goal | |");
+        let _ = writeln!(md, "|---|---|---|---|");
+        for goal in &self.goals {
+            let mark = match goal.pass {
+                Some(true) => "pass",
+                Some(false) => "**miss**",
+                None => "not measured",
+            };
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {mark} |",
+                goal.target, goal.shown, goal.goal
+            );
+        }
+        md.push('\n');
+    }
+
+    fn uncontended_md(&self, md: &mut String) {
         let _ = writeln!(md, "## Uncontended acquire + release (one client)\n");
         let _ = writeln!(
             md,
-            "| backend | p50 | p99 | p99.9 | max | raw floor p50 | ratio (target ≤ 1.15x) | floor |"
+            "Library and raw floor run on the same runtime, taking turns in four slices of \
+             the measurement.\n"
         );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
+        let _ = writeln!(
+            md,
+            "| backend | runtime | p50 | p99 | p99.9 | max | raw floor p50 | ratio (runs) | floor |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
         for b in &self.backends {
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} |",
-                b.backend,
-                cell(b.uncontended, |s| s.p50_us),
-                cell(b.uncontended, |s| s.p99_us),
-                cell(b.uncontended, |s| s.p999_us),
-                cell(b.uncontended, |s| s.max_us),
-                cell(b.floor_cycle, |s| s.p50_us),
-                ratio(b.uncontended_ratio()),
-                b.floor.as_deref().unwrap_or("none (baseline)"),
-            );
+            for runtime in Flavour::ALL {
+                let library = b.summary_of(|r| r.uncontended_on(runtime)?.library);
+                let floor = b.summary_of(|r| r.uncontended_on(runtime)?.floor_cycle);
+                let _ = writeln!(
+                    md,
+                    "| {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                    b.backend,
+                    runtime.label(),
+                    cell(library, |s| s.p50_us),
+                    cell(library, |s| s.p99_us),
+                    cell(library, |s| s.p999_us),
+                    cell(library, |s| s.max_us),
+                    cell(floor, |s| s.p50_us),
+                    b.spread(|r| r.uncontended_ratio(runtime)).show(fmt_ratio),
+                    b.floor.as_deref().unwrap_or("none (baseline)"),
+                );
+            }
         }
+    }
+
+    fn handoff_md(&self, md: &mut String) {
         let _ = writeln!(
             md,
             "\n## Hand-off: release sent → next waiter holds the lock\n"
         );
         let _ = writeln!(
             md,
-            "| backend | waiters | p50 | p99 | p99.9 | max | raw acquire + release p50 | ratio (target ≤ 1.5x) |"
+            "| backend | waiters | p50 | p99 | p99.9 | max | raw acquire + release p50 | ratio (runs) |"
         );
         let _ = writeln!(md, "|---|---|---|---|---|---|---|---|");
         for b in &self.backends {
-            let floor = b
-                .floor_acquire
-                .zip(b.floor_release)
-                .map(|(a, r)| fmt_us(a.p50_us + r.p50_us))
-                .unwrap_or_else(|| "–".into());
+            let handoff = b.summary_of(|r| r.handoff);
+            let floor = b.median_of(|r| r.uncontended_on(Flavour::MultiThread)?.handoff_floor_us());
             let _ = writeln!(
                 md,
                 "| {} | {} | {} | {} | {} | {} | {} | {} |",
                 b.backend,
                 b.handoff_waiters,
-                cell(b.handoff, |s| s.p50_us),
-                cell(b.handoff, |s| s.p99_us),
-                cell(b.handoff, |s| s.p999_us),
-                cell(b.handoff, |s| s.max_us),
-                floor,
-                ratio(b.handoff_ratio()),
+                cell(handoff, |s| s.p50_us),
+                cell(handoff, |s| s.p99_us),
+                cell(handoff, |s| s.p999_us),
+                cell(handoff, |s| s.max_us),
+                floor.map_or_else(|| "–".into(), fmt_us),
+                b.spread(RunReport::handoff_ratio).show(fmt_ratio),
             );
         }
-        let _ = writeln!(md, "\n## Throughput: C clients over L lock names\n");
-        let _ = writeln!(md, "| backend | C | L | cycles/s | cycle p50 | cycle p99 |");
-        let _ = writeln!(md, "|---|---|---|---|---|---|");
+    }
+
+    fn throughput_md(&self, md: &mut String) {
+        let _ = writeln!(
+            md,
+            "\n## Throughput: C clients (one connection each) over L lock names\n"
+        );
+        let _ = writeln!(
+            md,
+            "| backend | C | L | cycles/s (runs) | cycle p50 | cycle p99 | errors (all runs) |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
         for b in &self.backends {
-            for row in &b.throughput {
-                let _ = writeln!(
-                    md,
-                    "| {} | {} | {} | {:.0} | {} | {} |",
-                    b.backend,
-                    row.clients,
-                    row.locks,
-                    row.cycles_per_sec,
-                    cell(row.cycle, |s| s.p50_us),
-                    cell(row.cycle, |s| s.p99_us),
-                );
+            for &clients in &self.throughput_clients {
+                for &locks in &self.throughput_locks {
+                    let cycle = b.summary_of(|r| r.contention(clients, locks)?.cycle);
+                    let _ = writeln!(
+                        md,
+                        "| {} | {clients} | {locks} | {} | {} | {} | {} |",
+                        b.backend,
+                        b.spread(|r| Some(r.contention(clients, locks)?.cycles_per_sec))
+                            .show(fmt_count),
+                        cell(cycle, |s| s.p50_us),
+                        cell(cycle, |s| s.p99_us),
+                        b.contention_errors(clients, locks).0,
+                    );
+                }
             }
         }
+    }
+
+    fn sweep_md(&self, md: &mut String) {
+        if self.sweep.is_empty() {
+            return;
+        }
+        let _ = writeln!(md, "\n## Queue length: N contenders on one lock name\n");
+        let _ = writeln!(
+            md,
+            "Each contender is a client with its own connection. Cells: cycles/s · cycle \
+             p99 (medians). Waits still pending when the measurement ends are cut and not \
+             counted.\n\n![cycles/s and p99 by queue length]({SWEEP_SVG})\n"
+        );
+        let header: Vec<String> = self.sweep.iter().map(|n| format!("N = {n}")).collect();
+        let _ = writeln!(md, "| backend | {} |", header.join(" | "));
+        let _ = writeln!(md, "|---|{}", "---|".repeat(self.sweep.len()));
+        for b in &self.backends {
+            let cells: Vec<String> = self
+                .sweep
+                .iter()
+                .map(|&n| {
+                    let rate = b.median_of(|r| Some(r.contention(n, 1)?.cycles_per_sec));
+                    let p99 = b.summary_of(|r| r.contention(n, 1)?.cycle);
+                    match rate {
+                        Some(rate) => {
+                            format!("{}/s · {}", fmt_count(rate), cell(p99, |s| s.p99_us))
+                        }
+                        None => "–".into(),
+                    }
+                })
+                .collect();
+            let _ = writeln!(md, "| {} | {} |", b.backend, cells.join(" | "));
+        }
+    }
+
+    /// Contended rows that saw errors, with the first error of each.
+    fn errors_md(&self, md: &mut String) {
+        let mut shapes: Vec<(usize, usize)> = self.sweep.iter().map(|&n| (n, 1)).collect();
+        for &clients in &self.throughput_clients {
+            for &locks in &self.throughput_locks {
+                shapes.push((clients, locks));
+            }
+        }
+        shapes.sort_unstable();
+        shapes.dedup();
+        let mut lines = Vec::new();
+        for b in &self.backends {
+            for &(clients, locks) in &shapes {
+                if let (count @ 1.., first) = b.contention_errors(clients, locks) {
+                    lines.push(format!(
+                        "- {}, {clients} clients on {locks} names: {count} errors over the runs; first: {}",
+                        b.backend,
+                        first.unwrap_or("?")
+                    ));
+                }
+            }
+        }
+        if !lines.is_empty() {
+            let _ = writeln!(
+                md,
+                "\nErrors in the contended workloads (counted; the workload carried on):\n"
+            );
+            for line in lines {
+                let _ = writeln!(md, "{line}");
+            }
+        }
+    }
+
+    fn once_md(&self, md: &mut String) {
         let _ = writeln!(
             md,
             "\n## Takeover after the holder process is killed (SIGKILL)\n"
@@ -186,122 +446,16 @@ impl Report {
                 );
             }
         }
-        let notes: Vec<String> = self
-            .backends
-            .iter()
-            .flat_map(|b| b.notes.iter().map(move |n| format!("- {}: {n}", b.backend)))
-            .collect();
-        if !notes.is_empty() {
-            let _ = writeln!(md, "\n## Notes\n");
-            for note in notes {
-                let _ = writeln!(md, "{note}");
-            }
-        }
-        md
     }
 
-    /// A grouped horizontal bar chart of p50 latencies (uncontended, its floor, hand-off),
-    /// on a log scale so memory and networked backends fit one picture.
-    pub(crate) fn svg(&self) -> String {
-        const ROW: f64 = 18.0;
-        const LEFT: f64 = 150.0;
-        const WIDTH: f64 = 720.0;
-        let series: [Series; 3] = [
-            ("acquire+release p50", "#4C78A8", |b| b.uncontended),
-            ("raw floor p50", "#9ECAE9", |b| b.floor_cycle),
-            ("hand-off p50", "#F58518", |b| b.handoff),
-        ];
-        let values: Vec<f64> = self
-            .backends
-            .iter()
-            .flat_map(|b| series.iter().filter_map(|(_, _, f)| f(b).map(|s| s.p50_us)))
-            .collect();
-        let max = values.iter().copied().fold(1.0_f64, f64::max);
-        let min = values.iter().copied().fold(max, f64::min).max(0.1);
-        let lo = min.log10().floor();
-        let hi = max.log10().ceil().max(lo + 1.0);
-        // Room on the right for the value printed after the longest bar.
-        let scale = |v: f64| (v.max(0.1).log10() - lo) / (hi - lo) * (WIDTH - LEFT - 90.0);
-        let group = ROW * series.len() as f64 + 14.0;
-        let height = 60.0 + group * self.backends.len() as f64 + 30.0;
-        let mut svg = String::new();
-        let _ = writeln!(
-            svg,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="sans-serif" font-size="12">"#
-        );
-        let _ = writeln!(svg, r#"<rect width="100%" height="100%" fill="white"/>"#);
-        let _ = writeln!(
-            svg,
-            r#"<text x="10" y="20" font-size="14" font-weight="bold">lockbench: p50 latency by backend (log scale, µs) — {}</text>"#,
-            xml_escape(&self.machine)
-        );
-        for (i, (label, color, _)) in series.iter().enumerate() {
-            let x = 10.0 + i as f64 * 200.0;
-            let _ = writeln!(
-                svg,
-                r#"<rect x="{x}" y="32" width="12" height="12" fill="{color}"/><text x="{}" y="42">{label}</text>"#,
-                x + 16.0
-            );
-        }
-        let mut decade = lo;
-        while decade <= hi {
-            let x = LEFT + scale(10f64.powf(decade));
-            let _ = writeln!(
-                svg,
-                r##"<line x1="{x}" y1="52" x2="{x}" y2="{}" stroke="#ddd"/><text x="{x}" y="{}" text-anchor="middle" fill="#666">{}</text>"##,
-                height - 25.0,
-                height - 10.0,
-                fmt_us(10f64.powf(decade))
-            );
-            decade += 1.0;
-        }
-        for (gi, b) in self.backends.iter().enumerate() {
-            let top = 60.0 + gi as f64 * group;
-            let _ = writeln!(
-                svg,
-                r#"<text x="10" y="{}" font-weight="bold">{}</text>"#,
-                top + group / 2.0,
-                xml_escape(&b.backend)
-            );
-            for (si, (_, color, pick)) in series.iter().enumerate() {
-                let y = top + si as f64 * ROW;
-                if let Some(s) = pick(b) {
-                    let w = scale(s.p50_us).max(1.0);
-                    let _ = writeln!(
-                        svg,
-                        r#"<rect x="{LEFT}" y="{y}" width="{w:.1}" height="{}" fill="{color}"/><text x="{:.1}" y="{}">{}</text>"#,
-                        ROW - 4.0,
-                        LEFT + w + 4.0,
-                        y + ROW - 7.0,
-                        fmt_us(s.p50_us)
-                    );
-                }
-            }
-        }
-        svg.push_str("</svg>\n");
-        svg
-    }
-
-    /// Writes `report.md`, `report.json` and `latency.svg` into `dir`.
+    /// Writes `report.md`, `report.json`, `latency.svg` and the queue-length chart into `dir`.
     pub(crate) fn write(&self, dir: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join("report.md"), self.markdown())?;
         let json = serde_json::to_string_pretty(self).map_err(std::io::Error::other)?;
         std::fs::write(dir.join("report.json"), json)?;
-        std::fs::write(dir.join("latency.svg"), self.svg())?;
+        std::fs::write(dir.join("latency.svg"), crate::svg::latency(self))?;
+        std::fs::write(dir.join(SWEEP_SVG), crate::svg::sweep(self))?;
         Ok(())
     }
-}
-
-/// A chart series: legend, colour, and the summary it plots.
-type Series = (
-    &'static str,
-    &'static str,
-    fn(&BackendReport) -> Option<Summary>,
-);
-
-fn xml_escape(text: &str) -> String {
-    text.replace('&', "&amp;")
-        .replace('<', "&lt;")
-        .replace('>', "&gt;")
 }

@@ -2,7 +2,6 @@
 //! the raw protocol floor on the same servers.
 
 use std::any::Any;
-use std::sync::Arc;
 use std::time::Duration;
 
 use std::net::SocketAddr;
@@ -12,28 +11,9 @@ use conformance::harness::{
     EtcdServer, HarnessError, RedisNodes, RedisOptions, RedisServer, ZkEnsemble, ZkServer,
 };
 
-use crate::floors::{EtcdFloor, RedisFloor, ZkFloor};
+use crate::floors::FloorSpec;
 
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// One raw hold of the floor protocol (key and token, node path, key).
-#[derive(Debug)]
-pub(crate) struct RawHold {
-    pub(crate) name: String,
-    pub(crate) token: String,
-}
-
-/// The same operations as a lock, in the backend's raw protocol with no library on top:
-/// the floor every ratio is measured against.
-#[async_trait]
-pub(crate) trait RawFloor: Send + Sync {
-    /// What the floor does, for the report.
-    fn describe(&self) -> String;
-    /// Takes `name` (uncontended).
-    async fn acquire(&self, name: &str) -> Result<RawHold, BoxError>;
-    /// Gives it back.
-    async fn release(&self, hold: RawHold) -> Result<(), BoxError>;
-}
 
 /// A backend under test.
 pub(crate) struct Target {
@@ -42,7 +22,7 @@ pub(crate) struct Target {
     /// URL of the lock service, without query string.
     pub(crate) url: String,
     /// The raw protocol floor on the same servers, if the backend has one.
-    pub(crate) floor: Option<Arc<dyn RawFloor>>,
+    pub(crate) floor: Option<FloorSpec>,
     /// Whether a holder in another process can be killed (not for in-process backends).
     pub(crate) cross_process: bool,
     /// Shortest TTL for the takeover workload.
@@ -205,19 +185,17 @@ fn harness(err: HarnessError) -> String {
 
 /// Starts what `backend` needs on this machine, or says why it cannot.
 pub(crate) async fn start(backend: &str) -> Result<Target, String> {
-    let networked = |label: &str,
-                     url: String,
-                     floor: Arc<dyn RawFloor>,
-                     requests: Box<dyn RequestCounter>| Target {
-        label: label.into(),
-        url,
-        floor: Some(floor),
-        cross_process: true,
-        takeover_ttl: TAKEOVER_TTL,
-        requests: Some(requests),
-        servers: Vec::new(),
-    };
-    let floor_err = |e: BoxError| format!("raw floor client failed: {e}");
+    let networked =
+        |label: &str, url: String, floor: FloorSpec, requests: Box<dyn RequestCounter>| Target {
+            label: label.into(),
+            url,
+            floor: Some(floor),
+            cross_process: true,
+            takeover_ttl: TAKEOVER_TTL,
+            requests: Some(requests),
+            servers: Vec::new(),
+        };
+    let counter_err = |e: BoxError| format!("request counter client failed: {e}");
     let scheme = match backend {
         "redis" => "redis",
         "redlock" => "redlock",
@@ -240,13 +218,11 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
         }),
         "redis" => {
             let server = RedisServer::start().await.map_err(harness)?;
-            let floor = RedisFloor::connect(&server.url())
-                .await
-                .map_err(floor_err)?;
+            let floor = FloorSpec::Redis(server.url());
             let counter = RedisCounter::connect(&[server.url()])
                 .await
-                .map_err(floor_err)?;
-            let mut target = networked("redis", server.url(), Arc::new(floor), Box::new(counter));
+                .map_err(counter_err)?;
+            let mut target = networked("redis", server.url(), floor, Box::new(counter));
             target.servers.push(Box::new(server));
             Ok(target)
         }
@@ -254,28 +230,22 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let nodes = RedisNodes::start_with(RedisOptions::default().members(5))
                 .await
                 .map_err(harness)?;
-            let mut floors = Vec::new();
-            for url in nodes.urls() {
-                floors.push(RedisFloor::connect(&url).await.map_err(floor_err)?);
-            }
             let counter = RedisCounter::connect(&nodes.urls())
                 .await
-                .map_err(floor_err)?;
-            let floor = Arc::new(QuorumFloor { nodes: floors });
+                .map_err(counter_err)?;
+            let floor = FloorSpec::RedisQuorum(nodes.urls());
             let mut target = networked("redlock-5", nodes.url(), floor, Box::new(counter));
             target.servers.push(Box::new(nodes));
             Ok(target)
         }
         "zookeeper" => {
             let server = ZkServer::start().await.map_err(harness)?;
-            let floor = ZkFloor::connect(&server.connect_string())
-                .await
-                .map_err(floor_err)?;
+            let floor = FloorSpec::ZooKeeper(server.connect_string());
             let counter = ZkCounter {
                 addrs: vec![server.addr()],
             };
             let url = format!("{}/lockbench", server.url());
-            let mut target = networked("zookeeper", url, Arc::new(floor), Box::new(counter));
+            let mut target = networked("zookeeper", url, floor, Box::new(counter));
             target.servers.push(Box::new(server));
             Ok(target)
         }
@@ -284,27 +254,23 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let leader = ensemble.leader().await.map_err(harness)?;
             // On a follower: what the leader orders travels one more hop.
             let follower = ensemble.member((leader + 1) % ensemble.len());
-            let floor = ZkFloor::connect(&follower.connect_string())
-                .await
-                .map_err(floor_err)?;
+            let floor = FloorSpec::ZooKeeper(follower.connect_string());
             let counter = ZkCounter {
                 addrs: ensemble.members().iter().map(ZkServer::addr).collect(),
             };
             let url = format!("{}/lockbench", follower.url());
-            let mut target = networked("zookeeper-3", url, Arc::new(floor), Box::new(counter));
+            let mut target = networked("zookeeper-3", url, floor, Box::new(counter));
             target.servers.push(Box::new(ensemble));
             Ok(target)
         }
         "etcd" => {
             let server = EtcdServer::start().await.map_err(harness)?;
-            let floor = EtcdFloor::connect(&[server.endpoint()])
-                .await
-                .map_err(floor_err)?;
+            let floor = FloorSpec::Etcd(vec![server.endpoint()]);
             let counter = EtcdCounter {
                 addr: server.addr(),
             };
             let url = format!("{}/lockbench", server.url());
-            let mut target = networked("etcd", url, Arc::new(floor), Box::new(counter));
+            let mut target = networked("etcd", url, floor, Box::new(counter));
             target.servers.push(Box::new(server));
             Ok(target)
         }
@@ -312,50 +278,5 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             "unknown backend `{other}` (known: {})",
             BACKENDS.join(", ")
         )),
-    }
-}
-
-/// RedLock's floor: the raw Redis floor on every node in parallel.
-struct QuorumFloor {
-    nodes: Vec<RedisFloor>,
-}
-
-#[async_trait]
-impl RawFloor for QuorumFloor {
-    fn describe(&self) -> String {
-        format!(
-            "SET NX PX + EVALSHA on {} nodes in parallel",
-            self.nodes.len()
-        )
-    }
-
-    async fn acquire(&self, name: &str) -> Result<RawHold, BoxError> {
-        let holds = futures::future::join_all(self.nodes.iter().map(|n| n.acquire(name))).await;
-        let mut token = String::new();
-        for hold in holds {
-            token.push_str(&hold?.token);
-            token.push(' ');
-        }
-        Ok(RawHold {
-            name: name.to_owned(),
-            token,
-        })
-    }
-
-    async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
-        let releases = self
-            .nodes
-            .iter()
-            .zip(hold.token.split(' '))
-            .map(|(node, token)| {
-                node.release(RawHold {
-                    name: hold.name.clone(),
-                    token: token.to_owned(),
-                })
-            });
-        for released in futures::future::join_all(releases).await {
-            released?;
-        }
-        Ok(())
     }
 }

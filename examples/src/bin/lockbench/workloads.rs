@@ -1,20 +1,20 @@
-//! The five workloads, each run the same way on every backend.
+//! The uncontended, hand-off, takeover and renewal workloads, each run the same way on
+//! every backend (the contended ones are in `contention.rs`).
 
 use std::process::Stdio;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use distlock::{DistributedLock, DistributedLockExt};
 use futures::future::join_all;
-use rand::Rng;
 use serde::Serialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Notify;
 use tokio::time::{sleep, timeout, timeout_at, Instant};
 
+use crate::floors::RawFloor;
 use crate::stats::{Latencies, Summary};
-use crate::targets::{BoxError, RawFloor, Target};
+use crate::targets::{BoxError, Target};
 
 /// How long each workload warms up and measures.
 #[derive(Debug, Clone, Copy)]
@@ -24,39 +24,29 @@ pub(crate) struct Plan {
 }
 
 /// Upper bound on measured iterations of one loop, whatever the duration.
-const MAX_ITERATIONS: u64 = 5_000_000;
-/// Bound on a single wait inside a workload.
-const WAIT_LIMIT: Duration = Duration::from_secs(30);
+pub(crate) const MAX_ITERATIONS: u64 = 5_000_000;
+/// Bound on a single wait or call inside a workload.
+pub(crate) const WAIT_LIMIT: Duration = Duration::from_secs(30);
 
-fn bench_name(workload: &str) -> String {
+/// A fresh lock name for one measurement.
+pub(crate) fn bench_name(workload: &str) -> String {
     format!("lockbench/{workload}/{}", uuid::Uuid::new_v4().simple())
 }
 
-async fn connect(target: &Target, query: &str) -> Result<Arc<dyn DistributedLock>, BoxError> {
-    Ok(distlock::connect(&target.url_with(query)).await?)
+/// Opens a library client, within [`WAIT_LIMIT`].
+pub(crate) async fn connect(
+    target: &Target,
+    query: &str,
+) -> Result<Arc<dyn DistributedLock>, BoxError> {
+    Ok(timeout(WAIT_LIMIT, distlock::connect(&target.url_with(query))).await??)
 }
 
-/// Workload 1: acquire + release by one client on a free lock.
-pub(crate) async fn uncontended(target: &Target, plan: Plan) -> Result<Latencies, BoxError> {
-    let client = connect(target, "").await?;
-    let name = bench_name("uncontended");
-    let mut latencies = Latencies::new();
-    let warm_until = Instant::now() + plan.warmup;
-    let end = warm_until + plan.duration;
-    let mut iterations = 0;
-    while Instant::now() < end && iterations < MAX_ITERATIONS {
-        let started = Instant::now();
-        let guard = client
-            .try_lock(&name)
-            .await?
-            .ok_or("an uncontended lock was held by someone else")?;
-        guard.release().await?;
-        if started >= warm_until {
-            latencies.record(started.elapsed());
-            iterations += 1;
-        }
-    }
-    Ok(latencies)
+/// Workload 1, library and raw floor measured in the same run on the same runtime.
+#[derive(Debug)]
+pub(crate) struct Uncontended {
+    pub(crate) library: Latencies,
+    /// `None` for a backend without a floor.
+    pub(crate) floor: Option<FloorLatencies>,
 }
 
 /// The raw floor of workload 1, also split into its acquire and release halves.
@@ -67,33 +57,94 @@ pub(crate) struct FloorLatencies {
     pub(crate) release: Latencies,
 }
 
-/// Workload 1 on the raw protocol.
-pub(crate) async fn uncontended_floor(
-    floor: &dyn RawFloor,
-    plan: Plan,
-) -> Result<FloorLatencies, BoxError> {
-    let name = bench_name("floor");
-    let mut result = FloorLatencies {
+/// Slices of workload 1: library and floor take turns, so that a noisy moment on a shared
+/// machine falls on both alike.
+const SLICES: u32 = 4;
+
+/// Workload 1: acquire + release by one client on a free lock, and the same on the raw
+/// protocol. Both clients are opened here, on the runtime this runs on. Each side warms
+/// up for `plan.warmup`, then they alternate in [`SLICES`] slices of `plan.duration`.
+pub(crate) async fn uncontended(target: &Target, plan: Plan) -> Result<Uncontended, BoxError> {
+    let client = connect(target, "").await?;
+    let floor = match &target.floor {
+        Some(spec) => Some(spec.connect().await?),
+        None => None,
+    };
+    let (name, floor_name) = (bench_name("uncontended"), bench_name("floor"));
+    let mut library = Latencies::new();
+    let mut floor_latencies = FloorLatencies {
         cycle: Latencies::new(),
         acquire: Latencies::new(),
         release: Latencies::new(),
     };
-    let warm_until = Instant::now() + plan.warmup;
-    let end = warm_until + plan.duration;
+    library_cycles(client.as_ref(), &name, plan.warmup, None).await?;
+    if let Some(floor) = &floor {
+        floor_cycles(floor.as_ref(), &floor_name, plan.warmup, None).await?;
+    }
+    let slice = plan.duration / SLICES;
+    for _ in 0..SLICES {
+        library_cycles(client.as_ref(), &name, slice, Some(&mut library)).await?;
+        if let Some(floor) = &floor {
+            floor_cycles(
+                floor.as_ref(),
+                &floor_name,
+                slice,
+                Some(&mut floor_latencies),
+            )
+            .await?;
+        }
+    }
+    Ok(Uncontended {
+        library,
+        floor: floor.map(|_| floor_latencies),
+    })
+}
+
+/// Library cycles for `span`, recorded into `into` unless warming up.
+async fn library_cycles(
+    client: &dyn DistributedLock,
+    name: &str,
+    span: Duration,
+    mut into: Option<&mut Latencies>,
+) -> Result<(), BoxError> {
+    let end = Instant::now() + span;
     let mut iterations = 0;
     while Instant::now() < end && iterations < MAX_ITERATIONS {
         let started = Instant::now();
-        let hold = floor.acquire(&name).await?;
+        let guard = timeout(WAIT_LIMIT, client.try_lock(name))
+            .await??
+            .ok_or("an uncontended lock was held by someone else")?;
+        timeout(WAIT_LIMIT, guard.release()).await??;
+        if let Some(latencies) = into.as_deref_mut() {
+            latencies.record(started.elapsed());
+        }
+        iterations += 1;
+    }
+    Ok(())
+}
+
+/// Raw floor cycles for `span`, recorded into `into` unless warming up.
+async fn floor_cycles(
+    floor: &dyn RawFloor,
+    name: &str,
+    span: Duration,
+    mut into: Option<&mut FloorLatencies>,
+) -> Result<(), BoxError> {
+    let end = Instant::now() + span;
+    let mut iterations = 0;
+    while Instant::now() < end && iterations < MAX_ITERATIONS {
+        let started = Instant::now();
+        let hold = timeout(WAIT_LIMIT, floor.acquire(name)).await??;
         let acquired = Instant::now();
-        floor.release(hold).await?;
-        if started >= warm_until {
+        timeout(WAIT_LIMIT, floor.release(hold)).await??;
+        if let Some(result) = into.as_deref_mut() {
             result.cycle.record(started.elapsed());
             result.acquire.record(acquired - started);
             result.release.record(acquired.elapsed());
-            iterations += 1;
         }
+        iterations += 1;
     }
-    Ok(result)
+    Ok(())
 }
 
 /// Workload 2: time from "release sent" to "next waiter holds the lock", with `waiters`
@@ -104,14 +155,17 @@ pub(crate) async fn handoff(
     plan: Plan,
 ) -> Result<Latencies, BoxError> {
     let name = bench_name("handoff");
+    let mut clients = Vec::new();
+    for _ in 0..=waiters {
+        clients.push(connect(target, "").await?);
+    }
     let warm_until = Instant::now() + plan.warmup;
     let end = warm_until + plan.duration;
     let released_at: Arc<Mutex<Option<Instant>>> = Arc::default();
     let handed_over = Arc::new(Notify::new());
     let latencies = Arc::new(Mutex::new(Latencies::new()));
     let mut tasks = Vec::new();
-    for _ in 0..=waiters {
-        let client = connect(target, "").await?;
+    for client in clients {
         let (name, released_at, handed_over, latencies) = (
             name.clone(),
             Arc::clone(&released_at),
@@ -130,7 +184,7 @@ pub(crate) async fn handoff(
                 }
                 let notified = handed_over.notified();
                 *released_at.lock().expect("lock") = Some(Instant::now());
-                guard.release().await?;
+                timeout(WAIT_LIMIT, guard.release()).await??;
                 // Sit out until a waiter has the lock, so every grant is a real hand-off
                 // (unfair backends would otherwise let the releaser barge back in).
                 let _ = timeout_at(end.min(Instant::now() + WAIT_LIMIT), notified).await;
@@ -145,62 +199,6 @@ pub(crate) async fn handoff(
     }
     let latencies = latencies.lock().expect("lock").clone();
     Ok(latencies)
-}
-
-/// One row of workload 3.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct ThroughputRow {
-    pub(crate) clients: usize,
-    pub(crate) locks: usize,
-    pub(crate) cycles: u64,
-    pub(crate) cycles_per_sec: f64,
-    pub(crate) cycle: Option<Summary>,
-}
-
-/// Workload 3: `clients` concurrent clients over `locks` names, acquire + release.
-pub(crate) async fn throughput(
-    target: &Target,
-    clients: usize,
-    locks: usize,
-    plan: Plan,
-) -> Result<ThroughputRow, BoxError> {
-    let base = bench_name("throughput");
-    let names: Arc<Vec<String>> = Arc::new((0..locks).map(|i| format!("{base}/{i}")).collect());
-    let warm_until = Instant::now() + plan.warmup;
-    let end = warm_until + plan.duration;
-    let cycles = Arc::new(AtomicU64::new(0));
-    let mut tasks = Vec::new();
-    for _ in 0..clients {
-        let client = connect(target, "").await?;
-        let (names, cycles) = (Arc::clone(&names), Arc::clone(&cycles));
-        tasks.push(tokio::spawn(async move {
-            let mut latencies = Latencies::new();
-            while Instant::now() < end && cycles.load(Ordering::Relaxed) < MAX_ITERATIONS {
-                let pick = rand::rng().random_range(0..names.len());
-                let started = Instant::now();
-                let guard = client.lock_timeout(&names[pick], WAIT_LIMIT).await?;
-                guard.release().await?;
-                let finished = Instant::now();
-                if started >= warm_until && finished <= end {
-                    latencies.record(finished - started);
-                    cycles.fetch_add(1, Ordering::Relaxed);
-                }
-            }
-            Ok::<_, BoxError>(latencies)
-        }));
-    }
-    let mut all = Latencies::new();
-    for result in join_all(tasks).await {
-        all.merge(&result??);
-    }
-    let cycles = cycles.load(Ordering::Relaxed);
-    Ok(ThroughputRow {
-        clients,
-        locks,
-        cycles,
-        cycles_per_sec: cycles as f64 / plan.duration.as_secs_f64(),
-        cycle: all.summary(),
-    })
 }
 
 /// Workload 4 results.
