@@ -130,15 +130,20 @@ impl Inner {
         if queued && tally.granted[self.arbiter] {
             // The server that orders the waiters granted: the others' refusals are
             // contenders that lost it and are undoing their round, or the tail of the
-            // previous holder's release; ask them again, about one round trip apart.
+            // previous holder's release; ask them again.
+            // The first ask again goes out at once: the tail of a release sent to every
+            // server at the same time as the one that woke us is then already there.
             let pause = requested_at.elapsed().max(Duration::from_millis(1));
-            for _ in 0..ARBITER_RETRIES {
+            for retry in 0..ARBITER_RETRIES {
+                let wait = if retry == 0 { Duration::ZERO } else { pause };
                 if tally.won() >= quorum
-                    || validity_deadline(requested_at, lease) <= Instant::now() + pause
+                    || validity_deadline(requested_at, lease) <= Instant::now() + wait
                 {
                     break;
                 }
-                tokio::time::sleep(pause).await;
+                if retry > 0 {
+                    tokio::time::sleep(wait).await;
+                }
                 let deadline = Instant::now() + node_timeout;
                 let missing = (0..n).filter(|&i| !tally.granted[i]);
                 let plain = &plain;
