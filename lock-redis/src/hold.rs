@@ -194,11 +194,13 @@ impl Inner {
 
     /// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held
     /// by another owner. With `leave`, a queued waiter of the acquisition is also taken
-    /// out of the queue.
+    /// out of the queue. With `only`, just the servers it marks (the others are left out
+    /// of the result).
     pub(crate) async fn release_each(
         &self,
         hold: &RedisHold,
         leave: bool,
+        only: Option<&[bool]>,
         deadline: Instant,
     ) -> Vec<Result<i64>> {
         // With the queue, the server that orders the waiters (the only one on `redis://`)
@@ -215,7 +217,9 @@ impl Inner {
                 .arg(channel);
             invocation
         });
-        join_all(self.nodes.iter().enumerate().map(|(i, node)| {
+        let selected = |i: &usize| only.is_none_or(|only| only[*i]);
+        join_all((0..self.nodes.len()).filter(selected).map(|i| {
+            let node = &self.nodes[i];
             let invocation = match (&queued, &plain) {
                 (Some(queued), _) if i == self.arbiter => queued,
                 (_, Some(plain)) => plain,
@@ -239,7 +243,7 @@ impl Inner {
         let mut taken = 0;
         let mut answered = 0;
         let mut first_error = None;
-        for reply in self.release_each(hold, leave, deadline).await {
+        for reply in self.release_each(hold, leave, None, deadline).await {
             match reply {
                 Ok(status) => {
                     answered += 1;

@@ -206,9 +206,11 @@ impl Inner {
         }
         // Not granted: undo what this round took on every server (what cannot be undone
         // now is retried in the background when the acquire ends; the next round uses a
-        // new token). A place in the queue is kept.
+        // new token). A place in the queue is kept. Servers that refused hold nothing of
+        // this round and are left alone.
+        let taken: Vec<bool> = tally.refused.iter().map(|refused| !refused).collect();
         let undo = self
-            .release_each(hold, false, Instant::now() + node_timeout)
+            .release_each(hold, false, Some(&taken), Instant::now() + node_timeout)
             .await;
         if undo.iter().all(Result::is_ok) {
             pending.state_mut().disarm(hold);
