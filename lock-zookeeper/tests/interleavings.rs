@@ -1,18 +1,22 @@
 //! Interleavings opened deterministically around this backend (see
 //! `conformance::interleavings`): the ones that wrap its protocol half, then the shared
 //! ones. Every acquire attempt is distinguishable on the server, so the late cleanup of
-//! a failed attempt never removes what a retry of the same acquisition took.
+//! a failed attempt never removes what a retry of the same acquisition took; an acquire
+//! dropped while its first requests are in flight leaves no node.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{config, with_ttl, ZkFactory, BASE};
+use common::{config, create_persistent, queue, unique_name, with_ttl, ZkFactory, BASE};
 use conformance::interleavings::{retry_survives_late_cleanup, Cleanup, LateCleanup};
 use conformance::Factory;
 use lock_core::raw::Connect;
+use lock_core::DistributedLockExt;
 use lock_zookeeper::{lock_dir, queue_order, ZkBackend, ZkHold};
+use tokio::time::{sleep, Instant};
+use zookeeper_client as zk;
 
 /// The first attempt's cleanup acts as the backend's own cleanup of an abandoned create
 /// does when the create's reply never came: it deletes the child of the lock directory
@@ -47,6 +51,74 @@ async fn retry_survives_late_cleanup_by_marker() {
     let other = factory.client(options.clone()).await;
     let name = format!("attempts/{}", uuid::Uuid::new_v4().simple());
     retry_survives_late_cleanup(flaky, options, other, &name).await;
+}
+
+/// The child version of `dir`: it counts the creates and deletes of its children.
+async fn child_changes(admin: &zk::Client, dir: &str) -> i32 {
+    let stat = admin
+        .check_stat(dir)
+        .await
+        .expect("stat")
+        .expect("directory");
+    stat.cversion
+}
+
+/// An acquire dropped right after its first poll, when the create of its node and the
+/// listing sent behind it are both unanswered, leaves no node: on a free lock (which the
+/// create would have won) and behind a holder. The directory's child version shows that
+/// each dropped acquire did create its node, and that it was deleted again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acquire_dropped_with_its_requests_in_flight_leaves_no_node() {
+    const ROUNDS: i32 = 10;
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let admin = factory.admin();
+    let options = with_ttl(Duration::from_secs(20));
+    let client = factory.zk_client(options.clone()).await;
+    let holder = factory.zk_client(options).await;
+    let lock = unique_name("dropped_in_flight");
+    let dir = lock_dir(BASE, &lock);
+    create_persistent(admin, [BASE.to_owned(), dir.clone()]).await;
+    for contended in [false, true] {
+        let guard = match contended {
+            true => Some(holder.lock(lock.as_str()).await.expect("holder acquires")),
+            false => None,
+        };
+        let expected = queue(admin, &lock).await;
+        for round in 0..ROUNDS {
+            let before = child_changes(admin, &dir).await;
+            let mut acquire = Box::pin(client.lock(lock.as_str()));
+            assert!(
+                futures::poll!(acquire.as_mut()).is_pending(),
+                "contended {contended}, round {round}: answered within the first poll"
+            );
+            drop(acquire);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            loop {
+                let changes = child_changes(admin, &dir).await - before;
+                let left = queue(admin, &lock).await;
+                if changes == 2 && left == expected {
+                    break;
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "contended {contended}, round {round}: {changes} child changes \
+                     (a create and a delete expected), queue {left:?}, expected {expected:?}"
+                );
+                sleep(Duration::from_millis(20)).await;
+            }
+        }
+        if let Some(guard) = guard {
+            guard.release().await.expect("release");
+        }
+    }
+    let guard = holder
+        .try_lock(lock.as_str())
+        .await
+        .expect("try")
+        .expect("free after the dropped acquires");
+    guard.release().await.expect("release");
 }
 
 conformance::interleavings_suite!(ZkFactory::start());
