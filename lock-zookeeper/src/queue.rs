@@ -106,6 +106,20 @@ impl Cleanup for QueuedNode {
     }
 }
 
+/// This session's node in the queue of a lock directory.
+#[derive(Debug)]
+struct Queued {
+    /// Its name in the directory.
+    name: String,
+    /// Its czxid, the fencing token.
+    czxid: u64,
+    /// An instant before a point the leader ordered after the node existed (the create,
+    /// or the barrier of the search).
+    ordered_at: Instant,
+    /// The directory's children as of that point or later, if they were listed.
+    children: Option<Vec<String>>,
+}
+
 /// The queue-side requests of one lock client, on its session.
 pub(crate) struct Queue<'a> {
     session: &'a Session,
@@ -140,16 +154,23 @@ impl<'a> Queue<'a> {
         request: &AcquireRequest<'_>,
         pending: &mut CleanupOnDrop<QueuedNode>,
     ) -> Result<Option<Acquired<ZkHold>>, Step> {
-        let (name, czxid, created_at) = self.create(live, dir, marker, pending).await?;
+        let Queued {
+            name,
+            czxid,
+            ordered_at,
+            children,
+        } = self.create(live, dir, marker, pending).await?;
         let path = format!("{dir}/{name}");
         let mut losses = 0;
-        // The create was ordered by the leader after `created_at`: the first look needs no
-        // barrier of its own. A grant's validity runs from such a point, never from a
-        // read a cut-off follower may answer from its own copy.
-        let mut ordered_at = Some(created_at);
+        // The create (or the barrier of the search) was ordered by the leader after
+        // `ordered_at`: the first look needs no barrier of its own, and mostly came with
+        // the create. A grant's validity runs from such a point, never from a read a
+        // cut-off follower may answer from its own copy.
+        let mut first = Some((ordered_at, children));
         loop {
-            let (listed_at, listed) = match ordered_at.take() {
-                Some(at) => (
+            let (listed_at, listed) = match first.take() {
+                Some((at, Some(children))) => (at, Ok(Ok(children))),
+                Some((at, None)) => (
                     at,
                     self.session
                         .call("list lock nodes", live.client.list_children(dir))
@@ -247,17 +268,17 @@ impl<'a> Queue<'a> {
         }
     }
 
-    /// Creates the ephemeral sequential node `<dir>/<marker><seq>`; after a connection
-    /// loss, finds it by its marker (owned by this session) instead of creating another.
-    /// Returns its name, its czxid and an instant before a point the leader ordered after
-    /// the node existed (the create, or the barrier of the search).
+    /// Creates the ephemeral sequential node `<dir>/<marker><seq>` and lists `dir` right
+    /// behind it, both sent before either reply (one round trip); after a connection
+    /// loss, finds the node by its marker (owned by this session) instead of creating
+    /// another.
     async fn create(
         &self,
         live: &Live,
         dir: &str,
         marker: &str,
         pending: &mut CleanupOnDrop<QueuedNode>,
-    ) -> Result<(String, u64, Instant), Step> {
+    ) -> Result<Queued, Step> {
         let prefix = format!("{dir}/{marker}");
         let acls = self.acls();
         let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
@@ -265,19 +286,29 @@ impl<'a> Queue<'a> {
         for _ in 0..CREATE_ATTEMPTS {
             pending.state_mut().armed = true;
             let sent_at = Instant::now();
-            let created = self
-                .session
-                .call(
-                    "create lock node",
-                    live.client.create(&prefix, &[], &options),
-                )
-                .await;
+            // The client sends each request when it is called, and the server applies a
+            // session's requests in order: the listing sees the node. Dropped from here
+            // on, the acquire leaves the node to `QueuedNode`'s cleanup, whose search is
+            // sent after both.
+            let created = live.client.create(&prefix, &[], &options);
+            let listed = live.client.list_children(dir);
+            let (created, listed) = tokio::join!(
+                self.session.call("create lock node", created),
+                self.session.call("list lock nodes", listed),
+            );
             let lost = match created {
                 Ok(Ok((stat, sequence))) => {
                     let name = format!("{marker}{sequence}");
                     pending.state_mut().node = Some(format!("{dir}/{name}"));
-                    return Ok((name, fencing(stat.czxid)?, sent_at));
+                    return Ok(Queued {
+                        name,
+                        czxid: fencing(stat.czxid)?,
+                        ordered_at: sent_at,
+                        // A failed listing is repeated by the caller.
+                        children: listed.ok().and_then(Result::ok),
+                    });
                 }
+                // No directory: the listing failed alike. Both are sent again.
                 Ok(Err(zk::Error::NoNode)) => {
                     self.make_parents(live, dir).await?;
                     continue;
@@ -290,9 +321,14 @@ impl<'a> Queue<'a> {
             loop {
                 let searched_at = Instant::now();
                 match self.find_own(live, dir, marker).await {
-                    Ok(Some((name, czxid))) => {
+                    Ok(Some((name, czxid, children))) => {
                         pending.state_mut().node = Some(format!("{dir}/{name}"));
-                        return Ok((name, czxid, searched_at));
+                        return Ok(Queued {
+                            name,
+                            czxid,
+                            ordered_at: searched_at,
+                            children: Some(children),
+                        });
                     }
                     Ok(None) => break,
                     Err(step) => self.tolerate(live, step, &mut losses).await?,
@@ -306,22 +342,23 @@ impl<'a> Queue<'a> {
         }))
     }
 
-    /// Our node in `dir` (by marker), if it exists and belongs to this session. Looked
-    /// for after a barrier: the server we talk to now may not have applied yet a create
-    /// that another one forwarded before the connection broke.
+    /// Our node in `dir` (by marker) with its czxid and the listing it was found in, if
+    /// it exists and belongs to this session. Looked for after a barrier: the server we
+    /// talk to now may not have applied yet a create that another one forwarded before
+    /// the connection broke.
     async fn find_own(
         &self,
         live: &Live,
         dir: &str,
         marker: &str,
-    ) -> Result<Option<(String, u64)>, Step> {
+    ) -> Result<Option<(String, u64, Vec<String>)>, Step> {
         let children = match ordered_children(self.session, live, dir, dir).await {
             Ok(Ok(children)) => children,
             Ok(Err(zk::Error::NoNode)) => return Ok(None),
             Ok(Err(err)) => return Err(step(err, "list lock nodes")),
             Err(err) => return Err(Step::Retry(err)),
         };
-        let Some(name) = children.into_iter().find(|c| c.starts_with(marker)) else {
+        let Some(name) = children.iter().find(|c| c.starts_with(marker)).cloned() else {
             return Ok(None);
         };
         let path = format!("{dir}/{name}");
@@ -331,7 +368,7 @@ impl<'a> Queue<'a> {
             .await
         {
             Ok(Ok((_, stat))) if stat.ephemeral_owner == live.session_id() => {
-                Ok(Some((name, fencing(stat.czxid)?)))
+                Ok(Some((name, fencing(stat.czxid)?, children)))
             }
             // Not this session's: never adopt it.
             Ok(Ok(_)) | Ok(Err(zk::Error::NoNode)) => Ok(None),
