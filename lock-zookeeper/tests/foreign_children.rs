@@ -6,10 +6,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{create_persistent, unique_name, with_ttl, ZkFactory, BASE};
+use common::{create_persistent, hand_over, unique_name, with_ttl, ZkFactory, BASE};
 use lock_core::{DistributedLockExt, ReleaseOutcome};
 use lock_zookeeper::lock_dir;
-use tokio::time::sleep;
 
 /// Names that are not lock nodes, some of which sort before any sequence number.
 const FOREIGN: &[&str] = &["foo", "lock-abc", "lock-", "x-lock-0", "0000000000"];
@@ -40,24 +39,7 @@ async fn foreign_children_of_a_lock_directory_are_not_queued() {
         second.try_lock(lock.as_str()).await.expect("try").is_none(),
         "a second holder"
     );
-    let waiting = tokio::spawn({
-        let (second, lock) = (second.clone(), lock.clone());
-        async move {
-            second
-                .lock_timeout(lock.as_str(), Duration::from_secs(10))
-                .await
-        }
-    });
-    sleep(Duration::from_millis(300)).await;
-    assert!(!waiting.is_finished(), "the waiter waits for the holder");
-    assert_eq!(
-        guard.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
-    let next = waiting
-        .await
-        .expect("the waiting task")
-        .expect("the waiter gets the lock after the release");
+    let next = hand_over(guard, &second, &lock).await;
     assert_eq!(
         next.release().await.expect("release"),
         ReleaseOutcome::Released

@@ -1,11 +1,13 @@
-//! Digest authentication, creator-only ACLs, chroot, and credentials never printed.
+//! Digest authentication, creator-only ACLs, a lock directory without write permission,
+//! chroot, and credentials never printed.
 
 mod common;
 
 use std::time::Duration;
 
-use common::ZkFactory;
+use common::{create_persistent, hand_over, queue, unique_name, with_ttl, ZkFactory, BASE};
 use lock_core::{DistributedLockExt, ErrorKind, ReleaseOutcome};
+use lock_zookeeper::lock_dir;
 use zookeeper_client as zk;
 
 const PASSWORD: &str = "s3cret!pw";
@@ -78,6 +80,54 @@ async fn digest_auth_with_creator_acl() {
         .expect("try")
         .expect("free after release");
     next.release().await.expect("release");
+}
+
+/// A lock directory whose ACL lets anyone create, read and delete its children but not
+/// write its data still excludes and hands over: the create that would count its
+/// children with a `setData` is refused, and creates are listed instead. The directory's
+/// data is never written, and the fencing token is still the node's czxid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_directory_without_write_permission() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let admin = factory.admin();
+    let lock = unique_name("no_write");
+    let dir = lock_dir(BASE, &lock);
+    create_persistent(admin, [BASE.to_owned()]).await;
+    let no_write = [zk::Acl::new(
+        zk::Permission::READ | zk::Permission::CREATE | zk::Permission::DELETE,
+        zk::AuthId::anyone(),
+    )];
+    admin
+        .create(
+            &dir,
+            &[],
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::new(&no_write)),
+        )
+        .await
+        .expect("create the lock directory");
+    let first = factory.zk_client(with_ttl(Duration::from_secs(10))).await;
+    let second = factory.zk_client(with_ttl(Duration::from_secs(10))).await;
+
+    for round in 0..2 {
+        let guard = first
+            .try_lock(lock.as_str())
+            .await
+            .expect("try")
+            .expect("a free lock");
+        let nodes = queue(admin, &lock).await;
+        let (_, stat) = admin
+            .get_data(&format!("{dir}/{}", nodes[0]))
+            .await
+            .expect("read lock node");
+        assert_eq!(guard.fencing_token().0, stat.czxid as u64, "round {round}");
+        assert!(second.try_lock(lock.as_str()).await.expect("try").is_none());
+        let next = hand_over(guard, &second, &lock).await;
+        next.release().await.expect("release");
+    }
+    let stat = admin.check_stat(&dir).await.expect("stat").expect("exists");
+    assert_eq!(stat.version, 0, "the directory's data was never written");
 }
 
 /// With `chroot`, every path is below it; a client without it is a different lock space.

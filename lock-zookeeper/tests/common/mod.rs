@@ -12,7 +12,10 @@ use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use conformance::harness::{or_skip, Deployment, ZkEnsemble, ZkOptions, ZkServer, ZooKeeper};
 use conformance::proxy::FaultProxy;
 use conformance::{connect_patiently, Crash, Factory};
-use lock_core::{DistributedLock, LockGuard, LockName, LockOptions, LockState};
+use lock_core::{
+    DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions, LockState,
+    ReleaseOutcome,
+};
 use lock_zookeeper::{lock_dir, queue_order, ZkConfig, ZkLock};
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -89,6 +92,29 @@ pub async fn create_persistent(admin: &zk::Client, paths: impl IntoIterator<Item
             Err(err) => panic!("create {path}: {err}"),
         }
     }
+}
+
+/// Hands lock `name` from `guard` to `waiter`: starts `waiter`'s wait in a task, checks
+/// that it is still waiting 300 ms later, releases `guard` and returns the waiter's guard.
+pub async fn hand_over(guard: LockGuard, waiter: &Arc<ZkLock>, name: &LockName) -> LockGuard {
+    let waiting = tokio::spawn({
+        let (waiter, name) = (Arc::clone(waiter), name.clone());
+        async move {
+            waiter
+                .lock_timeout(name.as_str(), Duration::from_secs(10))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the waiter waits for the holder");
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    waiting
+        .await
+        .expect("the waiting task")
+        .expect("the waiter gets the lock after the release")
 }
 
 /// Options with `ttl`.
