@@ -2,6 +2,7 @@
 //! machinery, and replaces an expired session with a new one (a new epoch).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -74,6 +75,9 @@ pub(crate) struct Session {
     config: ZkConfig,
     current: Mutex<Current>,
     status: watch::Sender<SessionStatus>,
+    /// A lock directory refused the `setData` of a counted create (no WRITE permission):
+    /// creates are listed instead from then on.
+    counting_refused: AtomicBool,
 }
 
 impl Session {
@@ -93,6 +97,7 @@ impl Session {
                 epoch: 1,
             }),
             status: watch::Sender::new(status),
+            counting_refused: AtomicBool::new(false),
         });
         tokio::spawn(monitor(Arc::downgrade(&session), client.state_watcher(), 1));
         Ok(session)
@@ -120,15 +125,25 @@ impl Session {
         self.status.subscribe()
     }
 
+    /// Whether a create may count the lock directory's children (see `Queue::create`).
+    pub(crate) fn counts_children(&self) -> bool {
+        !self.counting_refused.load(Ordering::Relaxed)
+    }
+
+    /// A lock directory refused to be counted: list after creates from now on.
+    pub(crate) fn stop_counting(&self) {
+        self.counting_refused.store(true, Ordering::Relaxed);
+    }
+
     /// The configuration.
     pub(crate) fn config(&self) -> &ZkConfig {
         &self.config
     }
 
     /// Runs one request with the configured request timeout.
-    pub(crate) async fn call<T, F>(&self, what: &str, request: F) -> Result<Result<T, zk::Error>>
+    pub(crate) async fn call<T, E, F>(&self, what: &str, request: F) -> Result<Result<T, E>>
     where
-        F: Future<Output = Result<T, zk::Error>>,
+        F: Future<Output = Result<T, E>>,
     {
         let limit = self.config.options.request_timeout;
         timeout(limit, request)
