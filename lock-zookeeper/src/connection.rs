@@ -141,10 +141,7 @@ impl Session {
     }
 
     /// Runs one request with the configured request timeout.
-    pub(crate) async fn call<T, E, F>(&self, what: &str, request: F) -> Result<Result<T, E>>
-    where
-        F: Future<Output = Result<T, E>>,
-    {
+    pub(crate) async fn call<F: Future>(&self, what: &str, request: F) -> Result<F::Output> {
         let limit = self.config.options.request_timeout;
         timeout(limit, request)
             .await
