@@ -171,9 +171,17 @@ impl<B: Backend> Keeper<B> {
             table.reentrant.insert((name.clone(), owner.clone()), id);
         }
         entry.refresh_state(table.session_suspended);
+        // The keeper task is woken only if its own next wake-up would come too late
+        // for this hold (a task hop per acquire otherwise, and a re-plan of every hold).
+        let wake = match (entry.attention(valid_until, now), table.planned_wake) {
+            (Attention::At(at), Some(planned)) => planned > at,
+            _ => true,
+        };
         table.holds.insert(id, entry);
         drop(table);
-        self.wake();
+        if wake {
+            self.wake();
+        }
         Ok(LockGuard::new(info, me))
     }
 }

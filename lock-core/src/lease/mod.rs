@@ -157,7 +157,7 @@ mod table;
 
 use release::UnfinishedRelease;
 use renewal::run_keeper;
-use table::{Entry, HoldEnd, Table, Unref};
+use table::{Attention, Entry, HoldEnd, Table, Unref};
 
 enum Command<B: Backend> {
     /// Re-plan the schedule.
