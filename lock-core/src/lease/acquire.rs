@@ -131,7 +131,6 @@ impl<B: Backend> Keeper<B> {
         let renewal = options.renewal.unwrap_or(self.options.renewal);
         let cap = options.max_hold.or(self.options.max_hold);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (state, _) = watch::channel(LockState::Held);
         let info = Arc::new(HoldInfo {
             id,
             name: name.clone(),
@@ -139,7 +138,7 @@ impl<B: Backend> Keeper<B> {
             fencing_token: acquired.fencing_token,
             acquired_at: acquired.requested_at,
             valid_until: Arc::new(AtomicInstant::new(self.base, valid_until)),
-            state,
+            state: Mutex::new(StateSlot::new(LockState::Held)),
         });
         let entry = Entry {
             info: Arc::clone(&info),

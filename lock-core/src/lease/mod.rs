@@ -22,7 +22,7 @@ use crate::backend::{
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{
-    AtomicInstant, HoldInfo, HoldOps, LockGuard, LockState, LostReason, ReleaseOutcome,
+    AtomicInstant, HoldInfo, HoldOps, LockGuard, LockState, LostReason, ReleaseOutcome, StateSlot,
 };
 use crate::lock::{check_wait, DistributedLock};
 use crate::name::LockName;
