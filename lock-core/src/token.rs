@@ -2,20 +2,25 @@
 //! reentrancy.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// The unique token of one acquisition; release and extend compare it on the server.
+/// Cloning shares the text.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct OwnerToken(String);
+pub struct OwnerToken(Arc<str>);
 
 impl OwnerToken {
     /// A fresh random token (UUID v4).
     pub fn generate() -> Self {
-        OwnerToken(uuid::Uuid::new_v4().to_string())
+        let mut text = uuid::Uuid::encode_buffer();
+        OwnerToken(Arc::from(
+            &*uuid::Uuid::new_v4().hyphenated().encode_lower(&mut text),
+        ))
     }
 
     /// A token with a given value, for backends that read one back from the server.
     pub fn from_string(value: String) -> Self {
-        OwnerToken(value)
+        OwnerToken(Arc::from(value))
     }
 
     /// The token text.
