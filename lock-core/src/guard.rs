@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -12,6 +12,7 @@ use tokio::time::Instant;
 
 use crate::error::Result;
 use crate::name::LockName;
+use crate::raw::lock_unpoisoned;
 use crate::token::{FencingToken, OwnerToken};
 
 /// The state of a hold.
@@ -158,29 +159,58 @@ pub(crate) struct HoldInfo {
     pub(crate) fencing_token: FencingToken,
     pub(crate) acquired_at: Instant,
     pub(crate) valid_until: Arc<AtomicInstant>,
-    pub(crate) state: watch::Sender<LockState>,
+    pub(crate) state: Mutex<StateSlot>,
+}
+
+/// The state of a hold, and the channel of its watches. The channel is made when the
+/// first watch is taken and dropped when no watch is left: most holds are released
+/// unwatched, and then they neither allocate one nor notify anybody.
+#[derive(Debug)]
+pub(crate) struct StateSlot {
+    current: LockState,
+    watchers: Option<watch::Sender<LockState>>,
+}
+
+impl StateSlot {
+    pub(crate) fn new(current: LockState) -> Self {
+        StateSlot {
+            current,
+            watchers: None,
+        }
+    }
 }
 
 impl HoldInfo {
     pub(crate) fn state(&self) -> LockState {
-        *self.state.borrow()
+        lock_unpoisoned(&self.state).current
     }
 
     /// Moves to `next` unless already lost (Lost is terminal). Returns whether it changed.
     pub(crate) fn transition(&self, next: LockState) -> bool {
-        self.state.send_if_modified(|state| {
-            if state.is_lost() || *state == next {
-                false
+        let mut slot = lock_unpoisoned(&self.state);
+        if slot.current.is_lost() || slot.current == next {
+            return false;
+        }
+        slot.current = next;
+        if let Some(watchers) = &slot.watchers {
+            if watchers.receiver_count() == 0 {
+                slot.watchers = None;
             } else {
-                *state = next;
-                true
+                watchers.send_replace(next);
             }
-        })
+        }
+        true
     }
 
     pub(crate) fn watch(&self) -> LockWatch {
+        let mut slot = lock_unpoisoned(&self.state);
+        let current = slot.current;
+        let state = slot
+            .watchers
+            .get_or_insert_with(|| watch::Sender::new(current))
+            .subscribe();
         LockWatch {
-            state: self.state.subscribe(),
+            state,
             valid_until: Arc::clone(&self.valid_until),
         }
     }

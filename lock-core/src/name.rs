@@ -2,6 +2,7 @@
 //! to map a name onto a key, path or prefix without collisions.
 
 use std::fmt;
+use std::sync::Arc;
 
 use crate::error::{Error, Result};
 
@@ -14,8 +15,10 @@ pub const MAX_NAME_BYTES: usize = 512;
 /// Any other character is allowed, `/` included: each backend escapes what its
 /// key space reserves, so two different names never map to the same lock
 /// (`jobs` and `jobs/daily` are independent locks everywhere).
+///
+/// Cloning shares the text (a hold keeps its name in several places).
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct LockName(String);
+pub struct LockName(Arc<str>);
 
 impl LockName {
     /// Validates `name`.
@@ -43,7 +46,7 @@ impl LockName {
                 format!("control character {c:?} is not allowed"),
             ));
         }
-        Ok(LockName(name))
+        Ok(LockName(Arc::from(name)))
     }
 
     /// The name as given.

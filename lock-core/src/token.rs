@@ -2,20 +2,25 @@
 //! reentrancy.
 
 use std::fmt;
+use std::sync::Arc;
 
 /// The unique token of one acquisition; release and extend compare it on the server.
+/// Cloning shares the text.
 #[derive(Clone, PartialEq, Eq, Hash)]
-pub struct OwnerToken(String);
+pub struct OwnerToken(Arc<str>);
 
 impl OwnerToken {
-    /// A fresh random token (UUID v4).
+    /// A fresh random token (UUID v4), drawn from the thread's cryptographically secure
+    /// generator (seeded by the operating system) rather than by a system call each.
     pub fn generate() -> Self {
-        OwnerToken(uuid::Uuid::new_v4().to_string())
+        let uuid = uuid::Builder::from_random_bytes(rand::random()).into_uuid();
+        let mut text = uuid::Uuid::encode_buffer();
+        OwnerToken(Arc::from(&*uuid.hyphenated().encode_lower(&mut text)))
     }
 
     /// A token with a given value, for backends that read one back from the server.
     pub fn from_string(value: String) -> Self {
-        OwnerToken(value)
+        OwnerToken(Arc::from(value))
     }
 
     /// The token text.
@@ -90,5 +95,21 @@ impl From<String> for OwnerId {
 impl fmt::Display for OwnerId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_tokens_are_distinct_version_4_uuids() {
+        let tokens = [OwnerToken::generate(), OwnerToken::generate()];
+        assert_ne!(tokens[0], tokens[1]);
+        for token in &tokens {
+            let parsed = uuid::Uuid::parse_str(token.as_str()).expect("a UUID");
+            assert_eq!(parsed.get_version_num(), 4);
+            assert_eq!(parsed.hyphenated().to_string(), token.as_str());
+        }
     }
 }

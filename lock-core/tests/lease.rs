@@ -14,7 +14,8 @@ use lock_core::raw::{
     SessionStatus,
 };
 use lock_core::{
-    Capabilities, DistributedLockExt, LockOptions, LockState, LostReason, ReleaseOutcome, Result,
+    AcquireOptions, Capabilities, DistributedLock, DistributedLockExt, LockName, LockOptions,
+    LockState, LostReason, ReleaseOutcome, Result,
 };
 use tokio::sync::watch;
 use tokio::time::{sleep, timeout, Instant};
@@ -235,4 +236,49 @@ async fn concurrent_reentrant_acquires_share_one_hold() {
         .await
         .unwrap()
         .is_some());
+}
+
+/// A hold that needs the watchdog sooner than the holds already tracked (a shorter TTL, a
+/// nearer hold cap) is renewed, or capped, on its own schedule, not theirs.
+#[tokio::test]
+async fn a_sooner_hold_is_watched_on_its_own_schedule() {
+    let (client, probe) = instrumented(Duration::from_secs(30));
+    let long = client.try_lock("sooner/long").await.unwrap().expect("free");
+    // The watchdog has planned its next look a third of 30 s away.
+    sleep(Duration::from_millis(50)).await;
+    let ttl = Duration::from_millis(150);
+    let short = client
+        .acquire(
+            &LockName::new("sooner/short").unwrap(),
+            &AcquireOptions::try_once().with_ttl(ttl),
+        )
+        .await
+        .unwrap()
+        .expect("free");
+    let capped = client
+        .acquire(
+            &LockName::new("sooner/capped").unwrap(),
+            &AcquireOptions::try_once().with_max_hold(Duration::from_millis(200)),
+        )
+        .await
+        .unwrap()
+        .expect("free");
+    let first_deadline = short.valid_until();
+    let mut capped_watch = capped.watch();
+    let reason = timeout(Duration::from_secs(5), capped_watch.lost())
+        .await
+        .expect("the hold cap ends the capped hold");
+    assert_eq!(reason, LostReason::HoldCapReached);
+    sleep(ttl * 3).await;
+    assert_eq!(short.state(), LockState::Held);
+    assert!(
+        short.valid_until() > first_deadline,
+        "the short hold was renewed"
+    );
+    assert!(probe.renew_calls.load(Ordering::SeqCst) >= 2);
+    assert_eq!(long.state(), LockState::Held);
+    for guard in [long, short] {
+        assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
+    }
+    drop(capped);
 }

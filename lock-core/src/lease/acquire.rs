@@ -131,7 +131,6 @@ impl<B: Backend> Keeper<B> {
         let renewal = options.renewal.unwrap_or(self.options.renewal);
         let cap = options.max_hold.or(self.options.max_hold);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let (state, _) = watch::channel(LockState::Held);
         let info = Arc::new(HoldInfo {
             id,
             name: name.clone(),
@@ -139,7 +138,7 @@ impl<B: Backend> Keeper<B> {
             fencing_token: acquired.fencing_token,
             acquired_at: acquired.requested_at,
             valid_until: Arc::new(AtomicInstant::new(self.base, valid_until)),
-            state,
+            state: Mutex::new(StateSlot::new(LockState::Held)),
         });
         let entry = Entry {
             info: Arc::clone(&info),
@@ -171,9 +170,17 @@ impl<B: Backend> Keeper<B> {
             table.reentrant.insert((name.clone(), owner.clone()), id);
         }
         entry.refresh_state(table.session_suspended);
+        // The keeper task is woken only if its own next wake-up would come too late
+        // for this hold (a task hop per acquire otherwise, and a re-plan of every hold).
+        let wake = match (entry.attention(valid_until, now), table.planned_wake) {
+            (Attention::At(at), Some(planned)) => planned > at,
+            _ => true,
+        };
         table.holds.insert(id, entry);
         drop(table);
-        self.wake();
+        if wake {
+            self.wake();
+        }
         Ok(LockGuard::new(info, me))
     }
 }

@@ -22,7 +22,7 @@ use crate::backend::{
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{
-    AtomicInstant, HoldInfo, HoldOps, LockGuard, LockState, LostReason, ReleaseOutcome,
+    AtomicInstant, HoldInfo, HoldOps, LockGuard, LockState, LostReason, ReleaseOutcome, StateSlot,
 };
 use crate::lock::{check_wait, DistributedLock};
 use crate::name::LockName;
@@ -157,7 +157,7 @@ mod table;
 
 use release::UnfinishedRelease;
 use renewal::run_keeper;
-use table::{Entry, HoldEnd, Table, Unref};
+use table::{Attention, Entry, HoldEnd, Table, Unref};
 
 enum Command<B: Backend> {
     /// Re-plan the schedule.

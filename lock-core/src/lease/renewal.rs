@@ -129,15 +129,18 @@ impl<B: Backend> Keeper<B> {
     }
 
     /// Expires holds whose deadline or cap passed, starts a batched renewal of the holds
-    /// that are due, and returns when to look again.
-    fn plan(&self) -> Option<Instant> {
+    /// that are due, and returns when to look again (also recorded as the table's
+    /// [`Table::planned_wake`]).
+    fn plan(&self) -> Instant {
+        /// How long the keeper sleeps with nothing to watch.
+        const IDLE: Duration = Duration::from_secs(3600);
         let now = Instant::now();
         let mut table = self.table();
         let renewing = table
             .renewal
             .as_ref()
             .is_some_and(|task| !task.is_finished());
-        let mut next: Option<Instant> = None;
+        let mut next = now + IDLE;
         let mut due = Vec::new();
         // Holds that ended on the client: removed on the server too, so that backends
         // whose holds live with a session (ZooKeeper, etcd) do not keep them.
@@ -165,22 +168,18 @@ impl<B: Backend> Keeper<B> {
                 ended.push((Arc::clone(&entry.hold), HoldEnd::of(entry)));
                 continue;
             }
-            let mut wake_at = valid_until;
-            if let Some(cap) = entry.cap_at {
-                wake_at = wake_at.min(cap);
-            }
-            if entry.renewal == RenewalMode::Auto {
-                // Renew early rather than twice: batch holds due within a sixth of their TTL.
-                if entry.renew_due <= now + entry.ttl / 6 {
+            let wake_at = match entry.attention(valid_until, now) {
+                Attention::Due { at } => {
                     if !renewing && !entry.renewing {
                         due.push(*id);
                     }
-                } else {
-                    wake_at = wake_at.min(entry.renew_due);
+                    at
                 }
-            }
-            next = Some(next.map_or(wake_at, |n| n.min(wake_at)));
+                Attention::At(at) => at,
+            };
+            next = next.min(wake_at);
         }
+        table.planned_wake = Some(next);
         if !due.is_empty() {
             if let Some(me) = self.arc() {
                 table.renewal = Some(tokio::spawn(me.renew_batch(due)));
@@ -301,7 +300,6 @@ pub(super) async fn run_keeper<B: Backend>(
     mut commands: mpsc::UnboundedReceiver<Command<B>>,
     mut session: Option<watch::Receiver<SessionStatus>>,
 ) {
-    const IDLE: Duration = Duration::from_secs(3600);
     if let (Some(receiver), Some(keeper)) = (&mut session, keeper.upgrade()) {
         let initial = *receiver.borrow_and_update();
         keeper.apply_session(initial);
@@ -311,7 +309,6 @@ pub(super) async fn run_keeper<B: Backend>(
             Some(keeper) => keeper.plan(),
             None => return,
         };
-        let next = next.unwrap_or_else(|| Instant::now() + IDLE);
         tokio::select! {
             command = commands.recv() => match command {
                 None => return,

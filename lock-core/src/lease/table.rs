@@ -58,6 +58,23 @@ impl<H> Entry<H> {
         self.refresh_state(session_suspended);
     }
 
+    /// When the keeper must next look at this hold, whose deadline is `valid_until`:
+    /// [`Attention::Due`] when its automatic renewal is due now (within a sixth of its
+    /// TTL: holds due close together are renewed in one batch, early rather than twice).
+    pub(super) fn attention(&self, valid_until: Instant, now: Instant) -> Attention {
+        let mut at = valid_until;
+        if let Some(cap) = self.cap_at {
+            at = at.min(cap);
+        }
+        if self.renewal == RenewalMode::Auto {
+            if self.renew_due <= now + self.ttl / 6 {
+                return Attention::Due { at };
+            }
+            at = at.min(self.renew_due);
+        }
+        Attention::At(at)
+    }
+
     pub(super) fn refresh_state(&self, session_suspended: bool) {
         let next = if self.renew_failing || session_suspended {
             LockState::Suspect
@@ -76,6 +93,15 @@ impl<H> Entry<H> {
             _ => None,
         }
     }
+}
+
+/// See [`Entry::attention`].
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Attention {
+    /// Renew now; if that cannot start, look again at `at` at the latest.
+    Due { at: Instant },
+    /// Nothing to do before this instant.
+    At(Instant),
 }
 
 /// When a hold ends on the server by itself.
@@ -114,6 +140,10 @@ pub(super) struct Table<H> {
     /// The last session status, for backends with sessions.
     pub(super) session: Option<SessionStatus>,
     pub(super) renewal: Option<JoinHandle<()>>,
+    /// When the keeper task wakes up next by itself, as its last plan set (under this
+    /// table's lock); `None` before its first plan. A new hold that needs no attention
+    /// before then is left for that wake-up, without waking the task now.
+    pub(super) planned_wake: Option<Instant>,
 }
 
 impl<H> Default for Table<H> {
@@ -124,6 +154,7 @@ impl<H> Default for Table<H> {
             session_suspended: false,
             session: None,
             renewal: None,
+            planned_wake: None,
         }
     }
 }
