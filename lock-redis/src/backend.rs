@@ -20,8 +20,8 @@ use tokio::time::Instant;
 use crate::config::RedisConfig;
 use crate::connection::{redis_client, Node, Subscription, Wakeups};
 use crate::error;
-use crate::hold::{ttl_millis, RedisHold, WakeKeys};
-use crate::layout::KeyLayout;
+use crate::hold::{ttl_millis, HoldKeys, RedisHold, WakeKeys};
+use crate::layout::{self, KeyLayout};
 use crate::queue::QueueTimes;
 
 /// Shortest TTL accepted on one server.
@@ -250,20 +250,23 @@ impl RedisBackend {
 
     fn hold(&self, request: &AcquireRequest<'_>) -> RedisHold {
         let keys = &self.inner.keys;
+        let key = keys.lock_key(request.name);
         let wake = if self.inner.config.queue {
             WakeKeys::Queue {
-                queue: keys.queue_key(request.name),
-                live: keys.queue_live_key(request.name),
+                queue: keys.side_key(&key, layout::QUEUE),
+                live: keys.side_key(&key, layout::QUEUE_LIVE),
                 waiter: format!("{}/{}", self.inner.client_id, request.token),
             }
         } else {
-            WakeKeys::Channel(keys.wakeup_channel(request.name))
+            WakeKeys::Channel(keys.side_key(&key, layout::RELEASED))
         };
         RedisHold {
             name: request.name.clone(),
-            key: keys.lock_key(request.name),
-            fence_key: keys.fence_key(request.name),
-            wake,
+            keys: Arc::new(HoldKeys {
+                fence_key: keys.side_key(&key, layout::FENCE),
+                key,
+                wake,
+            }),
             token: request.token.clone(),
         }
     }
@@ -355,8 +358,8 @@ impl Inner {
     ) -> redis::ScriptInvocation<'_> {
         let mut invocation = self.scripts.acquire.prepare_invoke();
         invocation
-            .key(&hold.key)
-            .key(&hold.fence_key)
+            .key(&hold.keys.key)
+            .key(&hold.keys.fence_key)
             .arg(hold.token.as_str())
             .arg(ttl_ms)
             .arg(u8::from(count));
@@ -430,12 +433,8 @@ impl Backend for RedisBackend {
             return inner.acquire_queued(&first, &request, &mut pending).await;
         }
         let recheck = inner.config.options.recheck;
-        // Queued (RedLock), the bell is there before the first round when the client's
-        // channel is live, so that no wake-up can be missed.
-        let mut bell: Option<Subscription> = match &first.wake {
-            WakeKeys::Queue { .. } => inner.wakeups.bell(first.token.as_str(), inner.arbiter),
-            WakeKeys::Channel(_) => None,
-        };
+        let mut bell: Option<Subscription> = None;
+        let epoch = inner.wakeups.epoch();
         let mut round = 0u64;
         loop {
             if let Some(bell) = bell.as_mut() {
@@ -471,18 +470,17 @@ impl Backend for RedisBackend {
                 }
                 Attempt::Held(retry_in) => retry_in.min(recheck).max(Duration::from_millis(1)),
             };
-            match bell.as_mut() {
-                Some(bell) => bell.wait(nap, inner.queue_times.window).await,
+            match (bell.as_mut(), &first.keys.wake) {
+                (Some(bell), _) => bell.wait(nap, inner.queue_times.window).await,
+                // Queued: the bell also rings with what came for this waiter before it.
+                (None, WakeKeys::Queue { .. }) => {
+                    let token = first.token.as_str();
+                    let queued = bell.insert(inner.wakeups.enlist(token, inner.arbiter, epoch));
+                    queued.wait(nap, inner.queue_times.window).await;
+                }
                 // The bell rings once the subscription is live; the next attempt right
                 // away covers a release published before.
-                None => {
-                    bell = Some(match &first.wake {
-                        WakeKeys::Queue { .. } => {
-                            inner.wakeups.enlist(first.token.as_str(), inner.arbiter)
-                        }
-                        WakeKeys::Channel(channel) => inner.wakeups.join(channel),
-                    });
-                }
+                (None, WakeKeys::Channel(channel)) => bell = Some(inner.wakeups.join(channel)),
             }
         }
     }

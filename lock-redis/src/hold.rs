@@ -3,6 +3,7 @@
 //! (compare-and-DEL plus a wake-up of the head of the queue, or a publish to the name's
 //! channel without the queue) and how a majority of answers decides each.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
@@ -21,10 +22,17 @@ const RENEW_CHUNK: usize = 1000;
 #[derive(Debug, Clone)]
 pub struct RedisHold {
     pub(crate) name: LockName,
+    /// Shared by the copies of a hold (and by the rounds of a RedLock acquisition).
+    pub(crate) keys: Arc<HoldKeys>,
+    pub(crate) token: OwnerToken,
+}
+
+/// The keys of a hold.
+#[derive(Debug)]
+pub(crate) struct HoldKeys {
     pub(crate) key: String,
     pub(crate) fence_key: String,
     pub(crate) wake: WakeKeys,
-    pub(crate) token: OwnerToken,
 }
 
 /// How the waiters of a name learn of its release.
@@ -50,7 +58,7 @@ impl RedisHold {
 
     /// The lock key.
     pub fn key(&self) -> &str {
-        &self.key
+        &self.keys.key
     }
 
     /// The owner token stored in the lock key. On RedLock, an acquisition that needed
@@ -61,7 +69,7 @@ impl RedisHold {
 
     /// The id of the acquisition in the waiter queue ("" without the queue).
     pub(crate) fn waiter(&self) -> &str {
-        match &self.wake {
+        match &self.keys.wake {
             WakeKeys::Queue { waiter, .. } => waiter,
             WakeKeys::Channel(_) => "",
         }
@@ -119,7 +127,7 @@ impl Inner {
                 let mut invocation = self.scripts.renew.prepare_invoke();
                 for item in chunk {
                     invocation
-                        .key(&item.hold.key)
+                        .key(&item.hold.keys.key)
                         .arg(item.hold.token.as_str())
                         .arg(ttl_millis(item.ttl));
                 }
@@ -205,14 +213,14 @@ impl Inner {
     ) -> Vec<Result<i64>> {
         // With the queue, the server that orders the waiters (the only one on `redis://`)
         // runs the queue's release, which wakes the head; the others a plain release.
-        let (queued, channel) = match &hold.wake {
+        let (queued, channel) = match &hold.keys.wake {
             WakeKeys::Queue { .. } => (Some(self.release_q_invocation(hold, leave)), ""),
             WakeKeys::Channel(channel) => (None, channel.as_str()),
         };
         let plain = (queued.is_none() || self.nodes.len() > 1).then(|| {
             let mut invocation = self.scripts.release.prepare_invoke();
             invocation
-                .key(&hold.key)
+                .key(&hold.keys.key)
                 .arg(hold.token.as_str())
                 .arg(channel);
             invocation

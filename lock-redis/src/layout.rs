@@ -3,6 +3,15 @@
 use lock_core::raw::escape;
 use lock_core::LockName;
 
+/// Suffix of the fencing counter beside a lock key.
+pub(crate) const FENCE: &str = "fence";
+/// Suffix of the waiter queue.
+pub(crate) const QUEUE: &str = "q";
+/// Suffix of the waiters' liveness deadlines.
+pub(crate) const QUEUE_LIVE: &str = "qlive";
+/// Suffix of the wake-up channel of a name (without the queue).
+pub(crate) const RELEASED: &str = "released";
+
 /// How lock names map onto Redis keys.
 ///
 /// - lock key: `<prefix><name>`, a plain string holding the owner token, with `%`, `{`
@@ -39,17 +48,28 @@ impl KeyLayout {
 
     /// The fencing counter of `name`.
     pub fn fence_key(&self, name: &LockName) -> String {
-        format!("{}{{{}}}:fence", self.prefix, self.lock_key(name))
+        self.side_key(&self.lock_key(name), FENCE)
+    }
+
+    /// The key or channel `<prefix>{<lock key>}:<suffix>` beside lock key `lock_key`.
+    pub(crate) fn side_key(&self, lock_key: &str, suffix: &str) -> String {
+        let mut key = String::with_capacity(self.prefix.len() + lock_key.len() + suffix.len() + 3);
+        key.push_str(&self.prefix);
+        key.push('{');
+        key.push_str(lock_key);
+        key.push_str("}:");
+        key.push_str(suffix);
+        key
     }
 
     /// The waiter queue of `name` (ids by arrival ticket).
     pub fn queue_key(&self, name: &LockName) -> String {
-        format!("{}{{{}}}:q", self.prefix, self.lock_key(name))
+        self.side_key(&self.lock_key(name), QUEUE)
     }
 
     /// The liveness deadlines of the waiters of `name` (ids by server time in ms).
     pub fn queue_live_key(&self, name: &LockName) -> String {
-        format!("{}{{{}}}:qlive", self.prefix, self.lock_key(name))
+        self.side_key(&self.lock_key(name), QUEUE_LIVE)
     }
 
     /// What precedes a client id in the name of its wake-up channel.
@@ -59,7 +79,7 @@ impl KeyLayout {
 
     /// The channel on which a release of `name` is published (without the queue).
     pub fn wakeup_channel(&self, name: &LockName) -> String {
-        format!("{}{{{}}}:released", self.prefix, self.lock_key(name))
+        self.side_key(&self.lock_key(name), RELEASED)
     }
 }
 

@@ -16,6 +16,7 @@ use lock_core::{FencingToken, Result};
 use tokio::time::Instant;
 
 use crate::backend::{pttl_wait, Abandoned, Inner};
+use crate::connection::Subscription;
 use crate::error;
 use crate::hold::{ttl_millis, RedisHold, WakeKeys};
 
@@ -78,8 +79,8 @@ fn queue_invocation<'a>(
     hold: &RedisHold,
 ) -> redis::ScriptInvocation<'a> {
     let mut invocation = script.prepare_invoke();
-    invocation.key(&hold.key).key(&hold.fence_key);
-    if let WakeKeys::Queue { queue, live, .. } = &hold.wake {
+    invocation.key(&hold.keys.key).key(&hold.keys.fence_key);
+    if let WakeKeys::Queue { queue, live, .. } = &hold.keys.wake {
         invocation.key(queue).key(live);
     }
     invocation.arg(hold.token.as_str());
@@ -147,9 +148,8 @@ impl Inner {
     ) -> Result<Option<Acquired<RedisHold>>> {
         let ttl_ms = ttl_millis(request.ttl);
         let token = hold.token.as_str();
-        // When the client's channel is live, the bell is there before the first request,
-        // so that no wake-up can be missed.
-        let mut bell = self.wakeups.bell(token, 0);
+        let mut bell: Option<Subscription> = None;
+        let epoch = self.wakeups.epoch();
         let invocation = self.acquire_q_invocation(hold, ttl_ms, true, request.wait);
         loop {
             if let Some(bell) = bell.as_mut() {
@@ -178,7 +178,7 @@ impl Inner {
                 return Ok(None);
             }
             let nap = self.queued_nap(place, pttl);
-            let bell = bell.get_or_insert_with(|| self.wakeups.enlist(token, 0));
+            let bell = bell.get_or_insert_with(|| self.wakeups.enlist(token, 0, epoch));
             bell.wait(nap, self.queue_times.window).await;
         }
     }

@@ -87,7 +87,7 @@ impl Inner {
         let lease = Duration::from_millis(ttl_ms);
         let node_timeout = self.config.node_timeout_for(ttl);
         let plain = self.acquire_invocation(hold, ttl_ms, false);
-        let queued = matches!(hold.wake, WakeKeys::Queue { .. });
+        let queued = matches!(hold.keys.wake, WakeKeys::Queue { .. });
         let ordered = queued.then(|| self.acquire_q_invocation(hold, ttl_ms, false, wait));
         // The validity is counted from here, before round 1, so it covers both rounds.
         let requested_at = Instant::now();
@@ -242,8 +242,8 @@ impl Inner {
         let quorum = self.quorum;
         let mut write = self.scripts.fence_write.prepare_invoke();
         write
-            .key(&hold.key)
-            .key(&hold.fence_key)
+            .key(&hold.keys.key)
+            .key(&hold.keys.fence_key)
             .arg(hold.token.as_str())
             .arg(fence);
         let deadline = Instant::now() + node_timeout;

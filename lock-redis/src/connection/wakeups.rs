@@ -3,8 +3,9 @@
 //! the client's own channel (a release names the waiter it wakes); without the queue,
 //! waiters listen to the channel of the name they wait for.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -65,7 +66,13 @@ struct Inbox {
     live: Vec<bool>,
     /// Bells by owner token.
     bells: HashMap<String, watch::Sender<Rings>>,
+    /// The latest messages for waiters without a bell yet (a release can wake a waiter
+    /// between its queued attempt and its bell), at most [`UNCLAIMED`].
+    unclaimed: VecDeque<(String, Ring)>,
 }
+
+/// How many messages for waiters without a bell are kept.
+const UNCLAIMED: usize = 256;
 
 struct Registry {
     channels: HashMap<String, Channel>,
@@ -87,6 +94,8 @@ struct Shared {
     nodes: Vec<(String, redis::Client)>,
     request_timeout: Duration,
     registry: Mutex<Registry>,
+    /// How often the client's channel was (re)subscribed.
+    inbox_epoch: AtomicU64,
 }
 
 impl fmt::Debug for Wakeups {
@@ -119,29 +128,27 @@ impl Wakeups {
                         requested: None,
                         live: vec![false; servers],
                         bells: HashMap::new(),
+                        unclaimed: VecDeque::new(),
                     },
                     tasks: (0..servers).map(|_| None).collect(),
                 }),
+                inbox_epoch: AtomicU64::new(0),
             }),
         }
     }
 
-    /// The bell of queued waiter `token`, when the client's channel is already subscribed
-    /// on server `node` (no wake-up can then be missed from now on); `None` otherwise
-    /// (see [`Wakeups::enlist`]).
-    pub(crate) fn bell(&self, token: &str, node: usize) -> Option<Subscription> {
-        let mut registry = lock_unpoisoned(&self.shared.registry);
-        if !registry.inbox.live[node] {
-            return None;
-        }
-        Some(self.inbox_bell(&mut registry, token))
+    /// The client channel's subscription count: taken before a queued attempt and handed
+    /// to [`Wakeups::enlist`] after it.
+    pub(crate) fn epoch(&self) -> u64 {
+        self.shared.inbox_epoch.load(Ordering::Acquire)
     }
 
-    /// The bell of queued waiter `token`, subscribing the client's channel first if needed.
-    /// The bell rings once the subscription is live on server `node` (at once if it is):
-    /// a wake-up published before may have been missed. Must be called inside a tokio
-    /// runtime (it starts the subscriber tasks on first use).
-    pub(crate) fn enlist(&self, token: &str, node: usize) -> Subscription {
+    /// The bell of queued waiter `token`, subscribing the client's channel on server `node`
+    /// first if needed. It rings with the messages for `token` that came before it, and
+    /// once more when the subscription was (re)made since `epoch` (a message may have been
+    /// lost meanwhile) or is not live yet (then when it is). Must be called inside a tokio
+    /// runtime (it starts the subscriber task on first use).
+    pub(crate) fn enlist(&self, token: &str, node: usize, epoch: u64) -> Subscription {
         let mut registry = lock_unpoisoned(&self.shared.registry);
         if registry.inbox.requested.is_none() {
             self.start(&mut registry, node);
@@ -152,18 +159,19 @@ impl Wakeups {
             }
         }
         let live = registry.inbox.live[node];
-        let subscription = self.inbox_bell(&mut registry, token);
-        if live {
-            if let Some(bell) = registry.inbox.bells.get(token) {
-                ring(bell, Ring::Wake);
-            }
-        }
-        subscription
-    }
-
-    fn inbox_bell(&self, registry: &mut Registry, token: &str) -> Subscription {
         let (bell, receiver) = watch::channel(Rings::default());
-        registry.inbox.bells.insert(token.to_owned(), bell);
+        if live && self.epoch() != epoch {
+            ring(&bell, Ring::Wake);
+        }
+        let inbox = &mut registry.inbox;
+        inbox.unclaimed.retain(|(for_token, what)| {
+            let mine = for_token == token;
+            if mine {
+                ring(&bell, *what);
+            }
+            !mine
+        });
+        inbox.bells.insert(token.to_owned(), bell);
         Subscription {
             shared: Arc::clone(&self.shared),
             membership: Membership::Inbox(token.to_owned()),
@@ -241,7 +249,7 @@ impl Registry {
 impl Shared {
     /// A message arrived on `channel`.
     fn deliver(&self, channel: &str, payload: &[u8]) {
-        let registry = lock_unpoisoned(&self.registry);
+        let mut registry = lock_unpoisoned(&self.registry);
         if channel == registry.inbox.channel {
             let (what, token) = match std::str::from_utf8(payload)
                 .ok()
@@ -258,8 +266,15 @@ impl Shared {
                     return;
                 }
             };
-            if let Some(bell) = registry.inbox.bells.get(token) {
-                ring(bell, what);
+            match registry.inbox.bells.get(token) {
+                Some(bell) => ring(bell, what),
+                None => {
+                    let unclaimed = &mut registry.inbox.unclaimed;
+                    if unclaimed.len() == UNCLAIMED {
+                        unclaimed.pop_front();
+                    }
+                    unclaimed.push_back((token.to_owned(), what));
+                }
             }
         } else if let Some(entry) = registry.channels.get(channel) {
             ring(&entry.bell, Ring::Wake);
@@ -271,6 +286,7 @@ impl Shared {
         let mut registry = lock_unpoisoned(&self.registry);
         if channel == registry.inbox.channel {
             registry.inbox.live[index] = true;
+            self.inbox_epoch.fetch_add(1, Ordering::AcqRel);
             for bell in registry.inbox.bells.values() {
                 ring(bell, Ring::Wake);
             }
@@ -285,6 +301,7 @@ impl Shared {
         let mut registry = lock_unpoisoned(&self.registry);
         if registry.inbox.requested == Some(index) {
             registry.inbox.live[index] = true;
+            self.inbox_epoch.fetch_add(1, Ordering::AcqRel);
         }
         let bells = registry.channels.values().map(|c| &c.bell);
         for bell in bells.chain(registry.inbox.bells.values()) {

@@ -12,6 +12,14 @@
 -- A re-sent request (its reply was lost) finds the lock ours or keeps its ticket.
 -- The helpers come from tokens.lua and queue.lua.
 
+-- While nobody queues, a free key is granted at once: the uncontended path, as cheap as
+-- acquire.lua (the full path below would find nothing to drop and nobody ahead).
+if redis.call('EXISTS', QUEUE) == 0 and redis.call('SET', LOCK, ARGV[1], 'NX', 'PX', ARGV[2]) then
+  if ARGV[3] == '1' then
+    return {1, next_token(), 0}
+  end
+  return {1, 0, reading()}
+end
 local now = now_ms()
 evict(now)
 local me = ARGV[4]

@@ -9,6 +9,14 @@
 -- The helpers come from queue.lua.
 
 local holder = redis.call('GET', LOCK)
+-- While nobody queues, nobody is to be woken or dropped: a plain compare-and-delete.
+if ARGV[2] == '' and redis.call('EXISTS', QUEUE) == 0 then
+  if holder == ARGV[1] then
+    redis.call('DEL', LOCK)
+    return 1
+  end
+  return holder == false and 0 or -1
+end
 local status = -1
 if holder == ARGV[1] then
   redis.call('DEL', LOCK)
