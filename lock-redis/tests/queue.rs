@@ -1,7 +1,7 @@
 //! The waiter queue on one server, seen from behind the library: a dead head is passed
-//! over within the hand-off window, dead entries never block, a waiter dropped from the
-//! queue behind its back queues again, and clients with and without the queue exclude
-//! each other on the plain lock key.
+//! over within the hand-off window, a waiter that gives up leaves at once, dead entries
+//! never block, a waiter dropped from the queue behind its back queues again, and clients
+//! with and without the queue exclude each other on the plain lock key.
 
 mod common;
 
@@ -139,6 +139,53 @@ async fn a_dead_head_is_passed_over_within_the_window() {
         "the dead head was dropped"
     );
     next.release().await.expect("release");
+}
+
+/// A waiter that gives up (its acquire times out or is dropped) leaves the queue at once:
+/// the waiter behind it is woken by the next release directly, not after a hand-off window.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_head_leaves_at_once() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let lock = name("cancelled_head");
+    let holder = client(&factory, true).await;
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    let first = client(&factory, true).await;
+    let giving_up = tokio::spawn({
+        let lock = lock.clone();
+        async move {
+            first
+                .lock_timeout(lock.as_str(), Duration::from_millis(700))
+                .await
+        }
+    });
+    until_queued(&mut conn, &lock, 1).await;
+    let second = client(&factory, true).await;
+    let waiting = tokio::spawn({
+        let lock = lock.clone();
+        async move { second.lock(lock.as_str()).await.expect("second acquires") }
+    });
+    until_queued(&mut conn, &lock, 2).await;
+    let gave_up = giving_up.await.expect("first task");
+    assert!(gave_up.is_err(), "the first waiter times out: {gave_up:?}");
+    until_queued(&mut conn, &lock, 1).await;
+    let released_at = Instant::now();
+    guard.release().await.expect("release");
+    let next = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the second waiter gets the lock")
+        .expect("waiter task");
+    let after = released_at.elapsed();
+    println!("takeover {after:?} after the release (window 500 ms)");
+    assert!(
+        after < Duration::from_millis(400),
+        "woken by the release itself, not after the window: {after:?}"
+    );
+    next.release().await.expect("release");
+    let left = factory.leftovers(&[lock]).await;
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// Entries whose deadline passed are dropped by the next script that looks: a queue of
