@@ -41,6 +41,14 @@ pub(super) fn holder_partitioned(_: Topology) -> Expect {
 
 pub(super) fn follower_partition(topology: Topology) -> Expect {
     match topology {
+        Quorum {
+            reported_activity: true,
+            ..
+        } => Expect::FencedOnly(
+            "the leader counts a session's activity at a follower only when the follower \
+             reports it (every half tick): cut off right after a renewal it had not reported, \
+             the session ends up to that much before the holder's lease",
+        ),
         Quorum { .. } => Expect::Safe,
         _ => Expect::NotApplicable("needs a consensus cluster"),
     }

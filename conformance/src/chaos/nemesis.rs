@@ -80,7 +80,7 @@ pub async fn nemesis(
             }
             _ => {
                 let which: Vec<usize> = match topology {
-                    Topology::Quorum { members } | Topology::Independent { nodes: members } => {
+                    Topology::Quorum { members, .. } | Topology::Independent { nodes: members } => {
                         vec![rng.random_range(0..members)]
                     }
                     _ => (0..servers.len()).collect(),

@@ -28,6 +28,11 @@ pub enum Topology {
     Quorum {
         /// Cluster size.
         members: usize,
+        /// The leader learns of a client's activity at a follower only when the follower
+        /// reports it (ZooKeeper, every half tick): a follower cut off right after a
+        /// renewal leaves the leader with an older one, so the session may end a little
+        /// before the holder's lease (a residue clients cannot close).
+        reported_activity: bool,
     },
     /// Independent nodes with client-side quorum (RedLock).
     Independent {

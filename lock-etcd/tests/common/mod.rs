@@ -232,6 +232,7 @@ impl ChaosTarget for EtcdFactory {
             Deployment::Single(_) => Topology::Single { durable: true },
             Deployment::Cluster(cluster) => Topology::Quorum {
                 members: cluster.len(),
+                reported_activity: false,
             },
         }
     }

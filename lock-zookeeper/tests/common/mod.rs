@@ -262,7 +262,10 @@ impl ChaosTarget for ZkFactory {
     fn topology(&self) -> Topology {
         match &self.servers {
             Deployment::Single(_) => Topology::Single { durable: true },
-            Deployment::Cluster(e) => Topology::Quorum { members: e.len() },
+            Deployment::Cluster(e) => Topology::Quorum {
+                members: e.len(),
+                reported_activity: true,
+            },
         }
     }
 
