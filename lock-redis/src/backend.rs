@@ -72,9 +72,6 @@ pub(crate) struct Inner {
     pub(crate) keys: KeyLayout,
     pub(crate) scripts: Scripts,
     pub(crate) wakeups: Wakeups,
-    /// Waiters queue ([`RedisConfig::queue`]): on the one server, or on RedLock on the
-    /// arbiter.
-    pub(crate) queued: bool,
     /// The server whose queue orders the waiters: the only one, or on RedLock the first
     /// in sorted order (every client of the servers agrees on it).
     pub(crate) arbiter: usize,
@@ -186,7 +183,6 @@ impl Connect for RedisBackend {
             scripts: Scripts::new(),
             wakeups,
             nodes,
-            queued: config.queue,
             arbiter: arbiter_of(&config.endpoints),
             queue_times: QueueTimes::new(config.options.recheck, config.options.request_timeout),
             client_id,
@@ -331,7 +327,7 @@ impl Cleanup for Abandoned {
 impl Inner {
     fn capabilities(&self) -> Capabilities {
         let base = Capabilities::new(self.backend)
-            .fair(self.queued)
+            .fair(self.config.queue)
             .push_wakeup(true)
             .durable(false);
         if self.config.redlock {
@@ -429,9 +425,6 @@ impl Backend for RedisBackend {
             inner: Arc::clone(inner),
             dirty: Vec::new(),
         });
-        if inner.queued && !inner.config.redlock {
-            return inner.acquire_queued(&first, &request, &mut pending).await;
-        }
         let recheck = inner.config.options.recheck;
         let mut bell: Option<Subscription> = None;
         let epoch = inner.wakeups.epoch();
@@ -446,6 +439,10 @@ impl Backend for RedisBackend {
                 let hold = first.for_round(round);
                 inner
                     .attempt_redlock(&hold, request.ttl, request.wait, &mut pending)
+                    .await?
+            } else if inner.config.queue {
+                inner
+                    .attempt_queued(&first, request.ttl, request.wait, &mut pending)
                     .await?
             } else {
                 inner

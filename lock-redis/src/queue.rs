@@ -11,12 +11,11 @@
 
 use std::time::Duration;
 
-use lock_core::raw::{AcquireRequest, Acquired, CleanupOnDrop};
+use lock_core::raw::{Acquired, CleanupOnDrop};
 use lock_core::{FencingToken, Result};
 use tokio::time::Instant;
 
-use crate::backend::{pttl_wait, Abandoned, Inner};
-use crate::connection::Subscription;
+use crate::backend::{pttl_wait, Abandoned, Attempt, Inner};
 use crate::error;
 use crate::hold::{ttl_millis, RedisHold, WakeKeys};
 
@@ -138,48 +137,39 @@ impl Inner {
         .max(Duration::from_millis(1))
     }
 
-    /// Acquires `hold` on one server through the queue: in arrival order, each release
-    /// waking only the head.
-    pub(crate) async fn acquire_queued(
+    /// One attempt on a single server through the queue: granted in arrival order; a
+    /// refused waiter stays queued (its cleanup armed, to leave the queue should the
+    /// acquire end) unless it does not `wait`.
+    pub(crate) async fn attempt_queued(
         &self,
         hold: &RedisHold,
-        request: &AcquireRequest<'_>,
+        ttl: Duration,
+        wait: bool,
         pending: &mut CleanupOnDrop<Abandoned>,
-    ) -> Result<Option<Acquired<RedisHold>>> {
-        let ttl_ms = ttl_millis(request.ttl);
-        let token = hold.token.as_str();
-        let mut bell: Option<Subscription> = None;
-        let epoch = self.wakeups.epoch();
-        let invocation = self.acquire_q_invocation(hold, ttl_ms, true, request.wait);
-        loop {
-            if let Some(bell) = bell.as_mut() {
-                bell.mark();
-            }
-            let requested_at = Instant::now();
-            pending.state_mut().arm(hold);
-            let reply: Vec<i64> = self.nodes[0]
-                .script("acquire", self.request_deadline(), &invocation)
-                .await?;
-            let (pttl, place) = match Reply::parse(self.backend, &reply)? {
-                Reply::Granted { fence } => {
-                    pending.state_mut().disarm(hold);
-                    return Ok(Some(Acquired {
-                        hold: hold.clone(),
-                        fencing_token: FencingToken(fence),
-                        requested_at,
-                        lease: Duration::from_millis(ttl_ms),
-                        session: 0,
-                    }));
-                }
-                Reply::Refused { pttl, place } => (pttl, place),
-            };
-            if !request.wait {
+    ) -> Result<Attempt> {
+        let ttl_ms = ttl_millis(ttl);
+        let invocation = self.acquire_q_invocation(hold, ttl_ms, true, wait);
+        let requested_at = Instant::now();
+        pending.state_mut().arm(hold);
+        let reply: Vec<i64> = self.nodes[0]
+            .script("acquire", self.request_deadline(), &invocation)
+            .await?;
+        match Reply::parse(self.backend, &reply)? {
+            Reply::Granted { fence } => Ok(Attempt::Won(Acquired {
+                hold: hold.clone(),
+                fencing_token: FencingToken(fence),
+                requested_at,
+                lease: Duration::from_millis(ttl_ms),
+                session: 0,
+            })),
+            Reply::Refused {
+                pttl,
+                place: Some(place),
+            } => Ok(Attempt::Queued(self.queued_nap(Some(place), pttl))),
+            Reply::Refused { pttl, place: None } => {
                 pending.state_mut().disarm(hold);
-                return Ok(None);
+                Ok(Attempt::Held(pttl_wait(pttl)))
             }
-            let nap = self.queued_nap(place, pttl);
-            let bell = bell.get_or_insert_with(|| self.wakeups.enlist(token, 0, epoch));
-            bell.wait(nap, self.queue_times.window).await;
         }
     }
 }
