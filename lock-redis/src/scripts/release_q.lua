@@ -9,14 +9,6 @@
 -- The helpers come from queue.lua.
 
 local holder = redis.call('GET', LOCK)
--- While nobody queues, nobody is to be woken or dropped: a plain compare-and-delete.
-if ARGV[2] == '' and redis.call('EXISTS', QUEUE) == 0 then
-  if holder == ARGV[1] then
-    redis.call('DEL', LOCK)
-    return 1
-  end
-  return holder == false and 0 or -1
-end
 local status = -1
 if holder == ARGV[1] then
   redis.call('DEL', LOCK)
@@ -27,7 +19,8 @@ end
 if ARGV[2] ~= '' then
   leave(ARGV[2])
 end
-if status >= 0 then
+-- While nobody queues, nobody is to be woken: the release is a plain compare-and-delete.
+if status >= 0 and redis.call('EXISTS', QUEUE) == 1 then
   local now = now_ms()
   evict(now)
   wake_head(ARGV[3], tonumber(ARGV[4]), now)
