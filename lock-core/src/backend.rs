@@ -14,6 +14,7 @@ use crate::capabilities::Capabilities;
 use crate::error::Result;
 use crate::guard::LostReason;
 use crate::name::LockName;
+use crate::occupancy::Occupancy;
 use crate::token::{FencingToken, OwnerToken};
 
 /// One acquisition asked of a backend.
@@ -30,6 +31,11 @@ pub struct AcquireRequest<'a> {
     /// `false`: one attempt; `true`: wait until acquired. The caller enforces any
     /// timeout by dropping the future.
     pub wait: bool,
+    /// The fencing token granted must be at least this: `max(counter + 1, floor)`, and
+    /// `floor` itself where no counter exists yet (never a seed above it). Set only by the
+    /// dual lock, on backends whose [`Capabilities::fence_at_least`] is true; others
+    /// ignore it.
+    pub fence_at_least: Option<FencingToken>,
 }
 
 /// A successful acquisition.
@@ -128,6 +134,18 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
 
     /// Releases `hold` if it is still this acquisition's.
     async fn release(&self, hold: &Self::Hold) -> Result<BackendRelease>;
+
+    /// Who holds and who waits for `name` right now, as the server shows it.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot tell
+    /// (the default); connection errors.
+    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: format!("inspecting `{name}`"),
+        })
+    }
 
     /// Session health changes, for backends whose holds live and die with a session.
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {

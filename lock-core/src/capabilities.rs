@@ -34,11 +34,15 @@ pub struct Capabilities {
     pub durable: bool,
     /// Where fencing tokens come from.
     pub fencing: FencingSource,
+    /// Honours [`AcquireRequest::fence_at_least`](crate::raw::AcquireRequest): it can
+    /// grant a fencing token no lower than one given, so it can be the new side of a
+    /// dual (migration) lock.
+    pub fence_at_least: bool,
 }
 
 impl Capabilities {
     /// Capabilities with conservative defaults: unfair, per-lock TTL of at least 1 ms,
-    /// push wake-up, not durable, counter fencing.
+    /// push wake-up, not durable, counter fencing, no fence floor.
     pub const fn new(backend: &'static str) -> Self {
         Capabilities {
             backend,
@@ -48,6 +52,7 @@ impl Capabilities {
             push_wakeup: true,
             durable: false,
             fencing: FencingSource::Counter,
+            fence_at_least: false,
         }
     }
 
@@ -84,6 +89,12 @@ impl Capabilities {
     /// Sets [`Capabilities::fencing`].
     pub const fn fencing(mut self, fencing: FencingSource) -> Self {
         self.fencing = fencing;
+        self
+    }
+
+    /// Sets [`Capabilities::fence_at_least`].
+    pub const fn fence_at_least(mut self, fence_at_least: bool) -> Self {
+        self.fence_at_least = fence_at_least;
         self
     }
 }

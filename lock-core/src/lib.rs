@@ -9,6 +9,7 @@ mod lock;
 mod lock_url;
 pub mod memory;
 mod name;
+mod occupancy;
 mod options;
 pub mod raw;
 mod registry;
@@ -20,6 +21,7 @@ pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::{LockGuard, LockState, LockWatch, LostReason, ReleaseOutcome};
 pub use lock::{DistributedLock, DistributedLockExt};
 pub use name::{LockName, MAX_NAME_BYTES};
+pub use occupancy::{Occupancy, Participant};
 pub use options::{
     AcquireOptions, LockOptions, RenewalMode, Wait, DEFAULT_RECHECK, DEFAULT_REQUEST_TIMEOUT,
     DEFAULT_TTL, MAX_DURATION,

@@ -210,6 +210,7 @@ async fn counter_deleted_while_the_lock_key_survived() {
             token: &token,
             ttl: Duration::from_secs(5),
             wait: false,
+            fence_at_least: None,
         };
         let first = backend
             .acquire(request)

@@ -85,6 +85,7 @@ impl<B: Backend> Keeper<B> {
                 token: &token,
                 ttl,
                 wait,
+                fence_at_least: None,
             };
             let attempt = self.backend.acquire(request);
             let result = match deadline {

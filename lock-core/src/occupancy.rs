@@ -1,0 +1,79 @@
+//! What the server shows about one lock name: its holder, its waiters, and the bound that
+//! every later fencing token of the name exceeds.
+
+use std::time::Duration;
+
+use crate::token::FencingToken;
+
+/// Who holds and who waits for one lock name, as the server showed it at one moment.
+#[non_exhaustive]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Occupancy {
+    /// The current holder, if any.
+    pub holder: Option<Participant>,
+    /// The waiters the server knows of: in queue order where the backend queues, in no
+    /// particular order otherwise. Backends whose waiters leave no trace on the server
+    /// (Redis with `queue=off`) list none.
+    pub waiters: Vec<Participant>,
+    /// Every hold of this name granted after the inspection has a fencing token greater
+    /// than this one, where the backend can say.
+    pub token_floor: Option<FencingToken>,
+}
+
+impl Occupancy {
+    /// An occupancy with `holder` and `waiters` and no token floor.
+    pub fn new(holder: Option<Participant>, waiters: Vec<Participant>) -> Self {
+        Occupancy {
+            holder,
+            waiters,
+            token_floor: None,
+        }
+    }
+
+    /// Sets [`Occupancy::token_floor`].
+    pub fn token_floor(mut self, floor: Option<FencingToken>) -> Self {
+        self.token_floor = floor;
+        self
+    }
+
+    /// The holder, then the waiters.
+    pub fn participants(&self) -> impl Iterator<Item = &Participant> {
+        self.holder.iter().chain(&self.waiters)
+    }
+}
+
+/// One holder or waiter of a lock name.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Participant {
+    /// The owner token it stored on the server, where the layout keeps one: ours, a
+    /// Curator node's protection id, the value a plain `SET NX` client wrote.
+    pub owner_token: Option<String>,
+    /// Its fencing token, where the server keeps it per participant.
+    pub fencing_token: Option<FencingToken>,
+    /// How long its lease has left, where leases are per lock.
+    pub lease_left: Option<Duration>,
+}
+
+impl Participant {
+    /// A participant that stored `owner_token`.
+    pub fn new(owner_token: Option<String>) -> Self {
+        Participant {
+            owner_token,
+            fencing_token: None,
+            lease_left: None,
+        }
+    }
+
+    /// Sets [`Participant::fencing_token`].
+    pub fn fencing_token(mut self, token: Option<FencingToken>) -> Self {
+        self.fencing_token = token;
+        self
+    }
+
+    /// Sets [`Participant::lease_left`].
+    pub fn lease_left(mut self, left: Option<Duration>) -> Self {
+        self.lease_left = left;
+        self
+    }
+}
