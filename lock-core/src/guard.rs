@@ -51,6 +51,57 @@ pub enum LostReason {
     HoldCapReached,
     /// The hold was released by its guard.
     Released,
+    /// One side of a dual (migration) lock was lost, for `reason`.
+    OnSide {
+        /// The side that was lost.
+        side: Side,
+        /// Why that side was lost (never itself `OnSide`).
+        reason: &'static LostReason,
+    },
+}
+
+/// A side of a dual (migration) lock: the backend a fleet moves from, or the one it
+/// moves to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Side {
+    /// The backend the fleet moves from.
+    Old,
+    /// The backend the fleet moves to.
+    New,
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Side::Old => "old",
+            Side::New => "new",
+        })
+    }
+}
+
+impl LostReason {
+    /// `reason` on `side`. A reason that already names a side keeps it.
+    pub fn on_side(side: Side, reason: LostReason) -> LostReason {
+        let reason: &'static LostReason = match reason {
+            LostReason::Expired => &LostReason::Expired,
+            LostReason::Vanished => &LostReason::Vanished,
+            LostReason::Taken => &LostReason::Taken,
+            LostReason::SessionExpired => &LostReason::SessionExpired,
+            LostReason::HoldCapReached => &LostReason::HoldCapReached,
+            LostReason::Released => &LostReason::Released,
+            on_side @ LostReason::OnSide { .. } => return on_side,
+        };
+        LostReason::OnSide { side, reason }
+    }
+
+    /// The reason without the side it happened on.
+    pub fn without_side(self) -> LostReason {
+        match self {
+            LostReason::OnSide { reason, .. } => *reason,
+            reason => reason,
+        }
+    }
 }
 
 impl fmt::Display for LostReason {
@@ -62,6 +113,9 @@ impl fmt::Display for LostReason {
             LostReason::SessionExpired => "the session expired",
             LostReason::HoldCapReached => "the maximum hold time was reached",
             LostReason::Released => "it was released",
+            LostReason::OnSide { side, reason } => {
+                return write!(f, "on the {side} backend, {reason}")
+            }
         })
     }
 }

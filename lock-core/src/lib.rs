@@ -8,6 +8,7 @@ mod lease;
 mod lock;
 mod lock_url;
 pub mod memory;
+pub mod migration;
 mod name;
 mod occupancy;
 mod options;
@@ -18,7 +19,7 @@ mod token;
 
 pub use capabilities::{Capabilities, FencingSource};
 pub use error::{BoxError, Error, ErrorKind, Result};
-pub use guard::{LockGuard, LockState, LockWatch, LostReason, ReleaseOutcome};
+pub use guard::{LockGuard, LockState, LockWatch, LostReason, ReleaseOutcome, Side};
 pub use lock::{DistributedLock, DistributedLockExt};
 pub use name::{LockName, MAX_NAME_BYTES};
 pub use occupancy::{Occupancy, Participant};

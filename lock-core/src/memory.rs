@@ -21,6 +21,7 @@ use crate::guard::LostReason;
 use crate::lease::LeaseClient;
 use crate::lock_url::LockUrl;
 use crate::name::LockName;
+use crate::occupancy::{Occupancy, Participant};
 use crate::options::LockOptions;
 use crate::raw::{lock_unpoisoned, Connect};
 use crate::token::{FencingToken, OwnerToken};
@@ -60,6 +61,7 @@ struct Waiter {
     id: u64,
     token: OwnerToken,
     ttl: Duration,
+    fence_at_least: Option<FencingToken>,
     grant: Mutex<Option<(FencingToken, Instant)>>,
     notify: Notify,
 }
@@ -72,15 +74,21 @@ impl Slot {
         }
         if self.holder.is_none() {
             if let Some(waiter) = self.queue.pop_front() {
-                let fence = self.grant(&waiter.token, waiter.ttl, now);
+                let fence = self.grant(&waiter.token, waiter.ttl, waiter.fence_at_least, now);
                 *lock_unpoisoned(&waiter.grant) = Some((fence, now));
                 waiter.notify.notify_one();
             }
         }
     }
 
-    fn grant(&mut self, token: &OwnerToken, ttl: Duration, now: Instant) -> FencingToken {
-        self.fence += 1;
+    fn grant(
+        &mut self,
+        token: &OwnerToken,
+        ttl: Duration,
+        fence_at_least: Option<FencingToken>,
+        now: Instant,
+    ) -> FencingToken {
+        self.fence = (self.fence + 1).max(fence_at_least.map_or(0, FencingToken::get));
         self.holder = Some(Holder {
             token: token.clone(),
             expires_at: now + ttl,
@@ -163,12 +171,34 @@ impl MemorySpace {
             .collect()
     }
 
-    fn try_take(&self, name: &LockName, token: &OwnerToken, ttl: Duration) -> Option<FencingToken> {
+    fn try_take(&self, request: &AcquireRequest<'_>) -> Option<FencingToken> {
         let now = Instant::now();
         let mut slots = self.slots();
-        let slot = slots.entry(name.clone()).or_default();
+        let slot = slots.entry(request.name.clone()).or_default();
         slot.settle(now);
-        (slot.holder.is_none() && slot.queue.is_empty()).then(|| slot.grant(token, ttl, now))
+        (slot.holder.is_none() && slot.queue.is_empty())
+            .then(|| slot.grant(request.token, request.ttl, request.fence_at_least, now))
+    }
+
+    /// The holder and waiters of `name`; the token floor is the counter.
+    fn occupancy(&self, name: &LockName) -> Occupancy {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let Some(slot) = slots.get_mut(name) else {
+            return Occupancy::new(None, Vec::new()).token_floor(Some(FencingToken(0)));
+        };
+        slot.settle(now);
+        let holder = slot.holder.as_ref().map(|holder| {
+            Participant::new(Some(holder.token.to_string()))
+                .fencing_token(Some(FencingToken(slot.fence)))
+                .lease_left(Some(holder.expires_at.saturating_duration_since(now)))
+        });
+        let waiters = slot
+            .queue
+            .iter()
+            .map(|waiter| Participant::new(Some(waiter.token.to_string())))
+            .collect();
+        Occupancy::new(holder, waiters).token_floor(Some(FencingToken(slot.fence)))
     }
 
     /// Removes a waiter that gave up; releases the lock if it was granted meanwhile.
@@ -338,6 +368,12 @@ impl Backend for MemoryBackend {
         Capabilities::new("memory")
             .fair(true)
             .fencing(FencingSource::Counter)
+            .fence_at_least(true)
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        self.reachable().await;
+        Ok(self.space.occupancy(name))
     }
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<MemoryHold>>> {
@@ -347,10 +383,7 @@ impl Backend for MemoryBackend {
             name: request.name.clone(),
             token: request.token.clone(),
         };
-        if let Some(fence) = self
-            .space
-            .try_take(request.name, request.token, request.ttl)
-        {
+        if let Some(fence) = self.space.try_take(&request) {
             return Ok(Some(Acquired {
                 hold: hold(),
                 fencing_token: fence,
@@ -366,6 +399,7 @@ impl Backend for MemoryBackend {
             id: self.space.next_waiter.fetch_add(1, Ordering::Relaxed),
             token: request.token.clone(),
             ttl: request.ttl,
+            fence_at_least: request.fence_at_least,
             grant: Mutex::new(None),
             notify: Notify::new(),
         });

@@ -95,6 +95,25 @@ impl LockOptions {
         Ok(true)
     }
 
+    /// These options as a URL query (`ttl=30s&renewal=auto&…`), which
+    /// [`LockOptions::apply_query_pair`] reads back to the same options.
+    pub fn to_query(&self) -> String {
+        let renewal = match self.renewal {
+            RenewalMode::Auto => "auto",
+            RenewalMode::Manual => "manual",
+        };
+        let mut query = format!(
+            "ttl={}&renewal={renewal}&request_timeout={}&recheck={}",
+            format_duration(self.ttl),
+            format_duration(self.request_timeout),
+            format_duration(self.recheck)
+        );
+        if let Some(cap) = self.max_hold {
+            query.push_str(&format!("&max_hold={}", format_duration(cap)));
+        }
+        query
+    }
+
     /// Checks that every duration is positive and at most [`MAX_DURATION`].
     ///
     /// # Errors

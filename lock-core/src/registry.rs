@@ -11,6 +11,8 @@ use std::sync::{Arc, Mutex, OnceLock};
 use crate::error::{Error, Result};
 use crate::lock::DistributedLock;
 use crate::lock_url::LockUrl;
+use crate::migration::DualConfig;
+use crate::raw::erased::Opened;
 use crate::raw::{lock_unpoisoned, Connect};
 
 /// A future that builds a lock client.
@@ -18,6 +20,12 @@ pub type ConnectFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedL
 
 /// Builds a lock client from a parsed URL.
 pub type Connector = fn(LockUrl) -> ConnectFuture;
+
+/// A future that opens a backend without a lease client (a side of a dual lock).
+pub(crate) type OpenFuture = Pin<Box<dyn Future<Output = Result<Opened>> + Send>>;
+
+/// Opens a backend from a parsed URL.
+type Opener = fn(LockUrl) -> OpenFuture;
 
 /// A table of URL schemes and the backends that serve them.
 #[derive(Default)]
@@ -28,6 +36,8 @@ pub struct Registry {
 #[derive(Default)]
 struct Schemes {
     connectors: BTreeMap<String, Connector>,
+    /// The schemes whose backend can be a side of a dual lock.
+    openers: BTreeMap<String, Opener>,
     /// Schemes not served here, with how to add them.
     hints: BTreeMap<String, String>,
 }
@@ -50,15 +60,19 @@ impl Registry {
     pub fn register_backend<B: Connect>(&self) {
         for scheme in B::SCHEMES {
             self.register(scheme, crate::raw::connect_url::<B>);
+            lock_unpoisoned(&self.schemes)
+                .openers
+                .insert(scheme.to_ascii_lowercase(), crate::raw::open_url::<B>);
         }
     }
 
     /// Registers `connector` for `scheme`, replacing any earlier one: for a client that
     /// implements [`DistributedLock`] by itself rather than through a [`Connect`] backend.
     pub fn register(&self, scheme: &str, connector: Connector) {
-        lock_unpoisoned(&self.schemes)
-            .connectors
-            .insert(scheme.to_ascii_lowercase(), connector);
+        let scheme = scheme.to_ascii_lowercase();
+        let mut schemes = lock_unpoisoned(&self.schemes);
+        schemes.openers.remove(&scheme);
+        schemes.connectors.insert(scheme, connector);
     }
 
     /// Records how to add `scheme` when it is not registered (say, which feature or crate
@@ -78,32 +92,76 @@ impl Registry {
             .collect()
     }
 
-    /// Builds a client for `url`.
+    /// Builds a client for `url`: a backend's URL, or a dual (migration) lock's
+    /// `dual:<old url>|<new url>` (see [`crate::migration`]).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for a malformed URL (the message never repeats the URL,
     /// which may hold a password); [`Error::UnknownScheme`] listing the known schemes
     /// and the hint recorded for the missing one, if any; whatever the backend reports.
     pub async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        if let Some(dual) = DualConfig::from_url(url)? {
+            return self.connect_dual(&dual).await;
+        }
         let parsed = LockUrl::parse(url)?;
         let connector = {
             let schemes = lock_unpoisoned(&self.schemes);
             match schemes.connectors.get(&parsed.scheme) {
                 Some(connector) => *connector,
-                None => {
-                    return Err(Error::UnknownScheme {
-                        hint: schemes
-                            .hints
-                            .get(&parsed.scheme)
-                            .map(|hint| format!(" ({hint})"))
-                            .unwrap_or_default(),
-                        known: schemes.connectors.keys().cloned().collect(),
-                        scheme: parsed.scheme,
-                    })
-                }
+                None => return Err(schemes.unknown(parsed.scheme)),
             }
         };
         connector(parsed).await
+    }
+
+    /// Builds a dual (migration) lock client from `config`, as [`Registry::connect`] does
+    /// for its `dual:` URL.
+    ///
+    /// # Errors
+    /// As [`Registry::connect`] for either side, [`Error::InvalidConfig`] when the two
+    /// URLs give different lock options, [`Error::Unsupported`] for a new side whose
+    /// fencing tokens cannot be raised.
+    pub async fn connect_dual(&self, config: &DualConfig) -> Result<Arc<dyn DistributedLock>> {
+        crate::migration::connect_dual(self, config).await
+    }
+
+    /// Opens the backend of `url` without a lease client, for a side of a dual lock.
+    pub(crate) async fn open(&self, url: &str) -> Result<Opened> {
+        if DualConfig::from_url(url)?.is_some() {
+            return Err(Error::config("a side of a dual lock cannot be a dual lock"));
+        }
+        let parsed = LockUrl::parse(url)?;
+        let opener = {
+            let schemes = lock_unpoisoned(&self.schemes);
+            match schemes.openers.get(&parsed.scheme) {
+                Some(opener) => *opener,
+                None if schemes.connectors.contains_key(&parsed.scheme) => {
+                    return Err(Error::Unsupported {
+                        backend: "dual",
+                        operation: format!(
+                            "{}:// as a side (a client registered without its backend)",
+                            parsed.scheme
+                        ),
+                    })
+                }
+                None => return Err(schemes.unknown(parsed.scheme)),
+            }
+        };
+        opener(parsed).await
+    }
+}
+
+impl Schemes {
+    fn unknown(&self, scheme: String) -> Error {
+        Error::UnknownScheme {
+            hint: self
+                .hints
+                .get(&scheme)
+                .map(|hint| format!(" ({hint})"))
+                .unwrap_or_default(),
+            known: self.connectors.keys().cloned().collect(),
+            scheme,
+        }
     }
 }
 

@@ -12,7 +12,8 @@ use crate::lease::LeaseClient;
 use crate::lock::DistributedLock;
 use crate::lock_url::LockUrl;
 use crate::options::LockOptions;
-use crate::registry::{registry, ConnectFuture};
+use crate::raw::erased::{AnyBackend, Opened};
+use crate::registry::{registry, ConnectFuture, OpenFuture};
 
 /// A backend that can be opened from its configuration or a URL.
 #[async_trait]
@@ -47,10 +48,8 @@ impl<B: Connect> LeaseClient<B> {
     /// # Errors
     /// As [`Connect::open`], and [`Error::InvalidConfig`] for options out of range.
     pub async fn connect(config: B::Config) -> Result<Self> {
-        let options = B::lock_options(&config).clone();
-        // Bad options are refused before a connection is opened, not after.
-        options.validate()?;
-        LeaseClient::new(B::open(config).await?, options)
+        let (backend, options) = open_config::<B>(config).await?;
+        LeaseClient::new(backend, options)
     }
 
     /// Opens a lock client for `url` (one of [`Connect::SCHEMES`]).
@@ -67,6 +66,22 @@ impl<B: Connect> LeaseClient<B> {
         }
         Self::connect(B::config_from_url(url)?).await
     }
+}
+
+/// Opens `B` with `config`, refusing bad lock options before a connection is opened.
+async fn open_config<B: Connect>(config: B::Config) -> Result<(B, LockOptions)> {
+    let options = B::lock_options(&config).clone();
+    options.validate()?;
+    Ok((B::open(config).await?, options))
+}
+
+/// Opens backend `B` for `url` without a lease client around it (a side of a dual lock).
+pub(crate) fn open_url<B: Connect>(url: LockUrl) -> OpenFuture {
+    Box::pin(async move {
+        let (backend, options) = open_config::<B>(B::config_from_url(&url)?).await?;
+        let backend: Arc<dyn AnyBackend> = Arc::new(backend);
+        Ok(Opened { backend, options })
+    })
 }
 
 /// Registers `B`'s schemes in the process-wide [`registry`], so that

@@ -12,6 +12,7 @@
 mod backoff;
 mod cleanup;
 mod connect;
+pub(crate) mod erased;
 
 use std::sync::{Mutex, MutexGuard};
 
@@ -26,7 +27,7 @@ pub use crate::options::{duration_text, format_duration, parse_duration};
 pub use crate::registry::{registry, ConnectFuture, Connector, Registry};
 pub use backoff::Backoff;
 pub use cleanup::{Cleanup, CleanupOnDrop};
-pub(crate) use connect::connect_url;
+pub(crate) use connect::{connect_url, open_url};
 pub use connect::{register, Connect};
 
 /// Locks `mutex`, taking the data over if a thread panicked while holding it.

@@ -1,0 +1,373 @@
+//! The check before each step of a migration: watch a set of names for a while and
+//! report what the step would stop excluding (old-only or new-only clients still running)
+//! and whether fencing tokens could go back after it.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::time::{sleep, Instant};
+
+use super::{is_dual_token, DualConfig};
+use crate::error::{Error, Result};
+use crate::guard::Side;
+use crate::name::LockName;
+use crate::occupancy::{Occupancy, Participant};
+use crate::options::format_duration;
+use crate::raw::erased::AnyBackend;
+use crate::registry::Registry;
+
+/// A step of a migration, named by the phase processes leave and the one they enter.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Step {
+    /// Old-only processes restart as dual. Old-only and dual then coexist, which is safe
+    /// for fencing only while the new side's counter is within the old side's tokens.
+    OldToDual,
+    /// Dual processes restart as new-only. Safe once no old-only process is left: the
+    /// check watches the old side for holders and waiters without the dual mark.
+    DualToNew,
+    /// New-only processes restart as dual (rolling back). Always safe.
+    NewToDual,
+    /// Dual processes restart as old-only (rolling back). Safe once no new-only process is
+    /// left (the check watches the new side) and the new side's counter is within the old
+    /// side's tokens.
+    DualToOld,
+}
+
+impl Step {
+    /// Every step, in rollout order.
+    pub const ALL: [Step; 4] = [
+        Step::OldToDual,
+        Step::DualToNew,
+        Step::NewToDual,
+        Step::DualToOld,
+    ];
+
+    /// The step's name on the command line and in JSON.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Step::OldToDual => "old-to-dual",
+            Step::DualToNew => "dual-to-new",
+            Step::NewToDual => "new-to-dual",
+            Step::DualToOld => "dual-to-old",
+        }
+    }
+
+    /// The side whose unmarked participants the step would stop excluding.
+    pub fn watched_side(self) -> Option<Side> {
+        match self {
+            Step::DualToNew => Some(Side::Old),
+            Step::DualToOld => Some(Side::New),
+            Step::OldToDual | Step::NewToDual => None,
+        }
+    }
+
+    /// Whether old-only and dual processes coexist after the step.
+    fn mixes_old_and_dual(self) -> bool {
+        matches!(self, Step::OldToDual | Step::DualToOld)
+    }
+}
+
+impl fmt::Display for Step {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Step {
+    type Err = Error;
+
+    fn from_str(text: &str) -> Result<Self> {
+        Step::ALL
+            .into_iter()
+            .find(|step| step.as_str() == text)
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "unknown migration step `{text}`: expected one of {}",
+                    Step::ALL.map(Step::as_str).join(", ")
+                ))
+            })
+    }
+}
+
+/// How long and how often the check looks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckOptions {
+    /// How long to watch. A process that takes the lock less often than this may be
+    /// missed: watch for longer than the longest gap between two acquisitions.
+    pub watch: Duration,
+    /// Pause between two looks at every name. Holds shorter than this may be missed
+    /// (waiters queued behind them are seen on backends that queue).
+    pub interval: Duration,
+}
+
+impl Default for CheckOptions {
+    /// Watch for a minute, looking every 100 ms.
+    fn default() -> Self {
+        CheckOptions {
+            watch: Duration::from_secs(60),
+            interval: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Whether a participant held the lock or waited for it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// It held the lock.
+    Holder,
+    /// It waited for the lock.
+    Waiter,
+}
+
+/// A participant without the dual mark, seen on the watched side.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sighting {
+    /// The lock name.
+    pub name: String,
+    /// The side it was seen on.
+    pub side: Side,
+    /// Holder or waiter.
+    pub role: Role,
+    /// The owner token it stored, if the layout keeps one.
+    pub owner_token: Option<String>,
+    /// How many looks saw it.
+    pub times_seen: u32,
+    /// When it was first seen, from the start of the check.
+    #[serde(with = "crate::options::duration_text")]
+    pub first_seen: Duration,
+}
+
+/// A name whose new-side counter is not within the old side's tokens: old-only holders
+/// after the step could get fencing tokens below a dual or new-only holder's.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenGap {
+    /// The lock name.
+    pub name: String,
+    /// Every later old-side token is above this; `None` if the old side cannot say.
+    pub old_floor: Option<u64>,
+    /// The new side's counter.
+    pub new_floor: Option<u64>,
+}
+
+/// What the check found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CheckReport {
+    /// The step checked.
+    pub step: Step,
+    /// The names watched.
+    pub names: Vec<String>,
+    /// How many times every name was looked at.
+    pub looks: u32,
+    /// How long it watched.
+    #[serde(with = "crate::options::duration_text")]
+    pub watched: Duration,
+    /// Participants the step would stop excluding.
+    pub unmarked: Vec<Sighting>,
+    /// Names whose fencing tokens could go back after the step.
+    pub token_gaps: Vec<TokenGap>,
+    /// Looks that failed (the check is then incomplete).
+    pub failures: Vec<String>,
+}
+
+impl CheckReport {
+    /// Whether the step is safe as far as the check could see.
+    pub fn is_clear(&self) -> bool {
+        self.unmarked.is_empty() && self.token_gaps.is_empty() && self.failures.is_empty()
+    }
+}
+
+impl fmt::Display for CheckReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let verdict = if self.is_clear() {
+            "clear"
+        } else {
+            "NOT clear"
+        };
+        writeln!(
+            f,
+            "step {}: {verdict} ({} names, {} looks over {})",
+            self.step,
+            self.names.len(),
+            self.looks,
+            format_duration(self.watched)
+        )?;
+        for seen in &self.unmarked {
+            let kind = match seen.side {
+                Side::Old => "old-only",
+                Side::New => "new-only",
+            };
+            writeln!(
+                f,
+                "  {kind} {:?} on `{}`: owner token {}, seen {} times from {}",
+                seen.role,
+                seen.name,
+                seen.owner_token.as_deref().unwrap_or("(none)"),
+                seen.times_seen,
+                format_duration(seen.first_seen)
+            )?;
+        }
+        for gap in &self.token_gaps {
+            let text = |floor: Option<u64>| floor.map_or("unknown".to_owned(), |t| t.to_string());
+            writeln!(
+                f,
+                "  tokens could go back on `{}`: new-side counter {} is not below the old \
+                 side's tokens (every later one above {})",
+                gap.name,
+                text(gap.new_floor),
+                text(gap.old_floor)
+            )?;
+        }
+        for failure in &self.failures {
+            writeln!(f, "  look failed: {failure}")?;
+        }
+        Ok(())
+    }
+}
+
+impl Registry {
+    /// Checks whether `step` is safe for `names` of the dual lock `dual_url`
+    /// (`dual:<old>|<new>`): watches the side the step would stop excluding for
+    /// `options.watch` and reports its participants without the dual mark, and, when
+    /// old-only and dual processes coexist after the step, the names whose new-side
+    /// counter has outrun the old side's tokens.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] for a URL that is not a dual lock's or bad options;
+    /// [`Error::Unsupported`] when the watched side cannot be inspected; connection
+    /// errors when a side cannot be opened. Failed looks are reported, not raised.
+    pub async fn migration_check(
+        &self,
+        dual_url: &str,
+        step: Step,
+        names: &[LockName],
+        options: &CheckOptions,
+    ) -> Result<CheckReport> {
+        let config = DualConfig::from_url(dual_url)?
+            .ok_or_else(|| Error::config("the migration check needs a `dual:` lock URL"))?;
+        if options.interval.is_zero() {
+            return Err(Error::config("the check's interval must be above zero"));
+        }
+        let (old, new) = tokio::try_join!(self.open(&config.old), self.open(&config.new))?;
+        let mut report = CheckReport {
+            step,
+            names: names.iter().map(|name| name.to_string()).collect(),
+            looks: 0,
+            watched: Duration::ZERO,
+            unmarked: Vec::new(),
+            token_gaps: Vec::new(),
+            failures: Vec::new(),
+        };
+        let started = Instant::now();
+        if let Some(side) = step.watched_side() {
+            let watched = match side {
+                Side::Old => &old.backend,
+                Side::New => &new.backend,
+            };
+            watch(&**watched, side, names, options, started, &mut report).await?;
+        }
+        if step.mixes_old_and_dual() {
+            for name in names {
+                match token_gap(&*old.backend, &*new.backend, name).await {
+                    Ok(Some(gap)) => report.token_gaps.push(gap),
+                    Ok(None) => {}
+                    Err(err) => report
+                        .failures
+                        .push(format!("comparing the token spaces of `{name}`: {err}")),
+                }
+            }
+        }
+        report.watched = started.elapsed();
+        Ok(report)
+    }
+}
+
+/// Looks at every name every `options.interval` until `options.watch` has passed.
+async fn watch(
+    backend: &dyn AnyBackend,
+    side: Side,
+    names: &[LockName],
+    options: &CheckOptions,
+    started: Instant,
+    report: &mut CheckReport,
+) -> Result<()> {
+    let deadline = started + options.watch;
+    let mut seen: BTreeMap<(String, Role, Option<String>), Sighting> = BTreeMap::new();
+    loop {
+        let looks = futures::future::join_all(names.iter().map(|name| backend.inspect(name)));
+        let at = started.elapsed();
+        for (name, look) in names.iter().zip(looks.await) {
+            let occupancy = match look {
+                Ok(occupancy) => occupancy,
+                Err(err @ Error::Unsupported { .. }) => return Err(err),
+                Err(err) => {
+                    report.failures.push(format!("`{name}` at {at:?}: {err}"));
+                    continue;
+                }
+            };
+            for (role, participant) in roles(&occupancy) {
+                if participant
+                    .owner_token
+                    .as_deref()
+                    .is_some_and(is_dual_token)
+                {
+                    continue;
+                }
+                let key = (name.to_string(), role, participant.owner_token.clone());
+                seen.entry(key)
+                    .or_insert_with(|| Sighting {
+                        name: name.to_string(),
+                        side,
+                        role,
+                        owner_token: participant.owner_token.clone(),
+                        times_seen: 0,
+                        first_seen: at,
+                    })
+                    .times_seen += 1;
+            }
+        }
+        report.looks += 1;
+        if Instant::now() + options.interval >= deadline {
+            break;
+        }
+        sleep(options.interval).await;
+    }
+    report.unmarked = seen.into_values().collect();
+    Ok(())
+}
+
+fn roles(occupancy: &Occupancy) -> impl Iterator<Item = (Role, &Participant)> {
+    let holder = occupancy.holder.iter().map(|holder| (Role::Holder, holder));
+    holder.chain(
+        occupancy
+            .waiters
+            .iter()
+            .map(|waiter| (Role::Waiter, waiter)),
+    )
+}
+
+/// Whether the new side's counter for `name` has outrun the old side's tokens. The new
+/// side is read first: floors only grow, so a later old floor can only make the answer
+/// safer than the truth, never the other way.
+async fn token_gap(
+    old: &dyn AnyBackend,
+    new: &dyn AnyBackend,
+    name: &LockName,
+) -> Result<Option<TokenGap>> {
+    let new_floor = new.inspect(name).await?.token_floor.map(|t| t.get());
+    let old_floor = old.inspect(name).await?.token_floor.map(|t| t.get());
+    let safe = match (new_floor, old_floor) {
+        (None, _) => true,
+        (Some(counter), Some(old_floor)) => counter <= old_floor,
+        (Some(_), None) => false,
+    };
+    Ok((!safe).then(|| TokenGap {
+        name: name.to_string(),
+        old_floor,
+        new_floor,
+    }))
+}

@@ -1,0 +1,399 @@
+//! The dual lock: a [`Backend`] made of two backends, the old one taken first, then the
+//! new one. [`LeaseClient`](crate::LeaseClient) adds the watchdog, the state machine,
+//! reentrancy and drop-release exactly as for a single backend.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+use tokio::time::{sleep_until, Instant};
+
+use super::DUAL_TOKEN_PREFIX;
+use crate::backend::{
+    AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionHealth,
+    SessionStatus,
+};
+use crate::capabilities::Capabilities;
+use crate::error::{Error, Result};
+use crate::guard::{LostReason, Side};
+use crate::lease::validity_deadline;
+use crate::raw::erased::{AnyBackend, AnyHold};
+use crate::raw::{lock_unpoisoned, Cleanup, CleanupOnDrop};
+use crate::token::OwnerToken;
+
+/// The two backends of a dual lock.
+pub(crate) struct DualBackend {
+    old: Arc<dyn AnyBackend>,
+    new: Arc<dyn AnyBackend>,
+    capabilities: Capabilities,
+}
+
+/// A dual hold: one hold on each side.
+pub(crate) struct DualHold {
+    old: AnyHold,
+    new: AnyHold,
+    /// What releasing each side (old, new) found, once it has been done: a retried
+    /// release does not release a side twice.
+    released: Mutex<[Option<BackendRelease>; 2]>,
+}
+
+impl fmt::Debug for DualHold {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DualHold")
+            .field("released", &*lock_unpoisoned(&self.released))
+            .finish_non_exhaustive()
+    }
+}
+
+impl DualHold {
+    fn side(&self, side: Side) -> &AnyHold {
+        match side {
+            Side::Old => &self.old,
+            Side::New => &self.new,
+        }
+    }
+}
+
+impl DualBackend {
+    /// A dual lock from `old` to `new`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] when `new` cannot raise its fencing tokens to the old side's.
+    pub(crate) fn new(old: Arc<dyn AnyBackend>, new: Arc<dyn AnyBackend>) -> Result<Self> {
+        let (o, n) = (old.capabilities(), new.capabilities());
+        if !n.fence_at_least {
+            return Err(Error::Unsupported {
+                backend: n.backend,
+                operation: "being the new side of a dual lock (its fencing tokens cannot be \
+                            raised above the old side's)"
+                    .to_owned(),
+            });
+        }
+        let capabilities = Capabilities::new("dual")
+            .fair(o.fair && n.fair)
+            .per_lock_ttl(o.per_lock_ttl && n.per_lock_ttl)
+            .min_ttl(o.min_ttl.max(n.min_ttl))
+            .push_wakeup(o.push_wakeup && n.push_wakeup)
+            .durable(o.durable && n.durable)
+            .fencing(n.fencing);
+        Ok(DualBackend {
+            old,
+            new,
+            capabilities,
+        })
+    }
+
+    fn side(&self, side: Side) -> &Arc<dyn AnyBackend> {
+        match side {
+            Side::Old => &self.old,
+            Side::New => &self.new,
+        }
+    }
+
+    /// Acquires the new side while holding the old one, renewing the old hold meanwhile
+    /// (a wait on the new side may outlast the old side's lease).
+    async fn acquire_new(&self, request: AcquireRequest<'_>, old: &mut OldHold) -> Result<NewSide> {
+        let attempt = self.new.acquire(request);
+        tokio::pin!(attempt);
+        let mut next_renewal = old.requested_at + request.ttl / 3;
+        loop {
+            tokio::select! {
+                result = &mut attempt => {
+                    return Ok(match result? {
+                        Some(won) if Instant::now() < old.valid_until() => NewSide::Won(won),
+                        Some(won) => NewSide::OldLapsed(won.hold),
+                        None => NewSide::Refused,
+                    });
+                }
+                () = sleep_until(next_renewal) => {
+                    let Some(hold) = old.release.state_mut().hold.as_ref() else {
+                        return Ok(NewSide::OldLost);
+                    };
+                    let sent = Instant::now();
+                    let item = RenewItem { hold, ttl: request.ttl };
+                    match self.old.renew(&[item]).await.map(|outcomes| outcomes.first().copied()) {
+                        Ok(Some(RenewOutcome::Renewed { lease })) => {
+                            (old.requested_at, old.lease) = (sent, lease);
+                            next_renewal = sent + request.ttl / 3;
+                        }
+                        Ok(Some(RenewOutcome::Lost(_))) => return Ok(NewSide::OldLost),
+                        _ if Instant::now() >= old.valid_until() => return Ok(NewSide::OldLost),
+                        _ => next_renewal = Instant::now() + request.ttl / 10,
+                    }
+                }
+            }
+        }
+    }
+
+    async fn release_side(&self, side: Side, hold: &DualHold) -> Result<BackendRelease> {
+        let index = side as usize;
+        if let Some(done) = lock_unpoisoned(&hold.released)[index] {
+            return Ok(done);
+        }
+        let outcome = self.side(side).release(hold.side(side)).await?;
+        lock_unpoisoned(&hold.released)[index] = Some(outcome);
+        Ok(outcome)
+    }
+}
+
+/// The old side's hold while the new side is being acquired.
+struct OldHold {
+    release: CleanupOnDrop<ReleaseSide>,
+    requested_at: Instant,
+    lease: Duration,
+}
+
+impl OldHold {
+    fn valid_until(&self) -> Instant {
+        validity_deadline(self.requested_at, self.lease)
+    }
+}
+
+/// What acquiring the new side came to.
+enum NewSide {
+    Won(Acquired<AnyHold>),
+    /// Granted, but the old side's lease ran out meanwhile.
+    OldLapsed(AnyHold),
+    /// A single attempt found it held.
+    Refused,
+    /// The old side was lost while waiting.
+    OldLost,
+}
+
+/// Releases one side's hold: now, or in the background if dropped first.
+struct ReleaseSide {
+    backend: Arc<dyn AnyBackend>,
+    hold: Option<AnyHold>,
+}
+
+impl ReleaseSide {
+    async fn release(&mut self) {
+        if let Some(hold) = &self.hold {
+            if let Err(err) = self.backend.release(hold).await {
+                tracing::warn!(backend = %self.backend, error = %err,
+                    "could not release one side of a dual lock; its expiry will");
+            }
+        }
+        self.hold = None;
+    }
+}
+
+impl Cleanup for ReleaseSide {
+    async fn cleanup(mut self) {
+        self.release().await;
+    }
+
+    fn is_needed(&self) -> bool {
+        self.hold.is_some()
+    }
+}
+
+#[async_trait]
+impl Backend for DualBackend {
+    type Hold = DualHold;
+
+    fn capabilities(&self) -> Capabilities {
+        self.capabilities.clone()
+    }
+
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<DualHold>>> {
+        let token = OwnerToken::from_string(format!("{DUAL_TOKEN_PREFIX}{}", request.token));
+        let on_sides = AcquireRequest {
+            token: &token,
+            fence_at_least: None,
+            ..request
+        };
+        loop {
+            let Some(won_old) = self.old.acquire(on_sides).await? else {
+                return Ok(None);
+            };
+            let mut old = OldHold {
+                release: CleanupOnDrop::new(ReleaseSide {
+                    backend: Arc::clone(&self.old),
+                    hold: Some(won_old.hold),
+                }),
+                requested_at: won_old.requested_at,
+                lease: won_old.lease,
+            };
+            let on_new = AcquireRequest {
+                fence_at_least: Some(won_old.fencing_token),
+                ..on_sides
+            };
+            let outcome = self.acquire_new(on_new, &mut old).await;
+            let won_new = match outcome {
+                Ok(NewSide::Won(won_new)) => won_new,
+                Ok(NewSide::OldLapsed(new_hold)) => {
+                    let mut new_release = ReleaseSide {
+                        backend: Arc::clone(&self.new),
+                        hold: Some(new_hold),
+                    };
+                    tokio::join!(old.release.state_mut().release(), new_release.release());
+                    if !request.wait {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                Ok(NewSide::OldLost) => {
+                    old.release.state_mut().release().await;
+                    if !request.wait {
+                        return Ok(None);
+                    }
+                    continue;
+                }
+                Ok(NewSide::Refused) => {
+                    old.release.state_mut().release().await;
+                    return Ok(None);
+                }
+                Err(err) => {
+                    old.release.state_mut().release().await;
+                    return Err(err);
+                }
+            };
+            let (old_end, new_end) = (
+                old.requested_at + old.lease,
+                won_new.requested_at + won_new.lease,
+            );
+            let requested_at = old.requested_at.min(won_new.requested_at);
+            let old_hold = old.release.disarm().hold.ok_or_else(|| Error::Protocol {
+                backend: "dual",
+                message: "the old side's hold was released while the new side was won".to_owned(),
+                source: None,
+            })?;
+            return Ok(Some(Acquired {
+                hold: DualHold {
+                    old: old_hold,
+                    new: won_new.hold,
+                    released: Mutex::new([None, None]),
+                },
+                fencing_token: won_new.fencing_token,
+                requested_at,
+                lease: old_end.min(new_end).saturating_duration_since(requested_at),
+                session: won_old.session + won_new.session,
+            }));
+        }
+    }
+
+    async fn renew(&self, items: &[RenewItem<'_, DualHold>]) -> Result<Vec<RenewOutcome>> {
+        let on = |side: Side| -> Vec<RenewItem<'_, AnyHold>> {
+            items
+                .iter()
+                .map(|item| RenewItem {
+                    hold: item.hold.side(side),
+                    ttl: item.ttl,
+                })
+                .collect()
+        };
+        let (old_items, new_items) = (on(Side::Old), on(Side::New));
+        let (old, new) = tokio::join!(self.old.renew(&old_items), self.new.renew(&new_items));
+        let outcomes = |side: Side, result: Result<Vec<RenewOutcome>>| match result {
+            Ok(outcomes) if outcomes.len() == items.len() => Ok(outcomes),
+            Ok(_) => Err(Error::Protocol {
+                backend: "dual",
+                message: format!("the {side} side answered a renewal with the wrong count"),
+                source: None,
+            }),
+            Err(err) => Err(err),
+        };
+        match (outcomes(Side::Old, old), outcomes(Side::New, new)) {
+            (Err(err), Err(_)) => Err(err),
+            (old, new) => {
+                let undecided = || vec![RenewOutcome::Undecided; items.len()];
+                let old = old.unwrap_or_else(|_| undecided());
+                let new = new.unwrap_or_else(|_| undecided());
+                Ok(old.into_iter().zip(new).map(combine_renewals).collect())
+            }
+        }
+    }
+
+    async fn release(&self, hold: &DualHold) -> Result<BackendRelease> {
+        let (old, new) = tokio::join!(
+            self.release_side(Side::Old, hold),
+            self.release_side(Side::New, hold)
+        );
+        Ok(match (old?, new?) {
+            (BackendRelease::NotOwner(reason), _) => {
+                BackendRelease::NotOwner(LostReason::on_side(Side::Old, reason))
+            }
+            (_, BackendRelease::NotOwner(reason)) => {
+                BackendRelease::NotOwner(LostReason::on_side(Side::New, reason))
+            }
+            (BackendRelease::Released, BackendRelease::Released) => BackendRelease::Released,
+        })
+    }
+
+    fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
+        match (self.old.session(), self.new.session()) {
+            (None, None) => None,
+            (Some(one), None) | (None, Some(one)) => Some(one),
+            (Some(old), Some(new)) => Some(merge_sessions(old, new)),
+        }
+    }
+}
+
+/// One renewal outcome from the two sides' outcomes.
+fn combine_renewals((old, new): (RenewOutcome, RenewOutcome)) -> RenewOutcome {
+    match (old, new) {
+        (RenewOutcome::Lost(reason), _) => {
+            RenewOutcome::Lost(LostReason::on_side(Side::Old, reason))
+        }
+        (_, RenewOutcome::Lost(reason)) => {
+            RenewOutcome::Lost(LostReason::on_side(Side::New, reason))
+        }
+        (RenewOutcome::Renewed { lease: old }, RenewOutcome::Renewed { lease: new }) => {
+            RenewOutcome::Renewed {
+                lease: old.min(new),
+            }
+        }
+        _ => RenewOutcome::Undecided,
+    }
+}
+
+/// One session status from both sides': its epoch is the sum of theirs (a hold records
+/// the sum of its sides' epochs, so every hold of an expired side's epoch is at or below
+/// it), its health the worse.
+fn merge_sessions(
+    mut old: watch::Receiver<SessionStatus>,
+    mut new: watch::Receiver<SessionStatus>,
+) -> watch::Receiver<SessionStatus> {
+    let merged = |old: SessionStatus, new: SessionStatus| SessionStatus {
+        epoch: old.epoch + new.epoch,
+        health: [old.health, new.health]
+            .into_iter()
+            .max_by_key(|health| match health {
+                SessionHealth::Connected => 0,
+                SessionHealth::Suspended => 1,
+                SessionHealth::Expired => 2,
+            })
+            .unwrap_or(SessionHealth::Connected),
+    };
+    let (sender, receiver) = watch::channel(merged(*old.borrow(), *new.borrow()));
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                changed = old.changed() => if changed.is_err() { return },
+                changed = new.changed() => if changed.is_err() { return },
+                () = sender.closed() => return,
+            }
+            let status = merged(*old.borrow_and_update(), *new.borrow_and_update());
+            sender.send_replace(status);
+        }
+    });
+    receiver
+}
+
+impl fmt::Debug for DualBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DualBackend")
+            .field("old", &self.old)
+            .field("new", &self.new)
+            .finish()
+    }
+}
+
+impl fmt::Display for DualBackend {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "dual lock (old: {}, new: {})", self.old, self.new)
+    }
+}

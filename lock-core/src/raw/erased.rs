@@ -1,0 +1,89 @@
+//! A [`Backend`] with its hold type erased, so that code choosing backends at run time
+//! (the dual lock, the migration check) can hold any of them behind one pointer.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use tokio::sync::watch;
+
+use crate::backend::{
+    AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionStatus,
+};
+use crate::capabilities::Capabilities;
+use crate::error::{Error, Result};
+use crate::name::LockName;
+use crate::occupancy::Occupancy;
+use crate::options::LockOptions;
+
+/// The hold of an [`AnyBackend`]: the backend's own hold, boxed.
+pub(crate) type AnyHold = Box<dyn Any + Send + Sync>;
+
+/// A backend opened from a URL, with the lock options the URL gave.
+pub(crate) struct Opened {
+    pub(crate) backend: Arc<dyn AnyBackend>,
+    pub(crate) options: LockOptions,
+}
+
+/// [`Backend`] with [`AnyHold`] for its hold; every backend is one.
+#[async_trait]
+pub(crate) trait AnyBackend: Send + Sync + fmt::Debug + fmt::Display + 'static {
+    fn capabilities(&self) -> Capabilities;
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<AnyHold>>>;
+    async fn renew(&self, items: &[RenewItem<'_, AnyHold>]) -> Result<Vec<RenewOutcome>>;
+    async fn release(&self, hold: &AnyHold) -> Result<BackendRelease>;
+    async fn inspect(&self, name: &LockName) -> Result<Occupancy>;
+    fn session(&self) -> Option<watch::Receiver<SessionStatus>>;
+}
+
+#[async_trait]
+impl<B: Backend> AnyBackend for B {
+    fn capabilities(&self) -> Capabilities {
+        Backend::capabilities(self)
+    }
+
+    async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<AnyHold>>> {
+        Ok(Backend::acquire(self, request).await?.map(|won| Acquired {
+            hold: Box::new(won.hold) as AnyHold,
+            fencing_token: won.fencing_token,
+            requested_at: won.requested_at,
+            lease: won.lease,
+            session: won.session,
+        }))
+    }
+
+    async fn renew(&self, items: &[RenewItem<'_, AnyHold>]) -> Result<Vec<RenewOutcome>> {
+        let items = items
+            .iter()
+            .map(|item| {
+                Ok(RenewItem {
+                    hold: own_hold::<B>(item.hold)?,
+                    ttl: item.ttl,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Backend::renew(self, &items).await
+    }
+
+    async fn release(&self, hold: &AnyHold) -> Result<BackendRelease> {
+        Backend::release(self, own_hold::<B>(hold)?).await
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        Backend::inspect(self, name).await
+    }
+
+    fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
+        Backend::session(self)
+    }
+}
+
+fn own_hold<B: Backend>(hold: &AnyHold) -> Result<&B::Hold> {
+    hold.downcast_ref::<B::Hold>()
+        .ok_or_else(|| Error::Protocol {
+            backend: "distlock",
+            message: "a hold was handed to a backend that did not grant it".to_owned(),
+            source: None,
+        })
+}
