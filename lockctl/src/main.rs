@@ -5,6 +5,9 @@
 //! lockctl --url zk://127.0.0.1:2181/locks hold deploy --for 30s
 //! ```
 //!
+//! `migration check` tells whether a step of a move between backends is safe (see
+//! docs/migration.md).
+//!
 //! `run` holds the lock while a command runs and passes the fencing token to it in
 //! `DISTLOCK_FENCING_TOKEN`. Exit codes: the command's own (128 + N if it died of signal
 //! N; 127 if it was not found, 126 if it could not be run); 75 when the lock was not
@@ -32,6 +35,8 @@
 //! it when the command is a set-user-ID or set-group-ID program (such as `sudo`). The
 //! command's own subprocesses are its business: a wrapper script should `exec` its last
 //! command or pass signals on, as under any supervisor.
+
+mod migration;
 
 use std::ffi::OsString;
 use std::future::Future;
@@ -98,6 +103,9 @@ enum Command {
         /// Lock name.
         name: String,
     },
+    /// Moving a fleet between backends (the URL is a `dual:<old>|<new>` lock's).
+    #[command(subcommand)]
+    Migration(migration::Migration),
 }
 
 /// The lock URL from `LOCK_URL`, or `memory://`.
@@ -202,6 +210,9 @@ fn exit_code(status: ExitStatus) -> ExitCode {
 
 async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
     let url = cli.url.unwrap_or_else(lock_url);
+    if let Command::Migration(command) = cli.command {
+        return migration::run(&url, command).await;
+    }
     let locks = distlock::connect(&url).await?;
     let wait = cli.timeout.map_or(Wait::Forever, Wait::Timeout);
     match cli.command {
@@ -223,6 +234,7 @@ async fn run(cli: Cli) -> Result<ExitCode, BoxError> {
             let mut signals = Signals::catch()?;
             hold(locks.as_ref(), &name, wait, duration, &mut signals).await
         }
+        Command::Migration(_) => unreachable!("handled before connecting"),
         Command::Run {
             name,
             grace,

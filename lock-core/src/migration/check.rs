@@ -190,7 +190,7 @@ impl fmt::Display for CheckReport {
         };
         writeln!(
             f,
-            "step {}: {verdict} ({} names, {} looks over {})",
+            "step {}: {verdict} ({} name(s), {} look(s) over {})",
             self.step,
             self.names.len(),
             self.looks,
@@ -281,7 +281,7 @@ impl Registry {
                 }
             }
         }
-        report.watched = started.elapsed();
+        report.watched = whole_millis(started.elapsed());
         Ok(report)
     }
 }
@@ -299,7 +299,7 @@ async fn watch(
     let mut seen: BTreeMap<(String, Role, Option<String>), Sighting> = BTreeMap::new();
     loop {
         let looks = futures::future::join_all(names.iter().map(|name| backend.inspect(name)));
-        let at = started.elapsed();
+        let at = whole_millis(started.elapsed());
         for (name, look) in names.iter().zip(looks.await) {
             let occupancy = match look {
                 Ok(occupancy) => occupancy,
@@ -338,6 +338,11 @@ async fn watch(
     }
     report.unmarked = seen.into_values().collect();
     Ok(())
+}
+
+/// `elapsed` cut to whole milliseconds, for reports.
+fn whole_millis(elapsed: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn roles(occupancy: &Occupancy) -> impl Iterator<Item = (Role, &Participant)> {
