@@ -12,6 +12,10 @@
 //! | `zookeeper` | `zk://` | `zookeeper` |
 //! | `etcd` | `etcd://`, `etcds://` | `etcd` |
 //! | `full` | all of the above | |
+//!
+//! `dual:<old url>|<new url>` (any two of the above whose new side can raise its fencing
+//! tokens: Redis or RedLock) is the dual lock of a migration between backends; see
+//! [`migration`] and docs/migration.md.
 
 use std::sync::{Arc, OnceLock};
 
