@@ -20,7 +20,7 @@ use tokio::time::Instant;
 use crate::config::RedisConfig;
 use crate::connection::{redis_client, Node, Subscription, Wakeups};
 use crate::error;
-use crate::hold::{ttl_millis, HoldKeys, RedisHold, WakeKeys};
+use crate::hold::{floor_arg, ttl_millis, HoldKeys, RedisHold, WakeKeys};
 use crate::layout::{self, KeyLayout};
 use crate::queue::QueueTimes;
 
@@ -329,7 +329,8 @@ impl Inner {
         let base = Capabilities::new(self.backend)
             .fair(self.config.queue)
             .push_wakeup(true)
-            .durable(false);
+            .durable(false)
+            .fence_at_least(true);
         if self.config.redlock {
             base.min_ttl(MIN_TTL_REDLOCK)
                 .fencing(FencingSource::QuorumCounter)
@@ -345,12 +346,14 @@ impl Inner {
     /// The acquire script for `hold`: with `count` it takes the next fencing token on a
     /// grant, `max(counter + 1, server clock in µs)`, and stores it (single server);
     /// without, it only reads `max(counter, server clock in µs)` (RedLock, which writes
-    /// the token back through a majority).
+    /// the token back through a majority). With a `floor`, the floor takes the place of
+    /// the clock (see `tokens.lua`).
     pub(crate) fn acquire_invocation(
         &self,
         hold: &RedisHold,
         ttl_ms: u64,
         count: bool,
+        floor: Option<FencingToken>,
     ) -> redis::ScriptInvocation<'_> {
         let mut invocation = self.scripts.acquire.prepare_invoke();
         invocation
@@ -358,7 +361,8 @@ impl Inner {
             .key(&hold.keys.fence_key)
             .arg(hold.token.as_str())
             .arg(ttl_ms)
-            .arg(u8::from(count));
+            .arg(u8::from(count))
+            .arg(floor_arg(floor));
         invocation
     }
 
@@ -366,11 +370,11 @@ impl Inner {
     async fn attempt_single(
         &self,
         hold: &RedisHold,
-        ttl: Duration,
+        request: &AcquireRequest<'_>,
         pending: &mut CleanupOnDrop<Abandoned>,
     ) -> Result<Attempt> {
-        let ttl_ms = ttl_millis(ttl);
-        let invocation = self.acquire_invocation(hold, ttl_ms, true);
+        let ttl_ms = ttl_millis(request.ttl);
+        let invocation = self.acquire_invocation(hold, ttl_ms, true, request.fence_at_least);
         let requested_at = Instant::now();
         pending.state_mut().arm(hold);
         let (won, value): (i64, i64) = self.nodes[0]
@@ -437,17 +441,11 @@ impl Backend for RedisBackend {
                 // Each RedLock round has its own owner token, so that a late undo of an
                 // earlier round can never remove what a later round took.
                 let hold = first.for_round(round);
-                inner
-                    .attempt_redlock(&hold, request.ttl, request.wait, &mut pending)
-                    .await?
+                inner.attempt_redlock(&hold, &request, &mut pending).await?
             } else if inner.config.queue {
-                inner
-                    .attempt_queued(&first, request.ttl, request.wait, &mut pending)
-                    .await?
+                inner.attempt_queued(&first, &request, &mut pending).await?
             } else {
-                inner
-                    .attempt_single(&first, request.ttl, &mut pending)
-                    .await?
+                inner.attempt_single(&first, &request, &mut pending).await?
             };
             round += 1;
             let nap = match attempt {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use lock_core::raw::{BackendRelease, RenewItem, RenewOutcome};
-use lock_core::{LockName, LostReason, OwnerToken, Result};
+use lock_core::{FencingToken, LockName, LostReason, OwnerToken, Result};
 use tokio::time::Instant;
 
 use crate::backend::Inner;
@@ -90,6 +90,13 @@ impl RedisHold {
 /// TTL in whole milliseconds (at least 1), as Redis takes it.
 pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+/// A fencing token floor as the acquire scripts take it: the decimal token, "" for none.
+pub(crate) fn floor_arg(floor: Option<FencingToken>) -> String {
+    floor
+        .map(|floor| floor.get().to_string())
+        .unwrap_or_default()
 }
 
 impl Inner {
