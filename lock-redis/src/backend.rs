@@ -12,7 +12,9 @@ use lock_core::raw::{
     AcquireRequest, Acquired, Backend, BackendRelease, Cleanup, CleanupOnDrop, Connect, LockUrl,
     RenewItem, RenewOutcome,
 };
-use lock_core::{Capabilities, Error, FencingSource, FencingToken, LockOptions, Result};
+use lock_core::{
+    Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, Occupancy, Result,
+};
 use rand::Rng;
 use redis::Script;
 use tokio::time::Instant;
@@ -30,7 +32,8 @@ const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
 const MIN_TTL_REDLOCK: Duration = Duration::from_millis(100);
 
 /// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`). Shared helpers are
-/// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts.
+/// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts and
+/// the inspection.
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
@@ -38,6 +41,7 @@ pub(crate) struct Scripts {
     pub(crate) release_q: Script,
     pub(crate) renew: Script,
     pub(crate) fence_write: Script,
+    pub(crate) inspect: Script,
 }
 
 impl Scripts {
@@ -59,6 +63,10 @@ impl Scripts {
             )),
             renew: Script::new(include_str!("scripts/renew.lua")),
             fence_write: Script::new(include_str!("scripts/fence_write.lua")),
+            inspect: Script::new(concat!(
+                include_str!("scripts/queue.lua"),
+                include_str!("scripts/inspect.lua")
+            )),
         }
     }
 }
@@ -488,6 +496,17 @@ impl Backend for RedisBackend {
         self.inner
             .release_all(hold, false, self.inner.request_deadline())
             .await
+    }
+
+    /// One script call per server (within `request_timeout`): the holder is the lock
+    /// key's value, the waiters the live entries of the queue, the token floor the
+    /// fencing counter (RedLock: the holder found on the most servers, the highest
+    /// counter, the queue of the server that orders the waiters first).
+    ///
+    /// # Errors
+    /// When fewer than a majority of servers answered.
+    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        self.inner.inspect(name).await
     }
 }
 

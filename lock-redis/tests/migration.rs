@@ -1,14 +1,17 @@
 //! What the dual (migration) lock needs of Redis, on one server (with and without the
-//! queue) and on RedLock: a floor for the granted fencing token (`fence_at_least`).
+//! queue) and on RedLock: a floor for the granted fencing token (`fence_at_least`), and an
+//! inspection of who holds and who waits (`Backend::inspect`).
 
 mod common;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use common::{config_for, unique_name as name, with_ttl, RedisFactory};
+use conformance::proxy::{FaultProxy, ProxyMode};
 use lock_core::raw::{AcquireRequest, Backend, Connect};
-use lock_core::{FencingToken, LockName, LockOptions, OwnerToken};
+use lock_core::{FencingToken, LockName, LockOptions, Occupancy, OwnerToken};
 use lock_redis::{KeyLayout, RedisBackend, RedisHold, DEFAULT_PREFIX};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -23,6 +26,7 @@ fn options() -> LockOptions {
 struct Setup {
     label: String,
     redlock: bool,
+    queue: bool,
     factory: Arc<RedisFactory>,
     backend: Arc<RedisBackend>,
 }
@@ -41,6 +45,7 @@ async fn setups() -> Option<Vec<Setup>> {
             setups.push(Setup {
                 label: format!("redlock={redlock} queue={queue}"),
                 redlock,
+                queue,
                 factory: Arc::clone(&factory),
                 backend: Arc::new(backend),
             });
@@ -118,6 +123,10 @@ impl Setup {
             "{}: token {token} is not the counter of a majority: {counters:?}",
             self.label
         );
+    }
+
+    async fn inspect(&self, lock: &LockName) -> Occupancy {
+        self.backend.inspect(lock).await.expect("inspect")
     }
 }
 
@@ -233,4 +242,171 @@ async fn the_same_token_acquires_again_with_a_floor() {
         assert!(plain > again, "{}: {plain} after {again}", setup.label);
         setup.backend.release(&hold).await.expect("release");
     }
+}
+
+/// Polls `lock` until it shows `waiters` waiters (bounded).
+async fn until_waiters(setup: &Setup, lock: &LockName, waiters: usize) -> Occupancy {
+    for _ in 0..1000 {
+        let seen = setup.inspect(lock).await;
+        if seen.waiters.len() >= waiters {
+            return seen;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{}: `{lock}` never showed {waiters} waiters", setup.label);
+}
+
+/// The holder and two queued waiters are seen, the waiters in arrival order, each with
+/// its owner token; the token floor is the fencing counter (the holder's token).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_the_holder_and_the_queue_in_order() {
+    let Some(setups) = setups().await else {
+        return;
+    };
+    for setup in setups.iter().filter(|s| s.queue) {
+        let lock = name("inspect_queue");
+        let (hold, fence) = setup.take(&lock, &OwnerToken::generate(), None).await;
+        let mut waiters = Vec::new();
+        let mut tasks = Vec::new();
+        for i in 1..=2 {
+            let token = OwnerToken::generate();
+            waiters.push(Some(token.to_string()));
+            let (backend, wanted) = (Arc::clone(&setup.backend), lock.clone());
+            tasks.push(tokio::spawn(async move {
+                let request = AcquireRequest {
+                    name: &wanted,
+                    token: &token,
+                    ttl: TTL,
+                    wait: true,
+                    fence_at_least: None,
+                };
+                backend.acquire(request).await.map(|a| a.is_some())
+            }));
+            until_waiters(setup, &lock, i).await;
+        }
+        // Behind them, a waiter whose liveness deadline has passed: not listed.
+        let keys = KeyLayout::new(DEFAULT_PREFIX);
+        for mut conn in setup.factory.raw_all().await {
+            let _: () = redis::pipe()
+                .cmd("ZADD")
+                .arg(keys.queue_key(&lock))
+                .arg(1_000_000)
+                .arg("ghost/dead")
+                .ignore()
+                .cmd("ZADD")
+                .arg(keys.queue_live_key(&lock))
+                .arg(1)
+                .arg("ghost/dead")
+                .ignore()
+                .query_async(&mut conn)
+                .await
+                .expect("enqueue a dead waiter");
+        }
+        let seen = setup.inspect(&lock).await;
+        let holder = seen.holder.clone().expect("held");
+        assert_eq!(holder.owner_token.as_deref(), Some(hold.token().as_str()));
+        assert!(
+            holder.lease_left.is_some_and(|left| left <= TTL),
+            "{}: {holder:?}",
+            setup.label
+        );
+        let tokens: Vec<_> = seen.waiters.iter().map(|w| w.owner_token.clone()).collect();
+        assert_eq!(tokens, waiters, "{}", setup.label);
+        let highest = setup.counters(&lock).await.into_iter().flatten().max();
+        assert_eq!(
+            seen.token_floor,
+            highest.map(FencingToken),
+            "{}",
+            setup.label
+        );
+        assert_eq!(
+            seen.token_floor,
+            Some(FencingToken(fence)),
+            "{}",
+            setup.label
+        );
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        setup.backend.release(&hold).await.expect("release");
+    }
+}
+
+/// A plain `SET key value NX PX` holder is seen with its value and lease; a name nobody
+/// took shows nothing; once released, no holder and the counter as the token floor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_shows_a_plain_holder_and_a_free_name() {
+    let Some(setups) = setups().await else {
+        return;
+    };
+    for setup in &setups {
+        let lock = name("inspect_plain");
+        assert_eq!(
+            setup.inspect(&lock).await,
+            Occupancy::default(),
+            "{}",
+            setup.label
+        );
+        let key = KeyLayout::new(DEFAULT_PREFIX).lock_key(&lock);
+        for mut conn in setup.factory.raw_all().await {
+            let set: Option<String> = redis::cmd("SET")
+                .arg(&key)
+                .arg("plain-client")
+                .arg("NX")
+                .arg("PX")
+                .arg(60_000)
+                .query_async(&mut conn)
+                .await
+                .expect("SET NX PX");
+            assert_eq!(set.as_deref(), Some("OK"));
+        }
+        let seen = setup.inspect(&lock).await;
+        let holder = seen.holder.expect("the plain holder");
+        assert_eq!(holder.owner_token.as_deref(), Some("plain-client"));
+        assert!(holder
+            .lease_left
+            .is_some_and(|left| left > TTL && left <= Duration::from_secs(60)));
+        assert!(
+            seen.waiters.is_empty() && seen.token_floor.is_none(),
+            "{}",
+            setup.label
+        );
+        setup.factory.delete_everywhere(&key).await;
+        let token = setup.grant(&lock, None).await;
+        let seen = setup.inspect(&lock).await;
+        assert_eq!(
+            seen,
+            Occupancy::default().token_floor(Some(FencingToken(token))),
+            "{}",
+            setup.label
+        );
+    }
+}
+
+/// RedLock inspection needs a majority of the servers to answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inspect_on_redlock_needs_a_majority() {
+    let Some(factory) = RedisFactory::redlock(3).await else {
+        return;
+    };
+    let mut proxies = Vec::new();
+    for addr in factory.servers.addrs() {
+        proxies.push(FaultProxy::start(addr).await.expect("proxy"));
+    }
+    let addrs: Vec<SocketAddr> = proxies.iter().map(FaultProxy::addr).collect();
+    let backend = RedisBackend::open(config_for(&addrs, true, options()))
+        .await
+        .expect("connect");
+    let lock = name("inspect_majority");
+    proxies[0].set_mode(ProxyMode::Blackhole);
+    backend.inspect(&lock).await.expect("two of three answer");
+    proxies[1].set_mode(ProxyMode::Blackhole);
+    let err = backend
+        .inspect(&lock)
+        .await
+        .expect_err("one of three answers");
+    assert_eq!(err.kind(), lock_core::ErrorKind::Unavailable, "{err}");
 }
