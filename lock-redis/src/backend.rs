@@ -12,7 +12,9 @@ use lock_core::raw::{
     AcquireRequest, Acquired, Backend, BackendRelease, Cleanup, CleanupOnDrop, Connect, LockUrl,
     RenewItem, RenewOutcome,
 };
-use lock_core::{Capabilities, Error, FencingSource, FencingToken, LockOptions, Result};
+use lock_core::{
+    Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, Occupancy, Result,
+};
 use rand::Rng;
 use redis::Script;
 use tokio::time::Instant;
@@ -20,7 +22,7 @@ use tokio::time::Instant;
 use crate::config::RedisConfig;
 use crate::connection::{redis_client, Node, Subscription, Wakeups};
 use crate::error;
-use crate::hold::{ttl_millis, HoldKeys, RedisHold, WakeKeys};
+use crate::hold::{floor_arg, ttl_millis, HoldKeys, RedisHold, WakeKeys};
 use crate::layout::{self, KeyLayout};
 use crate::queue::QueueTimes;
 
@@ -30,7 +32,8 @@ const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
 const MIN_TTL_REDLOCK: Duration = Duration::from_millis(100);
 
 /// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`). Shared helpers are
-/// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts.
+/// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts and
+/// the inspection.
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
@@ -38,6 +41,7 @@ pub(crate) struct Scripts {
     pub(crate) release_q: Script,
     pub(crate) renew: Script,
     pub(crate) fence_write: Script,
+    pub(crate) inspect: Script,
 }
 
 impl Scripts {
@@ -59,6 +63,10 @@ impl Scripts {
             )),
             renew: Script::new(include_str!("scripts/renew.lua")),
             fence_write: Script::new(include_str!("scripts/fence_write.lua")),
+            inspect: Script::new(concat!(
+                include_str!("scripts/queue.lua"),
+                include_str!("scripts/inspect.lua")
+            )),
         }
     }
 }
@@ -329,7 +337,8 @@ impl Inner {
         let base = Capabilities::new(self.backend)
             .fair(self.config.queue)
             .push_wakeup(true)
-            .durable(false);
+            .durable(false)
+            .fence_at_least(true);
         if self.config.redlock {
             base.min_ttl(MIN_TTL_REDLOCK)
                 .fencing(FencingSource::QuorumCounter)
@@ -345,12 +354,14 @@ impl Inner {
     /// The acquire script for `hold`: with `count` it takes the next fencing token on a
     /// grant, `max(counter + 1, server clock in µs)`, and stores it (single server);
     /// without, it only reads `max(counter, server clock in µs)` (RedLock, which writes
-    /// the token back through a majority).
+    /// the token back through a majority). With a `floor`, the floor takes the place of
+    /// the clock (see `tokens.lua`).
     pub(crate) fn acquire_invocation(
         &self,
         hold: &RedisHold,
         ttl_ms: u64,
         count: bool,
+        floor: Option<FencingToken>,
     ) -> redis::ScriptInvocation<'_> {
         let mut invocation = self.scripts.acquire.prepare_invoke();
         invocation
@@ -358,7 +369,8 @@ impl Inner {
             .key(&hold.keys.fence_key)
             .arg(hold.token.as_str())
             .arg(ttl_ms)
-            .arg(u8::from(count));
+            .arg(u8::from(count))
+            .arg(floor_arg(floor));
         invocation
     }
 
@@ -366,11 +378,11 @@ impl Inner {
     async fn attempt_single(
         &self,
         hold: &RedisHold,
-        ttl: Duration,
+        request: &AcquireRequest<'_>,
         pending: &mut CleanupOnDrop<Abandoned>,
     ) -> Result<Attempt> {
-        let ttl_ms = ttl_millis(ttl);
-        let invocation = self.acquire_invocation(hold, ttl_ms, true);
+        let ttl_ms = ttl_millis(request.ttl);
+        let invocation = self.acquire_invocation(hold, ttl_ms, true, request.fence_at_least);
         let requested_at = Instant::now();
         pending.state_mut().arm(hold);
         let (won, value): (i64, i64) = self.nodes[0]
@@ -437,17 +449,11 @@ impl Backend for RedisBackend {
                 // Each RedLock round has its own owner token, so that a late undo of an
                 // earlier round can never remove what a later round took.
                 let hold = first.for_round(round);
-                inner
-                    .attempt_redlock(&hold, request.ttl, request.wait, &mut pending)
-                    .await?
+                inner.attempt_redlock(&hold, &request, &mut pending).await?
             } else if inner.config.queue {
-                inner
-                    .attempt_queued(&first, request.ttl, request.wait, &mut pending)
-                    .await?
+                inner.attempt_queued(&first, &request, &mut pending).await?
             } else {
-                inner
-                    .attempt_single(&first, request.ttl, &mut pending)
-                    .await?
+                inner.attempt_single(&first, &request, &mut pending).await?
             };
             round += 1;
             let nap = match attempt {
@@ -490,6 +496,17 @@ impl Backend for RedisBackend {
         self.inner
             .release_all(hold, false, self.inner.request_deadline())
             .await
+    }
+
+    /// One script call per server (within `request_timeout`): the holder is the lock
+    /// key's value, the waiters the live entries of the queue, the token floor the
+    /// fencing counter (RedLock: the holder found on the most servers, the highest
+    /// counter, the queue of the server that orders the waiters first).
+    ///
+    /// # Errors
+    /// When fewer than a majority of servers answered.
+    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        self.inner.inspect(name).await
     }
 }
 

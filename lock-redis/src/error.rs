@@ -100,6 +100,42 @@ pub(crate) fn no_majority(
     }
 }
 
+/// The answers of the servers that answered `what` (each with its server's index), when
+/// at least `quorum` of them did; otherwise the error: a single server's own, or
+/// [`no_majority`] with the first error.
+pub(crate) fn majority<T>(
+    backend: &'static str,
+    quorum: usize,
+    replies: Vec<Result<T, Error>>,
+    what: impl fmt::Display,
+) -> Result<Vec<(usize, T)>, Error> {
+    let n = replies.len();
+    let mut answers = Vec::with_capacity(n);
+    let mut first_error = None;
+    for (i, reply) in replies.into_iter().enumerate() {
+        match reply {
+            Ok(answer) => answers.push((i, answer)),
+            Err(err) => {
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    if answers.len() >= quorum {
+        return Ok(answers);
+    }
+    Err(match (n, first_error) {
+        (1, Some(err)) => err,
+        (_, first_error) => no_majority(
+            backend,
+            format!(
+                "only {} of {n} servers answered {what}; RedLock needs {quorum}",
+                answers.len()
+            ),
+            first_error,
+        ),
+    })
+}
+
 /// Whether `err` is a TLS certificate the client refused (retrying cannot help).
 ///
 /// The client library wraps the TLS error in an `Arc` behind an I/O error, which hides

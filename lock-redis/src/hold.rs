@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use lock_core::raw::{BackendRelease, RenewItem, RenewOutcome};
-use lock_core::{LockName, LostReason, OwnerToken, Result};
+use lock_core::{FencingToken, LockName, LostReason, OwnerToken, Result};
 use tokio::time::Instant;
 
 use crate::backend::Inner;
@@ -92,6 +92,13 @@ pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
 }
 
+/// A fencing token floor as the acquire scripts take it: the decimal token, "" for none.
+pub(crate) fn floor_arg(floor: Option<FencingToken>) -> String {
+    floor
+        .map(|floor| floor.get().to_string())
+        .unwrap_or_default()
+}
+
 impl Inner {
     /// Renews `items` on every server: one script call per server (per [`RENEW_CHUNK`] keys).
     /// Each hold gets its own outcome: renewed when a majority of servers (the one server, on
@@ -154,35 +161,12 @@ impl Inner {
             Ok(statuses)
         }))
         .await;
-        let mut answers = Vec::with_capacity(n);
-        let mut first_error = None;
-        for result in per_node {
-            match result {
-                Ok(statuses) => answers.push(statuses),
-                Err(err) => {
-                    first_error.get_or_insert(err);
-                }
-            }
-        }
-        if answers.len() < self.quorum {
-            return Err(match (n, first_error) {
-                (1, Some(err)) => err,
-                (_, first_error) => error::no_majority(
-                    self.backend,
-                    format!(
-                        "only {} of {n} servers answered the renewal; RedLock needs {}",
-                        answers.len(),
-                        self.quorum
-                    ),
-                    first_error,
-                ),
-            });
-        }
+        let answers = error::majority(self.backend, self.quorum, per_node, "the renewal")?;
         let silent = n - answers.len();
         let mut outcomes = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
-            let renewed = answers.iter().filter(|a| a[i] == 1).count();
-            let taken = answers.iter().filter(|a| a[i] < 0).count();
+            let renewed = answers.iter().filter(|(_, a)| a[i] == 1).count();
+            let taken = answers.iter().filter(|(_, a)| a[i] < 0).count();
             if renewed >= self.quorum {
                 outcomes.push(RenewOutcome::Renewed {
                     lease: Duration::from_millis(ttl_millis(item.ttl)),

@@ -3,14 +3,15 @@
 // The same files as every backend crate: `config.rs`, `error.rs`, `backend.rs` (the
 // `Backend` and `Connect` impls), `hold.rs` (holds, renewal, release), `connection.rs`
 // (connections, wake-up subscriptions), `layout.rs` (key names), `queue.rs` (the waiter
-// queue); and, for Redis alone, `redlock.rs` (the RedLock quorum rounds) and `scripts/`
-// (the Lua scripts).
+// queue); and, for Redis alone, `redlock.rs` (the RedLock quorum rounds), `inspect.rs`
+// (who holds and who waits, for the migration check) and `scripts/` (the Lua scripts).
 
 mod backend;
 mod config;
 mod connection;
 mod error;
 mod hold;
+mod inspect;
 mod layout;
 mod queue;
 mod redlock;

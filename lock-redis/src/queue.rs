@@ -11,13 +11,13 @@
 
 use std::time::Duration;
 
-use lock_core::raw::{Acquired, CleanupOnDrop};
+use lock_core::raw::{AcquireRequest, Acquired, CleanupOnDrop};
 use lock_core::{FencingToken, Result};
 use tokio::time::Instant;
 
 use crate::backend::{pttl_wait, Abandoned, Attempt, Inner};
 use crate::error;
-use crate::hold::{ttl_millis, RedisHold, WakeKeys};
+use crate::hold::{floor_arg, ttl_millis, RedisHold, WakeKeys};
 
 /// Shortest hand-off window of a woken head.
 const MIN_WINDOW: Duration = Duration::from_millis(20);
@@ -88,13 +88,15 @@ fn queue_invocation<'a>(
 
 impl Inner {
     /// The queued acquire for `hold` (see `acquire_q.lua`): with `count` it takes the next
-    /// fencing token on a grant; with `wait` a refused waiter queues.
+    /// fencing token on a grant (no lower than `floor`); with `wait` a refused waiter
+    /// queues.
     pub(crate) fn acquire_q_invocation(
         &self,
         hold: &RedisHold,
         ttl_ms: u64,
         count: bool,
         wait: bool,
+        floor: Option<FencingToken>,
     ) -> redis::ScriptInvocation<'_> {
         let mut invocation = queue_invocation(&self.scripts.acquire_q, hold);
         invocation
@@ -102,7 +104,8 @@ impl Inner {
             .arg(u8::from(count))
             .arg(hold.waiter())
             .arg(ttl_millis(self.queue_times.stay))
-            .arg(u8::from(wait));
+            .arg(u8::from(wait))
+            .arg(floor_arg(floor));
         invocation
     }
 
@@ -143,12 +146,12 @@ impl Inner {
     pub(crate) async fn attempt_queued(
         &self,
         hold: &RedisHold,
-        ttl: Duration,
-        wait: bool,
+        request: &AcquireRequest<'_>,
         pending: &mut CleanupOnDrop<Abandoned>,
     ) -> Result<Attempt> {
-        let ttl_ms = ttl_millis(ttl);
-        let invocation = self.acquire_q_invocation(hold, ttl_ms, true, wait);
+        let ttl_ms = ttl_millis(request.ttl);
+        let invocation =
+            self.acquire_q_invocation(hold, ttl_ms, true, request.wait, request.fence_at_least);
         let requested_at = Instant::now();
         pending.state_mut().arm(hold);
         let reply: Vec<i64> = self.nodes[0]

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use lock_core::raw::{validity_deadline, Acquired, CleanupOnDrop};
+use lock_core::raw::{validity_deadline, AcquireRequest, Acquired, CleanupOnDrop};
 use lock_core::{Error, FencingToken, Result};
 use tokio::time::{timeout_at, Instant};
 
@@ -75,20 +75,25 @@ impl Inner {
     /// raise the maximum. Where the shared servers lost that token (restored stale,
     /// restarted empty), the clock in their readings keeps max + 1 above it, as long as
     /// the servers' clocks do not go back and agree to within the time between grants.
+    ///
+    /// With a floor (`fence_at_least`), readings leave the clock out and the token is
+    /// `max(max reading + 1, floor)`, the floor itself where no server has a counter; the
+    /// same intersection argument holds (the floor only raises it), but a counter lost on
+    /// the shared servers is covered by the floor alone, not by the clock.
     pub(crate) async fn attempt_redlock(
         &self,
         hold: &RedisHold,
-        ttl: Duration,
-        wait: bool,
+        request: &AcquireRequest<'_>,
         pending: &mut CleanupOnDrop<Abandoned>,
     ) -> Result<Attempt> {
         let n = self.nodes.len();
+        let (ttl, wait, floor) = (request.ttl, request.wait, request.fence_at_least);
         let ttl_ms = ttl_millis(ttl);
         let lease = Duration::from_millis(ttl_ms);
         let node_timeout = self.config.node_timeout_for(ttl);
-        let plain = self.acquire_invocation(hold, ttl_ms, false);
+        let plain = self.acquire_invocation(hold, ttl_ms, false, floor);
         let queued = matches!(hold.keys.wake, WakeKeys::Queue { .. });
-        let ordered = queued.then(|| self.acquire_q_invocation(hold, ttl_ms, false, wait));
+        let ordered = queued.then(|| self.acquire_q_invocation(hold, ttl_ms, false, wait, floor));
         // The validity is counted from here, before round 1, so it covers both rounds.
         let requested_at = Instant::now();
         let deadline = requested_at + node_timeout;
@@ -166,7 +171,8 @@ impl Inner {
         let mut outcome = None;
         if tally.won() >= quorum && !arbiter_refused {
             // Round 2.
-            let fence = tally.highest_reading.saturating_add(1);
+            let next = tally.highest_reading.saturating_add(1);
+            let fence = floor.map_or(next, |floor| next.max(floor.get()));
             match self.write_fence(hold, fence, node_timeout).await {
                 Ok(true) if validity_deadline(requested_at, lease) > Instant::now() => {
                     outcome = Some(Ok(Attempt::Won(Acquired {

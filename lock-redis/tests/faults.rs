@@ -5,19 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{with_ttl, RedisFactory};
+use common::{unique_name as name, with_ttl, RedisFactory};
 use conformance::FencedResource;
-use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState, LostReason, ReleaseOutcome};
+use lock_core::{DistributedLockExt, ErrorKind, LockState, LostReason, ReleaseOutcome};
 use lock_redis::{KeyLayout, DEFAULT_PREFIX};
 use tokio::time::{sleep, timeout, Instant};
-
-fn name(test: &str) -> LockName {
-    LockName::new(format!(
-        "redlock-test/{test}/{}",
-        uuid::Uuid::new_v4().simple()
-    ))
-    .expect("name")
-}
 
 /// With 2 of 5 servers killed, RedLock still grants, excludes, hands over and fences.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -9,7 +9,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{config_for, with_ttl, RedisFactory};
+use common::{config_for, unique_name as name, with_ttl, RedisFactory};
 use conformance::fence::SectionHandle;
 use conformance::harness::RedisOptions;
 use conformance::proxy::{FaultProxy, ProxyMode};
@@ -18,14 +18,6 @@ use lock_core::raw::Connect;
 use lock_core::raw::{AcquireRequest, Backend};
 use lock_core::{DistributedLockExt, LockGuard, LockName, LockOptions, OwnerToken};
 use lock_redis::{KeyLayout, RedisBackend, RedisLock, DEFAULT_PREFIX};
-
-fn name(test: &str) -> LockName {
-    LockName::new(format!(
-        "fencing-test/{test}/{}",
-        uuid::Uuid::new_v4().simple()
-    ))
-    .expect("name")
-}
 
 fn options() -> LockOptions {
     let mut options = with_ttl(Duration::from_secs(5));

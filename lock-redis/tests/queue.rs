@@ -8,21 +8,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{config_for, raw, RedisFactory};
+use common::{config_for, raw, unique_name as name, RedisFactory};
 use conformance::fence::FencedResource;
 use conformance::Factory;
 use lock_core::{DistributedLockExt, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisLock, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
 use tokio::time::{sleep, timeout, Instant};
-
-fn name(test: &str) -> LockName {
-    LockName::new(format!(
-        "queue-test/{test}/{}",
-        uuid::Uuid::new_v4().simple()
-    ))
-    .expect("name")
-}
 
 /// Options whose recheck (2 s) is well above the hand-off window (500 ms), so that a wait
 /// ended by the window is told apart from one ended by the recheck.

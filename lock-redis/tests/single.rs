@@ -7,20 +7,12 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{raw, with_ttl, RedisFactory};
+use common::{raw, unique_name as name, with_ttl, RedisFactory};
 use conformance::harness::{or_skip, RedisOptions, RedisServer};
 use lock_core::{DistributedLockExt, LockName, LockState, LostReason, ReleaseOutcome};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
 use tokio::time::{sleep, timeout, Instant};
-
-fn name(test: &str) -> LockName {
-    LockName::new(format!(
-        "single-test/{test}/{}",
-        uuid::Uuid::new_v4().simple()
-    ))
-    .expect("name")
-}
 
 async fn client_of(
     server: &RedisServer,

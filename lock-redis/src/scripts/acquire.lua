@@ -4,11 +4,13 @@
 -- KEYS[2]: the fencing counter of the lock
 -- ARGV[1]: owner token; ARGV[2]: TTL in milliseconds
 -- ARGV[3]: "1" to take the next fencing token (single server), "0" not to (RedLock)
+-- ARGV[4]: the floor of the fencing token, "" for none (see tokens.lua)
 -- Single server: returns {1, fencing token} when the lock is ours, {0, PTTL of the
 -- holder} when it is not.
 -- RedLock: returns {1, 0, reading} when the lock is ours, {0, PTTL of the holder, reading}
--- when it is not. The reading is max(counter, server clock in microseconds) and changes
--- nothing (the client writes back the maximum of a majority + 1 with fence_write.lua);
+-- when it is not. The reading is max(counter, server clock in microseconds), with a floor
+-- the counter alone, and changes nothing (the client writes back the maximum of a
+-- majority + 1, or the floor if higher, with fence_write.lua);
 -- taken in the same atomic step as the SET, it covers every token a previous holder
 -- stored here while its key was here.
 -- The token helpers (clock, next_token, reading) come from tokens.lua.
@@ -23,9 +25,9 @@ elseif holder == ARGV[1] then
 elseif ARGV[3] == '1' then
   return {0, redis.call('PTTL', KEYS[1])}
 else
-  return {0, redis.call('PTTL', KEYS[1]), reading()}
+  return {0, redis.call('PTTL', KEYS[1]), reading(ARGV[4])}
 end
 if ARGV[3] == '1' then
-  return {1, next_token()}
+  return {1, next_token(ARGV[4])}
 end
-return {1, 0, reading()}
+return {1, 0, reading(ARGV[4])}

@@ -6,6 +6,7 @@
 -- ARGV[3]: "1" to take the next fencing token (single server), "0" to read it (RedLock)
 -- ARGV[4]: waiter id; ARGV[5]: how long (ms) the waiter stays queued without showing up
 -- ARGV[6]: "1" to queue when refused, "0" not to (a try)
+-- ARGV[7]: the floor of the fencing token, "" for none (see tokens.lua)
 -- Returns {1, fencing token, 0} (single server) or {1, 0, reading} (RedLock) when the
 -- lock is ours; {0, PTTL of the holder (-2 when the key is free but others are ahead),
 -- reading or 0, place in the queue (0 = head; -1 not queued)} when it is not.
@@ -16,9 +17,9 @@
 -- acquire.lua (the full path below would find nothing to drop and nobody ahead).
 if redis.call('EXISTS', QUEUE) == 0 and redis.call('SET', LOCK, ARGV[1], 'NX', 'PX', ARGV[2]) then
   if ARGV[3] == '1' then
-    return {1, next_token(), 0}
+    return {1, next_token(ARGV[7]), 0}
   end
-  return {1, 0, reading()}
+  return {1, 0, reading(ARGV[7])}
 end
 local now = now_ms()
 evict(now)
@@ -37,13 +38,13 @@ end
 if mine then
   leave(me)
   if ARGV[3] == '1' then
-    return {1, next_token(), 0}
+    return {1, next_token(ARGV[7]), 0}
   end
-  return {1, 0, reading()}
+  return {1, 0, reading(ARGV[7])}
 end
 local read = 0
 if ARGV[3] ~= '1' then
-  read = reading()
+  read = reading(ARGV[7])
 end
 local pttl = redis.call('PTTL', LOCK)
 if ARGV[6] ~= '1' then

@@ -4,6 +4,10 @@
 -- Tokens never go back while the server clock does not, also after partial data loss (a
 -- counter restored stale from a snapshot or a lagging replica, or evicted): a token is
 -- max(counter + 1, server clock in microseconds), and the counter is set to it.
+--
+-- A floor (the `floor` argument, a decimal number, "" for none; the dual lock's old
+-- token) replaces the clock: the token is max(counter + 1, floor), and the floor itself
+-- where no counter exists, so that it stays in the token space of the floor's backend.
 
 -- The server clock in microseconds (exact in a Lua number until the year 2255).
 local function clock()
@@ -11,8 +15,25 @@ local function clock()
   return tonumber(now[1]) * 1000000 + tonumber(now[2])
 end
 
--- The next fencing token, stored in the counter: max(counter + 1, clock).
-local function next_token()
+-- Whether decimal `a` is below decimal `b` (both without leading zeros), exact at any size.
+local function below(a, b)
+  if #a ~= #b then
+    return #a < #b
+  end
+  return a < b
+end
+
+-- The next fencing token, stored in the counter: max(counter + 1, clock), or
+-- max(counter + 1, floor) with a floor.
+local function next_token(floor)
+  if floor ~= '' then
+    local value = redis.call('GET', KEYS[2])
+    if value and not (string.match(value, '^%d+$') and below(value, floor)) then
+      return redis.call('INCR', KEYS[2])
+    end
+    redis.call('SET', KEYS[2], floor)
+    return floor
+  end
   local now = clock()
   local current = tonumber(redis.call('GET', KEYS[2]) or '0')
   if current == nil or current >= now then
@@ -23,9 +44,13 @@ local function next_token()
   return now
 end
 
--- RedLock: what this server knows of the tokens, max(counter, clock), unchanged.
-local function reading()
+-- RedLock: what this server knows of the tokens, unchanged: max(counter, clock), or with a
+-- floor the counter alone (0 where there is none; the client takes the floor into account).
+local function reading(floor)
   local value = redis.call('GET', KEYS[2])
+  if floor ~= '' then
+    return value or 0
+  end
   local now = clock()
   local current = tonumber(value or '0')
   if current ~= nil and current >= now then
@@ -33,4 +58,3 @@ local function reading()
   end
   return now
 end
-

@@ -36,6 +36,15 @@ pub(crate) async fn raw(addr: SocketAddr) -> MultiplexedConnection {
         .expect("raw connection")
 }
 
+/// A lock name of its own for `test` (a fresh UUID in it).
+pub(crate) fn unique_name(test: &str) -> LockName {
+    LockName::new(format!(
+        "redis-test/{test}/{}",
+        uuid::Uuid::new_v4().simple()
+    ))
+    .expect("name")
+}
+
 /// A client configuration for servers at `addrs`.
 pub(crate) fn config_for(addrs: &[SocketAddr], redlock: bool, options: LockOptions) -> RedisConfig {
     let nodes: Vec<RedisNode> = addrs

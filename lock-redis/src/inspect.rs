@@ -1,0 +1,127 @@
+//! Inspection: who holds and who waits for a name as the servers show it
+//! (`inspect.lua`, one call per server, changing nothing), for the dual lock's advance
+//! check.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use futures::future::join_all;
+use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
+
+use crate::backend::Inner;
+use crate::error;
+
+/// What one server shows of a name: the lock key's value and PTTL, the fencing counter,
+/// the live waiter ids in ticket order.
+type View = (Option<String>, i64, Option<u64>, Vec<String>);
+
+impl Inner {
+    /// Who holds and who waits for `name`; see [`merge`] for how several servers' views
+    /// combine.
+    ///
+    /// # Errors
+    /// When fewer than a majority of servers answered (the one server, on `redis://`).
+    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        let mut invocation = self.scripts.inspect.prepare_invoke();
+        invocation
+            .key(self.keys.lock_key(name))
+            .key(self.keys.fence_key(name))
+            .key(self.keys.queue_key(name))
+            .key(self.keys.queue_live_key(name));
+        let deadline = self.request_deadline();
+        let replies = join_all(
+            self.nodes
+                .iter()
+                .map(|node| node.script::<View>("inspect", deadline, &invocation)),
+        )
+        .await;
+        let what = format_args!("the inspection of `{name}`");
+        let views = error::majority(self.backend, self.quorum, replies, what)?;
+        Ok(merge(&views, self.arbiter, self.quorum))
+    }
+}
+
+/// The occupancy shown by the servers that answered (`(server index, view)`, in server
+/// order):
+/// - holder: the value stored on the most of them (the first in server order on a tie;
+///   on RedLock a holder has it on a majority, a value on fewer is an acquire under way
+///   or being undone, still a participant). Its `lease_left` is how long it stays on as
+///   many servers as a majority needs (the `quorum`-th longest PTTL, or the shortest
+///   where fewer hold it), `None` for a key without expiry. Its `fencing_token` is
+///   `None`: the counter holds the last token granted, which need not be this holder's
+///   (a plain `SET NX` holder has none).
+/// - waiters: the live queue entries of the server that orders the waiters (`arbiter`),
+///   then those only other servers list, each in ticket order and once; the owner token
+///   is the part of the waiter id `<client id>/<owner token>` after the first `/`.
+/// - token floor: the highest fencing counter (every later grant is above it).
+fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
+    let mut held: Vec<(&str, Vec<i64>)> = Vec::new();
+    for (_, (value, pttl, _, _)) in views {
+        if let Some(value) = value {
+            match held.iter_mut().find(|(v, _)| v == value) {
+                Some((_, pttls)) => pttls.push(*pttl),
+                None => held.push((value, vec![*pttl])),
+            }
+        }
+    }
+    let most = held.iter().map(|(_, pttls)| pttls.len()).max().unwrap_or(0);
+    let holder = held
+        .into_iter()
+        .find(|(_, pttls)| pttls.len() == most)
+        .map(|(value, pttls)| {
+            // A key without expiry (-1) stays for ever.
+            let mut left: Vec<u64> = pttls
+                .iter()
+                .map(|&p| u64::try_from(p).unwrap_or(if p == -1 { u64::MAX } else { 0 }))
+                .collect();
+            left.sort_unstable_by(|a, b| b.cmp(a));
+            let kept = left[quorum.min(left.len()) - 1];
+            Participant::new(Some(value.to_owned()))
+                .lease_left((kept != u64::MAX).then(|| Duration::from_millis(kept)))
+        });
+    let mut seen = HashSet::new();
+    let arbiter_first = views
+        .iter()
+        .filter(|(i, _)| *i == arbiter)
+        .chain(views.iter().filter(|(i, _)| *i != arbiter));
+    let waiters = arbiter_first
+        .flat_map(|(_, (_, _, _, ids))| ids)
+        .filter(|id| seen.insert(id.as_str()))
+        .map(|id| Participant::new(id.split_once('/').map(|(_, token)| token.to_owned())))
+        .collect();
+    let floor = views
+        .iter()
+        .filter_map(|(_, (_, _, counter, _))| *counter)
+        .max();
+    Occupancy::new(holder, waiters).token_floor(floor.map(FencingToken))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(holder: Option<&str>, pttl: i64, counter: Option<u64>, ids: &[&str]) -> View {
+        let ids = ids.iter().map(|id| (*id).to_owned()).collect();
+        (holder.map(str::to_owned), pttl, counter, ids)
+    }
+
+    #[test]
+    fn servers_views_merge_into_one_occupancy() {
+        let views = [
+            (0, view(Some("a"), 900, Some(7), &["c/x"])),
+            (1, view(Some("b"), 500, Some(9), &["c/y", "odd"])),
+            (2, view(Some("b"), 300, None, &["c/y"])),
+        ];
+        let seen = merge(&views, 1, 2);
+        let holder = seen.holder.expect("b is on two servers");
+        assert_eq!(holder.owner_token.as_deref(), Some("b"));
+        assert_eq!(holder.lease_left, Some(Duration::from_millis(300)));
+        let waiters: Vec<_> = seen.waiters.iter().map(|w| w.owner_token.clone()).collect();
+        assert_eq!(waiters, [Some("y".into()), None, Some("x".into())]);
+        assert_eq!(seen.token_floor, Some(FencingToken(9)));
+        let free = merge(&[(0, view(None, -2, None, &[]))], 0, 1);
+        assert_eq!(free, Occupancy::default());
+        let forever = merge(&[(0, view(Some("p"), -1, None, &[]))], 0, 1);
+        assert_eq!(forever.holder.expect("held").lease_left, None);
+    }
+}
