@@ -34,6 +34,13 @@ pub trait SideFactory: ChaosTarget {
     }
 }
 
+/// The reference backend as a side: in-process, no servers to proxy.
+impl SideFactory for crate::memory::MemoryFactory {
+    fn addrs(&self) -> Vec<SocketAddr> {
+        Vec::new()
+    }
+}
+
 /// Which sides of a dual deployment a hook or a fault touches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Sides {
@@ -172,11 +179,15 @@ pub fn options_query(options: &LockOptions) -> String {
     query
 }
 
-/// `url` (`scheme://host,host/path`) with its hosts replaced by `addrs`.
+/// `url` (`scheme://host,host/path`) with its hosts replaced by `addrs`; `url` itself
+/// when there are none (an in-process backend).
 ///
 /// # Panics
 /// If `url` has no `://` (the factories' URLs all have).
 pub fn with_hosts(url: &str, addrs: &[SocketAddr]) -> String {
+    if addrs.is_empty() {
+        return url.to_owned();
+    }
     let (scheme, rest) = url.split_once("://").expect("a factory URL has a scheme");
     let path = rest.find(['/', '?']).map_or("", |at| &rest[at..]);
     let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
