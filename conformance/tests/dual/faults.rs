@@ -16,9 +16,12 @@ use conformance::chaos::{self, ChaosTarget, Expect, Plan, ScenarioReport};
 use conformance::dual::{DualFactory, SideFactory, Sides};
 use conformance::rules::{eventually_empty, unique_name};
 use conformance::{with_ttl, Factory};
-use lock_core::{DistributedLock, DistributedLockExt, LockOptions, LostReason};
+use lock_core::{DistributedLock, DistributedLockExt, LockOptions, LostReason, Side};
 use lock_zookeeper::lock_dir;
-use tokio::time::timeout;
+use tokio::time::{sleep, timeout, Instant};
+
+/// Generous bound for "promptly", as the conformance rules use it.
+const PROMPT: Duration = Duration::from_secs(3);
 
 use crate::zk_common::{queue, BASE};
 use crate::{etcd_redis, zk_redis, zk_redlock};
@@ -129,6 +132,42 @@ async fn holder_paused_beyond_ttl() {
     };
     let report = run_safe("holder_paused_beyond_ttl", &dual.faults(Sides::Both)).await;
     assert_victim_lost_and_refused(&report, |_| true);
+}
+
+/// A dual hold lost on its new side (its key removed behind its back) lets go of its old
+/// side promptly, while its guard is still alive: ZooKeeper keeps a node as long as the
+/// session lives, so a kept old side would block every other dual client until the guard
+/// is released or dropped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_side_lost_frees_the_old_side() {
+    let Some(old) = crate::ZkFactory::start().await else {
+        return;
+    };
+    let dual = DualFactory::new(old, conformance::memory::MemoryFactory::new());
+    let ttl = dual.short_ttl();
+    let name = unique_name("dual-lost-side");
+    let holder = dual.client(with_ttl(ttl)).await;
+    let guard = holder.lock(name.as_str()).await.expect("acquire");
+    dual.new_side().steal(&name).await;
+    let reason = timeout(ttl + PROMPT, guard.lost())
+        .await
+        .expect("the loss of the new side is noticed within the renewal interval");
+    assert!(lost_on_new_side(reason), "lost by {reason:?}");
+    let deadline = Instant::now() + PROMPT;
+    loop {
+        let left = dual.old().leftovers(std::slice::from_ref(&name)).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old side is still held {PROMPT:?} after the hold was lost on the new side \
+             (guard {:?}): {left:?}",
+            guard.state()
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    drop(guard);
 }
 
 /// Polls `future` until it is ready or has been polled `polls` times, then drops it.
@@ -256,12 +295,10 @@ async fn cancellation_at_every_await_point_etcd() {
 
 /// A loss reported on the old side.
 fn lost_on_old_side(reason: LostReason) -> bool {
-    let _ = reason;
-    true
+    matches!(reason, LostReason::OnSide { side: Side::Old, .. })
 }
 
 /// A loss reported on the new side.
 fn lost_on_new_side(reason: LostReason) -> bool {
-    let _ = reason;
-    true
+    matches!(reason, LostReason::OnSide { side: Side::New, .. })
 }
