@@ -53,11 +53,11 @@ pub enum Sides {
 }
 
 impl Sides {
-    fn old(self) -> bool {
+    fn has_old(self) -> bool {
         matches!(self, Sides::Old | Sides::Both)
     }
 
-    fn new(self) -> bool {
+    fn has_new(self) -> bool {
         matches!(self, Sides::New | Sides::Both)
     }
 }
@@ -140,19 +140,19 @@ impl<O: SideFactory, N: SideFactory> DualFactory<O, N> {
     ) -> (Arc<dyn DistributedLock>, Link) {
         let (old, new) = (self.old.addrs(), self.new.addrs());
         let mut faulted = Vec::new();
-        if proxied.old() {
+        if proxied.has_old() {
             faulted.extend_from_slice(&old);
         }
-        if proxied.new() {
+        if proxied.has_new() {
             faulted.extend_from_slice(&new);
         }
         let (link, mut addrs) = Link::proxied(&faulted).await;
-        let new_addrs = if proxied.new() {
+        let new_addrs = if proxied.has_new() {
             addrs.split_off(addrs.len() - new.len())
         } else {
             new
         };
-        let old_addrs = if proxied.old() { addrs } else { old };
+        let old_addrs = if proxied.has_old() { addrs } else { old };
         let url = self.url_at(&old_addrs, &new_addrs, options);
         let client = connect_patiently("dual client connects", || lock_core::connect(&url)).await;
         self.links.lock().expect("links").push(link.clone());
@@ -222,10 +222,10 @@ impl<O: SideFactory, N: SideFactory> Factory for DualFactory<O, N> {
     }
 
     async fn steal(&self, name: &LockName) {
-        if self.steal.new() {
+        if self.steal.has_new() {
             self.new.steal(name).await;
         }
-        if self.steal.old() {
+        if self.steal.has_old() {
             self.old.steal(name).await;
         }
     }
@@ -256,10 +256,10 @@ impl<O: SideFactory, N: SideFactory> ChaosTarget for DualFactory<O, N> {
 
     fn servers(&self) -> Vec<&dyn ServerControl> {
         let mut servers = Vec::new();
-        if self.faults.old() {
+        if self.faults.has_old() {
             servers.extend(self.old.servers());
         }
-        if self.faults.new() {
+        if self.faults.has_new() {
             servers.extend(self.new.servers());
         }
         servers
@@ -284,9 +284,15 @@ mod tests {
             "127.0.0.1:2".parse().expect("addr"),
         ];
         let cases = [
-            ("zk://127.0.0.1:9/conformance", "zk://127.0.0.1:1,127.0.0.1:2/conformance"),
+            (
+                "zk://127.0.0.1:9/conformance",
+                "zk://127.0.0.1:1,127.0.0.1:2/conformance",
+            ),
             ("redlock://a:1,b:2,c:3", "redlock://127.0.0.1:1,127.0.0.1:2"),
-            ("redis://h:6379?ttl=1s", "redis://127.0.0.1:1,127.0.0.1:2?ttl=1s"),
+            (
+                "redis://h:6379?ttl=1s",
+                "redis://127.0.0.1:1,127.0.0.1:2?ttl=1s",
+            ),
         ];
         for (url, expected) in cases {
             assert_eq!(with_hosts(url, &addrs), expected, "{url}");

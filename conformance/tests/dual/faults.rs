@@ -16,7 +16,9 @@ use conformance::chaos::{self, ChaosTarget, Expect, Plan, ScenarioReport};
 use conformance::dual::{DualFactory, SideFactory, Sides};
 use conformance::rules::{eventually_empty, unique_name};
 use conformance::{with_ttl, Factory};
-use lock_core::{DistributedLock, DistributedLockExt, LockOptions, LostReason, Side};
+use lock_core::{
+    DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions, LostReason, Side,
+};
 use lock_zookeeper::lock_dir;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -44,8 +46,14 @@ fn assert_victim_lost_and_refused(report: &ScenarioReport, side_ok: fn(LostReaso
     let reason = report
         .victim_lost
         .unwrap_or_else(|| panic!("the victim's guard is not Lost: {report}"));
-    assert!(side_ok(reason), "the victim lost its lock by {reason:?}: {report}");
-    assert!(report.takeover.is_some(), "no other holder took over: {report}");
+    assert!(
+        side_ok(reason),
+        "the victim lost its lock by {reason:?}: {report}"
+    );
+    assert!(
+        report.takeover.is_some(),
+        "no other holder took over: {report}"
+    );
     assert_eq!(
         report.victim_write_accepted,
         Some(false),
@@ -102,7 +110,7 @@ async fn token_after_new_side_wipe_is_the_old_token() {
     let client = dual.client(with_ttl(dual.short_ttl())).await;
     let mut last = None;
     for round in 0..3 {
-        let guard = client.lock(name.as_str()).await.expect("acquire");
+        let guard = acquire_after_restart(&*client, &name).await;
         let token = guard.fencing_token();
         let nodes = queue(dual.old().admin(), &name).await;
         let path = format!("{}/{}", lock_dir(BASE, &name), nodes[0]);
@@ -112,12 +120,36 @@ async fn token_after_new_side_wipe_is_the_old_token() {
             // The counter is gone: the token is the old side's.
             assert_eq!(token.get(), czxid, "round {round}: token is not the czxid");
         }
-        assert!(token.get() >= czxid, "round {round}: token below the old token");
+        assert!(
+            token.get() >= czxid,
+            "round {round}: token below the old token"
+        );
         assert!(Some(token) > last, "round {round}: {token} after {last:?}");
         last = Some(token);
         guard.release().await.expect("release");
         for server in dual.servers() {
-            server.restart_wiped().await.expect("new side restarts empty");
+            server
+                .restart_wiped()
+                .await
+                .expect("new side restarts empty");
+        }
+    }
+}
+
+/// Acquires `name`, retrying the retryable errors of a client whose server just
+/// restarted (its connection is re-established on use), up to 30 s.
+async fn acquire_after_restart(client: &dyn DistributedLock, name: &LockName) -> LockGuard {
+    let give_up = Instant::now() + Duration::from_secs(30);
+    loop {
+        match client
+            .lock_timeout(name.as_str(), Duration::from_secs(10))
+            .await
+        {
+            Ok(guard) => return guard,
+            Err(err) if err.is_retryable() && Instant::now() < give_up => {
+                sleep(Duration::from_millis(100)).await;
+            }
+            Err(err) => panic!("acquire after the restart: {err}"),
         }
     }
 }
@@ -239,7 +271,11 @@ async fn cancel_at_every_await_point<O: SideFactory, N: SideFactory>(
         let done = match acquired {
             Some(guard) => {
                 assert!(held.is_none(), "{blocker:?}: acquired a held lock");
-                guard.expect("dual acquire").release().await.expect("release");
+                guard
+                    .expect("dual acquire")
+                    .release()
+                    .await
+                    .expect("release");
                 true
             }
             None => false,
@@ -295,10 +331,22 @@ async fn cancellation_at_every_await_point_etcd() {
 
 /// A loss reported on the old side.
 fn lost_on_old_side(reason: LostReason) -> bool {
-    matches!(reason, LostReason::OnSide { side: Side::Old, .. })
+    matches!(
+        reason,
+        LostReason::OnSide {
+            side: Side::Old,
+            ..
+        }
+    )
 }
 
 /// A loss reported on the new side.
 fn lost_on_new_side(reason: LostReason) -> bool {
-    matches!(reason, LostReason::OnSide { side: Side::New, .. })
+    matches!(
+        reason,
+        LostReason::OnSide {
+            side: Side::New,
+            ..
+        }
+    )
 }
