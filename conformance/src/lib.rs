@@ -6,6 +6,7 @@
 //! the contract, each named after the rule in [`rules`].
 
 pub mod chaos;
+pub mod dual;
 pub mod factory;
 pub mod fence;
 pub mod harness;

@@ -64,7 +64,9 @@ fn push_only_options() -> LockOptions {
     options
 }
 
-async fn eventually_empty(factory: &dyn Factory, names: &[LockName], rule: &str) {
+/// Waits (up to 10 s) until `factory` finds nothing left on its servers for `names`;
+/// panics naming `rule` and what is left otherwise.
+pub async fn eventually_empty(factory: &dyn Factory, names: &[LockName], rule: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let left = factory.leftovers(names).await;
