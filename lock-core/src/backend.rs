@@ -135,6 +135,14 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// Releases `hold` if it is still this acquisition's.
     async fn release(&self, hold: &Self::Hold) -> Result<BackendRelease>;
 
+    /// Why `hold` is lost when its validity deadline passed without a renewal: plain
+    /// [`LostReason::Expired`] unless the backend can say more (a dual lock names the side
+    /// that could not be renewed).
+    fn expired_reason(&self, hold: &Self::Hold) -> LostReason {
+        let _ = hold;
+        LostReason::Expired
+    }
+
     /// Who holds and who waits for `name` right now, as the server shows it.
     ///
     /// # Errors

@@ -300,3 +300,31 @@ async fn the_check_before_rolling_back_sees_new_only_holders_and_token_gaps() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidConfig);
 }
+
+#[tokio::test]
+async fn a_hold_lost_on_one_side_frees_the_other_at_once() {
+    let fleet = Fleet::new();
+    let [old, dual, new] = fleet.clients("?ttl=30s").await;
+    let name = LockName::new("jobs").unwrap();
+    for (stolen, survivor, space) in [
+        (Side::New, &old, &fleet.new_space),
+        (Side::Old, &new, &fleet.old_space),
+    ] {
+        let guard = dual.lock("jobs").await.unwrap();
+        assert!(MemorySpace::named(space).steal(&name));
+        // Renewal (at a third of the 30 s TTL) finds the loss; extend asks now.
+        let err = guard.extend().await.expect_err("lost");
+        assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
+        assert_eq!(
+            guard.state(),
+            lock_core::LockState::Lost(LostReason::on_side(stolen, LostReason::Vanished))
+        );
+        let freed = survivor.try_lock("jobs").await.unwrap();
+        assert!(
+            freed.is_some(),
+            "the {stolen} side was lost but the other stayed held"
+        );
+        freed.unwrap().release().await.unwrap();
+        drop(guard);
+    }
+}

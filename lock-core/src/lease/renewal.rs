@@ -163,7 +163,8 @@ impl<B: Backend> Keeper<B> {
                 continue;
             }
             if valid_until <= now {
-                entry.info.transition(LockState::Lost(LostReason::Expired));
+                let reason = self.backend.expired_reason(&entry.hold);
+                entry.info.transition(LockState::Lost(reason));
                 entry.server_released = true;
                 ended.push((Arc::clone(&entry.hold), HoldEnd::of(entry)));
                 continue;

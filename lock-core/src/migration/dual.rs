@@ -37,6 +37,9 @@ pub(crate) struct DualHold {
     /// What releasing each side (old, new) found, once it has been done: a retried
     /// release does not release a side twice.
     released: Mutex<[Option<BackendRelease>; 2]>,
+    /// Until when each side (old, new) is known to be held: from its grant or its last
+    /// renewal. Names the side when the hold expires.
+    valid_until: Mutex<[Instant; 2]>,
 }
 
 impl fmt::Debug for DualHold {
@@ -52,6 +55,17 @@ impl DualHold {
         match side {
             Side::Old => &self.old,
             Side::New => &self.new,
+        }
+    }
+
+    /// Moves each side's validity forward for a renewal sent at `sent` that found
+    /// `outcomes` (old, new).
+    fn renewed(&self, sent: Instant, outcomes: [RenewOutcome; 2]) {
+        let mut valid_until = lock_unpoisoned(&self.valid_until);
+        for (until, outcome) in valid_until.iter_mut().zip(outcomes) {
+            if let RenewOutcome::Renewed { lease } = outcome {
+                *until = (*until).max(validity_deadline(sent, lease));
+            }
         }
     }
 }
@@ -256,6 +270,7 @@ impl Backend for DualBackend {
                 won_new.requested_at + won_new.lease,
             );
             let requested_at = old.requested_at.min(won_new.requested_at);
+            let old_valid_until = old.valid_until();
             let old_hold = old.release.disarm().hold.ok_or_else(|| Error::Protocol {
                 backend: "dual",
                 message: "the old side's hold was released while the new side was won".to_owned(),
@@ -266,6 +281,10 @@ impl Backend for DualBackend {
                     old: old_hold,
                     new: won_new.hold,
                     released: Mutex::new([None, None]),
+                    valid_until: Mutex::new([
+                        old_valid_until,
+                        validity_deadline(won_new.requested_at, won_new.lease),
+                    ]),
                 },
                 fencing_token: won_new.fencing_token,
                 requested_at,
@@ -286,6 +305,7 @@ impl Backend for DualBackend {
                 .collect()
         };
         let (old_items, new_items) = (on(Side::Old), on(Side::New));
+        let sent = Instant::now();
         let (old, new) = tokio::join!(self.old.renew(&old_items), self.new.renew(&new_items));
         let outcomes = |side: Side, result: Result<Vec<RenewOutcome>>| match result {
             Ok(outcomes) if outcomes.len() == items.len() => Ok(outcomes),
@@ -302,9 +322,35 @@ impl Backend for DualBackend {
                 let undecided = || vec![RenewOutcome::Undecided; items.len()];
                 let old = old.unwrap_or_else(|_| undecided());
                 let new = new.unwrap_or_else(|_| undecided());
+                let mut survivors = Vec::new();
+                for ((item, old), new) in items.iter().zip(&old).zip(&new) {
+                    item.hold.renewed(sent, [*old, *new]);
+                    match (old, new) {
+                        (RenewOutcome::Lost(_), RenewOutcome::Lost(_)) => {}
+                        (RenewOutcome::Lost(_), _) => survivors.push((Side::New, item.hold)),
+                        (_, RenewOutcome::Lost(_)) => survivors.push((Side::Old, item.hold)),
+                        _ => {}
+                    }
+                }
+                // A hold lost on one side is lost: free the other side now rather than
+                // when the guard goes (a session-bound side would block everyone until
+                // then).
+                futures::future::join_all(survivors.into_iter().map(|(side, hold)| async move {
+                    if let Err(err) = self.release_side(side, hold).await {
+                        tracing::warn!(%side, error = %err,
+                            "could not free the surviving side of a lost dual hold");
+                    }
+                }))
+                .await;
                 Ok(old.into_iter().zip(new).map(combine_renewals).collect())
             }
         }
+    }
+
+    fn expired_reason(&self, hold: &DualHold) -> LostReason {
+        let [old, new] = *lock_unpoisoned(&hold.valid_until);
+        let side = if old <= new { Side::Old } else { Side::New };
+        LostReason::on_side(side, LostReason::Expired)
     }
 
     async fn release(&self, hold: &DualHold) -> Result<BackendRelease> {
