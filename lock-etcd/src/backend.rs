@@ -151,7 +151,10 @@ impl Backend for EtcdBackend {
             revision: None,
             slot,
         });
-        let (revision, owner) = self.queue.enqueue(&prefix, &key, lease.id).await?;
+        let (revision, owner) = self
+            .queue
+            .enqueue(&prefix, &key, lease.id, request.token.as_str())
+            .await?;
         pending.state_mut().revision = Some(revision);
         if owner != Some(revision) {
             if !request.wait {
