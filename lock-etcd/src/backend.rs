@@ -12,7 +12,8 @@ use lock_core::raw::{
     RenewItem, RenewOutcome, SessionStatus,
 };
 use lock_core::{
-    Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, LostReason, Result,
+    Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, LostReason, Occupancy,
+    Result,
 };
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -21,6 +22,7 @@ use crate::config::EtcdConfig;
 use crate::connection::{EtcdClient, KeepAlive, Session};
 use crate::error::{unexpected, BACKEND};
 use crate::hold::{delete_if_ours, EtcdHold, HoldCheck};
+use crate::inspect;
 use crate::layout::lock_prefix;
 use crate::queue::{Queue, Slot, Slots};
 
@@ -151,7 +153,10 @@ impl Backend for EtcdBackend {
             revision: None,
             slot,
         });
-        let (revision, owner) = self.queue.enqueue(&prefix, &key, lease.id).await?;
+        let (revision, owner) = self
+            .queue
+            .enqueue(&prefix, &key, lease.id, request.token.as_str())
+            .await?;
         pending.state_mut().revision = Some(revision);
         if owner != Some(revision) {
             if !request.wait {
@@ -277,6 +282,12 @@ impl Backend for EtcdBackend {
         } else {
             BackendRelease::NotOwner(LostReason::Vanished)
         })
+    }
+
+    /// The keys of the name's range in create revision order; see [`crate::inspect`]
+    /// for the token floor.
+    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        inspect::inspect(&self.client, &self.lock_prefix(name)).await
     }
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {

@@ -231,6 +231,20 @@ impl EtcdClient {
         .await
     }
 
+    /// How long lease `id` has left, in whole seconds as etcd counts it (`None`: the
+    /// lease does not exist). One `LeaseTimeToLive` request without keys; it does not
+    /// renew the lease.
+    pub(crate) async fn lease_left(&self, id: i64) -> Result<Option<Duration>> {
+        self.call("reading a lease's time to live", |client| async move {
+            match client.lease_client().time_to_live(id, None).await {
+                Ok(answer) => Ok(u64::try_from(answer.ttl()).ok().map(Duration::from_secs)),
+                Err(err) if is_lease_not_found(&err) => Ok(None),
+                Err(err) => Err(err),
+            }
+        })
+        .await
+    }
+
     /// Opens a keep-alive stream for lease `id`; this sends the first keep-alive and
     /// waits for its answer (which renews the lease).
     pub(crate) async fn open_keep_alive(

@@ -3,7 +3,9 @@
 //! A lock `NAME` is the key range `<prefix>/<NAME>/` ([`lock_prefix`]). Each contender
 //! puts `<prefix>/<NAME>/<lease id in hex>` attached to its client's lease; the holder is
 //! the key with the lowest create revision, the rest queue in create revision order
-//! (FIFO). The create revision of the holder's key is its fencing token.
+//! (FIFO). The create revision of the holder's key is its fencing token. The value of
+//! our keys is the acquisition's owner token (the Go client puts an empty value and
+//! never reads it), so that an inspection can tell who queues.
 //!
 //! Concurrent acquisitions of one name in one client each queue on the server at once,
 //! under a key of their own: the first under the plain `<lease id in hex>`, the others

@@ -5,6 +5,7 @@ mod config;
 mod connection;
 mod error;
 mod hold;
+mod inspect;
 mod layout;
 mod queue;
 

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{client, keys_under, raw_client, single, with_ttl, PREFIX};
+use common::{add_root, client, keys_under, raw_client, single, with_ttl, PREFIX};
 use conformance::FencedResource;
 use etcd_client::LeaseTimeToLiveOptions;
 use futures::future::join_all;
@@ -307,12 +307,7 @@ async fn authentication_from_the_url() {
     let admin = raw_client(&[server.addr()]).await;
     {
         let mut auth = admin.auth_client();
-        auth.user_add("root", PASSWORD, None)
-            .await
-            .expect("add root");
-        auth.user_grant_role("root", "root")
-            .await
-            .expect("grant root");
+        add_root(&mut auth, PASSWORD).await;
         auth.auth_enable().await.expect("enable auth");
     }
     lock_core::raw::register::<lock_etcd::EtcdBackend>();

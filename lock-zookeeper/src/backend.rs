@@ -10,13 +10,14 @@ use lock_core::raw::{
     AcquireRequest, Acquired, Backend, BackendRelease, CleanupOnDrop, Connect, LockUrl, RenewItem,
     RenewOutcome, SessionStatus,
 };
-use lock_core::{Capabilities, FencingSource, LockName, LockOptions, Result};
+use lock_core::{Capabilities, FencingSource, LockName, LockOptions, Occupancy, Result};
 use tokio::sync::watch;
 
 use crate::config::ZkConfig;
 use crate::connection::Session;
 use crate::error::BACKEND;
 use crate::hold::{self, ZkHold};
+use crate::inspect;
 use crate::layout::{lock_dir, node_marker};
 use crate::queue::{Queue, QueuedNode, Step};
 
@@ -149,6 +150,11 @@ impl Backend for ZkBackend {
 
     async fn release(&self, hold: &ZkHold) -> Result<BackendRelease> {
         hold::release(&self.session, hold).await
+    }
+
+    /// The lock nodes in queue order; see [`crate::inspect`] for the token floor.
+    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        inspect::inspect(&self.session, &self.lock_dir(name)).await
     }
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {

@@ -34,6 +34,14 @@ pub(crate) fn node_marker(token: impl std::fmt::Display) -> String {
     format!("{PROTECTED}{token}-{LOCK_NODE}")
 }
 
+/// The owner token in the name of lock node `node`: the text between the protection
+/// prefix `_c_` and the last `-lock-` (our owner token, or the protection id of a Curator
+/// node); `None` for a node without the prefix (e.g. a bare `lock-<sequence>`).
+pub(crate) fn owner_token(node: &str) -> Option<&str> {
+    let rest = node.strip_prefix(PROTECTED)?;
+    rest[..rest.rfind(LOCK_NODE)?].strip_suffix('-')
+}
+
 /// The lock nodes among the `children` of a lock directory, in queue order: the names
 /// that end in `lock-` and the ten digits ZooKeeper appends to a sequential node (ours
 /// and Curator's `_c_<uuid>-lock-<seq>`), ordered by those digits as Curator orders
@@ -127,5 +135,18 @@ mod tests {
             ]
         );
         assert!(queue_order(&[]).is_empty());
+    }
+
+    #[test]
+    fn owner_tokens_are_read_between_the_protection_prefix_and_lock() {
+        let ours = format!("{}0000000007", node_marker("dual-9e1b-lock-x"));
+        assert_eq!(owner_token(&ours), Some("dual-9e1b-lock-x"));
+        assert_eq!(
+            owner_token("_c_c2a0e1f4-5b6d-4c3e-8f9a-0b1c2d3e4f50-lock-0000000001"),
+            Some("c2a0e1f4-5b6d-4c3e-8f9a-0b1c2d3e4f50")
+        );
+        assert_eq!(owner_token("lock-0000000000"), None);
+        assert_eq!(owner_token("x-lock-0000000000"), None);
+        assert_eq!(owner_token("_c_lock-0000000000"), None);
     }
 }

@@ -56,11 +56,12 @@ fn step(err: zk::Error, what: &str) -> Step {
     }
 }
 
-fn fencing(czxid: i64) -> Result<u64, Step> {
-    u64::try_from(czxid).map_err(|_| {
+/// A zxid (a lock node's czxid: its fencing token) as a token.
+pub(crate) fn fencing(zxid: i64) -> Result<u64, Step> {
+    u64::try_from(zxid).map_err(|_| {
         Step::Fail(Error::Protocol {
             backend: BACKEND,
-            message: format!("lock node has an invalid czxid {czxid}"),
+            message: format!("the server reported an invalid zxid {zxid}"),
             source: None,
         })
     })

@@ -56,6 +56,17 @@ pub async fn raw_client(addrs: &[SocketAddr]) -> Client {
         .expect("raw etcd client connects")
 }
 
+/// Adds the user `root` with `password` and the `root` role (which auth needs before it
+/// can be enabled), through `auth`.
+pub async fn add_root(auth: &mut etcd_client::AuthClient, password: &str) {
+    auth.user_add("root", password, None)
+        .await
+        .expect("add root");
+    auth.user_grant_role("root", "root")
+        .await
+        .expect("grant root");
+}
+
 /// Options with `ttl`.
 pub use conformance::with_ttl;
 

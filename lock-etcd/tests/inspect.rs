@@ -1,0 +1,223 @@
+//! `Backend::inspect` on etcd: the keys of a lock's range in create revision order with
+//! their owner tokens (ours, stored as the value; none for an empty value as the Go
+//! client puts), the holder's fencing token (its create revision, the guard's token) and
+//! lease, and a token floor below every later grant's token.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{add_root, client, config, raw_client, single, with_ttl, EtcdFactory};
+use conformance::rules::unique_name;
+use etcd_client::{Permission, PutOptions};
+use lock_core::raw::Backend;
+use lock_core::{
+    DistributedLockExt, ErrorKind, FencingToken, LockGuard, LockName, Occupancy, ReleaseOutcome,
+};
+use lock_etcd::EtcdLock;
+use tokio::task::JoinHandle;
+
+/// Inspects `name` until it shows `participants` holders and waiters (5 s at most).
+async fn inspect_until(client: &EtcdLock, name: &LockName, participants: usize) -> Occupancy {
+    for _ in 0..200 {
+        let occupancy = client.backend().inspect(name).await.expect("inspect");
+        if occupancy.participants().count() == participants {
+            return occupancy;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("{name:?} never showed {participants} participants");
+}
+
+/// A task waiting for `name` on `client` (20 s at most).
+fn wait_for(client: &Arc<EtcdLock>, name: &LockName) -> JoinHandle<LockGuard> {
+    let (client, name) = (Arc::clone(client), name.clone());
+    tokio::spawn(async move {
+        client
+            .lock_timeout(name.as_str(), Duration::from_secs(20))
+            .await
+            .expect("the waiter gets the lock")
+    })
+}
+
+fn owner(guard: &LockGuard) -> Option<String> {
+    Some(guard.owner_token().as_str().to_owned())
+}
+
+async fn release(guard: LockGuard) {
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+async fn clients(factory: &EtcdFactory, n: usize) -> Vec<Arc<EtcdLock>> {
+    let addrs = factory.servers.addrs();
+    futures::future::join_all((0..n).map(|_| client(&addrs, with_ttl(Duration::from_secs(10)))))
+        .await
+}
+
+/// A holder and two waiters show in queue order with their owner tokens; the holder's
+/// fencing token is its guard's and its lease is the client's; each waiter later holds
+/// with the token it showed, and is granted a fencing token above the floor the
+/// inspection reported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holder_and_waiters_in_queue_order() {
+    let Some(factory) = EtcdFactory::start().await else {
+        return;
+    };
+    let clients = clients(&factory, 3).await;
+    let lock = unique_name("inspect");
+
+    let held = clients[0].lock(lock.as_str()).await.expect("acquire");
+    let first = wait_for(&clients[1], &lock);
+    inspect_until(&clients[0], &lock, 2).await;
+    let second = wait_for(&clients[2], &lock);
+    let seen = inspect_until(&clients[0], &lock, 3).await;
+
+    let holder = seen.holder.as_ref().expect("a holder");
+    assert_eq!(holder.owner_token, owner(&held));
+    assert_eq!(holder.fencing_token, Some(held.fencing_token()));
+    let left = holder.lease_left.expect("the holder's lease");
+    assert!(left <= Duration::from_secs(10), "{left:?}");
+    let floor = seen.token_floor.expect("a token floor");
+    assert!(floor >= held.fencing_token(), "{floor:?} {seen:?}");
+    let waiting: Vec<Option<String>> = seen.waiters.iter().map(|w| w.owner_token.clone()).collect();
+    assert!(seen.waiters.iter().all(|w| w.fencing_token.is_none()));
+
+    release(held).await;
+    let first = first.await.expect("first waiter");
+    assert_eq!(owner(&first), waiting[0], "the first waiter holds next");
+    assert!(first.fencing_token() > floor);
+    let now = inspect_until(&clients[0], &lock, 2).await;
+    let holder = now.holder.expect("a holder");
+    assert_eq!(holder.owner_token, owner(&first));
+    assert_eq!(holder.fencing_token, Some(first.fencing_token()));
+    assert_eq!(
+        now.waiters
+            .iter()
+            .map(|w| w.owner_token.clone())
+            .collect::<Vec<_>>(),
+        waiting[1..]
+    );
+
+    release(first).await;
+    let second = second.await.expect("second waiter");
+    assert_eq!(owner(&second), waiting[1], "the second waiter holds last");
+    assert!(second.fencing_token() > floor);
+    let last = second.fencing_token();
+    release(second).await;
+
+    let empty = inspect_until(&clients[0], &lock, 0).await;
+    assert_eq!(empty, Occupancy::default().token_floor(empty.token_floor));
+    let floor = empty.token_floor.expect("a token floor");
+    assert!(
+        floor >= last,
+        "the floor {floor:?} covers the last grant {last:?}"
+    );
+    let next = clients[1].lock(lock.as_str()).await.expect("acquire");
+    assert!(next.fencing_token() > floor);
+    release(next).await;
+}
+
+/// A name never locked shows nobody and a floor below its first grant.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn empty_lock() {
+    let Some(factory) = EtcdFactory::start().await else {
+        return;
+    };
+    let clients = clients(&factory, 1).await;
+    let lock = unique_name("inspect_empty");
+    let never = clients[0].backend().inspect(&lock).await.expect("inspect");
+    assert_eq!(never.holder, None);
+    assert!(never.waiters.is_empty());
+    let floor = never.token_floor.expect("a token floor");
+    let guard = clients[0].lock(lock.as_str()).await.expect("acquire");
+    assert!(guard.fencing_token() > floor);
+    release(guard).await;
+}
+
+/// A key put as the Go client's `concurrency.Mutex` puts it (empty value, on a lease)
+/// holds without an owner token, with its create revision as fencing token and its
+/// lease's time to live; our waiter queues behind it with its own token.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_client_key_without_owner_token() {
+    let Some(factory) = EtcdFactory::start().await else {
+        return;
+    };
+    let clients = clients(&factory, 1).await;
+    let lock = unique_name("inspect_go");
+    let admin = factory.admin().clone();
+    let lease = admin
+        .lease_client()
+        .grant(30, None)
+        .await
+        .expect("lease")
+        .id();
+    let key = format!("{}{lease:x}", factory.range(&lock));
+    let put = admin
+        .kv_client()
+        .put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .expect("put a Go-client key");
+    let created = put.header().expect("header").revision();
+    let waiter = wait_for(&clients[0], &lock);
+
+    let seen = inspect_until(&clients[0], &lock, 2).await;
+    let holder = seen.holder.clone().expect("the Go-client key holds");
+    assert_eq!(holder.owner_token, None);
+    assert_eq!(
+        holder.fencing_token,
+        Some(FencingToken(u64::try_from(created).expect("revision")))
+    );
+    let left = holder.lease_left.expect("its lease");
+    assert!(left <= Duration::from_secs(30), "{left:?}");
+    let ours = seen.waiters[0].owner_token.clone();
+    assert!(ours.is_some(), "our waiter stores its token: {seen:?}");
+
+    admin
+        .lease_client()
+        .revoke(lease)
+        .await
+        .expect("revoke the Go-client lease");
+    let guard = waiter.await.expect("waiter");
+    assert_eq!(owner(&guard), ours);
+    release(guard).await;
+}
+
+/// A lock range the user may not read is a typed error: the permissions error of the
+/// backend (a configuration problem), not retryable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_lock_range() {
+    const PASSWORD: &str = "inspect-pw";
+    let Some(server) = single().await else {
+        return;
+    };
+    let admin = raw_client(&[server.addr()]).await;
+    {
+        let mut auth = admin.auth_client();
+        add_root(&mut auth, PASSWORD).await;
+        auth.role_add("elsewhere").await.expect("add role");
+        auth.role_grant_permission("elsewhere", Permission::read("elsewhere/").with_prefix())
+            .await
+            .expect("grant a read elsewhere");
+        auth.user_add("reader", PASSWORD, None)
+            .await
+            .expect("add reader");
+        auth.user_grant_role("reader", "elsewhere")
+            .await
+            .expect("grant reader");
+        auth.auth_enable().await.expect("enable auth");
+    }
+    let config = config(&[server.addr()], with_ttl(Duration::from_secs(5)))
+        .with_credentials("reader", PASSWORD);
+    let reader = EtcdLock::connect(config).await.expect("connect");
+    let err = reader
+        .backend()
+        .inspect(&unique_name("inspect_no_read"))
+        .await
+        .expect_err("no read permission on the range");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(!err.is_retryable());
+}
