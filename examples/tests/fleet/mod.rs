@@ -33,6 +33,8 @@ pub(crate) struct Spec {
     pub(crate) cycles: u64,
     /// Time inside each section.
     pub(crate) hold: Duration,
+    /// Pause after each release.
+    pub(crate) pause: Duration,
 }
 
 /// The servers, the fenced resource and the lock name of one fleet.
@@ -41,6 +43,7 @@ pub(crate) struct Fleet {
     pub(crate) zk: ZkServer,
     pub(crate) redis: RedisServer,
     pub(crate) name: String,
+    query: &'static str,
     fence: FenceServer,
     dir: tempfile::TempDir,
     go_file: PathBuf,
@@ -80,6 +83,11 @@ impl Fleet {
     /// Starts the servers and the resource; `None` (after a loud notice) when a server is
     /// not installed and strict mode is off.
     pub(crate) async fn start(tag: &str) -> Option<Fleet> {
+        Fleet::start_with(tag, "").await
+    }
+
+    /// [`Fleet::start`], with lock options `query` (`?key=value&…`) on every URL.
+    pub(crate) async fn start_with(tag: &str, query: &'static str) -> Option<Fleet> {
         let (zk, redis) = tokio::join!(ZkServer::start(), RedisServer::start());
         let (zk, redis) = (or_skip(zk)?, or_skip(redis)?);
         let resource = FencedResource::new();
@@ -92,6 +100,7 @@ impl Fleet {
             zk,
             redis,
             name: format!("{tag}-{}", uuid::Uuid::new_v4().simple()),
+            query,
             fence,
             go_file: dir.path().join("go"),
             dir,
@@ -102,12 +111,12 @@ impl Fleet {
 
     /// The old-only URL.
     pub(crate) fn old(&self) -> String {
-        format!("zk://{}{ZK_PREFIX}", self.zk.addr())
+        format!("zk://{}{ZK_PREFIX}{}", self.zk.addr(), self.query)
     }
 
     /// The new-only URL.
     pub(crate) fn new_only(&self) -> String {
-        self.redis.url()
+        format!("{}{}", self.redis.url(), self.query)
     }
 
     /// The dual URL.
@@ -137,6 +146,7 @@ impl Fleet {
             .arg(self.fence.addr().to_string())
             .args(["--cycles", &spec.cycles.to_string()])
             .args(["--hold", &format!("{}ms", spec.hold.as_millis())])
+            .args(["--pause", &format!("{}ms", spec.pause.as_millis())])
             .arg("--stop-file")
             .arg(&stop_file)
             .arg("--go-file")
@@ -219,7 +229,12 @@ impl Member {
         self.progress.borrow().cycles
     }
 
-    async fn until(&mut self, done: impl Fn(&Progress) -> bool, within: Duration, what: &str) {
+    async fn until(
+        &mut self,
+        done: impl Fn(&Progress) -> bool + Send + Sync,
+        within: Duration,
+        what: &str,
+    ) {
         let label = self.label.clone();
         let waited = timeout(within, self.progress.wait_for(|p| done(p) || p.closed)).await;
         let progress = match waited {
