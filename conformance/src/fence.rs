@@ -17,10 +17,10 @@
 //! at the same time.
 //!
 //! Holders in other processes reach the same resource over loopback TCP through
-//! [`FenceServer`].
+//! [`FenceServer`], with [`FenceClient`].
 //!
-//! (Over 500 lines with its unit tests, about 130: the resource, its checker and its TCP
-//! face share one ledger and are read together.)
+//! (Over 500 lines with its unit tests, about 150: the resource, its checker and its TCP
+//! face with its client share one ledger and one line protocol, and are read together.)
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -368,6 +368,108 @@ impl Drop for FenceServer {
     }
 }
 
+/// Bound on one exchange with a [`FenceServer`].
+const FENCE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A holder's connection to a [`FenceServer`]: one section at a time, every exchange
+/// bounded by 10 s.
+#[derive(Debug)]
+pub struct FenceClient {
+    lines: tokio::io::Lines<BufReader<tokio::net::tcp::OwnedReadHalf>>,
+    writer: tokio::net::tcp::OwnedWriteHalf,
+}
+
+impl FenceClient {
+    /// Connects to the server at `addr`.
+    ///
+    /// # Errors
+    /// If it cannot connect within the bound.
+    pub async fn connect(addr: SocketAddr) -> std::io::Result<Self> {
+        let stream = tokio::time::timeout(FENCE_TIMEOUT, TcpStream::connect(addr))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+        stream.set_nodelay(true)?;
+        let (reader, writer) = stream.into_split();
+        Ok(FenceClient {
+            lines: BufReader::new(reader).lines(),
+            writer,
+        })
+    }
+
+    /// Opens a section with `token`; `Ok(Err(_))` when the resource turns it away.
+    ///
+    /// # Errors
+    /// On a broken or silent connection.
+    pub async fn begin(&mut self, token: u64) -> std::io::Result<Result<(), StaleToken>> {
+        let reply = self.exchange(&format!("BEGIN {token}")).await?;
+        stale_or_ok(token, &reply)
+    }
+
+    /// The counter's value in the open section.
+    ///
+    /// # Errors
+    /// On a broken or silent connection, or a reply that is not a value.
+    pub async fn read(&mut self) -> std::io::Result<u64> {
+        let reply = self.exchange("READ").await?;
+        reply
+            .strip_prefix("VALUE ")
+            .and_then(|n| n.parse().ok())
+            .ok_or_else(|| unexpected(&reply))
+    }
+
+    /// Writes `value` in the open section opened with `token`; `Ok(Err(_))` when the
+    /// resource turns it away.
+    ///
+    /// # Errors
+    /// On a broken or silent connection.
+    pub async fn write(
+        &mut self,
+        token: u64,
+        value: u64,
+    ) -> std::io::Result<Result<(), StaleToken>> {
+        let reply = self.exchange(&format!("WRITE {value}")).await?;
+        stale_or_ok(token, &reply)
+    }
+
+    /// Closes the open section.
+    ///
+    /// # Errors
+    /// On a broken or silent connection.
+    pub async fn end(&mut self) -> std::io::Result<()> {
+        let reply = self.exchange("END").await?;
+        stale_or_ok(0, &reply).map(drop)
+    }
+
+    async fn exchange(&mut self, request: &str) -> std::io::Result<String> {
+        let exchange = async {
+            self.writer
+                .write_all(format!("{request}\n").as_bytes())
+                .await?;
+            self.lines
+                .next_line()
+                .await?
+                .ok_or_else(|| std::io::Error::from(std::io::ErrorKind::UnexpectedEof))
+        };
+        tokio::time::timeout(FENCE_TIMEOUT, exchange)
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+    }
+}
+
+fn stale_or_ok(offered: u64, reply: &str) -> std::io::Result<Result<(), StaleToken>> {
+    if reply == "OK" {
+        return Ok(Ok(()));
+    }
+    match reply.strip_prefix("STALE ").and_then(|n| n.parse().ok()) {
+        Some(highest) => Ok(Err(StaleToken { offered, highest })),
+        None => Err(unexpected(reply)),
+    }
+}
+
+fn unexpected(reply: &str) -> std::io::Error {
+    std::io::Error::other(format!("unexpected fence reply {reply:?}"))
+}
+
 async fn serve(stream: TcpStream, resource: FencedResource) {
     let (reader, mut writer) = stream.into_split();
     let mut lines = BufReader::new(reader).lines();
@@ -516,6 +618,20 @@ mod tests {
         assert!(report.is_safe(), "{report:?}");
         assert_eq!(report.counter, 3);
         assert_eq!(report.gaps.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn the_client_speaks_the_line_protocol() {
+        let resource = FencedResource::new();
+        let server = FenceServer::start(resource.clone()).await.unwrap();
+        let mut client = FenceClient::connect(server.addr()).await.unwrap();
+        client.begin(4).await.unwrap().unwrap();
+        let seen = client.read().await.unwrap();
+        client.write(4, seen + 1).await.unwrap().unwrap();
+        client.end().await.unwrap();
+        let stale = client.begin(3).await.unwrap().unwrap_err();
+        assert_eq!((stale.offered, stale.highest), (3, 4));
+        assert_eq!(resource.check().counter, 1);
     }
 
     #[tokio::test]

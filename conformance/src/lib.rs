@@ -6,6 +6,7 @@
 //! the contract, each named after the rule in [`rules`].
 
 pub mod chaos;
+pub mod curator;
 pub mod dual;
 pub mod factory;
 pub mod fence;
@@ -16,7 +17,7 @@ pub mod proxy;
 pub mod rules;
 
 pub use factory::{connect_patiently, with_ttl, Crash, Factory};
-pub use fence::{FenceReport, FenceServer, FencedResource, Section, StaleToken};
+pub use fence::{FenceClient, FenceReport, FenceServer, FencedResource, Section, StaleToken};
 
 /// The one list of conformance rules, in report order: calls `$callback! { $args... rule,
 /// rule, ... }`. [`rules::RULES`], the tests of [`conformance_suite!`] and the checks of the

@@ -67,6 +67,7 @@ pub use cluster::{Cluster, Deployment};
 pub use error::HarnessError;
 pub use etcd::{Etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdStatus};
 pub use ports::{free_port, free_ports};
+pub(crate) use process::find_binary;
 pub use redis::{Redis, RedisNodes, RedisOptions, RedisServer};
 #[doc(hidden)]
 pub use server::{Member, Prepared};

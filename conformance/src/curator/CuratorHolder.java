@@ -1,0 +1,59 @@
+// A Curator InterProcessMutex on one path, driven line by line over stdin (see curator.rs).
+import java.io.BufferedReader;
+import java.io.InputStreamReader;
+import java.util.concurrent.TimeUnit;
+import org.apache.curator.framework.CuratorFramework;
+import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.retry.RetryNTimes;
+
+public class CuratorHolder {
+    /** The mutex with the path of the node it holds. */
+    static class Mutex extends InterProcessMutex {
+        Mutex(CuratorFramework client, String path) {
+            super(client, path);
+        }
+
+        String heldNode() {
+            return getLockPath();
+        }
+    }
+
+    public static void main(String[] args) throws Exception {
+        CuratorFramework client = CuratorFrameworkFactory.builder()
+            .connectString(args[0]).sessionTimeoutMs(10000).connectionTimeoutMs(5000)
+            .retryPolicy(new RetryNTimes(3, 200)).build();
+        client.start();
+        if (!client.blockUntilConnected(20, TimeUnit.SECONDS)) {
+            System.out.println("FAILED connect");
+            return;
+        }
+        Mutex mutex = new Mutex(client, args[1]);
+        BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
+        System.out.println("READY");
+        String line;
+        while ((line = in.readLine()) != null) {
+            String[] cmd = line.trim().split(" ");
+            if (cmd[0].equals("acquire") || cmd[0].equals("hold")) {
+                if (!mutex.acquire(60, TimeUnit.SECONDS)) {
+                    System.out.println("FAILED acquire");
+                    continue;
+                }
+                // The node's czxid: the fencing token a zk:// holder of this node gets.
+                long czxid = client.checkExists().forPath(mutex.heldNode()).getCzxid();
+                System.out.println("ACQUIRED " + czxid);
+                if (cmd[0].equals("hold")) {
+                    Thread.sleep(Long.parseLong(cmd[1]));
+                    mutex.release();
+                    System.out.println("RELEASED");
+                }
+            } else if (cmd[0].equals("release")) {
+                mutex.release();
+                System.out.println("RELEASED");
+            } else if (cmd[0].equals("exit")) {
+                break;
+            }
+        }
+        client.close();
+    }
+}
