@@ -20,6 +20,9 @@
 //! side therefore needs a counter it can raise ([`Capabilities::fence_at_least`]): Redis
 //! and RedLock can be new sides, ZooKeeper and etcd cannot.
 //!
+//! In a configuration file, [`DualConfig`] names the two URLs (`{ "old": "zk://…",
+//! "new": "redis://…" }`) and [`Registry::connect_dual`] opens it.
+//!
 //! Dual clients mark their holds on both sides (their owner tokens start with
 //! [`DUAL_TOKEN_PREFIX`]), so that [`check`](crate::raw::Registry::migration_check) can
 //! watch a set of names and report the old-only (or new-only) processes still running
@@ -150,6 +153,16 @@ fn agreed_options(old: &LockOptions, new: &LockOptions) -> Result<LockOptions> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_dual_config_reads_from_serde_and_rejects_unknown_fields() {
+        let config: DualConfig =
+            serde_json::from_str(r#"{"old": "zk://h:2181/locks", "new": "redis://h:6379"}"#)
+                .unwrap();
+        assert_eq!(config.url(), "dual:zk://h:2181/locks|redis://h:6379");
+        let unknown = r#"{"old": "zk://h", "new": "redis://h", "phase": "dual"}"#;
+        assert!(serde_json::from_str::<DualConfig>(unknown).is_err());
+    }
 
     #[test]
     fn dual_urls_split_in_two_and_others_are_not_dual() {
