@@ -13,6 +13,18 @@ use crate::targets::BoxError;
 pub(crate) struct RawHold {
     pub(crate) name: String,
     pub(crate) token: String,
+    /// The holds of each side, for a floor made of two (the dual lock's).
+    pub(crate) sides: Vec<RawHold>,
+}
+
+impl RawHold {
+    fn new(name: String, token: String) -> Self {
+        RawHold {
+            name,
+            token,
+            sides: Vec::new(),
+        }
+    }
 }
 
 /// The same operations as a lock, in the backend's raw protocol with no library on top:
@@ -37,6 +49,9 @@ pub(crate) enum FloorSpec {
     ZooKeeper(String),
     /// etcd endpoints.
     Etcd(Vec<String>),
+    /// The dual lock's floor: the old side's floor, then the new side's; released in
+    /// parallel.
+    Dual(Box<[FloorSpec; 2]>),
 }
 
 impl FloorSpec {
@@ -49,6 +64,11 @@ impl FloorSpec {
             }
             FloorSpec::ZooKeeper(_) => "create ephemeral sequential + delete".into(),
             FloorSpec::Etcd(_) => "txn put-if-absent with lease + delete".into(),
+            FloorSpec::Dual(sides) => format!(
+                "{}, then {}; released in parallel",
+                sides[0].describe(),
+                sides[1].describe()
+            ),
         }
     }
 
@@ -61,6 +81,13 @@ impl FloorSpec {
 
     async fn open(&self) -> Result<Box<dyn RawFloor>, BoxError> {
         Ok(match self {
+            FloorSpec::Dual(sides) => {
+                let [old, new] = &**sides;
+                Box::new(DualFloor {
+                    old: Box::pin(old.open()).await?,
+                    new: Box::pin(new.open()).await?,
+                })
+            }
             FloorSpec::Redis(url) => Box::new(RedisFloor::connect(url).await?),
             FloorSpec::RedisQuorum(urls) => {
                 let mut nodes = Vec::new();
@@ -114,10 +141,7 @@ impl RawFloor for RedisFloor {
             .query_async(&mut conn)
             .await?;
         set.ok_or("raw SET NX found the key held")?;
-        Ok(RawHold {
-            name: name.to_owned(),
-            token,
-        })
+        Ok(RawHold::new(name.to_owned(), token))
     }
 
     async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
@@ -170,10 +194,7 @@ impl RawFloor for ZkFloor {
             other => other?,
         };
         let (_stat, sequence) = created;
-        Ok(RawHold {
-            name: format!("{prefix}{sequence}"),
-            token: String::new(),
-        })
+        Ok(RawHold::new(format!("{prefix}{sequence}"), String::new()))
     }
 
     async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
@@ -212,10 +233,7 @@ impl RawFloor for EtcdFloor {
         if !response.succeeded() {
             return Err("raw txn found the key present".into());
         }
-        Ok(RawHold {
-            name: key,
-            token: String::new(),
-        })
+        Ok(RawHold::new(key, String::new()))
     }
 
     async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
@@ -238,10 +256,7 @@ impl RawFloor for QuorumFloor {
             token.push_str(&hold?.token);
             token.push(' ');
         }
-        Ok(RawHold {
-            name: name.to_owned(),
-            token,
-        })
+        Ok(RawHold::new(name.to_owned(), token))
     }
 
     async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
@@ -249,15 +264,44 @@ impl RawFloor for QuorumFloor {
             .nodes
             .iter()
             .zip(hold.token.split(' '))
-            .map(|(node, token)| {
-                node.release(RawHold {
-                    name: hold.name.clone(),
-                    token: token.to_owned(),
-                })
-            });
+            .map(|(node, token)| node.release(RawHold::new(hold.name.clone(), token.to_owned())));
         for released in futures::future::join_all(releases).await {
             released?;
         }
         Ok(())
+    }
+}
+
+/// The dual lock's floor: the old side's raw acquire, then the new side's (the order a
+/// dual acquire must keep); both released in parallel.
+struct DualFloor {
+    old: Box<dyn RawFloor>,
+    new: Box<dyn RawFloor>,
+}
+
+#[async_trait]
+impl RawFloor for DualFloor {
+    async fn acquire(&self, name: &str) -> Result<RawHold, BoxError> {
+        let old = self.old.acquire(name).await?;
+        let new = match self.new.acquire(name).await {
+            Ok(new) => new,
+            Err(err) => {
+                // Best effort: the run fails anyway; the raw hold expires with its TTL.
+                let _ = self.old.release(old).await;
+                return Err(err);
+            }
+        };
+        let mut hold = RawHold::new(name.to_owned(), String::new());
+        hold.sides = vec![old, new];
+        Ok(hold)
+    }
+
+    async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
+        let mut sides = hold.sides.into_iter();
+        let (Some(old), Some(new)) = (sides.next(), sides.next()) else {
+            return Err("a dual raw hold without its two sides".into());
+        };
+        let (old, new) = futures::future::join(self.old.release(old), self.new.release(new)).await;
+        old.and(new)
     }
 }

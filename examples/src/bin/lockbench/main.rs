@@ -5,6 +5,7 @@
 //! ```text
 //! lockbench --backends memory,redis,redlock,zookeeper,etcd --duration 2s --runs 3
 //! lockbench --backends zookeeper,zookeeper-3 --held 100,1000,10000   # ZooKeeper, also on an ensemble
+//! lockbench --backends zookeeper,redis,dual    # the migration lock next to its two sides
 //! ```
 //!
 //! All backends' servers are started first; each run is then one pass over the backends,
@@ -14,6 +15,7 @@ mod contention;
 mod floors;
 mod goals;
 mod report;
+mod sides;
 mod stats;
 mod svg;
 mod targets;
@@ -61,7 +63,7 @@ struct RunArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "memory,redis,redlock,zookeeper,etcd"
+        default_value = "memory,redis,redlock,zookeeper,etcd,dual"
     )]
     backends: Vec<String>,
     /// Runs of every workload but takeover and renewal; the report shows their medians.

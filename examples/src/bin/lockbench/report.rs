@@ -117,11 +117,11 @@ impl BackendReport {
 }
 
 /// One figure over the runs.
-struct Spread(Vec<f64>);
+pub(crate) struct Spread(pub(crate) Vec<f64>);
 
 impl Spread {
     /// `median` alone for one run, `median (min–max)` for several.
-    fn show(&self, fmt: fn(f64) -> String) -> String {
+    pub(crate) fn show(&self, fmt: fn(f64) -> String) -> String {
         let Some(mid) = median(self.0.iter().copied()) else {
             return "–".into();
         };
@@ -202,6 +202,7 @@ impl Report {
         self.handoff_md(&mut md);
         self.throughput_md(&mut md);
         self.sweep_md(&mut md);
+        self.dual_md(&mut md);
         self.errors_md(&mut md);
         self.once_md(&mut md);
         let notes: Vec<String> = self

@@ -43,18 +43,25 @@ impl std::fmt::Debug for Target {
 }
 
 impl Target {
-    /// The URL with `query` appended.
+    /// The URL with `query` appended (to each side of a `dual:` URL, whose sides must
+    /// agree on the lock options).
     pub(crate) fn url_with(&self, query: &str) -> String {
         if query.is_empty() {
-            self.url.clone()
-        } else {
-            format!("{}?{query}", self.url)
+            return self.url.clone();
+        }
+        match self.url.strip_prefix(DUAL_PREFIX) {
+            Some(sides) => {
+                let sides: Vec<String> = sides.split('|').map(|s| format!("{s}?{query}")).collect();
+                format!("{DUAL_PREFIX}{}", sides.join("|"))
+            }
+            None => format!("{}?{query}", self.url),
         }
     }
 }
 
 /// The backends lockbench knows, in report order. `zookeeper-3` (a 3-member ensemble,
-/// the client on a follower) is measured only when asked for.
+/// the client on a follower) is measured only when asked for. `dual` is the migration
+/// lock from ZooKeeper to Redis (`dual:zk://…|redis://…`) on servers of its own.
 pub(crate) const BACKENDS: &[&str] = &[
     "memory",
     "redis",
@@ -62,7 +69,13 @@ pub(crate) const BACKENDS: &[&str] = &[
     "zookeeper",
     "zookeeper-3",
     "etcd",
+    "dual",
 ];
+
+/// The prefix of a migration lock's URL: `dual:<old url>|<new url>`.
+const DUAL_PREFIX: &str = "dual:";
+/// The sides of lockbench's `dual` target, old then new.
+pub(crate) const DUAL_SIDES: [&str; 2] = ["zookeeper", "redis"];
 
 /// TTL of the takeover workload on networked backends (etcd leases are whole seconds).
 const TAKEOVER_TTL: Duration = Duration::from_secs(2);
@@ -112,6 +125,20 @@ impl RequestCounter for RedisCounter {
                     total += calls.parse::<u64>()?;
                 }
             }
+        }
+        Ok(total)
+    }
+}
+
+/// The sum of several servers' counters (both sides of a dual lock).
+struct SumCounter(Vec<Box<dyn RequestCounter>>);
+
+#[async_trait]
+impl RequestCounter for SumCounter {
+    async fn requests(&self) -> Result<u64, BoxError> {
+        let mut total = 0;
+        for counter in &self.0 {
+            total += counter.requests().await?;
         }
         Ok(total)
     }
@@ -201,9 +228,11 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
         "redlock" => "redlock",
         "zookeeper" | "zookeeper-3" => "zk",
         "etcd" => "etcd",
+        // Each side is checked when it starts.
+        "dual" => "dual",
         _ => "memory",
     };
-    if !distlock::registry().schemes().iter().any(|s| s == scheme) {
+    if scheme != "dual" && !distlock::registry().schemes().iter().any(|s| s == scheme) {
         return Err(format!("no backend serves {scheme}:// in this build"));
     }
     match backend {
@@ -273,6 +302,27 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let mut target = networked("etcd", url, floor, Box::new(counter));
             target.servers.push(Box::new(server));
             Ok(target)
+        }
+        "dual" => {
+            let [old, new] = DUAL_SIDES;
+            let old = Box::pin(start(old)).await?;
+            let new = Box::pin(start(new)).await?;
+            let floors = [&old, &new].map(|side| side.floor.clone());
+            let counters = [old.requests, new.requests];
+            Ok(Target {
+                label: "dual".into(),
+                url: format!("{DUAL_PREFIX}{}|{}", old.url, new.url),
+                floor: match floors {
+                    [Some(old), Some(new)] => Some(FloorSpec::Dual(Box::new([old, new]))),
+                    _ => None,
+                },
+                cross_process: true,
+                takeover_ttl: TAKEOVER_TTL,
+                requests: Some(Box::new(SumCounter(
+                    counters.into_iter().flatten().collect(),
+                ))),
+                servers: old.servers.into_iter().chain(new.servers).collect(),
+            })
         }
         other => Err(format!(
             "unknown backend `{other}` (known: {})",
