@@ -15,14 +15,17 @@ test: deps
 	# The facade without its backends: a URL names the feature to enable.
 	$(CARGO) test -p distlock --no-default-features --lib
 
-## A short demonstration: clients contending for one lock, then a comparative
-## benchmark of every backend on throwaway local servers (one run, so no medians,
-## to stay under two minutes; `make bench` reports medians of 3 runs).
+## A short demonstration: clients contending for one lock, a fleet of processes
+## migrated from ZooKeeper to Redis and back (docs/migration.md), then a comparative
+## benchmark of every single backend on throwaway local servers (one run, so no
+## medians; `make bench` reports medians of 3 runs, the dual lock included).
 demo: deps
-	$(CARGO) build --quiet --release -p examples --bin demo --bin lockbench
+	$(CARGO) build --quiet --release -p examples --bin demo --bin migration --bin fleet_member --bin lockbench
 	./target/release/demo
+	./target/release/migration
 	./target/release/lockbench --runs 1 --duration 1s --warmup 300ms --clients 64 --locks 1,1024 \
-		--sweep 1,8,64,256 --held 1000 --takeover-rounds 2 --out lockbench-report
+		--sweep 1,8,64,256 --held 1000 --takeover-rounds 2 --out lockbench-report \
+		--backends memory,redis,redlock,zookeeper,etcd
 
 ## Longer seeded fault schedules on every backend, then the reliability report in
 ## chaos-report/ (CHAOS_SECONDS per nemesis run, CHAOS_SEED for its schedule).

@@ -9,21 +9,20 @@
 //! counter's history shows no two holders inside at once and no token going back.
 //!
 //! The servers are throwaway ones on free 127.0.0.1 ports (the conformance harness), as
-//! for the tests and lockbench. What a real service runs is in `worker.rs`: it knows only
-//! its lock URL. docs/migration.md is the runbook this follows.
+//! for the tests and lockbench. The processes are `fleet_member`s (built next to this
+//! program): each knows only its lock URL. docs/migration.md is the runbook this follows.
 //!
 //! ```text
-//! cargo run --release -p examples --bin migration -- --step 1s --watch 1s
+//! cargo build --release -p examples --bin migration --bin fleet_member
+//! ./target/release/migration --step 1s --watch 1s
 //! ```
 
 mod check;
 mod fleet;
-mod worker;
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
-use clap::{Parser, Subcommand};
+use clap::Parser;
 use conformance::harness::{RedisServer, ZkServer};
 use conformance::{FenceServer, FencedResource};
 use distlock::migration::CheckReport;
@@ -35,38 +34,19 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// The lock the fleet shares.
 const NAME: &str = "jobs/nightly";
-/// Worker processes in the fleet.
+/// Processes in the fleet.
 const FLEET: usize = 3;
 
 /// A fleet of processes migrates a lock from ZooKeeper to Redis and back.
 #[derive(Debug, Parser)]
 #[command(about)]
 struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
     /// How long the fleet runs after each restart.
     #[arg(long, default_value = "700ms", value_parser = parse_duration)]
     step: Duration,
     /// How long each advance check watches the lock.
     #[arg(long, default_value = "500ms", value_parser = parse_duration)]
     watch: Duration,
-}
-
-#[derive(Debug, Subcommand)]
-enum Command {
-    /// Internal: one worker process of the fleet.
-    #[command(hide = true)]
-    Worker {
-        /// Lock URL of the worker's phase.
-        #[arg(long)]
-        url: String,
-        /// Lock name.
-        #[arg(long)]
-        name: String,
-        /// Address of the fenced counter.
-        #[arg(long)]
-        fence: SocketAddr,
-    },
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -76,10 +56,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let cli = Cli::parse();
-    match cli.command {
-        Some(Command::Worker { url, name, fence }) => worker::run(&url, &name, fence).await,
-        None => walk(cli.step, cli.watch).await,
-    }
+    walk(cli.step, cli.watch).await
 }
 
 /// The walk: each leg moves every worker, one restart at a time, from one phase to the
@@ -118,9 +95,12 @@ async fn walk(step: Duration, watch: Duration) -> Result<(), BoxError> {
             if slot + 1 == FLEET && to == Phase::Dual {
                 // One process of the far phase is left: the check of the step after
                 // this leg sees it.
-                let far = check::step(Phase::Dual, from);
+                let far = check::step(Phase::Dual, opposite(from));
                 let report = check::run(&urls, NAME, far, watch).await?;
-                println!("      too early for {far}, the check says:");
+                println!(
+                    "      worker {slot} is still {}: a check of {far} now says",
+                    from.label()
+                );
                 print_report(&report);
             }
             let report = check::run(&urls, NAME, check::step(from, to), watch).await?;
@@ -175,6 +155,15 @@ async fn walk(step: Duration, watch: Duration) -> Result<(), BoxError> {
     Ok(())
 }
 
+/// The far end of the walk from `phase`.
+fn opposite(phase: Phase) -> Phase {
+    match phase {
+        Phase::Old => Phase::New,
+        Phase::Dual => Phase::Dual,
+        Phase::New => Phase::Old,
+    }
+}
+
 /// The check's report, indented.
 fn print_report(report: &CheckReport) {
     for line in report.to_string().lines() {
@@ -189,15 +178,11 @@ fn show(phases: &[Phase]) -> String {
 }
 
 fn describe(done: &Done) -> String {
+    let token = |t: Option<u64>| t.map_or("-".to_owned(), |t| t.to_string());
     format!(
-        "the stopped process held the lock {} times, fencing tokens {} .. {}{}",
-        done.sections,
-        done.first_token,
-        done.last_token,
-        if done.stale > 0 {
-            format!(", {} TURNED AWAY AS STALE", done.stale)
-        } else {
-            String::new()
-        }
+        "the stopped process held the lock {} times, fencing tokens {} .. {}",
+        done.cycles,
+        token(done.first_token),
+        token(done.last_token)
     )
 }
