@@ -136,6 +136,40 @@ async fn token_after_new_side_wipe_is_the_old_token() {
     }
 }
 
+/// The limit docs/migration.md states: while dual and new-only processes coexist, a new
+/// side that loses its data loses the counter, and the next dual hold takes the old
+/// token, below the clock-seeded token a new-only holder had before. Exclusion and the
+/// fence stay sound (a fenced resource refuses the lower token), but tokens go back:
+/// this test shows it, so that the runbook's advice (persistence on Redis for the whole
+/// migration) rests on a measured fact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_side_wipe_after_a_new_only_grant_takes_tokens_back() {
+    let Some(dual) = zk_redis().await else {
+        return;
+    };
+    let dual = dual.faults(Sides::New);
+    let name = unique_name("dual-wipe-new-only");
+    let new_only = dual.new_side().client(with_ttl(dual.short_ttl())).await;
+    let guard = acquire_after_restart(&*new_only, &name).await;
+    let new_only_token = guard.fencing_token();
+    guard.release().await.expect("release");
+    for server in dual.servers() {
+        server
+            .restart_wiped()
+            .await
+            .expect("new side restarts empty");
+    }
+    let client = dual.client(with_ttl(dual.short_ttl())).await;
+    let guard = acquire_after_restart(&*client, &name).await;
+    assert!(
+        guard.fencing_token() < new_only_token,
+        "dual token {} after new-only {new_only_token}: the limit is gone, update \
+         docs/migration.md",
+        guard.fencing_token()
+    );
+    guard.release().await.expect("release");
+}
+
 /// Acquires `name`, retrying the retryable errors of a client whose server just
 /// restarted (its connection is re-established on use), up to 30 s.
 async fn acquire_after_restart(client: &dyn DistributedLock, name: &LockName) -> LockGuard {
