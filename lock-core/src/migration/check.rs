@@ -181,6 +181,9 @@ impl CheckReport {
     }
 }
 
+/// How many unmarked participants the text form lists.
+const SIGHTINGS_SHOWN: usize = 10;
+
 impl fmt::Display for CheckReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let verdict = if self.is_clear() {
@@ -196,20 +199,29 @@ impl fmt::Display for CheckReport {
             self.looks,
             format_duration(self.watched)
         )?;
-        for seen in &self.unmarked {
+        for seen in self.unmarked.iter().take(SIGHTINGS_SHOWN) {
             let kind = match seen.side {
                 Side::Old => "old-only",
                 Side::New => "new-only",
             };
             writeln!(
                 f,
-                "  {kind} {:?} on `{}`: owner token {}, seen {} times from {}",
+                "  {kind} {:?} on `{}`: owner token {}, seen {} time(s) from {}",
                 seen.role,
                 seen.name,
                 seen.owner_token.as_deref().unwrap_or("(none)"),
                 seen.times_seen,
                 format_duration(seen.first_seen)
             )?;
+        }
+        if let Some(more) = self.unmarked.len().checked_sub(SIGHTINGS_SHOWN) {
+            if more > 0 {
+                writeln!(
+                    f,
+                    "  … and {more} more (each acquisition has its own owner token; the \
+                     serialized report lists them all)"
+                )?;
+            }
         }
         for gap in &self.token_gaps {
             let text = |floor: Option<u64>| floor.map_or("unknown".to_owned(), |t| t.to_string());
