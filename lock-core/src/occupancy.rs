@@ -53,6 +53,10 @@ pub struct Participant {
     pub fencing_token: Option<FencingToken>,
     /// How long its lease has left, where leases are per lock.
     pub lease_left: Option<Duration>,
+    /// The client session it belongs to, where the server knows it (a ZooKeeper session
+    /// id, an etcd lease id, the client id of a queued Redis waiter): the acquisitions of
+    /// one process share it.
+    pub session: Option<String>,
 }
 
 impl Participant {
@@ -62,12 +66,19 @@ impl Participant {
             owner_token,
             fencing_token: None,
             lease_left: None,
+            session: None,
         }
     }
 
     /// Sets [`Participant::fencing_token`].
     pub fn fencing_token(mut self, token: Option<FencingToken>) -> Self {
         self.fencing_token = token;
+        self
+    }
+
+    /// Sets [`Participant::session`].
+    pub fn session(mut self, session: Option<String>) -> Self {
+        self.session = session;
         self
     }
 

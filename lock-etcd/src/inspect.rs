@@ -55,7 +55,9 @@ pub(crate) async fn inspect(client: &EtcdClient, prefix: &str) -> Result<Occupan
 /// stores an empty value).
 fn participant(kv: &KeyValue) -> Participant {
     let value = String::from_utf8_lossy(kv.value());
-    Participant::new(Some(value.into_owned()).filter(|token| !token.is_empty()))
+    // The lease id, in the lowercase hex the key name carries.
+    let session = (kv.lease() != 0).then(|| format!("{:x}", kv.lease()));
+    Participant::new(Some(value.into_owned()).filter(|token| !token.is_empty())).session(session)
 }
 
 /// A revision as a fencing token (the lock grants its key's create revision).

@@ -85,6 +85,12 @@ async fn holder_and_waiters_in_queue_order() {
     assert!(floor >= held.fencing_token(), "{floor:?} {seen:?}");
     let waiting: Vec<Option<String>> = seen.waiters.iter().map(|w| w.owner_token.clone()).collect();
     assert!(seen.waiters.iter().all(|w| w.fencing_token.is_none()));
+    // Three clients, three leases: the check groups a process's acquisitions by them.
+    let sessions: std::collections::HashSet<String> = seen
+        .participants()
+        .map(|p| p.session.clone().expect("a lease"))
+        .collect();
+    assert_eq!(sessions.len(), 3, "{seen:?}");
 
     release(held).await;
     let first = first.await.expect("first waiter");

@@ -87,7 +87,12 @@ fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
     let waiters = arbiter_first
         .flat_map(|(_, (_, _, _, ids))| ids)
         .filter(|id| seen.insert(id.as_str()))
-        .map(|id| Participant::new(id.split_once('/').map(|(_, token)| token.to_owned())))
+        .map(|id| match id.split_once('/') {
+            Some((client, token)) => {
+                Participant::new(Some(token.to_owned())).session(Some(client.to_owned()))
+            }
+            None => Participant::new(None),
+        })
         .collect();
     let floor = views
         .iter()

@@ -312,6 +312,16 @@ async fn inspect_shows_the_holder_and_the_queue_in_order() {
         );
         let tokens: Vec<_> = seen.waiters.iter().map(|w| w.owner_token.clone()).collect();
         assert_eq!(tokens, waiters, "{}", setup.label);
+        assert_eq!(
+            holder.session, None,
+            "{}: a key keeps no client id",
+            setup.label
+        );
+        assert!(
+            seen.waiters.iter().all(|w| w.session.is_some()),
+            "{}: a waiter id starts with its client id: {seen:?}",
+            setup.label
+        );
         let highest = setup.counters(&lock).await.into_iter().flatten().max();
         assert_eq!(
             seen.token_floor,

@@ -73,16 +73,18 @@ pub(crate) async fn inspect(session: &Session, dir: &str) -> Result<Occupancy> {
     let mut present = Vec::with_capacity(queue.len());
     for (node, stat) in queue.into_iter().zip(stats) {
         if let Some(stat) = stat.map_err(|err| from_client(WHAT, err))? {
-            present.push((node, token(stat.czxid)?));
+            present.push((node, token(stat.czxid)?, stat.ephemeral_owner));
         }
     }
     let mut floor = token(stat.pzxid)?;
-    if let Some((_, second)) = present.get(1) {
+    if let Some((_, second, _)) = present.get(1) {
         floor = floor.min(FencingToken(second.0.saturating_sub(1)));
     }
-    let mut participants = present.into_iter().map(|(node, czxid)| {
+    let mut participants = present.into_iter().map(|(node, czxid, owner)| {
+        // ZooKeeper writes session ids in hex; 0 is no session (a persistent node).
+        let session = (owner != 0).then(|| format!("0x{owner:x}"));
         (
-            Participant::new(owner_token(node).map(str::to_owned)),
+            Participant::new(owner_token(node).map(str::to_owned)).session(session),
             czxid,
         )
     });

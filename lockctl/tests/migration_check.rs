@@ -63,7 +63,11 @@ async fn check_reports_single_side_clients_until_they_stop() {
     assert_eq!(output.status.code(), Some(3), "{}", text(&output));
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("NOT clear"), "{}", text(&output));
-    assert!(stdout.contains("old-only Holder"), "{}", text(&output));
+    assert!(
+        stdout.contains("old-only Holder") && stdout.contains("from session 0x"),
+        "{}",
+        text(&output)
+    );
     assert!(
         stdout.contains(held.owner_token().as_str()),
         "{}",

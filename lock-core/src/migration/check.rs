@@ -2,7 +2,7 @@
 //! report what the step would stop excluding (old-only or new-only clients still running)
 //! and whether fencing tokens could go back after it.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
@@ -124,7 +124,9 @@ pub enum Role {
     Waiter,
 }
 
-/// A participant without the dual mark, seen on the watched side.
+/// Participants without the dual mark seen on the watched side: one per client session
+/// where the server knows sessions (one process's acquisitions share one), else one per
+/// acquisition.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Sighting {
     /// The lock name.
@@ -133,8 +135,13 @@ pub struct Sighting {
     pub side: Side,
     /// Holder or waiter.
     pub role: Role,
-    /// The owner token it stored, if the layout keeps one.
+    /// The client session (ZooKeeper session id, etcd lease id, Redis client id of a
+    /// waiter), where the server keeps one.
+    pub session: Option<String>,
+    /// The owner token of the first acquisition seen, if the layout keeps one.
     pub owner_token: Option<String>,
+    /// How many distinct acquisitions (owner tokens) were seen.
+    pub acquisitions: u32,
     /// How many looks saw it.
     pub times_seen: u32,
     /// When it was first seen, from the start of the check.
@@ -204,22 +211,27 @@ impl fmt::Display for CheckReport {
                 Side::Old => "old-only",
                 Side::New => "new-only",
             };
+            let from = match &seen.session {
+                Some(session) => format!(" from session {session}"),
+                None => String::new(),
+            };
             writeln!(
                 f,
-                "  {kind} {:?} on `{}`: owner token {}, seen {} time(s) from {}",
+                "  {kind} {:?} on `{}`{from}: {} acquisition(s), seen {} time(s) from {}, \
+                 owner token {}",
                 seen.role,
                 seen.name,
-                seen.owner_token.as_deref().unwrap_or("(none)"),
+                seen.acquisitions,
                 seen.times_seen,
-                format_duration(seen.first_seen)
+                format_duration(seen.first_seen),
+                seen.owner_token.as_deref().unwrap_or("(none)"),
             )?;
         }
         if let Some(more) = self.unmarked.len().checked_sub(SIGHTINGS_SHOWN) {
             if more > 0 {
                 writeln!(
                     f,
-                    "  … and {more} more (each acquisition has its own owner token; the \
-                     serialized report lists them all)"
+                    "  … and {more} more (the serialized report lists them all)"
                 )?;
             }
         }
@@ -298,6 +310,9 @@ impl Registry {
     }
 }
 
+/// Name, role, and the session (or, without one, the owner token) of a sighting.
+type SightingKey = (String, Role, Option<String>);
+
 /// Looks at every name every `options.interval` until `options.watch` has passed.
 async fn watch(
     backend: &dyn AnyBackend,
@@ -308,7 +323,7 @@ async fn watch(
     report: &mut CheckReport,
 ) -> Result<()> {
     let deadline = started + options.watch;
-    let mut seen: BTreeMap<(String, Role, Option<String>), Sighting> = BTreeMap::new();
+    let mut seen: BTreeMap<SightingKey, (Sighting, BTreeSet<String>)> = BTreeMap::new();
     loop {
         let looks = futures::future::join_all(names.iter().map(|name| backend.inspect(name)));
         let at = whole_millis(started.elapsed());
@@ -329,17 +344,30 @@ async fn watch(
                 {
                     continue;
                 }
-                let key = (name.to_string(), role, participant.owner_token.clone());
-                seen.entry(key)
-                    .or_insert_with(|| Sighting {
-                        name: name.to_string(),
-                        side,
-                        role,
-                        owner_token: participant.owner_token.clone(),
-                        times_seen: 0,
-                        first_seen: at,
-                    })
-                    .times_seen += 1;
+                let who = participant
+                    .session
+                    .clone()
+                    .or_else(|| participant.owner_token.clone());
+                let (sighting, tokens) =
+                    seen.entry((name.to_string(), role, who))
+                        .or_insert_with(|| {
+                            let sighting = Sighting {
+                                name: name.to_string(),
+                                side,
+                                role,
+                                session: participant.session.clone(),
+                                owner_token: participant.owner_token.clone(),
+                                acquisitions: 0,
+                                times_seen: 0,
+                                first_seen: at,
+                            };
+                            (sighting, BTreeSet::new())
+                        });
+                sighting.times_seen += 1;
+                if let Some(token) = &participant.owner_token {
+                    tokens.insert(token.clone());
+                }
+                sighting.acquisitions = u32::try_from(tokens.len().max(1)).unwrap_or(u32::MAX);
             }
         }
         report.looks += 1;
@@ -348,7 +376,7 @@ async fn watch(
         }
         sleep(options.interval).await;
     }
-    report.unmarked = seen.into_values().collect();
+    report.unmarked = seen.into_values().map(|(sighting, _)| sighting).collect();
     Ok(())
 }
 
