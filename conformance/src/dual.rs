@@ -103,10 +103,12 @@ impl<O: SideFactory, N: SideFactory> DualFactory<O, N> {
         self
     }
 
-    /// The chaos faults ([`ChaosTarget::linked_client`]'s link, [`ChaosTarget::servers`])
-    /// hit `sides`; the other side stays healthy.
+    /// The chaos faults ([`ChaosTarget::linked_client`]'s link, [`ChaosTarget::servers`],
+    /// and [`Factory::steal`], a key removed behind its holder's back) hit `sides`; the
+    /// other side stays healthy. A later [`DualFactory::steal_on`] moves the steal.
     pub fn faults(mut self, sides: Sides) -> Self {
         self.faults = sides;
+        self.steal = sides;
         self
     }
 
@@ -241,12 +243,13 @@ impl<O: SideFactory, N: SideFactory> Factory for DualFactory<O, N> {
 
 #[async_trait]
 impl<O: SideFactory, N: SideFactory> ChaosTarget for DualFactory<O, N> {
-    /// The faulted side's topology (the old side's when both are faulted): a lower bound
-    /// of what the dual promises, since the healthy side still excludes.
+    /// Both sides' topologies and the faulted sides: what the dual promises follows from
+    /// them ([`expectation`](crate::chaos::expectation)).
     fn topology(&self) -> Topology {
-        match self.faults {
-            Sides::New => self.new.topology(),
-            Sides::Old | Sides::Both => self.old.topology(),
+        Topology::Dual {
+            old: Box::new(self.old.topology()),
+            new: Box::new(self.new.topology()),
+            faults: self.faults,
         }
     }
 

@@ -1,7 +1,10 @@
 //! What each topology promises in each scenario: one function per scenario, named
-//! after it, that [`expectation`](super::expectation) dispatches to.
+//! after it, that [`expectation`](super::expectation) dispatches to through [`promise`],
+//! which also derives a dual deployment's promise from its sides'.
 
-use super::Topology::{self, InProcess, Independent, Quorum, Single};
+use crate::dual::Sides;
+
+use super::Topology::{self, Dual, InProcess, Independent, Quorum, Single};
 
 /// What a topology promises in a scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -15,12 +18,60 @@ pub enum Expect {
     NotApplicable(&'static str),
 }
 
+/// What `topology` promises in a scenario whose promise for a single deployment is
+/// `scenario` (one of the functions below); a dual deployment's comes from its sides'.
+pub(super) fn promise(topology: &Topology, scenario: fn(&Topology) -> Expect) -> Expect {
+    match topology {
+        Dual { old, new, faults } => dual(old, new, *faults, scenario),
+        single => scenario(single),
+    }
+}
+
+/// A dual deployment's promise, from its sides'.
+///
+/// A dual client enters only once it holds both sides, and its guard vouches only while
+/// both holds do (Lost if either side is, valid until the earlier deadline). Two dual
+/// guards can vouch at once only if each side let both clients in at once, so the dual
+/// excludes whenever either side does:
+///
+/// - Faults on one side: the scenario applies as it does to that side alone (the links,
+///   servers and keys it breaks are that side's). The other side sees no fault: a
+///   contender gets it only once the victim's hold there has expired (after the victim's
+///   validity deadline) or been released, which the dual lock does only once the victim's
+///   guard has stopped vouching (a hold lost on one side is lost; `tests/dual/faults.rs`
+///   checks that order). So the dual promises safety even where the faulted side alone
+///   promises only fencing (a key removed early, a Redis restarted empty). Faults on the
+///   whole client (a crash, a pause) hit both sides; every deployment promises safety for
+///   those.
+/// - Faults on both sides: the scenario must apply to each side (it breaks both sides'
+///   servers and links), and the dual promises the stronger of the two sides' promises
+///   (safety if either side keeps it under that fault, else fencing).
+///
+/// `conformance/tests/dual_chaos.rs` (`make chaos`) checks these promises like any other.
+fn dual(
+    old: &Topology,
+    new: &Topology,
+    faults: Sides,
+    scenario: fn(&Topology) -> Expect,
+) -> Expect {
+    let (old, new) = (promise(old, scenario), promise(new, scenario));
+    match (faults, old, new) {
+        (Sides::Old, Expect::NotApplicable(why), _)
+        | (Sides::New, _, Expect::NotApplicable(why)) => Expect::NotApplicable(why),
+        (Sides::Old | Sides::New, _, _) => Expect::Safe,
+        (Sides::Both, Expect::NotApplicable(why), _)
+        | (Sides::Both, _, Expect::NotApplicable(why)) => Expect::NotApplicable(why),
+        (Sides::Both, Expect::Safe, _) | (Sides::Both, _, Expect::Safe) => Expect::Safe,
+        (Sides::Both, fenced @ Expect::FencedOnly(_), Expect::FencedOnly(_)) => fenced,
+    }
+}
+
 const NO_SERVER: Expect = Expect::NotApplicable("no server process");
 const NO_NETWORK: Expect = Expect::NotApplicable("no network");
 const REDLOCK_ONLY: Expect = Expect::NotApplicable("RedLock only");
 
 /// `Safe`, except where there is no network to fault.
-fn needs_network(topology: Topology) -> Expect {
+fn needs_network(topology: &Topology) -> Expect {
     match topology {
         InProcess => NO_NETWORK,
         _ => Expect::Safe,
@@ -28,18 +79,18 @@ fn needs_network(topology: Topology) -> Expect {
 }
 
 /// `Safe` on several servers, else not applicable.
-fn needs_members(topology: Topology) -> Expect {
+fn needs_members(topology: &Topology) -> Expect {
     match topology {
         Quorum { .. } | Independent { .. } => Expect::Safe,
         _ => Expect::NotApplicable("needs several servers"),
     }
 }
 
-pub(super) fn holder_partitioned(_: Topology) -> Expect {
+pub(super) fn holder_partitioned(_: &Topology) -> Expect {
     Expect::Safe
 }
 
-pub(super) fn follower_partition(topology: Topology) -> Expect {
+pub(super) fn follower_partition(topology: &Topology) -> Expect {
     match topology {
         Quorum {
             reported_activity: true,
@@ -54,22 +105,22 @@ pub(super) fn follower_partition(topology: Topology) -> Expect {
     }
 }
 
-pub(super) fn holder_paused_beyond_ttl(_: Topology) -> Expect {
+pub(super) fn holder_paused_beyond_ttl(_: &Topology) -> Expect {
     Expect::Safe
 }
 
-pub(super) fn long_network_delay(topology: Topology) -> Expect {
+pub(super) fn long_network_delay(topology: &Topology) -> Expect {
     needs_network(topology)
 }
 
-pub(super) fn stuck_server(topology: Topology) -> Expect {
+pub(super) fn stuck_server(topology: &Topology) -> Expect {
     match topology {
         InProcess => NO_SERVER,
         _ => Expect::Safe,
     }
 }
 
-pub(super) fn server_crash_restart(topology: Topology) -> Expect {
+pub(super) fn server_crash_restart(topology: &Topology) -> Expect {
     match topology {
         InProcess => NO_SERVER,
         Single { durable: false } => Expect::FencedOnly(
@@ -83,61 +134,59 @@ pub(super) fn server_crash_restart(topology: Topology) -> Expect {
     }
 }
 
-pub(super) fn server_restart_without_data(topology: Topology) -> Expect {
+pub(super) fn server_restart_without_data(topology: &Topology) -> Expect {
     match topology {
         InProcess => NO_SERVER,
         Single { durable: false } => Expect::FencedOnly(
             "a server that restarts with its data wiped forgets every lock it held",
         ),
-        Single { durable: true } | Quorum { .. } => {
-            Expect::NotApplicable("losing the data of a durable store is outside its guarantees")
-        }
         Independent { .. } => {
             Expect::FencedOnly("every RedLock node restarted empty at once forgets the holder")
         }
+        _ => Expect::NotApplicable("losing the data of a durable store is outside its guarantees"),
     }
 }
 
-pub(super) fn early_key_expiry(_: Topology) -> Expect {
+pub(super) fn early_key_expiry(_: &Topology) -> Expect {
     Expect::FencedOnly(
         "a key removed early (operator, clock jump on the server) frees the lock before its \
          holder can know",
     )
 }
 
-pub(super) fn acquire_reply_delayed(topology: Topology) -> Expect {
+pub(super) fn acquire_reply_delayed(topology: &Topology) -> Expect {
     needs_network(topology)
 }
 
-pub(super) fn release_reply_lost(topology: Topology) -> Expect {
+pub(super) fn release_reply_lost(topology: &Topology) -> Expect {
     needs_network(topology)
 }
 
-pub(super) fn waiter_connection_reset(topology: Topology) -> Expect {
+pub(super) fn waiter_connection_reset(topology: &Topology) -> Expect {
     needs_network(topology)
 }
 
-pub(super) fn waiter_long_connection_reset(topology: Topology) -> Expect {
+pub(super) fn waiter_long_connection_reset(topology: &Topology) -> Expect {
     needs_network(topology)
 }
 
-pub(super) fn crashed_head_waiter(_: Topology) -> Expect {
+pub(super) fn crashed_head_waiter(_: &Topology) -> Expect {
     Expect::Safe
 }
 
-pub(super) fn cancellation_under_faults(_: Topology) -> Expect {
+pub(super) fn cancellation_under_faults(_: &Topology) -> Expect {
     Expect::Safe
 }
 
-pub(super) fn member_crash(topology: Topology) -> Expect {
+pub(super) fn member_crash(topology: &Topology) -> Expect {
     needs_members(topology)
 }
 
-pub(super) fn majority_loss(topology: Topology) -> Expect {
+pub(super) fn majority_loss(topology: &Topology) -> Expect {
     needs_members(topology)
 }
 
-pub(super) fn redlock_restart_immediate(topology: Topology) -> Expect {
+pub(super) fn redlock_restart_immediate(topology: &Topology) -> Expect {
     match topology {
         Independent { .. } => Expect::FencedOnly(
             "RedLock assumes a crashed node restarts only after the TTL or with persistence; \
@@ -147,14 +196,14 @@ pub(super) fn redlock_restart_immediate(topology: Topology) -> Expect {
     }
 }
 
-pub(super) fn redlock_restart_delayed(topology: Topology) -> Expect {
+pub(super) fn redlock_restart_delayed(topology: &Topology) -> Expect {
     match topology {
         Independent { .. } => Expect::Safe,
         _ => REDLOCK_ONLY,
     }
 }
 
-pub(super) fn stale_counter_restore(topology: Topology) -> Expect {
+pub(super) fn stale_counter_restore(topology: &Topology) -> Expect {
     match topology {
         Single { durable: false } | Independent { .. } => Expect::FencedOnly(
             "restored from an older snapshot, the servers forget the holder; the fencing \
@@ -167,7 +216,7 @@ pub(super) fn stale_counter_restore(topology: Topology) -> Expect {
     }
 }
 
-pub(super) fn nemesis(topology: Topology) -> Expect {
+pub(super) fn nemesis(topology: &Topology) -> Expect {
     match topology {
         Single { durable: false } => Expect::FencedOnly(
             "the fault mix restarts the server, and Redis without persistence forgets its locks",

@@ -88,9 +88,9 @@ macro_rules! scenario_table {
         pub const SCENARIOS: &[&str] = &[$(stringify!($scenario)),*];
 
         /// What `topology` promises in `scenario` (a name from [`SCENARIOS`]).
-        pub fn expectation(scenario: &str, topology: Topology) -> Expect {
+        pub fn expectation(scenario: &str, topology: &Topology) -> Expect {
             match scenario {
-                $(stringify!($scenario) => expect::$scenario(topology),)*
+                $(stringify!($scenario) => expect::promise(topology, expect::$scenario),)*
                 _ => Expect::Safe,
             }
         }
@@ -102,7 +102,7 @@ macro_rules! scenario_table {
             target: &dyn ChaosTarget,
             plan: Plan,
         ) -> Option<ScenarioReport> {
-            if let Expect::NotApplicable(_) = expectation(scenario, target.topology()) {
+            if let Expect::NotApplicable(_) = expectation(scenario, &target.topology()) {
                 return None;
             }
             match scenario {
@@ -175,10 +175,10 @@ impl Plan {
 /// does not apply.
 pub async fn check(scenario: &str, target: &dyn ChaosTarget) {
     let topology = target.topology();
-    let expect = expectation(scenario, topology);
+    let expect = expectation(scenario, &topology);
     let plan = Plan::from_env(target.short_ttl());
     let report = run(scenario, target, plan).await;
-    report::record(scenario, target, topology, expect, plan, report.as_ref());
+    report::record(scenario, target, &topology, expect, plan, report.as_ref());
     match report {
         None => eprintln!(
             "[chaos] {scenario} does not apply to {}: {expect:?}",

@@ -140,7 +140,7 @@ pub struct ReportRow {
 pub(super) fn record(
     scenario: &str,
     target: &dyn ChaosTarget,
-    topology: Topology,
+    topology: &Topology,
     expect: Expect,
     plan: Plan,
     report: Option<&ScenarioReport>,

@@ -9,12 +9,13 @@ use async_trait::async_trait;
 use lock_core::memory::MemoryLock;
 use lock_core::{DistributedLock, LockOptions};
 
+use crate::dual::Sides;
 use crate::factory::{Crash, Factory};
 pub use crate::harness::ServerControl;
 use crate::proxy::{FaultProxy, ProxyMode};
 
 /// How a backend is deployed; selects the scenarios that apply.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Topology {
     /// In-process (`memory://`): no servers, no network.
     InProcess,
@@ -38,6 +39,17 @@ pub enum Topology {
     Independent {
         /// Number of nodes.
         nodes: usize,
+    },
+    /// A dual deployment (`dual:<old>|<new>`): two single deployments, the faults on
+    /// one side or both (the faulted side's links, servers and keys; the other side is
+    /// left alone).
+    Dual {
+        /// The old side's deployment.
+        old: Box<Topology>,
+        /// The new side's deployment.
+        new: Box<Topology>,
+        /// The sides the faults hit.
+        faults: Sides,
     },
 }
 
