@@ -27,16 +27,18 @@ demo: deps
 		--sweep 1,8,64,256 --held 1000 --takeover-rounds 2 --out lockbench-report \
 		--backends memory,redis,redlock,zookeeper,etcd
 
-## Longer seeded fault schedules on every backend, then the reliability report in
+## Longer seeded fault schedules on every backend and on dual deployments (the dual
+## lock, faults on either side; not in `make test`), then the reliability report in
 ## chaos-report/ (CHAOS_SECONDS per nemesis run, CHAOS_SEED for its schedule).
 CHAOS_SECONDS ?= 60
 CHAOS_SEED ?= 1
+CHAOS_ENV = CHAOS_LONG=1 CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) \
+	CHAOS_REPORT_DIR=$(CURDIR)/chaos-report LOCK_TEST_STRICT=1
 chaos: deps
 	rm -rf chaos-report && mkdir -p chaos-report
-	CHAOS_LONG=1 CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) \
-		CHAOS_REPORT_DIR=$(CURDIR)/chaos-report LOCK_TEST_STRICT=1 \
-		$(CARGO) test --release -p conformance -p lock-redis -p lock-zookeeper -p lock-etcd \
-		--test chaos -- --test-threads 2
+	$(CHAOS_ENV) $(CARGO) test --release -p conformance -p lock-redis -p lock-zookeeper \
+		-p lock-etcd --test chaos -- --test-threads 2
+	$(CHAOS_ENV) $(CARGO) test --release -p conformance --test dual_chaos -- --test-threads 2
 	CHAOS_REPORT_DIR=$(CURDIR)/chaos-report LOCK_TEST_STRICT=1 \
 		$(CARGO) test --release -p lockctl --test signals
 	$(CARGO) run --quiet --release -p examples --bin chaos_report -- chaos-report

@@ -16,63 +16,11 @@ mod zk_common;
 #[path = "dual/faults.rs"]
 mod faults;
 
-use std::net::SocketAddr;
+#[path = "dual/deployments.rs"]
+mod deployments;
 
-use async_trait::async_trait;
-use conformance::dual::{DualFactory, SideFactory};
-use etcd_common::{keys_under, EtcdFactory};
-use lock_core::LockName;
-use redis_common::RedisFactory;
+use deployments::{etcd_redis, zk_redis, zk_redlock};
 use zk_common::ZkFactory;
-
-impl SideFactory for ZkFactory {
-    fn addrs(&self) -> Vec<SocketAddr> {
-        self.servers.addrs()
-    }
-}
-
-impl SideFactory for RedisFactory {
-    fn addrs(&self) -> Vec<SocketAddr> {
-        self.servers.addrs()
-    }
-}
-
-#[async_trait]
-impl SideFactory for EtcdFactory {
-    fn addrs(&self) -> Vec<SocketAddr> {
-        self.servers.addrs()
-    }
-
-    /// The lock keys only: the etcd factory tells leaked leases from its own clients'
-    /// ones, and the leases of dual clients are not its clients'.
-    async fn side_leftovers(&self, names: &[LockName]) -> Vec<String> {
-        let mut left = Vec::new();
-        for name in names {
-            for (key, revision) in keys_under(self.admin(), &self.range(name)).await {
-                left.push(format!("{name:?}: key {key} (create revision {revision})"));
-            }
-        }
-        left
-    }
-}
-
-/// A standalone ZooKeeper server (old) and a single Redis (new).
-pub(crate) async fn zk_redis() -> Option<DualFactory<ZkFactory, RedisFactory>> {
-    let (old, new) = tokio::join!(ZkFactory::start(), RedisFactory::single());
-    Some(DualFactory::new(old?, new?))
-}
-
-/// A standalone ZooKeeper server (old) and RedLock over 3 Redis nodes (new).
-pub(crate) async fn zk_redlock() -> Option<DualFactory<ZkFactory, RedisFactory>> {
-    let (old, new) = tokio::join!(ZkFactory::start(), RedisFactory::redlock(3));
-    Some(DualFactory::new(old?, new?))
-}
-
-/// A single etcd member (old) and a single Redis (new).
-pub(crate) async fn etcd_redis() -> Option<DualFactory<EtcdFactory, RedisFactory>> {
-    let (old, new) = tokio::join!(EtcdFactory::start(), RedisFactory::single());
-    Some(DualFactory::new(old?, new?))
-}
 
 /// Every rule on ZooKeeper -> Redis; the suite's steal removes the new side's key.
 mod zk_to_redis {
