@@ -22,14 +22,98 @@ const DEPLOYMENTS: &[&str] = &[
     "etcd-3",
 ];
 
+/// Dual deployments (`dual:<old>|<new>`) in report order: the pair, then the faulted
+/// side(s).
+const DUAL_DEPLOYMENTS: &[&str] = &[
+    "zookeeper→redis: old",
+    "zookeeper→redis: new",
+    "zookeeper→redis: both",
+    "etcd→redis: old",
+    "etcd→redis: new",
+    "etcd→redis: both",
+];
+
+/// The backend a target label names (`redis://…`, `zookeeper 127.0.0.1:…`, `etcd …`).
+fn backend(label: &str) -> &str {
+    label.split([':', ' ']).next().unwrap_or("?")
+}
+
 fn deployment(row: &ReportRow) -> String {
-    let backend = row.target.split([':', ' ']).next().unwrap_or("?");
+    if let Some(sides) = row.target.strip_prefix("dual ") {
+        // Label `dual <old label> | <new label>`, topology `Dual { …, faults: Old }`.
+        let (old, new) = sides.split_once(" | ").unwrap_or((sides, "?"));
+        let faults = row
+            .topology
+            .rsplit_once("faults: ")
+            .map_or("?", |(_, rest)| rest.trim_end_matches([' ', '}']));
+        return format!(
+            "{}→{}: {}",
+            backend(old),
+            backend(new),
+            faults.to_lowercase()
+        );
+    }
     let clustered = row.topology.starts_with("Quorum");
-    match backend {
+    match backend(&row.target) {
         "redlock" => "redlock-5".to_owned(),
         "zookeeper" if clustered => "zookeeper-3".to_owned(),
         "etcd" if clustered => "etcd-3".to_owned(),
         other => other.to_owned(),
+    }
+}
+
+/// The verdict of one cell from its runs: safe, fenced, VIOLATION (with the count of runs
+/// when there were several), – when the scenario does not apply, empty when it was not
+/// run.
+fn verdict(runs: Option<&Vec<&ReportRow>>) -> String {
+    let Some(runs) = runs else {
+        return String::new();
+    };
+    let ran: Vec<&&ReportRow> = runs.iter().filter(|r| r.ran).collect();
+    if ran.is_empty() {
+        return "–".to_owned();
+    }
+    let unsafe_runs = ran
+        .iter()
+        .filter(|r| r.violations > 0 || r.lost_updates > 0)
+        .count();
+    let lock_lost = ran
+        .iter()
+        .any(|r| r.lost_signal_lead_ms.is_some_and(|lead| lead <= 0.0));
+    let verdict = match (unsafe_runs, lock_lost) {
+        (0, false) => "safe",
+        (0, true) => "fenced",
+        _ => "VIOLATION",
+    };
+    if ran.len() > 1 {
+        format!("{verdict} ({}×)", ran.len())
+    } else {
+        verdict.to_owned()
+    }
+}
+
+type Cells<'a> = BTreeMap<(String, String), Vec<&'a ReportRow>>;
+
+/// A table of `scenarios` (rows) by `deployments` (columns).
+fn table<'a>(
+    md: &mut String,
+    scenarios: impl Iterator<Item = &'a str>,
+    deployments: &[&str],
+    cells: &Cells<'_>,
+) {
+    let _ = write!(md, "| scenario |");
+    for d in deployments {
+        let _ = write!(md, " {d} |");
+    }
+    let _ = writeln!(md);
+    let _ = writeln!(md, "|---|{}", "---|".repeat(deployments.len()));
+    for scenario in scenarios {
+        let _ = write!(md, "| {scenario} |");
+        for d in deployments {
+            let cell = verdict(cells.get(&(scenario.to_owned(), (*d).to_owned())));
+            let _ = write!(md, " {cell} |");
+        }
+        let _ = writeln!(md);
     }
 }
 
@@ -55,7 +139,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if rows.is_empty() {
         return Err(format!("no scenario results in {}", dir.display()).into());
     }
-    let mut cells: BTreeMap<(String, String), Vec<&ReportRow>> = BTreeMap::new();
+    let mut cells: Cells<'_> = BTreeMap::new();
     for row in &rows {
         cells
             .entry((row.scenario.clone(), deployment(row)))
@@ -75,48 +159,42 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
          **VIOLATION** (overlapping accepted sections or lost updates), or – (does not \
          apply). `n×` counts runs.\n"
     );
-    let _ = write!(md, "| scenario |");
-    for d in DEPLOYMENTS {
-        let _ = write!(md, " {d} |");
-    }
-    let _ = writeln!(md);
-    let _ = writeln!(md, "|---|{}", "---|".repeat(DEPLOYMENTS.len()));
     // The scenarios in their order, then fault tests of whole processes (lockctl).
     let others: std::collections::BTreeSet<&str> = rows
         .iter()
         .map(|r| r.scenario.as_str())
         .filter(|s| !SCENARIOS.contains(s))
         .collect();
-    for scenario in SCENARIOS.iter().copied().chain(others) {
-        let _ = write!(md, "| {scenario} |");
-        for d in DEPLOYMENTS {
-            let cell = match cells.get(&(scenario.to_string(), d.to_string())) {
-                None => "".to_owned(),
-                Some(runs) if runs.iter().all(|r| !r.ran) => "–".to_owned(),
-                Some(runs) => {
-                    let ran: Vec<&&ReportRow> = runs.iter().filter(|r| r.ran).collect();
-                    let unsafe_runs = ran
-                        .iter()
-                        .filter(|r| r.violations > 0 || r.lost_updates > 0)
-                        .count();
-                    let lock_lost = ran
-                        .iter()
-                        .any(|r| r.lost_signal_lead_ms.is_some_and(|lead| lead <= 0.0));
-                    let verdict = match (unsafe_runs, lock_lost) {
-                        (0, false) => "safe",
-                        (0, true) => "fenced",
-                        _ => "VIOLATION",
-                    };
-                    if ran.len() > 1 {
-                        format!("{verdict} ({}×)", ran.len())
-                    } else {
-                        verdict.to_owned()
-                    }
-                }
-            };
-            let _ = write!(md, " {cell} |");
-        }
-        let _ = writeln!(md);
+    table(
+        &mut md,
+        SCENARIOS.iter().copied().chain(others),
+        DEPLOYMENTS,
+        &cells,
+    );
+    let mut duals: Vec<&str> = DUAL_DEPLOYMENTS.to_vec();
+    let found: std::collections::BTreeSet<String> = rows
+        .iter()
+        .filter(|r| r.target.starts_with("dual "))
+        .map(deployment)
+        .collect();
+    duals.retain(|d| found.contains(*d));
+    duals.extend(
+        found
+            .iter()
+            .map(String::as_str)
+            .filter(|d| !DUAL_DEPLOYMENTS.contains(d)),
+    );
+    if !duals.is_empty() {
+        let _ = writeln!(md, "\n## Dual deployments\n");
+        let _ = writeln!(
+            md,
+            "The dual lock (`dual:<old>|<new>`, a hold on the old backend then on the new \
+             one) under the same scenarios. A column names the pair and the side the faults \
+             hit (links, servers, keys removed early; the other side is left alone), or both. \
+             With one side healthy the dual promises safety in every scenario that applies to \
+             the faulted side; with both faulted, the stronger of the two sides' promises.\n"
+        );
+        table(&mut md, SCENARIOS.iter().copied(), &duals, &cells);
     }
 
     let _ = writeln!(md, "\n## Details\n");
