@@ -14,6 +14,7 @@ use std::time::Duration;
 
 use conformance::chaos::{self, ChaosTarget, Expect, Plan, ScenarioReport};
 use conformance::dual::{DualFactory, SideFactory, Sides};
+use conformance::proxy::ProxyMode;
 use conformance::rules::{eventually_empty, unique_name};
 use conformance::{with_ttl, Factory};
 use lock_core::{
@@ -233,6 +234,55 @@ async fn new_side_lost_frees_the_old_side() {
         );
         sleep(Duration::from_millis(50)).await;
     }
+    drop(guard);
+}
+
+/// A dual hold lost on one side stops vouching before its other side can be taken: with
+/// the new side's key removed behind the holder's back, the old side is all that keeps
+/// another dual client out, so it must stay held until the holder's guard is Lost (or past
+/// its validity). The holder's link to the old side is slowed (a twentieth of the TTL
+/// each way) to make the window between the old side being freed and the guard turning
+/// Lost wide enough to see.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_hold_stops_vouching_before_its_other_side_is_freed() {
+    let Some(dual) = zk_redis().await else {
+        return;
+    };
+    let dual = dual.faults(Sides::Old);
+    let ttl = dual.short_ttl();
+    let name = unique_name("dual-free-order");
+    let (holder, link) = dual.linked_client(with_ttl(ttl)).await;
+    let guard = holder.lock(name.as_str()).await.expect("acquire");
+    let contender = dual.client(with_ttl(ttl)).await;
+    let watch = guard.watch();
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            let granted = contender
+                .lock_timeout(name.as_str(), Duration::from_secs(30))
+                .await;
+            // Whether the holder's guard still vouched when the contender got in.
+            let vouching = !watch.state().is_lost() && Instant::now() < watch.valid_until();
+            (granted, vouching, watch.state())
+        }
+    });
+    link.set_mode(ProxyMode::Delay {
+        base: ttl / 20,
+        jitter: Duration::ZERO,
+    });
+    dual.new_side().steal(&name).await;
+    let (granted, vouching, state) = timeout(Duration::from_secs(40), waiting)
+        .await
+        .expect("the contender's acquire is bounded")
+        .expect("the contender's task");
+    let other = granted.expect("the contender gets the lock once the holder lost it");
+    assert!(
+        !vouching,
+        "another dual client got the lock while the holder's guard still vouched for it \
+         ({state:?}): the holder freed its old side before it stopped vouching"
+    );
+    link.heal();
+    other.release().await.expect("release");
     drop(guard);
 }
 
