@@ -27,7 +27,17 @@ impl<B: Backend> Keeper<B> {
         let result = timeout(self.options.request_timeout, self.backend.renew(&items))
             .await
             .unwrap_or_else(|_| Err(self.deadline_error("extend")));
-        self.extend_done(id, &extension.info, requested_at, result)
+        let mut ended = None;
+        let extended = self.extend_done(id, &extension.info, requested_at, result, &mut ended);
+        if let Some((hold, end)) = ended {
+            // Lost already: free what the server still keeps before saying so, or (past
+            // the request timeout) in the background.
+            let release = timeout(self.options.request_timeout, self.retry_release(end, &hold));
+            if release.await.is_err() {
+                self.release_ended([(hold, end)]);
+            }
+        }
+        extended
     }
 
     /// Checks that hold `id` can be extended by `ttl` and marks its renewal in flight;
@@ -70,13 +80,15 @@ impl<B: Backend> Keeper<B> {
         }))
     }
 
-    /// Records the outcome of an extension of hold `id` sent at `requested_at`.
+    /// Records the outcome of an extension of hold `id` sent at `requested_at`; a hold
+    /// found lost is left in `ended`, to be released on the server.
     fn extend_done(
         &self,
         id: u64,
         info: &HoldInfo,
         requested_at: Instant,
         result: Result<Vec<RenewOutcome>>,
+        ended: &mut Option<(Arc<B::Hold>, HoldEnd)>,
     ) -> Result<Instant> {
         let mut table = self.table();
         let suspended = table.session_suspended;
@@ -113,6 +125,7 @@ impl<B: Backend> Keeper<B> {
             }
             Ok(Err(reason)) => {
                 info.transition(LockState::Lost(reason));
+                *ended = entry.map(|entry| entry.end());
                 Err(Error::Lost {
                     name: info.name.to_string(),
                     reason,
@@ -158,15 +171,13 @@ impl<B: Backend> Keeper<B> {
                 entry
                     .info
                     .transition(LockState::Lost(LostReason::HoldCapReached));
-                entry.server_released = true;
-                ended.push((Arc::clone(&entry.hold), HoldEnd::of(entry)));
+                ended.push(entry.end());
                 continue;
             }
             if valid_until <= now {
                 let reason = self.backend.expired_reason(&entry.hold);
                 entry.info.transition(LockState::Lost(reason));
-                entry.server_released = true;
-                ended.push((Arc::clone(&entry.hold), HoldEnd::of(entry)));
+                ended.push(entry.end());
                 continue;
             }
             let wake_at = match entry.attention(valid_until, now) {
@@ -187,6 +198,15 @@ impl<B: Backend> Keeper<B> {
             }
         }
         drop(table);
+        self.release_ended(ended);
+        next
+    }
+
+    /// Removes holds that ended on the client from the server too, in the background, so
+    /// that backends whose holds live with a session (ZooKeeper, etcd) do not keep them,
+    /// nor a dual lock the side it still held when the other was lost. Called once the
+    /// holds' guards have stopped vouching (their state is Lost).
+    fn release_ended(&self, ended: impl IntoIterator<Item = (Arc<B::Hold>, HoldEnd)>) {
         for (hold, end) in ended {
             if let Some(me) = self.arc() {
                 tokio::spawn(async move {
@@ -196,7 +216,6 @@ impl<B: Backend> Keeper<B> {
                 });
             }
         }
-        next
     }
 
     /// Renews the holds `ids` in one backend call.
@@ -244,6 +263,7 @@ impl<B: Backend> Keeper<B> {
         drop(items);
         let mut table = self.table();
         let suspended = table.session_suspended;
+        let mut ended = Vec::new();
         match result {
             Ok(outcomes) => {
                 for ((id, _, _), outcome) in batch.iter().zip(outcomes) {
@@ -259,6 +279,7 @@ impl<B: Backend> Keeper<B> {
                         }
                         RenewOutcome::Lost(reason) => {
                             entry.info.transition(LockState::Lost(reason));
+                            ended.push(entry.end());
                         }
                         RenewOutcome::Undecided => entry.renewal_failed(suspended),
                     }
@@ -274,6 +295,7 @@ impl<B: Backend> Keeper<B> {
             }
         }
         drop(table);
+        self.release_ended(ended);
         self.wake();
     }
 

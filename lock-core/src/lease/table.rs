@@ -113,6 +113,16 @@ pub(super) struct HoldEnd {
     pub(super) ttl: Duration,
 }
 
+impl<H> Entry<H> {
+    /// Marks the hold as ended on the client (the caller made its state Lost), to be
+    /// released on the server in the background: the server may still keep it, or part
+    /// of it (the side of a dual lock that was not lost).
+    pub(super) fn end(&mut self) -> (Arc<H>, HoldEnd) {
+        self.server_released = true;
+        (Arc::clone(&self.hold), HoldEnd::of(self))
+    }
+}
+
 impl HoldEnd {
     pub(super) fn of<H>(entry: &Entry<H>) -> Self {
         HoldEnd {

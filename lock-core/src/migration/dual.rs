@@ -322,26 +322,14 @@ impl Backend for DualBackend {
                 let undecided = || vec![RenewOutcome::Undecided; items.len()];
                 let old = old.unwrap_or_else(|_| undecided());
                 let new = new.unwrap_or_else(|_| undecided());
-                let mut survivors = Vec::new();
                 for ((item, old), new) in items.iter().zip(&old).zip(&new) {
                     item.hold.renewed(sent, [*old, *new]);
-                    match (old, new) {
-                        (RenewOutcome::Lost(_), RenewOutcome::Lost(_)) => {}
-                        (RenewOutcome::Lost(_), _) => survivors.push((Side::New, item.hold)),
-                        (_, RenewOutcome::Lost(_)) => survivors.push((Side::Old, item.hold)),
-                        _ => {}
-                    }
                 }
-                // A hold lost on one side is lost: free the other side now rather than
-                // when the guard goes (a session-bound side would block everyone until
-                // then).
-                futures::future::join_all(survivors.into_iter().map(|(side, hold)| async move {
-                    if let Err(err) = self.release_side(side, hold).await {
-                        tracing::warn!(%side, error = %err,
-                            "could not free the surviving side of a lost dual hold");
-                    }
-                }))
-                .await;
+                // A hold lost on one side is lost, and its other side must not be freed
+                // before its guard says so (that side is what still keeps others out):
+                // the lease client releases a lost hold once it is Lost, at once rather
+                // than when the guard goes (a session-bound side would block everyone
+                // until then).
                 Ok(old.into_iter().zip(new).map(combine_renewals).collect())
             }
         }
