@@ -16,7 +16,7 @@ use lock_core::{
     Result,
 };
 use tokio::sync::watch;
-use tokio::time::Instant;
+use tokio::time::{sleep_until, Instant};
 
 use crate::config::EtcdConfig;
 use crate::connection::{EtcdClient, KeepAlive, Session};
@@ -114,12 +114,37 @@ struct PendingKey {
     client: EtcdClient,
     key: String,
     revision: Option<i64>,
+    /// Until when a put of the key sent by this acquire may still reach the server (its
+    /// requests' deadlines); only meaningful while `revision` is unknown.
+    put_until: Instant,
     slot: Slot,
 }
 
+/// Pauses between the deletes of a cancelled acquire's key whose put may be in flight.
+const IN_FLIGHT_DELETES: [Duration; 3] = [
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+    Duration::from_millis(1500),
+];
+
 impl Cleanup for PendingKey {
     async fn cleanup(self) {
-        if let Err(err) = delete_if_ours(&self.client, &self.key, self.revision).await {
+        let mut result = delete_if_ours(&self.client, &self.key, self.revision).await;
+        if self.revision.is_none() {
+            // The put may still be on its way (dropped after it was sent, before its
+            // answer), and land after the delete, attached to a lease that lives on.
+            // Delete again a few times, the last once no put of ours can be applied
+            // any more (its deadline passed).
+            let later = IN_FLIGHT_DELETES.iter().scan(Instant::now(), |at, pause| {
+                *at += *pause;
+                Some((*at).min(self.put_until))
+            });
+            for at in later.chain([self.put_until]) {
+                sleep_until(at).await;
+                result = delete_if_ours(&self.client, &self.key, None).await;
+            }
+        }
+        if let Err(err) = result {
             tracing::warn!(key = self.key, error = %err, "removing the key of a cancelled acquire failed; the lease TTL ends it");
         }
         drop(self.slot);
@@ -151,6 +176,8 @@ impl Backend for EtcdBackend {
             client: self.client.clone(),
             key: key.clone(),
             revision: None,
+            // Enqueueing sends at most three puts, each within the request timeout.
+            put_until: Instant::now() + self.client.request_timeout() * 3,
             slot,
         });
         let (revision, owner) = self
