@@ -11,6 +11,7 @@ pub mod dual;
 pub mod factory;
 pub mod fence;
 pub mod harness;
+pub mod inspection;
 pub mod interleavings;
 pub mod memory;
 pub mod proxy;

@@ -9,51 +9,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{create_persistent, unique_name, with_ttl, ZkFactory, BASE};
+use conformance::inspection::{self, inspect_until, owner, release, wait_for};
 use lock_core::raw::Backend;
-use lock_core::{
-    DistributedLockExt, ErrorKind, FencingToken, LockGuard, LockName, Occupancy, ReleaseOutcome,
-};
+use lock_core::{DistributedLockExt, ErrorKind, FencingToken, Occupancy};
 use lock_zookeeper::{lock_dir, ZkLock};
-use tokio::task::JoinHandle;
 use zookeeper_client as zk;
 
-/// Inspects `name` until it shows `participants` holders and waiters (5 s at most).
-async fn inspect_until(client: &ZkLock, name: &LockName, participants: usize) -> Occupancy {
-    for _ in 0..200 {
-        let occupancy = client.backend().inspect(name).await.expect("inspect");
-        if occupancy.participants().count() == participants {
-            return occupancy;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    panic!("{name:?} never showed {participants} participants");
-}
-
-/// A task waiting for `name` on `client` (20 s at most).
-fn wait_for(client: &Arc<ZkLock>, name: &LockName) -> JoinHandle<LockGuard> {
-    let (client, name) = (Arc::clone(client), name.clone());
-    tokio::spawn(async move {
-        client
-            .lock_timeout(name.as_str(), Duration::from_secs(20))
-            .await
-            .expect("the waiter gets the lock")
-    })
-}
-
-fn owner(guard: &LockGuard) -> Option<String> {
-    Some(guard.owner_token().as_str().to_owned())
-}
-
-async fn release(guard: LockGuard) {
-    assert_eq!(
-        guard.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
-}
-
-/// A holder and two waiters show in queue order with their owner tokens; the holder's
-/// fencing token is its guard's; each waiter later holds with the token it showed, and
-/// is granted a fencing token above the floor the inspection reported.
+/// A holder and two waiters show in queue order with their owner tokens and sessions;
+/// the holder's fencing token is its guard's (no lease: ZooKeeper's are per session);
+/// each waiter later holds with the token it showed, and is granted a fencing token
+/// above the floor the inspection reported.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_and_waiters_in_queue_order() {
     let Some(factory) = ZkFactory::start().await else {
@@ -63,61 +28,7 @@ async fn holder_and_waiters_in_queue_order() {
         (0..3).map(|_| factory.zk_client(with_ttl(Duration::from_secs(10)))),
     )
     .await;
-    let lock = unique_name("inspect");
-
-    let held = clients[0].lock(lock.as_str()).await.expect("acquire");
-    let first = wait_for(&clients[1], &lock);
-    inspect_until(&clients[0], &lock, 2).await;
-    let second = wait_for(&clients[2], &lock);
-    let seen = inspect_until(&clients[0], &lock, 3).await;
-
-    let holder = seen.holder.as_ref().expect("a holder");
-    assert_eq!(holder.owner_token, owner(&held));
-    assert_eq!(holder.fencing_token, Some(held.fencing_token()));
-    assert_eq!(holder.lease_left, None);
-    let floor = seen.token_floor.expect("a token floor");
-    assert!(floor >= held.fencing_token(), "{floor:?} {seen:?}");
-    let waiting: Vec<Option<String>> = seen.waiters.iter().map(|w| w.owner_token.clone()).collect();
-    assert!(seen.waiters.iter().all(|w| w.fencing_token.is_none()));
-    // Three clients, three sessions: the check groups a process's acquisitions by them.
-    let sessions: std::collections::HashSet<String> = seen
-        .participants()
-        .map(|p| p.session.clone().expect("a session"))
-        .collect();
-    assert_eq!(sessions.len(), 3, "{seen:?}");
-
-    release(held).await;
-    let first = first.await.expect("first waiter");
-    assert_eq!(owner(&first), waiting[0], "the first waiter holds next");
-    assert!(first.fencing_token() > floor);
-    let now = inspect_until(&clients[0], &lock, 2).await;
-    let holder = now.holder.expect("a holder");
-    assert_eq!(holder.owner_token, owner(&first));
-    assert_eq!(holder.fencing_token, Some(first.fencing_token()));
-    assert_eq!(
-        now.waiters
-            .iter()
-            .map(|w| w.owner_token.clone())
-            .collect::<Vec<_>>(),
-        waiting[1..]
-    );
-
-    release(first).await;
-    let second = second.await.expect("second waiter");
-    assert_eq!(owner(&second), waiting[1], "the second waiter holds last");
-    assert!(second.fencing_token() > floor);
-    let last = second.fencing_token();
-    release(second).await;
-
-    let empty = inspect_until(&clients[0], &lock, 0).await;
-    let floor = empty.token_floor.expect("a token floor");
-    assert!(
-        floor >= last,
-        "the floor {floor:?} covers the last grant {last:?}"
-    );
-    let next = clients[1].lock(lock.as_str()).await.expect("acquire");
-    assert!(next.fencing_token() > floor);
-    release(next).await;
+    inspection::holder_and_waiters_in_queue_order(&clients, None).await;
 }
 
 /// A name never locked shows nobody and a floor below its first grant; once its
