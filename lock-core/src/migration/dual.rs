@@ -238,19 +238,21 @@ impl Backend for DualBackend {
             let outcome = self.acquire_new(on_new, &mut old).await;
             let won_new = match outcome {
                 Ok(NewSide::Won(won_new)) => won_new,
-                Ok(NewSide::OldLapsed(new_hold)) => {
-                    let mut new_release = ReleaseSide {
+                // The old side ran out first: give back what is held and start over.
+                Ok(lapsed @ (NewSide::OldLapsed(_) | NewSide::OldLost)) => {
+                    // Under a cleanup guard too: dropped mid-release, it finishes in the
+                    // background.
+                    let mut new_release = CleanupOnDrop::new(ReleaseSide {
                         backend: Arc::clone(&self.new),
-                        hold: Some(new_hold),
-                    };
-                    tokio::join!(old.release.state_mut().release(), new_release.release());
-                    if !request.wait {
-                        return Ok(None);
-                    }
-                    continue;
-                }
-                Ok(NewSide::OldLost) => {
-                    old.release.state_mut().release().await;
+                        hold: match lapsed {
+                            NewSide::OldLapsed(new_hold) => Some(new_hold),
+                            _ => None,
+                        },
+                    });
+                    tokio::join!(
+                        old.release.state_mut().release(),
+                        new_release.state_mut().release()
+                    );
                     if !request.wait {
                         return Ok(None);
                     }
