@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::raw::format_duration;
-use lock_core::{DistributedLock, LockName, LockOptions, RenewalMode};
+use lock_core::{DistributedLock, LockName, LockOptions};
 
 use crate::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use crate::factory::{connect_patiently, Crash, Factory};
@@ -125,7 +124,7 @@ impl<O: SideFactory, N: SideFactory> DualFactory<O, N> {
     /// The dual URL of the two sides' servers at `old` and `new` (proxies, or the servers
     /// themselves), with `options` in both sides' query strings.
     fn url_at(&self, old: &[SocketAddr], new: &[SocketAddr], options: &LockOptions) -> String {
-        let query = options_query(options);
+        let query = options.to_query();
         format!(
             "dual:{}?{query}|{}?{query}",
             with_hosts(&self.old.url(), old),
@@ -160,25 +159,6 @@ impl<O: SideFactory, N: SideFactory> DualFactory<O, N> {
         self.links.lock().expect("links").push(link.clone());
         (client, link)
     }
-}
-
-/// `options` as a URL query, every field spelled out (the two sides of a dual URL must
-/// agree on them).
-pub fn options_query(options: &LockOptions) -> String {
-    let renewal = match options.renewal {
-        RenewalMode::Manual => "manual",
-        _ => "auto",
-    };
-    let mut query = format!(
-        "ttl={}&renewal={renewal}&request_timeout={}&recheck={}",
-        format_duration(options.ttl),
-        format_duration(options.request_timeout),
-        format_duration(options.recheck)
-    );
-    if let Some(cap) = options.max_hold {
-        query.push_str(&format!("&max_hold={}", format_duration(cap)));
-    }
-    query
 }
 
 /// `url` (`scheme://host,host/path`) with its hosts replaced by `addrs`; `url` itself
@@ -300,19 +280,5 @@ mod tests {
         for (url, expected) in cases {
             assert_eq!(with_hosts(url, &addrs), expected, "{url}");
         }
-    }
-
-    #[test]
-    fn every_option_is_in_the_query() {
-        let mut options = LockOptions::default();
-        options.ttl = Duration::from_millis(1500);
-        options.renewal = RenewalMode::Manual;
-        options.max_hold = Some(Duration::from_secs(4));
-        let mut parsed = LockOptions::default();
-        for pair in options_query(&options).split('&') {
-            let (key, value) = pair.split_once('=').expect("key=value");
-            assert!(parsed.apply_query_pair(key, value).expect("valid"), "{key}");
-        }
-        assert_eq!(parsed, options);
     }
 }

@@ -314,6 +314,22 @@ mod tests {
     use super::*;
 
     #[test]
+    fn every_option_is_in_the_query() {
+        let options = LockOptions {
+            ttl: Duration::from_millis(1500),
+            renewal: RenewalMode::Manual,
+            max_hold: Some(Duration::from_secs(4)),
+            ..LockOptions::default()
+        };
+        let mut parsed = LockOptions::default();
+        for pair in options.to_query().split('&') {
+            let (key, value) = pair.split_once('=').expect("key=value");
+            assert!(parsed.apply_query_pair(key, value).expect("valid"), "{key}");
+        }
+        assert_eq!(parsed, options);
+    }
+
+    #[test]
     fn durations_parse_and_round_trip() {
         for (text, expect) in [
             ("250ms", Duration::from_millis(250)),
