@@ -135,14 +135,18 @@ impl Cleanup for PendingKey {
             // answer), and land after the delete, attached to a lease that lives on.
             // Delete again a few times, the last once no put of ours can be applied
             // any more (its deadline passed).
-            let later = IN_FLIGHT_DELETES.iter().scan(Instant::now(), |at, pause| {
-                *at += *pause;
-                Some((*at).min(self.put_until))
-            });
-            for at in later.chain([self.put_until]) {
+            let mut at = Instant::now();
+            for pause in IN_FLIGHT_DELETES {
+                at += pause;
+                if at >= self.put_until {
+                    break;
+                }
                 sleep_until(at).await;
-                result = delete_if_ours(&self.client, &self.key, None).await;
+                // Only the last delete's outcome is reported.
+                let _ = delete_if_ours(&self.client, &self.key, None).await;
             }
+            sleep_until(self.put_until).await;
+            result = delete_if_ours(&self.client, &self.key, None).await;
         }
         if let Err(err) = result {
             tracing::warn!(key = self.key, error = %err, "removing the key of a cancelled acquire failed; the lease TTL ends it");
