@@ -46,6 +46,7 @@ macro_rules! conformance_rules {
             thousand_locks_one_client,
             bad_urls_and_options,
             scoped_run_cancels_on_loss,
+            operator_inspects_lists_and_breaks,
         }
     };
 }

@@ -14,7 +14,7 @@ use crate::capabilities::Capabilities;
 use crate::error::Result;
 use crate::guard::LostReason;
 use crate::name::LockName;
-use crate::occupancy::Occupancy;
+use crate::occupancy::{Occupancy, Participant};
 use crate::token::{FencingToken, OwnerToken};
 
 /// One acquisition asked of a backend.
@@ -152,6 +152,35 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
         Err(crate::Error::Unsupported {
             backend: self.capabilities().backend,
             operation: format!("inspecting `{name}`"),
+        })
+    }
+
+    /// The names under `prefix` (a prefix of the lock name, `""` for all) that have a
+    /// holder right now, as the server shows them, sorted.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot tell
+    /// (the default); connection errors.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: format!("listing the locks under `{prefix}`"),
+        })
+    }
+
+    /// Removes the current hold of `name` on the server, whoever holds it, and returns
+    /// the holder it removed (`None` when nobody held it). The next waiter is granted the
+    /// lock as after a release. The removed holder's renewal (or release) finds
+    /// [`LostReason::Broken`]: the backend leaves a short-lived mark naming the broken
+    /// owner token beside the lock, where its layout allows one.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot
+    /// (the default); connection errors, after which the hold may or may not be removed.
+    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+        Err(crate::Error::Unsupported {
+            backend: self.capabilities().backend,
+            operation: format!("breaking `{name}`"),
         })
     }
 

@@ -51,6 +51,9 @@ pub enum LostReason {
     HoldCapReached,
     /// The hold was released by its guard.
     Released,
+    /// An operator removed the hold on the server
+    /// ([`crate::DistributedLock::force_release`]).
+    Broken,
     /// One side of a dual (migration) lock was lost, for `reason`.
     OnSide {
         /// The side that was lost.
@@ -90,6 +93,7 @@ impl LostReason {
             LostReason::SessionExpired => &LostReason::SessionExpired,
             LostReason::HoldCapReached => &LostReason::HoldCapReached,
             LostReason::Released => &LostReason::Released,
+            LostReason::Broken => &LostReason::Broken,
             on_side @ LostReason::OnSide { .. } => return on_side,
         };
         LostReason::OnSide { side, reason }
@@ -113,6 +117,7 @@ impl fmt::Display for LostReason {
             LostReason::SessionExpired => "the session expired",
             LostReason::HoldCapReached => "the maximum hold time was reached",
             LostReason::Released => "it was released",
+            LostReason::Broken => "an operator broke it (forced release on the server)",
             LostReason::OnSide { side, reason } => {
                 return write!(f, "on the {side} backend, {reason}")
             }

@@ -11,6 +11,7 @@ use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::name::LockName;
+use crate::occupancy::{Occupancy, Participant};
 use crate::options::{AcquireOptions, LockOptions, Wait};
 use crate::run::{run_locked, LockContext, RunOutcome};
 
@@ -54,6 +55,9 @@ use crate::run::{run_locked, LockContext, RunOutcome};
 /// - malformed URLs and options get typed errors, never a panic
 ///   ([`bad_urls_and_options`]).
 /// - a scoped run is cancelled when its lock is lost ([`scoped_run_cancels_on_loss`]).
+/// - an operator sees the holder and waiters, lists held names by prefix, and breaks a
+///   hold: the waiter gets it, the broken guard is Lost with `Broken`
+///   ([`operator_inspects_lists_and_breaks`]).
 ///
 /// [`try_on_held_is_not_acquired`]: ../conformance/rules/fn.try_on_held_is_not_acquired.html
 /// [`mutual_exclusion`]: ../conformance/rules/fn.mutual_exclusion.html
@@ -73,6 +77,7 @@ use crate::run::{run_locked, LockContext, RunOutcome};
 /// [`thousand_locks_one_client`]: ../conformance/rules/fn.thousand_locks_one_client.html
 /// [`bad_urls_and_options`]: ../conformance/rules/fn.bad_urls_and_options.html
 /// [`scoped_run_cancels_on_loss`]: ../conformance/rules/fn.scoped_run_cancels_on_loss.html
+/// [`operator_inspects_lists_and_breaks`]: ../conformance/rules/fn.operator_inspects_lists_and_breaks.html
 ///
 /// # Cancellation
 /// Dropping an acquire future at any await point leaves nothing queued or held on the
@@ -95,6 +100,62 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
 
     /// The client-wide defaults.
     fn options(&self) -> &LockOptions;
+
+    /// Who holds `name` (owner token, fencing token, lease left, session and since when,
+    /// each where the server keeps it) and who waits for it, in queue order where the
+    /// backend queues, as the server shows them at one moment.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a backend that cannot tell (the default); connection
+    /// errors.
+    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        Err(unsupported(
+            self.capabilities(),
+            format!("inspecting `{name}`"),
+        ))
+    }
+
+    /// The names that start with `prefix` (`""` for all) and have a holder right now,
+    /// sorted.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a backend that cannot tell (the default); connection
+    /// errors.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        Err(unsupported(
+            self.capabilities(),
+            format!("listing the locks under `{prefix}`"),
+        ))
+    }
+
+    /// Breaks `name`: removes its current hold on the server, whoever holds it, and
+    /// returns the holder removed (`None` if nobody held it). An operator's last resort
+    /// for a hold whose process is wedged but still renewing.
+    ///
+    /// The next waiter is granted the lock at once. The broken holder's guard turns
+    /// [`LockState::Lost`](crate::LockState::Lost) with [`LostReason::Broken`] at its
+    /// next renewal at the latest (a third of its TTL), so a holder that checks its guard
+    /// or fences its writes stops; one that does neither overlaps with the next holder
+    /// until then. Breaking is not a release: the holder never agreed to stop.
+    ///
+    /// [`LostReason::Broken`]: crate::LostReason::Broken
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a backend that cannot (the default); connection errors,
+    /// after which the hold may or may not be removed (inspect to know).
+    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+        Err(unsupported(
+            self.capabilities(),
+            format!("breaking `{name}`"),
+        ))
+    }
+}
+
+fn unsupported(capabilities: Capabilities, operation: String) -> Error {
+    Error::Unsupported {
+        backend: capabilities.backend,
+        operation,
+    }
 }
 
 /// Convenience methods for every [`DistributedLock`], `dyn` included.
@@ -178,6 +239,18 @@ macro_rules! forward_impl {
 
             fn options(&self) -> &LockOptions {
                 (**self).options()
+            }
+
+            async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+                (**self).inspect(name).await
+            }
+
+            async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+                (**self).list(prefix).await
+            }
+
+            async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+                (**self).force_release(name).await
             }
         }
     };

@@ -8,7 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, Weak};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 use tokio::sync::{watch, Notify};
@@ -50,11 +50,17 @@ struct Slot {
     holder: Option<Holder>,
     fence: u64,
     queue: VecDeque<Arc<Waiter>>,
+    /// The owner tokens of the last holders broken by an operator, newest last.
+    broken: VecDeque<OwnerToken>,
 }
+
+/// How many broken owner tokens a slot remembers.
+const BROKEN_REMEMBERED: usize = 8;
 
 struct Holder {
     token: OwnerToken,
     expires_at: Instant,
+    since: SystemTime,
 }
 
 struct Waiter {
@@ -92,6 +98,7 @@ impl Slot {
         self.holder = Some(Holder {
             token: token.clone(),
             expires_at: now + ttl,
+            since: SystemTime::now(),
         });
         FencingToken(self.fence)
     }
@@ -101,6 +108,7 @@ impl Slot {
         match &self.holder {
             Some(h) if h.token == *token && h.expires_at > now => None,
             Some(h) if h.token == *token => Some(LostReason::Expired),
+            _ if self.broken.contains(token) => Some(LostReason::Broken),
             Some(_) => Some(LostReason::Taken),
             None => Some(LostReason::Vanished),
         }
@@ -108,6 +116,16 @@ impl Slot {
 
     fn is_idle(&self) -> bool {
         self.holder.is_none() && self.queue.is_empty()
+    }
+}
+
+impl Holder {
+    /// The holder as an inspection shows it, `fence` being its fencing token.
+    fn participant(&self, fence: u64, now: Instant) -> Participant {
+        Participant::new(Some(self.token.to_string()))
+            .fencing_token(Some(FencingToken(fence)))
+            .lease_left(Some(self.expires_at.saturating_duration_since(now)))
+            .since(Some(self.since))
     }
 }
 
@@ -143,6 +161,39 @@ impl MemorySpace {
         let had = slot.holder.take().is_some();
         slot.settle(Instant::now());
         had
+    }
+
+    /// Removes the holder of `name` as an operator breaking it does, remembering its owner
+    /// token so that its renewal finds [`LostReason::Broken`].
+    fn force_release(&self, name: &LockName) -> Option<Participant> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let slot = slots.get_mut(name)?;
+        slot.settle(now);
+        let fence = slot.fence;
+        let holder = slot.holder.take()?;
+        if slot.broken.len() == BROKEN_REMEMBERED {
+            slot.broken.pop_front();
+        }
+        slot.broken.push_back(holder.token.clone());
+        slot.settle(now);
+        Some(holder.participant(fence, now))
+    }
+
+    /// The held names that start with `prefix`, sorted.
+    fn held_names(&self, prefix: &str) -> Vec<LockName> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let mut names: Vec<LockName> = slots
+            .iter_mut()
+            .filter(|(name, _)| name.as_str().starts_with(prefix))
+            .filter_map(|(name, slot)| {
+                slot.settle(now);
+                slot.holder.is_some().then(|| name.clone())
+            })
+            .collect();
+        names.sort();
+        names
     }
 
     /// The owner token currently holding `name`, if any.
@@ -188,11 +239,10 @@ impl MemorySpace {
             return Occupancy::new(None, Vec::new()).token_floor(Some(FencingToken(0)));
         };
         slot.settle(now);
-        let holder = slot.holder.as_ref().map(|holder| {
-            Participant::new(Some(holder.token.to_string()))
-                .fencing_token(Some(FencingToken(slot.fence)))
-                .lease_left(Some(holder.expires_at.saturating_duration_since(now)))
-        });
+        let holder = slot
+            .holder
+            .as_ref()
+            .map(|holder| holder.participant(slot.fence, now));
         let waiters = slot
             .queue
             .iter()
@@ -374,6 +424,16 @@ impl Backend for MemoryBackend {
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         self.reachable().await;
         Ok(self.space.occupancy(name))
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        self.reachable().await;
+        Ok(self.space.held_names(prefix))
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+        self.reachable().await;
+        Ok(self.space.force_release(name))
     }
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<MemoryHold>>> {

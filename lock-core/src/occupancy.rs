@@ -1,7 +1,7 @@
 //! What the server shows about one lock name: its holder, its waiters, and the bound that
 //! every later fencing token of the name exceeds.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use crate::token::FencingToken;
 
@@ -57,6 +57,9 @@ pub struct Participant {
     /// id, an etcd lease id, the client id of a queued Redis waiter): the acquisitions of
     /// one process share it.
     pub session: Option<String>,
+    /// Since when it holds or waits, on the server's wall clock, where the server records
+    /// it (a ZooKeeper node's creation time).
+    pub since: Option<SystemTime>,
 }
 
 impl Participant {
@@ -67,6 +70,7 @@ impl Participant {
             fencing_token: None,
             lease_left: None,
             session: None,
+            since: None,
         }
     }
 
@@ -79,6 +83,12 @@ impl Participant {
     /// Sets [`Participant::session`].
     pub fn session(mut self, session: Option<String>) -> Self {
         self.session = session;
+        self
+    }
+
+    /// Sets [`Participant::since`].
+    pub fn since(mut self, since: Option<SystemTime>) -> Self {
+        self.since = since;
         self
     }
 

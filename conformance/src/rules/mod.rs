@@ -18,6 +18,7 @@ use crate::with_ttl;
 
 mod exclusion;
 mod names;
+mod operations;
 mod reentrancy;
 mod renewal;
 mod waiting;
@@ -29,6 +30,7 @@ pub use exclusion::{
 pub use names::{
     bad_urls_and_options, names_are_independent_and_checked, thousand_locks_one_client,
 };
+pub use operations::operator_inspects_lists_and_breaks;
 pub use reentrancy::{reentrancy_by_owner, reentrant_release_reports_loss};
 pub use renewal::{
     auto_renewal_keeps_lock, hold_cap_ends_renewal, lost_signal_on_steal, manual_mode,

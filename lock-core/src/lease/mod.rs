@@ -26,6 +26,7 @@ use crate::guard::{
 };
 use crate::lock::{check_wait, DistributedLock};
 use crate::name::LockName;
+use crate::occupancy::{Occupancy, Participant};
 use crate::options::{check_duration, AcquireOptions, LockOptions, RenewalMode, Wait};
 use crate::raw::{lock_unpoisoned, Backoff};
 use crate::token::{OwnerId, OwnerToken};
@@ -44,6 +45,9 @@ pub fn validity_deadline(requested_at: Instant, lease: Duration) -> Instant {
 /// A release that keeps failing in a retryable way is given up after this many TTLs
 /// (at least a minute), even while the hold's session lives.
 const RELEASE_GIVE_UP: u32 = 10;
+
+/// A listing may take this many request timeouts (it may walk a tree of nodes).
+const LIST_ROUNDS: u32 = 10;
 
 /// First pause before a waiting acquire retries after a retryable error.
 const RETRY_FIRST_PAUSE: Duration = Duration::from_millis(50);
@@ -136,6 +140,24 @@ impl<B: Backend> DistributedLock for LeaseClient<B> {
 
     fn options(&self) -> &LockOptions {
         &self.keeper.options
+    }
+
+    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        self.keeper
+            .deadline("inspect", 2, self.keeper.backend.inspect(name))
+            .await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        self.keeper
+            .deadline("list", LIST_ROUNDS, self.keeper.backend.list(prefix))
+            .await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+        self.keeper
+            .deadline("force release", 2, self.keeper.backend.force_release(name))
+            .await
     }
 }
 

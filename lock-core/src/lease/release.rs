@@ -105,6 +105,19 @@ impl<B: Backend> Keeper<B> {
         self.backend.release(hold).await
     }
 
+    /// Runs an operator call (`inspect`, `list`, `force_release`) within `rounds` request
+    /// timeouts (a listing may take several round trips).
+    pub(super) async fn deadline<T>(
+        &self,
+        what: &str,
+        rounds: u32,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        timeout(self.options.request_timeout * rounds, call)
+            .await
+            .unwrap_or_else(|_| Err(self.deadline_error(what)))
+    }
+
     pub(super) fn deadline_error(&self, what: &str) -> Error {
         Error::no_answer(
             self.capabilities.backend,

@@ -19,6 +19,8 @@ use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{LostReason, Side};
 use crate::lease::validity_deadline;
+use crate::name::LockName;
+use crate::occupancy::{Occupancy, Participant};
 use crate::raw::erased::{AnyBackend, AnyHold};
 use crate::raw::{lock_unpoisoned, Cleanup, CleanupOnDrop};
 use crate::token::OwnerToken;
@@ -357,6 +359,31 @@ impl Backend for DualBackend {
             }
             (BackendRelease::Released, BackendRelease::Released) => BackendRelease::Released,
         })
+    }
+
+    /// The old side's holder (dual and old-only holders show there), else the new side's
+    /// (a new-only holder); the old side's waiters, then the new side's; the new side's
+    /// token floor, which every later dual or new-only token exceeds.
+    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        let (old, new) = tokio::try_join!(self.old.inspect(name), self.new.inspect(name))?;
+        let holder = old.holder.or(new.holder);
+        let waiters = old.waiters.into_iter().chain(new.waiters).collect();
+        Ok(Occupancy::new(holder, waiters).token_floor(new.token_floor))
+    }
+
+    /// The names held on either side.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        let (old, new) = tokio::try_join!(self.old.list(prefix), self.new.list(prefix))?;
+        let mut names: Vec<LockName> = old.into_iter().chain(new).collect();
+        names.sort();
+        names.dedup();
+        Ok(names)
+    }
+
+    /// Breaks both sides; returns the old side's holder, else the new side's.
+    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+        let (old, new) = tokio::join!(self.old.force_release(name), self.new.force_release(name));
+        Ok(old?.or(new?))
     }
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {

@@ -14,7 +14,7 @@ use crate::backend::{
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::name::LockName;
-use crate::occupancy::Occupancy;
+use crate::occupancy::{Occupancy, Participant};
 use crate::options::LockOptions;
 
 /// The hold of an [`AnyBackend`]: the backend's own hold, boxed.
@@ -34,6 +34,8 @@ pub(crate) trait AnyBackend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     async fn renew(&self, items: &[RenewItem<'_, AnyHold>]) -> Result<Vec<RenewOutcome>>;
     async fn release(&self, hold: &AnyHold) -> Result<BackendRelease>;
     async fn inspect(&self, name: &LockName) -> Result<Occupancy>;
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>>;
+    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>>;
     fn session(&self) -> Option<watch::Receiver<SessionStatus>>;
 }
 
@@ -72,6 +74,14 @@ impl<B: Backend> AnyBackend for B {
 
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         Backend::inspect(self, name).await
+    }
+
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        Backend::list(self, prefix).await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+        Backend::force_release(self, name).await
     }
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
