@@ -8,10 +8,7 @@ use clap::Subcommand;
 use distlock::migration::{CheckOptions, Step};
 use distlock::LockName;
 
-use crate::{parse_duration, BoxError};
-
-/// Exit code of a check that found the step unsafe (or could not look everywhere).
-const EXIT_NOT_CLEAR: u8 = 3;
+use crate::{parse_duration, BoxError, EXIT_NO};
 
 /// `lockctl migration …`.
 #[derive(Debug, Subcommand)]
@@ -72,6 +69,6 @@ pub(crate) async fn run(url: &str, command: Migration) -> Result<ExitCode, BoxEr
     Ok(if report.is_clear() {
         ExitCode::SUCCESS
     } else {
-        ExitCode::from(EXIT_NOT_CLEAR)
+        ExitCode::from(EXIT_NO)
     })
 }

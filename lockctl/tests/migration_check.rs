@@ -3,17 +3,18 @@
 //! `dual-to-old`, nothing once they are gone or when only dual clients hold, and that a
 //! name a new-only client took can no longer go back to old-only (its token gap).
 
+mod common;
+
 use std::process::Output;
 
 use conformance::harness::{or_skip, RedisServer, ZkServer};
 use distlock::DistributedLockExt;
 
+use common::{lockctl, text};
+
 /// Runs `lockctl --url URL migration check --step STEP --watch 600ms NAME [--json]`.
 async fn check(url: &str, step: &str, name: &str, json: bool) -> Output {
-    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"));
-    command.args([
-        "--url",
-        url,
+    let mut args = vec![
         "migration",
         "check",
         "--step",
@@ -23,24 +24,11 @@ async fn check(url: &str, step: &str, name: &str, json: bool) -> Output {
         "--interval",
         "100ms",
         name,
-    ]);
+    ];
     if json {
-        command.arg("--json");
+        args.push("--json");
     }
-    command.kill_on_drop(true);
-    tokio::time::timeout(std::time::Duration::from_secs(60), command.output())
-        .await
-        .expect("lockctl ends within a minute")
-        .expect("lockctl runs")
-}
-
-fn text(output: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
+    lockctl(url, &args).await
 }
 
 #[tokio::test]

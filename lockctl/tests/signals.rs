@@ -73,7 +73,7 @@ impl Drop for EventLog {
 /// Starts `lockctl run [extra...] NAME -- sh -c SCRIPT` with `$LOG` set to the event log.
 fn lockctl(url: &str, name: &str, extra: &[&str], script: &str, log: &EventLog) -> Child {
     tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
-        .args(["--url", url, "--timeout", "30s", "run"])
+        .args(["--url", url, "run", "--timeout", "30s"])
         .args(extra)
         .args([name, "--", "sh", "-c"])
         .arg(format!("log() {{ echo \"$1\" >> \"$LOG\"; }}\n{script}"))

@@ -1,0 +1,244 @@
+//! `status`, `list` and `break`: who holds a lock, which locks are held, and removing a
+//! wedged hold, in words for people and in JSON for scripts.
+
+use std::fmt::Write as _;
+use std::process::ExitCode;
+use std::time::{Duration, SystemTime};
+
+use distlock::{DistributedLock, LockName, Occupancy, Participant};
+use futures::stream::{self, StreamExt, TryStreamExt};
+use serde_json::{json, Value};
+
+use crate::{BoxError, EXIT_NO};
+
+/// How many names `list --long` inspects at once.
+const LIST_CONCURRENCY: usize = 16;
+/// Exit code of `break` without `--force` (as for a usage error).
+const EXIT_USAGE: u8 = 2;
+
+/// `lockctl status NAME`: exit 0 if held, 3 if free.
+pub(crate) async fn status(url: &str, name: &str, json: bool) -> Result<ExitCode, BoxError> {
+    let name = LockName::new(name)?;
+    let locks = distlock::connect(url).await?;
+    let occupancy = locks.inspect(&name).await?;
+    if json {
+        println!("{:#}", occupancy_json(&name, &occupancy));
+    } else {
+        print!("{}", occupancy_text(&name, &occupancy, SystemTime::now()));
+    }
+    Ok(if occupancy.holder.is_some() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_NO)
+    })
+}
+
+/// `lockctl list [PREFIX]`.
+pub(crate) async fn list(
+    url: &str,
+    prefix: &str,
+    long: bool,
+    json: bool,
+) -> Result<ExitCode, BoxError> {
+    let locks = distlock::connect(url).await?;
+    let names = locks.list(prefix).await?;
+    if !long {
+        if json {
+            println!(
+                "{:#}",
+                json!(names.iter().map(LockName::as_str).collect::<Vec<_>>())
+            );
+        } else {
+            for name in &names {
+                println!("{name}");
+            }
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let looks: Vec<(LockName, Occupancy)> = inspect_all(locks.as_ref(), names).await?;
+    if json {
+        let looks: Vec<Value> = looks
+            .iter()
+            .map(|(name, occupancy)| occupancy_json(name, occupancy))
+            .collect();
+        println!("{:#}", Value::Array(looks));
+    } else {
+        print!("{}", list_text(&looks, SystemTime::now()));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Inspects every name of `names`, a few at a time, in their order. A name released since
+/// the listing shows with no holder.
+async fn inspect_all(
+    locks: &dyn DistributedLock,
+    names: Vec<LockName>,
+) -> Result<Vec<(LockName, Occupancy)>, distlock::Error> {
+    stream::iter(names)
+        .map(|name| async move {
+            let occupancy = locks.inspect(&name).await?;
+            Ok::<_, distlock::Error>((name, occupancy))
+        })
+        .buffered(LIST_CONCURRENCY)
+        .try_collect()
+        .await
+}
+
+/// `lockctl break NAME [--force]`: exit 0 if a hold was removed, 3 if none was there, 2
+/// without `--force` (nothing is touched then).
+pub(crate) async fn break_lock(
+    url: &str,
+    name: &str,
+    force: bool,
+    json: bool,
+) -> Result<ExitCode, BoxError> {
+    let name = LockName::new(name)?;
+    let locks = distlock::connect(url).await?;
+    if !force {
+        let occupancy = locks.inspect(&name).await?;
+        eprint!("{}", occupancy_text(&name, &occupancy, SystemTime::now()));
+        eprintln!(
+            "lockctl: not breaking `{name}` without --force: the holder may still be working \
+             until its next renewal notices, and only fenced writes are safe meanwhile"
+        );
+        return Ok(ExitCode::from(EXIT_USAGE));
+    }
+    let broken = locks.force_release(&name).await?;
+    if json {
+        let holder = broken.as_ref().map(participant_json);
+        println!("{:#}", json!({ "name": name.as_str(), "broken": holder }));
+    } else {
+        match &broken {
+            Some(holder) => println!(
+                "broke `{name}`: removed {}",
+                participant_text(holder, SystemTime::now())
+            ),
+            None => println!("`{name}` was not held; nothing to break"),
+        }
+    }
+    Ok(if broken.is_some() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(EXIT_NO)
+    })
+}
+
+/// Milliseconds since the Unix epoch.
+fn unix_ms(at: SystemTime) -> Option<u64> {
+    let ms = at.duration_since(SystemTime::UNIX_EPOCH).ok()?.as_millis();
+    u64::try_from(ms).ok()
+}
+
+fn participant_json(participant: &Participant) -> Value {
+    json!({
+        "owner_token": participant.owner_token,
+        "fencing_token": participant.fencing_token.map(|t| t.get()),
+        "lease_left_ms": participant.lease_left.map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
+        "session": participant.session,
+        "since": participant.since.map(|at| humantime::format_rfc3339_millis(at).to_string()),
+        "since_unix_ms": participant.since.and_then(unix_ms),
+    })
+}
+
+fn occupancy_json(name: &LockName, occupancy: &Occupancy) -> Value {
+    json!({
+        "name": name.as_str(),
+        "held": occupancy.holder.is_some(),
+        "holder": occupancy.holder.as_ref().map(participant_json),
+        "waiters": occupancy.waiters.iter().map(participant_json).collect::<Vec<_>>(),
+        "token_floor": occupancy.token_floor.map(|t| t.get()),
+    })
+}
+
+/// A short human duration: `850ms`, `12.3s`, `4m05s`, `2h03m`.
+fn short_duration(value: Duration) -> String {
+    let secs = value.as_secs();
+    if value < Duration::from_secs(1) {
+        format!("{}ms", value.as_millis())
+    } else if secs < 60 {
+        format!("{:.1}s", value.as_secs_f64())
+    } else if secs < 3600 {
+        format!("{}m{:02}s", secs / 60, secs % 60)
+    } else {
+        format!("{}h{:02}m", secs / 3600, secs / 60 % 60)
+    }
+}
+
+/// One participant on one line: what the backend shows of it, `now` dating `since`.
+fn participant_text(participant: &Participant, now: SystemTime) -> String {
+    let mut text = match &participant.owner_token {
+        Some(owner) => format!("owner {owner}"),
+        None => "owner not recorded".to_owned(),
+    };
+    if let Some(token) = participant.fencing_token {
+        let _ = write!(text, ", fencing token {token}");
+    }
+    if let Some(left) = participant.lease_left {
+        let _ = write!(text, ", lease left {}", short_duration(left));
+    }
+    if let Some(since) = participant.since {
+        let _ = write!(text, ", since {}", humantime::format_rfc3339_millis(since));
+        if let Ok(ago) = now.duration_since(since) {
+            let _ = write!(text, " ({} ago)", short_duration(ago));
+        }
+    }
+    if let Some(session) = &participant.session {
+        let _ = write!(text, ", session {session}");
+    }
+    text
+}
+
+fn occupancy_text(name: &LockName, occupancy: &Occupancy, now: SystemTime) -> String {
+    let mut text = String::new();
+    match &occupancy.holder {
+        Some(holder) => {
+            let _ = writeln!(text, "{name}: held");
+            let _ = writeln!(text, "  holder: {}", participant_text(holder, now));
+        }
+        None => {
+            let _ = writeln!(text, "{name}: free");
+        }
+    }
+    match occupancy.waiters.len() {
+        0 => {}
+        n => {
+            let _ = writeln!(text, "  waiters: {n}, in queue order:");
+            for (i, waiter) in occupancy.waiters.iter().enumerate() {
+                let _ = writeln!(text, "    {}. {}", i + 1, participant_text(waiter, now));
+            }
+        }
+    }
+    if let Some(floor) = occupancy.token_floor {
+        let _ = writeln!(text, "  next fencing token above {floor}");
+    }
+    text
+}
+
+fn list_text(looks: &[(LockName, Occupancy)], now: SystemTime) -> String {
+    let mut text = String::new();
+    for (name, occupancy) in looks {
+        let holder = occupancy
+            .holder
+            .as_ref()
+            .map_or_else(|| "free now".to_owned(), |h| participant_text(h, now));
+        let waiting = match occupancy.waiters.len() {
+            0 => String::new(),
+            n => format!(", {n} waiting"),
+        };
+        let _ = writeln!(text, "{name}  {holder}{waiting}");
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_at_a_glance() {
+        assert_eq!(short_duration(Duration::from_millis(850)), "850ms");
+        assert_eq!(short_duration(Duration::from_millis(12_340)), "12.3s");
+        assert_eq!(short_duration(Duration::from_secs(245)), "4m05s");
+        assert_eq!(short_duration(Duration::from_secs(7380)), "2h03m");
+    }
+}
