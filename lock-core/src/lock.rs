@@ -119,8 +119,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// sorted.
     ///
     /// # Errors
-    /// [`Error::Unsupported`] for a backend that cannot tell (the default); connection
-    /// errors.
+    /// [`Error::Unsupported`] for a backend that cannot tell (the default);
+    /// [`Error::InvalidName`] for a prefix no name can start with (a control character,
+    /// too long); connection errors.
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
         Err(unsupported(
             self.capabilities(),

@@ -113,6 +113,30 @@ pub fn escape_where(name: &str, reserved: impl Fn(char) -> bool) -> String {
     out
 }
 
+/// The inverse of an escaping function `escape` (such as [`escape`] with fixed reserved
+/// characters): the name whose escape is `escaped`, `None` if there is none (malformed
+/// percent-encoding, not UTF-8 once decoded, or a text no name escapes to, e.g. `%41`
+/// where the name `A` escapes to `A`).
+pub fn unescape(escaped: &str, escape: impl Fn(&str) -> String) -> Option<String> {
+    let name = percent_encoding::percent_decode_str(escaped)
+        .decode_utf8()
+        .ok()?
+        .into_owned();
+    (escape(&name) == escaped).then_some(name)
+}
+
+/// Checks a prefix of lock names (as listings take): no name has a control character or
+/// more than [`MAX_NAME_BYTES`] bytes, so such a prefix is a typo, not an empty listing.
+///
+/// # Errors
+/// [`Error::InvalidName`] for such a prefix.
+pub(crate) fn check_prefix(prefix: &str) -> Result<()> {
+    if prefix.is_empty() {
+        return Ok(());
+    }
+    LockName::new(prefix).map(drop)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,5 +176,26 @@ mod tests {
         assert_eq!(escape("jobs/daily", &['/']), "jobs%2Fdaily");
         assert_eq!(escape("jobs%2Fdaily", &['/']), "jobs%252Fdaily");
         assert_eq!(escape("a}b", &['{', '}']), "a%7Db");
+    }
+
+    #[test]
+    fn unescaping_inverts_escaping_and_rejects_what_no_name_escapes_to() {
+        let slash = |name: &str| escape(name, &['/']);
+        for name in ["jobs", "jobs/daily", "jobs%2Fdaily", "a%", "日本/語", "%"] {
+            assert_eq!(unescape(&slash(name), slash).as_deref(), Some(name));
+        }
+        for text in ["a/b", "%41", "%2f", "%", "%zz", "a%2", "%FF", "%C3"] {
+            assert_eq!(unescape(text, slash), None, "{text}");
+        }
+    }
+
+    #[test]
+    fn prefixes_are_checked_like_names_except_empty() {
+        assert!(check_prefix("").is_ok());
+        assert!(check_prefix("jobs/").is_ok());
+        for bad in ["a\nb".to_owned(), "x".repeat(MAX_NAME_BYTES + 1)] {
+            let err = check_prefix(&bad).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidName, "{err}");
+        }
     }
 }

@@ -10,7 +10,9 @@ use lock_core::raw::{
     AcquireRequest, Acquired, Backend, BackendRelease, CleanupOnDrop, Connect, LockUrl, RenewItem,
     RenewOutcome, SessionStatus,
 };
-use lock_core::{Capabilities, FencingSource, LockName, LockOptions, Occupancy, Result};
+use lock_core::{
+    Capabilities, FencingSource, LockName, LockOptions, Occupancy, Participant, Result,
+};
 use tokio::sync::watch;
 
 use crate::config::ZkConfig;
@@ -155,6 +157,16 @@ impl Backend for ZkBackend {
     /// The lock nodes in queue order; see [`crate::inspect`] for the token floor.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         inspect::inspect(&self.session, &self.lock_dir(name)).await
+    }
+
+    /// The directories under the prefix with a lock node; see [`crate::inspect`].
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        inspect::list(&self.session, &self.config().prefix, prefix).await
+    }
+
+    /// Deletes the first lock node and marks its owner broken; see [`crate::layout`].
+    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+        hold::force_release(&self.session, &self.lock_dir(name)).await
     }
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {

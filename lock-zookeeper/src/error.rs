@@ -38,6 +38,27 @@ pub(crate) fn from_client(what: &str, err: zk::Error) -> Error {
     }
 }
 
+/// What one read of a `multiRead` of operation `what` found: `expected`'s value for the
+/// kind of reply it expects (it hands any other back), `None` for a missing node.
+pub(crate) fn read_found<T>(
+    what: &str,
+    result: zk::MultiReadResult,
+    expected: impl FnOnce(zk::MultiReadResult) -> Result<T, zk::MultiReadResult>,
+) -> Result<Option<T>, Error> {
+    match expected(result) {
+        Ok(found) => Ok(Some(found)),
+        Err(zk::MultiReadResult::Error {
+            err: zk::Error::NoNode,
+        }) => Ok(None),
+        Err(zk::MultiReadResult::Error { err }) => Err(from_client(what, err)),
+        Err(other) => Err(Error::Protocol {
+            backend: BACKEND,
+            message: format!("{what}: unexpected multiRead result {other:?}"),
+            source: None,
+        }),
+    }
+}
+
 /// The error while no session is established (expired, being replaced).
 pub(crate) fn no_session(epoch: u64) -> Error {
     Error::Unavailable {

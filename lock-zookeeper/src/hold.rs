@@ -1,5 +1,5 @@
-//! Holds and their lease on ZooKeeper: the hold type, renewal and release requests, and
-//! the lease a hold gets.
+//! Holds and their lease on ZooKeeper: the hold type, renewal and release requests, the
+//! lease a hold gets, and breaking another client's hold ([`force_release`]).
 //!
 //! A hold is an ephemeral node: it lives as long as the session, which the client library
 //! keeps alive with pings. Renewal of all holds of a client is a barrier the leader
@@ -16,21 +16,32 @@
 //! session timeout after the last activity a follower reported for it, at the leader's
 //! pings (every `tickTime / 2`); activity the follower had no chance to report before
 //! being cut off is not counted, a residue ZooKeeper gives clients no way to close.
+//!
+//! A hold whose node is gone (found by a renewal or a release) reads its directory's data
+//! for a broken mark (see [`crate::layout`]) to tell [`LostReason::Broken`] from
+//! [`LostReason::Vanished`]: one more read, on that path only.
 
 use std::time::Duration;
 
 use futures::future::join_all;
 use lock_core::raw::{BackendRelease, RenewItem, RenewOutcome};
-use lock_core::{Error, LostReason, Result};
+use lock_core::{Error, LostReason, Participant, Result};
 use zookeeper_client as zk;
 
 use crate::connection::{Live, Session};
-use crate::error::{from_client, is_session_gone, BACKEND};
+use crate::error::{from_client, is_session_gone, read_found, BACKEND};
+use crate::inspect;
+use crate::layout::{
+    is_marked_broken, mark_broken, owner_token, owner_token_of_path, parent_dir, queue_order,
+};
 
 /// Operations per `multiRead` request.
 const RENEW_CHUNK: usize = 500;
 /// Attempts of a background delete.
 const DELETE_ATTEMPTS: usize = 3;
+/// Attempts of a break whose holder or directory changed under it.
+const BREAK_ATTEMPTS: usize = 5;
+const BREAK: &str = "break lock";
 
 /// One hold: the lock node and the session (epoch and id) it belongs to.
 #[derive(Debug)]
@@ -99,7 +110,9 @@ pub(crate) async fn release(session: &Session, hold: &ZkHold) -> Result<BackendR
         .await?
     {
         Ok(()) => Ok(BackendRelease::Released),
-        Err(zk::Error::NoNode) => Ok(BackendRelease::NotOwner(LostReason::Vanished)),
+        Err(zk::Error::NoNode) => Ok(BackendRelease::NotOwner(
+            gone_reason(session, &live, &hold.path).await,
+        )),
         Err(err) => Err(from_client("delete lock node", err)),
     }
 }
@@ -144,6 +157,18 @@ pub(crate) async fn renew(
         let (barrier, results) = tokio::join!(barrier, join_all(reads));
         barrier?.map_err(|err| from_client("renew", err))?;
         record(items, &live, &pending, results, &mut outcomes)?;
+        let gone: Vec<usize> = pending
+            .into_iter()
+            .filter(|i| outcomes[*i] == Some(RenewOutcome::Lost(LostReason::Vanished)))
+            .collect();
+        let reasons = join_all(
+            gone.iter()
+                .map(|i| gone_reason(session, &live, &items[*i].hold.path)),
+        )
+        .await;
+        for (i, reason) in gone.into_iter().zip(reasons) {
+            outcomes[i] = Some(RenewOutcome::Lost(reason));
+        }
     }
     Ok(outcomes
         .into_iter()
@@ -186,17 +211,11 @@ async fn read_stats(session: &Session, live: &Live, paths: Vec<&str>) -> Result<
     match session.call("renew", reader.commit()).await? {
         Ok(results) => results
             .into_iter()
-            .map(|result| match result {
-                zk::MultiReadResult::Data { stat, .. } => Ok(Some(stat.ephemeral_owner)),
-                zk::MultiReadResult::Error {
-                    err: zk::Error::NoNode,
-                } => Ok(None),
-                zk::MultiReadResult::Error { err } => Err(from_client("renew", err)),
-                other => Err(Error::Protocol {
-                    backend: BACKEND,
-                    message: format!("unexpected multiRead result {other:?}"),
-                    source: None,
-                }),
+            .map(|result| {
+                read_found("renew", result, |result| match result {
+                    zk::MultiReadResult::Data { stat, .. } => Ok(stat.ephemeral_owner),
+                    other => Err(other),
+                })
             })
             .collect(),
         Err(zk::Error::Unimplemented) => {
@@ -215,6 +234,110 @@ async fn read_stats(session: &Session, live: &Live, paths: Vec<&str>) -> Result<
         }
         Err(err) => Err(from_client("renew", err)),
     }
+}
+
+/// Why the node at `path` of a hold is gone: [`LostReason::Broken`] if its directory's
+/// data marks its owner token broken, else (also when the directory cannot be read)
+/// [`LostReason::Vanished`].
+async fn gone_reason(session: &Session, live: &Live, path: &str) -> LostReason {
+    let Some(token) = owner_token_of_path(path) else {
+        return LostReason::Vanished;
+    };
+    match session
+        .call(
+            "read lock directory",
+            live.client.get_data(parent_dir(path)),
+        )
+        .await
+    {
+        Ok(Ok((data, _))) if is_marked_broken(&data, token) => LostReason::Broken,
+        _ => LostReason::Vanished,
+    }
+}
+
+/// Breaks the hold of lock directory `dir`: deletes its first lock node (at the version
+/// read) and marks its owner token broken in the directory's data (see
+/// [`crate::layout`]), in one transaction; returns the holder removed, `None` if the
+/// directory has no lock node. Starts over, at most [`BREAK_ATTEMPTS`] times, when the
+/// holder or the directory's data changed in between (a holder gone by itself is not
+/// the current one any more). Where the directory refuses `setData`, the node is deleted
+/// without a mark.
+///
+/// Each attempt takes three round trips under the request timeout each: a barrier with
+/// the listing and the data of `dir`; the stat of the holder's node; the transaction.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] when the directory refuses the delete (`NoAuth`); connection
+/// errors (the hold may or may not be removed); [`Error::Unavailable`] while no session
+/// is established or when the holder kept changing.
+pub(crate) async fn force_release(session: &Session, dir: &str) -> Result<Option<Participant>> {
+    let live = session.live()?;
+    let failed = |err| from_client(BREAK, err);
+    for _ in 0..BREAK_ATTEMPTS {
+        let (barrier, listed, read) = session
+            .call(BREAK, async {
+                tokio::join!(
+                    live.barrier(dir),
+                    live.client.list_children(dir),
+                    live.client.get_data(dir)
+                )
+            })
+            .await?;
+        barrier.map_err(failed)?;
+        let (children, (data, dir_stat)) = match (listed, read) {
+            (Ok(children), Ok(read)) => (children, read),
+            (Err(zk::Error::NoNode), _) | (_, Err(zk::Error::NoNode)) => return Ok(None),
+            (Err(err), _) | (_, Err(err)) => return Err(failed(err)),
+        };
+        let Some(node) = queue_order(&children).first().map(|node| node.to_string()) else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{node}");
+        let Some(stat) = session
+            .call(BREAK, live.client.check_stat(&path))
+            .await?
+            .map_err(failed)?
+        else {
+            continue;
+        };
+        let holder = inspect::holder(&node, &stat)?;
+        let mut writer = live.client.new_multi_writer();
+        writer
+            .add_delete(&path, Some(stat.version))
+            .map_err(failed)?;
+        if let Some(token) = owner_token(&node) {
+            writer
+                .add_set_data(dir, &mark_broken(&data, token), Some(dir_stat.version))
+                .map_err(failed)?;
+        }
+        match session.call(BREAK, writer.commit()).await? {
+            Ok(_) => return Ok(Some(holder)),
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 0 | 1,
+                source: zk::Error::NoNode | zk::Error::BadVersion,
+            }) => continue,
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 1,
+                source: zk::Error::NoAuth,
+            }) => {
+                tracing::debug!(%dir, "lock directory refuses setData; breaking without a mark");
+                match session
+                    .call(BREAK, live.client.delete(&path, Some(stat.version)))
+                    .await?
+                {
+                    Ok(()) => return Ok(Some(holder)),
+                    Err(zk::Error::NoNode | zk::Error::BadVersion) => continue,
+                    Err(err) => return Err(failed(err)),
+                }
+            }
+            Err(err) => return Err(failed(err.into())),
+        }
+    }
+    Err(Error::Unavailable {
+        backend: BACKEND,
+        message: format!("the holder of {dir} kept changing while it was being broken"),
+        source: None,
+    })
 }
 
 /// The lease a hold gets for `ttl` on session `live`: the shorter of the TTL and the

@@ -1,6 +1,7 @@
 //! What a lock directory shows ([`inspect`]): its lock nodes in queue order (the first
-//! holds, the rest wait), their owner tokens, the holder's fencing token, and the token
-//! floor.
+//! holds, the rest wait), their owner tokens, sessions and creation times, the holder's
+//! fencing token, and the token floor; and which directories of a namespace have a holder
+//! ([`list`]).
 //!
 //! Two round trips at most, each under the request timeout: a barrier, the listing
 //! of the directory (with its stat) and the stats of its ancestors, sent together; then
@@ -17,16 +18,24 @@
 //! that ancestor's children (or a deeper one's, since deleted), so the floor is also at
 //! least every token the name was ever granted.
 
+use std::time::{Duration, UNIX_EPOCH};
+
 use futures::future::join_all;
-use lock_core::{FencingToken, Occupancy, Participant, Result};
+use futures::{stream, StreamExt, TryStreamExt};
+use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
 use zookeeper_client as zk;
 
-use crate::connection::Session;
-use crate::error::from_client;
-use crate::layout::{owner_token, queue_order};
+use crate::connection::{Live, Session};
+use crate::error::{from_client, read_found};
+use crate::layout::{owner_token, queue_order, unescape_segment};
 use crate::queue::{fencing, Step};
 
 const WHAT: &str = "inspect lock directory";
+const LIST: &str = "list lock directories";
+/// Directories read per `multiRead` of a listing.
+const LIST_CHUNK: usize = 500;
+/// `multiRead` requests of one listing in flight at once.
+const CHUNKS_IN_FLIGHT: usize = 4;
 
 /// The occupancy of lock directory `dir`.
 ///
@@ -73,26 +82,134 @@ pub(crate) async fn inspect(session: &Session, dir: &str) -> Result<Occupancy> {
     let mut present = Vec::with_capacity(queue.len());
     for (node, stat) in queue.into_iter().zip(stats) {
         if let Some(stat) = stat.map_err(|err| from_client(WHAT, err))? {
-            present.push((node, token(stat.czxid)?, stat.ephemeral_owner));
+            present.push((node, stat));
         }
     }
     let mut floor = token(stat.pzxid)?;
-    if let Some((_, second, _)) = present.get(1) {
-        floor = floor.min(FencingToken(second.0.saturating_sub(1)));
+    if let Some((_, second)) = present.get(1) {
+        floor = floor.min(FencingToken(token(second.czxid)?.0.saturating_sub(1)));
     }
-    let mut participants = present.into_iter().map(|(node, czxid, owner)| {
-        // ZooKeeper writes session ids in hex; 0 is no session (a persistent node).
-        let session = (owner != 0).then(|| format!("0x{owner:x}"));
-        (
-            Participant::new(owner_token(node).map(str::to_owned)).session(session),
-            czxid,
-        )
-    });
+    let mut participants = present.into_iter();
     let holder = participants
         .next()
-        .map(|(holder, czxid)| holder.fencing_token(Some(czxid)));
-    let waiters = participants.map(|(waiter, _)| waiter).collect();
+        .map(|(node, stat)| holder(node, &stat))
+        .transpose()?;
+    let waiters = participants
+        .map(|(node, stat)| participant(node, &stat))
+        .collect();
     Ok(Occupancy::new(holder, waiters).token_floor(Some(floor)))
+}
+
+/// Lock node `node` with stat `stat` as a participant: its owner token, session and
+/// creation time.
+fn participant(node: &str, stat: &zk::Stat) -> Participant {
+    // ZooKeeper writes session ids in hex; 0 is no session (a persistent node).
+    let owner = stat.ephemeral_owner;
+    let session = (owner != 0).then(|| format!("0x{owner:x}"));
+    let since = u64::try_from(stat.ctime)
+        .ok()
+        .map(|millis| UNIX_EPOCH + Duration::from_millis(millis));
+    Participant::new(owner_token(node).map(str::to_owned))
+        .session(session)
+        .since(since)
+}
+
+/// Lock node `node` with stat `stat` as the holder: a participant with its fencing token.
+pub(crate) fn holder(node: &str, stat: &zk::Stat) -> Result<Participant> {
+    Ok(participant(node, stat).fencing_token(Some(token(stat.czxid)?)))
+}
+
+/// The names under namespace root `root` that start with `prefix` and whose directory has
+/// a lock node, sorted.
+///
+/// A barrier and the listing of `root`, sent together; then the children of the
+/// directories whose names start with `prefix`, [`LIST_CHUNK`] directories per
+/// `multiRead`, [`CHUNKS_IN_FLIGHT`] requests in flight, each under the request timeout.
+/// Children of `root` that no name escapes to (not a lock directory) are skipped; a
+/// missing `root` has no names.
+///
+/// # Errors
+/// [`Error::InvalidConfig`](lock_core::Error::InvalidConfig) when a directory refuses
+/// READ; connection errors, or [`Error::Unavailable`](lock_core::Error::Unavailable)
+/// while no session is established.
+pub(crate) async fn list(session: &Session, root: &str, prefix: &str) -> Result<Vec<LockName>> {
+    let live = session.live()?;
+    let (barrier, listed) = session
+        .call(LIST, async {
+            tokio::join!(live.barrier(root), live.client.list_children(root))
+        })
+        .await?;
+    barrier.map_err(|err| from_client(LIST, err))?;
+    let segments = match listed {
+        Ok(segments) => segments,
+        Err(zk::Error::NoNode) => return Ok(Vec::new()),
+        Err(err) => return Err(from_client(LIST, err)),
+    };
+    let mut candidates: Vec<(LockName, String)> = segments
+        .into_iter()
+        .filter_map(|segment| {
+            let name = unescape_segment(&segment)?;
+            name.as_str()
+                .starts_with(prefix)
+                .then(|| (name, format!("{root}/{segment}")))
+        })
+        .collect();
+    candidates.sort_unstable();
+    // Futures do nothing until polled: at most `CHUNKS_IN_FLIGHT` are sent at once.
+    let reads: Vec<_> = candidates
+        .chunks(LIST_CHUNK)
+        .map(|chunk| {
+            let dirs: Vec<&str> = chunk.iter().map(|(_, dir)| dir.as_str()).collect();
+            have_lock_nodes(session, &live, dirs)
+        })
+        .collect();
+    let held: Vec<Vec<bool>> = stream::iter(reads)
+        .buffered(CHUNKS_IN_FLIGHT)
+        .try_collect()
+        .await?;
+    Ok(candidates
+        .into_iter()
+        .zip(held.into_iter().flatten())
+        .filter_map(|((name, _), held)| held.then_some(name))
+        .collect())
+}
+
+/// Whether each of `dirs` has a lock node (a missing directory has none), in one
+/// `multiRead`; concurrent listings on servers without `multiRead`.
+async fn have_lock_nodes(session: &Session, live: &Live, dirs: Vec<&str>) -> Result<Vec<bool>> {
+    let held = |children: &[String]| !queue_order(children).is_empty();
+    let mut reader = live.client.new_multi_reader();
+    for dir in &dirs {
+        reader
+            .add_get_children(dir)
+            .map_err(|err| from_client(LIST, err))?;
+    }
+    match session.call(LIST, reader.commit()).await? {
+        Ok(results) => results
+            .into_iter()
+            .map(|result| {
+                let found = read_found(LIST, result, |result| match result {
+                    zk::MultiReadResult::Children { children } => Ok(held(&children)),
+                    other => Err(other),
+                });
+                found.map(|held| held.unwrap_or(false))
+            })
+            .collect(),
+        Err(zk::Error::Unimplemented) => {
+            let listings = join_all(dirs.iter().map(|dir| live.client.list_children(dir)));
+            session
+                .call(LIST, listings)
+                .await?
+                .into_iter()
+                .map(|listed| match listed {
+                    Ok(children) => Ok(held(&children)),
+                    Err(zk::Error::NoNode) => Ok(false),
+                    Err(err) => Err(from_client(LIST, err)),
+                })
+                .collect()
+        }
+        Err(err) => Err(from_client(LIST, err)),
+    }
 }
 
 /// A zxid as a fencing token (the lock grants a node's czxid).

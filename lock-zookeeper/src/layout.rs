@@ -1,5 +1,17 @@
 //! Where locks live on the server: lock `NAME` is the directory `<prefix>/<escaped NAME>`,
 //! each acquisition a node `_c_<token>-lock-<sequence>` in it (Curator's layout).
+//!
+//! # Broken marks
+//! Breaking a hold ([`lock_core::DistributedLock::force_release`]) deletes the holder's
+//! node and, in the same transaction, sets the lock directory's data to the owner tokens
+//! of the last [`BROKEN_KEPT`] holders broken there, newest last, one per line (UTF-8,
+//! `\n`-separated, no trailing newline). A hold whose node is gone reads it to tell
+//! [`LostReason::Broken`](lock_core::LostReason::Broken) from a plain vanishing. The
+//! directory is a container node, reaped with its mark once empty. The next acquisition
+//! queued by this crate clears the mark (its create sets the directory's data to none, see
+//! `Queue::create`): a broken holder that renews only after that reports
+//! [`LostReason::Vanished`](lock_core::LostReason::Vanished), lost all the same. Curator
+//! ignores the directory's data.
 
 use lock_core::LockName;
 
@@ -21,6 +33,13 @@ pub fn escape_segment(name: &str) -> String {
         _ => {}
     }
     lock_core::raw::escape_where(name, |c| c == '/' || forbidden_in_path(c))
+}
+
+/// The lock name whose directory is the segment `segment` (see [`escape_segment`]), if
+/// any: `None` for a segment no name escapes to.
+pub(crate) fn unescape_segment(segment: &str) -> Option<LockName> {
+    let name = lock_core::raw::unescape(segment, escape_segment)?;
+    LockName::new(name).ok()
 }
 
 /// The directory of lock `name` under `prefix`: `<prefix>/<escaped name>`.
@@ -55,6 +74,35 @@ pub fn queue_order(children: &[String]) -> Vec<&str> {
         .collect();
     nodes.sort_unstable();
     nodes.into_iter().map(|(_, child)| child).collect()
+}
+
+/// How many broken owner tokens a lock directory's data keeps.
+pub(crate) const BROKEN_KEPT: usize = 8;
+
+/// The data of a lock directory whose data was `data` once the holder with owner token
+/// `token` is broken: `token` appended to the broken marks, the oldest dropped beyond
+/// [`BROKEN_KEPT`]. Data that is not a list of marks (set by someone else) is replaced.
+pub(crate) fn mark_broken(data: &[u8], token: &str) -> Vec<u8> {
+    let kept = std::str::from_utf8(data).unwrap_or_default();
+    let mut marks: Vec<&str> = kept.lines().filter(|mark| !mark.is_empty()).collect();
+    marks.push(token);
+    let skip = marks.len().saturating_sub(BROKEN_KEPT);
+    marks[skip..].join("\n").into_bytes()
+}
+
+/// Whether lock directory data `data` marks owner token `token` as broken.
+pub(crate) fn is_marked_broken(data: &[u8], token: &str) -> bool {
+    std::str::from_utf8(data).is_ok_and(|marks| marks.lines().any(|mark| mark == token))
+}
+
+/// The owner token of the node at `path` (a lock directory's child), if it has one.
+pub(crate) fn owner_token_of_path(path: &str) -> Option<&str> {
+    owner_token(path.rsplit('/').next()?)
+}
+
+/// The lock directory of the node at `path`.
+pub(crate) fn parent_dir(path: &str) -> &str {
+    path.rfind('/').map_or(path, |cut| &path[..cut.max(1)])
 }
 
 /// The sequence of a lock node: the ten digits after its last `lock-`.
@@ -108,6 +156,50 @@ mod tests {
         assert_eq!(escape_segment("..."), "...");
         let name = LockName::new("a/b").unwrap();
         assert_eq!(lock_dir("/locks", &name), "/locks/a%2Fb");
+    }
+
+    #[test]
+    fn segments_unescape_to_their_names_only() {
+        for name in [
+            "jobs",
+            "jobs/daily",
+            "a%b",
+            ".",
+            "..",
+            "...",
+            "%2E",
+            "a\u{E000}b",
+            "jöbs",
+        ] {
+            let segment = escape_segment(name);
+            assert_eq!(
+                unescape_segment(&segment).as_ref().map(LockName::as_str),
+                Some(name),
+                "{segment}"
+            );
+        }
+        for segment in ["%41", "a%2fb", "%", "%2E%2E%2E", "a.%2E", "%0A"] {
+            assert_eq!(unescape_segment(segment), None, "{segment}");
+        }
+    }
+
+    #[test]
+    fn broken_marks_keep_the_last_few_tokens() {
+        let mut data = Vec::new();
+        for i in 0..BROKEN_KEPT + 2 {
+            data = mark_broken(&data, &format!("t{i}"));
+        }
+        assert!(!is_marked_broken(&data, "t0") && !is_marked_broken(&data, "t1"));
+        assert!((2..BROKEN_KEPT + 2).all(|i| is_marked_broken(&data, &format!("t{i}"))));
+        assert!(!is_marked_broken(&data, "t"), "whole lines only");
+        assert_eq!(mark_broken(b"", "a"), b"a");
+        assert_eq!(mark_broken(b"a", "b"), b"a\nb");
+        assert_eq!(
+            mark_broken(&[0xff, 0xfe], "a"),
+            b"a",
+            "foreign data is replaced"
+        );
+        assert!(!is_marked_broken(b"", ""));
     }
 
     #[test]

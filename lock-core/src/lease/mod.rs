@@ -25,7 +25,7 @@ use crate::guard::{
     AtomicInstant, HoldInfo, HoldOps, LockGuard, LockState, LostReason, ReleaseOutcome, StateSlot,
 };
 use crate::lock::{check_wait, DistributedLock};
-use crate::name::LockName;
+use crate::name::{check_prefix, LockName};
 use crate::occupancy::{Occupancy, Participant};
 use crate::options::{check_duration, AcquireOptions, LockOptions, RenewalMode, Wait};
 use crate::raw::{lock_unpoisoned, Backoff};
@@ -149,6 +149,7 @@ impl<B: Backend> DistributedLock for LeaseClient<B> {
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        check_prefix(prefix)?;
         self.keeper
             .deadline("list", LIST_ROUNDS, self.keeper.backend.list(prefix))
             .await

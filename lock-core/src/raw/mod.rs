@@ -22,7 +22,7 @@ pub use crate::backend::{
 };
 pub use crate::lease::{drift_margin, validity_deadline, LeaseClient};
 pub use crate::lock_url::{HostPort, LockUrl};
-pub use crate::name::{escape, escape_where};
+pub use crate::name::{escape, escape_where, unescape};
 pub use crate::options::{duration_text, format_duration, parse_duration};
 pub use crate::registry::{registry, ConnectFuture, Connector, Registry};
 pub use backoff::Backoff;
