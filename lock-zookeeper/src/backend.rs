@@ -164,7 +164,7 @@ impl Backend for ZkBackend {
         inspect::list(&self.session, &self.config().prefix, prefix).await
     }
 
-    /// Deletes the first lock node and marks its owner broken; see [`crate::layout`].
+    /// Deletes the first lock node and marks its owner broken; see [`crate::hold`].
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         hold::force_release(&self.session, &self.lock_dir(name)).await
     }

@@ -17,30 +17,33 @@
 //! pings (every `tickTime / 2`); activity the follower had no chance to report before
 //! being cut off is not counted, a residue ZooKeeper gives clients no way to close.
 //!
-//! A hold whose node is gone (found by a renewal or a release) reads its directory's data
-//! for a broken mark (see [`crate::layout`]) to tell [`LostReason::Broken`] from
+//! A hold whose node is gone (found by a renewal or a release) reads the namespace
+//! root's data for a broken mark (see [`crate::layout`]) to tell [`LostReason::Broken`] from
 //! [`LostReason::Vanished`]: one more read, on that path only.
 
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{BackendRelease, RenewItem, RenewOutcome};
+use lock_core::raw::{BackendRelease, Backoff, RenewItem, RenewOutcome};
 use lock_core::{Error, LostReason, Participant, Result};
+use tokio::time::sleep;
 use zookeeper_client as zk;
 
 use crate::connection::{Live, Session};
 use crate::error::{from_client, is_session_gone, read_found, BACKEND};
 use crate::inspect;
 use crate::layout::{
-    is_marked_broken, mark_broken, owner_token, owner_token_of_path, parent_dir, queue_order,
+    is_marked_broken, mark_broken, owner_token, owner_token_of_path, parent, queue_order,
 };
 
 /// Operations per `multiRead` request.
 const RENEW_CHUNK: usize = 500;
 /// Attempts of a background delete.
 const DELETE_ATTEMPTS: usize = 3;
-/// Attempts of a break whose holder or directory changed under it.
-const BREAK_ATTEMPTS: usize = 5;
+/// Attempts of a break whose holder or marks changed under it.
+const BREAK_ATTEMPTS: usize = 8;
+/// First pause before such an attempt.
+const BREAK_PAUSE: Duration = Duration::from_millis(10);
 const BREAK: &str = "break lock";
 
 /// One hold: the lock node and the session (epoch and id) it belongs to.
@@ -236,18 +239,16 @@ async fn read_stats(session: &Session, live: &Live, paths: Vec<&str>) -> Result<
     }
 }
 
-/// Why the node at `path` of a hold is gone: [`LostReason::Broken`] if its directory's
-/// data marks its owner token broken, else (also when the directory cannot be read)
+/// Why the node at `path` of a hold is gone: [`LostReason::Broken`] if the namespace
+/// root's data marks its owner token broken, else (also when the root cannot be read)
 /// [`LostReason::Vanished`].
 async fn gone_reason(session: &Session, live: &Live, path: &str) -> LostReason {
     let Some(token) = owner_token_of_path(path) else {
         return LostReason::Vanished;
     };
+    let root = parent(parent(path));
     match session
-        .call(
-            "read lock directory",
-            live.client.get_data(parent_dir(path)),
-        )
+        .call("read broken marks", live.client.get_data(root))
         .await
     {
         Ok(Ok((data, _))) if is_marked_broken(&data, token) => LostReason::Broken,
@@ -256,15 +257,16 @@ async fn gone_reason(session: &Session, live: &Live, path: &str) -> LostReason {
 }
 
 /// Breaks the hold of lock directory `dir`: deletes its first lock node (at the version
-/// read) and marks its owner token broken in the directory's data (see
+/// read) and marks its owner token broken in the namespace root's data (see
 /// [`crate::layout`]), in one transaction; returns the holder removed, `None` if the
-/// directory has no lock node. Starts over, at most [`BREAK_ATTEMPTS`] times, when the
-/// holder or the directory's data changed in between (a holder gone by itself is not
-/// the current one any more). Where the directory refuses `setData`, the node is deleted
-/// without a mark.
+/// directory has no lock node. Starts over, at most [`BREAK_ATTEMPTS`] times after a
+/// short pause, when the holder or the root's data changed in between (a holder gone by
+/// itself is not the current one any more; another break wrote its mark). Where the root
+/// refuses `setData`, the node is deleted without a mark.
 ///
 /// Each attempt takes three round trips under the request timeout each: a barrier with
-/// the listing and the data of `dir`; the stat of the holder's node; the transaction.
+/// the listing of `dir` and the data of the root; the stat of the holder's node; the
+/// transaction.
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] when the directory refuses the delete (`NoAuth`); connection
@@ -272,19 +274,21 @@ async fn gone_reason(session: &Session, live: &Live, path: &str) -> LostReason {
 /// is established or when the holder kept changing.
 pub(crate) async fn force_release(session: &Session, dir: &str) -> Result<Option<Participant>> {
     let live = session.live()?;
+    let root = parent(dir);
     let failed = |err| from_client(BREAK, err);
+    let mut backoff = Backoff::new(BREAK_PAUSE, BREAK_PAUSE * 16);
     for _ in 0..BREAK_ATTEMPTS {
         let (barrier, listed, read) = session
             .call(BREAK, async {
                 tokio::join!(
                     live.barrier(dir),
                     live.client.list_children(dir),
-                    live.client.get_data(dir)
+                    live.client.get_data(root)
                 )
             })
             .await?;
         barrier.map_err(failed)?;
-        let (children, (data, dir_stat)) = match (listed, read) {
+        let (children, (marks, root_stat)) = match (listed, read) {
             (Ok(children), Ok(read)) => (children, read),
             (Err(zk::Error::NoNode), _) | (_, Err(zk::Error::NoNode)) => return Ok(None),
             (Err(err), _) | (_, Err(err)) => return Err(failed(err)),
@@ -307,7 +311,7 @@ pub(crate) async fn force_release(session: &Session, dir: &str) -> Result<Option
             .map_err(failed)?;
         if let Some(token) = owner_token(&node) {
             writer
-                .add_set_data(dir, &mark_broken(&data, token), Some(dir_stat.version))
+                .add_set_data(root, &mark_broken(&marks, token), Some(root_stat.version))
                 .map_err(failed)?;
         }
         match session.call(BREAK, writer.commit()).await? {
@@ -315,23 +319,24 @@ pub(crate) async fn force_release(session: &Session, dir: &str) -> Result<Option
             Err(zk::MultiWriteError::OperationFailed {
                 index: 0 | 1,
                 source: zk::Error::NoNode | zk::Error::BadVersion,
-            }) => continue,
+            }) => {}
             Err(zk::MultiWriteError::OperationFailed {
                 index: 1,
                 source: zk::Error::NoAuth,
             }) => {
-                tracing::debug!(%dir, "lock directory refuses setData; breaking without a mark");
+                tracing::debug!(%root, "namespace root refuses setData; breaking without a mark");
                 match session
                     .call(BREAK, live.client.delete(&path, Some(stat.version)))
                     .await?
                 {
                     Ok(()) => return Ok(Some(holder)),
-                    Err(zk::Error::NoNode | zk::Error::BadVersion) => continue,
+                    Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
                     Err(err) => return Err(failed(err)),
                 }
             }
             Err(err) => return Err(failed(err.into())),
         }
+        sleep(backoff.next_pause()).await;
     }
     Err(Error::Unavailable {
         backend: BACKEND,

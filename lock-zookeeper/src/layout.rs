@@ -3,15 +3,17 @@
 //!
 //! # Broken marks
 //! Breaking a hold ([`lock_core::DistributedLock::force_release`]) deletes the holder's
-//! node and, in the same transaction, sets the lock directory's data to the owner tokens
-//! of the last [`BROKEN_KEPT`] holders broken there, newest last, one per line (UTF-8,
-//! `\n`-separated, no trailing newline). A hold whose node is gone reads it to tell
-//! [`LostReason::Broken`](lock_core::LostReason::Broken) from a plain vanishing. The
-//! directory is a container node, reaped with its mark once empty. The next acquisition
-//! queued by this crate clears the mark (its create sets the directory's data to none, see
-//! `Queue::create`): a broken holder that renews only after that reports
-//! [`LostReason::Vanished`](lock_core::LostReason::Vanished), lost all the same. Curator
-//! ignores the directory's data.
+//! node and, in the same transaction, sets the data of the namespace root (`<prefix>`) to
+//! the owner tokens of the last [`BROKEN_KEPT`] holders broken under it, newest last, one
+//! per line (UTF-8, `\n`-separated, no trailing newline): a few kilobytes at most. A hold
+//! whose node is gone reads it to tell
+//! [`LostReason::Broken`](lock_core::LostReason::Broken) from a plain vanishing.
+//!
+//! The root, not the lock directory: every create of this crate sets its lock directory's
+//! data to none (`Queue::create` counts the directory's children that way), so an
+//! acquisition arriving after the break would wipe a mark kept there before the broken
+//! holder reads it. Owner tokens are unique per acquisition, so one list serves every
+//! name. Curator ignores the data of its lock paths' parents.
 
 use lock_core::LockName;
 
@@ -76,10 +78,10 @@ pub fn queue_order(children: &[String]) -> Vec<&str> {
     nodes.into_iter().map(|(_, child)| child).collect()
 }
 
-/// How many broken owner tokens a lock directory's data keeps.
-pub(crate) const BROKEN_KEPT: usize = 8;
+/// How many broken owner tokens the namespace root's data keeps.
+pub(crate) const BROKEN_KEPT: usize = 32;
 
-/// The data of a lock directory whose data was `data` once the holder with owner token
+/// The data of the namespace root whose data was `data` once the holder with owner token
 /// `token` is broken: `token` appended to the broken marks, the oldest dropped beyond
 /// [`BROKEN_KEPT`]. Data that is not a list of marks (set by someone else) is replaced.
 pub(crate) fn mark_broken(data: &[u8], token: &str) -> Vec<u8> {
@@ -90,7 +92,7 @@ pub(crate) fn mark_broken(data: &[u8], token: &str) -> Vec<u8> {
     marks[skip..].join("\n").into_bytes()
 }
 
-/// Whether lock directory data `data` marks owner token `token` as broken.
+/// Whether namespace root data `data` marks owner token `token` as broken.
 pub(crate) fn is_marked_broken(data: &[u8], token: &str) -> bool {
     std::str::from_utf8(data).is_ok_and(|marks| marks.lines().any(|mark| mark == token))
 }
@@ -100,8 +102,8 @@ pub(crate) fn owner_token_of_path(path: &str) -> Option<&str> {
     owner_token(path.rsplit('/').next()?)
 }
 
-/// The lock directory of the node at `path`.
-pub(crate) fn parent_dir(path: &str) -> &str {
+/// The parent of the node at `path`: a lock node's directory, a directory's namespace root.
+pub(crate) fn parent(path: &str) -> &str {
     path.rfind('/').map_or(path, |cut| &path[..cut.max(1)])
 }
 
@@ -200,6 +202,15 @@ mod tests {
             "foreign data is replaced"
         );
         assert!(!is_marked_broken(b"", ""));
+    }
+
+    #[test]
+    fn parents_of_nodes_and_directories() {
+        let node = "/a/locks/x%2Fy/_c_t-lock-0000000001";
+        assert_eq!(parent(node), "/a/locks/x%2Fy");
+        assert_eq!(parent(parent(node)), "/a/locks");
+        assert_eq!(owner_token_of_path(node), Some("t"));
+        assert_eq!(parent("/locks"), "/");
     }
 
     #[test]

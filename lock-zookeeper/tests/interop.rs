@@ -11,7 +11,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{queue, with_ttl, ZkFactory, BASE};
+use common::{queue, queue_len_reaches, with_ttl, ZkFactory, BASE};
 use conformance::curator::{compile, Curator};
 use lock_core::{DistributedLockExt, LockName, ReleaseOutcome};
 use lock_zookeeper::lock_dir;
@@ -20,17 +20,6 @@ use tokio::time::{sleep, timeout, Instant};
 fn plain_name(tag: &str) -> LockName {
     // No `/`: the lock directory is `<base>/<name>`, the path Curator is given.
     LockName::new(format!("curator-{tag}-{}", uuid::Uuid::new_v4().simple())).expect("valid")
-}
-
-async fn queue_len_reaches(factory: &ZkFactory, name: &LockName, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while queue(factory.admin(), name).await.len() < n {
-        assert!(
-            Instant::now() < deadline,
-            "queue of {name} never reached {n}"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A Curator holder blocks our acquire on the same path, and ours blocks Curator.

@@ -142,6 +142,18 @@ pub async fn queue(admin: &zk::Client, name: &LockName) -> Vec<String> {
         .collect()
 }
 
+/// Waits (at most 20 s) until `name`'s queue has `n` lock nodes.
+pub async fn queue_len_reaches(factory: &ZkFactory, name: &LockName, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while queue(factory.admin(), name).await.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "queue of {name} never reached {n}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 impl ZkFactory {
     /// A factory over a fresh standalone server.
     pub async fn start() -> Option<Self> {
