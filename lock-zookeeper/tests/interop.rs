@@ -11,34 +11,19 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{queue, queue_len_reaches, with_ttl, ZkFactory, BASE};
-use conformance::curator::{compile, Curator};
-use lock_core::{DistributedLockExt, LockName, ReleaseOutcome};
-use lock_zookeeper::lock_dir;
+use common::{queue, queue_len_reaches, with_ttl, CuratorSetup};
+use lock_core::{DistributedLockExt, ReleaseOutcome};
 use tokio::time::{sleep, timeout, Instant};
-
-fn plain_name(tag: &str) -> LockName {
-    // No `/`: the lock directory is `<base>/<name>`, the path Curator is given.
-    LockName::new(format!("curator-{tag}-{}", uuid::Uuid::new_v4().simple())).expect("valid")
-}
 
 /// A Curator holder blocks our acquire on the same path, and ours blocks Curator.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn curator_and_distlock_exclude_each_other() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let Some(classpath) = compile(dir.path()).await else {
+    let Some(setup) = CuratorSetup::start("exclude").await else {
         return;
     };
-    let Some(factory) = ZkFactory::start().await else {
-        return;
-    };
-    let connect = factory.servers.hosts().join(",");
-    let name = plain_name("exclude");
-    let path = lock_dir(BASE, &name);
+    let (factory, name) = (&setup.factory, &setup.name);
     let ours = factory.zk_client(with_ttl(Duration::from_secs(10))).await;
-    let mut curator = Curator::start(&classpath, &connect, &path)
-        .await
-        .expect("curator starts");
+    let mut curator = setup.curator().await;
 
     // Curator holds: we are excluded, and we wait in its queue.
     curator.send("acquire").await.expect("send");
@@ -54,7 +39,7 @@ async fn curator_and_distlock_exclude_each_other() {
             (Instant::now(), guard)
         }
     });
-    queue_len_reaches(&factory, &name, 2).await;
+    queue_len_reaches(factory, name, 2).await;
     sleep(Duration::from_millis(300)).await;
     assert!(
         !waiter.is_finished(),
@@ -73,7 +58,7 @@ async fn curator_and_distlock_exclude_each_other() {
 
     // We hold: Curator queues behind us and waits.
     curator.send("acquire").await.expect("send");
-    queue_len_reaches(&factory, &name, 2).await;
+    queue_len_reaches(factory, name, 2).await;
     curator.silent_for(Duration::from_millis(800)).await;
     assert_eq!(
         guard.release().await.expect("release"),
@@ -95,26 +80,16 @@ async fn curator_and_distlock_exclude_each_other() {
 /// Mixed waiters (Curator, distlock, Curator, distlock) are served in queue order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mixed_waiters_are_served_in_sequence_order() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let Some(classpath) = compile(dir.path()).await else {
+    let Some(setup) = CuratorSetup::start("fifo").await else {
         return;
     };
-    let Some(factory) = ZkFactory::start().await else {
-        return;
-    };
-    let connect = factory.servers.hosts().join(",");
-    let name = plain_name("fifo");
-    let path = lock_dir(BASE, &name);
+    let (factory, name) = (&setup.factory, &setup.name);
     let holder = factory.zk_client(with_ttl(Duration::from_secs(10))).await;
     let first = holder.lock(name.as_str()).await.expect("acquire");
     let order: Arc<Mutex<Vec<(&'static str, Instant)>>> = Arc::default();
 
-    let mut c1 = Curator::start(&classpath, &connect, &path)
-        .await
-        .expect("curator starts");
-    let mut c3 = Curator::start(&classpath, &connect, &path)
-        .await
-        .expect("curator starts");
+    let mut c1 = setup.curator().await;
+    let mut c3 = setup.curator().await;
     let mut rust_waiters = Vec::new();
     let mut queued = 1;
     for label in ["curator-1", "distlock-2", "curator-3", "distlock-4"] {
@@ -133,7 +108,7 @@ async fn mixed_waiters_are_served_in_sequence_order() {
             }
         }
         queued += 1;
-        queue_len_reaches(&factory, &name, queued).await;
+        queue_len_reaches(factory, name, queued).await;
     }
     first.release().await.expect("release");
     let c1_at = c1.expect("ACQUIRED", Duration::from_secs(20)).await;
@@ -156,7 +131,7 @@ async fn mixed_waiters_are_served_in_sequence_order() {
         ["curator-1", "distlock-2", "curator-3", "distlock-4"],
         "grant order"
     );
-    assert!(queue(factory.admin(), &name).await.is_empty());
+    assert!(queue(factory.admin(), name).await.is_empty());
     c1.exit().await;
     c3.exit().await;
 }

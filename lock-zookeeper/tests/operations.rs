@@ -7,8 +7,9 @@ mod common;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
-use common::{create_persistent, queue, queue_len_reaches, with_ttl, ZkFactory, BASE};
-use conformance::curator::{compile, Curator};
+use common::{
+    create_persistent, queue, queue_len_reaches, with_ttl, CuratorSetup, ZkFactory, BASE,
+};
 use conformance::Factory;
 use lock_core::{
     DistributedLock, DistributedLockExt, ErrorKind, FencingToken, LockName, LostReason,
@@ -40,37 +41,27 @@ async fn broken_marks(factory: &ZkFactory) -> Vec<String> {
 
 /// Breaking a Curator `InterProcessMutex` holder returns it as inspect shows it (its
 /// protection id, its node's czxid) and grants the Curator waiter at once; the broken
-/// Curator process's release then removes nothing; the directory, its data set by the
-/// break, serves later acquisitions, ours and Curator's.
+/// Curator process's release then removes nothing; the lock, its namespace's data set by
+/// the break, serves later acquisitions, ours and Curator's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn breaking_a_curator_holder_grants_the_curator_waiter() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let Some(classpath) = compile(dir.path()).await else {
+    let Some(setup) = CuratorSetup::start("break").await else {
         return;
     };
-    let Some(factory) = ZkFactory::start().await else {
-        return;
-    };
-    let connect = factory.servers.hosts().join(",");
-    let name = plain_name("curator");
-    let path = lock_dir(BASE, &name);
-    let (holder, waiter) = tokio::join!(
-        Curator::start(&classpath, &connect, &path),
-        Curator::start(&classpath, &connect, &path)
-    );
-    let (mut holder, mut waiter) = (holder.expect("curator"), waiter.expect("curator"));
+    let (factory, name) = (&setup.factory, &setup.name);
+    let (mut holder, mut waiter) = tokio::join!(setup.curator(), setup.curator());
     let operator = factory.zk_client(with_ttl(TTL)).await;
 
     let held = holder.acquire().await.expect("curator acquires");
     waiter.send("acquire").await.expect("send");
-    queue_len_reaches(&factory, &name, 2).await;
+    queue_len_reaches(factory, name, 2).await;
     waiter.silent_for(Duration::from_millis(300)).await;
-    let seen = operator.inspect(&name).await.expect("inspect");
+    let seen = operator.inspect(name).await.expect("inspect");
     let shown = seen.holder.expect("inspect shows Curator's holder");
     assert_eq!(shown.fencing_token, Some(FencingToken(held)));
 
     let broken = operator
-        .force_release(&name)
+        .force_release(name)
         .await
         .expect("break")
         .expect("the Curator holder is removed");
@@ -88,14 +79,14 @@ async fn breaking_a_curator_holder_grants_the_curator_waiter() {
         .and_then(|czxid| czxid.parse().ok())
         .expect("ACQUIRED <czxid>");
     assert!(granted > held);
-    assert_eq!(broken_marks(&factory).await, [protection]);
+    assert_eq!(broken_marks(factory).await, [protection]);
 
     holder
         .release()
         .await
         .expect("the broken Curator holder releases");
-    assert_eq!(queue(factory.admin(), &name).await.len(), 1);
-    let seen = operator.inspect(&name).await.expect("inspect");
+    assert_eq!(queue(factory.admin(), name).await.len(), 1);
+    let seen = operator.inspect(name).await.expect("inspect");
     assert_eq!(
         seen.holder.and_then(|holder| holder.fencing_token),
         Some(FencingToken(granted)),
