@@ -17,6 +17,7 @@ use lock_core::{
 };
 use lock_zookeeper::{escape_segment, lock_dir};
 use tokio::time::timeout;
+use zookeeper_client as zk;
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -399,4 +400,51 @@ async fn bad_prefixes_and_a_down_server_give_typed_errors() {
         "{:?}",
         started.elapsed()
     );
+}
+
+/// Where the namespace root refuses `setData` (its ACL lets anyone create, read and
+/// delete but not write), a break still removes the holder, without a mark: the holder's
+/// release then says Vanished, and the root's data is never written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_root_without_write_permission_breaks_without_a_mark() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let no_write = [zk::Acl::new(
+        zk::Permission::READ | zk::Permission::CREATE | zk::Permission::DELETE,
+        zk::AuthId::anyone(),
+    )];
+    factory
+        .admin()
+        .create(
+            BASE,
+            &[],
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::new(&no_write)),
+        )
+        .await
+        .expect("create the namespace root");
+    let mut manual = with_ttl(TTL);
+    manual.renewal = RenewalMode::Manual;
+    let client = factory.zk_client(manual).await;
+    let name = plain_name("no-write");
+
+    let guard = client.lock(name.as_str()).await.expect("acquire");
+    let broken = client
+        .force_release(&name)
+        .await
+        .expect("break")
+        .expect("holder");
+    assert_eq!(broken.fencing_token, Some(guard.fencing_token()));
+    assert!(queue(factory.admin(), &name).await.is_empty());
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::AlreadyLost(LostReason::Vanished)
+    );
+    let stat = factory
+        .admin()
+        .check_stat(BASE)
+        .await
+        .expect("stat")
+        .expect("root");
+    assert_eq!(stat.version, 0, "the root's data was never written");
 }
