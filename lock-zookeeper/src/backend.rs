@@ -159,12 +159,12 @@ impl Backend for ZkBackend {
         inspect::inspect(&self.session, &self.lock_dir(name)).await
     }
 
-    /// The directories under the prefix with a lock node; see [`crate::inspect`].
+    /// The directories under the prefix with a lock node (crate docs, *Operating*).
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
         inspect::list(&self.session, &self.config().prefix, prefix).await
     }
 
-    /// Deletes the first lock node and marks its owner broken; see [`crate::hold`].
+    /// Deletes the first lock node and marks its owner broken (crate docs, *Operating*).
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         hold::force_release(&self.session, &self.lock_dir(name)).await
     }

@@ -113,9 +113,12 @@ pub(crate) async fn release(session: &Session, hold: &ZkHold) -> Result<BackendR
         .await?
     {
         Ok(()) => Ok(BackendRelease::Released),
-        Err(zk::Error::NoNode) => Ok(BackendRelease::NotOwner(
-            gone_reason(session, &live, &hold.path).await,
-        )),
+        Err(zk::Error::NoNode) => {
+            let reasons = gone_reasons(session, &live, &[&hold.path]).await;
+            Ok(BackendRelease::NotOwner(
+                reasons.into_iter().next().unwrap_or(LostReason::Vanished),
+            ))
+        }
         Err(err) => Err(from_client("delete lock node", err)),
     }
 }
@@ -164,13 +167,12 @@ pub(crate) async fn renew(
             .into_iter()
             .filter(|i| outcomes[*i] == Some(RenewOutcome::Lost(LostReason::Vanished)))
             .collect();
-        let reasons = join_all(
-            gone.iter()
-                .map(|i| gone_reason(session, &live, &items[*i].hold.path)),
-        )
-        .await;
-        for (i, reason) in gone.into_iter().zip(reasons) {
-            outcomes[i] = Some(RenewOutcome::Lost(reason));
+        if !gone.is_empty() {
+            let paths: Vec<&str> = gone.iter().map(|i| items[*i].hold.path.as_str()).collect();
+            let reasons = gone_reasons(session, &live, &paths).await;
+            for (i, reason) in gone.into_iter().zip(reasons) {
+                outcomes[i] = Some(RenewOutcome::Lost(reason));
+            }
         }
     }
     Ok(outcomes
@@ -239,30 +241,43 @@ async fn read_stats(session: &Session, live: &Live, paths: Vec<&str>) -> Result<
     }
 }
 
-/// Why the node at `path` of a hold is gone: [`LostReason::Broken`] if the namespace
-/// root's data marks its owner token broken, else (also when the root cannot be read)
-/// [`LostReason::Vanished`].
-async fn gone_reason(session: &Session, live: &Live, path: &str) -> LostReason {
-    let Some(token) = owner_token_of_path(path) else {
-        return LostReason::Vanished;
+/// Why the nodes at `paths` of holds are gone: [`LostReason::Broken`] for those whose
+/// owner token their namespace root's data marks broken, else (also when the root cannot
+/// be read) [`LostReason::Vanished`]. Each root is read once, all at once.
+async fn gone_reasons(session: &Session, live: &Live, paths: &[&str]) -> Vec<LostReason> {
+    let mut roots: Vec<&str> = paths.iter().map(|path| parent(parent(path))).collect();
+    roots.sort_unstable();
+    roots.dedup();
+    let reads = join_all(roots.iter().map(|root| live.client.get_data(root)));
+    let marks: Vec<Vec<u8>> = match session.call("read broken marks", reads).await {
+        Ok(reads) => reads
+            .into_iter()
+            .map(|read| read.map(|(data, _)| data).unwrap_or_default())
+            .collect(),
+        Err(_) => vec![Vec::new(); roots.len()],
     };
-    let root = parent(parent(path));
-    match session
-        .call("read broken marks", live.client.get_data(root))
-        .await
-    {
-        Ok(Ok((data, _))) if is_marked_broken(&data, token) => LostReason::Broken,
-        _ => LostReason::Vanished,
-    }
+    paths
+        .iter()
+        .map(|path| {
+            let marks = roots
+                .binary_search(&parent(parent(path)))
+                .map_or(&[][..], |i| &marks[i]);
+            match owner_token_of_path(path) {
+                Some(token) if is_marked_broken(marks, token) => LostReason::Broken,
+                _ => LostReason::Vanished,
+            }
+        })
+        .collect()
 }
 
 /// Breaks the hold of lock directory `dir`: deletes its first lock node (at the version
 /// read) and marks its owner token broken in the namespace root's data (see
 /// [`crate::layout`]), in one transaction; returns the holder removed, `None` if the
 /// directory has no lock node. Starts over, at most [`BREAK_ATTEMPTS`] times after a
-/// short pause, when the holder or the root's data changed in between (a holder gone by
-/// itself is not the current one any more; another break wrote its mark). Where the root
-/// refuses `setData`, the node is deleted without a mark.
+/// short pause, when the holder or the root's data changed in between (the holder left
+/// by itself and the next one holds now; another break wrote its mark): what it removes
+/// is the holder at the moment of the transaction. Where the root refuses `setData`, the
+/// node is deleted without a mark.
 ///
 /// Each attempt takes three round trips under the request timeout each: a barrier with
 /// the listing of `dir` and the data of the root; the stat of the holder's node; the
