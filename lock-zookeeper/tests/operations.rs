@@ -448,3 +448,44 @@ async fn a_root_without_write_permission_breaks_without_a_mark() {
         .expect("root");
     assert_eq!(stat.version, 0, "the root's data was never written");
 }
+
+/// A listing reads its directories in chunks: 1200 held names (three `multiRead`s), of
+/// which every third is released, are listed exactly, whole and by prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_names_are_listed_in_chunks() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let client = factory.zk_client(with_ttl(TTL)).await;
+    let names: Vec<LockName> = (0..1200).map(|i| name(&format!("many/{i:04}"))).collect();
+    let guards =
+        futures::future::join_all(names.iter().map(|name| client.lock(name.as_str()))).await;
+    let mut held = Vec::new();
+    for (i, (guard, name)) in guards.into_iter().zip(&names).enumerate() {
+        let guard = guard.expect("acquire");
+        if i % 3 == 0 {
+            guard.release().await.expect("release");
+        } else {
+            held.push((name.clone(), guard));
+        }
+    }
+    let started = tokio::time::Instant::now();
+    let listed = client.list("").await.expect("list");
+    eprintln!(
+        "listing {} of 1200 names took {:?}",
+        listed.len(),
+        started.elapsed()
+    );
+    let expected: Vec<LockName> = held.iter().map(|(name, _)| name.clone()).collect();
+    assert_eq!(listed, expected);
+    let under: Vec<LockName> = expected
+        .iter()
+        .filter(|name| name.as_str().starts_with("many/11"))
+        .cloned()
+        .collect();
+    assert_eq!(under.len(), 67);
+    assert_eq!(client.list("many/11").await.expect("list"), under);
+    for (_, guard) in held {
+        guard.release().await.expect("release");
+    }
+}
