@@ -1,6 +1,7 @@
 //! Operating ZooKeeper locks (`list`, `force_release`, `inspect`'s `since`) beyond what
 //! the conformance rule sees: Curator holders and waiters, escaped names, directories
-//! without lock nodes, the broken mark in a lock directory's data, typed errors.
+//! without lock nodes, listings in chunks, the broken marks in the namespace root's data
+//! (and a root that refuses them), typed errors.
 
 mod common;
 
