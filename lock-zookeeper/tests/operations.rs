@@ -246,7 +246,8 @@ async fn since_is_when_the_node_was_created() {
 }
 
 /// Directories without a lock node are never listed: one never used, one holding
-/// another child only, one whose last lock node went (until the server reaps it).
+/// another child only, one whose last lock node went (until the server reaps it); nor
+/// is anything before the namespace root exists.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn directories_without_lock_nodes_are_not_listed() {
     let Some(factory) = ZkFactory::start().await else {
@@ -258,6 +259,10 @@ async fn directories_without_lock_nodes_are_not_listed() {
         name("other-child"),
         name("released"),
         name("held"),
+    );
+    assert!(
+        client.list("").await.expect("list").is_empty(),
+        "no namespace root yet"
     );
     let other_dir = lock_dir(BASE, &other);
     create_persistent(
