@@ -4,10 +4,40 @@
 use super::*;
 
 impl<B: Backend> Keeper<B> {
+    /// Acquires `name`, counted in the metrics and traced in a span.
     pub(super) async fn acquire(
         &self,
         name: &LockName,
         options: &AcquireOptions,
+    ) -> Result<Option<LockGuard>> {
+        let series = self.metrics.series(name);
+        series.attempt();
+        let started = Instant::now();
+        let span = tracing::info_span!(
+            "distlock.acquire",
+            backend = self.capabilities.backend,
+            lock = %name,
+            fencing_token = tracing::field::Empty,
+        );
+        let result = {
+            // Counted as waiting until this block ends, or the acquire is dropped.
+            let _waiting = (options.wait != Wait::Try).then(|| series.waiting());
+            self.acquire_checked(name, options, &series)
+                .instrument(span.clone())
+                .await
+        };
+        series.acquired(&result, started);
+        if let Ok(Some(guard)) = &result {
+            span.record("fencing_token", guard.fencing_token().0);
+        }
+        result
+    }
+
+    async fn acquire_checked(
+        &self,
+        name: &LockName,
+        options: &AcquireOptions,
+        series: &Arc<Series>,
     ) -> Result<Option<LockGuard>> {
         let ttl = options.ttl.unwrap_or(self.options.ttl);
         check_ttl(&self.capabilities, ttl)?;
@@ -27,7 +57,7 @@ impl<B: Backend> Keeper<B> {
         self.ensure_task();
 
         let Some(owner) = &options.owner else {
-            return self.acquire_new(name, options, ttl).await;
+            return self.acquire_new(name, options, ttl, series).await;
         };
         let key = (name.clone(), owner.clone());
         let gate = Arc::clone(lock_unpoisoned(&self.gates).entry(key.clone()).or_default());
@@ -35,7 +65,7 @@ impl<B: Backend> Keeper<B> {
             let _serialized = gate.lock().await;
             match self.reenter(&key) {
                 Some(guard) => Ok(Some(guard)),
-                None => self.acquire_new(name, options, ttl).await,
+                None => self.acquire_new(name, options, ttl, series).await,
             }
         };
         let mut gates = lock_unpoisoned(&self.gates);
@@ -64,6 +94,7 @@ impl<B: Backend> Keeper<B> {
         name: &LockName,
         options: &AcquireOptions,
         ttl: Duration,
+        series: &Arc<Series>,
     ) -> Result<Option<LockGuard>> {
         let wait = !matches!(options.wait, Wait::Try);
         let started = Instant::now();
@@ -114,7 +145,8 @@ impl<B: Backend> Keeper<B> {
         let Some(acquired) = acquired else {
             return Ok(None);
         };
-        self.register(name, token, ttl, options, acquired).map(Some)
+        self.register(name, token, ttl, options, acquired, series)
+            .map(Some)
     }
 
     /// Starts tracking a fresh hold. Synchronous, so an acquire cancelled after the
@@ -126,6 +158,7 @@ impl<B: Backend> Keeper<B> {
         ttl: Duration,
         options: &AcquireOptions,
         acquired: Acquired<B::Hold>,
+        series: &Arc<Series>,
     ) -> Result<LockGuard> {
         let now = Instant::now();
         let valid_until = validity_deadline(acquired.requested_at, acquired.lease);
@@ -140,6 +173,7 @@ impl<B: Backend> Keeper<B> {
             acquired_at: acquired.requested_at,
             valid_until: Arc::new(AtomicInstant::new(self.base, valid_until)),
             state: Mutex::new(StateSlot::new(LockState::Held)),
+            metrics: HoldMetrics::new(Arc::clone(series), now),
         });
         let entry = Entry {
             info: Arc::clone(&info),
@@ -177,6 +211,9 @@ impl<B: Backend> Keeper<B> {
             (Attention::At(at), Some(planned)) => planned > at,
             _ => true,
         };
+        // Counted before anything else can see the hold, so that whatever ends it finds
+        // it counted.
+        info.metrics.start();
         table.holds.insert(id, entry);
         drop(table);
         if wake {
