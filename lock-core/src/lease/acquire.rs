@@ -10,25 +10,25 @@ impl<B: Backend> Keeper<B> {
         name: &LockName,
         options: &AcquireOptions,
     ) -> Result<Option<LockGuard>> {
-        let series = self.metrics.series(name);
-        series.attempt();
-        let started = Instant::now();
-        let span = tracing::info_span!(
-            "distlock.acquire",
-            backend = self.capabilities.backend,
-            lock = %name,
-            fencing_token = tracing::field::Empty,
-        );
+        let call = AcquireCall {
+            series: self.metrics.series(name),
+            started: Instant::now(),
+            span: tracing::info_span!(
+                "distlock.acquire",
+                backend = self.capabilities.backend,
+                lock = %name,
+                fencing_token = tracing::field::Empty,
+            ),
+        };
+        call.series.attempt();
         let result = {
             // Counted as waiting until this block ends, or the acquire is dropped.
-            let _waiting = (options.wait != Wait::Try).then(|| series.waiting());
-            self.acquire_checked(name, options, &series)
-                .instrument(span.clone())
-                .await
+            let _waiting = (options.wait != Wait::Try).then(|| call.series.waiting());
+            self.acquire_checked(name, options, &call).await
         };
-        series.acquired(&result, started);
+        call.series.acquired(&result, call.started);
         if let Ok(Some(guard)) = &result {
-            span.record("fencing_token", guard.fencing_token().0);
+            call.span.record("fencing_token", guard.fencing_token().0);
         }
         result
     }
@@ -37,7 +37,7 @@ impl<B: Backend> Keeper<B> {
         &self,
         name: &LockName,
         options: &AcquireOptions,
-        series: &Arc<Series>,
+        call: &AcquireCall,
     ) -> Result<Option<LockGuard>> {
         let ttl = options.ttl.unwrap_or(self.options.ttl);
         check_ttl(&self.capabilities, ttl)?;
@@ -57,7 +57,7 @@ impl<B: Backend> Keeper<B> {
         self.ensure_task();
 
         let Some(owner) = &options.owner else {
-            return self.acquire_new(name, options, ttl, series).await;
+            return self.acquire_new(name, options, ttl, call).await;
         };
         let key = (name.clone(), owner.clone());
         let gate = Arc::clone(lock_unpoisoned(&self.gates).entry(key.clone()).or_default());
@@ -65,7 +65,7 @@ impl<B: Backend> Keeper<B> {
             let _serialized = gate.lock().await;
             match self.reenter(&key) {
                 Some(guard) => Ok(Some(guard)),
-                None => self.acquire_new(name, options, ttl, series).await,
+                None => self.acquire_new(name, options, ttl, call).await,
             }
         };
         let mut gates = lock_unpoisoned(&self.gates);
@@ -94,10 +94,10 @@ impl<B: Backend> Keeper<B> {
         name: &LockName,
         options: &AcquireOptions,
         ttl: Duration,
-        series: &Arc<Series>,
+        call: &AcquireCall,
     ) -> Result<Option<LockGuard>> {
+        let started = call.started;
         let wait = !matches!(options.wait, Wait::Try);
-        let started = Instant::now();
         let deadline = match options.wait {
             Wait::Timeout(limit) => Some(started + limit),
             Wait::Try | Wait::Forever => None,
@@ -118,7 +118,8 @@ impl<B: Backend> Keeper<B> {
                 wait,
                 fence_at_least: None,
             };
-            let attempt = self.backend.acquire(request);
+            // The span is entered while the backend works (a boxed future: cheap to wrap).
+            let attempt = self.backend.acquire(request).instrument(call.span.clone());
             let result = match deadline {
                 Some(deadline) => timeout_at(deadline, attempt)
                     .await
@@ -136,7 +137,9 @@ impl<B: Backend> Keeper<B> {
                     if deadline.is_some_and(|deadline| resume >= deadline) {
                         return Err(err);
                     }
-                    tracing::debug!(lock = %name, error = %err, "acquire failed; retrying");
+                    call.span.in_scope(|| {
+                        tracing::debug!(lock = %name, error = %err, "acquire failed; retrying");
+                    });
                     sleep_until(resume).await;
                 }
                 result => break (token, result?),
@@ -145,7 +148,7 @@ impl<B: Backend> Keeper<B> {
         let Some(acquired) = acquired else {
             return Ok(None);
         };
-        self.register(name, token, ttl, options, acquired, series)
+        self.register(name, token, ttl, options, acquired, &call.series)
             .map(Some)
     }
 
@@ -221,4 +224,11 @@ impl<B: Backend> Keeper<B> {
         }
         Ok(LockGuard::new(info, me))
     }
+}
+
+/// One acquire call as its metrics and its span see it.
+struct AcquireCall {
+    series: Arc<Series>,
+    started: Instant,
+    span: Span,
 }
