@@ -20,6 +20,7 @@ use std::time::Duration;
 use ::metrics::{Counter, Gauge, Histogram, Label, Unit};
 use tokio::time::Instant;
 
+use crate::backend::RenewOutcome;
 use crate::error::{Error, ErrorKind};
 use crate::guard::{LockGuard, LostReason};
 use crate::name::LockName;
@@ -214,6 +215,17 @@ pub(crate) enum Renewal {
     Renewed,
     Lost,
     Failed,
+}
+
+impl Renewal {
+    /// The outcome of a renewal the backend answered with `outcome`.
+    pub(crate) fn of(outcome: &RenewOutcome) -> Self {
+        match outcome {
+            RenewOutcome::Renewed { .. } => Renewal::Renewed,
+            RenewOutcome::Lost(_) => Renewal::Lost,
+            RenewOutcome::Undecided => Renewal::Failed,
+        }
+    }
 }
 
 /// The metric handles of one client, or of one lock name of it when names are labels.

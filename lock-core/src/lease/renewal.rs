@@ -415,16 +415,6 @@ struct DueHold<H> {
     planned: Instant,
 }
 
-impl Renewal {
-    fn of(outcome: &RenewOutcome) -> Self {
-        match outcome {
-            RenewOutcome::Renewed { .. } => Renewal::Renewed,
-            RenewOutcome::Lost(_) => Renewal::Lost,
-            RenewOutcome::Undecided => Renewal::Failed,
-        }
-    }
-}
-
 /// An extension of one hold, marked in flight until dropped.
 struct Extension<'a, B: Backend> {
     hold: Arc<B::Hold>,
