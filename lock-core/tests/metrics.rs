@@ -27,6 +27,8 @@ type SeriesKey = (String, Vec<(String, String)>);
 /// zero, histograms emptied), so each read adds what it finds: the library only counts up
 /// and moves gauges up and down, never sets them.
 struct Seen {
+    /// The backend whose series [`Seen::counter`] and the others read.
+    backend: &'static str,
     snapshotter: Snapshotter,
     counters: HashMap<SeriesKey, u64>,
     gauges: HashMap<SeriesKey, f64>,
@@ -36,6 +38,7 @@ struct Seen {
 impl Seen {
     fn new(snapshotter: Snapshotter) -> Self {
         Seen {
+            backend: "memory",
             snapshotter,
             counters: HashMap::new(),
             gauges: HashMap::new(),
@@ -63,33 +66,33 @@ impl Seen {
         self
     }
 
-    fn key(name: &str, labels: &[(&str, &str)]) -> SeriesKey {
+    fn key(&self, name: &str, labels: &[(&str, &str)]) -> SeriesKey {
         let mut labels: Vec<(String, String)> = labels
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        labels.push(("backend".to_owned(), "memory".to_owned()));
+        labels.push(("backend".to_owned(), self.backend.to_owned()));
         labels.sort();
         (name.to_owned(), labels)
     }
 
     fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
         self.counters
-            .get(&Self::key(name, labels))
+            .get(&self.key(name, labels))
             .copied()
             .unwrap_or(0)
     }
 
     fn gauge(&self, name: &str) -> f64 {
         self.gauges
-            .get(&Self::key(name, &[]))
+            .get(&self.key(name, &[]))
             .copied()
             .unwrap_or(0.0)
     }
 
     fn observed(&self, name: &str, labels: &[(&str, &str)]) -> usize {
         self.observations
-            .get(&Self::key(name, labels))
+            .get(&self.key(name, labels))
             .copied()
             .unwrap_or(0)
     }
@@ -290,7 +293,32 @@ async fn lock_names_are_labels_only_when_asked() {
     assert_eq!(seen.counter(metrics::ACQUIRE_GRANTS, &[]), 0);
     assert_eq!(seen.counter(metrics::ACQUIRE_NOT_ACQUIRED, &[]), 1);
     assert_eq!(seen.counter(metrics::ACQUIRE_NOT_ACQUIRED, &lock), 0);
-    assert_eq!(seen.gauges[&Seen::key(metrics::HELD, &lock)], 1.0);
+    assert_eq!(seen.gauges[&seen.key(metrics::HELD, &lock)], 1.0);
+    drop(guard);
+}
+
+/// A dual lock's loss names its side; its series are the dual backend's.
+#[tokio::test]
+async fn a_dual_loss_names_its_side() {
+    let (mut seen, _local, _) = recording();
+    seen.backend = "dual";
+    let fresh = || format!("metrics-{}", uuid::Uuid::new_v4().simple());
+    let (old_name, new_name) = (fresh(), fresh());
+    let old = MemorySpace::named(&old_name);
+    let url = format!("dual:memory://{old_name}?ttl=300ms|memory://{new_name}?ttl=300ms");
+    let dual = lock_core::connect(&url).await.expect("dual client");
+    let guard = dual.lock("jobs/dual").await.expect("lock");
+    assert_eq!(seen.read().gauge(metrics::HELD), 1.0);
+    assert!(old.steal(&name("jobs/dual")));
+    let reason = timeout(Duration::from_secs(2), guard.lost())
+        .await
+        .expect("the loss is seen");
+    assert_eq!(reason, LostReason::on_side(Side::Old, LostReason::Vanished));
+    let seen = seen.read();
+    let on_old = [("reason", "vanished"), ("side", "old")];
+    assert_eq!(seen.counter(metrics::LOSSES, &on_old), 1);
+    assert_eq!(seen.series_of(metrics::LOSSES).len(), 1);
+    assert_eq!(seen.gauge(metrics::HELD), 0.0);
     drop(guard);
 }
 
