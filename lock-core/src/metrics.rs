@@ -13,7 +13,7 @@
 //! [`LockOptions::metrics_names`](crate::LockOptions::metrics_names): every lock name
 //! then makes series of its own.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -382,8 +382,16 @@ impl Drop for Waiting<'_> {
 pub(crate) struct HoldMetrics {
     series: Arc<Series>,
     granted: Instant,
-    counted: AtomicBool,
+    /// [`PHASE_NEW`], [`PHASE_HELD`] or [`PHASE_ENDED`].
+    phase: AtomicU8,
 }
+
+/// Not counted yet (or never: its lease ran out before the grant arrived).
+const PHASE_NEW: u8 = 0;
+/// Counted in [`HELD`].
+const PHASE_HELD: u8 = 1;
+/// Counted, then ended.
+const PHASE_ENDED: u8 = 2;
 
 impl HoldMetrics {
     /// A hold granted at `granted`, not counted yet.
@@ -391,7 +399,7 @@ impl HoldMetrics {
         HoldMetrics {
             series,
             granted,
-            counted: AtomicBool::new(false),
+            phase: AtomicU8::new(PHASE_NEW),
         }
     }
 
@@ -400,9 +408,15 @@ impl HoldMetrics {
         &self.series
     }
 
+    fn advance(&self, from: u8, to: u8) -> bool {
+        self.phase
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
     /// Counts the hold as held.
     pub(crate) fn start(&self) {
-        if !self.counted.swap(true, Ordering::AcqRel) {
+        if self.advance(PHASE_NEW, PHASE_HELD) {
             self.series.held.increment(1.0);
         }
     }
@@ -411,9 +425,17 @@ impl HoldMetrics {
     /// counted unless its guard released it. Only the first call after
     /// [`HoldMetrics::start`] counts.
     pub(crate) fn end(&self, reason: LostReason) {
-        if self.counted.swap(false, Ordering::AcqRel) {
+        if self.advance(PHASE_HELD, PHASE_ENDED) {
             self.series.held.decrement(1.0);
             self.series.hold.record(self.granted.elapsed());
+            self.series.lost(reason);
+        }
+    }
+
+    /// Counts a loss that the release of the hold found (gone on the server while it
+    /// counted as held), if the hold was ever counted.
+    pub(crate) fn found_lost(&self, reason: LostReason) {
+        if self.phase.load(Ordering::Acquire) == PHASE_ENDED {
             self.series.lost(reason);
         }
     }

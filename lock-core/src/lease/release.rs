@@ -146,7 +146,7 @@ fn found_at_release(info: &HoldInfo, prior: LockState, found: &Result<BackendRel
         LockState::Held | LockState::Suspect | LockState::Lost(LostReason::Released)
     );
     if let (true, Ok(BackendRelease::NotOwner(reason))) = (unnoticed, found) {
-        info.metrics.series().lost(*reason);
+        info.metrics.found_lost(*reason);
     }
 }
 
