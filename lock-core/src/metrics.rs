@@ -253,11 +253,7 @@ impl Series {
         if let Some(lock) = lock {
             labels.push(Label::new(LOCK, lock.as_str().to_owned()));
         }
-        let with = |key: &'static str, value: &'static str| {
-            let mut labels = labels.clone();
-            labels.push(Label::from_static_parts(key, value));
-            labels
-        };
+        let with = |key, value| extended(&labels, [(key, value)]);
         Series {
             attempts: ::metrics::counter!(ACQUIRE_ATTEMPTS, labels.iter()),
             grants: ::metrics::counter!(ACQUIRE_GRANTS, labels.iter()),
@@ -290,8 +286,7 @@ impl Series {
             Ok(None) => self.not_acquired.increment(1),
             Err(err) if err.kind() == ErrorKind::Timeout => self.timeouts.increment(1),
             Err(err) => {
-                let mut labels = self.labels.clone();
-                labels.push(Label::from_static_parts(KIND, err.kind().label()));
+                let labels = extended(&self.labels, [(KIND, err.kind().label())]);
                 ::metrics::counter!(ACQUIRE_ERRORS, labels).increment(1);
             }
         }
@@ -321,13 +316,24 @@ impl Series {
         if reason == LostReason::Released {
             return;
         }
-        let mut labels = self.labels.clone();
-        labels.push(Label::from_static_parts(REASON, reason.label()));
-        if let Some(side) = reason.side() {
-            labels.push(Label::from_static_parts(SIDE, side.label()));
-        }
+        let side = reason.side().map(|side| (SIDE, side.label()));
+        let labels = extended(
+            &self.labels,
+            [(REASON, reason.label())].into_iter().chain(side),
+        );
         ::metrics::counter!(LOSSES, labels).increment(1);
     }
+}
+
+/// `labels` and `more`.
+fn extended(
+    labels: &[Label],
+    more: impl IntoIterator<Item = (&'static str, &'static str)>,
+) -> Vec<Label> {
+    let more = more
+        .into_iter()
+        .map(|(key, value)| Label::from_static_parts(key, value));
+    labels.iter().cloned().chain(more).collect()
 }
 
 /// The metric handles of one client.
