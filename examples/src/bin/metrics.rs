@@ -79,6 +79,7 @@ async fn main() -> Result<(), BoxError> {
     let locks = distlock::connect(&examples::lock_url()).await?;
     // --- end of the taught part ---
 
+    listening(addr).await?;
     say(format!("metrics at http://{addr}/metrics"));
     let name = LockName::new(cli.name.as_str())?;
     if cli.commands {
@@ -105,6 +106,21 @@ fn metrics_addr(port: Option<u16>) -> Result<SocketAddr, BoxError> {
         port => port,
     };
     Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+}
+
+/// Waits until the exporter's listener (started in the background) accepts connections.
+async fn listening(addr: SocketAddr) -> Result<(), BoxError> {
+    const WITHIN: Duration = Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + WITHIN;
+    loop {
+        match tokio::net::TcpStream::connect(addr).await {
+            Ok(_) => return Ok(()),
+            Err(err) if tokio::time::Instant::now() >= deadline => {
+                return Err(format!("the metrics endpoint {addr} is not listening: {err}").into())
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(10)).await,
+        }
+    }
 }
 
 /// Prints one line at once (standard output is a pipe when a test reads it).
