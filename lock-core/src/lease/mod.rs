@@ -68,7 +68,8 @@ fn session_ran_out(err: &Error) -> bool {
 }
 
 /// Turns a [`Backend`] into a [`DistributedLock`], adding everything that is the same for
-/// every backend.
+/// every backend: also the metrics of [`crate::metrics`] (labelled with
+/// [`Capabilities::backend`]) and the `distlock.*` tracing spans (docs/metrics.md).
 pub struct LeaseClient<B: Backend> {
     keeper: Arc<Keeper<B>>,
 }
