@@ -139,6 +139,25 @@ pub enum ErrorKind {
     Protocol,
 }
 
+impl ErrorKind {
+    /// A stable snake_case name of the kind (`timeout`, `not_held`, …), as in the `kind`
+    /// label of [`crate::metrics::ACQUIRE_ERRORS`].
+    pub fn label(self) -> &'static str {
+        match self {
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Lost => "lost",
+            ErrorKind::NotHeld => "not_held",
+            ErrorKind::Connection => "connection",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::InvalidName => "invalid_name",
+            ErrorKind::InvalidConfig => "invalid_config",
+            ErrorKind::UnknownScheme => "unknown_scheme",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Protocol => "protocol",
+        }
+    }
+}
+
 impl Error {
     /// The class of this error.
     pub fn kind(&self) -> ErrorKind {

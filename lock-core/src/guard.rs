@@ -11,6 +11,7 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::error::Result;
+use crate::metrics::HoldMetrics;
 use crate::name::LockName;
 use crate::raw::lock_unpoisoned;
 use crate::token::{FencingToken, OwnerToken};
@@ -74,12 +75,19 @@ pub enum Side {
     New,
 }
 
-impl fmt::Display for Side {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
+impl Side {
+    /// `old` or `new`, as in the `side` label of [`crate::metrics::LOSSES`].
+    pub fn label(self) -> &'static str {
+        match self {
             Side::Old => "old",
             Side::New => "new",
-        })
+        }
+    }
+}
+
+impl fmt::Display for Side {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.label())
     }
 }
 
@@ -104,6 +112,30 @@ impl LostReason {
         match self {
             LostReason::OnSide { reason, .. } => *reason,
             reason => reason,
+        }
+    }
+
+    /// The side of a dual lock it happened on, if any.
+    pub fn side(self) -> Option<Side> {
+        match self {
+            LostReason::OnSide { side, .. } => Some(side),
+            _ => None,
+        }
+    }
+
+    /// A stable snake_case name of the reason without its side (`expired`, `taken`,
+    /// `session_expired`, …), as in the `reason` label of [`crate::metrics::LOSSES`].
+    pub fn label(self) -> &'static str {
+        match self.without_side() {
+            LostReason::Expired => "expired",
+            LostReason::Vanished => "vanished",
+            LostReason::Taken => "taken",
+            LostReason::SessionExpired => "session_expired",
+            LostReason::HoldCapReached => "hold_cap_reached",
+            LostReason::Released => "released",
+            LostReason::Broken => "broken",
+            // `without_side` never returns one; named for the match to be exhaustive.
+            LostReason::OnSide { .. } => "on_side",
         }
     }
 }
@@ -219,6 +251,8 @@ pub(crate) struct HoldInfo {
     pub(crate) acquired_at: Instant,
     pub(crate) valid_until: Arc<AtomicInstant>,
     pub(crate) state: Mutex<StateSlot>,
+    /// Ended by the transition to Lost.
+    pub(crate) metrics: HoldMetrics,
 }
 
 /// The state of a hold, and the channel of its watches. The channel is made when the
@@ -257,6 +291,10 @@ impl HoldInfo {
             } else {
                 watchers.send_replace(next);
             }
+        }
+        drop(slot);
+        if let LockState::Lost(reason) = next {
+            self.metrics.end(reason);
         }
         true
     }

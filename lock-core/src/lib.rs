@@ -8,6 +8,7 @@ mod lease;
 mod lock;
 mod lock_url;
 pub mod memory;
+pub mod metrics;
 pub mod migration;
 mod name;
 mod occupancy;
@@ -21,6 +22,7 @@ pub use capabilities::{Capabilities, FencingSource};
 pub use error::{BoxError, Error, ErrorKind, Result};
 pub use guard::{LockGuard, LockState, LockWatch, LostReason, ReleaseOutcome, Side};
 pub use lock::{DistributedLock, DistributedLockExt};
+pub use metrics::describe_metrics;
 pub use name::{LockName, MAX_NAME_BYTES};
 pub use occupancy::{Occupancy, Participant};
 pub use options::{

@@ -52,6 +52,10 @@ pub struct LockOptions {
     /// \[`recheck`\]. Default 1 s.
     #[serde(with = "crate::options::duration_text")]
     pub recheck: Duration,
+    /// Label the metrics of each hold and acquire with its lock name
+    /// \[`metrics_names=true|false`\]. Default `false`: every lock name makes series of its
+    /// own, so turn it on only for a small, fixed set of names (see [`crate::metrics`]).
+    pub metrics_names: bool,
 }
 
 impl Default for LockOptions {
@@ -62,6 +66,7 @@ impl Default for LockOptions {
             max_hold: None,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             recheck: DEFAULT_RECHECK,
+            metrics_names: false,
         }
     }
 }
@@ -89,6 +94,17 @@ impl LockOptions {
             "max_hold" => self.max_hold = Some(parse_duration(key, value)?),
             "request_timeout" => self.request_timeout = parse_duration(key, value)?,
             "recheck" => self.recheck = parse_duration(key, value)?,
+            "metrics_names" => {
+                self.metrics_names = match value {
+                    "true" => true,
+                    "false" => false,
+                    _ => {
+                        return Err(Error::config(format!(
+                            "metrics_names must be `true` or `false`, not {value:?}"
+                        )))
+                    }
+                }
+            }
             _ => return Ok(false),
         }
         self.validate()?;
@@ -110,6 +126,9 @@ impl LockOptions {
         );
         if let Some(cap) = self.max_hold {
             query.push_str(&format!("&max_hold={}", format_duration(cap)));
+        }
+        if self.metrics_names {
+            query.push_str("&metrics_names=true");
         }
         query
     }
@@ -319,6 +338,7 @@ mod tests {
             ttl: Duration::from_millis(1500),
             renewal: RenewalMode::Manual,
             max_hold: Some(Duration::from_secs(4)),
+            metrics_names: true,
             ..LockOptions::default()
         };
         let mut parsed = LockOptions::default();
@@ -361,6 +381,12 @@ mod tests {
         assert_eq!(o.renewal, RenewalMode::Manual);
         assert!(o.apply_query_pair("ttl", "0s").is_err());
         assert!(o.apply_query_pair("renewal", "sometimes").is_err());
+        let mut o = LockOptions::default();
+        assert!(o.apply_query_pair("metrics_names", "true").unwrap());
+        assert!(o.metrics_names);
+        let err = o.apply_query_pair("metrics_names", "yes").unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::InvalidConfig, "{err}");
+        assert!(err.to_string().contains("metrics_names"), "{err}");
     }
 
     #[test]

@@ -4,10 +4,40 @@
 use super::*;
 
 impl<B: Backend> Keeper<B> {
+    /// Acquires `name`, counted in the metrics and traced in a span.
     pub(super) async fn acquire(
         &self,
         name: &LockName,
         options: &AcquireOptions,
+    ) -> Result<Option<LockGuard>> {
+        let call = AcquireCall {
+            series: self.metrics.series(name),
+            started: Instant::now(),
+            span: tracing::info_span!(
+                "distlock.acquire",
+                backend = self.capabilities.backend,
+                lock = %name,
+                fencing_token = tracing::field::Empty,
+            ),
+        };
+        call.series.attempt();
+        let result = {
+            // Counted as waiting until this block ends, or the acquire is dropped.
+            let _waiting = (options.wait != Wait::Try).then(|| call.series.waiting());
+            self.acquire_checked(name, options, &call).await
+        };
+        call.series.acquired(&result, call.started);
+        if let Ok(Some(guard)) = &result {
+            call.span.record("fencing_token", guard.fencing_token().0);
+        }
+        result
+    }
+
+    async fn acquire_checked(
+        &self,
+        name: &LockName,
+        options: &AcquireOptions,
+        call: &AcquireCall,
     ) -> Result<Option<LockGuard>> {
         let ttl = options.ttl.unwrap_or(self.options.ttl);
         check_ttl(&self.capabilities, ttl)?;
@@ -27,7 +57,7 @@ impl<B: Backend> Keeper<B> {
         self.ensure_task();
 
         let Some(owner) = &options.owner else {
-            return self.acquire_new(name, options, ttl).await;
+            return self.acquire_new(name, options, ttl, call).await;
         };
         let key = (name.clone(), owner.clone());
         let gate = Arc::clone(lock_unpoisoned(&self.gates).entry(key.clone()).or_default());
@@ -35,7 +65,7 @@ impl<B: Backend> Keeper<B> {
             let _serialized = gate.lock().await;
             match self.reenter(&key) {
                 Some(guard) => Ok(Some(guard)),
-                None => self.acquire_new(name, options, ttl).await,
+                None => self.acquire_new(name, options, ttl, call).await,
             }
         };
         let mut gates = lock_unpoisoned(&self.gates);
@@ -64,9 +94,10 @@ impl<B: Backend> Keeper<B> {
         name: &LockName,
         options: &AcquireOptions,
         ttl: Duration,
+        call: &AcquireCall,
     ) -> Result<Option<LockGuard>> {
+        let started = call.started;
         let wait = !matches!(options.wait, Wait::Try);
-        let started = Instant::now();
         let deadline = match options.wait {
             Wait::Timeout(limit) => Some(started + limit),
             Wait::Try | Wait::Forever => None,
@@ -87,7 +118,8 @@ impl<B: Backend> Keeper<B> {
                 wait,
                 fence_at_least: None,
             };
-            let attempt = self.backend.acquire(request);
+            // The span is entered while the backend works (a boxed future: cheap to wrap).
+            let attempt = self.backend.acquire(request).instrument(call.span.clone());
             let result = match deadline {
                 Some(deadline) => timeout_at(deadline, attempt)
                     .await
@@ -105,7 +137,9 @@ impl<B: Backend> Keeper<B> {
                     if deadline.is_some_and(|deadline| resume >= deadline) {
                         return Err(err);
                     }
-                    tracing::debug!(lock = %name, error = %err, "acquire failed; retrying");
+                    call.span.in_scope(|| {
+                        tracing::debug!(lock = %name, error = %err, "acquire failed; retrying");
+                    });
                     sleep_until(resume).await;
                 }
                 result => break (token, result?),
@@ -114,7 +148,8 @@ impl<B: Backend> Keeper<B> {
         let Some(acquired) = acquired else {
             return Ok(None);
         };
-        self.register(name, token, ttl, options, acquired).map(Some)
+        self.register(name, token, ttl, options, acquired, &call.series)
+            .map(Some)
     }
 
     /// Starts tracking a fresh hold. Synchronous, so an acquire cancelled after the
@@ -126,6 +161,7 @@ impl<B: Backend> Keeper<B> {
         ttl: Duration,
         options: &AcquireOptions,
         acquired: Acquired<B::Hold>,
+        series: &Arc<Series>,
     ) -> Result<LockGuard> {
         let now = Instant::now();
         let valid_until = validity_deadline(acquired.requested_at, acquired.lease);
@@ -140,6 +176,7 @@ impl<B: Backend> Keeper<B> {
             acquired_at: acquired.requested_at,
             valid_until: Arc::new(AtomicInstant::new(self.base, valid_until)),
             state: Mutex::new(StateSlot::new(LockState::Held)),
+            metrics: HoldMetrics::new(Arc::clone(series), now),
         });
         let entry = Entry {
             info: Arc::clone(&info),
@@ -177,6 +214,9 @@ impl<B: Backend> Keeper<B> {
             (Attention::At(at), Some(planned)) => planned > at,
             _ => true,
         };
+        // Counted before anything else can see the hold, so that whatever ends it finds
+        // it counted.
+        info.metrics.start();
         table.holds.insert(id, entry);
         drop(table);
         if wake {
@@ -184,4 +224,11 @@ impl<B: Backend> Keeper<B> {
         }
         Ok(LockGuard::new(info, me))
     }
+}
+
+/// One acquire call as its metrics and its span see it.
+struct AcquireCall {
+    series: Arc<Series>,
+    started: Instant,
+    span: Span,
 }

@@ -14,6 +14,7 @@ use async_trait::async_trait;
 use tokio::sync::{mpsc, watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
+use tracing::{Instrument, Span};
 
 use crate::backend::{
     AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionHealth,
@@ -25,6 +26,7 @@ use crate::guard::{
     AtomicInstant, HoldInfo, HoldOps, LockGuard, LockState, LostReason, ReleaseOutcome, StateSlot,
 };
 use crate::lock::{check_wait, DistributedLock};
+use crate::metrics::{ClientMetrics, HoldMetrics, Renewal, Series};
 use crate::name::{check_prefix, LockName};
 use crate::occupancy::{Occupancy, Participant};
 use crate::options::{check_duration, AcquireOptions, LockOptions, RenewalMode, Wait};
@@ -66,7 +68,8 @@ fn session_ran_out(err: &Error) -> bool {
 }
 
 /// Turns a [`Backend`] into a [`DistributedLock`], adding everything that is the same for
-/// every backend.
+/// every backend: also the metrics of [`crate::metrics`] (labelled with
+/// [`Capabilities::backend`]) and the `distlock.*` tracing spans (docs/metrics.md).
 pub struct LeaseClient<B: Backend> {
     keeper: Arc<Keeper<B>>,
 }
@@ -81,9 +84,11 @@ impl<B: Backend> LeaseClient<B> {
         let capabilities = backend.capabilities();
         check_ttl(&capabilities, options.ttl)?;
         let (commands, receiver) = mpsc::unbounded_channel();
+        let metrics = ClientMetrics::new(capabilities.backend, options.metrics_names);
         let keeper = Arc::new_cyclic(|me| Keeper {
             me: me.clone(),
             backend,
+            metrics,
             options,
             capabilities,
             commands,
@@ -194,6 +199,7 @@ type Gate = Arc<tokio::sync::Mutex<()>>;
 struct Keeper<B: Backend> {
     me: Weak<Keeper<B>>,
     backend: B,
+    metrics: ClientMetrics,
     options: LockOptions,
     capabilities: Capabilities,
     commands: mpsc::UnboundedSender<Command<B>>,
@@ -227,6 +233,17 @@ impl<B: Backend> Keeper<B> {
     fn wake(&self) {
         // Fails only when the keeper task has ended, when there is nothing to re-plan.
         let _ = self.commands.send(Command::Wake);
+    }
+
+    /// The span of a release of the hold `info` (`background`: by the client's task).
+    fn release_span(&self, info: &HoldInfo, background: bool) -> Span {
+        tracing::info_span!(
+            "distlock.release",
+            backend = self.capabilities.backend,
+            lock = %info.name,
+            fencing_token = info.fencing_token.0,
+            background,
+        )
     }
 
     /// Starts the keeper task on first use (we are inside the runtime then).
@@ -269,7 +286,10 @@ impl<B: Backend> HoldOps for Keeper<B> {
                 entry: Some(entry),
             };
             let result = match unfinished.entry.as_ref() {
-                Some(entry) => self.release_once(entry, prior).await,
+                Some(entry) => {
+                    let span = self.release_span(&entry.info, false);
+                    self.release_once(entry, prior).instrument(span).await
+                }
                 None => Ok(ReleaseOutcome::Released),
             };
             if !matches!(&result, Err(err) if err.is_retryable()) {

@@ -29,11 +29,14 @@ impl<B: Backend> Keeper<B> {
 
     /// Releases an entry on the server in the background and ends its state.
     pub(super) async fn finish_release(&self, entry: Entry<B::Hold>) {
+        let prior = entry.info.state();
         entry.info.transition(LockState::Lost(LostReason::Released));
         if entry.server_released {
             return;
         }
-        if let Err(err) = self.retry_release(HoldEnd::of(&entry), &entry.hold).await {
+        let result = self.retry_release(HoldEnd::of(&entry), &entry.hold).await;
+        found_at_release(&entry.info, prior, &result);
+        if let Err(err) = result {
             tracing::warn!(lock = %entry.info.name, error = %err, "release failed; the server-side lease ends the hold");
         }
     }
@@ -53,17 +56,22 @@ impl<B: Backend> Keeper<B> {
         const LONGEST_PAUSE: Duration = Duration::from_secs(2);
         let give_up = Instant::now() + (end.ttl * RELEASE_GIVE_UP).max(Duration::from_secs(60));
         let mut backoff = Backoff::new(FIRST_PAUSE, LONGEST_PAUSE);
-        loop {
-            let result = self.release_hold(hold).await;
-            let pause = backoff.next_pause();
-            let retry = matches!(&result, Err(err) if err.is_retryable())
-                && Instant::now() + pause < give_up
-                && !self.ended_on_server(&end);
-            if !retry {
-                return result;
+        let span = self.release_span(&end.info, true);
+        async {
+            loop {
+                let result = self.release_hold(hold).await;
+                let pause = backoff.next_pause();
+                let retry = matches!(&result, Err(err) if err.is_retryable())
+                    && Instant::now() + pause < give_up
+                    && !self.ended_on_server(&end);
+                if !retry {
+                    return result;
+                }
+                sleep(pause).await;
             }
-            sleep(pause).await;
         }
+        .instrument(span)
+        .await
     }
 
     /// Whether a hold can no longer exist on the server: its session ended, or (without
@@ -90,7 +98,9 @@ impl<B: Backend> Keeper<B> {
                 _ => LostReason::HoldCapReached,
             }));
         }
-        match (prior, self.release_hold(&entry.hold).await) {
+        let result = self.release_hold(&entry.hold).await;
+        found_at_release(&entry.info, prior, &result);
+        match (prior, result) {
             (_, Err(err)) => Err(err),
             (LockState::Lost(reason), _) => Ok(ReleaseOutcome::AlreadyLost(reason)),
             (_, Ok(BackendRelease::Released)) => Ok(ReleaseOutcome::Released),
@@ -124,6 +134,19 @@ impl<B: Backend> Keeper<B> {
             what,
             self.options.request_timeout,
         )
+    }
+}
+
+/// Counts the loss a release `found` of a hold whose state before its guard released it
+/// was `prior`: gone on the server while it still counted as held (a loss noticed only
+/// then, which no transition to Lost counted).
+fn found_at_release(info: &HoldInfo, prior: LockState, found: &Result<BackendRelease>) {
+    let unnoticed = matches!(
+        prior,
+        LockState::Held | LockState::Suspect | LockState::Lost(LostReason::Released)
+    );
+    if let (true, Ok(BackendRelease::NotOwner(reason))) = (unnoticed, found) {
+        info.metrics.found_lost(*reason);
     }
 }
 

@@ -19,20 +19,35 @@ impl<B: Backend> Keeper<B> {
                 return Err(self.deadline_error("extend (waiting for the renewal in flight)"));
             }
         };
+        let span = tracing::info_span!(
+            "distlock.extend",
+            backend = self.capabilities.backend,
+            lock = %extension.info.name,
+            fencing_token = extension.info.fencing_token.0,
+        );
         let requested_at = Instant::now();
         let items = [RenewItem {
             hold: &*extension.hold,
             ttl: extension.ttl,
         }];
         let result = timeout(self.options.request_timeout, self.backend.renew(&items))
+            .instrument(span)
             .await
             .unwrap_or_else(|_| Err(self.deadline_error("extend")));
+        self.metrics.renewal_call(requested_at.elapsed());
         let mut ended = None;
         let extended = self.extend_done(id, &extension.info, requested_at, result, &mut ended);
+        let outcome = match &extended {
+            Ok(_) => Renewal::Renewed,
+            Err(Error::Lost { .. }) => Renewal::Lost,
+            Err(_) => Renewal::Failed,
+        };
+        extension.info.metrics.series().renewal(outcome, None);
         if let Some((hold, end)) = ended {
             // Lost already: free what the server still keeps before saying so, or (past
             // the request timeout) in the background.
-            let release = timeout(self.options.request_timeout, self.retry_release(end, &hold));
+            let release = self.retry_release(end.clone(), &hold);
+            let release = timeout(self.options.request_timeout, release);
             if release.await.is_err() {
                 self.release_ended([(hold, end)]);
             }
@@ -222,7 +237,7 @@ impl<B: Backend> Keeper<B> {
     async fn renew_batch(self: Arc<Self>, ids: Vec<u64>) {
         let now = Instant::now();
         let mut earliest = now + self.options.request_timeout;
-        let batch: Vec<(u64, Arc<B::Hold>, Duration)> = {
+        let batch: Vec<DueHold<B::Hold>> = {
             let mut table = self.table();
             ids.iter()
                 .filter_map(|id| {
@@ -233,13 +248,19 @@ impl<B: Backend> Keeper<B> {
                     let ttl = entry.effective_ttl(entry.ttl, now)?;
                     entry.renewing = true;
                     earliest = earliest.min(entry.info.valid_until.load());
-                    Some((*id, Arc::clone(&entry.hold), ttl))
+                    Some(DueHold {
+                        id: *id,
+                        hold: Arc::clone(&entry.hold),
+                        ttl,
+                        info: Arc::clone(&entry.info),
+                        planned: entry.renew_due,
+                    })
                 })
                 .collect()
         };
         let _renewing = Renewing {
             keeper: &self,
-            ids: batch.iter().map(|(id, _, _)| *id).collect(),
+            ids: batch.iter().map(|due| due.id).collect(),
         };
         if batch.is_empty() {
             self.wake();
@@ -247,27 +268,46 @@ impl<B: Backend> Keeper<B> {
         }
         let items: Vec<RenewItem<'_, B::Hold>> = batch
             .iter()
-            .map(|(_, hold, ttl)| RenewItem {
-                hold: &**hold,
-                ttl: *ttl,
+            .map(|due| RenewItem {
+                hold: &*due.hold,
+                ttl: due.ttl,
             })
             .collect();
+        let span = tracing::info_span!(
+            "distlock.renew",
+            backend = self.capabilities.backend,
+            holds = batch.len(),
+            lock = tracing::field::Empty,
+            fencing_token = tracing::field::Empty,
+        );
+        if let [due] = batch.as_slice() {
+            span.record("lock", tracing::field::display(&due.info.name));
+            span.record("fencing_token", due.info.fencing_token.0);
+        }
         let requested_at = Instant::now();
-        let result = match timeout_at(earliest.max(requested_at), self.backend.renew(&items)).await
-        {
+        let renewal = timeout_at(earliest.max(requested_at), self.backend.renew(&items));
+        let result = match renewal.instrument(span.clone()).await {
             Ok(Ok(outcomes)) if outcomes.len() == items.len() => Ok(outcomes),
             Ok(Ok(_)) => Err("renewal returned the wrong number of outcomes".to_owned()),
             Ok(Err(err)) => Err(err.to_string()),
             Err(_) => Err("renewal got no answer before the validity deadline".to_owned()),
         };
+        self.metrics.renewal_call(requested_at.elapsed());
         drop(items);
+        // No await from here on: what this logs belongs to the renewal.
+        let _entered = span.enter();
         let mut table = self.table();
         let suspended = table.session_suspended;
         let mut ended = Vec::new();
+        let count = |due: &DueHold<B::Hold>, outcome| {
+            let lag = requested_at.saturating_duration_since(due.planned);
+            due.info.metrics.series().renewal(outcome, Some(lag));
+        };
         match result {
             Ok(outcomes) => {
-                for ((id, _, _), outcome) in batch.iter().zip(outcomes) {
-                    let Some(entry) = table.holds.get_mut(id) else {
+                for (due, outcome) in batch.iter().zip(outcomes) {
+                    count(due, Renewal::of(&outcome));
+                    let Some(entry) = table.holds.get_mut(&due.id) else {
                         continue;
                     };
                     match outcome {
@@ -287,8 +327,9 @@ impl<B: Backend> Keeper<B> {
             }
             Err(message) => {
                 tracing::warn!(backend = self.capabilities.backend, %message, holds = batch.len(), "renewal failed; holds are suspect");
-                for (id, _, _) in &batch {
-                    if let Some(entry) = table.holds.get_mut(id) {
+                for due in &batch {
+                    count(due, Renewal::Failed);
+                    if let Some(entry) = table.holds.get_mut(&due.id) {
                         entry.renewal_failed(suspended);
                     }
                 }
@@ -362,6 +403,16 @@ async fn session_change(
         },
         None => std::future::pending().await,
     }
+}
+
+/// A hold in a watchdog renewal: what the backend call needs, and what its metrics do.
+struct DueHold<H> {
+    id: u64,
+    hold: Arc<H>,
+    ttl: Duration,
+    info: Arc<HoldInfo>,
+    /// When the renewal was planned ([`Entry::renew_due`]).
+    planned: Instant,
 }
 
 /// An extension of one hold, marked in flight until dropped.

@@ -105,8 +105,10 @@ pub(super) enum Attention {
 }
 
 /// When a hold ends on the server by itself.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub(super) struct HoldEnd {
+    /// The hold it is about.
+    pub(super) info: Arc<HoldInfo>,
     pub(super) session: u64,
     /// The end of its last lease on the server, with the drift margin on both sides.
     pub(super) lease_end: Instant,
@@ -126,6 +128,7 @@ impl<H> Entry<H> {
 impl HoldEnd {
     pub(super) fn of<H>(entry: &Entry<H>) -> Self {
         HoldEnd {
+            info: Arc::clone(&entry.info),
             session: entry.session,
             lease_end: entry.info.valid_until.load() + drift_margin(entry.ttl) * 2,
             ttl: entry.ttl,

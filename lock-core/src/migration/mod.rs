@@ -140,6 +140,7 @@ fn agreed_options(old: &LockOptions, new: &LockOptions) -> Result<LockOptions> {
             old.request_timeout != new.request_timeout,
         ),
         ("recheck", old.recheck != new.recheck),
+        ("metrics_names", old.metrics_names != new.metrics_names),
     ];
     match differs.iter().find(|(_, differs)| *differs) {
         Some((option, _)) => Err(Error::config(format!(

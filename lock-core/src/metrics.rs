@@ -1,0 +1,448 @@
+//! The metrics every lock client records through the [`metrics`](https://docs.rs/metrics)
+//! facade: their names, kinds, labels and meaning ([`METRICS`], the one list
+//! `docs/metrics.md` shows).
+//!
+//! The shared lease machinery records them, so every backend (the dual lock included)
+//! reports the same series, labelled with its [`Capabilities::backend`](crate::Capabilities).
+//! Install the recorder of your exporter (Prometheus, StatsD, OpenTelemetry, …) **before**
+//! connecting: a client takes its metric handles when it is made. Without a recorder
+//! nothing is recorded and each handle is a no-op. Call [`describe_metrics`] once after
+//! installing the recorder to give the exporter each metric's unit and help text.
+//!
+//! Lock names are not labels unless asked for with
+//! [`LockOptions::metrics_names`](crate::LockOptions::metrics_names): every lock name
+//! then makes series of its own.
+
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::metrics::{Counter, Gauge, Histogram, Label, Unit};
+use tokio::time::Instant;
+
+use crate::backend::RenewOutcome;
+use crate::error::{Error, ErrorKind};
+use crate::guard::{LockGuard, LostReason};
+use crate::name::LockName;
+
+/// Acquire calls.
+pub const ACQUIRE_ATTEMPTS: &str = "distlock_acquire_attempts_total";
+/// Acquire calls that returned a guard.
+pub const ACQUIRE_GRANTS: &str = "distlock_acquire_grants_total";
+/// Tries that found the lock held.
+pub const ACQUIRE_NOT_ACQUIRED: &str = "distlock_acquire_not_acquired_total";
+/// Waits that ran out of time.
+pub const ACQUIRE_TIMEOUTS: &str = "distlock_acquire_timeouts_total";
+/// Acquire calls that failed otherwise, by error kind.
+pub const ACQUIRE_ERRORS: &str = "distlock_acquire_errors_total";
+/// Time from an acquire call to its grant.
+pub const ACQUIRE_WAIT: &str = "distlock_acquire_wait_seconds";
+/// Time from a grant to the hold's release or loss.
+pub const HOLD_DURATION: &str = "distlock_hold_duration_seconds";
+/// Renewals of one hold, by outcome.
+pub const RENEWALS: &str = "distlock_renewals_total";
+/// Duration of one renewal call to the backend.
+pub const RENEWAL_LATENCY: &str = "distlock_renewal_latency_seconds";
+/// How late a renewal was sent against its plan.
+pub const RENEWAL_LAG: &str = "distlock_renewal_lag_seconds";
+/// Holds lost, by reason.
+pub const LOSSES: &str = "distlock_losses_total";
+/// Holds currently held.
+pub const HELD: &str = "distlock_held_locks";
+/// Acquires currently waiting.
+pub const WAITERS: &str = "distlock_waiters";
+
+/// Label: the backend (`memory`, `redis`, `zookeeper`, `etcd`, `dual`, …).
+pub const BACKEND: &str = "backend";
+/// Label: the lock name, only with [`LockOptions::metrics_names`](crate::LockOptions).
+pub const LOCK: &str = "lock";
+/// Label: an [`ErrorKind::label`].
+pub const KIND: &str = "kind";
+/// Label: a renewal's outcome (`renewed`, `lost`, `failed`).
+pub const OUTCOME: &str = "outcome";
+/// Label: a [`LostReason::label`].
+pub const REASON: &str = "reason";
+/// Label: the side of a dual lock a loss happened on ([`Side::label`](crate::Side::label)).
+pub const SIDE: &str = "side";
+
+/// The kind of a metric.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MetricKind {
+    /// Only goes up.
+    Counter,
+    /// Goes up and down.
+    Gauge,
+    /// A distribution of observations.
+    Histogram,
+}
+
+impl MetricKind {
+    /// `counter`, `gauge` or `histogram`.
+    pub fn label(self) -> &'static str {
+        match self {
+            MetricKind::Counter => "counter",
+            MetricKind::Gauge => "gauge",
+            MetricKind::Histogram => "histogram",
+        }
+    }
+}
+
+/// A metric a lock client records.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    /// Its name.
+    pub name: &'static str,
+    /// Its kind.
+    pub kind: MetricKind,
+    /// The labels it may carry ([`LOCK`] only with the opt-in, [`SIDE`] only on dual locks).
+    pub labels: &'static [&'static str],
+    /// What it measures.
+    pub help: &'static str,
+}
+
+/// Every metric a lock client records.
+pub const METRICS: &[Metric] = &[
+    Metric {
+        name: ACQUIRE_ATTEMPTS,
+        kind: MetricKind::Counter,
+        labels: &[BACKEND, LOCK],
+        help: "Acquire calls (each ends in a grant, a not-acquired try, a timeout, an error, \
+               or is cancelled).",
+    },
+    Metric {
+        name: ACQUIRE_GRANTS,
+        kind: MetricKind::Counter,
+        labels: &[BACKEND, LOCK],
+        help: "Acquire calls that returned a guard (reentrant ones included).",
+    },
+    Metric {
+        name: ACQUIRE_NOT_ACQUIRED,
+        kind: MetricKind::Counter,
+        labels: &[BACKEND, LOCK],
+        help: "Tries (no wait) that found the lock held by another owner.",
+    },
+    Metric {
+        name: ACQUIRE_TIMEOUTS,
+        kind: MetricKind::Counter,
+        labels: &[BACKEND, LOCK],
+        help: "Waiting acquires whose timeout ran out.",
+    },
+    Metric {
+        name: ACQUIRE_ERRORS,
+        kind: MetricKind::Counter,
+        labels: &[BACKEND, LOCK, KIND],
+        help: "Acquire calls that failed with an error other than a timeout, by error kind.",
+    },
+    Metric {
+        name: ACQUIRE_WAIT,
+        kind: MetricKind::Histogram,
+        labels: &[BACKEND, LOCK],
+        help: "Seconds from an acquire call to its grant.",
+    },
+    Metric {
+        name: HOLD_DURATION,
+        kind: MetricKind::Histogram,
+        labels: &[BACKEND, LOCK],
+        help: "Seconds from a grant to the hold's release or loss.",
+    },
+    Metric {
+        name: RENEWALS,
+        kind: MetricKind::Counter,
+        labels: &[BACKEND, LOCK, OUTCOME],
+        help: "Renewals of one hold (watchdog and explicit extensions), by outcome: renewed, \
+               lost, failed (no answer, an error or an undecided outcome).",
+    },
+    Metric {
+        name: RENEWAL_LATENCY,
+        kind: MetricKind::Histogram,
+        labels: &[BACKEND],
+        help: "Seconds one renewal call to the backend took (a watchdog batch or an extension).",
+    },
+    Metric {
+        name: RENEWAL_LAG,
+        kind: MetricKind::Histogram,
+        labels: &[BACKEND, LOCK],
+        help: "Seconds a watchdog renewal was sent after it was planned (0 when on time): \
+               the early warning of a lost lock.",
+    },
+    Metric {
+        name: LOSSES,
+        kind: MetricKind::Counter,
+        labels: &[BACKEND, LOCK, REASON, SIDE],
+        help: "Holds lost (not released by their guard), by reason; `side` on dual locks.",
+    },
+    Metric {
+        name: HELD,
+        kind: MetricKind::Gauge,
+        labels: &[BACKEND, LOCK],
+        help: "Holds currently held or suspect (reentrant guards of one hold count once).",
+    },
+    Metric {
+        name: WAITERS,
+        kind: MetricKind::Gauge,
+        labels: &[BACKEND, LOCK],
+        help: "Acquires currently waiting for a lock (tries not included).",
+    },
+];
+
+/// Histogram buckets (seconds) suited to every histogram of [`METRICS`], from half a
+/// millisecond (an uncontended grant) to an hour (a long hold), for exporters that need
+/// them (Prometheus renders histograms without buckets as summaries).
+pub const BUCKETS_SECONDS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0, 900.0, 3600.0,
+];
+
+/// Gives the installed recorder the unit and help text of every metric of [`METRICS`].
+/// Call it once, after installing the recorder.
+pub fn describe_metrics() {
+    for metric in METRICS {
+        match metric.kind {
+            MetricKind::Counter => {
+                ::metrics::describe_counter!(metric.name, Unit::Count, metric.help)
+            }
+            MetricKind::Gauge => ::metrics::describe_gauge!(metric.name, Unit::Count, metric.help),
+            MetricKind::Histogram => {
+                ::metrics::describe_histogram!(metric.name, Unit::Seconds, metric.help)
+            }
+        }
+    }
+}
+
+/// The outcome of one hold's renewal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Renewal {
+    Renewed,
+    Lost,
+    Failed,
+}
+
+impl Renewal {
+    /// The outcome of a renewal the backend answered with `outcome`.
+    pub(crate) fn of(outcome: &RenewOutcome) -> Self {
+        match outcome {
+            RenewOutcome::Renewed { .. } => Renewal::Renewed,
+            RenewOutcome::Lost(_) => Renewal::Lost,
+            RenewOutcome::Undecided => Renewal::Failed,
+        }
+    }
+}
+
+/// The metric handles of one client, or of one lock name of it when names are labels.
+#[derive(Debug)]
+pub(crate) struct Series {
+    labels: Vec<Label>,
+    attempts: Counter,
+    grants: Counter,
+    not_acquired: Counter,
+    timeouts: Counter,
+    wait: Histogram,
+    hold: Histogram,
+    held: Gauge,
+    waiters: Gauge,
+    renewed: Counter,
+    renewal_lost: Counter,
+    renewal_failed: Counter,
+    lag: Histogram,
+}
+
+impl Series {
+    /// The handles of `backend`, and of `lock` if given.
+    pub(crate) fn new(backend: &'static str, lock: Option<&LockName>) -> Self {
+        let mut labels = vec![Label::from_static_parts(BACKEND, backend)];
+        if let Some(lock) = lock {
+            labels.push(Label::new(LOCK, lock.as_str().to_owned()));
+        }
+        let with = |key, value| extended(&labels, [(key, value)]);
+        Series {
+            attempts: ::metrics::counter!(ACQUIRE_ATTEMPTS, labels.iter()),
+            grants: ::metrics::counter!(ACQUIRE_GRANTS, labels.iter()),
+            not_acquired: ::metrics::counter!(ACQUIRE_NOT_ACQUIRED, labels.iter()),
+            timeouts: ::metrics::counter!(ACQUIRE_TIMEOUTS, labels.iter()),
+            wait: ::metrics::histogram!(ACQUIRE_WAIT, labels.iter()),
+            hold: ::metrics::histogram!(HOLD_DURATION, labels.iter()),
+            held: ::metrics::gauge!(HELD, labels.iter()),
+            waiters: ::metrics::gauge!(WAITERS, labels.iter()),
+            renewed: ::metrics::counter!(RENEWALS, with(OUTCOME, "renewed")),
+            renewal_lost: ::metrics::counter!(RENEWALS, with(OUTCOME, "lost")),
+            renewal_failed: ::metrics::counter!(RENEWALS, with(OUTCOME, "failed")),
+            lag: ::metrics::histogram!(RENEWAL_LAG, labels.iter()),
+            labels,
+        }
+    }
+
+    /// Counts an acquire call.
+    pub(crate) fn attempt(&self) {
+        self.attempts.increment(1);
+    }
+
+    /// Counts the end of an acquire call started at `started`.
+    pub(crate) fn acquired(&self, result: &Result<Option<LockGuard>, Error>, started: Instant) {
+        match result {
+            Ok(Some(_)) => {
+                self.grants.increment(1);
+                self.wait.record(started.elapsed());
+            }
+            Ok(None) => self.not_acquired.increment(1),
+            Err(err) if err.kind() == ErrorKind::Timeout => self.timeouts.increment(1),
+            Err(err) => {
+                let labels = extended(&self.labels, [(KIND, err.kind().label())]);
+                ::metrics::counter!(ACQUIRE_ERRORS, labels).increment(1);
+            }
+        }
+    }
+
+    /// Marks an acquire as waiting until the returned guard is dropped.
+    pub(crate) fn waiting(&self) -> Waiting<'_> {
+        self.waiters.increment(1.0);
+        Waiting(&self.waiters)
+    }
+
+    /// Counts one hold's renewal, sent `lag` after it was planned (watchdog renewals).
+    pub(crate) fn renewal(&self, outcome: Renewal, lag: Option<Duration>) {
+        match outcome {
+            Renewal::Renewed => self.renewed.increment(1),
+            Renewal::Lost => self.renewal_lost.increment(1),
+            Renewal::Failed => self.renewal_failed.increment(1),
+        }
+        if let Some(lag) = lag {
+            self.lag.record(lag);
+        }
+    }
+
+    /// Counts a loss, unless `reason` is [`LostReason::Released`]: a release by the
+    /// hold's own guard is no loss.
+    pub(crate) fn lost(&self, reason: LostReason) {
+        if reason == LostReason::Released {
+            return;
+        }
+        let side = reason.side().map(|side| (SIDE, side.label()));
+        let labels = extended(
+            &self.labels,
+            [(REASON, reason.label())].into_iter().chain(side),
+        );
+        ::metrics::counter!(LOSSES, labels).increment(1);
+    }
+}
+
+/// `labels` and `more`.
+fn extended(
+    labels: &[Label],
+    more: impl IntoIterator<Item = (&'static str, &'static str)>,
+) -> Vec<Label> {
+    let more = more
+        .into_iter()
+        .map(|(key, value)| Label::from_static_parts(key, value));
+    labels.iter().cloned().chain(more).collect()
+}
+
+/// The metric handles of one client.
+#[derive(Debug)]
+pub(crate) struct ClientMetrics {
+    backend: &'static str,
+    series: Arc<Series>,
+    latency: Histogram,
+    names: bool,
+}
+
+impl ClientMetrics {
+    /// The handles of a client of `backend`; with `names`, every lock name gets series of
+    /// its own.
+    pub(crate) fn new(backend: &'static str, names: bool) -> Self {
+        ClientMetrics {
+            backend,
+            series: Arc::new(Series::new(backend, None)),
+            latency: ::metrics::histogram!(RENEWAL_LATENCY, BACKEND => backend),
+            names,
+        }
+    }
+
+    /// The series of lock `name`: the client's own unless names are labels.
+    pub(crate) fn series(&self, name: &LockName) -> Arc<Series> {
+        if self.names {
+            Arc::new(Series::new(self.backend, Some(name)))
+        } else {
+            Arc::clone(&self.series)
+        }
+    }
+
+    /// Records the duration of one renewal call.
+    pub(crate) fn renewal_call(&self, took: Duration) {
+        self.latency.record(took);
+    }
+}
+
+/// An acquire counted in [`WAITERS`] until dropped (also when the acquire is cancelled).
+#[derive(Debug)]
+pub(crate) struct Waiting<'a>(&'a Gauge);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.decrement(1.0);
+    }
+}
+
+/// What the metrics know of one hold: counted in [`HELD`] from [`HoldMetrics::start`] to
+/// the first [`HoldMetrics::end`], exactly once whatever path ends it.
+#[derive(Debug)]
+pub(crate) struct HoldMetrics {
+    series: Arc<Series>,
+    granted: Instant,
+    /// [`PHASE_NEW`], [`PHASE_HELD`] or [`PHASE_ENDED`].
+    phase: AtomicU8,
+}
+
+/// Not counted yet (or never: its lease ran out before the grant arrived).
+const PHASE_NEW: u8 = 0;
+/// Counted in [`HELD`].
+const PHASE_HELD: u8 = 1;
+/// Counted, then ended.
+const PHASE_ENDED: u8 = 2;
+
+impl HoldMetrics {
+    /// A hold granted at `granted`, not counted yet.
+    pub(crate) fn new(series: Arc<Series>, granted: Instant) -> Self {
+        HoldMetrics {
+            series,
+            granted,
+            phase: AtomicU8::new(PHASE_NEW),
+        }
+    }
+
+    /// The series of the hold.
+    pub(crate) fn series(&self) -> &Series {
+        &self.series
+    }
+
+    fn advance(&self, from: u8, to: u8) -> bool {
+        self.phase
+            .compare_exchange(from, to, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// Counts the hold as held.
+    pub(crate) fn start(&self) {
+        if self.advance(PHASE_NEW, PHASE_HELD) {
+            self.series.held.increment(1.0);
+        }
+    }
+
+    /// Ends the hold for `reason`: no longer held, its duration recorded, and a loss
+    /// counted unless its guard released it. Only the first call after
+    /// [`HoldMetrics::start`] counts.
+    pub(crate) fn end(&self, reason: LostReason) {
+        if self.advance(PHASE_HELD, PHASE_ENDED) {
+            self.series.held.decrement(1.0);
+            self.series.hold.record(self.granted.elapsed());
+            self.series.lost(reason);
+        }
+    }
+
+    /// Counts a loss that the release of the hold found (gone on the server while it
+    /// counted as held), if the hold was ever counted.
+    pub(crate) fn found_lost(&self, reason: LostReason) {
+        if self.phase.load(Ordering::Acquire) == PHASE_ENDED {
+            self.series.lost(reason);
+        }
+    }
+}
