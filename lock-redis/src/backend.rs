@@ -13,7 +13,8 @@ use lock_core::raw::{
     RenewItem, RenewOutcome,
 };
 use lock_core::{
-    Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, Occupancy, Result,
+    Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, Occupancy,
+    Participant, Result,
 };
 use rand::Rng;
 use redis::Script;
@@ -32,8 +33,8 @@ const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
 const MIN_TTL_REDLOCK: Duration = Duration::from_millis(100);
 
 /// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`). Shared helpers are
-/// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts and
-/// the inspection.
+/// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts, the
+/// inspection and the force release, `broken.lua` to renewal and release.
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
@@ -42,6 +43,7 @@ pub(crate) struct Scripts {
     pub(crate) renew: Script,
     pub(crate) fence_write: Script,
     pub(crate) inspect: Script,
+    pub(crate) force_release: Script,
 }
 
 impl Scripts {
@@ -51,7 +53,10 @@ impl Scripts {
                 include_str!("scripts/tokens.lua"),
                 include_str!("scripts/acquire.lua")
             )),
-            release: Script::new(include_str!("scripts/release.lua")),
+            release: Script::new(concat!(
+                include_str!("scripts/broken.lua"),
+                include_str!("scripts/release.lua")
+            )),
             acquire_q: Script::new(concat!(
                 include_str!("scripts/tokens.lua"),
                 include_str!("scripts/queue.lua"),
@@ -59,13 +64,21 @@ impl Scripts {
             )),
             release_q: Script::new(concat!(
                 include_str!("scripts/queue.lua"),
+                include_str!("scripts/broken.lua"),
                 include_str!("scripts/release_q.lua")
             )),
-            renew: Script::new(include_str!("scripts/renew.lua")),
+            renew: Script::new(concat!(
+                include_str!("scripts/broken.lua"),
+                include_str!("scripts/renew.lua")
+            )),
             fence_write: Script::new(include_str!("scripts/fence_write.lua")),
             inspect: Script::new(concat!(
                 include_str!("scripts/queue.lua"),
                 include_str!("scripts/inspect.lua")
+            )),
+            force_release: Script::new(concat!(
+                include_str!("scripts/queue.lua"),
+                include_str!("scripts/break.lua")
             )),
         }
     }
@@ -268,6 +281,7 @@ impl RedisBackend {
             name: request.name.clone(),
             keys: Arc::new(HoldKeys {
                 fence_key: keys.side_key(&key, layout::FENCE),
+                broken: keys.side_key(&key, layout::BROKEN),
                 key,
                 wake,
             }),
@@ -507,6 +521,30 @@ impl Backend for RedisBackend {
     /// When fewer than a majority of servers answered.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         self.inner.inspect(name).await
+    }
+
+    /// `SCAN` over the lock keys under the escaped prefix on every server (RedLock: the
+    /// names held on a majority of them).
+    ///
+    /// # Errors
+    /// When fewer than a majority of servers answered.
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        self.inner.list(prefix).await
+    }
+
+    /// One script call per server (RedLock: every server, a majority must answer):
+    /// deletes the lock key whoever holds it (a plain `SET NX` holder too), remembers the
+    /// owner token in the name's break mark (see [`KeyLayout`]) and wakes the next waiter
+    /// as a release does. The holder returned shows its owner token and lease left.
+    /// A removed holder of this crate finds the mark at its next renewal or release and
+    /// reports [`LostReason::Broken`](lock_core::LostReason::Broken) (RedLock: when any
+    /// server that answered says so and the hold is lost).
+    ///
+    /// # Errors
+    /// When fewer than a majority of servers answered; the hold may then be removed from
+    /// some of them.
+    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+        self.inner.force_release(name).await
     }
 }
 

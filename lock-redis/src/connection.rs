@@ -5,6 +5,7 @@
 mod wakeups;
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -203,23 +204,52 @@ impl Node {
         self.no_answer(what, limit.max(Duration::from_millis(1)))
     }
 
-    /// Runs a script (EVALSHA, loading it on `NOSCRIPT`) with a deadline.
-    ///
-    /// A connection that turns out broken (the server restarted, the network reset it)
-    /// is replaced and the script is sent once more on the new one, within the same
-    /// deadline. Every script of this crate may safely run twice: acquire recognizes
-    /// its own token, renew and release compare it.
+    /// Runs a script (EVALSHA, loading it on `NOSCRIPT`) with a deadline, as
+    /// [`Node::call`] does. Every script of this crate may safely run twice: acquire
+    /// recognizes its own token, renew and release compare it, a second force release
+    /// finds the key free or its new holder's (an operator who breaks a name accepts
+    /// that).
     pub(crate) async fn script<T: FromRedisValue>(
         &self,
         what: &str,
         deadline: Instant,
         invocation: &ScriptInvocation<'_>,
     ) -> Result<T> {
+        self.call(what, deadline, |mut conn| async move {
+            invocation.invoke_async::<T>(&mut conn).await
+        })
+        .await
+    }
+
+    /// Runs a command that may safely run twice (a read) with a deadline, as
+    /// [`Node::call`] does.
+    pub(crate) async fn command<T: FromRedisValue>(
+        &self,
+        what: &str,
+        deadline: Instant,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        self.call(what, deadline, |mut conn| async move {
+            cmd.query_async::<T>(&mut conn).await
+        })
+        .await
+    }
+
+    /// Sends a request (`send` on a connection) with a deadline.
+    ///
+    /// A connection that turns out broken (the server restarted, the network reset it)
+    /// is replaced and the request is sent once more on the new one, within the same
+    /// deadline.
+    async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, send: F) -> Result<T>
+    where
+        F: Fn(MultiplexedConnection) -> Fut,
+        Fut: Future<Output = redis::RedisResult<T>>,
+    {
         let started = Instant::now();
         let mut retried = false;
         loop {
-            let (generation, mut conn) = self.connection(deadline).await?;
-            match timeout_at(deadline, invocation.invoke_async::<T>(&mut conn)).await {
+            let (generation, conn) = self.connection(deadline).await?;
+            match timeout_at(deadline, send(conn)).await {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(err)) => {
                     if error::breaks_connection(&err) {

@@ -1,7 +1,9 @@
 //! Holds and the server-side hold protocol: batched renewal (one script call per server
 //! renews every hold of the client, compare-and-PEXPIRE per key), release
 //! (compare-and-DEL plus a wake-up of the head of the queue, or a publish to the name's
-//! channel without the queue) and how a majority of answers decides each.
+//! channel without the queue) and how a majority of answers decides each. Both read the
+//! break mark of a key that is no longer theirs, to tell a force release (`Broken`) from
+//! a key taken or gone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -32,6 +34,8 @@ pub struct RedisHold {
 pub(crate) struct HoldKeys {
     pub(crate) key: String,
     pub(crate) fence_key: String,
+    /// The break mark (see [`KeyLayout`](crate::KeyLayout)).
+    pub(crate) broken: String,
     pub(crate) wake: WakeKeys,
 }
 
@@ -87,6 +91,31 @@ impl RedisHold {
     }
 }
 
+/// What the renewal and release scripts say of one hold on one server.
+pub(crate) mod status {
+    /// Renewed or released.
+    pub(crate) const DONE: i64 = 1;
+    /// Held by another owner.
+    pub(crate) const TAKEN: i64 = -1;
+    /// Removed by a force release (the break mark lists the owner token).
+    pub(crate) const BROKEN: i64 = -2;
+}
+
+/// Why a hold is lost, from the statuses of the servers that answered: broken where any
+/// says so (an operator removed it there, the rest follows from that), else taken where
+/// any says so, else gone.
+fn lost_reason(statuses: impl Iterator<Item = i64>) -> LostReason {
+    let mut reason = LostReason::Vanished;
+    for status in statuses {
+        match status {
+            status::BROKEN => return LostReason::Broken,
+            status::TAKEN => reason = LostReason::Taken,
+            _ => {}
+        }
+    }
+    reason
+}
+
 /// TTL in whole milliseconds (at least 1), as Redis takes it.
 pub(crate) fn ttl_millis(ttl: Duration) -> u64 {
     u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1)
@@ -135,6 +164,7 @@ impl Inner {
                 for item in chunk {
                     invocation
                         .key(&item.hold.keys.key)
+                        .key(&item.hold.keys.broken)
                         .arg(item.hold.token.as_str())
                         .arg(ttl_millis(item.ttl));
                 }
@@ -165,8 +195,7 @@ impl Inner {
         let silent = n - answers.len();
         let mut outcomes = Vec::with_capacity(items.len());
         for (i, item) in items.iter().enumerate() {
-            let renewed = answers.iter().filter(|(_, a)| a[i] == 1).count();
-            let taken = answers.iter().filter(|(_, a)| a[i] < 0).count();
+            let renewed = answers.iter().filter(|(_, a)| a[i] == status::DONE).count();
             if renewed >= self.quorum {
                 outcomes.push(RenewOutcome::Renewed {
                     lease: Duration::from_millis(ttl_millis(item.ttl)),
@@ -175,17 +204,16 @@ impl Inner {
                 // The servers that did not answer may still hold it: this hold alone is
                 // undecided (Suspect, retried soon).
                 outcomes.push(RenewOutcome::Undecided);
-            } else if taken > 0 {
-                outcomes.push(RenewOutcome::Lost(LostReason::Taken));
             } else {
-                outcomes.push(RenewOutcome::Lost(LostReason::Vanished));
+                let reason = lost_reason(answers.iter().map(|(_, a)| a[i]));
+                outcomes.push(RenewOutcome::Lost(reason));
             }
         }
         Ok(outcomes)
     }
 
     /// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held
-    /// by another owner. With `leave`, a queued waiter of the acquisition is also taken
+    /// by another owner, -2 broken. With `leave`, a queued waiter of the acquisition is also taken
     /// out of the queue. With `only`, just the servers it marks (the others are left out
     /// of the result).
     pub(crate) async fn release_each(
@@ -205,6 +233,7 @@ impl Inner {
             let mut invocation = self.scripts.release.prepare_invoke();
             invocation
                 .key(&hold.keys.key)
+                .key(&hold.keys.broken)
                 .arg(hold.token.as_str())
                 .arg(channel);
             invocation
@@ -231,34 +260,22 @@ impl Inner {
         leave: bool,
         deadline: Instant,
     ) -> Result<BackendRelease> {
-        let mut released = 0;
-        let mut taken = 0;
-        let mut answered = 0;
+        let mut statuses = Vec::with_capacity(self.nodes.len());
         let mut first_error = None;
         for reply in self.release_each(hold, leave, None, deadline).await {
             match reply {
-                Ok(status) => {
-                    answered += 1;
-                    match status {
-                        1 => released += 1,
-                        0 => {}
-                        _ => taken += 1,
-                    }
-                }
+                Ok(status) => statuses.push(status),
                 Err(err) => {
                     first_error.get_or_insert(err);
                 }
             }
         }
-        let reason = if taken > 0 {
-            LostReason::Taken
-        } else {
-            LostReason::Vanished
-        };
+        let released = statuses.iter().filter(|s| **s == status::DONE).count();
+        let answered = statuses.len();
         if released >= self.quorum {
             Ok(BackendRelease::Released)
         } else if answered >= self.quorum {
-            Ok(BackendRelease::NotOwner(reason))
+            Ok(BackendRelease::NotOwner(lost_reason(statuses.into_iter())))
         } else if self.nodes.len() == 1 {
             Err(first_error.unwrap_or_else(|| error::protocol(self.backend, "no reply".into())))
         } else {

@@ -1,15 +1,22 @@
-//! Inspection: who holds and who waits for a name as the servers show it
-//! (`inspect.lua`, one call per server, changing nothing), for the dual lock's advance
-//! check.
+//! What an operator asks: who holds and who waits for a name as the servers show it
+//! (`inspect.lua`, one call per server, changing nothing; also the dual lock's advance
+//! check), which names are held (`SCAN` over the lock keys), and breaking a hold
+//! (`break.lua`, one call per server).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use futures::future::join_all;
 use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
 
 use crate::backend::Inner;
+use crate::connection::Node;
 use crate::error;
+use crate::hold::ttl_millis;
+use crate::layout::{self, BROKEN_KEPT, BROKEN_STAY};
+
+/// Keys a `SCAN` call looks at (and the most lock keys one reply carries).
+const SCAN_COUNT: u32 = 1000;
 
 /// What one server shows of a name: the lock key's value and PTTL, the fencing counter,
 /// the live waiter ids in ticket order.
@@ -23,11 +30,7 @@ impl Inner {
     /// When fewer than a majority of servers answered (the one server, on `redis://`).
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         let mut invocation = self.scripts.inspect.prepare_invoke();
-        invocation
-            .key(self.keys.lock_key(name))
-            .key(self.keys.fence_key(name))
-            .key(self.keys.queue_key(name))
-            .key(self.keys.queue_live_key(name));
+        self.queue_keys(&mut invocation, name);
         let deadline = self.request_deadline();
         let replies = join_all(
             self.nodes
@@ -38,6 +41,111 @@ impl Inner {
         let what = format_args!("the inspection of `{name}`");
         let views = error::majority(self.backend, self.quorum, replies, what)?;
         Ok(merge(&views, self.arbiter, self.quorum))
+    }
+
+    /// Adds the keys of `queue.lua` for `name` (lock, fencing counter, queue, liveness)
+    /// to `invocation`, and returns the lock key.
+    fn queue_keys(&self, invocation: &mut redis::ScriptInvocation<'_>, name: &LockName) -> String {
+        let key = self.keys.lock_key(name);
+        invocation.key(&key);
+        for suffix in [layout::FENCE, layout::QUEUE, layout::QUEUE_LIVE] {
+            invocation.key(self.keys.side_key(&key, suffix));
+        }
+        key
+    }
+
+    /// The names that start with `prefix` whose lock key holds a value on a majority of
+    /// the servers (the one server, on `redis://`), sorted. Each server is walked with
+    /// `SCAN` (string keys matching the escaped prefix, [`SCAN_COUNT`] at a time, each
+    /// call within `request_timeout`; Redis 6 or later), never `KEYS`; side keys and keys
+    /// that are no lock key of this prefix are left out.
+    ///
+    /// # Errors
+    /// When fewer than a majority of servers answered.
+    pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        let pattern = self.keys.match_pattern(prefix);
+        let replies = join_all(
+            self.nodes
+                .iter()
+                .map(|node| self.held_on(node, &pattern, prefix)),
+        )
+        .await;
+        let what = format_args!("the listing of `{prefix}`");
+        let listings = error::majority(self.backend, self.quorum, replies, what)?;
+        let mut servers: HashMap<LockName, usize> = HashMap::new();
+        for name in listings.into_iter().flat_map(|(_, names)| names) {
+            *servers.entry(name).or_default() += 1;
+        }
+        let mut names: Vec<LockName> = servers
+            .into_iter()
+            .filter(|(_, on)| *on >= self.quorum)
+            .map(|(name, _)| name)
+            .collect();
+        names.sort();
+        Ok(names)
+    }
+
+    /// The names that start with `prefix` held on `node`, found with `SCAN MATCH
+    /// pattern`. The walk ends when the cursor comes back to 0, as `SCAN` guarantees
+    /// after a full pass; the caller bounds it in time.
+    async fn held_on(&self, node: &Node, pattern: &str, prefix: &str) -> Result<HashSet<LockName>> {
+        let mut names = HashSet::new();
+        let mut cursor = 0u64;
+        loop {
+            let mut scan = redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(pattern)
+                .arg("COUNT")
+                .arg(SCAN_COUNT)
+                .arg("TYPE")
+                .arg("string");
+            let (next, keys): (u64, Vec<Vec<u8>>) =
+                node.command("list", self.request_deadline(), &scan).await?;
+            names.extend(
+                keys.iter()
+                    .filter_map(|key| self.keys.name_of(std::str::from_utf8(key).ok()?))
+                    .filter(|name| name.as_str().starts_with(prefix)),
+            );
+            if next == 0 {
+                return Ok(names);
+            }
+            cursor = next;
+        }
+    }
+
+    /// Breaks `name` on every server (`break.lua`): deletes its lock key whoever holds
+    /// it, adds the owner token removed to the break mark (kept at least [`BROKEN_STAY`]
+    /// or three TTLs) and wakes the waiters as a release does. Returns the holder removed
+    /// as [`merge`] shows a holder (RedLock: the value removed from the most servers),
+    /// `None` when the key was free everywhere.
+    ///
+    /// # Errors
+    /// When fewer than a majority of servers answered (the hold may be removed from
+    /// some).
+    pub(crate) async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+        let mut invocation = self.scripts.force_release.prepare_invoke();
+        let key = self.queue_keys(&mut invocation, name);
+        let stay = BROKEN_STAY.max(self.config.options.ttl.saturating_mul(3));
+        invocation
+            .key(self.keys.side_key(&key, layout::BROKEN))
+            .arg(ttl_millis(stay))
+            .arg(BROKEN_KEPT)
+            .arg(&self.channel_prefix)
+            .arg(ttl_millis(self.queue_times.window))
+            .arg(self.keys.side_key(&key, layout::RELEASED));
+        let deadline = self.request_deadline();
+        let replies = join_all(self.nodes.iter().map(|node| {
+            node.script::<(Option<String>, i64)>("force release", deadline, &invocation)
+        }))
+        .await;
+        let what = format_args!("the force release of `{name}`");
+        let removed = error::majority(self.backend, self.quorum, replies, what)?;
+        let views: Vec<(usize, View)> = removed
+            .into_iter()
+            .map(|(i, (holder, pttl))| (i, (holder, pttl, None, Vec::new())))
+            .collect();
+        Ok(merge(&views, self.arbiter, self.quorum).holder)
     }
 }
 

@@ -1,7 +1,12 @@
 //! Where locks live on the server: how lock names map onto Redis keys and channels.
 
-use lock_core::raw::escape;
+use std::time::Duration;
+
+use lock_core::raw::{escape, unescape};
 use lock_core::LockName;
+
+/// What a lock key escapes in the name (besides `%`): the hash tag braces.
+const RESERVED: &[char] = &['{', '}'];
 
 /// Suffix of the fencing counter beside a lock key.
 pub(crate) const FENCE: &str = "fence";
@@ -11,6 +16,12 @@ pub(crate) const QUEUE: &str = "q";
 pub(crate) const QUEUE_LIVE: &str = "qlive";
 /// Suffix of the wake-up channel of a name (without the queue).
 pub(crate) const RELEASED: &str = "released";
+/// Suffix of the break mark: the owner tokens an operator's force release removed.
+pub(crate) const BROKEN: &str = "broken";
+/// How many removed owner tokens a break mark keeps.
+pub(crate) const BROKEN_KEPT: u32 = 8;
+/// How long a break mark stays at least (see [`KeyLayout`]).
+pub(crate) const BROKEN_STAY: Duration = Duration::from_secs(60);
 
 /// How lock names map onto Redis keys.
 ///
@@ -22,12 +33,20 @@ pub(crate) const RELEASED: &str = "released";
 /// - waiter queue: `<prefix>{<lock key>}:q`, a sorted set of waiter ids by arrival
 ///   ticket, and `<prefix>{<lock key>}:qlive`, the same ids by the server time (ms) at
 ///   which each is dropped unless it shows up again;
+/// - break mark: `<prefix>{<lock key>}:broken`, a list of the owner tokens that operators'
+///   force releases removed from the lock key, the last 8, written in the same script
+///   that deletes the key. It expires after a minute, or three times the remaining lease
+///   of the hold it removed when that is longer, counted from the last break (a removed
+///   holder learns of it at its next renewal, a third of its TTL later). Renewal and
+///   release look at it only when the lock key is not theirs, to report the hold broken
+///   rather than taken or gone;
 /// - wake-up channel of a client (queue mode): `<prefix>client:<client id>`, on which a
 ///   release names the queued waiter it wakes;
 /// - wake-up channel of a name (without the queue): `<prefix>{<lock key>}:released`.
 ///
 /// The keys beside the lock key carry the whole lock key as their hash tag, so they share
-/// its hash slot.
+/// its hash slot. A key under the prefix is a lock key exactly when the rest holds no `{`
+/// and is the escape of a name ([`KeyLayout::name_of`]); listing relies on it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyLayout {
     prefix: String,
@@ -43,7 +62,30 @@ impl KeyLayout {
 
     /// The key that holds the owner token of `name`.
     pub fn lock_key(&self, name: &LockName) -> String {
-        format!("{}{}", self.prefix, escape(name.as_str(), &['{', '}']))
+        format!("{}{}", self.prefix, escape(name.as_str(), RESERVED))
+    }
+
+    /// The name whose lock key is `key`; `None` for any other key (a side key, a key
+    /// outside the prefix, or one no name escapes to).
+    pub fn name_of(&self, key: &str) -> Option<LockName> {
+        let escaped = key.strip_prefix(self.prefix.as_str())?;
+        LockName::new(unescape(escaped, |name| escape(name, RESERVED))?).ok()
+    }
+
+    /// The `SCAN MATCH` pattern of the lock keys of names that start with `name_prefix`
+    /// (side keys match too, [`KeyLayout::name_of`] sorts them out): the glob
+    /// metacharacters of the prefix and of the escaped name prefix are escaped.
+    pub(crate) fn match_pattern(&self, name_prefix: &str) -> String {
+        let literal = format!("{}{}", self.prefix, escape(name_prefix, RESERVED));
+        let mut pattern = String::with_capacity(literal.len() + 1);
+        for c in literal.chars() {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+                pattern.push('\\');
+            }
+            pattern.push(c);
+        }
+        pattern.push('*');
+        pattern
     }
 
     /// The fencing counter of `name`.
@@ -60,6 +102,11 @@ impl KeyLayout {
         key.push_str("}:");
         key.push_str(suffix);
         key
+    }
+
+    /// The break mark of `name` (owner tokens removed by force releases).
+    pub fn broken_key(&self, name: &LockName) -> String {
+        self.side_key(&self.lock_key(name), BROKEN)
     }
 
     /// The waiter queue of `name` (ids by arrival ticket).
@@ -103,11 +150,41 @@ mod tests {
             keys.queue_live_key(&name),
             format!("distlock:{{{lock}}}:qlive")
         );
+        assert_eq!(
+            keys.broken_key(&name),
+            format!("distlock:{{{lock}}}:broken")
+        );
         let plain = KeyLayout::new("");
         assert_eq!(plain.lock_key(&LockName::new("jobs").unwrap()), "jobs");
         assert_ne!(
             keys.lock_key(&LockName::new("a{b").unwrap()),
             keys.lock_key(&LockName::new("a%7Bb").unwrap())
         );
+    }
+
+    #[test]
+    fn lock_keys_map_back_to_names_and_side_keys_do_not() {
+        let keys = KeyLayout::new("app:");
+        for name in ["jobs", "{jobs}/50%", "a*b?c[d]e\\f", "日本"] {
+            let name = LockName::new(name).unwrap();
+            assert_eq!(keys.name_of(&keys.lock_key(&name)), Some(name.clone()));
+            for side in [
+                keys.fence_key(&name),
+                keys.queue_key(&name),
+                keys.queue_live_key(&name),
+                keys.broken_key(&name),
+            ] {
+                assert_eq!(keys.name_of(&side), None, "{side}");
+            }
+        }
+        for other in ["other:jobs", "app:a%7", "app:a%7b", "app:"] {
+            assert_eq!(keys.name_of(other), None, "{other}");
+        }
+        assert_eq!(keys.match_pattern(""), "app:*");
+        assert_eq!(
+            keys.match_pattern("a*b?[c]\\{%"),
+            "app:a\\*b\\?\\[c\\]\\\\%7B%25*"
+        );
+        assert_eq!(KeyLayout::new("x[1]:").match_pattern("j"), "x\\[1\\]:j*");
     }
 }

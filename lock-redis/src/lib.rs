@@ -4,7 +4,7 @@
 // `Backend` and `Connect` impls), `hold.rs` (holds, renewal, release), `connection.rs`
 // (connections, wake-up subscriptions), `layout.rs` (key names), `queue.rs` (the waiter
 // queue); and, for Redis alone, `redlock.rs` (the RedLock quorum rounds), `inspect.rs`
-// (who holds and who waits, for the migration check) and `scripts/` (the Lua scripts).
+// (who holds and who waits, which names are held, breaking a hold) and `scripts/` (the Lua scripts).
 
 mod backend;
 mod config;

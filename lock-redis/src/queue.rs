@@ -118,6 +118,7 @@ impl Inner {
     ) -> redis::ScriptInvocation<'_> {
         let mut invocation = queue_invocation(&self.scripts.release_q, hold);
         invocation
+            .key(&hold.keys.broken)
             .arg(if leave { hold.waiter() } else { "" })
             .arg(&self.channel_prefix)
             .arg(ttl_millis(self.queue_times.window));

@@ -1,7 +1,11 @@
 -- Releases a lock if it is still ours and wakes the waiters listening to its channel.
--- KEYS[1]: the lock key; ARGV[1]: owner token; ARGV[2]: the wake-up channel, or "" for no
--- wake-up (the RedLock servers beside the one whose queue orders the waiters)
--- Returns 1 when released, 0 when the key is gone, -1 when another owner holds it.
+-- KEYS[1]: the lock key; KEYS[2]: its break mark
+-- ARGV[1]: owner token; ARGV[2]: the wake-up channel, or "" for no wake-up (the RedLock
+-- servers beside the one whose queue orders the waiters)
+-- Returns 1 when released, 0 when the key is gone, -1 when another owner holds it, -2
+-- when a force release removed it (the break mark is read only for a key that is not
+-- ours).
+-- The helper comes from broken.lua.
 local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('DEL', KEYS[1])
@@ -9,6 +13,8 @@ if holder == ARGV[1] then
     redis.call('PUBLISH', ARGV[2], 'released')
   end
   return 1
+elseif was_broken(KEYS[2], ARGV[1]) then
+  return -2
 elseif holder == false then
   return 0
 end

@@ -1,18 +1,22 @@
 -- Releases a lock if it is still ours, or takes a waiter out of the queue (an acquire
 -- that gave up or was cancelled; also releases a grant it did not learn of), and, when
 -- the key is then free, wakes the head of the queue.
--- KEYS: as in queue.lua (lock, fencing counter, queue, liveness)
+-- KEYS: as in queue.lua (lock, fencing counter, queue, liveness); KEYS[5]: the break mark
 -- ARGV[1]: owner token; ARGV[2]: the id of a waiter to take out of the queue, or ""
 -- ARGV[3]: channel prefix of the clients' wake-up channels
 -- ARGV[4]: how long (ms) a woken head has to take the lock
--- Returns 1 when released, 0 when the key is gone, -1 when another owner holds it.
--- The helpers come from queue.lua.
+-- Returns 1 when released, 0 when the key is gone, -1 when another owner holds it, -2
+-- when a force release removed it (the break mark is read only for a key that is not
+-- ours).
+-- The helpers come from queue.lua and broken.lua.
 
 local holder = redis.call('GET', LOCK)
 local status = -1
 if holder == ARGV[1] then
   redis.call('DEL', LOCK)
   status = 1
+elseif was_broken(KEYS[5], ARGV[1]) then
+  status = -2
 elseif holder == false then
   status = 0
 end
@@ -20,7 +24,7 @@ if ARGV[2] ~= '' then
   leave(ARGV[2])
 end
 -- While nobody queues, nobody is to be woken: the release is a plain compare-and-delete.
-if status >= 0 and redis.call('EXISTS', QUEUE) == 1 then
+if (status == 1 or holder == false) and redis.call('EXISTS', QUEUE) == 1 then
   local now = now_ms()
   evict(now)
   wake_head(ARGV[3], tonumber(ARGV[4]), now)

@@ -1,0 +1,31 @@
+-- Breaks a lock (an operator's force release): removes its hold whoever holds it, keeps
+-- the owner token removed in the break mark, and wakes the waiters as a release does:
+-- the head of the queue, and the listeners of the name's channel (clients without the
+-- queue). A free key changes nothing.
+-- KEYS: as in queue.lua (lock, fencing counter, queue, liveness); KEYS[5]: the break mark
+-- ARGV[1]: how long (ms) the mark stays at least (it stays three times the removed hold's
+-- remaining lease when that is longer); ARGV[2]: how many owner tokens it keeps
+-- ARGV[3]: channel prefix of the clients' wake-up channels
+-- ARGV[4]: how long (ms) a woken head has to take the lock
+-- ARGV[5]: the wake-up channel of the name (without the queue)
+-- Returns {owner token removed, its PTTL (-1: no expiry)}, or {nil, -2} when the key was
+-- free.
+-- The helpers come from queue.lua.
+
+local holder = redis.call('GET', LOCK)
+if holder == false then
+  return {false, -2}
+end
+local pttl = redis.call('PTTL', LOCK)
+redis.call('DEL', LOCK)
+local mark = KEYS[5]
+redis.call('RPUSH', mark, holder)
+redis.call('LTRIM', mark, -tonumber(ARGV[2]), -1)
+redis.call('PEXPIRE', mark, math.max(tonumber(ARGV[1]), 3 * pttl))
+if redis.call('EXISTS', QUEUE) == 1 then
+  local now = now_ms()
+  evict(now)
+  wake_head(ARGV[3], tonumber(ARGV[4]), now)
+end
+redis.call('PUBLISH', ARGV[5], 'released')
+return {holder, pttl}

@@ -1,0 +1,15 @@
+-- Broken holds: the helper the renew and release scripts start with (prepended in Rust).
+-- An operator's force release (break.lua) keeps the owner tokens it removed from a lock
+-- key in a list beside it, the break mark, for a while (see KeyLayout).
+
+-- Whether a force release removed `token` from its lock key: the break mark `mark`
+-- lists it (at most a few entries). Only asked when the lock key is not `token`'s.
+local function was_broken(mark, token)
+  for _, removed in ipairs(redis.pcall('LRANGE', mark, 0, -1)) do
+    if removed == token then
+      return true
+    end
+  end
+  return false
+end
+
