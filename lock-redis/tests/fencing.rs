@@ -183,12 +183,7 @@ async fn redlock_node_shared_by_two_majorities_restored_from_an_older_snapshot()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn counter_deleted_while_the_lock_key_survived() {
     for redlock in [false, true] {
-        let factory = if redlock {
-            RedisFactory::redlock(3).await
-        } else {
-            RedisFactory::single().await
-        };
-        let Some(factory) = factory else {
+        let Some(factory) = RedisFactory::single_or_redlock(redlock).await else {
             return;
         };
         let backend = RedisBackend::open(config_for(&factory.servers.addrs(), redlock, options()))

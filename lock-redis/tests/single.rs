@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{raw, unique_name as name, with_ttl, RedisFactory};
+use common::{command_calls, raw, unique_name as name, with_ttl, RedisFactory};
 use conformance::harness::{or_skip, RedisOptions, RedisServer};
 use lock_core::{DistributedLockExt, LockName, LockState, LostReason, ReleaseOutcome};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, DEFAULT_PREFIX};
@@ -23,19 +23,6 @@ async fn client_of(
     config.options = with_ttl(ttl);
     config.prefix = prefix.to_owned();
     Arc::new(RedisLock::connect(config).await.expect("connect"))
-}
-
-async fn evalsha_calls(conn: &mut MultiplexedConnection) -> u64 {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(conn)
-        .await
-        .expect("INFO");
-    info.lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0)
 }
 
 /// A server restarted without persistence has forgotten the lock: the holder's Lost
@@ -289,10 +276,10 @@ async fn renewal_is_one_call_per_interval_for_all_holds() {
                 .expect("acquire"),
         );
     }
-    let before = evalsha_calls(&mut conn).await;
+    let before = command_calls(&mut conn, "evalsha").await;
     let window = ttl * 3;
     sleep(window).await;
-    let calls = evalsha_calls(&mut conn).await - before;
+    let calls = command_calls(&mut conn, "evalsha").await - before;
     println!("{calls} renewal calls for 200 holds over {window:?} (TTL {ttl:?})");
     // About one call per TTL/3: 9 in the window; a per-hold renewal would need 1,800.
     assert!(calls >= 5, "holds were not renewed: {calls}");

@@ -36,6 +36,22 @@ pub(crate) async fn raw(addr: SocketAddr) -> MultiplexedConnection {
         .expect("raw connection")
 }
 
+/// How often the server behind `conn` ran `command` (calls from scripts included), from
+/// `INFO commandstats`.
+pub(crate) async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(conn)
+        .await
+        .expect("INFO");
+    let needle = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|line| line.strip_prefix(needle.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 /// A lock name of its own for `test` (a fresh UUID in it).
 pub(crate) fn unique_name(test: &str) -> LockName {
     LockName::new(format!(
@@ -87,6 +103,16 @@ impl RedisFactory {
             servers: Deployment::Cluster(nodes),
             proxies: Mutex::new(Vec::new()),
         })
+    }
+
+    /// [`RedisFactory::redlock`] over three servers when `redlock`, else
+    /// [`RedisFactory::single`].
+    pub(crate) async fn single_or_redlock(redlock: bool) -> Option<Self> {
+        if redlock {
+            Self::redlock(3).await
+        } else {
+            Self::single().await
+        }
     }
 
     fn redlock_mode(&self) -> bool {
