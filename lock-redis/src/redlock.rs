@@ -1,6 +1,13 @@
 //! RedLock: the quorum rounds of an acquire over several independent servers (acquire
 //! with a fencing reading, then the fencing write-back), each decided by a majority; and
 //! the check that no server is listed twice (it would cast several votes).
+//!
+//! The other calls go to every server and are decided the same way, in their own files:
+//! renewal and release (`hold.rs`: a hold is kept by a majority, and a lost one is
+//! `Broken` when any server that answered found the break mark, else `Taken` when any
+//! found another owner), inspection, listing and breaking (`inspect.rs`: a majority
+//! must answer; a listed name is held on a majority; a break deletes the key on each
+//! server that answers and holds it, marking each there).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
