@@ -213,9 +213,9 @@ impl Inner {
     }
 
     /// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held
-    /// by another owner, -2 broken. With `leave`, a queued waiter of the acquisition is also taken
-    /// out of the queue. With `only`, just the servers it marks (the others are left out
-    /// of the result).
+    /// by another owner, -2 broken (see [`status`]). With `leave`, a queued waiter of the
+    /// acquisition is also taken out of the queue. With `only`, just the servers it marks
+    /// (the others are left out of the result).
     pub(crate) async fn release_each(
         &self,
         hold: &RedisHold,
