@@ -514,8 +514,9 @@ impl Backend for RedisBackend {
 
     /// One script call per server (within `request_timeout`): the holder is the lock
     /// key's value, the waiters the live entries of the queue, the token floor the
-    /// fencing counter (RedLock: the holder found on the most servers, the highest
-    /// counter, the queue of the server that orders the waiters first).
+    /// fencing counter (RedLock: the holder found on the most servers, shown with its
+    /// acquisition's owner token as its guard has it, the highest counter, the queue of
+    /// the server that orders the waiters first).
     ///
     /// # Errors
     /// When fewer than a majority of servers answered.

@@ -91,6 +91,17 @@ impl RedisHold {
     }
 }
 
+/// The acquisition's owner token in `value`, a lock key's value on RedLock: without the
+/// `~<round>` suffix of a later round (see [`RedisHold::for_round`]).
+pub(crate) fn acquisition_token(value: &str) -> &str {
+    match value.rsplit_once('~') {
+        Some((token, round)) if !round.is_empty() && round.bytes().all(|b| b.is_ascii_digit()) => {
+            token
+        }
+        _ => value,
+    }
+}
+
 /// What the renewal and release scripts say of one hold on one server.
 pub(crate) mod status {
     /// Renewed or released.
@@ -288,6 +299,32 @@ impl Inner {
                 ),
                 first_error,
             ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_suffixes_come_off_the_shown_owner_token() {
+        let hold = RedisHold {
+            name: LockName::new("jobs").unwrap(),
+            keys: Arc::new(HoldKeys {
+                key: "k".into(),
+                fence_key: "f".into(),
+                broken: "b".into(),
+                wake: WakeKeys::Channel("c".into()),
+            }),
+            token: OwnerToken::from_string("a~b".into()),
+        };
+        for round in [0, 1, 12] {
+            let value = hold.for_round(round).token.to_string();
+            assert_eq!(acquisition_token(&value), "a~b");
+        }
+        for value in ["plain", "x~", "x~1a", "~"] {
+            assert_eq!(acquisition_token(value), value);
         }
     }
 }

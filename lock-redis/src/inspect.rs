@@ -12,7 +12,7 @@ use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
 use crate::backend::Inner;
 use crate::connection::Node;
 use crate::error;
-use crate::hold::ttl_millis;
+use crate::hold::{acquisition_token, ttl_millis};
 use crate::layout::{self, BROKEN_KEPT, BROKEN_STAY};
 
 /// Keys a `SCAN` call looks at (and the most lock keys one reply carries).
@@ -40,7 +40,20 @@ impl Inner {
         .await;
         let what = format_args!("the inspection of `{name}`");
         let views = error::majority(self.backend, self.quorum, replies, what)?;
-        Ok(merge(&views, self.arbiter, self.quorum))
+        let mut seen = merge(&views, self.arbiter, self.quorum);
+        seen.holder = seen.holder.map(|holder| self.shown(holder));
+        Ok(seen)
+    }
+
+    /// `holder` as the caller sees it: on RedLock, with the owner token of its acquisition
+    /// (as its guard shows it), not the round's.
+    fn shown(&self, mut holder: Participant) -> Participant {
+        if self.config.redlock {
+            holder.owner_token = holder
+                .owner_token
+                .map(|value| acquisition_token(&value).to_owned());
+        }
+        holder
     }
 
     /// Adds the keys of `queue.lua` for `name` (lock, fencing counter, queue, liveness)
@@ -145,7 +158,9 @@ impl Inner {
             .into_iter()
             .map(|(i, (holder, pttl))| (i, (holder, pttl, None, Vec::new())))
             .collect();
-        Ok(merge(&views, self.arbiter, self.quorum).holder)
+        Ok(merge(&views, self.arbiter, self.quorum)
+            .holder
+            .map(|holder| self.shown(holder)))
     }
 }
 
