@@ -35,9 +35,10 @@ pub(crate) const BROKEN_STAY: Duration = Duration::from_secs(60);
 ///   which each is dropped unless it shows up again;
 /// - break mark: `<prefix>{<lock key>}:broken`, a list of the owner tokens that operators'
 ///   force releases removed from the lock key, the last 8, written in the same script
-///   that deletes the key. It expires after a minute, or three times the remaining lease
-///   of the hold it removed when that is longer, counted from the last break (a removed
-///   holder learns of it at its next renewal, a third of its TTL later). Renewal and
+///   that deletes the key. It expires after a minute, three times the breaking client's
+///   TTL or three times the remaining lease of the hold it removed, whichever is longest,
+///   counted from the last break (a removed holder learns of it at its next renewal, a
+///   third of its TTL later; a release comes before its lease ends). Renewal and
 ///   release look at it only when the lock key is not theirs, to report the hold broken
 ///   rather than taken or gone;
 /// - wake-up channel of a client (queue mode): `<prefix>client:<client id>`, on which a
