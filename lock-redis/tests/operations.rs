@@ -180,7 +180,8 @@ async fn listing_shows_exactly_the_held_names() {
 /// A foreign plain `SET NX` hold is broken like one of ours: the break returns its value
 /// and lease, deletes it, and a waiter gets the lock at once. The mark keeps the removed
 /// values (the last 8) for three times the removed lease, or a minute when that is more
-/// (a key without expiry); breaking a free name changes nothing.
+/// (a key without expiry); breaking a free name changes nothing. With an empty key
+/// prefix, another library's hold lists and breaks under its plain name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn breaking_a_foreign_hold_and_the_mark_it_leaves() {
     let Some(factory) = RedisFactory::single().await else {
@@ -287,6 +288,30 @@ async fn breaking_a_foreign_hold_and_the_mark_it_leaves() {
         .await
         .expect("EXISTS");
     assert_eq!(exists, 0);
+
+    // With an empty key prefix the lock key is the plain name, as other libraries write
+    // it: their holds list and break by name.
+    let _: () = redis::cmd("SET")
+        .arg("nightly/backup")
+        .arg("redis-py-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(&mut conn)
+        .await
+        .expect("SET NX");
+    let plain = connect(&factory, "prefix=").await;
+    assert_eq!(
+        plain.list("nightly/").await.expect("list"),
+        names(&["nightly/backup"])
+    );
+    let removed = plain
+        .force_release(&name("nightly/backup"))
+        .await
+        .expect("break")
+        .expect("held");
+    assert_eq!(removed.owner_token.as_deref(), Some("redis-py-token"));
+    assert_eq!(plain.list("").await.expect("list"), Vec::<LockName>::new());
 }
 
 /// With and without the queue, on one server and on RedLock: a waiter whose recheck is a
