@@ -49,6 +49,20 @@ async fn all_keys(conn: &mut MultiplexedConnection) -> Vec<String> {
         .expect("KEYS")
 }
 
+/// Takes `key` as a plain `SET key value NX PX 30000` client does; whether it got it.
+async fn foreign_hold(conn: &mut MultiplexedConnection, key: &str, value: &str) -> bool {
+    let set: Option<String> = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("NX")
+        .arg("PX")
+        .arg(30_000)
+        .query_async(conn)
+        .await
+        .expect("SET NX");
+    set.is_some()
+}
+
 /// The owner tokens in `name`'s break mark and the mark's PTTL.
 async fn mark_of(conn: &mut MultiplexedConnection, name: &LockName) -> (Vec<String>, i64) {
     let mark = KeyLayout::new(DEFAULT_PREFIX).broken_key(name);
@@ -190,16 +204,7 @@ async fn breaking_a_foreign_hold_and_the_mark_it_leaves() {
     let lock = name("foreign/held");
     let key = KeyLayout::new(DEFAULT_PREFIX).lock_key(&lock);
     let mut conn = raw(factory.servers.addrs()[0]).await;
-    let set: Option<String> = redis::cmd("SET")
-        .arg(&key)
-        .arg("their-token")
-        .arg("NX")
-        .arg("PX")
-        .arg(30_000)
-        .query_async(&mut conn)
-        .await
-        .expect("SET NX");
-    assert_eq!(set.as_deref(), Some("OK"));
+    assert!(foreign_hold(&mut conn, &key, "their-token").await);
     let operator = connect(&factory, "ttl=5s").await;
     let waiter = connect(&factory, "ttl=5s&recheck=60s").await;
     let waiting = {
@@ -291,15 +296,7 @@ async fn breaking_a_foreign_hold_and_the_mark_it_leaves() {
 
     // With an empty key prefix the lock key is the plain name, as other libraries write
     // it: their holds list and break by name.
-    let _: () = redis::cmd("SET")
-        .arg("nightly/backup")
-        .arg("redis-py-token")
-        .arg("NX")
-        .arg("PX")
-        .arg(30_000)
-        .query_async(&mut conn)
-        .await
-        .expect("SET NX");
+    assert!(foreign_hold(&mut conn, "nightly/backup", "redis-py-token").await);
     let plain = connect(&factory, "prefix=").await;
     assert_eq!(
         plain.list("nightly/").await.expect("list"),
