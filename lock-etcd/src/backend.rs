@@ -13,7 +13,7 @@ use lock_core::raw::{
 };
 use lock_core::{
     Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, LostReason, Occupancy,
-    Result,
+    Participant, Result,
 };
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
@@ -21,9 +21,10 @@ use tokio::time::{sleep_until, Instant};
 use crate::config::EtcdConfig;
 use crate::connection::{EtcdClient, KeepAlive, Session};
 use crate::error::{unexpected, BACKEND};
-use crate::hold::{delete_if_ours, EtcdHold, HoldCheck};
+use crate::hold::{self, delete_if_ours, EtcdHold, HoldCheck};
 use crate::inspect;
-use crate::layout::lock_prefix;
+use crate::layout::{broken_mark, lock_prefix};
+use crate::operator;
 use crate::queue::{Queue, Slot, Slots};
 
 /// The protocol half of an etcd lock client (see the crate docs).
@@ -35,6 +36,8 @@ pub struct EtcdBackend {
     prefix: String,
     label: String,
     slots: Arc<Slots>,
+    /// The TTL of the client's lease.
+    ttl: Duration,
 }
 
 /// Opened with [`Error::InvalidConfig`] for a bad configuration or refused credentials;
@@ -69,6 +72,7 @@ impl Connect for EtcdBackend {
             label: config.label(),
             prefix: config.prefix.clone(),
             slots: Arc::new(Slots::default()),
+            ttl: config.options.ttl,
         })
     }
 }
@@ -231,6 +235,7 @@ impl Backend for EtcdBackend {
         let slot = pending.disarm().slot;
         Ok(Some(Acquired {
             hold: EtcdHold {
+                mark: broken_mark(&self.prefix, &key),
                 key,
                 revision,
                 lease: lease.id,
@@ -306,19 +311,33 @@ impl Backend for EtcdBackend {
     }
 
     async fn release(&self, hold: &EtcdHold) -> Result<BackendRelease> {
-        let deleted = delete_if_ours(&self.client, &hold.key, Some(hold.revision)).await;
+        let released = hold::release(&self.client, hold).await;
         hold.free_slot();
-        Ok(if deleted? {
-            BackendRelease::Released
-        } else {
-            BackendRelease::NotOwner(LostReason::Vanished)
-        })
+        released
     }
 
     /// The keys of the name's range in create revision order; see [`crate::inspect`]
-    /// for the token floor.
+    /// for the token floor. No participant shows a `since`: etcd keeps no time.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         inspect::inspect(&self.client, &self.lock_prefix(name)).await
+    }
+
+    /// The names with a queue key under the prefix, from keys-only range reads; see
+    /// [`crate::operator::list`].
+    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
+        operator::list(&self.client, &self.prefix, prefix).await
+    }
+
+    /// Deletes the holder's key and leaves a mark for its renewal; see
+    /// [`crate::operator::force_release`].
+    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+        operator::force_release(
+            &self.client,
+            &self.prefix,
+            &self.lock_prefix(name),
+            self.ttl,
+        )
+        .await
     }
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {

@@ -5,7 +5,7 @@
 
 mod session;
 
-pub(crate) use session::{KeepAlive, Lease, Session};
+pub(crate) use session::{ttl_seconds, KeepAlive, Lease, Session};
 
 use std::future::Future;
 use std::time::Duration;
@@ -14,9 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use etcd_client::{
-    Certificate, Client, ConnectOptions, EventType, Identity, KeyValue, LeaseKeepAliveStream,
-    LeaseKeeper, LeaseTimeToLiveOptions, LeaseTimeToLiveResponse, TlsOptions, Txn, TxnOpResponse,
-    TxnResponse, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
+    Certificate, Client, ConnectOptions, EventType, GetOptions, GetResponse, Identity, KeyValue,
+    LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions, LeaseTimeToLiveResponse, TlsOptions,
+    Txn, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
 use lock_core::{Error, Result};
 use tokio::sync::OnceCell;
@@ -190,23 +190,52 @@ impl EtcdClient {
         .await
     }
 
-    /// Grants a lease of `ttl_secs`; returns its id and granted TTL in seconds.
-    pub(crate) async fn lease_grant(&self, ttl_secs: i64) -> Result<(i64, i64)> {
+    /// One range read (`options` give the range end, limit, revision…) from `key`.
+    pub(crate) async fn get(
+        &self,
+        what: &str,
+        key: &[u8],
+        options: GetOptions,
+    ) -> Result<GetResponse> {
+        self.call(what, |client| {
+            let options = options.clone();
+            async move { client.kv_client().get(key, Some(options)).await }
+        })
+        .await
+    }
+
+    /// Grants a lease of `ttl_secs` (for `what`: the session lease, a mark); returns its
+    /// id and granted TTL in seconds.
+    pub(crate) async fn lease_grant(&self, what: &str, ttl_secs: i64) -> Result<(i64, i64)> {
         let response = self
-            .call("granting the session lease", |client| async move {
+            .call(what, |client| async move {
                 client.lease_client().grant(ttl_secs, None).await
             })
             .await?;
         Ok((response.id(), response.ttl()))
     }
 
-    /// Revokes lease `id` (deleting every key attached to it).
-    pub(crate) async fn lease_revoke(&self, id: i64) -> Result<()> {
-        self.call("revoking the session lease", |client| async move {
+    /// Revokes lease `id` (deleting every key attached to it), for `what`.
+    pub(crate) async fn lease_revoke(&self, what: &str, id: i64) -> Result<()> {
+        self.call(what, |client| async move {
             client.lease_client().revoke(id).await
         })
         .await
         .map(drop)
+    }
+
+    /// Revokes lease `id` (for `what`) in a background task, best effort (the TTL is the
+    /// fallback).
+    pub(crate) fn revoke_in_background(&self, what: &'static str, id: i64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let client = self.clone();
+        runtime.spawn(async move {
+            if let Err(err) = client.lease_revoke(what, id).await {
+                tracing::debug!(lease = format_args!("{id:x}"), error = %err, "revoking an etcd lease failed; its TTL ends it");
+            }
+        });
     }
 
     /// The keys attached to lease `id`: one `LeaseTimeToLive` request with `keys`, answered
@@ -231,13 +260,16 @@ impl EtcdClient {
         .await
     }
 
-    /// How long lease `id` has left, in whole seconds as etcd counts it (`None`: the
-    /// lease does not exist). One `LeaseTimeToLive` request without keys; it does not
-    /// renew the lease.
-    pub(crate) async fn lease_left(&self, id: i64) -> Result<Option<Duration>> {
+    /// How long lease `id` has left and was granted, in whole seconds as etcd counts
+    /// them (`None`: the lease does not exist). One `LeaseTimeToLive` request without
+    /// keys; it does not renew the lease.
+    pub(crate) async fn lease_ttl(&self, id: i64) -> Result<Option<LeaseTtl>> {
         self.call("reading a lease's time to live", |client| async move {
             match client.lease_client().time_to_live(id, None).await {
-                Ok(answer) => Ok(u64::try_from(answer.ttl()).ok().map(Duration::from_secs)),
+                Ok(answer) => Ok(u64::try_from(answer.ttl()).ok().map(|left| LeaseTtl {
+                    left: Duration::from_secs(left),
+                    granted: Duration::from_secs(u64::try_from(answer.granted_ttl()).unwrap_or(0)),
+                })),
                 Err(err) if is_lease_not_found(&err) => Ok(None),
                 Err(err) => Err(err),
             }
@@ -359,6 +391,15 @@ pub(crate) fn ends_wait(answer: &WatchResponse) -> bool {
             .events()
             .iter()
             .any(|event| event.event_type() == EventType::Delete)
+}
+
+/// A lease's time to live, as etcd counts it (whole seconds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LeaseTtl {
+    /// What it has left.
+    pub(crate) left: Duration,
+    /// What it was granted (and each keep-alive renews it to).
+    pub(crate) granted: Duration,
 }
 
 /// What a query of the keys attached to a lease found.

@@ -1,15 +1,16 @@
 //! The hold: our key, its create revision and the lease it lives on; and the server side
 //! of holding: the owner-checked release and the renewal check (one list of the lease's
-//! keys, whatever the number of holds).
+//! keys, whatever the number of holds), both telling a hold broken by an operator (its
+//! mark is there, see [`crate::layout`]) from one that vanished.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
 use futures::future::join_all;
-use lock_core::raw::lock_unpoisoned;
+use lock_core::raw::{lock_unpoisoned, BackendRelease};
 use lock_core::{LostReason, Result};
 
 use crate::connection::{first_kv, EtcdClient, LeaseKeys};
@@ -22,6 +23,8 @@ pub const MAX_TXN_OPS: usize = 128;
 /// A hold on etcd: our key, its create revision and the lease it lives on.
 pub struct EtcdHold {
     pub(crate) key: String,
+    /// Where a mark says the hold was broken ([`crate::layout::broken_mark`]).
+    pub(crate) mark: String,
     pub(crate) revision: i64,
     pub(crate) lease: i64,
     /// Keeps the key from other acquisitions of the same name in this client.
@@ -77,6 +80,40 @@ pub(crate) async fn delete_if_ours(
         TxnOpResponse::Delete(delete) => delete.deleted() > 0,
         _ => false,
     }))
+}
+
+/// Releases `hold`: deletes its key if its create revision is still the hold's, or else
+/// reads its mark, in the same transaction, to tell a broken hold from a vanished one. A
+/// mark found has served (the hold ended): its lease is revoked in the background.
+pub(crate) async fn release(client: &EtcdClient, hold: &EtcdHold) -> Result<BackendRelease> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(
+            &*hold.key,
+            CompareOp::Equal,
+            hold.revision,
+        )])
+        .and_then([TxnOp::delete(&*hold.key, None)])
+        .or_else([TxnOp::get(&*hold.mark, None)]);
+    let response = client.txn("release", txn).await?;
+    if response.succeeded() {
+        return Ok(BackendRelease::Released);
+    }
+    let ops = response.op_responses();
+    Ok(BackendRelease::NotOwner(
+        match ops.first().and_then(first_kv).filter(|kv| marks(kv, hold)) {
+            Some(mark) => {
+                client.revoke_in_background("revoking the mark of a broken hold", mark.lease());
+                LostReason::Broken
+            }
+            None => LostReason::Vanished,
+        },
+    ))
+}
+
+/// Whether `mark` (read at `hold`'s mark key) says that this very hold was broken: its
+/// value is the hold's create revision.
+fn marks(mark: &KeyValue, hold: &EtcdHold) -> bool {
+    mark.value() == hold.revision.to_string().as_bytes()
 }
 
 /// The renewal check: which holds on the client's lease are still ours.
@@ -146,7 +183,9 @@ impl HoldCheck {
 
 /// Checks by linearizable reads that every hold's key still exists with its create
 /// revision on lease `lease`: one transaction per [`MAX_TXN_OPS`] compares (two per
-/// hold), all in flight at once.
+/// hold), all in flight at once. When one does not, the same transaction reads each
+/// hold's key and mark: a hold whose key is gone is broken if its mark says so,
+/// vanished otherwise.
 async fn compare_holds(
     client: &EtcdClient,
     lease: i64,
@@ -169,7 +208,12 @@ async fn compare_holds(
             .or_else(
                 chunk
                     .iter()
-                    .map(|h| TxnOp::get(&*h.key, Some(GetOptions::new().with_keys_only())))
+                    .flat_map(|h| {
+                        [
+                            TxnOp::get(&*h.key, Some(GetOptions::new().with_keys_only())),
+                            TxnOp::get(&*h.mark, None),
+                        ]
+                    })
                     .collect::<Vec<_>>(),
             );
         let response = client.txn(WHAT, txn).await?;
@@ -177,13 +221,16 @@ async fn compare_holds(
             return Ok(vec![None; chunk.len()]);
         }
         let ops = response.op_responses();
-        if ops.len() != chunk.len() {
+        if ops.len() != chunk.len() * 2 {
             return Err(unexpected(WHAT, "wrong number of answers"));
         }
         Ok(chunk
             .iter()
-            .zip(&ops)
-            .map(|(hold, op)| match first_kv(op) {
+            .zip(ops.chunks(2))
+            .map(|(hold, ops)| match first_kv(&ops[0]) {
+                None if first_kv(&ops[1]).is_some_and(|mark| marks(mark, hold)) => {
+                    Some(LostReason::Broken)
+                }
                 None => Some(LostReason::Vanished),
                 // Recreated, or rewritten off our lease: not this hold's key any more.
                 Some(kv) if kv.create_revision() != hold.revision || kv.lease() != lease => {

@@ -5,6 +5,9 @@
 //! One linearizable range read; one `LeaseTimeToLive` (without keys) more for the
 //! holder's lease when the lock is held. Each under the request timeout.
 //!
+//! No participant shows since when it is there ([`Participant::since`] is `None`): etcd
+//! records revisions for keys, no time.
+//!
 //! # Token floor
 //! The revision the range was read at, lowered below the second key's create revision
 //! when there is one: every key put later has a greater create revision, and every waiter
@@ -13,7 +16,7 @@
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse};
 use lock_core::{FencingToken, Occupancy, Participant, Result};
 
-use crate::connection::{header_revision, EtcdClient};
+use crate::connection::{header_revision, EtcdClient, LeaseTtl};
 use crate::error::unexpected;
 
 const WHAT: &str = "inspecting a lock";
@@ -40,15 +43,19 @@ pub(crate) async fn inspect(client: &EtcdClient, prefix: &str) -> Result<Occupan
         floor = floor.min(second.create_revision() - 1);
     }
     let holder = match keys.first() {
-        Some(kv) => Some(
-            participant(kv)
-                .fencing_token(Some(token(kv.create_revision())?))
-                .lease_left(lease_left(client, kv.lease()).await),
-        ),
+        Some(kv) => Some(holder(kv, lease_ttl(client, kv.lease()).await)?),
         None => None,
     };
     let waiters = keys.iter().skip(1).map(participant).collect();
     Ok(Occupancy::new(holder, waiters).token_floor(Some(token(floor)?)))
+}
+
+/// The holding key `kv` (whose lease shows `lease`): a participant with its create
+/// revision as fencing token and what its lease has left.
+pub(crate) fn holder(kv: &KeyValue, lease: Option<LeaseTtl>) -> Result<Participant> {
+    Ok(participant(kv)
+        .fencing_token(Some(token(kv.create_revision())?))
+        .lease_left(lease.map(|lease| lease.left)))
 }
 
 /// A queued key: its value is the owner token (ours; none from the Go client, which
@@ -67,13 +74,14 @@ fn token(revision: i64) -> Result<FencingToken> {
         .map_err(|_| unexpected(WHAT, format!("revision {revision}")))
 }
 
-/// What lease `id` has left; `None` without a lease, or when it cannot be read (it may
-/// be refused where the lease has keys we may not read): the rest of the answer stands.
-async fn lease_left(client: &EtcdClient, id: i64) -> Option<std::time::Duration> {
+/// What lease `id` has left and was granted; `None` without a lease, or when it cannot
+/// be read (it may be refused where the lease has keys we may not read): the rest of the
+/// answer stands.
+pub(crate) async fn lease_ttl(client: &EtcdClient, id: i64) -> Option<LeaseTtl> {
     if id == 0 {
         return None;
     }
-    client.lease_left(id).await.unwrap_or_else(|err| {
+    client.lease_ttl(id).await.unwrap_or_else(|err| {
         tracing::debug!(lease = format_args!("{id:x}"), error = %err, "the holder's lease could not be read");
         None
     })

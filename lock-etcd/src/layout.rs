@@ -13,9 +13,42 @@
 //! overtakes them ([`queue_key`]). The Go client's `Mutex` orders every key under the
 //! range by create revision, whatever its name, so the extra keys exclude `etcdctl lock`
 //! as well.
+//!
+//! # Marks of broken holds
+//! Breaking a hold (an operator's forced release) deletes the holder's key and, in the
+//! same transaction, puts a *mark* `<prefix>/%broken/<escaped name>/<lease hex>[_<n>]`
+//! ([`broken_mark`]) whose value is the broken key's create revision, on a lease of its
+//! own that outlives the holder's next renewal ([`MARK_TTL_FLOOR`]). The holder's renewal
+//! or release, finding its key gone, reads the mark to tell "broken" from "vanished".
+//! The segment `%broken` is no escaped name (the escape writes `%` only before two
+//! uppercase hex digits), so no lock range holds a mark and no mark range holds a lock's
+//! key; the Go client's `Mutex` only reads its own range, so it never sees one either
+//! (unless someone runs `etcdctl lock` on a name starting with `%broken/`, which no name
+//! of ours maps to).
+
+use std::time::Duration;
 
 use etcd_client::{GetOptions, SortOrder, SortTarget};
+use lock_core::raw::{escape, unescape};
 use lock_core::LockName;
+
+/// The characters a name's segment escapes, besides `%`.
+const RESERVED: &[char] = &['/'];
+
+/// The segment under the prefix that holds the marks of broken holds.
+const BROKEN: &str = "%broken";
+
+/// The shortest life of a mark's lease.
+pub(crate) const MARK_TTL_FLOOR: Duration = Duration::from_secs(60);
+
+/// What every key of a client starts with: `<prefix>/`, or nothing with an empty prefix.
+fn root(prefix: &str) -> String {
+    if prefix.is_empty() {
+        String::new()
+    } else {
+        format!("{prefix}/")
+    }
+}
 
 /// The key range of lock `name` under `prefix`: `<prefix>/<escaped name>/` (or
 /// `<escaped name>/` with an empty prefix). Every key of the lock's queue starts with it.
@@ -23,11 +56,49 @@ use lock_core::LockName;
 /// `%` and `/` in a name are percent-encoded, so `jobs` and `jobs/daily` never share a
 /// range; a name without them is used as is.
 pub(crate) fn lock_prefix(prefix: &str, name: &LockName) -> String {
-    let escaped = lock_core::raw::escape(name.as_str(), &['/']);
-    if prefix.is_empty() {
-        format!("{escaped}/")
-    } else {
-        format!("{prefix}/{escaped}/")
+    format!("{}{}/", root(prefix), escape(name.as_str(), RESERVED))
+}
+
+/// What the key of every lock whose name starts with `name_prefix` starts with. The
+/// escape maps each character on its own to a code that no other code starts, so a
+/// name starts with `name_prefix` exactly when its escape starts with `name_prefix`'s.
+pub(crate) fn names_under(prefix: &str, name_prefix: &str) -> String {
+    format!("{}{}", root(prefix), escape(name_prefix, RESERVED))
+}
+
+/// The lock whose queue key `key` is (on lease `lease`): `<prefix>/<escaped name>/`
+/// then the lease in hex, optionally `_<n>` ([`queue_key`]). `None` for any other key:
+/// a mark, a key of another layout, a key whose name is not its lease's.
+pub(crate) fn lock_of_key(prefix: &str, key: &[u8], lease: i64) -> Option<LockName> {
+    let rest = std::str::from_utf8(key).ok()?.strip_prefix(&root(prefix))?;
+    let (segment, leaf) = rest.split_once('/')?;
+    let slot = match leaf.split_once('_') {
+        None => 0,
+        Some((_, n)) => n.parse().ok().filter(|&n| n > 0)?,
+    };
+    if lease <= 0 || leaf != queue_key("", lease, slot) {
+        return None;
+    }
+    LockName::new(unescape(segment, |name| escape(name, RESERVED))?).ok()
+}
+
+/// The mark left when the hold of `key` (a queue key under `prefix`) is broken:
+/// `<prefix>/%broken/` then `key` without `<prefix>/`.
+pub(crate) fn broken_mark(prefix: &str, key: &str) -> String {
+    let root = root(prefix);
+    format!("{root}{BROKEN}/{}", key.strip_prefix(&root).unwrap_or(key))
+}
+
+/// The end of the range of every key that starts with `start` (etcd's rule: the last
+/// byte below 0xFF raised by one; `\0`, meaning "no end", when there is none).
+pub(crate) fn range_end(start: &[u8]) -> Vec<u8> {
+    match start.iter().rposition(|&byte| byte < 0xFF) {
+        Some(i) => {
+            let mut end = start[..=i].to_vec();
+            end[i] += 1;
+            end
+        }
+        None => vec![0],
     }
 }
 
@@ -64,6 +135,105 @@ mod tests {
         let a = lock_prefix("p", &name("jobs"));
         let b = lock_prefix("p", &name("jobs/daily"));
         assert!(!b.starts_with(&a) && !a.starts_with(&b));
+    }
+
+    /// Marks live apart from every lock range: no range holds a mark, no mark range holds
+    /// a queue key, and no mark reads as a lock's key; whatever the name, `%` and `/`
+    /// included, with and without a prefix.
+    #[test]
+    fn marks_never_share_a_lock_range() {
+        let names = [
+            "jobs",
+            "%broken",
+            "%broken/jobs",
+            "%25broken",
+            "%",
+            "/",
+            "a/%broken",
+            "%2F",
+            "broken",
+            "%BROKEN",
+            "日本",
+        ];
+        for prefix in ["", "locks", "a/b"] {
+            let marks = broken_mark(prefix, &format!("{}x/1f", root(prefix)));
+            let marks = marks.trim_end_matches("x/1f");
+            assert!(marks.ends_with("%broken/"), "{marks}");
+            for name in names {
+                let name = LockName::new(name).expect("valid");
+                let range = lock_prefix(prefix, &name);
+                let key = queue_key(&range, 0x1f, 0);
+                let mark = broken_mark(prefix, &key);
+                assert!(!mark.starts_with(&range), "{mark} in {range}");
+                assert!(!key.starts_with(marks), "{key} among the marks {marks}");
+                assert!(!range.starts_with(marks) && !marks.starts_with(&range));
+                assert_eq!(lock_of_key(prefix, key.as_bytes(), 0x1f), Some(name));
+                assert_eq!(lock_of_key(prefix, mark.as_bytes(), 0x1f), None, "{mark}");
+            }
+        }
+        assert_eq!(
+            broken_mark("locks", "locks/a%2Fb/1f_2"),
+            "locks/%broken/a%2Fb/1f_2"
+        );
+        assert_eq!(broken_mark("", "jobs/1f"), "%broken/jobs/1f");
+    }
+
+    #[test]
+    fn only_queue_keys_name_a_lock() {
+        let name = |n: &str| Some(LockName::new(n).expect("valid"));
+        let of = |key: &str, lease| lock_of_key("p", key.as_bytes(), lease);
+        assert_eq!(of("p/jobs/1f", 0x1f), name("jobs"));
+        assert_eq!(of("p/jobs/1f_3", 0x1f), name("jobs"));
+        assert_eq!(of("p/a%2Fb%25/1f", 0x1f), name("a/b%"));
+        for (key, lease) in [
+            ("p/jobs/1f", 0x2f),
+            ("p/jobs/1f", 0),
+            ("p/jobs/1f_0", 0x1f),
+            ("p/jobs/1f_03", 0x1f),
+            ("p/jobs/1f_", 0x1f),
+            ("p/jobs/1F", 0x1f),
+            ("p/jobs/x/1f", 0x1f),
+            ("p/a/b/1f", 0x1f),
+            ("p/a%41/1f", 0x1f),
+            ("p/a%2f/1f", 0x1f),
+            ("p/%broken/jobs/1f", 0x1f),
+            ("q/jobs/1f", 0x1f),
+            ("p/jobs", 0x1f),
+            ("p//1f", 0x1f),
+        ] {
+            assert_eq!(of(key, lease), None, "{key} on lease {lease:x}");
+        }
+    }
+
+    #[test]
+    fn names_under_a_prefix_share_its_escape() {
+        let texts = [
+            "",
+            "jobs",
+            "jobs/",
+            "jobs/daily",
+            "jobs-x",
+            "a%",
+            "a%b",
+            "a%2",
+            "a/",
+            "%",
+        ];
+        for under in texts {
+            let start = names_under("p", under);
+            for name in texts.iter().filter(|n| !n.is_empty()) {
+                let range = lock_prefix("p", &LockName::new(*name).expect("valid"));
+                assert_eq!(
+                    range.starts_with(&start),
+                    name.starts_with(under),
+                    "{name} under {under:?}"
+                );
+            }
+        }
+        assert_eq!(names_under("", ""), "");
+        assert_eq!(range_end(b"p/a"), b"p/b");
+        assert_eq!(range_end(b"a\xff"), b"b");
+        assert_eq!(range_end(b""), b"\0");
     }
 
     #[test]

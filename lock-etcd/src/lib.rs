@@ -7,6 +7,7 @@ mod error;
 mod hold;
 mod inspect;
 mod layout;
+mod operator;
 mod queue;
 
 pub use backend::EtcdBackend;

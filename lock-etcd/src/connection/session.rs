@@ -277,7 +277,10 @@ impl Session {
             }
         }
         let sent_at = Instant::now();
-        let (id, ttl) = self.client.lease_grant(self.ttl_secs).await?;
+        let (id, ttl) = self
+            .client
+            .lease_grant("granting the session lease", self.ttl_secs)
+            .await?;
         let Some(ttl) = granted(ttl) else {
             return Err(unexpected(
                 "granting the session lease",
@@ -311,15 +314,8 @@ impl Session {
 
     /// Revokes lease `id` in a background task, best effort (the TTL is the fallback).
     pub(crate) fn revoke_in_background(&self, id: i64) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let client = self.client.clone();
-        runtime.spawn(async move {
-            if let Err(err) = client.lease_revoke(id).await {
-                tracing::debug!(lease = format_args!("{id:x}"), error = %err, "revoking an etcd lease failed; its TTL ends it");
-            }
-        });
+        self.client
+            .revoke_in_background("revoking the session lease", id);
     }
 
     /// Ends the session: revokes the current lease in the background.
