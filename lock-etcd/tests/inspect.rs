@@ -8,10 +8,11 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{add_root, client, config, raw_client, single, with_ttl, EtcdFactory};
+use common::{
+    client, config, enable_auth, go_key, raw_client, single, with_ttl, EtcdFactory, GoKey,
+};
 use conformance::inspection::{self, inspect_until, owner, release, wait_for};
 use conformance::rules::unique_name;
-use etcd_client::{Permission, PutOptions};
 use lock_core::raw::Backend;
 use lock_core::{DistributedLockExt, ErrorKind, FencingToken};
 use lock_etcd::EtcdLock;
@@ -63,19 +64,11 @@ async fn go_client_key_without_owner_token() {
     let clients = clients(&factory, 1).await;
     let lock = unique_name("inspect_go");
     let admin = factory.admin().clone();
-    let lease = admin
-        .lease_client()
-        .grant(30, None)
-        .await
-        .expect("lease")
-        .id();
-    let key = format!("{}{lease:x}", factory.range(&lock));
-    let put = admin
-        .kv_client()
-        .put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))
-        .await
-        .expect("put a Go-client key");
-    let created = put.header().expect("header").revision();
+    let GoKey {
+        revision: created,
+        lease,
+        ..
+    } = go_key(&admin, &factory.range(&lock), 30).await;
     let waiter = wait_for(&clients[0], &lock);
 
     let seen = inspect_until(&clients[0], &lock, 2).await;
@@ -109,21 +102,7 @@ async fn unreadable_lock_range() {
         return;
     };
     let admin = raw_client(&[server.addr()]).await;
-    {
-        let mut auth = admin.auth_client();
-        add_root(&mut auth, PASSWORD).await;
-        auth.role_add("elsewhere").await.expect("add role");
-        auth.role_grant_permission("elsewhere", Permission::read("elsewhere/").with_prefix())
-            .await
-            .expect("grant a read elsewhere");
-        auth.user_add("reader", PASSWORD, None)
-            .await
-            .expect("add reader");
-        auth.user_grant_role("reader", "elsewhere")
-            .await
-            .expect("grant reader");
-        auth.auth_enable().await.expect("enable auth");
-    }
+    enable_auth(&admin, PASSWORD, &[("reader", "elsewhere/")]).await;
     let config = config(&[server.addr()], with_ttl(Duration::from_secs(5)))
         .with_credentials("reader", PASSWORD);
     let reader = EtcdLock::connect(config).await.expect("connect");

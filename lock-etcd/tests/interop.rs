@@ -4,72 +4,11 @@
 
 mod common;
 
-use std::net::SocketAddr;
-use std::process::Stdio;
 use std::time::Duration;
 
-use common::{keys_under, raw_client, single, with_ttl};
+use common::{keys_under, plain_client, raw_client, single, EtcdctlLock};
 use lock_core::{DistributedLockExt, ErrorKind, ReleaseOutcome};
-use lock_etcd::{EtcdConfig, EtcdLock};
-use nix::sys::signal::{kill, Signal};
-use nix::unistd::Pid;
-use tokio::io::{AsyncBufReadExt, BufReader, Lines};
-use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::{sleep, timeout, Instant};
-
-/// `etcdctl lock NAME` as a child process; killed on drop.
-struct EtcdctlLock {
-    child: Child,
-    lines: Lines<BufReader<ChildStdout>>,
-}
-
-impl EtcdctlLock {
-    fn spawn(addr: SocketAddr, name: &str) -> Self {
-        let mut child = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints=http://{addr}"))
-            .arg("lock")
-            .arg(name)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("etcdctl (Debian etcd-client) is needed for this test");
-        let stdout = child.stdout.take().expect("piped stdout");
-        EtcdctlLock {
-            child,
-            lines: BufReader::new(stdout).lines(),
-        }
-    }
-
-    /// The key etcdctl prints once it holds the lock, if it does within `limit`.
-    async fn held_key(&mut self, limit: Duration) -> Option<String> {
-        match timeout(limit, self.lines.next_line()).await {
-            Ok(Ok(Some(line))) => Some(line),
-            Ok(Ok(None)) => panic!("etcdctl lock exited without holding the lock"),
-            Ok(Err(err)) => panic!("reading etcdctl output: {err}"),
-            Err(_) => None,
-        }
-    }
-
-    /// Interrupts etcdctl (it releases its lock and closes its session) and reaps it.
-    async fn interrupt(mut self) {
-        let pid = self.child.id().expect("etcdctl runs");
-        let pid = i32::try_from(pid).expect("pid fits");
-        kill(Pid::from_raw(pid), Signal::SIGINT).expect("SIGINT etcdctl");
-        timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .expect("etcdctl exits after SIGINT")
-            .expect("wait for etcdctl");
-    }
-}
-
-/// A lock client with no key prefix: lock `NAME` is exactly `etcdctl lock NAME`.
-async fn plain_client(addr: SocketAddr) -> EtcdLock {
-    let config = EtcdConfig::new([addr.to_string()]).with_options(with_ttl(Duration::from_secs(5)));
-    EtcdLock::connect(config).await.expect("connect")
-}
 
 fn plain_name() -> String {
     format!("interop-{}", uuid::Uuid::new_v4().simple())

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{add_root, client, keys_under, raw_client, single, with_ttl, PREFIX};
+use common::{client, enable_auth, keys_under, raw_client, single, with_ttl, PREFIX};
 use conformance::FencedResource;
 use etcd_client::LeaseTimeToLiveOptions;
 use futures::future::join_all;
@@ -305,11 +305,7 @@ async fn authentication_from_the_url() {
         return;
     };
     let admin = raw_client(&[server.addr()]).await;
-    {
-        let mut auth = admin.auth_client();
-        add_root(&mut auth, PASSWORD).await;
-        auth.auth_enable().await.expect("enable auth");
-    }
+    enable_auth(&admin, PASSWORD, &[]).await;
     lock_core::raw::register::<lock_etcd::EtcdBackend>();
     let url = format!("etcd://root:{PASSWORD}@{}/secured?ttl=5s", server.addr());
     let locks = lock_core::connect(&url)

@@ -6,6 +6,7 @@
 #![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::net::SocketAddr;
+use std::process::Stdio;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
@@ -13,9 +14,14 @@ use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use conformance::harness::{or_skip, Deployment, Etcd, EtcdCluster, EtcdServer};
 use conformance::{connect_patiently, Crash, Factory};
-use etcd_client::{Client, GetOptions};
+use etcd_client::{Client, GetOptions, PutOptions};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_etcd::{EtcdConfig, EtcdLock};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use tokio::io::{AsyncBufReadExt, BufReader, Lines};
+use tokio::process::{Child, ChildStdout, Command};
+use tokio::time::timeout;
 
 /// The key prefix the suite's locks live under.
 pub const PREFIX: &str = "conformance";
@@ -67,6 +73,34 @@ pub async fn add_root(auth: &mut etcd_client::AuthClient, password: &str) {
         .expect("grant root");
 }
 
+/// Adds `user` with `password` and a role of its own (named after it) that may read the
+/// keys under `prefix` and nothing else, through `auth`.
+pub async fn add_reader(
+    auth: &mut etcd_client::AuthClient,
+    user: &str,
+    password: &str,
+    prefix: &str,
+) {
+    auth.role_add(user).await.expect("add role");
+    auth.role_grant_permission(user, etcd_client::Permission::read(prefix).with_prefix())
+        .await
+        .expect("grant a read");
+    auth.user_add(user, password, None).await.expect("add user");
+    auth.user_grant_role(user, user).await.expect("grant role");
+}
+
+/// Adds the user `root` with `password`, and each `(user, prefix)` of `readers` as
+/// [`add_reader`] does (with `password` too), then enables authentication, through
+/// `admin` (which needs credentials from then on).
+pub async fn enable_auth(admin: &Client, password: &str, readers: &[(&str, &str)]) {
+    let mut auth = admin.auth_client();
+    add_root(&mut auth, password).await;
+    for (user, prefix) in readers {
+        add_reader(&mut auth, user, password, prefix).await;
+    }
+    auth.auth_enable().await.expect("enable auth");
+}
+
 /// Options with `ttl`.
 pub use conformance::with_ttl;
 
@@ -84,6 +118,94 @@ pub async fn client(addrs: &[SocketAddr], options: LockOptions) -> Arc<EtcdLock>
         EtcdLock::connect(config.clone())
     });
     Arc::new(client.await)
+}
+
+/// `etcdctl lock NAME` as a child process; killed on drop.
+pub struct EtcdctlLock {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl EtcdctlLock {
+    pub fn spawn(addr: SocketAddr, name: &str) -> Self {
+        let mut child = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=http://{addr}"))
+            .arg("lock")
+            .arg(name)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("etcdctl (Debian etcd-client) is needed for this test");
+        let stdout = child.stdout.take().expect("piped stdout");
+        EtcdctlLock {
+            child,
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// The key etcdctl prints once it holds the lock, if it does within `limit`.
+    pub async fn held_key(&mut self, limit: Duration) -> Option<String> {
+        match timeout(limit, self.lines.next_line()).await {
+            Ok(Ok(Some(line))) => Some(line),
+            Ok(Ok(None)) => panic!("etcdctl lock exited without holding the lock"),
+            Ok(Err(err)) => panic!("reading etcdctl output: {err}"),
+            Err(_) => None,
+        }
+    }
+
+    /// Interrupts etcdctl (it releases its lock and closes its session) and reaps it.
+    pub async fn interrupt(mut self) {
+        let pid = self.child.id().expect("etcdctl runs");
+        let pid = i32::try_from(pid).expect("pid fits");
+        kill(Pid::from_raw(pid), Signal::SIGINT).expect("SIGINT etcdctl");
+        timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .expect("etcdctl exits after SIGINT")
+            .expect("wait for etcdctl");
+    }
+}
+
+/// A lock client with no key prefix: lock `NAME` is exactly `etcdctl lock NAME`.
+pub async fn plain_client(addr: SocketAddr) -> EtcdLock {
+    let config = EtcdConfig::new([addr.to_string()]).with_options(with_ttl(Duration::from_secs(5)));
+    EtcdLock::connect(config).await.expect("connect")
+}
+
+/// A fresh lease of `ttl_secs` that nobody keeps alive.
+pub async fn go_lease(admin: &Client, ttl_secs: i64) -> i64 {
+    let lease = admin.lease_client().grant(ttl_secs, None).await;
+    lease.expect("lease").id()
+}
+
+/// A key as the Go client's `concurrency.Mutex` puts it.
+pub struct GoKey {
+    /// `<range><lease hex>`.
+    pub key: String,
+    /// Its create revision.
+    pub revision: i64,
+    /// Its lease.
+    pub lease: i64,
+}
+
+/// Puts a key in the lock range `range` as the Go client's `Mutex` does (empty value)
+/// on a fresh lease of `ttl_secs` that nobody keeps alive.
+pub async fn go_key(admin: &Client, range: &str, ttl_secs: i64) -> GoKey {
+    let lease = go_lease(admin, ttl_secs).await;
+    let key = format!("{range}{lease:x}");
+    let put = admin
+        .kv_client()
+        .put(key.as_str(), "", Some(PutOptions::new().with_lease(lease)))
+        .await
+        .expect("put a Go-client key");
+    let revision = put.header().expect("header").revision();
+    GoKey {
+        key,
+        revision,
+        lease,
+    }
 }
 
 /// Keys under `range`, with their create revisions.
