@@ -316,20 +316,20 @@ impl Backend for EtcdBackend {
         released
     }
 
-    /// The keys of the name's range in create revision order; see [`crate::inspect`]
-    /// for the token floor. No participant shows a `since`: etcd keeps no time.
+    /// The keys of the name's range in create revision order, and a token floor (see
+    /// *Operating* in the crate docs). No participant shows a `since`: etcd keeps no time.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         inspect::inspect(&self.client, &self.lock_prefix(name)).await
     }
 
-    /// The names with a queue key under the prefix, from keys-only range reads; see
-    /// [`crate::operator::list`].
+    /// The names with a queue key under the prefix, from keys-only range reads (see
+    /// *Operating* in the crate docs).
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
         operator::list(&self.client, &self.prefix, prefix).await
     }
 
-    /// Deletes the holder's key and leaves a mark for its renewal; see
-    /// [`crate::operator::force_release`].
+    /// Deletes the holder's key and leaves a mark for its renewal (see *Operating* in
+    /// the crate docs).
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         operator::force_release(
             &self.client,
