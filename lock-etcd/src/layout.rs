@@ -18,8 +18,9 @@
 //! Breaking a hold (an operator's forced release) deletes the holder's key and, in the
 //! same transaction, puts a *mark* `<prefix>/%broken/<escaped name>/<lease hex>[_<n>]`
 //! ([`broken_mark`]) whose value is the broken key's create revision, on a lease of its
-//! own that outlives the holder's next renewal ([`MARK_TTL_FLOOR`]). The holder's renewal
-//! or release, finding its key gone, reads the mark to tell "broken" from "vanished".
+//! own granted three times the holder's lease TTL, at least [`MARK_TTL_FLOOR`], so it
+//! outlives the holder's next renewal. The holder's renewal or release, finding its key
+//! gone, reads the mark to tell "broken" from "vanished"; the release revokes its lease.
 //! The segment `%broken` is no escaped name (the escape writes `%` only before two
 //! uppercase hex digits), so no lock range holds a mark and no mark range holds a lock's
 //! key; the Go client's `Mutex` only reads its own range, so it never sees one either
@@ -169,6 +170,22 @@ mod tests {
                 assert!(!range.starts_with(marks) && !marks.starts_with(&range));
                 assert_eq!(lock_of_key(prefix, key.as_bytes(), 0x1f), Some(name));
                 assert_eq!(lock_of_key(prefix, mark.as_bytes(), 0x1f), None, "{mark}");
+            }
+        }
+        // The reason: every `%` the escape writes opens `%XX` (two uppercase hex
+        // digits), whatever the characters around it, so no escaped name is `%broken`.
+        let chars = (' '..='~').chain(['é', '日', '\u{10FFFF}']);
+        for c in chars {
+            let range = lock_prefix("", &LockName::new(format!("{c}%{c}/b{c}")).expect("valid"));
+            let segment = range.strip_suffix('/').expect("a range ends with /");
+            assert!(!segment.contains('/'), "{segment}");
+            for (i, _) in segment.match_indices('%') {
+                let code = segment.get(i + 1..i + 3).expect("two digits after %");
+                assert!(
+                    code.chars()
+                        .all(|d| d.is_ascii_digit() || ('A'..='F').contains(&d)),
+                    "{segment}"
+                );
             }
         }
         assert_eq!(
