@@ -11,8 +11,10 @@ use common::{
     client, config, enable_auth, go_key, go_lease, keys_under, plain_client, raw_client, single,
     with_ttl, EtcdFactory, EtcdctlLock, GoKey, PREFIX,
 };
+use conformance::chaos::ChaosTarget;
 use conformance::inspection::{inspect_until, release, wait_for};
-use conformance::rules::unique_name;
+use conformance::proxy::ProxyMode;
+use conformance::rules::{eventually_empty, unique_name};
 use etcd_client::{Client, ConnectOptions, PutOptions};
 use lock_core::{
     DistributedLock, DistributedLockExt, ErrorKind, FencingToken, LockGuard, LockName, LockOptions,
@@ -470,4 +472,69 @@ async fn a_listing_spans_pages() {
     );
     admin.lease_client().revoke(lease).await.expect("revoke");
     assert_eq!(operator.list(&base).await.expect("list"), Vec::new());
+}
+
+/// A hold that ends while a break is under way (here released and taken again by the
+/// same client, under the very same key) is not hit: the break's transaction compares
+/// the create revision it read, so it removes nothing, returns `None`, leaves no mark,
+/// and revokes the mark's lease; the new hold keeps its key and renews.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hold_that_ends_during_a_break_is_not_hit() {
+    /// Added to every chunk both ways on the operator's link: each request of the break
+    /// takes about twice this.
+    const DELAY: Duration = Duration::from_millis(400);
+    let Some(factory) = EtcdFactory::start().await else {
+        return;
+    };
+    let holder = client(&factory.servers.addrs(), with_ttl(Duration::from_secs(5))).await;
+    let (operator, link) = factory
+        .linked_client(with_ttl(Duration::from_secs(5)))
+        .await;
+    let lock = unique_name("operate_race");
+    let range = factory.range(&lock);
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    let first = keys_under(factory.admin(), &range).await;
+    operator
+        .list("")
+        .await
+        .expect("the operator's connection is up");
+
+    link.set_mode(ProxyMode::Delay {
+        base: DELAY,
+        jitter: Duration::ZERO,
+    });
+    let breaking = {
+        let (operator, lock) = (Arc::clone(&operator), lock.clone());
+        tokio::spawn(async move { operator.force_release(&lock).await })
+    };
+    // The break has read the holder (after one delay) and not yet written (after four
+    // round trips): the hold ends and the same client takes the name again.
+    sleep(DELAY * 5 / 2).await;
+    release(guard).await;
+    let again = holder.lock(lock.as_str()).await.expect("acquire again");
+    let second = keys_under(factory.admin(), &range).await;
+    assert_eq!(second.len(), 1);
+    assert_eq!(second[0].0, first[0].0, "the same key, created again");
+    assert!(second[0].1 > first[0].1);
+    assert!(!breaking.is_finished(), "the break ended too early to race");
+
+    let removed = timeout(Duration::from_secs(20), breaking)
+        .await
+        .expect("the break ends")
+        .expect("break task")
+        .expect("break");
+    link.set_mode(ProxyMode::Pass);
+    assert_eq!(removed, None, "the break hit a hold it never read");
+    assert_eq!(keys_under(factory.admin(), &range).await, second);
+    assert!(keys_under(factory.admin(), &format!("{PREFIX}/%broken/"))
+        .await
+        .is_empty());
+    again.extend().await.expect("the new hold renews");
+    release(again).await;
+    eventually_empty(
+        &factory,
+        &[lock],
+        "a_hold_that_ends_during_a_break_is_not_hit",
+    )
+    .await;
 }
