@@ -1,6 +1,8 @@
 //! The operator's calls on etcd beyond what the conformance rule sees: breaking an
-//! `etcdctl lock` holder, names with `/` and `%` listed exactly, the marks of broken holds
-//! (their bounded lease, never listed, never a contender), and typed errors.
+//! `etcdctl lock` holder, names with `/` and `%` listed exactly, a listing of several
+//! pages, the marks of broken holds (their bounded lease, never listed, never a
+//! contender, revoked by the broken hold's release), a hold that ends during a break
+//! (not hit), and typed errors (refused permissions, a dead server).
 
 mod common;
 
