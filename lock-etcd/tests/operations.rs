@@ -338,8 +338,9 @@ async fn a_broken_holds_release_says_so_and_removes_the_mark() {
 }
 
 /// A user who may read the locks but not write them cannot break one: a typed
-/// configuration error, the holder's key untouched and no mark nor mark lease left; one
-/// who may not read them cannot list them. With the server down, listing and breaking
+/// configuration error, the holder's key untouched and no mark nor mark lease left; a
+/// prefix no name can start with is an invalid name; one who may not read the locks
+/// cannot list them. With the server down, listing and breaking
 /// fail with retryable connection errors within their deadlines.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn refusals_and_a_dead_server_are_typed_errors() {
@@ -400,6 +401,12 @@ async fn refusals_and_a_dead_server_are_typed_errors() {
     {
         assert!(Instant::now() < deadline, "the refused break left a lease");
         sleep(Duration::from_millis(50)).await;
+    }
+
+    // A prefix no name can start with is refused before anything is sent.
+    for bad in ["a\nb".to_owned(), "x".repeat(lock_core::MAX_NAME_BYTES + 1)] {
+        let err = reader.list(&bad).await.expect_err("a bad prefix");
+        assert_eq!(err.kind(), ErrorKind::InvalidName, "{err}");
     }
 
     let stranger = EtcdLock::connect(as_user("stranger"))
