@@ -22,7 +22,6 @@ use crate::config::EtcdConfig;
 use crate::connection::{EtcdClient, KeepAlive, Session};
 use crate::error::{unexpected, BACKEND};
 use crate::hold::{self, delete_if_ours, EtcdHold, HoldCheck};
-use crate::inspect;
 use crate::layout::{broken_mark, lock_prefix};
 use crate::operator;
 use crate::queue::{Queue, Slot, Slots};
@@ -319,7 +318,7 @@ impl Backend for EtcdBackend {
     /// The keys of the name's range in create revision order, and a token floor (see
     /// *Operating* in the crate docs). No participant shows a `since`: etcd keeps no time.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
-        inspect::inspect(&self.client, &self.lock_prefix(name)).await
+        operator::inspect(&self.client, &self.lock_prefix(name)).await
     }
 
     /// The names with a queue key under the prefix, from keys-only range reads (see

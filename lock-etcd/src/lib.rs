@@ -5,7 +5,6 @@ mod config;
 mod connection;
 mod error;
 mod hold;
-mod inspect;
 mod layout;
 mod operator;
 mod queue;

@@ -1,22 +1,104 @@
-//! What an operator does beyond inspecting a lock: list the held names under a prefix
-//! ([`list`]) and break a hold ([`force_release`]).
+//! What an operator asks and does: who holds and who waits for a lock ([`inspect`]),
+//! which names are held under a prefix ([`list`]), and breaking a hold
+//! ([`force_release`]).
+//!
+//! An inspection is one linearizable range read of the lock's key range, in create
+//! revision order (the first holds, the rest wait, as `concurrency.Mutex` orders them),
+//! and one `LeaseTimeToLive` (without keys) more for the holder's lease when the lock is
+//! held. No participant shows since when it is there ([`Participant::since`] is `None`):
+//! etcd records revisions for keys, no time.
 //!
 //! A listing reads keys only, page by page, all pages at the revision of the first, so
-//! it shows one moment; every request is under the request timeout. Breaking costs a
-//! read, a lease read, a lease grant and one transaction.
+//! it shows one moment. Breaking costs a read, a lease read, a lease grant and one
+//! transaction. Every request is under the request timeout.
+//!
+//! # Token floor
+//! The revision the range was read at, lowered below the second key's create revision
+//! when there is one: every key put later has a greater create revision, and every waiter
+//! already queued is granted a token above the floor as well.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use etcd_client::{Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp};
-use lock_core::{Error, LockName, Participant, Result};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
+};
+use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
 
-use crate::connection::{first_kv, ttl_seconds, EtcdClient};
-use crate::error::BACKEND;
-use crate::inspect::{holder, lease_ttl};
+use crate::connection::{first_kv, header_revision, ttl_seconds, EtcdClient, LeaseTtl};
+use crate::error::{unexpected, BACKEND};
 use crate::layout::{
     broken_mark, first_created, lock_of_key, names_under, range_end, MARK_TTL_FLOOR,
 };
+
+const WHAT: &str = "inspecting a lock";
+
+/// The occupancy of the lock whose key range is `prefix`.
+///
+/// # Errors
+/// [`lock_core::Error::InvalidConfig`] when the range may not be read (permission
+/// denied); connection errors, or [`lock_core::Error::Unavailable`] without a quorum.
+pub(crate) async fn inspect(client: &EtcdClient, prefix: &str) -> Result<Occupancy> {
+    let queue = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    let txn = Txn::new().and_then([TxnOp::get(prefix, Some(queue))]);
+    let response = client.txn(WHAT, txn).await?;
+    let read_at = header_revision(&response, WHAT)?;
+    let ops = response.op_responses();
+    let Some(TxnOpResponse::Get(range)) = ops.first() else {
+        return Err(unexpected(WHAT, "an answer without the range"));
+    };
+    let keys = range.kvs();
+    let mut floor = read_at;
+    if let Some(second) = keys.get(1) {
+        floor = floor.min(second.create_revision() - 1);
+    }
+    let holder = match keys.first() {
+        Some(kv) => Some(holder(kv, lease_ttl(client, kv.lease()).await)?),
+        None => None,
+    };
+    let waiters = keys.iter().skip(1).map(participant).collect();
+    Ok(Occupancy::new(holder, waiters).token_floor(Some(token(floor)?)))
+}
+
+/// The holding key `kv` (whose lease shows `lease`): a participant with its create
+/// revision as fencing token and what its lease has left.
+fn holder(kv: &KeyValue, lease: Option<LeaseTtl>) -> Result<Participant> {
+    Ok(participant(kv)
+        .fencing_token(Some(token(kv.create_revision())?))
+        .lease_left(lease.map(|lease| lease.left)))
+}
+
+/// A queued key: its value is the owner token (ours; none from the Go client, which
+/// stores an empty value).
+fn participant(kv: &KeyValue) -> Participant {
+    let value = String::from_utf8_lossy(kv.value());
+    // The lease id, in the lowercase hex the key name carries.
+    let session = (kv.lease() != 0).then(|| format!("{:x}", kv.lease()));
+    Participant::new(Some(value.into_owned()).filter(|token| !token.is_empty())).session(session)
+}
+
+/// A revision as a fencing token (the lock grants its key's create revision).
+fn token(revision: i64) -> Result<FencingToken> {
+    u64::try_from(revision)
+        .map(FencingToken)
+        .map_err(|_| unexpected(WHAT, format!("revision {revision}")))
+}
+
+/// What lease `id` has left and was granted; `None` without a lease, or when it cannot
+/// be read (it may be refused where the lease has keys we may not read): the rest of the
+/// answer stands.
+async fn lease_ttl(client: &EtcdClient, id: i64) -> Option<LeaseTtl> {
+    if id == 0 {
+        return None;
+    }
+    client.lease_ttl(id).await.unwrap_or_else(|err| {
+        tracing::debug!(lease = format_args!("{id:x}"), error = %err, "the holder's lease could not be read");
+        None
+    })
+}
 
 /// Keys per page of a listing.
 const PAGE: i64 = 1000;

@@ -11,8 +11,8 @@ mod config;
 mod connection;
 mod error;
 mod hold;
-mod inspect;
 mod layout;
+mod operator;
 mod queue;
 mod redlock;
 

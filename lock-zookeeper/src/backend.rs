@@ -19,8 +19,8 @@ use crate::config::ZkConfig;
 use crate::connection::Session;
 use crate::error::BACKEND;
 use crate::hold::{self, ZkHold};
-use crate::inspect;
 use crate::layout::{lock_dir, node_marker};
+use crate::operator;
 use crate::queue::{Queue, QueuedNode, Step};
 
 /// New sessions an acquire waits through before failing.
@@ -154,19 +154,19 @@ impl Backend for ZkBackend {
         hold::release(&self.session, hold).await
     }
 
-    /// The lock nodes in queue order; see [`crate::inspect`] for the token floor.
+    /// The lock nodes in queue order; see [`crate::operator`] for the token floor.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
-        inspect::inspect(&self.session, &self.lock_dir(name)).await
+        operator::inspect(&self.session, &self.lock_dir(name)).await
     }
 
     /// The directories under the prefix with a lock node (crate docs, *Operating*).
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
-        inspect::list(&self.session, &self.config().prefix, prefix).await
+        operator::list(&self.session, &self.config().prefix, prefix).await
     }
 
     /// Deletes the first lock node and marks its owner broken (crate docs, *Operating*).
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
-        hold::force_release(&self.session, &self.lock_dir(name)).await
+        operator::force_release(&self.session, &self.lock_dir(name)).await
     }
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {

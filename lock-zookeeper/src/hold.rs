@@ -1,5 +1,5 @@
-//! Holds and their lease on ZooKeeper: the hold type, renewal and release requests, the
-//! lease a hold gets, and breaking another client's hold ([`force_release`]).
+//! Holds and their lease on ZooKeeper: the hold type, renewal and release requests, and
+//! the lease a hold gets.
 //!
 //! A hold is an ephemeral node: it lives as long as the session, which the client library
 //! keeps alive with pings. Renewal of all holds of a client is a barrier the leader
@@ -24,27 +24,18 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{BackendRelease, Backoff, RenewItem, RenewOutcome};
-use lock_core::{Error, LostReason, Participant, Result};
-use tokio::time::sleep;
+use lock_core::raw::{BackendRelease, RenewItem, RenewOutcome};
+use lock_core::{Error, LostReason, Result};
 use zookeeper_client as zk;
 
 use crate::connection::{Live, Session};
 use crate::error::{from_client, is_session_gone, read_found, BACKEND};
-use crate::inspect;
-use crate::layout::{
-    is_marked_broken, mark_broken, owner_token, owner_token_of_path, parent, queue_order,
-};
+use crate::layout::{is_marked_broken, owner_token_of_path, parent};
 
 /// Operations per `multiRead` request.
 const RENEW_CHUNK: usize = 500;
 /// Attempts of a background delete.
 const DELETE_ATTEMPTS: usize = 3;
-/// Attempts of a break whose holder or marks changed under it.
-const BREAK_ATTEMPTS: usize = 8;
-/// First pause before such an attempt.
-const BREAK_PAUSE: Duration = Duration::from_millis(10);
-const BREAK: &str = "break lock";
 
 /// One hold: the lock node and the session (epoch and id) it belongs to.
 #[derive(Debug)]
@@ -268,96 +259,6 @@ async fn gone_reasons(session: &Session, live: &Live, paths: &[&str]) -> Vec<Los
             }
         })
         .collect()
-}
-
-/// Breaks the hold of lock directory `dir`: deletes its first lock node (at the version
-/// read) and marks its owner token broken in the namespace root's data (see
-/// [`crate::layout`]), in one transaction; returns the holder removed, `None` if the
-/// directory has no lock node. Starts over, at most [`BREAK_ATTEMPTS`] times after a
-/// short pause, when the holder or the root's data changed in between (the holder left
-/// by itself and the next one holds now; another break wrote its mark): what it removes
-/// is the holder at the moment of the transaction. Where the root refuses `setData`, the
-/// node is deleted without a mark.
-///
-/// Each attempt takes three round trips under the request timeout each: a barrier with
-/// the listing of `dir` and the data of the root; the stat of the holder's node; the
-/// transaction.
-///
-/// # Errors
-/// [`Error::InvalidConfig`] when the directory refuses the delete (`NoAuth`); connection
-/// errors (the hold may or may not be removed); [`Error::Unavailable`] while no session
-/// is established or when the holder kept changing.
-pub(crate) async fn force_release(session: &Session, dir: &str) -> Result<Option<Participant>> {
-    let live = session.live()?;
-    let root = parent(dir);
-    let failed = |err| from_client(BREAK, err);
-    let mut backoff = Backoff::new(BREAK_PAUSE, BREAK_PAUSE * 16);
-    for _ in 0..BREAK_ATTEMPTS {
-        let (barrier, listed, read) = session
-            .call(BREAK, async {
-                tokio::join!(
-                    live.barrier(dir),
-                    live.client.list_children(dir),
-                    live.client.get_data(root)
-                )
-            })
-            .await?;
-        barrier.map_err(failed)?;
-        let (children, (marks, root_stat)) = match (listed, read) {
-            (Ok(children), Ok(read)) => (children, read),
-            (Err(zk::Error::NoNode), _) | (_, Err(zk::Error::NoNode)) => return Ok(None),
-            (Err(err), _) | (_, Err(err)) => return Err(failed(err)),
-        };
-        let Some(node) = queue_order(&children).first().map(|node| node.to_string()) else {
-            return Ok(None);
-        };
-        let path = format!("{dir}/{node}");
-        let Some(stat) = session
-            .call(BREAK, live.client.check_stat(&path))
-            .await?
-            .map_err(failed)?
-        else {
-            continue;
-        };
-        let holder = inspect::holder(&node, &stat)?;
-        let mut writer = live.client.new_multi_writer();
-        writer
-            .add_delete(&path, Some(stat.version))
-            .map_err(failed)?;
-        if let Some(token) = owner_token(&node) {
-            writer
-                .add_set_data(root, &mark_broken(&marks, token), Some(root_stat.version))
-                .map_err(failed)?;
-        }
-        match session.call(BREAK, writer.commit()).await? {
-            Ok(_) => return Ok(Some(holder)),
-            Err(zk::MultiWriteError::OperationFailed {
-                index: 0 | 1,
-                source: zk::Error::NoNode | zk::Error::BadVersion,
-            }) => {}
-            Err(zk::MultiWriteError::OperationFailed {
-                index: 1,
-                source: zk::Error::NoAuth,
-            }) => {
-                tracing::debug!(%root, "namespace root refuses setData; breaking without a mark");
-                match session
-                    .call(BREAK, live.client.delete(&path, Some(stat.version)))
-                    .await?
-                {
-                    Ok(()) => return Ok(Some(holder)),
-                    Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
-                    Err(err) => return Err(failed(err)),
-                }
-            }
-            Err(err) => return Err(failed(err.into())),
-        }
-        sleep(backoff.next_pause()).await;
-    }
-    Err(Error::Unavailable {
-        backend: BACKEND,
-        message: format!("the holder of {dir} kept changing while it was being broken"),
-        source: None,
-    })
 }
 
 /// The lease a hold gets for `ttl` on session `live`: the shorter of the TTL and the

@@ -5,8 +5,8 @@ mod config;
 mod connection;
 mod error;
 mod hold;
-mod inspect;
 mod layout;
+mod operator;
 mod queue;
 
 pub use backend::ZkBackend;

@@ -1,9 +1,10 @@
-//! What a lock directory shows ([`inspect`]): its lock nodes in queue order (the first
-//! holds, the rest wait), their owner tokens, sessions and creation times, the holder's
-//! fencing token, and the token floor; and which directories of a namespace have a holder
-//! ([`list`]).
+//! What an operator asks and does: what a lock directory shows ([`inspect`]: its lock
+//! nodes in queue order (the first holds, the rest wait), their owner tokens, sessions
+//! and creation times, the holder's fencing token, and the token floor), which
+//! directories of a namespace have a holder ([`list`]), and breaking a hold
+//! ([`force_release`]).
 //!
-//! Two round trips at most, each under the request timeout: a barrier, the listing
+//! An inspection takes two round trips at most, each under the request timeout: a barrier, the listing
 //! of the directory (with its stat) and the stats of its ancestors, sent together; then
 //! the stats of the lock nodes listed, sent together (`exists` needs no READ on the node,
 //! so nodes with a creator-only ACL are read as well). An empty or missing directory
@@ -22,15 +23,22 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::join_all;
 use futures::{stream, StreamExt, TryStreamExt};
-use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
+use lock_core::raw::Backoff;
+use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
+use tokio::time::sleep;
 use zookeeper_client as zk;
 
 use crate::connection::{Live, Session};
-use crate::error::{from_client, read_found};
-use crate::layout::{owner_token, queue_order, unescape_segment};
+use crate::error::{from_client, read_found, BACKEND};
+use crate::layout::{mark_broken, owner_token, parent, queue_order, unescape_segment};
 use crate::queue::{fencing, Step};
 
 const WHAT: &str = "inspect lock directory";
+const BREAK: &str = "break lock";
+/// Attempts of a break whose holder or marks changed under it.
+const BREAK_ATTEMPTS: usize = 8;
+/// First pause before such an attempt.
+const BREAK_PAUSE: Duration = Duration::from_millis(10);
 const LIST: &str = "list lock directories";
 /// Directories read per `multiRead` of a listing.
 const LIST_CHUNK: usize = 500;
@@ -229,6 +237,96 @@ fn ancestors(dir: &str) -> Vec<&str> {
         }
     }
     out
+}
+
+/// Breaks the hold of lock directory `dir`: deletes its first lock node (at the version
+/// read) and marks its owner token broken in the namespace root's data (see
+/// [`crate::layout`]), in one transaction; returns the holder removed, `None` if the
+/// directory has no lock node. Starts over, at most [`BREAK_ATTEMPTS`] times after a
+/// short pause, when the holder or the root's data changed in between (the holder left
+/// by itself and the next one holds now; another break wrote its mark): what it removes
+/// is the holder at the moment of the transaction. Where the root refuses `setData`, the
+/// node is deleted without a mark.
+///
+/// Each attempt takes three round trips under the request timeout each: a barrier with
+/// the listing of `dir` and the data of the root; the stat of the holder's node; the
+/// transaction.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] when the directory refuses the delete (`NoAuth`); connection
+/// errors (the hold may or may not be removed); [`Error::Unavailable`] while no session
+/// is established or when the holder kept changing.
+pub(crate) async fn force_release(session: &Session, dir: &str) -> Result<Option<Participant>> {
+    let live = session.live()?;
+    let root = parent(dir);
+    let failed = |err| from_client(BREAK, err);
+    let mut backoff = Backoff::new(BREAK_PAUSE, BREAK_PAUSE * 16);
+    for _ in 0..BREAK_ATTEMPTS {
+        let (barrier, listed, read) = session
+            .call(BREAK, async {
+                tokio::join!(
+                    live.barrier(dir),
+                    live.client.list_children(dir),
+                    live.client.get_data(root)
+                )
+            })
+            .await?;
+        barrier.map_err(failed)?;
+        let (children, (marks, root_stat)) = match (listed, read) {
+            (Ok(children), Ok(read)) => (children, read),
+            (Err(zk::Error::NoNode), _) | (_, Err(zk::Error::NoNode)) => return Ok(None),
+            (Err(err), _) | (_, Err(err)) => return Err(failed(err)),
+        };
+        let Some(node) = queue_order(&children).first().map(|node| node.to_string()) else {
+            return Ok(None);
+        };
+        let path = format!("{dir}/{node}");
+        let Some(stat) = session
+            .call(BREAK, live.client.check_stat(&path))
+            .await?
+            .map_err(failed)?
+        else {
+            continue;
+        };
+        let holder = holder(&node, &stat)?;
+        let mut writer = live.client.new_multi_writer();
+        writer
+            .add_delete(&path, Some(stat.version))
+            .map_err(failed)?;
+        if let Some(token) = owner_token(&node) {
+            writer
+                .add_set_data(root, &mark_broken(&marks, token), Some(root_stat.version))
+                .map_err(failed)?;
+        }
+        match session.call(BREAK, writer.commit()).await? {
+            Ok(_) => return Ok(Some(holder)),
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 0 | 1,
+                source: zk::Error::NoNode | zk::Error::BadVersion,
+            }) => {}
+            Err(zk::MultiWriteError::OperationFailed {
+                index: 1,
+                source: zk::Error::NoAuth,
+            }) => {
+                tracing::debug!(%root, "namespace root refuses setData; breaking without a mark");
+                match session
+                    .call(BREAK, live.client.delete(&path, Some(stat.version)))
+                    .await?
+                {
+                    Ok(()) => return Ok(Some(holder)),
+                    Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
+                    Err(err) => return Err(failed(err)),
+                }
+            }
+            Err(err) => return Err(failed(err.into())),
+        }
+        sleep(backoff.next_pause()).await;
+    }
+    Err(Error::Unavailable {
+        backend: BACKEND,
+        message: format!("the holder of {dir} kept changing while it was being broken"),
+        source: None,
+    })
 }
 
 #[cfg(test)]
