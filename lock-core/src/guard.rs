@@ -149,7 +149,7 @@ impl fmt::Display for LostReason {
             LostReason::SessionExpired => "the session expired",
             LostReason::HoldCapReached => "the maximum hold time was reached",
             LostReason::Released => "it was released",
-            LostReason::Broken => "an operator broke it (forced release on the server)",
+            LostReason::Broken => "an operator broke it with a forced release",
             LostReason::OnSide { side, reason } => {
                 return write!(f, "on the {side} backend, {reason}")
             }
