@@ -52,7 +52,8 @@ Exit codes:
 )]
 struct Cli {
     /// Lock service URL: redis://, rediss://, redlock://, zk://, etcd://, etcds://,
-    /// memory://, dual:OLD|NEW (default: $LOCK_URL, else memory://).
+    /// memory://, dual:OLD|NEW (default: $LOCK_URL; run, hold and try fall back to
+    /// memory://, the other commands need a shared service).
     #[arg(long, global = true, env = "LOCK_URL", hide_env = true)]
     url: Option<String>,
     #[command(subcommand)]
@@ -66,7 +67,7 @@ struct AcquireArgs {
     #[arg(short = 'n', long = "nonblock", conflicts_with = "timeout")]
     nonblock: bool,
     /// Give up after this long (exit 75, or -E): seconds as flock takes them (10, 0.5)
-    /// or a duration (250ms, 30s, 2m). Default: wait forever.
+    /// or a duration (250ms, 30s, 2m); 0 is -n. Default: wait forever.
     #[arg(short = 'w', long = "timeout", value_parser = parse_seconds)]
     timeout: Option<Duration>,
     /// Exit code when the lock was not acquired (-n or -w).
@@ -211,10 +212,30 @@ fn main() -> ExitCode {
     }
 }
 
+/// The lock service URL, for `run`, `hold` and `try`: `memory://` when none is given.
+fn url_or_memory(url: Option<String>) -> String {
+    url.unwrap_or_else(|| "memory://".to_owned())
+}
+
+/// The lock service URL, for commands that look at other processes' locks: there must be
+/// one, and not `memory://`, which sees this process's locks alone (it would answer
+/// "free" and "nothing to break" with confidence).
+fn shared_url(url: Option<String>) -> Result<String, BoxError> {
+    let url = url.ok_or("no lock service: give --url or set LOCK_URL")?;
+    if url.trim().to_ascii_lowercase().starts_with("memory:") {
+        return Err(
+            "memory:// only holds this process's locks: give the URL of a shared lock \
+                    service"
+                .into(),
+        );
+    }
+    Ok(url)
+}
+
 async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
-    let url = cli.url.unwrap_or_else(|| "memory://".to_owned());
+    let url = cli.url;
     match cli.command {
-        Command::Migration(command) => migration::run(&url, command).await,
+        Command::Migration(command) => migration::run(&shared_url(url)?, command).await,
         Command::Run {
             acquire,
             grace,
@@ -226,19 +247,23 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
                 Some(line) => vec!["sh".into(), "-c".into(), line.into()],
                 None => command,
             };
-            run::run(&url, &acquire, &name, &command, grace).await
+            run::run(&url_or_memory(url), &acquire, &name, &command, grace).await
         }
         Command::Hold {
             acquire,
             name,
             duration,
-        } => run::hold(&url, &acquire, &name, duration).await,
+        } => run::hold(&url_or_memory(url), &acquire, &name, duration).await,
         Command::Try {
             name,
             conflict_exit_code,
-        } => run::try_once(&url, &name, conflict_exit_code).await,
-        Command::Status { name, json } => operate::status(&url, &name, json).await,
-        Command::List { prefix, long, json } => operate::list(&url, &prefix, long, json).await,
-        Command::Break { name, force, json } => operate::break_lock(&url, &name, force, json).await,
+        } => run::try_once(&url_or_memory(url), &name, conflict_exit_code).await,
+        Command::Status { name, json } => operate::status(&shared_url(url)?, &name, json).await,
+        Command::List { prefix, long, json } => {
+            operate::list(&shared_url(url)?, &prefix, long, json).await
+        }
+        Command::Break { name, force, json } => {
+            operate::break_lock(&shared_url(url)?, &name, force, json).await
+        }
     }
 }

@@ -44,10 +44,11 @@ pub(crate) async fn list(
     let names = locks.list(prefix).await?;
     if !long {
         if json {
-            println!(
-                "{:#}",
-                json!(names.iter().map(LockName::as_str).collect::<Vec<_>>())
-            );
+            let names: Vec<Value> = names
+                .iter()
+                .map(|name| json!({ "name": name.as_str() }))
+                .collect();
+            println!("{:#}", Value::Array(names));
         } else {
             for name in &names {
                 println!("{name}");
@@ -85,7 +86,8 @@ async fn inspect_all(
 }
 
 /// `lockctl break NAME [--force]`: exit 0 if a hold was removed, 3 if none was there, 2
-/// without `--force` (nothing is touched then).
+/// without `--force` (nothing is touched then; what would be broken is shown, with
+/// `--json` as `status --json` shows it).
 pub(crate) async fn break_lock(
     url: &str,
     name: &str,
@@ -96,7 +98,11 @@ pub(crate) async fn break_lock(
     let locks = distlock::connect(url).await?;
     if !force {
         let occupancy = locks.inspect(&name).await?;
-        eprint!("{}", occupancy_text(&name, &occupancy, SystemTime::now()));
+        if json {
+            println!("{:#}", occupancy_json(&name, &occupancy));
+        } else {
+            eprint!("{}", occupancy_text(&name, &occupancy, SystemTime::now()));
+        }
         eprintln!(
             "lockctl: not breaking `{name}` without --force: the holder may still be working \
              until its next renewal notices, and only fenced writes are safe meanwhile"

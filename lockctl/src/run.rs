@@ -29,6 +29,7 @@ use std::process::{ExitCode, ExitStatus};
 use std::sync::Arc;
 use std::time::Duration;
 
+use distlock::migration::DualConfig;
 use distlock::{
     AcquireOptions, DistributedLock, LockGuard, LockName, LockState, ReleaseOutcome, Wait,
 };
@@ -78,37 +79,40 @@ pub(crate) fn trampoline_if_asked() -> Option<ExitCode> {
 }
 
 /// `url` with its `ttl` option set to `ttl` (on both sides of a dual lock).
-fn url_with_ttl(url: &str, ttl: Duration) -> String {
-    if let Some(sides) = url.strip_prefix("dual:") {
-        let sides: Vec<String> = sides
-            .split('|')
-            .map(|side| url_with_ttl(side, ttl))
-            .collect();
-        return format!("dual:{}", sides.join("|"));
+fn url_with_ttl(url: &str, ttl: Duration) -> Result<String, distlock::Error> {
+    if let Some(dual) = DualConfig::from_url(url)? {
+        let sides = DualConfig::new(url_with_ttl(&dual.old, ttl)?, url_with_ttl(&dual.new, ttl)?);
+        return Ok(sides.url());
     }
+    let (url, fragment) = url
+        .split_once('#')
+        .map_or((url, None), |(u, f)| (u, Some(f)));
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let mut pairs: Vec<String> = query
+    let mut pairs: Vec<&str> = query
         .split('&')
         .filter(|pair| !pair.is_empty() && !pair.starts_with("ttl="))
-        .map(str::to_owned)
         .collect();
-    pairs.push(format!("ttl={}", distlock::raw::format_duration(ttl)));
-    format!("{base}?{}", pairs.join("&"))
+    let ttl = format!("ttl={}", distlock::raw::format_duration(ttl));
+    pairs.push(&ttl);
+    let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
+    Ok(format!("{base}?{}{fragment}", pairs.join("&")))
 }
 
 /// A client for `url`, with the lease `acquire.ttl` asks for.
 async fn connect(url: &str, acquire: &AcquireArgs) -> Result<Arc<dyn DistributedLock>, BoxError> {
     let url = match acquire.ttl {
-        Some(ttl) => url_with_ttl(url, ttl),
+        Some(ttl) => url_with_ttl(url, ttl)?,
         None => url.to_owned(),
     };
     Ok(distlock::connect(&url).await?)
 }
 
 impl AcquireArgs {
+    /// How to wait: `-w 0` is `-n`, as for flock.
     fn wait(&self) -> Wait {
         match (self.nonblock, self.timeout) {
             (true, _) => Wait::Try,
+            (false, Some(limit)) if limit.is_zero() => Wait::Try,
             (false, Some(limit)) => Wait::Timeout(limit),
             (false, None) => Wait::Forever,
         }
@@ -155,7 +159,11 @@ pub(crate) async fn hold(
     loop {
         tokio::select! {
             state = watch.changed() => {
-                println!("state: {state:?}");
+                match state {
+                    LockState::Held => println!("state: held"),
+                    LockState::Suspect => println!("state: suspect (renewal failing)"),
+                    LockState::Lost(reason) => println!("state: lost ({reason})"),
+                }
                 if let LockState::Lost(reason) = state {
                     eprintln!("lockctl: lost `{name}`: {reason}");
                     return Ok(ExitCode::from(EXIT_LOCK));
@@ -336,14 +344,17 @@ mod tests {
     #[test]
     fn ttl_is_set_once_on_every_side() {
         let ttl = Duration::from_millis(1500);
-        assert_eq!(url_with_ttl("redis://h:1", ttl), "redis://h:1?ttl=1500ms");
+        let with = |url| url_with_ttl(url, ttl).expect("a valid URL");
+        assert_eq!(with("redis://h:1"), "redis://h:1?ttl=1500ms");
         assert_eq!(
-            url_with_ttl("zk://h:1/locks?ttl=5s&recheck=1s", ttl),
+            with("zk://h:1/locks?ttl=5s&recheck=1s"),
             "zk://h:1/locks?recheck=1s&ttl=1500ms"
         );
         assert_eq!(
-            url_with_ttl("dual:zk://a:1/l?ttl=2s|redis://b:2", ttl),
+            with(" DUAL:zk://a:1/l?ttl=2s | redis://b:2 "),
             "dual:zk://a:1/l?ttl=1500ms|redis://b:2?ttl=1500ms"
         );
+        assert_eq!(with("redis://h:1#x"), "redis://h:1?ttl=1500ms#x");
+        assert!(url_with_ttl("dual:zk://a:1", ttl).is_err());
     }
 }

@@ -13,6 +13,8 @@ use std::time::Duration;
 
 use conformance::harness::{or_skip, EtcdServer, RedisNodes, RedisServer, ZkServer};
 use distlock::{DistributedLock, DistributedLockExt, LockState, LostReason, ReleaseOutcome};
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
 use serde_json::Value;
 use tokio::time::{timeout, Instant};
 
@@ -87,7 +89,7 @@ async fn operate(url: &str) {
 
     // list: the held name under its prefix, with its holder in the long form.
     let listed = json(&lockctl(url, &["list", &prefix, "--json"]).await, 0);
-    assert_eq!(listed, serde_json::json!([name]), "{listed}");
+    assert_eq!(listed, serde_json::json!([{ "name": name }]), "{listed}");
     let long = lockctl(url, &["list", "-l", &prefix]).await;
     let stdout = String::from_utf8_lossy(&long.stdout);
     assert!(
@@ -107,6 +109,8 @@ async fn operate(url: &str) {
         "{}",
         text(&refused)
     );
+    let would = json(&lockctl(url, &["break", &name, "--json"]).await, 2);
+    assert!(is_owner(&would["holder"]["owner_token"], &guard), "{would}");
     assert_eq!(guard.state(), LockState::Held);
 
     // break --force: the waiter gets the lock at once, the broken guard is Lost: Broken.
@@ -163,6 +167,35 @@ async fn operate(url: &str) {
     // Bad input: a typed error, exit 1.
     let bad = lockctl(url, &["status", ""]).await;
     assert_eq!(bad.status.code(), Some(1), "{}", text(&bad));
+}
+
+/// `status`, `list` and `break` need the URL of a shared service: none given, or
+/// `memory://` (which sees this process's locks alone), is an error, not a confident
+/// "free".
+#[tokio::test]
+async fn operator_commands_refuse_to_guess_the_service() {
+    for args in [&["status", "x"][..], &["list"], &["break", "x", "--force"]] {
+        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(args)
+            .env_remove("LOCK_URL")
+            .kill_on_drop(true)
+            .output()
+            .await
+            .expect("lockctl runs");
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {}", text(&output));
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("--url or set LOCK_URL"),
+            "{}",
+            text(&output)
+        );
+        let output = lockctl("memory://", args).await;
+        assert_eq!(output.status.code(), Some(1), "{args:?}: {}", text(&output));
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("memory://"),
+            "{}",
+            text(&output)
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -238,6 +271,10 @@ async fn run_follows_flock_conventions() {
     let output = run(&["NAME", "--", "/"]).await;
     assert_eq!(output.status.code(), Some(126), "{}", text(&output));
 
+    // -w 0 is -n: a free lock is taken.
+    let output = run(&["-w", "0", "NAME", "true"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+
     // Held elsewhere: -n fails at once, -E picks the code, -w waits that long.
     let client = distlock::connect(&url).await.expect("connect");
     let held = client.lock(&name).await.expect("acquire");
@@ -246,6 +283,8 @@ async fn run_follows_flock_conventions() {
     assert_eq!(output.status.code(), Some(75), "{}", text(&output));
     let output = run(&["-n", "-E", "9", "NAME", "true"]).await;
     assert_eq!(output.status.code(), Some(9), "{}", text(&output));
+    let output = run(&["-w", "0", "NAME", "true"]).await;
+    assert_eq!(output.status.code(), Some(75), "{}", text(&output));
     let waited_from = Instant::now();
     let output = run(&["-w", "0.5", "NAME", "true"]).await;
     assert_eq!(output.status.code(), Some(75), "{}", text(&output));
@@ -253,15 +292,16 @@ async fn run_follows_flock_conventions() {
     assert!(started.elapsed() < WAIT);
     held.release().await.expect("release");
 
-    // --ttl: the lease the server keeps is the one asked for.
-    let holder = {
-        let url = url.clone();
-        let name = name.clone();
-        tokio::spawn(async move {
-            lockctl(&url, &["run", "--ttl", "4s", &name, "--", "sleep", "2"]).await
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(10);
+    // --ttl: the lease the server keeps is the one asked for. The command runs until
+    // lockctl forwards it a SIGTERM.
+    let mut holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args([
+            "--url", &url, "run", "--ttl", "4s", &name, "--", "sleep", "60",
+        ])
+        .kill_on_drop(true)
+        .spawn()
+        .expect("lockctl starts");
+    let deadline = Instant::now() + WAIT;
     let lease = loop {
         let seen = lockctl(&url, &["status", &name, "--json"]).await;
         if seen.status.code() == Some(0) {
@@ -272,6 +312,15 @@ async fn run_follows_flock_conventions() {
     };
     let lease = lease.expect("Redis shows the lease left");
     assert!((1000..=4000).contains(&lease), "lease left {lease} ms");
-    let output = holder.await.expect("run task");
-    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+    let pid = Pid::from_raw(i32::try_from(holder.id().expect("pid")).expect("pid fits"));
+    kill(pid, Signal::SIGTERM).expect("signal lockctl");
+    let status = timeout(WAIT, holder.wait())
+        .await
+        .expect("lockctl ends after the signal")
+        .expect("wait for lockctl");
+    assert_eq!(
+        status.code(),
+        Some(128 + 15),
+        "the command's death by SIGTERM"
+    );
 }
