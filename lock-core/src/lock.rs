@@ -137,7 +137,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// [`LockState::Lost`](crate::LockState::Lost) with [`LostReason::Broken`] at its
     /// next renewal at the latest (a third of its TTL), so a holder that checks its guard
     /// or fences its writes stops; one that does neither overlaps with the next holder
-    /// until then. Breaking is not a release: the holder never agreed to stop.
+    /// until then. A hold in manual renewal mode learns it at its next `extend` or release
+    /// (and is Lost with `Expired` at its validity deadline otherwise). Breaking is not a
+    /// release: the holder never agreed to stop.
     ///
     /// [`LostReason::Broken`]: crate::LostReason::Broken
     ///

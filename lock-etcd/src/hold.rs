@@ -227,16 +227,19 @@ async fn compare_holds(
         Ok(chunk
             .iter()
             .zip(ops.chunks(2))
-            .map(|(hold, ops)| match first_kv(&ops[0]) {
-                None if first_kv(&ops[1]).is_some_and(|mark| marks(mark, hold)) => {
-                    Some(LostReason::Broken)
-                }
-                None => Some(LostReason::Vanished),
+            .map(|(hold, ops)| {
                 // Recreated, or rewritten off our lease: not this hold's key any more.
-                Some(kv) if kv.create_revision() != hold.revision || kv.lease() != lease => {
-                    Some(LostReason::Taken)
+                let ours = first_kv(&ops[0])
+                    .map(|kv| kv.create_revision() == hold.revision && kv.lease() == lease);
+                match ours {
+                    Some(true) => None,
+                    // A break names this hold even when the key was taken again since.
+                    _ if first_kv(&ops[1]).is_some_and(|mark| marks(mark, hold)) => {
+                        Some(LostReason::Broken)
+                    }
+                    None => Some(LostReason::Vanished),
+                    Some(false) => Some(LostReason::Taken),
                 }
-                Some(_) => None,
             })
             .collect())
     });

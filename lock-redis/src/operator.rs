@@ -158,9 +158,18 @@ impl Inner {
             .into_iter()
             .map(|(i, (holder, pttl))| (i, (holder, pttl, None, Vec::new())))
             .collect();
-        Ok(merge(&views, self.arbiter, self.quorum)
+        // A value removed from fewer servers than a majority was no hold (an acquire under
+        // way or being undone on RedLock): removed, but not reported as a broken holder.
+        let holder = merge(&views, self.arbiter, self.quorum)
             .holder
-            .map(|holder| self.shown(holder)))
+            .filter(|holder| {
+                let on = views
+                    .iter()
+                    .filter(|(_, (value, ..))| *value == holder.owner_token)
+                    .count();
+                on >= self.quorum
+            });
+        Ok(holder.map(|holder| self.shown(holder)))
     }
 }
 

@@ -48,8 +48,14 @@ pub fn validity_deadline(requested_at: Instant, lease: Duration) -> Instant {
 /// (at least a minute), even while the hold's session lives.
 const RELEASE_GIVE_UP: u32 = 10;
 
-/// A listing may take this many request timeouts (it may walk a tree of nodes).
-const LIST_ROUNDS: u32 = 10;
+/// An inspection may take this many request timeouts (a ZooKeeper inspection is two
+/// round trips, each under the request timeout).
+const INSPECT_ROUNDS: u32 = 3;
+/// A listing or a break may take this many request timeouts: a listing may walk many
+/// pages or nodes, a break takes up to four requests (etcd) or starts over when the holder
+/// changes under it (ZooKeeper). Each request has its own deadline in the backend; this
+/// bounds the whole call.
+const LONG_ROUNDS: u32 = 10;
 
 /// First pause before a waiting acquire retries after a retryable error.
 const RETRY_FIRST_PAUSE: Duration = Duration::from_millis(50);
@@ -149,20 +155,24 @@ impl<B: Backend> DistributedLock for LeaseClient<B> {
 
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         self.keeper
-            .deadline("inspect", 2, self.keeper.backend.inspect(name))
+            .deadline("inspect", INSPECT_ROUNDS, self.keeper.backend.inspect(name))
             .await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
         check_prefix(prefix)?;
         self.keeper
-            .deadline("list", LIST_ROUNDS, self.keeper.backend.list(prefix))
+            .deadline("list", LONG_ROUNDS, self.keeper.backend.list(prefix))
             .await
     }
 
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         self.keeper
-            .deadline("force release", 2, self.keeper.backend.force_release(name))
+            .deadline(
+                "force release",
+                LONG_ROUNDS,
+                self.keeper.backend.force_release(name),
+            )
             .await
     }
 }
