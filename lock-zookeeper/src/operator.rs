@@ -289,7 +289,8 @@ async fn break_hold(session: &Session, dir: &str) -> Result<Option<Participant>>
             Err(zk::Error::NoNode) => return Ok(None),
             Err(err) => return Err(failed(err)),
         };
-        // The marks and their version; `None` while the node does not exist.
+        // `Some(marks)`: the marks and their version, `None` while the node does not
+        // exist yet; `None` where reading them is refused (the break leaves no mark).
         let marks = match read {
             Ok((data, stat)) => Some(Some((data, stat.version))),
             Err(zk::Error::NoNode) => Some(None),

@@ -47,8 +47,8 @@ async fn broken_marks(factory: &ZkFactory) -> Vec<String> {
 
 /// Breaking a Curator `InterProcessMutex` holder returns it as inspect shows it (its
 /// protection id, its node's czxid) and grants the Curator waiter at once; the broken
-/// Curator process's release then removes nothing; the lock, its namespace's data set by
-/// the break, serves later acquisitions, ours and Curator's.
+/// Curator process's release then removes nothing; the lock, with a broken mark beside it,
+/// serves later acquisitions, ours and Curator's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn breaking_a_curator_holder_grants_the_curator_waiter() {
     let Some(setup) = CuratorSetup::start("break").await else {
@@ -109,7 +109,7 @@ async fn breaking_a_curator_holder_grants_the_curator_waiter() {
         .try_lock(name.as_str())
         .await
         .expect("try")
-        .expect("free in a directory with a broken mark");
+        .expect("free once broken");
     assert!(ours.fencing_token().0 > granted);
     assert_eq!(
         ours.release().await.expect("release"),
