@@ -95,6 +95,16 @@ impl fmt::Debug for ZkConfig {
     }
 }
 
+impl ZkAcl {
+    /// The ACL list of the nodes this client creates.
+    pub(crate) fn acls(self) -> zookeeper_client::Acls<'static> {
+        match self {
+            ZkAcl::Open => zookeeper_client::Acls::anyone_all(),
+            ZkAcl::Creator => zookeeper_client::Acls::creator_all(),
+        }
+    }
+}
+
 const KNOWN_KEYS: &str =
     "ttl, renewal, max_hold, request_timeout, recheck, chroot, acl, connect_timeout, prefix";
 

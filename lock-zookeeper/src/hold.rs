@@ -17,9 +17,10 @@
 //! pings (every `tickTime / 2`); activity the follower had no chance to report before
 //! being cut off is not counted, a residue ZooKeeper gives clients no way to close.
 //!
-//! A hold whose node is gone (found by a renewal or a release) reads the namespace
-//! root's data for a broken mark (see [`crate::layout`]) to tell [`LostReason::Broken`] from
-//! [`LostReason::Vanished`]: one more read, on that path only.
+//! A hold whose node is gone (found by a renewal or a release) reads the broken marks
+//! (see [`crate::layout`]) to tell [`LostReason::Broken`] from [`LostReason::Vanished`]:
+//! one more read, on that path only. While the marks cannot be read, such a hold stays
+//! undecided (Suspect, renewed again soon) and its release fails with a retryable error.
 
 use std::time::Duration;
 
@@ -30,10 +31,12 @@ use zookeeper_client as zk;
 
 use crate::connection::{Live, Session};
 use crate::error::{from_client, is_session_gone, read_found, BACKEND};
-use crate::layout::{is_marked_broken, owner_token_of_path, parent};
+use crate::layout::{broken_node, is_marked_broken, owner_token_of_path, parent};
 
 /// Operations per `multiRead` request.
 const RENEW_CHUNK: usize = 500;
+/// What reading the broken marks is called in errors.
+const READ_MARKS: &str = "read broken marks";
 /// Attempts of a background delete.
 const DELETE_ATTEMPTS: usize = 3;
 
@@ -105,7 +108,7 @@ pub(crate) async fn release(session: &Session, hold: &ZkHold) -> Result<BackendR
     {
         Ok(()) => Ok(BackendRelease::Released),
         Err(zk::Error::NoNode) => {
-            let reasons = gone_reasons(session, &live, &[&hold.path]).await;
+            let reasons = gone_reasons(session, &live, &[&hold.path]).await?;
             Ok(BackendRelease::NotOwner(
                 reasons.into_iter().next().unwrap_or(LostReason::Vanished),
             ))
@@ -160,9 +163,18 @@ pub(crate) async fn renew(
             .collect();
         if !gone.is_empty() {
             let paths: Vec<&str> = gone.iter().map(|i| items[*i].hold.path.as_str()).collect();
-            let reasons = gone_reasons(session, &live, &paths).await;
-            for (i, reason) in gone.into_iter().zip(reasons) {
-                outcomes[i] = Some(RenewOutcome::Lost(reason));
+            match gone_reasons(session, &live, &paths).await {
+                Ok(reasons) => {
+                    for (i, reason) in gone.into_iter().zip(reasons) {
+                        outcomes[i] = Some(RenewOutcome::Lost(reason));
+                    }
+                }
+                Err(err) => {
+                    tracing::debug!(error = %err, "holds gone for a reason not known yet");
+                    for i in gone {
+                        outcomes[i] = Some(RenewOutcome::Undecided);
+                    }
+                }
             }
         }
     }
@@ -233,32 +245,43 @@ async fn read_stats(session: &Session, live: &Live, paths: Vec<&str>) -> Result<
 }
 
 /// Why the nodes at `paths` of holds are gone: [`LostReason::Broken`] for those whose
-/// owner token their namespace root's data marks broken, else (also when the root cannot
-/// be read) [`LostReason::Vanished`]. Each root is read once, all at once.
-async fn gone_reasons(session: &Session, live: &Live, paths: &[&str]) -> Vec<LostReason> {
-    let mut roots: Vec<&str> = paths.iter().map(|path| parent(parent(path))).collect();
-    roots.sort_unstable();
-    roots.dedup();
-    let reads = join_all(roots.iter().map(|root| live.client.get_data(root)));
-    let marks: Vec<Vec<u8>> = match session.call("read broken marks", reads).await {
-        Ok(reads) => reads
-            .into_iter()
-            .map(|read| read.map(|(data, _)| data).unwrap_or_default())
-            .collect(),
-        Err(_) => vec![Vec::new(); roots.len()],
+/// owner token the marks beside their directory mark broken, else
+/// [`LostReason::Vanished`]. Each marks node is read once, all at once.
+///
+/// # Errors
+/// A retryable [`Error::Unavailable`] when a marks node could not be read: the reason is
+/// unknown then, not a vanishing.
+async fn gone_reasons(session: &Session, live: &Live, paths: &[&str]) -> Result<Vec<LostReason>> {
+    let marks_node = |path: &str| broken_node(parent(parent(path)));
+    let mut nodes: Vec<String> = paths.iter().map(|path| marks_node(path)).collect();
+    nodes.sort_unstable();
+    nodes.dedup();
+    let unreadable = |source: Error| Error::Unavailable {
+        backend: BACKEND,
+        message: "a lock node is gone and its broken marks cannot be read".to_owned(),
+        source: Some(Box::new(source)),
     };
-    paths
+    let reads = join_all(nodes.iter().map(|node| live.client.get_data(node)));
+    let mut marks = Vec::with_capacity(nodes.len());
+    for read in session.call(READ_MARKS, reads).await.map_err(unreadable)? {
+        marks.push(match read {
+            Ok((data, _)) => data,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(err) => return Err(unreadable(from_client(READ_MARKS, err))),
+        });
+    }
+    Ok(paths
         .iter()
         .map(|path| {
-            let marks = roots
-                .binary_search(&parent(parent(path)))
+            let marks = nodes
+                .binary_search(&marks_node(path))
                 .map_or(&[][..], |i| &marks[i]);
             match owner_token_of_path(path) {
                 Some(token) if is_marked_broken(marks, token) => LostReason::Broken,
                 _ => LostReason::Vanished,
             }
         })
-        .collect()
+        .collect())
 }
 
 /// The lease a hold gets for `ttl` on session `live`: the shorter of the TTL and the

@@ -3,17 +3,21 @@
 //!
 //! # Broken marks
 //! Breaking a hold ([`lock_core::DistributedLock::force_release`]) deletes the holder's
-//! node and, in the same transaction, sets the data of the namespace root (`<prefix>`) to
+//! node and, in the same transaction, sets the data of the persistent node
+//! `<prefix>/%broken` ([`broken_node`]; created by the first break under the prefix) to
 //! the owner tokens of the last [`BROKEN_KEPT`] holders broken under it, newest last, one
 //! per line (UTF-8, `\n`-separated, no trailing newline): a few kilobytes at most. A hold
 //! whose node is gone reads it to tell
 //! [`LostReason::Broken`](lock_core::LostReason::Broken) from a plain vanishing.
 //!
-//! The root, not the lock directory: every create of this crate sets its lock directory's
-//! data to none (`Queue::create` counts the directory's children that way), so an
-//! acquisition arriving after the break would wipe a mark kept there before the broken
-//! holder reads it. Owner tokens are unique per acquisition, so one list serves every
-//! name. Curator ignores the data of its lock paths' parents.
+//! A node of its own beside the lock directories, not the lock directory: every create of
+//! this crate sets its lock directory's data to none (`Queue::create` counts the
+//! directory's children that way), so an acquisition arriving after the break would wipe
+//! a mark kept there before the broken holder reads it. Nor the prefix node itself: its
+//! data belongs to the application (Curator users share it, and under a chroot it is
+//! `/`). No lock name escapes to `%broken` (see [`BROKEN_SEGMENT`]), so listings skip it.
+//! Owner tokens are unique per acquisition, so one list serves every name. Being
+//! persistent, the node keeps a container prefix from being reaped.
 
 use lock_core::LockName;
 
@@ -78,10 +82,21 @@ pub fn queue_order(children: &[String]) -> Vec<&str> {
     nodes.into_iter().map(|(_, child)| child).collect()
 }
 
-/// How many broken owner tokens the namespace root's data keeps.
+/// How many broken owner tokens the broken marks keep.
 pub(crate) const BROKEN_KEPT: usize = 32;
 
-/// The data of the namespace root whose data was `data` once the holder with owner token
+/// The segment of the node that keeps the broken marks under the prefix. No lock name
+/// escapes to it: [`escape_segment`] escapes every `%` of a name, so each `%` it writes
+/// starts a `%XX` with two hex digits, and `%b` is none.
+pub(crate) const BROKEN_SEGMENT: &str = "%broken";
+
+/// The node keeping the broken marks of the lock directories under `root` (the prefix
+/// node, `/` under a chroot without prefix): `<root>/%broken`.
+pub fn broken_node(root: &str) -> String {
+    format!("{}/{BROKEN_SEGMENT}", root.trim_end_matches('/'))
+}
+
+/// The data of the marks node whose data was `data` once the holder with owner token
 /// `token` is broken: `token` appended to the broken marks, the oldest dropped beyond
 /// [`BROKEN_KEPT`]. Data that is not a list of marks (set by someone else) is replaced.
 pub(crate) fn mark_broken(data: &[u8], token: &str) -> Vec<u8> {
@@ -92,7 +107,7 @@ pub(crate) fn mark_broken(data: &[u8], token: &str) -> Vec<u8> {
     marks[skip..].join("\n").into_bytes()
 }
 
-/// Whether namespace root data `data` marks owner token `token` as broken.
+/// Whether marks node data `data` marks owner token `token` as broken.
 pub(crate) fn is_marked_broken(data: &[u8], token: &str) -> bool {
     std::str::from_utf8(data).is_ok_and(|marks| marks.lines().any(|mark| mark == token))
 }
@@ -202,6 +217,39 @@ mod tests {
             "foreign data is replaced"
         );
         assert!(!is_marked_broken(b"", ""));
+    }
+
+    #[test]
+    fn no_name_escapes_to_the_marks_node() {
+        // Decoding inverts escaping, so if any text escaped to the segment, decoding the
+        // segment would give it back: `None` proves no name does.
+        assert_eq!(
+            lock_core::raw::unescape(BROKEN_SEGMENT, escape_segment),
+            None
+        );
+        assert_eq!(unescape_segment(BROKEN_SEGMENT), None, "listings skip it");
+        for name in [
+            BROKEN_SEGMENT,
+            "broken",
+            "%25broken",
+            "%b",
+            "%%broken",
+            "%BROKEN",
+        ] {
+            let segment = escape_segment(name);
+            assert_ne!(segment, BROKEN_SEGMENT, "{name}");
+            // Every `%` an escape writes starts two hex digits: never `%b` followed by `r`.
+            for (i, _) in segment.match_indices('%') {
+                let digits = segment.get(i + 1..i + 3).unwrap_or_default();
+                assert!(
+                    digits.len() == 2 && digits.bytes().all(|b| b.is_ascii_hexdigit()),
+                    "{name} -> {segment}"
+                );
+            }
+        }
+        assert_eq!(broken_node("/locks"), "/locks/%broken");
+        assert_eq!(broken_node("/"), "/%broken");
+        assert_eq!(broken_node("/a/b"), "/a/b/%broken");
     }
 
     #[test]

@@ -10,7 +10,7 @@ use lock_core::{Error, FencingToken, Result};
 use tokio::time::{sleep, Instant};
 use zookeeper_client as zk;
 
-use crate::config::{ZkAcl, ZkConfig};
+use crate::config::ZkConfig;
 use crate::connection::{Live, Session};
 use crate::error::{from_client, is_connection_loss, is_session_gone, BACKEND};
 use crate::hold::{delete_in_epoch, lease_of, ZkHold};
@@ -126,10 +126,7 @@ impl<'a> Queue<'a> {
     }
 
     fn acls(&self) -> zk::Acls<'static> {
-        match self.config().acl {
-            ZkAcl::Open => zk::Acls::anyone_all(),
-            ZkAcl::Creator => zk::Acls::creator_all(),
-        }
+        self.config().acl.acls()
     }
 
     fn recheck(&self) -> Duration {

@@ -1,7 +1,7 @@
 //! Operating ZooKeeper locks (`list`, `force_release`, `inspect`'s `since`) beyond what
 //! the conformance rule sees: Curator holders and waiters, escaped names, directories
-//! without lock nodes, listings in chunks, the broken marks in the namespace root's data
-//! (and a root that refuses them), typed errors.
+//! without lock nodes, listings in chunks, the broken marks in `<prefix>/%broken` (and
+//! marks that refuse a write or a read), typed errors.
 
 mod common;
 
@@ -13,10 +13,10 @@ use common::{
 };
 use conformance::Factory;
 use lock_core::{
-    DistributedLock, DistributedLockExt, ErrorKind, FencingToken, LockName, LostReason,
-    ReleaseOutcome, RenewalMode,
+    DistributedLock, DistributedLockExt, ErrorKind, FencingToken, LockGuard, LockName, LockOptions,
+    LockState, LostReason, ReleaseOutcome, RenewalMode,
 };
-use lock_zookeeper::{escape_segment, lock_dir};
+use lock_zookeeper::{broken_node, escape_segment, lock_dir};
 use tokio::time::timeout;
 use zookeeper_client as zk;
 
@@ -34,17 +34,21 @@ fn plain_name(tag: &str) -> LockName {
     ))
 }
 
-/// The owner tokens marked broken in the namespace root's data, newest last.
+/// The owner tokens marked broken under the namespace root, newest last.
 async fn broken_marks(factory: &ZkFactory) -> Vec<String> {
-    let (data, _) = factory.admin().get_data(BASE).await.expect("read root");
+    let (data, _) = factory
+        .admin()
+        .get_data(&broken_node(BASE))
+        .await
+        .expect("read the marks");
     let marks = String::from_utf8(data).expect("UTF-8 marks");
     marks.lines().map(str::to_owned).collect()
 }
 
 /// Breaking a Curator `InterProcessMutex` holder returns it as inspect shows it (its
 /// protection id, its node's czxid) and grants the Curator waiter at once; the broken
-/// Curator process's release then removes nothing; the lock, its namespace's data set by
-/// the break, serves later acquisitions, ours and Curator's.
+/// Curator process's release then removes nothing; the lock, with a broken mark beside it,
+/// serves later acquisitions, ours and Curator's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn breaking_a_curator_holder_grants_the_curator_waiter() {
     let Some(setup) = CuratorSetup::start("break").await else {
@@ -105,7 +109,7 @@ async fn breaking_a_curator_holder_grants_the_curator_waiter() {
         .try_lock(name.as_str())
         .await
         .expect("try")
-        .expect("free in a directory with a broken mark");
+        .expect("free once broken");
     assert!(ours.fencing_token().0 > granted);
     assert_eq!(
         ours.release().await.expect("release"),
@@ -294,7 +298,8 @@ async fn directories_without_lock_nodes_are_not_listed() {
     assert!(client.list("").await.expect("list").is_empty());
 }
 
-/// A break marks the broken owner token in the namespace root's data; the holder's
+/// A break marks the broken owner token in `<prefix>/%broken`, created by it, and leaves
+/// the namespace root's own data alone; listings skip the marks node; the holder's
 /// release (manual renewal: no renewal saw the break first) says Broken even after a new
 /// acquisition took the lock, its successor untouched; the directory serves
 /// acquisitions, waits and releases as before; a hold that vanishes without a break is
@@ -304,14 +309,18 @@ async fn broken_marks_name_the_holder_and_leave_the_directory_usable() {
     let Some(factory) = ZkFactory::start().await else {
         return;
     };
-    let mut manual = with_ttl(TTL);
-    manual.renewal = RenewalMode::Manual;
-    let holder = factory.zk_client(manual).await;
+    let holder = factory.zk_client(manual_renewal()).await;
     let other = factory.zk_client(with_ttl(Duration::from_secs(2))).await;
     let name = plain_name("marks");
 
     let guard = holder.lock(name.as_str()).await.expect("acquire");
     let token = guard.owner_token().to_string();
+    let app_data = b"kept by the application";
+    factory
+        .admin()
+        .set_data(BASE, app_data, None)
+        .await
+        .expect("the application writes the root");
     let broken = holder
         .force_release(&name)
         .await
@@ -319,6 +328,9 @@ async fn broken_marks_name_the_holder_and_leave_the_directory_usable() {
         .expect("holder");
     assert_eq!(broken.owner_token.as_deref(), Some(token.as_str()));
     assert_eq!(broken_marks(&factory).await, [token.as_str()]);
+    let (root_data, _) = factory.admin().get_data(BASE).await.expect("read root");
+    assert_eq!(root_data, app_data, "the root's data is left alone");
+    assert!(holder.list("").await.expect("list").is_empty());
     let next = other
         .try_lock(name.as_str())
         .await
@@ -331,7 +343,7 @@ async fn broken_marks_name_the_holder_and_leave_the_directory_usable() {
     assert!(next.is_held());
 
     // A waiter is granted by the next holder's release; the mark stays (until pushed out
-    // by later breaks, or the root is reaped).
+    // by later breaks).
     let waiting = tokio::spawn({
         let (holder, name) = (Arc::clone(&holder), name.clone());
         async move { holder.lock_timeout(name.as_str(), TTL).await }
@@ -408,39 +420,55 @@ async fn bad_prefixes_and_a_down_server_give_typed_errors() {
     );
 }
 
-/// Where the namespace root refuses `setData` (its ACL lets anyone create, read and
-/// delete but not write), a break still removes the holder, without a mark: the holder's
-/// release then says Vanished, and the root's data is never written.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_root_without_write_permission_breaks_without_a_mark() {
-    let Some(factory) = ZkFactory::start().await else {
-        return;
-    };
-    let no_write = [zk::Acl::new(
-        zk::Permission::READ | zk::Permission::CREATE | zk::Permission::DELETE,
-        zk::AuthId::anyone(),
-    )];
+/// A server whose marks node under [`BASE`] (and [`BASE`]) exists with an ACL granting
+/// anyone `permissions` only.
+async fn start_with_marks_node(permissions: zk::Permission) -> Option<ZkFactory> {
+    let factory = ZkFactory::start().await?;
+    create_persistent(factory.admin(), [BASE.to_owned()]).await;
+    let acl = [zk::Acl::new(permissions, zk::AuthId::anyone())];
     factory
         .admin()
         .create(
-            BASE,
+            &broken_node(BASE),
             &[],
-            &zk::CreateMode::Persistent.with_acls(zk::Acls::new(&no_write)),
+            &zk::CreateMode::Persistent.with_acls(zk::Acls::new(&acl)),
         )
         .await
-        .expect("create the namespace root");
-    let mut manual = with_ttl(TTL);
-    manual.renewal = RenewalMode::Manual;
-    let client = factory.zk_client(manual).await;
-    let name = plain_name("no-write");
+        .expect("create the marks node");
+    Some(factory)
+}
 
-    let guard = client.lock(name.as_str()).await.expect("acquire");
+/// Breaks the hold of `guard` and checks that the break removed that hold.
+async fn break_guard(client: &impl DistributedLock, guard: &LockGuard) {
     let broken = client
-        .force_release(&name)
+        .force_release(guard.name())
         .await
         .expect("break")
         .expect("holder");
     assert_eq!(broken.fencing_token, Some(guard.fencing_token()));
+}
+
+/// Options with the test's TTL and manual renewal (no renewal notices a change first).
+fn manual_renewal() -> LockOptions {
+    let mut manual = with_ttl(TTL);
+    manual.renewal = RenewalMode::Manual;
+    manual
+}
+
+/// Where the marks node refuses `setData` (its ACL lets anyone read and delete but not
+/// write), a break still removes the holder, without a mark: the holder's release then
+/// says Vanished, and the marks are never written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn marks_without_write_permission_break_without_a_mark() {
+    let Some(factory) = start_with_marks_node(zk::Permission::READ | zk::Permission::DELETE).await
+    else {
+        return;
+    };
+    let client = factory.zk_client(manual_renewal()).await;
+    let name = plain_name("no-write");
+
+    let guard = client.lock(name.as_str()).await.expect("acquire");
+    break_guard(&*client, &guard).await;
     assert!(queue(factory.admin(), &name).await.is_empty());
     assert_eq!(
         guard.release().await.expect("release"),
@@ -448,11 +476,52 @@ async fn a_root_without_write_permission_breaks_without_a_mark() {
     );
     let stat = factory
         .admin()
-        .check_stat(BASE)
+        .check_stat(&broken_node(BASE))
         .await
         .expect("stat")
-        .expect("root");
-    assert_eq!(stat.version, 0, "the root's data was never written");
+        .expect("marks node");
+    assert_eq!(stat.version, 0, "the marks were never written");
+}
+
+/// While the marks cannot be read (an ACL without READ), a hold whose node is gone is
+/// not guessed Vanished: its release fails with a retryable error, and a renewed hold
+/// turns Suspect, then Vanished at a renewal once the marks are readable (the node
+/// removed) again. A break under such marks removes the holder without a mark.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreadable_marks_leave_a_gone_hold_undecided() {
+    let Some(factory) = start_with_marks_node(zk::Permission::WRITE | zk::Permission::DELETE).await
+    else {
+        return;
+    };
+    let (manual, renewed) = tokio::join!(
+        factory.zk_client(manual_renewal()),
+        factory.zk_client(with_ttl(TTL))
+    );
+    let (first, second) = (
+        plain_name("unreadable-release"),
+        plain_name("unreadable-renew"),
+    );
+
+    let guard = manual.lock(first.as_str()).await.expect("acquire");
+    factory.steal(&first).await;
+    let err = guard.release().await.expect_err("no reason to report");
+    assert!(err.is_retryable(), "{err:?}");
+
+    let guard = renewed.lock(second.as_str()).await.expect("acquire");
+    break_guard(&*renewed, &guard).await;
+    let mut watch = guard.watch();
+    // TTL / 3 until the first renewal finds the node gone.
+    let state = timeout(TTL / 2, watch.changed())
+        .await
+        .expect("a renewal runs");
+    assert_eq!(state, LockState::Suspect);
+    factory
+        .admin()
+        .delete(&broken_node(BASE), None)
+        .await
+        .expect("delete the marks");
+    let reason = timeout(TTL / 2, guard.lost()).await.expect("lost");
+    assert_eq!(reason, LostReason::Vanished);
 }
 
 /// A listing reads its directories in chunks: 1200 held names (three `multiRead`s), of
