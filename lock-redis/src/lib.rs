@@ -3,8 +3,9 @@
 // The same files as every backend crate: `config.rs`, `error.rs`, `backend.rs` (the
 // `Backend` and `Connect` impls), `hold.rs` (holds, renewal, release), `connection.rs`
 // (connections, wake-up subscriptions), `layout.rs` (key names), `queue.rs` (the waiter
-// queue); and, for Redis alone, `redlock.rs` (the RedLock quorum rounds), `inspect.rs`
-// (who holds and who waits, which names are held, breaking a hold) and `scripts/` (the Lua scripts).
+// queue), `operator.rs` (who holds and who waits, which names are held, breaking a hold);
+// and, for Redis alone, `redlock.rs` (the RedLock quorum rounds) and `scripts/` (the Lua
+// scripts).
 
 mod backend;
 mod config;

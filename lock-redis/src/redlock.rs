@@ -5,7 +5,7 @@
 //! The other calls go to every server and are decided the same way, in their own files:
 //! renewal and release (`hold.rs`: a hold is kept by a majority, and a lost one is
 //! `Broken` when any server that answered found the break mark, else `Taken` when any
-//! found another owner), inspection, listing and breaking (`inspect.rs`: a majority
+//! found another owner), inspection, listing and breaking (`operator.rs`: a majority
 //! must answer; a listed name is held on a majority; a break deletes the key on each
 //! server that answers and holds it, marking each there).
 
