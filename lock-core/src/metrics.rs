@@ -13,8 +13,9 @@
 //! [`LockOptions::metrics_names`](crate::LockOptions::metrics_names): every lock name
 //! then makes series of its own.
 
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use ::metrics::{Counter, Gauge, Histogram, Label, Unit};
@@ -24,6 +25,7 @@ use crate::backend::RenewOutcome;
 use crate::error::{Error, ErrorKind};
 use crate::guard::{LockGuard, LostReason};
 use crate::name::LockName;
+use crate::raw::lock_unpoisoned;
 
 /// Acquire calls.
 pub const ACQUIRE_ATTEMPTS: &str = "distlock_acquire_attempts_total";
@@ -49,7 +51,7 @@ pub const RENEWAL_LAG: &str = "distlock_renewal_lag_seconds";
 pub const LOSSES: &str = "distlock_losses_total";
 /// Holds currently held.
 pub const HELD: &str = "distlock_held_locks";
-/// Acquires currently waiting.
+/// Blocking acquire calls in progress.
 pub const WAITERS: &str = "distlock_waiters";
 
 /// Label: the backend (`memory`, `redis`, `zookeeper`, `etcd`, `dual`, …).
@@ -181,7 +183,8 @@ pub const METRICS: &[Metric] = &[
         name: WAITERS,
         kind: MetricKind::Gauge,
         labels: &[BACKEND, LOCK],
-        help: "Acquires currently waiting for a lock (tries not included).",
+        help: "Blocking acquire calls in progress: queued, or with their request in flight \
+               (tries not included).",
     },
 ];
 
@@ -292,7 +295,9 @@ impl Series {
         }
     }
 
-    /// Marks an acquire as waiting until the returned guard is dropped.
+    /// Counts a blocking acquire call in [`WAITERS`] until the returned guard is dropped:
+    /// from the call to its end, whether the backend queued it or its first request
+    /// found the lock free.
     pub(crate) fn waiting(&self) -> Waiting<'_> {
         self.waiters.increment(1.0);
         Waiting(&self.waiters)
@@ -342,7 +347,9 @@ pub(crate) struct ClientMetrics {
     backend: &'static str,
     series: Arc<Series>,
     latency: Histogram,
-    names: bool,
+    /// With names as labels, the series of each name that an acquire call or a hold still
+    /// uses; `None` without.
+    names: Option<Mutex<HashMap<LockName, Weak<Series>>>>,
 }
 
 impl ClientMetrics {
@@ -353,17 +360,25 @@ impl ClientMetrics {
             backend,
             series: Arc::new(Series::new(backend, None)),
             latency: ::metrics::histogram!(RENEWAL_LATENCY, BACKEND => backend),
-            names,
+            names: names.then(Mutex::default),
         }
     }
 
-    /// The series of lock `name`: the client's own unless names are labels.
+    /// The series of lock `name`: the client's own unless names are labels. A name's
+    /// series are registered with the recorder once and shared while an acquire call or a
+    /// hold of the name uses them; the first acquire after that registers them again.
     pub(crate) fn series(&self, name: &LockName) -> Arc<Series> {
-        if self.names {
-            Arc::new(Series::new(self.backend, Some(name)))
-        } else {
-            Arc::clone(&self.series)
+        let Some(names) = &self.names else {
+            return Arc::clone(&self.series);
+        };
+        let mut names = lock_unpoisoned(names);
+        if let Some(series) = names.get(name).and_then(Weak::upgrade) {
+            return series;
         }
+        names.retain(|_, series| series.strong_count() > 0);
+        let series = Arc::new(Series::new(self.backend, Some(name)));
+        names.insert(name.clone(), Arc::downgrade(&series));
+        series
     }
 
     /// Records the duration of one renewal call.

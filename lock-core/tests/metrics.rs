@@ -7,10 +7,13 @@
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ::metrics::LocalRecorderGuard;
+use ::metrics::{
+    Counter, Gauge, Histogram, Key, KeyName, LocalRecorderGuard, Metadata, Recorder, SharedString,
+    Unit,
+};
 use lock_core::memory::{MemoryBackend, MemoryLock, MemorySpace};
 use lock_core::metrics::{self, METRICS};
 use lock_core::{
@@ -32,7 +35,7 @@ struct Seen {
     snapshotter: Snapshotter,
     counters: HashMap<SeriesKey, u64>,
     gauges: HashMap<SeriesKey, f64>,
-    observations: HashMap<SeriesKey, usize>,
+    observations: HashMap<SeriesKey, Vec<f64>>,
 }
 
 impl Seen {
@@ -59,7 +62,8 @@ impl Seen {
                 DebugValue::Counter(n) => *self.counters.entry(series).or_default() += n,
                 DebugValue::Gauge(v) => *self.gauges.entry(series).or_default() += v.into_inner(),
                 DebugValue::Histogram(values) => {
-                    *self.observations.entry(series).or_default() += values.len();
+                    let values = values.into_iter().map(|v| v.into_inner());
+                    self.observations.entry(series).or_default().extend(values);
                 }
             }
         }
@@ -91,10 +95,14 @@ impl Seen {
     }
 
     fn observed(&self, name: &str, labels: &[(&str, &str)]) -> usize {
+        self.observations(name, labels).len()
+    }
+
+    /// What histogram `name` recorded.
+    fn observations(&self, name: &str, labels: &[(&str, &str)]) -> &[f64] {
         self.observations
             .get(&self.key(name, labels))
-            .copied()
-            .unwrap_or(0)
+            .map_or(&[], Vec::as_slice)
     }
 
     /// Every series of `name`, with its labels.
@@ -295,6 +303,110 @@ async fn lock_names_are_labels_only_when_asked() {
     assert_eq!(seen.counter(metrics::ACQUIRE_NOT_ACQUIRED, &lock), 0);
     assert_eq!(seen.gauges[&seen.key(metrics::HELD, &lock)], 1.0);
     drop(guard);
+}
+
+/// The renewal lag counts from the plan, not from the retries: with the client cut off
+/// from the space, the planned renewal and its first retry fail (each after the request
+/// timeout), and the renewal that gets through after the cut heals is at least two retry
+/// pauses (2 x TTL/10) late. Measured against the retry time, every retry was on time.
+#[tokio::test]
+async fn renewal_lag_grows_while_renewals_fail() {
+    let (mut seen, _local, space) = recording();
+    let ttl = Duration::from_secs(2);
+    let mut cut_off = options(ttl);
+    cut_off.request_timeout = Duration::from_millis(100);
+    let a = client(&space, cut_off);
+    let guard = a.lock("jobs/lag").await.expect("lock");
+    a.backend().partition(true);
+    let failed = [("outcome", "failed")];
+    for _ in 0..300 {
+        if seen.read().counter(metrics::RENEWALS, &failed) >= 2 {
+            break;
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+    a.backend().partition(false);
+    assert!(seen.counter(metrics::RENEWALS, &failed) >= 2, "two failed");
+    let renewed = [("outcome", "renewed")];
+    for _ in 0..300 {
+        if seen.read().counter(metrics::RENEWALS, &renewed) >= 1 {
+            break;
+        }
+        sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(
+        seen.counter(metrics::RENEWALS, &renewed),
+        1,
+        "renewed after the cut"
+    );
+    assert_eq!(guard.state(), lock_core::LockState::Held);
+    let lags = seen.observations(metrics::RENEWAL_LAG, &[]);
+    eprintln!("renewal lags (s): {lags:?}");
+    let latest = lags.last().copied().unwrap_or_default();
+    let retry_pause = (ttl / 10).as_secs_f64();
+    assert!(latest >= 2.0 * retry_pause, "lags {lags:?}");
+    assert!(latest < ttl.as_secs_f64() * 2.0 / 3.0, "lags {lags:?}");
+    guard.release().await.expect("release");
+}
+
+/// A recorder that counts the registrations of [`metrics::ACQUIRE_ATTEMPTS`] by lock name.
+#[derive(Debug, Default)]
+struct Registrations(Mutex<HashMap<String, usize>>);
+
+impl Registrations {
+    fn of(&self, lock: &str) -> usize {
+        let counts = self.0.lock().expect("not poisoned");
+        counts.get(lock).copied().unwrap_or(0)
+    }
+}
+
+impl Recorder for Registrations {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        let lock = key.labels().find(|label| label.key() == metrics::LOCK);
+        if let (metrics::ACQUIRE_ATTEMPTS, Some(lock)) = (key.name(), lock) {
+            let mut counts = self.0.lock().expect("not poisoned");
+            *counts.entry(lock.value().to_owned()).or_default() += 1;
+        }
+        Counter::noop()
+    }
+
+    fn register_gauge(&self, _: &Key, _: &Metadata<'_>) -> Gauge {
+        Gauge::noop()
+    }
+
+    fn register_histogram(&self, _: &Key, _: &Metadata<'_>) -> Histogram {
+        Histogram::noop()
+    }
+}
+
+/// With names as labels, the acquires of one name share its series while a hold of it
+/// lasts (the recorder is asked for them once); another name has its own, and an acquire
+/// after the name's last hold ended asks again.
+#[tokio::test]
+async fn acquires_of_one_name_share_its_series() {
+    let recorder: &'static Registrations = Box::leak(Box::default());
+    let _local = ::metrics::set_default_local_recorder(recorder);
+    let space = MemorySpace::named(&format!("metrics-{}", uuid::Uuid::new_v4().simple()));
+    let mut named = options(Duration::from_secs(10));
+    named.metrics_names = true;
+    let a = client(&space, named);
+    let guard = a.lock("reports/daily").await.expect("lock");
+    assert!(a.try_lock("reports/daily").await.expect("try").is_none());
+    let briefly = AcquireOptions::timeout(Duration::from_millis(20));
+    let err = a.acquire(&name("reports/daily"), &briefly).await;
+    assert_eq!(err.expect_err("held").kind(), ErrorKind::Timeout);
+    let other = a.lock("reports/weekly").await.expect("lock");
+    assert_eq!(recorder.of("reports/daily"), 1);
+    assert_eq!(recorder.of("reports/weekly"), 1);
+    guard.release().await.expect("release");
+    let again = a.lock("reports/daily").await.expect("lock");
+    assert_eq!(recorder.of("reports/daily"), 2);
+    again.release().await.expect("release");
+    other.release().await.expect("release");
 }
 
 /// A dual lock's loss names its side; its series are the dual backend's.

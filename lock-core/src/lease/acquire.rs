@@ -168,6 +168,7 @@ impl<B: Backend> Keeper<B> {
         let renewal = options.renewal.unwrap_or(self.options.renewal);
         let cap = options.max_hold.or(self.options.max_hold);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let planned = acquired.requested_at + ttl / 3;
         let info = Arc::new(HoldInfo {
             id,
             name: name.clone(),
@@ -187,7 +188,8 @@ impl<B: Backend> Keeper<B> {
             session: acquired.session,
             owner: options.owner.clone(),
             refs: 1,
-            renew_due: acquired.requested_at + ttl / 3,
+            renew_due: planned,
+            renew_planned: planned,
             renew_failing: false,
             server_released: false,
             renewing: false,

@@ -253,7 +253,7 @@ impl<B: Backend> Keeper<B> {
                         hold: Arc::clone(&entry.hold),
                         ttl,
                         info: Arc::clone(&entry.info),
-                        planned: entry.renew_due,
+                        planned: entry.renew_planned,
                     })
                 })
                 .collect()
@@ -411,7 +411,7 @@ struct DueHold<H> {
     hold: Arc<H>,
     ttl: Duration,
     info: Arc<HoldInfo>,
-    /// When the renewal was planned ([`Entry::renew_due`]).
+    /// When the renewal was planned ([`Entry::renew_planned`]).
     planned: Instant,
 }
 

@@ -14,8 +14,11 @@ pub(super) struct Entry<H> {
     pub(super) owner: Option<OwnerId>,
     /// Guards sharing this hold (reentrancy).
     pub(super) refs: usize,
-    /// When the watchdog renews next.
+    /// When the watchdog renews next: the plan, or a retry after a failed renewal.
     pub(super) renew_due: Instant,
+    /// When the watchdog planned to renew, from the last successful renewal (or the
+    /// grant): the renewal lag is measured against it, not against the retries.
+    pub(super) renew_planned: Instant,
     /// The last renewal attempt failed.
     pub(super) renew_failing: bool,
     /// The server copy was already released (hold cap).
@@ -46,7 +49,8 @@ impl<H> Entry<H> {
         self.info
             .valid_until
             .store(validity_deadline(requested_at, lease));
-        self.renew_due = requested_at + lease / 3;
+        self.renew_planned = requested_at + lease / 3;
+        self.renew_due = self.renew_planned;
         self.renew_failing = false;
         self.refresh_state(session_suspended);
     }
@@ -60,14 +64,20 @@ impl<H> Entry<H> {
 
     /// When the keeper must next look at this hold, whose deadline is `valid_until`:
     /// [`Attention::Due`] when its automatic renewal is due now (within a sixth of its
-    /// TTL: holds due close together are renewed in one batch, early rather than twice).
+    /// TTL: holds due close together are renewed in one batch, early rather than twice;
+    /// a retry after a failed renewal waits for its time, or it would follow at once).
     pub(super) fn attention(&self, valid_until: Instant, now: Instant) -> Attention {
         let mut at = valid_until;
         if let Some(cap) = self.cap_at {
             at = at.min(cap);
         }
         if self.renewal == RenewalMode::Auto {
-            if self.renew_due <= now + self.ttl / 6 {
+            let early = if self.renew_failing {
+                Duration::ZERO
+            } else {
+                self.ttl / 6
+            };
+            if self.renew_due <= now + early {
                 return Attention::Due { at };
             }
             at = at.min(self.renew_due);
