@@ -2,8 +2,11 @@
 //! etcd; servers from the conformance harness), its Prometheus endpoint scraped over plain
 //! TCP during a lock's life: attempts and grants go up, the held gauge is 1 while held and 0
 //! after, renewals and renewal latency keep counting while held, a try from another client
-//! is not acquired, and a hold removed behind the process's back is one loss with its
-//! reason, after which nothing is held.
+//! is not acquired, an invalid TTL is an error by kind, a waiting acquire counts as a
+//! waiter while it waits and then times out (or is granted, its wait timed), a hold removed
+//! behind the process's back with a raw client is one loss `vanished` (not on memory, whose
+//! space lives in the example's process), and a hold broken through the library's
+//! `force_release` one loss `broken`; after each nothing is held.
 //!
 //! Without a server binary the test prints a loud notice and passes, unless
 //! `LOCK_TEST_STRICT=1`, where it fails.
@@ -150,20 +153,33 @@ impl Example {
         self.expect(answer).await
     }
 
-    /// The next line that starts with `start`; fails on an error line, the end of the
-    /// output, or after [`WAIT`].
+    /// The next line that starts with `start` (as [`Example::expect_each`]).
     async fn expect(&mut self, start: &str) -> String {
+        let mut lines = self.expect_each(&[start]).await;
+        lines.pop().expect("one line")
+    }
+
+    /// The next lines that start with each of `starts`, in any order; fails on an error
+    /// line, the end of the output, or after [`WAIT`].
+    async fn expect_each(&mut self, starts: &[&str]) -> Vec<String> {
         let deadline = Instant::now() + WAIT;
-        loop {
+        let mut missing = starts.to_vec();
+        let mut found = Vec::new();
+        while !missing.is_empty() {
             let line = timeout(deadline - Instant::now(), self.lines.recv()).await;
             match line {
-                Ok(Some(line)) if line.starts_with(start) => return line,
                 Ok(Some(line)) if line.starts_with("error") => panic!("{line}"),
-                Ok(Some(_)) => {}
-                Ok(None) => panic!("the example ended before printing {start:?}"),
-                Err(_) => panic!("no line {start:?} within {WAIT:?}"),
+                Ok(Some(line)) => {
+                    if let Some(at) = missing.iter().position(|start| line.starts_with(start)) {
+                        missing.remove(at);
+                        found.push(line);
+                    }
+                }
+                Ok(None) => panic!("the example ended before printing {missing:?}"),
+                Err(_) => panic!("no line {missing:?} within {WAIT:?}"),
             }
         }
+        found
     }
 
     /// One scrape over plain TCP (HTTP/1.0, so the body comes whole, then the close).
@@ -212,6 +228,26 @@ impl Example {
         self.of(scrape, &format!("{name}_count"), &[])
     }
 
+    /// Waits for the loss of the held lock, which must be for `reason`, the `losses`-th
+    /// loss and the end of the `holds`-th hold; then releases the lost guard.
+    async fn lose(&mut self, reason: &str, losses: f64, holds: f64) {
+        use distlock::metrics::{HELD, HOLD_DURATION, LOSSES};
+        let line = self.expect("lost").await;
+        let seen = line
+            .split(": ")
+            .nth(1)
+            .and_then(|rest| rest.split(' ').next());
+        assert_eq!(seen, Some(reason), "{line}");
+        let lost = self
+            .until("the loss", |s| self.of(s, LOSSES, &[]) >= losses)
+            .await;
+        assert_eq!(self.of(&lost, LOSSES, &[]), losses, "{lost:?}");
+        assert_eq!(self.of(&lost, LOSSES, &[("reason", reason)]), 1.0);
+        assert_eq!(self.of(&lost, HELD, &[]), 0.0);
+        assert_eq!(self.observed(&lost, HOLD_DURATION), holds);
+        self.run("release", "released").await;
+    }
+
     /// Asks the example to quit and waits for its exit.
     async fn quit(mut self) {
         self.send("quit").await;
@@ -221,15 +257,14 @@ impl Example {
 }
 
 /// The life of one lock in the example, on `url`, with `steal` removing the hold behind
-/// the example's back (`None`: the example breaks it itself, as an operator would, through
-/// another client: the memory backend lives in its process).
+/// the example's back through a raw client of the server (`None` on memory).
 async fn lock_life<F>(url: String, backend: &'static str, steal: Option<F>)
 where
     F: Future<Output = ()>,
 {
     use distlock::metrics::{
-        ACQUIRE_ATTEMPTS, ACQUIRE_GRANTS, ACQUIRE_NOT_ACQUIRED, HELD, HOLD_DURATION, LOSSES,
-        RENEWALS, RENEWAL_LAG, RENEWAL_LATENCY,
+        ACQUIRE_ATTEMPTS, ACQUIRE_ERRORS, ACQUIRE_GRANTS, ACQUIRE_NOT_ACQUIRED, ACQUIRE_TIMEOUTS,
+        ACQUIRE_WAIT, HELD, HOLD_DURATION, LOSSES, RENEWALS, RENEWAL_LAG, RENEWAL_LATENCY, WAITERS,
     };
     let mut example = Example::start(&url, backend).await;
     let before = example.scrape().await;
@@ -241,6 +276,7 @@ where
     assert_eq!(example.of(&held, ACQUIRE_ATTEMPTS, &[]), 1.0, "{held:?}");
     assert_eq!(example.of(&held, ACQUIRE_GRANTS, &[]), 1.0);
     assert_eq!(example.of(&held, HELD, &[]), 1.0);
+    assert_eq!(example.of(&held, WAITERS, &[]), 0.0);
     example.run("try", "not acquired").await;
 
     // Renewed on plan while held: two more renewals of this hold, each timed.
@@ -258,38 +294,77 @@ where
     assert!(example.observed(&renewing, RENEWAL_LAG) >= 2.0);
     assert_eq!(example.of(&renewing, LOSSES, &[]), 0.0);
 
-    // Lost behind its back.
-    match steal {
-        Some(steal) => steal.await,
-        None => {
-            example.run("break", "broke").await;
-        }
-    }
-    let line = example.expect("lost").await;
-    let reason = line
-        .split(": ")
-        .nth(1)
-        .and_then(|rest| rest.split(' ').next())
-        .expect("lost NAME: REASON (…)")
-        .to_owned();
-    let lost = example
-        .until("the loss", |s| example.of(s, LOSSES, &[]) >= 1.0)
+    // An invalid TTL is an acquire error of its kind, and nothing else.
+    let invalid = [("kind", "invalid_config")];
+    example.run("try 0s", "refused (invalid_config)").await;
+    let refused = example.scrape().await;
+    assert_eq!(example.of(&refused, ACQUIRE_ERRORS, &invalid), 1.0);
+    assert_eq!(
+        example.of(&refused, ACQUIRE_ERRORS, &[]),
+        1.0,
+        "{refused:?}"
+    );
+
+    // A wait on the held lock: a waiter while it waits, then a timeout, and no waiter.
+    example.run("wait 3s", "waiting").await;
+    example
+        .until("the waiter", |s| example.of(s, WAITERS, &[]) == 1.0)
         .await;
-    assert_eq!(example.of(&lost, LOSSES, &[]), 1.0, "{lost:?}");
-    assert_eq!(example.of(&lost, LOSSES, &[("reason", &reason)]), 1.0);
-    assert_eq!(example.of(&lost, HELD, &[]), 0.0);
-    assert_eq!(example.observed(&lost, HOLD_DURATION), 1.0);
+    example.expect("timed out").await;
+    let timed_out = example
+        .until("the timeout", |s| {
+            example.of(s, ACQUIRE_TIMEOUTS, &[]) == 1.0
+        })
+        .await;
+    assert_eq!(example.of(&timed_out, WAITERS, &[]), 0.0, "{timed_out:?}");
+    assert_eq!(example.of(&timed_out, HELD, &[]), 1.0);
+    let waits = example.observed(&timed_out, ACQUIRE_WAIT);
+    assert_eq!(waits, 1.0, "only the grant's wait");
+
+    // A wait granted by the release: its wait is timed, and the waiter is gone.
+    example.run("wait 20s", "waiting").await;
+    example
+        .until("the waiter", |s| example.of(s, WAITERS, &[]) == 1.0)
+        .await;
+    example.send("release").await;
+    example.expect_each(&["released", "granted"]).await;
+    let granted = example
+        .until("the granted wait", |s| {
+            example.observed(s, ACQUIRE_WAIT) == waits + 1.0
+                && example.observed(s, HOLD_DURATION) == 2.0
+        })
+        .await;
+    assert_eq!(example.of(&granted, WAITERS, &[]), 0.0, "{granted:?}");
+    assert_eq!(example.of(&granted, HELD, &[]), 0.0);
+    assert_eq!(example.of(&granted, ACQUIRE_GRANTS, &[]), 2.0);
+    assert_eq!(example.of(&granted, ACQUIRE_TIMEOUTS, &[]), 1.0);
+    let mut holds = 2.0;
+
+    // Lost behind its back: removed with a raw client, then broken by an operator.
+    let mut losses = 0.0;
+    if let Some(steal) = steal {
+        example.run("lock", "acquired").await;
+        steal.await;
+        losses += 1.0;
+        holds += 1.0;
+        example.lose("vanished", losses, holds).await;
+    }
+    example.run("lock", "acquired").await;
+    example.run("break", "broke").await;
+    losses += 1.0;
+    holds += 1.0;
+    example.lose("broken", losses, holds).await;
 
     // Taken again and released: held while held, then nothing; the release is no loss.
-    example.run("release", "released").await;
     example.run("lock", "acquired").await;
     assert_eq!(example.of(&example.scrape().await, HELD, &[]), 1.0);
     example.run("release", "released").await;
+    holds += 1.0;
     let after = example.scrape().await;
     assert_eq!(example.of(&after, HELD, &[]), 0.0, "{after:?}");
-    assert_eq!(example.of(&after, ACQUIRE_GRANTS, &[]), 2.0);
-    assert_eq!(example.of(&after, LOSSES, &[]), 1.0);
-    assert_eq!(example.observed(&after, HOLD_DURATION), 2.0);
+    assert_eq!(example.of(&after, WAITERS, &[]), 0.0);
+    assert_eq!(example.of(&after, LOSSES, &[]), losses);
+    assert_eq!(example.observed(&after, HOLD_DURATION), holds);
     example.quit().await;
 }
 

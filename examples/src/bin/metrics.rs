@@ -12,13 +12,18 @@
 //! `--commands` it does what standard input says instead, one command a line:
 //!
 //! - `lock`: acquire the lock (waiting for it) and hold it until told otherwise;
-//! - `try`: try once with another client of the same URL (not acquired while held);
+//! - `try [TTL]`: try once with another client of the same URL (not acquired while held),
+//!   with a TTL of its own if given (`try 0s` is refused: an invalid TTL);
+//! - `wait TIMEOUT`: in the background, another client of the same URL waits for the lock
+//!   up to `TIMEOUT` (e.g. `3s`), then releases it at once if granted (one line when
+//!   done: `granted …` or `timed out …`); commands go on meanwhile (a `release` grants it);
 //! - `release`: release the held lock;
 //! - `break`: break the lock with another client of the same URL, as an operator would
 //!   (`DistributedLock::force_release`): the holder's guard turns Lost;
-//! - `quit`: release what is held and end.
+//! - `quit`: release what is held, let background waits end, and end.
 //!
-//! Every line printed starts with what happened (`acquired`, `lost`, `released`, …).
+//! Every line printed starts with what happened (`acquired`, `not acquired`, `refused`,
+//! `waiting`, `granted`, `timed out`, `lost`, `released`, `broke`, `error`).
 
 use std::io::Write as _;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
@@ -26,8 +31,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use distlock::{DistributedLock, DistributedLockExt, LockGuard, LockName, ReleaseOutcome};
-use metrics_exporter_prometheus::PrometheusBuilder;
+use distlock::{
+    AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockGuard, LockName,
+    ReleaseOutcome,
+};
+use metrics_exporter_prometheus::{BuildError, PrometheusBuilder};
 use tokio::io::{AsyncBufReadExt, BufReader};
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -67,14 +75,10 @@ fn duration(text: &str) -> distlock::Result<Duration> {
 #[tokio::main]
 async fn main() -> Result<(), BoxError> {
     let cli = Cli::parse();
-    let addr = metrics_addr(cli.port)?;
-
     // --- the taught part ---
-    // The recorder first: a lock client takes its metric handles when it is made.
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .set_buckets(distlock::metrics::BUCKETS_SECONDS)?
-        .install()?;
+    // The recorder first (`install_exporter`): a lock client takes its metric handles when
+    // it is made.
+    let addr = serve_metrics(metrics_port(cli.port)?)?;
     distlock::describe_metrics();
     let locks = distlock::connect(&examples::lock_url()).await?;
     // --- end of the taught part ---
@@ -89,23 +93,47 @@ async fn main() -> Result<(), BoxError> {
     }
 }
 
-/// Where the endpoint listens: 127.0.0.1 and the port asked for, a free one for 0.
-fn metrics_addr(port: Option<u16>) -> Result<SocketAddr, BoxError> {
-    let port = match port {
+/// Installs the Prometheus recorder, its endpoint listening on `addr` (taught code).
+fn install_exporter(addr: SocketAddr) -> Result<(), BuildError> {
+    PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .set_buckets(distlock::metrics::BUCKETS_SECONDS)?
+        .install()
+}
+
+/// The port asked for: `--port`, else `METRICS_PORT`, else [`DEFAULT_PORT`].
+fn metrics_port(port: Option<u16>) -> Result<u16, BoxError> {
+    Ok(match port {
         Some(port) => port,
         None => match std::env::var("METRICS_PORT") {
             Ok(text) => text.parse()?,
             Err(_) => DEFAULT_PORT,
         },
-    };
-    let port = match port {
-        // The exporter binds by itself: take a free port and hand it over at once.
-        0 => TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
-            .local_addr()?
-            .port(),
-        port => port,
-    };
-    Ok(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+    })
+}
+
+/// Installs the exporter on 127.0.0.1:`port` and returns where it listens. For port 0 a
+/// free port is found and handed over (the exporter binds by itself, to an address it is
+/// given); another process may take it in between, so a failed bind tries another.
+fn serve_metrics(port: u16) -> Result<SocketAddr, BoxError> {
+    /// Binds tried for port 0.
+    const TRIES: u32 = 3;
+    let mut tried = 0;
+    loop {
+        tried += 1;
+        let picked = match port {
+            0 => TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?
+                .local_addr()?
+                .port(),
+            port => port,
+        };
+        let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, picked));
+        match install_exporter(addr) {
+            Ok(()) => return Ok(addr),
+            Err(BuildError::FailedToCreateHTTPListener(_)) if port == 0 && tried < TRIES => {}
+            Err(err) => return Err(err.into()),
+        }
+    }
 }
 
 /// Waits until the exporter's listener (started in the background) accepts connections.
@@ -154,9 +182,14 @@ async fn follow_commands(
 ) -> Result<(), BoxError> {
     let mut lines = BufReader::new(tokio::io::stdin()).lines();
     let mut held: Option<LockGuard> = None;
+    let mut waits = Vec::new();
     while let Some(line) = lines.next_line().await? {
-        match line.trim() {
-            "lock" => {
+        let (command, argument) = match line.trim().split_once(' ') {
+            Some((command, argument)) => (command, Some(argument.trim())),
+            None => (line.trim(), None),
+        };
+        match (command, argument) {
+            ("lock", None) => {
                 if held.is_some() {
                     say("error: already held");
                     continue;
@@ -172,21 +205,32 @@ async fn follow_commands(
                 });
                 held = Some(guard);
             }
-            "try" => {
+            ("try", ttl) => {
+                let mut options = AcquireOptions::try_once();
+                if let Some(ttl) = ttl {
+                    options = options.with_ttl(duration(ttl)?);
+                }
                 let other = distlock::connect(&examples::lock_url()).await?;
-                match other.try_lock(name.as_str()).await? {
-                    Some(guard) => {
+                match other.acquire(name, &options).await {
+                    Ok(Some(guard)) => {
                         say(format!("acquired {name} from another client"));
                         release(guard).await?;
                     }
-                    None => say(format!("not acquired: {name} is held")),
+                    Ok(None) => say(format!("not acquired: {name} is held")),
+                    Err(err) => say(format!("refused ({}): {err}", err.kind().label())),
                 }
             }
-            "release" => match held.take() {
+            ("wait", Some(limit)) => {
+                let limit = duration(limit)?;
+                let other = distlock::connect(&examples::lock_url()).await?;
+                say(format!("waiting for {name} up to {limit:?}"));
+                waits.push(tokio::spawn(wait_for(other, name.clone(), limit)));
+            }
+            ("release", None) => match held.take() {
                 Some(guard) => release(guard).await?,
                 None => say("error: nothing held"),
             },
-            "break" => {
+            ("break", None) => {
                 let operator = distlock::connect(&examples::lock_url()).await?;
                 match operator.force_release(name).await {
                     Ok(Some(_)) => say(format!("broke {name}")),
@@ -194,15 +238,39 @@ async fn follow_commands(
                     Err(err) => say(format!("error: {err}")),
                 }
             }
-            "quit" => break,
-            "" => {}
-            other => say(format!("error: unknown command {other:?}")),
+            ("quit", None) => break,
+            ("", None) => {}
+            _ => say(format!("error: unknown command {line:?}")),
         }
     }
     if let Some(guard) = held {
         release(guard).await?;
     }
+    for wait in waits {
+        wait.await?;
+    }
     Ok(())
+}
+
+/// Waits for `name` with client `other` up to `limit`, and releases it at once if granted.
+async fn wait_for(other: Arc<dyn DistributedLock>, name: LockName, limit: Duration) {
+    let started = tokio::time::Instant::now();
+    match other.acquire(&name, &AcquireOptions::timeout(limit)).await {
+        Ok(Some(guard)) => {
+            let waited = started.elapsed();
+            match guard.release().await {
+                Ok(_) => say(format!(
+                    "granted {name} to the waiting client after {waited:?}; released it"
+                )),
+                Err(err) => say(format!("error: {err}")),
+            }
+        }
+        Ok(None) => say(format!("error: the wait for {name} returned no guard")),
+        Err(err) if err.kind() == ErrorKind::Timeout => {
+            say(format!("timed out waiting for {name}: {err}"));
+        }
+        Err(err) => say(format!("error: {err}")),
+    }
 }
 
 async fn acquire(locks: &Arc<dyn DistributedLock>, name: &LockName) -> distlock::Result<LockGuard> {
