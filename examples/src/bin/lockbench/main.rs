@@ -81,8 +81,9 @@ struct RunArgs {
     /// Lock names of the throughput workload.
     #[arg(long, value_delimiter = ',', default_value = "1,1024")]
     locks: Vec<usize>,
-    /// Contenders on one lock name in the queue-length sweep (empty: no sweep).
-    #[arg(long, value_delimiter = ',', default_value = "1,8,64,256")]
+    /// Contenders on one lock name in the queue-length sweep (`--sweep` with no value:
+    /// no sweep).
+    #[arg(long, value_delimiter = ',', num_args = 0..=1, default_value = "1,8,64,256")]
     sweep: Vec<usize>,
     /// Waiters queued behind the holder in the hand-off workload.
     #[arg(long, default_value_t = 4)]
