@@ -1,6 +1,7 @@
-//! Configuration of a `zk://` client: from a URL or a serde config struct.
+//! Configuration of a `zk://` or `zks://` client: from a URL or a serde config struct.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lock_core::raw::LockUrl;
@@ -15,6 +16,10 @@ pub const DEFAULT_PORT: u16 = 2181;
 pub const DEFAULT_PREFIX: &str = "/locks";
 /// The default bound on establishing a session: 10 s.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The refusal of a `zks://` configuration without `ca_file`.
+pub(crate) const NEEDS_CA: &str =
+    "zks:// needs ca_file: the PEM file of the CA that signed the servers' certificates";
 
 /// The ACL given to the nodes this client creates.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -31,12 +36,13 @@ pub enum ZkAcl {
 
 /// Configuration of a ZooKeeper lock client.
 ///
-/// From a URL: `zk://[user:password@]host[:port][,host[:port]…][/prefix/path][?options]`.
-/// Options (besides the common `ttl`, `renewal`, `max_hold`, `request_timeout`,
-/// `recheck`): `chroot=/path`, `acl=open|creator`, `connect_timeout=10s`, and
-/// `prefix=/path` as another way to give the URL path.
+/// From a URL: `zk://[user:password@]host[:port][,host[:port]…][/prefix/path][?options]`,
+/// `zks://…` for TLS. Options (besides the common `ttl`, `renewal`, `max_hold`,
+/// `request_timeout`, `recheck`): `chroot=/path`, `acl=open|creator`,
+/// `connect_timeout=10s`, `prefix=/path` as another way to give the URL path, and on
+/// `zks://` `ca_file`, `cert_file`, `key_file` (PEM files).
 ///
-/// `Debug` never shows the password.
+/// `Debug` never shows the password (nor the contents of the key file: only its path).
 #[non_exhaustive]
 #[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -57,6 +63,17 @@ pub struct ZkConfig {
     pub password: Option<String>,
     /// ACL of created nodes. Default [`ZkAcl::Open`].
     pub acl: ZkAcl,
+    /// Talk TLS (`zks://`) to ZooKeeper's `secureClientPort`. Default `false`.
+    pub tls: bool,
+    /// PEM file with the CA certificate(s) that signed the servers' certificates; needed
+    /// by `zks://` (the client has no default trust store). Default: none. Each server's
+    /// certificate must name the host as written in the URL (IP address or DNS name).
+    pub ca_file: Option<PathBuf>,
+    /// PEM client certificate (chain) for mutual TLS (`ssl.clientAuth=need`). Default:
+    /// none.
+    pub cert_file: Option<PathBuf>,
+    /// PEM private key of `cert_file`. Default: none.
+    pub key_file: Option<PathBuf>,
     /// Bound on re-establishing a session. Default 10 s. The first session, at connect,
     /// is bounded by the shorter of this and `options.request_timeout`.
     #[serde(with = "lock_core::raw::duration_text")]
@@ -74,6 +91,10 @@ impl Default for ZkConfig {
             username: None,
             password: None,
             acl: ZkAcl::Open,
+            tls: false,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             options: LockOptions::default(),
         }
@@ -89,6 +110,10 @@ impl fmt::Debug for ZkConfig {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("acl", &self.acl)
+            .field("tls", &self.tls)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
             .field("connect_timeout", &self.connect_timeout)
             .field("options", &self.options)
             .finish()
@@ -105,8 +130,8 @@ impl ZkAcl {
     }
 }
 
-const KNOWN_KEYS: &str =
-    "ttl, renewal, max_hold, request_timeout, recheck, chroot, acl, connect_timeout, prefix";
+const KNOWN_KEYS: &str = "ttl, renewal, max_hold, request_timeout, recheck, chroot, acl, \
+     connect_timeout, prefix, ca_file, cert_file, key_file";
 
 impl ZkConfig {
     /// A configuration for servers `endpoints` (`host:port`), other fields at their
@@ -122,17 +147,20 @@ impl ZkConfig {
         }
     }
 
-    /// Parses a `zk://` URL.
+    /// Parses a `zk://` or `zks://` URL.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the problem (never the password).
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        if url.scheme != "zk" {
-            return Err(Error::config(format!(
-                "the ZooKeeper backend serves zk://, not {}://",
-                url.scheme
-            )));
-        }
+        let tls = match url.scheme.as_str() {
+            "zk" => false,
+            "zks" => true,
+            other => {
+                return Err(Error::config(format!(
+                    "the ZooKeeper backend serves zk:// and zks://, not {other}://"
+                )))
+            }
+        };
         if url.hosts.is_empty() {
             return Err(Error::config("zk:// URLs need at least one host"));
         }
@@ -140,6 +168,7 @@ impl ZkConfig {
             endpoints: url.hosts.iter().map(|h| h.address(DEFAULT_PORT)).collect(),
             username: url.username.clone(),
             password: url.password.clone(),
+            tls,
             ..ZkConfig::default()
         };
         let has_path = !matches!(url.path.as_str(), "" | "/");
@@ -169,6 +198,15 @@ impl ZkConfig {
                 }
                 "connect_timeout" => {
                     config.connect_timeout = lock_core::raw::parse_duration(&key, &value)?;
+                }
+                "ca_file" => config.ca_file = Some(PathBuf::from(value)),
+                "cert_file" => config.cert_file = Some(PathBuf::from(value)),
+                "key_file" => config.key_file = Some(PathBuf::from(value)),
+                "tls_domain" => {
+                    return Err(Error::config(
+                        "zks:// does not take tls_domain: the ZooKeeper client verifies the \
+                         host as written in the URL, so name the server as its certificate does",
+                    ))
                 }
                 _ => {
                     return Err(Error::config(format!(
@@ -209,6 +247,19 @@ impl ZkConfig {
         if self.username.as_deref().is_some_and(|u| u.contains(':')) {
             return Err(Error::config("a digest user name cannot contain `:`"));
         }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err(Error::config(
+                "cert_file and key_file go together (mutual TLS needs both)",
+            ));
+        }
+        if (self.ca_file.is_some() || self.cert_file.is_some()) && !self.tls {
+            return Err(Error::config(
+                "ca_file, cert_file and key_file need TLS: use zks://",
+            ));
+        }
+        if self.tls && self.ca_file.is_none() {
+            return Err(Error::config(NEEDS_CA));
+        }
         if self.acl == ZkAcl::Creator && self.username.is_none() {
             return Err(Error::config("acl=creator needs digest credentials"));
         }
@@ -235,10 +286,12 @@ impl ZkConfig {
         text
     }
 
-    /// `zk://endpoints[/chroot]/prefix` without credentials, for `Display`.
+    /// `zk://endpoints[/chroot]/prefix` (`zks://` with TLS) without credentials, for
+    /// `Display`.
     pub(crate) fn endpoint(&self) -> String {
         format!(
-            "zk://{}{}{}",
+            "{}://{}{}{}",
+            if self.tls { "zks" } else { "zk" },
             self.endpoints.join(","),
             self.chroot.as_deref().unwrap_or(""),
             self.prefix

@@ -192,14 +192,26 @@ impl Session {
     }
 }
 
-/// Opens a session with the configured credentials, waiting at most `limit`.
+/// Opens a session with the configured credentials (and TLS), waiting at most `limit`.
 async fn open(config: &ZkConfig, limit: Duration) -> Result<zk::Client> {
     let mut connector = zk::Client::connector().with_session_timeout(config.options.ttl);
     if let (Some(user), Some(password)) = (&config.username, &config.password) {
         connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
     }
+    let tls = crate::tls::options(config).await?;
+    let secure = tls.is_some();
+    if let Some(tls) = tls {
+        connector = connector.with_tls(tls);
+    }
     let target = config.connect_string();
-    let client = match timeout(limit, connector.connect(&target)).await {
+    let connect = async {
+        if secure {
+            connector.secure_connect(&target).await
+        } else {
+            connector.connect(&target).await
+        }
+    };
+    let client = match timeout(limit, connect).await {
         Ok(Ok(client)) => client,
         Ok(Err(err)) => {
             return Err(from_client(

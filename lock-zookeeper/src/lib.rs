@@ -8,6 +8,7 @@ mod hold;
 mod layout;
 mod operator;
 mod queue;
+mod tls;
 
 pub use backend::ZkBackend;
 pub use config::{ZkAcl, ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_PREFIX};
@@ -15,7 +16,7 @@ pub use hold::ZkHold;
 pub use layout::{broken_node, escape_segment, lock_dir, queue_order};
 
 /// The URL schemes of this backend.
-pub const SCHEMES: &[&str] = &["zk"];
+pub const SCHEMES: &[&str] = &["zk", "zks"];
 
 /// A lock client on ZooKeeper.
 pub type ZkLock = lock_core::raw::LeaseClient<ZkBackend>;

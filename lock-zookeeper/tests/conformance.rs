@@ -1,4 +1,5 @@
-//! The whole conformance suite on ZooKeeper: a standalone server and a 3-member ensemble.
+//! The whole conformance suite on ZooKeeper: a standalone server, a 3-member ensemble,
+//! and a standalone server over TLS (`zks://`, mutual TLS).
 //! Each test starts its own server(s), killed when the test ends.
 
 mod common;
@@ -13,4 +14,14 @@ mod standalone {
 mod ensemble {
     use super::common::ZkFactory;
     conformance::conformance_suite!(async { ZkFactory::start_ensemble().await });
+}
+
+/// Every rule over TLS (`zks://`) with a client certificate the server requires.
+mod tls {
+    use super::common::ZkFactory;
+    use conformance::harness::ZkTls;
+    conformance::conformance_suite!(async {
+        let tls = ZkTls::make().await.expect("certificates").client_auth(true);
+        ZkFactory::start_tls(tls).await
+    });
 }

@@ -74,7 +74,7 @@ pub use server::{Member, Prepared};
 pub use server::{Server, ServerControl, ServerKind};
 #[doc(hidden)]
 pub use zookeeper::ZkRuntime;
-pub use zookeeper::{ZkEnsemble, ZkMode, ZkOptions, ZkServer, ZooKeeper};
+pub use zookeeper::{ZkEnsemble, ZkMode, ZkOptions, ZkServer, ZkTls, ZooKeeper};
 
 /// Default bound on a server's readiness wait.
 pub const DEFAULT_READY_TIMEOUT: Duration = Duration::from_secs(30);

@@ -1,6 +1,7 @@
-//! Throwaway TLS certificates for the tests that serve TLS (`rediss://`, `etcds://`),
-//! made by `openssl` in a directory the test owns: a CA and a server certificate for
-//! 127.0.0.1 and localhost, P-256 keys, valid for one day.
+//! Throwaway TLS certificates for the tests that serve TLS (`rediss://`, `etcds://`,
+//! `zks://`), made by `openssl` in a directory the test owns: a CA, a server certificate
+//! and a client certificate (for mutual TLS) for 127.0.0.1 and localhost, P-256 keys,
+//! valid for one day.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -21,8 +22,9 @@ const KEY: [&str; 5] = [
     "-nodes",
 ];
 
-/// Writes `ca.pem` (with `ca.key`), and `server.pem` with `server.key`, signed by that CA
-/// for `IP:127.0.0.1` and `DNS:localhost`, into `dir`.
+/// Writes `ca.pem` (with `ca.key`), `server.pem` with `server.key` and `client.pem` with
+/// `client.key`, signed by that CA for `IP:127.0.0.1` and `DNS:localhost` (for server and
+/// for client authentication), into `dir`.
 ///
 /// # Panics
 /// When `openssl` is missing (`make deps` installs it), fails, or takes over 30 s.
@@ -40,13 +42,34 @@ pub async fn make_certificates(dir: &Path) {
         &[&ca[..], &KEY, &["-keyout", "ca.key", "-out", "ca.pem"]].concat(),
     )
     .await;
-    let csr = ["req", "-subj", "/CN=localhost"];
-    let csr_out = ["-keyout", "server.key", "-out", "server.csr"];
-    openssl(dir, &[&csr[..], &KEY, &csr_out].concat()).await;
+    sign(dir, "server", "serverAuth").await;
+    sign(dir, "client", "clientAuth").await;
+}
+
+/// Writes `NAME.pem` with `NAME.key`, signed by the CA in `dir`, for `usage`.
+async fn sign(dir: &Path, name: &str, usage: &str) {
+    let (key, csr, pem) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.pem"),
+    );
+    let ext = format!("{name}.ext");
+    let csr_args = [
+        "req",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        &key,
+        "-out",
+        &csr,
+    ];
+    openssl(dir, &[&csr_args[..3], &KEY, &csr_args[3..]].concat()).await;
     std::fs::write(
-        dir.join("server.ext"),
-        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n\
-         subjectAltName=IP:127.0.0.1,DNS:localhost\n",
+        dir.join(&ext),
+        format!(
+            "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage={usage}\n\
+             subjectAltName=IP:127.0.0.1,DNS:localhost\n"
+        ),
     )
     .expect("write the certificate extensions");
     let sign = [
@@ -55,16 +78,16 @@ pub async fn make_certificates(dir: &Path) {
         "-days",
         "1",
         "-in",
-        "server.csr",
+        &csr,
         "-CA",
         "ca.pem",
         "-CAkey",
         "ca.key",
         "-CAcreateserial",
         "-extfile",
-        "server.ext",
+        &ext,
         "-out",
-        "server.pem",
+        &pem,
     ];
     openssl(dir, &sign).await;
 }

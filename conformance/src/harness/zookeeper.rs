@@ -20,7 +20,8 @@ use super::node::Node;
 use super::probe::{four_letter, zk_mode_line, Probe};
 use super::process::{find_binary, LaunchSpec};
 use super::server::{loopback, Member, Prepared, Server, ServerKind};
-use super::{create_dir, write_file, HarnessError, DEFAULT_READY_TIMEOUT};
+use super::tls::make_certificates;
+use super::{create_dir, temp_dir, write_file, HarnessError, DEFAULT_READY_TIMEOUT};
 use crate::proxy::{FaultProxy, ProxyMode};
 
 const HINT: &str = "make deps (installs libzookeeper-java)";
@@ -32,6 +33,8 @@ const JAR_DIRS: [&str; 3] = [
     "/usr/share/zookeeper",
     "/usr/share/zookeeper/lib",
 ];
+/// Netty jars that the Netty connection factory needs beyond zookeeper.jar's manifest.
+const NETTY_EXTRA_JARS: [&str; 2] = ["netty-codec.jar", "netty-resolver.jar"];
 /// JVMs starting at once, process-wide (a start is CPU-heavy).
 const JVM_STARTS: usize = 3;
 /// Bound on one four-letter-word exchange.
@@ -64,6 +67,9 @@ pub struct ZkOptions {
     /// of the ensemble, so that [`ZkEnsemble::partition`] can cut a member off from its
     /// peers while its clients still reach it. Default: off.
     pub peer_links: bool,
+    /// Serve TLS on a secure client port too ([`ZkServer::secure_port`]), beside the
+    /// plain one. Default: none.
+    pub tls: Option<ZkTls>,
 }
 
 impl Default for ZkOptions {
@@ -77,6 +83,7 @@ impl Default for ZkOptions {
             members: 3,
             ready_timeout: DEFAULT_READY_TIMEOUT,
             peer_links: false,
+            tls: None,
         }
     }
 }
@@ -117,6 +124,96 @@ impl ZkOptions {
     pub fn ready_timeout(mut self, timeout: Duration) -> Self {
         self.ready_timeout = timeout;
         self
+    }
+
+    /// Sets [`tls`](Self::tls).
+    pub fn tls(mut self, tls: ZkTls) -> Self {
+        self.tls = Some(tls);
+        self
+    }
+}
+
+/// Certificates for a ZooKeeper serving TLS ([`ZkOptions::tls`]): a throwaway CA, a
+/// server certificate and a client certificate it signed (see
+/// [`make_certificates`](super::tls::make_certificates)), in a temp dir that lives as
+/// long as a clone of this. ZooKeeper serves them with Netty
+/// (`serverCnxnFactory=NettyServerCnxnFactory`) from PEM key and trust stores.
+#[derive(Debug, Clone)]
+pub struct ZkTls {
+    dir: Arc<tempfile::TempDir>,
+    client_auth: bool,
+}
+
+impl ZkTls {
+    /// Makes the certificates; the server asks for no client certificate.
+    ///
+    /// # Errors
+    /// [`HarnessError::Io`] when the files cannot be written.
+    ///
+    /// # Panics
+    /// When `openssl` is missing or fails (see
+    /// [`make_certificates`](super::tls::make_certificates)).
+    pub async fn make() -> Result<Self, HarnessError> {
+        let dir = temp_dir("zookeeper-tls")?;
+        make_certificates(dir.path()).await;
+        // A PEM key store is the key followed by its certificate, in one file.
+        let read = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::read_to_string(&path).map_err(|e| {
+                HarnessError::io("zookeeper tls", format!("read {}", path.display()), e)
+            })
+        };
+        let store = read("server.key")? + &read("server.pem")?;
+        write_file(
+            "zookeeper tls",
+            &dir.path().join("server-store.pem"),
+            &store,
+        )?;
+        Ok(Self {
+            dir: Arc::new(dir),
+            client_auth: false,
+        })
+    }
+
+    /// Requires a client certificate signed by the CA (`ssl.clientAuth=need`), or not.
+    pub fn client_auth(mut self, need: bool) -> Self {
+        self.client_auth = need;
+        self
+    }
+
+    /// The CA certificate (PEM): a client's `ca_file`.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    /// The client certificate (PEM): a client's `cert_file`.
+    pub fn cert_file(&self) -> PathBuf {
+        self.dir.path().join("client.pem")
+    }
+
+    /// The client certificate's key (PEM): a client's `key_file`.
+    pub fn key_file(&self) -> PathBuf {
+        self.dir.path().join("client.key")
+    }
+
+    /// The directory of the certificates (`openssl` can make more there with the CA).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The `zoo.cfg` lines serving TLS on `port`.
+    fn config_lines(&self, port: u16) -> String {
+        let path = |name: &str| self.dir.path().join(name).display().to_string();
+        format!(
+            "secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n\
+             serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
+             ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
+             ssl.trustStore.location={}\nssl.trustStore.type=PEM\n\
+             ssl.clientAuth={}\n",
+            path("server-store.pem"),
+            path("ca.pem"),
+            if self.client_auth { "need" } else { "none" },
+        )
     }
 }
 
@@ -198,6 +295,9 @@ impl ZkRuntime {
         } else if let Some(simple) = find("slf4j-simple.jar") {
             classpath.push(simple);
         }
+        // The manifest names Netty's buffer, common, handler and transport jars but not
+        // codec and resolver, which the Netty connection factory (TLS) loads too.
+        classpath.extend(NETTY_EXTRA_JARS.iter().filter_map(|name| find(name)));
         let classpath = std::env::join_paths(classpath)
             .map_err(|e| {
                 HarnessError::io("zookeeper", "build class path", std::io::Error::other(e))
@@ -234,6 +334,8 @@ pub type ZkEnsemble = Cluster<ZooKeeper>;
 pub struct ZooKeeper {
     /// `myid` for ensemble members.
     id: Option<usize>,
+    /// The TLS client port, when serving TLS.
+    secure_port: Option<u16>,
 }
 
 #[async_trait]
@@ -245,8 +347,8 @@ impl ServerKind for ZooKeeper {
     const CLUSTER: &'static str = "zookeeper ensemble";
     const SCHEME: &'static str = "zk";
     const CLUSTER_SCHEME: &'static str = "zk";
-    /// Client, quorum and election ports.
-    const PORTS: usize = 3;
+    /// Client, quorum, election and TLS client ports.
+    const PORTS: usize = 4;
     const ELECTS_LEADER: bool = true;
 
     fn find() -> Result<ZkRuntime, HarnessError> {
@@ -287,6 +389,11 @@ impl ServerKind for ZooKeeper {
             ms(options.min_session_timeout),
             ms(options.max_session_timeout),
         );
+        let secure_port = options.tls.as_ref().map(|tls| {
+            let port = member.own_ports()[3];
+            cfg.push_str(&tls.config_lines(port));
+            port
+        });
         if let Some(id) = id {
             write_file(&label, &data_dir.join("myid"), &format!("{id}\n"))?;
             for (j, peer) in member.ports.iter().enumerate() {
@@ -351,7 +458,7 @@ impl ServerKind for ZooKeeper {
         Ok(Prepared {
             node: Node::new(label, spec, probe, options.ready_timeout),
             data_dir,
-            kind: ZooKeeper { id },
+            kind: ZooKeeper { id, secure_port },
         })
     }
 
@@ -413,6 +520,11 @@ impl Server<ZooKeeper> {
     /// `127.0.0.1:PORT`, a ZooKeeper connect string.
     pub fn connect_string(&self) -> String {
         self.addr().to_string()
+    }
+
+    /// The TLS client port, when started with [`ZkOptions::tls`].
+    pub fn secure_port(&self) -> Option<u16> {
+        self.kind.secure_port
     }
 
     /// The member's `myid` (1-based) in an ensemble; `None` when standalone.

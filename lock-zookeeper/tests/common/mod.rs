@@ -9,7 +9,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{or_skip, Deployment, ZkEnsemble, ZkOptions, ZkServer, ZooKeeper};
+use conformance::harness::{
+    or_skip, Deployment, ZkEnsemble, ZkOptions, ZkServer, ZkTls, ZooKeeper,
+};
 use conformance::proxy::FaultProxy;
 use conformance::{connect_patiently, Crash, Factory};
 use lock_core::{
@@ -29,6 +31,9 @@ pub type Servers = Deployment<ZooKeeper>;
 /// Clients of one ZooKeeper deployment.
 pub struct ZkFactory {
     pub servers: Servers,
+    /// With TLS, lock clients talk `zks://` to the secure ports with these certificates
+    /// (the admin client stays on the plain ports).
+    pub tls: Option<ZkTls>,
     admin: zk::Client,
     proxies: Mutex<Vec<Arc<Vec<FaultProxy>>>>,
 }
@@ -220,14 +225,50 @@ impl ZkFactory {
         Some(Self::over(Deployment::Cluster(ensemble)).await)
     }
 
+    /// A factory over a fresh standalone server whose lock clients talk TLS (`zks://`),
+    /// with a client certificate when the server requires one.
+    pub async fn start_tls(tls: ZkTls) -> Option<Self> {
+        let options = ZkOptions::default().tls(tls.clone());
+        let server = or_skip(ZkServer::start_with(options).await)?;
+        let mut factory = Self::over(Deployment::Single(Box::new(server))).await;
+        factory.tls = Some(tls);
+        Some(factory)
+    }
+
     async fn over(servers: Servers) -> Self {
         lock_core::raw::register::<lock_zookeeper::ZkBackend>();
         let admin = raw_client(&servers.hosts()).await;
         ZkFactory {
             servers,
+            tls: None,
             admin,
             proxies: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The addresses lock clients connect to: the secure ports with TLS.
+    pub fn client_addrs(&self) -> Vec<std::net::SocketAddr> {
+        let secure = |m: &ZkServer| m.secure_port().map(|p| ([127, 0, 0, 1], p).into());
+        self.servers
+            .members()
+            .into_iter()
+            .map(|m| match &self.tls {
+                Some(_) => secure(m).expect("a TLS server has a secure port"),
+                None => m.addr(),
+            })
+            .collect()
+    }
+
+    /// A lock client config for `hosts` with `options`, and TLS when the factory has it.
+    pub fn config_for(&self, hosts: Vec<String>, options: LockOptions) -> ZkConfig {
+        let mut config = config(hosts, options);
+        if let Some(tls) = &self.tls {
+            config.tls = true;
+            config.ca_file = Some(tls.ca_file());
+            config.cert_file = Some(tls.cert_file());
+            config.key_file = Some(tls.key_file());
+        }
+        config
     }
 
     /// The admin client (a separate session).
@@ -237,7 +278,12 @@ impl ZkFactory {
 
     /// A concrete client with `options`.
     pub async fn zk_client(&self, options: LockOptions) -> Arc<ZkLock> {
-        let config = config(self.servers.hosts(), options);
+        let hosts = self
+            .client_addrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let config = self.config_for(hosts, options);
         let client = connect_patiently("zk client connects", || ZkLock::connect(config.clone()));
         Arc::new(client.await)
     }
@@ -247,7 +293,7 @@ impl ZkFactory {
         &self,
         options: LockOptions,
     ) -> (Arc<ZkLock>, Arc<Vec<FaultProxy>>) {
-        let (link, addrs) = Link::proxied(&self.servers.addrs()).await;
+        let (link, addrs) = Link::proxied(&self.client_addrs()).await;
         let Link::Proxies(proxies) = link else {
             unreachable!("a proxied link is made of proxies")
         };
@@ -256,7 +302,7 @@ impl ZkFactory {
             .expect("proxies")
             .push(Arc::clone(&proxies));
         let hosts = addrs.iter().map(ToString::to_string).collect();
-        let config = config(hosts, options);
+        let config = self.config_for(hosts, options);
         let client = connect_patiently("proxied zk client connects", || {
             ZkLock::connect(config.clone())
         });
@@ -271,7 +317,13 @@ impl Factory for ZkFactory {
     }
 
     fn url(&self) -> String {
-        format!("zk://{}{BASE}", self.servers.hosts().join(","))
+        let hosts: Vec<String> = self
+            .client_addrs()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let scheme = if self.tls.is_some() { "zks" } else { "zk" };
+        format!("{scheme}://{}{BASE}", hosts.join(","))
     }
 
     fn short_ttl(&self) -> Duration {
