@@ -14,6 +14,7 @@ use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
 use crate::error::{from_client, is_connection_loss, is_session_gone, no_session, BACKEND};
+use crate::tls::Tls;
 
 /// Pause between attempts to establish a replacement session.
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
@@ -198,27 +199,30 @@ async fn open(config: &ZkConfig, limit: Duration) -> Result<zk::Client> {
     if let (Some(user), Some(password)) = (&config.username, &config.password) {
         connector = connector.with_auth("digest", format!("{user}:{password}").as_bytes());
     }
-    let tls = crate::tls::options(config).await?;
-    let secure = tls.is_some();
-    if let Some(tls) = tls {
-        connector = connector.with_tls(tls);
-    }
+    let tls = Tls::of(config).await?;
     let target = config.connect_string();
+    let failed = |err| from_client(&format!("connect to {}", config.endpoints.join(",")), err);
     let connect = async {
-        if secure {
-            connector.secure_connect(&target).await
-        } else {
-            connector.connect(&target).await
+        let Some(tls) = tls else {
+            return connector.connect(&target).await.map_err(failed);
+        };
+        // One round over the servers at a time, so that a refused handshake is told at
+        // once rather than retried until the limit.
+        let connector = connector.with_tls(tls.options.clone()).with_fail_eagerly();
+        loop {
+            match connector.clone().secure_connect(&target).await {
+                Err(zk::Error::NoHosts) => {
+                    if let Some(refused) = tls.refusal(&config.endpoints).await {
+                        return Err(refused);
+                    }
+                    tokio::time::sleep(RECONNECT_PAUSE).await;
+                }
+                other => return other.map_err(failed),
+            }
         }
     };
     let client = match timeout(limit, connect).await {
-        Ok(Ok(client)) => client,
-        Ok(Err(err)) => {
-            return Err(from_client(
-                &format!("connect to {}", config.endpoints.join(",")),
-                err,
-            ))
-        }
+        Ok(connected) => connected?,
         Err(_) => {
             return Err(Error::no_answer(
                 BACKEND,

@@ -1,13 +1,16 @@
 //! Digest authentication, creator-only ACLs, a lock directory without write permission,
-//! chroot, and credentials never printed.
+//! chroot, credentials never printed, and TLS (`zks://`): mutual TLS on a server that
+//! requires client certificates, and every refusal a typed error, told at once.
 
 mod common;
 
 use std::time::Duration;
 
 use common::{create_persistent, hand_over, queue, unique_name, with_ttl, ZkFactory, BASE};
+use conformance::harness::{or_skip, ZkOptions, ZkServer, ZkTls};
 use lock_core::{DistributedLockExt, ErrorKind, ReleaseOutcome};
 use lock_zookeeper::lock_dir;
+use tokio::time::Instant;
 use zookeeper_client as zk;
 
 const PASSWORD: &str = "s3cret!pw";
@@ -192,4 +195,161 @@ async fn connect_errors_hide_the_password() {
     let shown = format!("{err} {err:?}");
     assert!(!shown.contains(PASSWORD), "{shown}");
     assert!(shown.contains(&port.to_string()), "{shown}");
+}
+
+/// Everything an error shows: its text and debug form, and those of its sources.
+fn all_text(err: &lock_core::Error) -> String {
+    let mut text = format!("{err} {err:?}");
+    let mut source = std::error::Error::source(err);
+    while let Some(s) = source {
+        text.push_str(&format!(" {s} {s:?}"));
+        source = s.source();
+    }
+    text
+}
+
+/// A base64 line of the PEM key file at `path`: key material no output may show.
+fn key_material(path: &std::path::Path) -> String {
+    let pem = std::fs::read_to_string(path).expect("read the key");
+    pem.lines().nth(1).expect("a PEM body line").to_owned()
+}
+
+/// `zks://` with a CA, a client certificate and its key locks and releases on a server
+/// that requires client certificates; Display and Debug show neither the password nor
+/// the key. Each refusal is a non-retryable InvalidConfig told well within the request
+/// timeout: a CA that did not sign the server's certificate, no client certificate, a
+/// client certificate of another CA. Plain `zk://` to the TLS port, and `zks://` to the
+/// plain port, fail with a connection error at the limit rather than hang.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zks_mutual_tls_and_its_refusals() {
+    lock_core::raw::register::<lock_zookeeper::ZkBackend>();
+    let tls = ZkTls::make().await.expect("certificates").client_auth(true);
+    let Some(server) = or_skip(ZkServer::start_with(ZkOptions::default().tls(tls.clone())).await)
+    else {
+        return;
+    };
+    let secure = server.secure_port().expect("a secure port");
+    let other = ZkTls::make().await.expect("another CA");
+    let key = key_material(&tls.key_file());
+    let files = |ca: &ZkTls, client: Option<&ZkTls>| {
+        let mut query = format!("ca_file={}", ca.ca_file().display());
+        if let Some(client) = client {
+            query.push_str(&format!(
+                "&cert_file={}&key_file={}",
+                client.cert_file().display(),
+                client.key_file().display()
+            ));
+        }
+        query
+    };
+    let url = |query: &str| format!("zks://app:{PASSWORD}@127.0.0.1:{secure}/tls?ttl=5s&{query}");
+
+    let client = lock_core::connect(&url(&files(&tls, Some(&tls))))
+        .await
+        .expect("mutual TLS connects");
+    let shown = format!("{client} {client:?}");
+    assert!(shown.contains("zks://"), "{shown}");
+    assert!(
+        !shown.contains(PASSWORD) && !shown.contains(&key),
+        "{shown}"
+    );
+    let guard = client.lock("payroll").await.expect("acquire over TLS");
+    assert!(guard.fencing_token().get() > 0);
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+
+    let limit = lock_core::DEFAULT_REQUEST_TIMEOUT;
+    for (case, query) in [
+        (
+            "a CA that did not sign the server",
+            files(&other, Some(&tls)),
+        ),
+        ("no client certificate", files(&tls, None)),
+        (
+            "a client certificate of another CA",
+            files(&tls, Some(&other)),
+        ),
+    ] {
+        let started = Instant::now();
+        let err = lock_core::connect(&url(&query)).await.expect_err(case);
+        let took = started.elapsed();
+        println!("{case}: refused in {took:?}: {err}");
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{case}: {err}");
+        assert!(!err.is_retryable(), "{case}");
+        assert!(err.to_string().contains("TLS"), "{case}: {err}");
+        assert!(took < limit / 2, "{case}: took {took:?}");
+        let text = all_text(&err);
+        assert!(!text.contains(PASSWORD) && !text.contains(&key), "{text}");
+    }
+
+    for (case, url) in [
+        (
+            "plain zk:// to the TLS port",
+            format!("zk://127.0.0.1:{secure}/tls?request_timeout=2s"),
+        ),
+        (
+            "zks:// to the plain port",
+            format!(
+                "zks://127.0.0.1:{}/tls?request_timeout=2s&{}",
+                server.port(),
+                files(&tls, Some(&tls))
+            ),
+        ),
+    ] {
+        let started = Instant::now();
+        let err = lock_core::connect(&url).await.expect_err(case);
+        let took = started.elapsed();
+        println!("{case}: failed in {took:?}: {err}");
+        assert_eq!(err.kind(), ErrorKind::Connection, "{case}: {err}");
+        assert!(took < Duration::from_secs(4), "{case}: took {took:?}");
+    }
+}
+
+/// Unreadable or malformed certificate files, and TLS options without TLS, are
+/// InvalidConfig naming the option, before anything is sent; never quoting the key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zks_certificate_files_are_checked() {
+    lock_core::raw::register::<lock_zookeeper::ZkBackend>();
+    let tls = ZkTls::make().await.expect("certificates");
+    let other = ZkTls::make().await.expect("another CA");
+    let key = key_material(&tls.key_file());
+    // Nothing listens: every refusal below comes before a connection.
+    let port = conformance::harness::free_port().expect("free port");
+    let (ca, cert, key_file) = (tls.ca_file(), tls.cert_file(), tls.key_file());
+    let (ca, cert, key_file) = (ca.display(), cert.display(), key_file.display());
+    let other_key = other.key_file();
+    let other_key = other_key.display();
+    for (query, option) in [
+        (String::new(), "ca_file"),
+        ("ca_file=/nonexistent/ca.pem".to_owned(), "ca_file"),
+        (format!("ca_file={key_file}"), "ca_file"),
+        (format!("ca_file={ca}&cert_file={cert}"), "key_file"),
+        (
+            format!("ca_file={ca}&cert_file={ca}&key_file={other_key}"),
+            "key_file",
+        ),
+        (
+            format!("ca_file={ca}&cert_file={cert}&key_file={ca}"),
+            "key_file",
+        ),
+        (
+            format!("ca_file={ca}&cert_file={key_file}&key_file={key_file}"),
+            "cert_file",
+        ),
+        (format!("ca_file={ca}&tls_domain=zk.example"), "tls_domain"),
+    ] {
+        let url = format!("zks://127.0.0.1:{port}/tls?{query}");
+        let err = lock_core::connect(&url).await.expect_err(&url);
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
+        assert!(err.to_string().contains(option), "{url}: {err}");
+        let text = all_text(&err);
+        assert!(!text.contains(&key), "{text}");
+    }
+    let url = format!("zk://127.0.0.1:{port}/tls?ca_file={ca}");
+    let err = lock_core::connect(&url)
+        .await
+        .expect_err("ca_file needs zks://");
+    assert!(err.to_string().contains("zks://"), "{err}");
 }
