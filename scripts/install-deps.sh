@@ -34,6 +34,7 @@ DEPS=(
   "libslf4j-java||check_jars slf4j-api.jar slf4j-nop.jar|slf4j-api.jar and slf4j-nop.jar in /usr/share/java (ZooKeeper's and Curator's logging)"
   "libguava-java||check_jars guava.jar|guava.jar in /usr/share/java (Curator's class path)"
   "libzookeeper-java|default-jre-headless libslf4j-java|check_zookeeper|ZooKeeper's server starts from the class path the harness builds and reads its config; zookeeper-jute.jar is there"
+  "libnetty-java|default-jdk-headless libzookeeper-java|check_zookeeper_netty|ZooKeeper's Netty connection factory (the TLS port of the zks:// tests) links on the harness's class path: zookeeper.jar, netty-codec.jar and netty-resolver.jar"
   "libcurator-client-java||check_jars curator-client.jar|curator-client.jar in /usr/share/java"
   "libcurator-framework-java||check_jars curator-framework.jar|curator-framework.jar in /usr/share/java"
   "libcurator-recipes-java|default-jdk-headless libslf4j-java libguava-java libzookeeper-java libcurator-client-java libcurator-framework-java|check_curator|javac compiles, and java runs, a program taking Curator's InterProcessMutex on the Curator test's class path"
@@ -45,6 +46,9 @@ JVM=(-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData)
 JAVAC=(-J-XX:TieredStopAtLevel=1 -J-XX:+UseSerialGC -J-XX:-UsePerfData)
 # Where the harness looks for zookeeper.jar (conformance/src/harness/zookeeper.rs).
 ZK_JAR_DIRS=(/usr/share/java /usr/share/zookeeper /usr/share/zookeeper/lib)
+# Netty jars the harness adds to ZooKeeper's class path (NETTY_EXTRA_JARS in
+# conformance/src/harness/zookeeper.rs): zookeeper.jar's manifest does not name them.
+NETTY_EXTRA_JARS=(netty-codec.jar netty-resolver.jar)
 # The class path of the Curator test (lock-zookeeper/tests/interop.rs).
 CURATOR_JARS=(curator-recipes.jar curator-framework.jar curator-client.jar zookeeper.jar
   zookeeper-jute.jar guava.jar slf4j-api.jar slf4j-nop.jar)
@@ -140,6 +144,23 @@ check_zookeeper() {
     "$work/absent.cfg" 2>&1) || rc=$?
   echo "$out"
   [ "$rc" -eq 2 ] && grep -q 'Invalid config' <<<"$out"
+}
+
+# A TLS ZooKeeper (ZkOptions::tls) runs the Netty connection factory, whose SSL handler
+# extends netty-codec's ByteToMessageDecoder: loading it links what a TLS connection needs.
+check_zookeeper_netty() {
+  local cp jar
+  cp=$(for jar in zookeeper.jar "${NETTY_EXTRA_JARS[@]}"; do printf '%s:' "$JAR_DIR/$jar"; done)
+  mkdir -p "$work/netty" && cat >"$work/netty/NettyCheck.java" <<'EOF'
+public class NettyCheck {
+    public static void main(String[] args) throws Exception {
+        Class.forName("org.apache.zookeeper.server.NettyServerCnxnFactory$DualModeSslHandler");
+        System.out.println("netty ok");
+    }
+}
+EOF
+  javac "${JAVAC[@]}" -d "$work/netty" "$work/netty/NettyCheck.java" &&
+    [ "$(java "${JVM[@]}" -cp "$work/netty:$cp" NettyCheck)" = "netty ok" ]
 }
 
 check_curator() {

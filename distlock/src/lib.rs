@@ -39,7 +39,7 @@ pub use lock_etcd as etcd;
 const FEATURE_SCHEMES: &[(&str, &[&str])] = &[
     ("memory", &["memory"]),
     ("redis", &["redis", "rediss", "redlock"]),
-    ("zookeeper", &["zk"]),
+    ("zookeeper", &["zk", "zks"]),
     ("etcd", &["etcd", "etcds"]),
 ];
 

@@ -348,6 +348,27 @@ mod tests {
     }
 
     #[test]
+    fn zks_urls_take_certificate_files() {
+        let config = parse(
+            "zks://app:s3cret@zk1:2281,zk2:2281/locks?ca_file=/etc/zk/ca.pem&cert_file=/etc/zk/c.pem&key_file=/etc/zk/c.key",
+        )
+        .unwrap();
+        assert!(config.tls);
+        assert_eq!(config.ca_file, Some(PathBuf::from("/etc/zk/ca.pem")));
+        assert_eq!(config.cert_file, Some(PathBuf::from("/etc/zk/c.pem")));
+        assert_eq!(config.key_file, Some(PathBuf::from("/etc/zk/c.key")));
+        assert_eq!(config.endpoint(), "zks://zk1:2281,zk2:2281/locks");
+        let shown = format!("{config:?}");
+        assert!(
+            shown.contains("c.key") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+        assert!(!parse("zk://h/locks").unwrap().tls);
+        let json = serde_json::to_string(&config).unwrap();
+        assert_eq!(serde_json::from_str::<ZkConfig>(&json).unwrap(), config);
+    }
+
+    #[test]
     fn defaults_apply_without_path() {
         let config = parse("zk://127.0.0.1:2181").unwrap();
         assert_eq!(config.prefix, DEFAULT_PREFIX);
@@ -383,6 +404,12 @@ mod tests {
             ("zk://h/locks?chroot=relative", "chroot"),
             ("zk://h/locks?ttl=30000h", "ttl"),
             ("zk://h/locks?connect_timeout=0s", "connect_timeout"),
+            ("zks://h/locks", "ca_file"),
+            ("zk://h/locks?ca_file=/ca.pem", "zks://"),
+            ("zks://h/locks?ca_file=/ca.pem&cert_file=/c.pem", "key_file"),
+            ("zks://h/locks?ca_file=/ca.pem&key_file=/c.key", "cert_file"),
+            ("zks://h/locks?ca_file=/ca.pem&tls_domain=zk", "tls_domain"),
+            ("zkss://h/locks", "zks://"),
         ];
         for (url, needle) in cases {
             let err = parse(url).unwrap_err();
