@@ -22,13 +22,19 @@ use crate::config::{ZkConfig, NEEDS_CA};
 /// Longest answer the probe reads (a `srvr` answer is a few hundred bytes).
 const PROBE_READ: u64 = 4096;
 
-/// The TLS settings of one session attempt.
-#[derive(Debug)]
+/// The TLS settings of one session attempt. `Debug` shows none of them (they hold the
+/// client's key).
 pub(crate) struct Tls {
     /// For the ZooKeeper client.
     pub(crate) options: zk::TlsOptions,
     /// The same trust and identity, for [`Tls::refusal`].
     probe: Arc<rustls::ClientConfig>,
+}
+
+impl std::fmt::Debug for Tls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tls").finish_non_exhaustive()
+    }
 }
 
 impl Tls {
