@@ -21,7 +21,7 @@ set -euo pipefail
 DEPS=(
   "rustup:rustfmt||check_rustfmt|cargo fmt and rustfmt run (make test checks formatting)"
   "rustup:clippy||check_clippy|cargo clippy and clippy-driver run (make test lints)"
-  "gcc||check_cc|cc runs (rustc links with it; ring's build script compiles C with it)"
+  "gcc||check_cc|cc runs (rustc links with it; the build scripts of ring and aws-lc-sys compile C with it)"
   "libc6-dev|gcc|check_c_program|cc compiles and links a C program against libc"
   "protobuf-compiler||check_protoc|protoc compiles a .proto file (etcd-client's build script runs it)"
   "libprotobuf-dev|protobuf-compiler|check_protoc_imports|protoc compiles a .proto importing google/protobuf/descriptor.proto (etcd-client's protos do)"
