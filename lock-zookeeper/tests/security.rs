@@ -1,6 +1,7 @@
 //! Digest authentication, creator-only ACLs, a lock directory without write permission,
-//! chroot, credentials never printed, and TLS (`zks://`): mutual TLS on a server that
-//! requires client certificates, and every refusal a typed error, told at once.
+//! chroot, credentials never printed, and TLS (`zks://`): server authentication alone,
+//! mutual TLS on a server that requires client certificates, and every refusal a typed
+//! error, told at once.
 
 mod common;
 
@@ -352,4 +353,29 @@ async fn zks_certificate_files_are_checked() {
         .await
         .expect_err("ca_file needs zks://");
     assert!(err.to_string().contains("zks://"), "{err}");
+}
+
+/// A server that asks for no client certificate: `zks://` with `ca_file` alone locks and
+/// releases, also with the server named by a DNS name of its certificate (`localhost`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zks_server_authentication_only() {
+    lock_core::raw::register::<lock_zookeeper::ZkBackend>();
+    let tls = ZkTls::make().await.expect("certificates");
+    let Some(server) = or_skip(ZkServer::start_with(ZkOptions::default().tls(tls.clone())).await)
+    else {
+        return;
+    };
+    let secure = server.secure_port().expect("a secure port");
+    for host in ["127.0.0.1", "localhost"] {
+        let url = format!(
+            "zks://{host}:{secure}/tls?ca_file={}",
+            tls.ca_file().display()
+        );
+        let client = lock_core::connect(&url).await.expect(&url);
+        let guard = client.lock("reports").await.expect("acquire over TLS");
+        assert_eq!(
+            guard.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
 }
