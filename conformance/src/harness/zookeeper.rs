@@ -196,11 +196,6 @@ impl ZkTls {
         self.dir.path().join("client.key")
     }
 
-    /// The directory of the certificates (`openssl` can make more there with the CA).
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
     /// The `zoo.cfg` lines serving TLS on `port`.
     fn config_lines(&self, port: u16) -> String {
         let path = |name: &str| self.dir.path().join(name).display().to_string();
