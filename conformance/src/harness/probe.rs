@@ -135,6 +135,96 @@ pub(crate) async fn redis_command(
     exchange(addr, request.as_bytes(), Until::Line, timeout).await
 }
 
+/// A Redis reply, as far as the harness reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Reply {
+    /// `+…`, `:…` or a bulk string.
+    Text(String),
+    /// `-…`.
+    Error(String),
+    /// A null bulk string or array.
+    Nil,
+    /// `*…`.
+    Array(Vec<Reply>),
+}
+
+impl Reply {
+    /// The text of a simple, integer or bulk reply.
+    pub(crate) fn text(&self) -> Option<&str> {
+        match self {
+            Self::Text(text) => Some(text),
+            _ => None,
+        }
+    }
+}
+
+/// Parses one reply from the start of `buf`: the reply and the bytes it took, `None` while
+/// incomplete.
+fn parse_reply(buf: &[u8]) -> Option<(Reply, usize)> {
+    let end = buf.windows(2).position(|w| w == b"\r\n")?;
+    let line = String::from_utf8_lossy(&buf[1..end]).into_owned();
+    let after = end + 2;
+    match buf.first()? {
+        b'+' | b':' => Some((Reply::Text(line), after)),
+        b'-' => Some((Reply::Error(line), after)),
+        b'$' => match usize::try_from(line.parse::<i64>().ok()?) {
+            Err(_) => Some((Reply::Nil, after)),
+            Ok(len) if buf.len() >= after + len + 2 => {
+                let text = String::from_utf8_lossy(&buf[after..after + len]).into_owned();
+                Some((Reply::Text(text), after + len + 2))
+            }
+            Ok(_) => None,
+        },
+        b'*' => match usize::try_from(line.parse::<i64>().ok()?) {
+            Err(_) => Some((Reply::Nil, after)),
+            Ok(n) => {
+                let (mut items, mut at) = (Vec::with_capacity(n), after);
+                for _ in 0..n {
+                    let (item, used) = parse_reply(&buf[at..])?;
+                    items.push(item);
+                    at += used;
+                }
+                Some((Reply::Array(items), at))
+            }
+        },
+        _ => Some((Reply::Error(format!("unreadable reply {line:?}")), after)),
+    }
+}
+
+/// Sends one Redis command and reads its whole reply (bulk strings and arrays too).
+pub(crate) async fn redis_reply(
+    addr: SocketAddr,
+    args: &[&str],
+    timeout: Duration,
+) -> std::io::Result<Reply> {
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    let work = async {
+        let mut stream = TcpStream::connect(addr).await?;
+        stream.write_all(request.as_bytes()).await?;
+        let mut buf = Vec::new();
+        let mut chunk = [0_u8; 4096];
+        loop {
+            if let Some((reply, _)) = parse_reply(&buf) {
+                return Ok(reply);
+            }
+            let n = stream.read(&mut chunk).await?;
+            if n == 0 || buf.len() as u64 > MAX_RESPONSE {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "incomplete reply",
+                ));
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+    };
+    tokio::time::timeout(timeout, work)
+        .await
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "probe timed out"))?
+}
+
 /// Sends a ZooKeeper four-letter word and returns the whole answer.
 pub(crate) async fn four_letter(
     addr: SocketAddr,
@@ -209,6 +299,18 @@ mod tests {
         assert_eq!(json_str_field(body, "leader"), Some("42"));
         assert_eq!(json_str_field(body, "x"), Some("y"));
         assert_eq!(json_str_field(body, "nope"), None);
+    }
+
+    #[test]
+    fn redis_replies() {
+        let raw = b"*2\r\n$9\r\n127.0.0.1\r\n$4\r\n6379\r\n";
+        let (reply, used) = parse_reply(raw).expect("complete");
+        assert_eq!(used, raw.len());
+        let text = |s: &str| Reply::Text(s.to_owned());
+        assert_eq!(reply, Reply::Array(vec![text("127.0.0.1"), text("6379")]));
+        assert!(parse_reply(&raw[..raw.len() - 3]).is_none());
+        assert_eq!(parse_reply(b"*-1\r\n").expect("nil").0, Reply::Nil);
+        assert_eq!(parse_reply(b"+OK 3\r\n").expect("ok").0, text("OK 3"));
     }
 
     #[test]
