@@ -8,7 +8,7 @@
 //! | feature | schemes | module |
 //! |---|---|---|
 //! | `memory` (default) | `memory://` | [`memory`] |
-//! | `redis` | `redis://`, `rediss://`, `redlock://` | `redis` |
+//! | `redis` | `redis://`, `rediss://`, `redlock://`, `redis+sentinel://`, `rediss+sentinel://` | `redis` |
 //! | `zookeeper` | `zk://` | `zookeeper` |
 //! | `etcd` | `etcd://`, `etcds://` | `etcd` |
 //! | `full` | all of the above | |
@@ -38,7 +38,16 @@ pub use lock_etcd as etcd;
 /// test checks that the two agree.)
 const FEATURE_SCHEMES: &[(&str, &[&str])] = &[
     ("memory", &["memory"]),
-    ("redis", &["redis", "rediss", "redlock"]),
+    (
+        "redis",
+        &[
+            "redis",
+            "rediss",
+            "redlock",
+            "redis+sentinel",
+            "rediss+sentinel",
+        ],
+    ),
     ("zookeeper", &["zk", "zks"]),
     ("etcd", &["etcd", "etcds"]),
 ];

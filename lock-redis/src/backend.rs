@@ -21,7 +21,7 @@ use redis::Script;
 use tokio::time::Instant;
 
 use crate::config::RedisConfig;
-use crate::connection::{redis_client, Node, Subscription, Wakeups};
+use crate::connection::{redis_client, Node, Sentinels, Subscription, Target, Wakeups};
 use crate::error;
 use crate::hold::{floor_arg, ttl_millis, HoldKeys, RedisHold, WakeKeys};
 use crate::layout::{self, KeyLayout};
@@ -173,18 +173,32 @@ impl Connect for RedisBackend {
             // when the process already chose).
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        let mut nodes = Vec::with_capacity(config.endpoints.len());
-        for node in &config.endpoints {
-            let client = redis_client(&config, node, ca.as_deref()).map_err(|err| {
-                error::from_client(backend, format_args!("configure on {node}"), err)
+        // What each node connects to: the primary the Sentinels name, or each server.
+        let targets: Vec<(String, Target)> = if config.sentinel_master.is_some() {
+            let sentinels = Sentinels::new(backend, &config, ca.as_deref()).map_err(|err| {
+                error::from_client(
+                    backend,
+                    format_args!("configure {}", config.endpoint()),
+                    err,
+                )
             })?;
-            nodes.push(Node::new(
-                backend,
-                node.to_string(),
-                client,
-                config.options.request_timeout,
-            ));
-        }
+            vec![(sentinels.label(), Target::Primary(Arc::new(sentinels)))]
+        } else {
+            let mut targets = Vec::with_capacity(config.endpoints.len());
+            for node in &config.endpoints {
+                let client = redis_client(&config, node, ca.as_deref()).map_err(|err| {
+                    error::from_client(backend, format_args!("configure on {node}"), err)
+                })?;
+                targets.push((node.to_string(), Target::Server(Box::new(client))));
+            }
+            targets
+        };
+        let nodes: Vec<Node> = targets
+            .into_iter()
+            .map(|(label, target)| {
+                Node::new(backend, label, target, config.options.request_timeout)
+            })
+            .collect();
         let keys = KeyLayout::new(config.prefix.clone());
         let client_id = uuid::Uuid::new_v4().simple().to_string();
         let channel_prefix = keys.client_channel_prefix();
@@ -192,7 +206,7 @@ impl Connect for RedisBackend {
             backend,
             nodes
                 .iter()
-                .map(|n| (n.label.clone(), n.client().clone()))
+                .map(|n| (n.label.clone(), n.target().clone()))
                 .collect(),
             config.options.request_timeout,
             format!("{channel_prefix}{client_id}"),
@@ -204,7 +218,11 @@ impl Connect for RedisBackend {
             scripts: Scripts::new(),
             wakeups,
             nodes,
-            arbiter: arbiter_of(&config.endpoints),
+            arbiter: if config.sentinel_master.is_some() {
+                0
+            } else {
+                arbiter_of(&config.endpoints)
+            },
             queue_times: QueueTimes::new(config.options.recheck, config.options.request_timeout),
             client_id,
             channel_prefix,

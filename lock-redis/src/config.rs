@@ -17,8 +17,15 @@ pub const DEFAULT_PREFIX: &str = "distlock:";
 /// Default Redis port.
 pub const DEFAULT_PORT: u16 = 6379;
 
+/// Default Sentinel port.
+pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
+
+/// Default of [`RedisConfig::wait_timeout`].
+const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
+
 /// Query keys this backend reads besides the common ones of [`LockOptions`].
-const BACKEND_KEYS: &str = "prefix, queue, node_timeout, tls, ca_file (or tls_ca)";
+const BACKEND_KEYS: &str = "prefix, queue, node_timeout, tls, ca_file (or tls_ca), \
+     wait_replicas, wait_timeout, sentinel_username, sentinel_password";
 
 /// One Redis server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -82,6 +89,11 @@ impl fmt::Display for RedisNode {
 /// - `rediss://…`: the same over TLS.
 /// - `redlock://[user[:password]@]h1:p1,h2:p2,…[/db][?query]`: RedLock over independent
 ///   servers (5 is the usual number), all with the same credentials and database.
+/// - `redis+sentinel://[user[:password]@]s1:p1,s2:p2,…/<master name>[/db][?query]`: the
+///   primary that the Sentinels at `s1`, `s2`… (port 26379 by default) name for `<master
+///   name>`, followed across failovers; the credentials are the data servers'
+///   (\[`sentinel_username`\], \[`sentinel_password`\] for the Sentinels).
+///   `rediss+sentinel://…`: the same over TLS, to the Sentinels and the data servers.
 ///
 /// `Debug` never shows the password.
 #[non_exhaustive]
@@ -124,6 +136,24 @@ pub struct RedisConfig {
     /// no majority answered sooner: the outcome is taken as soon as a majority granted.
     #[serde(with = "lock_core::raw::duration_text::option")]
     pub node_timeout: Option<Duration>,
+    /// Sentinel: the name the Sentinels monitor the primary under (the URL path of
+    /// `redis+sentinel://`). When set, [`RedisConfig::endpoints`] are the Sentinels and
+    /// the client follows the primary they name. Default: none (no Sentinel).
+    pub sentinel_master: Option<String>,
+    /// Sentinel: ACL user name on the Sentinels \[`sentinel_username`\]. Default: none.
+    pub sentinel_username: Option<String>,
+    /// Sentinel: password of the Sentinels \[`sentinel_password`\]. Default: none. Never
+    /// printed.
+    pub sentinel_password: Option<String>,
+    /// A grant is returned only once this many replicas acknowledged it (`WAIT n
+    /// wait_timeout` after the acquire) \[`wait_replicas`\]; with fewer the grant is given
+    /// back and the acquire fails with `Unavailable`. One server or Sentinel only.
+    /// Default 0 (no wait).
+    pub wait_replicas: u32,
+    /// How long a grant waits for [`RedisConfig::wait_replicas`] \[`wait_timeout`\].
+    /// Default 100 ms; at most `request_timeout`.
+    #[serde(with = "lock_core::raw::duration_text")]
+    pub wait_timeout: Duration,
     /// Client-wide lock options (TTL, renewal, timeouts) (serde also reads `lock`). Query
     /// keys `ttl`, `renewal`, `max_hold`, `request_timeout`, `recheck`.
     #[serde(alias = "lock")]
@@ -143,6 +173,11 @@ impl Default for RedisConfig {
             prefix: DEFAULT_PREFIX.to_owned(),
             queue: true,
             node_timeout: None,
+            sentinel_master: None,
+            sentinel_username: None,
+            sentinel_password: None,
+            wait_replicas: 0,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
             options: LockOptions::default(),
         }
     }
@@ -161,6 +196,14 @@ impl fmt::Debug for RedisConfig {
             .field("prefix", &self.prefix)
             .field("queue", &self.queue)
             .field("node_timeout", &self.node_timeout)
+            .field("sentinel_master", &self.sentinel_master)
+            .field("sentinel_username", &self.sentinel_username)
+            .field(
+                "sentinel_password",
+                &self.sentinel_password.as_ref().map(|_| "***"),
+            )
+            .field("wait_replicas", &self.wait_replicas)
+            .field("wait_timeout", &self.wait_timeout)
             .field("options", &self.options)
             .finish()
     }
@@ -184,7 +227,18 @@ impl RedisConfig {
         }
     }
 
-    /// Parses `redis://`, `rediss://` or `redlock://` URLs (see [`RedisConfig`]).
+    /// A Sentinel configuration: the primary the Sentinels at `sentinels` name for
+    /// `master`.
+    pub fn sentinel(sentinels: Vec<RedisNode>, master: impl Into<String>) -> Self {
+        RedisConfig {
+            endpoints: sentinels,
+            sentinel_master: Some(master.into()),
+            ..RedisConfig::default()
+        }
+    }
+
+    /// Parses `redis://`, `rediss://`, `redlock://`, `redis+sentinel://` or
+    /// `rediss+sentinel://` URLs (see [`RedisConfig`]).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for another scheme, a wrong number of hosts, a path that
@@ -196,6 +250,10 @@ impl RedisConfig {
             "redis" => {}
             "rediss" => config.tls = true,
             "redlock" => config.redlock = true,
+            "redis+sentinel" | "rediss+sentinel" => {
+                config.tls = url.scheme.starts_with("rediss");
+                config.sentinel_master = Some(String::new());
+            }
             other => {
                 return Err(Error::config(format!(
                     "the Redis backend serves {}, not `{other}`",
@@ -203,12 +261,26 @@ impl RedisConfig {
                 )))
             }
         }
+        let sentinel = config.sentinel_master.is_some();
+        let port = if sentinel {
+            DEFAULT_SENTINEL_PORT
+        } else {
+            DEFAULT_PORT
+        };
         let nodes: Vec<RedisNode> = url
             .hosts
             .iter()
-            .map(|h| RedisNode::new(h.host.clone(), h.port.unwrap_or(DEFAULT_PORT)))
+            .map(|h| RedisNode::new(h.host.clone(), h.port.unwrap_or(port)))
             .collect();
-        if config.redlock {
+        if sentinel {
+            if nodes.is_empty() {
+                return Err(Error::config(format!(
+                    "{}:// needs a list of Sentinels: {}://s1:26379,s2:26379,s3:26379/<master name>",
+                    url.scheme, url.scheme
+                )));
+            }
+            config.endpoints = nodes;
+        } else if config.redlock {
             if nodes.is_empty() {
                 return Err(Error::config(
                     "redlock:// needs a list of servers: redlock://h1:p1,h2:p2,h3:p3",
@@ -229,7 +301,14 @@ impl RedisConfig {
         }
         config.username = url.username.clone();
         config.password = url.password.clone();
-        config.db = match url.path.as_str() {
+        let db_path = if sentinel {
+            let (master, db) = sentinel_path(&url.scheme, &url.path)?;
+            config.sentinel_master = Some(master);
+            db
+        } else {
+            url.path.clone()
+        };
+        config.db = match db_path.as_str() {
             "" | "/" => 0,
             path => path
                 .strip_prefix('/')
@@ -250,6 +329,18 @@ impl RedisConfig {
                         Some(lock_core::raw::parse_duration("node_timeout", &value)?)
                 }
                 "tls" if config.redlock => config.tls = parse_bool("tls", &value)?,
+                "wait_replicas" => {
+                    config.wait_replicas = value.parse().map_err(|_| {
+                        Error::config(format!(
+                            "wait_replicas must be a number of replicas, not {value:?}"
+                        ))
+                    })?
+                }
+                "wait_timeout" => {
+                    config.wait_timeout = lock_core::raw::parse_duration("wait_timeout", &value)?
+                }
+                "sentinel_username" if sentinel => config.sentinel_username = Some(value),
+                "sentinel_password" if sentinel => config.sentinel_password = Some(value),
                 "ca_file" | "tls_ca" => config.ca_file = Some(PathBuf::from(value)),
                 _ => {
                     return Err(Error::config(format!(
@@ -275,7 +366,35 @@ impl RedisConfig {
                 "a Redis configuration needs at least one node",
             ));
         }
-        if !self.redlock && self.endpoints.len() > 1 {
+        if let Some(master) = &self.sentinel_master {
+            if self.redlock {
+                return Err(Error::config(
+                    "Sentinel and RedLock exclude each other: one names a primary, the other \
+                     independent servers",
+                ));
+            }
+            if master.is_empty() || master.contains(|c: char| c.is_whitespace() || c == '/') {
+                return Err(Error::config(format!(
+                    "the Sentinel master name must be a non-empty word, not {master:?}"
+                )));
+            }
+        } else if self.sentinel_username.is_some() || self.sentinel_password.is_some() {
+            return Err(Error::config(
+                "sentinel_username and sentinel_password need Sentinel (redis+sentinel://)",
+            ));
+        }
+        if self.wait_replicas > 0 && self.redlock {
+            return Err(Error::config(
+                "wait_replicas needs one server or Sentinel; RedLock's servers have no replicas \
+                 of the lock",
+            ));
+        }
+        if self.wait_timeout.is_zero() || self.wait_timeout > self.options.request_timeout {
+            return Err(Error::config(
+                "wait_timeout must be greater than zero and at most request_timeout",
+            ));
+        }
+        if !self.redlock && self.sentinel_master.is_none() && self.endpoints.len() > 1 {
             return Err(Error::config(
                 "several nodes need `redlock: true` (RedLock); one Redis client talks to one server",
             ));
@@ -289,6 +408,11 @@ impl RedisConfig {
         }
         for (i, node) in self.endpoints.iter().enumerate() {
             if let Some(twice) = self.endpoints[..i].iter().find(|n| n.same_name(node)) {
+                if self.sentinel_master.is_some() {
+                    return Err(Error::config(format!(
+                        "redis+sentinel:// lists the Sentinel {node} twice"
+                    )));
+                }
                 return Err(twice_listed(twice, node, None));
             }
         }
@@ -309,15 +433,21 @@ impl RedisConfig {
         }
         if self.ca_file.is_some() && !self.tls {
             return Err(Error::config(
-                "ca_file or tls_ca needs TLS (rediss://, or tls=true on redlock://)",
+                "ca_file or tls_ca needs TLS (rediss://, rediss+sentinel://, or tls=true on \
+                 redlock://)",
             ));
         }
         Ok(())
     }
 
-    /// How many nodes must agree (a majority).
+    /// How many servers must agree: a majority on RedLock, else the one server (behind
+    /// Sentinels: the primary).
     pub fn quorum(&self) -> usize {
-        self.endpoints.len() / 2 + 1
+        if self.redlock {
+            self.endpoints.len() / 2 + 1
+        } else {
+            1
+        }
     }
 
     /// The per-node acquire deadline for a hold of `ttl` (RedLock).
@@ -329,18 +459,38 @@ impl RedisConfig {
 
     /// The endpoint for messages: scheme and servers, never credentials.
     pub(crate) fn endpoint(&self) -> String {
-        let scheme = match (self.redlock, self.tls) {
-            (true, _) => "redlock",
-            (false, true) => "rediss",
-            (false, false) => "redis",
+        let scheme = match (self.redlock, self.sentinel_master.is_some(), self.tls) {
+            (true, _, _) => "redlock",
+            (false, true, true) => "rediss+sentinel",
+            (false, true, false) => "redis+sentinel",
+            (false, false, true) => "rediss",
+            (false, false, false) => "redis",
         };
         let hosts: Vec<String> = self.endpoints.iter().map(ToString::to_string).collect();
         let mut text = format!("{scheme}://{}", hosts.join(","));
+        if let Some(master) = &self.sentinel_master {
+            text.push('/');
+            text.push_str(master);
+        }
         if self.db != 0 {
             text.push_str(&format!("/{}", self.db));
         }
         text
     }
+}
+
+/// The master name and the database path (`""` or `/N`) of a Sentinel URL's path
+/// `/<master name>[/N]`.
+fn sentinel_path(scheme: &str, path: &str) -> Result<(String, String)> {
+    let mut parts = path.strip_prefix('/').unwrap_or(path).splitn(2, '/');
+    let master = parts.next().unwrap_or_default();
+    if master.is_empty() {
+        return Err(Error::config(format!(
+            "{scheme}:// needs the master name as its path: {scheme}://s1,s2,s3/<master name>"
+        )));
+    }
+    let db = parts.next().map(|db| format!("/{db}")).unwrap_or_default();
+    Ok((master.to_owned(), db))
 }
 
 fn parse_bool(key: &str, value: &str) -> Result<bool> {
@@ -392,6 +542,45 @@ mod tests {
     }
 
     #[test]
+    fn sentinel_urls_name_the_sentinels_and_the_master() {
+        let c = parse(
+            "redis+sentinel://u:s3cret@s1,s2:5000,s3/prod/2?sentinel_password=t0p&wait_replicas=1&wait_timeout=50ms",
+        )
+        .unwrap();
+        assert_eq!(
+            c.endpoints,
+            vec![
+                RedisNode::new("s1", DEFAULT_SENTINEL_PORT),
+                RedisNode::new("s2", 5000),
+                RedisNode::new("s3", DEFAULT_SENTINEL_PORT)
+            ]
+        );
+        assert_eq!(c.sentinel_master.as_deref(), Some("prod"));
+        assert_eq!((c.db, c.password.as_deref()), (2, Some("s3cret")));
+        assert_eq!(c.sentinel_password.as_deref(), Some("t0p"));
+        assert_eq!(
+            (c.wait_replicas, c.wait_timeout),
+            (1, Duration::from_millis(50))
+        );
+        assert!(!c.tls && !c.redlock);
+        assert_eq!(
+            c.endpoint(),
+            "redis+sentinel://s1:26379,s2:5000,s3:26379/prod/2"
+        );
+        let shown = format!("{c:?} {}", c.endpoint());
+        assert!(
+            !shown.contains("s3cret") && !shown.contains("t0p"),
+            "{shown}"
+        );
+
+        let c = parse("rediss+sentinel://s1/prod?ca_file=/ca.pem").unwrap();
+        assert!(c.tls);
+        assert_eq!((c.db, c.wait_replicas), (0, 0));
+        let c = parse("redis://h?wait_replicas=2").unwrap();
+        assert_eq!(c.wait_replicas, 2);
+    }
+
+    #[test]
     fn bad_urls_are_rejected_without_secrets() {
         for (url, needle) in [
             ("redis://u:s3cret@a:1,b:2", "redlock://"),
@@ -405,6 +594,27 @@ mod tests {
             ("redlock://u:s3cret@", "list of servers"),
             ("redlock://u:s3cret@a:1,b:2,A:1", "twice"),
             ("memory://x", "serves"),
+            ("redis+sentinel://u:s3cret@", "list of Sentinels"),
+            ("redis+sentinel://u:s3cret@a,b", "master name"),
+            ("redis+sentinel://u:s3cret@a,b/m/x", "database number"),
+            ("redis+sentinel://u:s3cret@a,A/m", "twice"),
+            (
+                "redis+sentinel://u:s3cret@a/m?wait_timeout=0s",
+                "wait_timeout",
+            ),
+            (
+                "redis+sentinel://u:s3cret@a/m?wait_timeout=1h",
+                "wait_timeout",
+            ),
+            (
+                "redis+sentinel://u:s3cret@a/m?wait_replicas=-1",
+                "wait_replicas",
+            ),
+            ("redlock://u:s3cret@a,b,c?wait_replicas=1", "wait_replicas"),
+            (
+                "redis://u:s3cret@a?sentinel_password=x",
+                "sentinel_password",
+            ),
         ] {
             let err = parse(url).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");

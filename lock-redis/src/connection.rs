@@ -1,12 +1,13 @@
 //! Connections to the servers: one multiplexed connection per server, with a deadline on
 //! every call and reconnection with backoff; the client's wake-up subscriptions are in
-//! [`wakeups`].
+//! [`wakeups`], finding the primary through Sentinels in [`sentinel`].
 
+mod sentinel;
 mod wakeups;
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::raw::{lock_unpoisoned, Backoff};
@@ -21,6 +22,7 @@ use tokio::time::{timeout_at, Instant};
 use crate::config::{RedisConfig, RedisNode};
 use crate::error;
 
+pub(crate) use sentinel::Sentinels;
 pub(crate) use wakeups::{Subscription, Wakeups};
 
 /// First pause before reconnecting after a failure; doubles up to [`MAX_BACKOFF`].
@@ -40,7 +42,26 @@ pub(crate) fn redis_client(
     node: &RedisNode,
     ca: Option<&[u8]>,
 ) -> redis::RedisResult<redis::Client> {
-    let addr = if config.tls {
+    client_for(
+        node,
+        config.tls,
+        ca,
+        config.username.as_deref(),
+        config.password.as_deref(),
+        config.db,
+    )
+}
+
+/// The client library's client for `node` with these TLS, credentials and database.
+fn client_for(
+    node: &RedisNode,
+    tls: bool,
+    ca: Option<&[u8]>,
+    username: Option<&str>,
+    password: Option<&str>,
+    db: i64,
+) -> redis::RedisResult<redis::Client> {
+    let addr = if tls {
         ConnectionAddr::TcpTls {
             host: node.host.clone(),
             port: node.port,
@@ -50,11 +71,11 @@ pub(crate) fn redis_client(
     } else {
         ConnectionAddr::Tcp(node.host.clone(), node.port)
     };
-    let mut settings = RedisConnectionInfo::default().set_db(config.db);
-    if let Some(user) = &config.username {
+    let mut settings = RedisConnectionInfo::default().set_db(db);
+    if let Some(user) = username {
         settings = settings.set_username(user);
     }
-    if let Some(password) = &config.password {
+    if let Some(password) = password {
         settings = settings.set_password(password);
     }
     let info = addr.into_connection_info()?.set_redis_settings(settings);
@@ -70,6 +91,25 @@ pub(crate) fn redis_client(
     }
 }
 
+/// Where a node's connections go.
+#[derive(Clone)]
+pub(crate) enum Target {
+    /// One server.
+    Server(Box<redis::Client>),
+    /// The primary that these Sentinels name at each (re)connection.
+    Primary(Arc<Sentinels>),
+}
+
+impl Target {
+    /// A client of the server to connect to now.
+    pub(crate) async fn client(&self, deadline: Instant) -> Result<redis::Client> {
+        match self {
+            Target::Server(client) => Ok((**client).clone()),
+            Target::Primary(sentinels) => sentinels.primary(deadline).await,
+        }
+    }
+}
+
 /// The current connection of a node and its reconnection state.
 #[derive(Default)]
 struct Slot {
@@ -79,12 +119,13 @@ struct Slot {
     retry_at: Option<Instant>,
 }
 
-/// One Redis server: a lazily (re)connected multiplexed connection.
+/// One Redis server (or the primary Sentinels name): a lazily (re)connected multiplexed
+/// connection.
 pub(crate) struct Node {
     backend: &'static str,
     /// `host:port`, for messages (never credentials).
     pub(crate) label: String,
-    client: redis::Client,
+    target: Target,
     connect_timeout: Duration,
     backoff: Backoff,
     slot: Mutex<Slot>,
@@ -102,13 +143,13 @@ impl Node {
     pub(crate) fn new(
         backend: &'static str,
         label: String,
-        client: redis::Client,
+        target: Target,
         connect_timeout: Duration,
     ) -> Self {
         Node {
             backend,
             label,
-            client,
+            target,
             connect_timeout,
             backoff: reconnect_backoff(),
             slot: Mutex::new(Slot::default()),
@@ -116,8 +157,8 @@ impl Node {
         }
     }
 
-    pub(crate) fn client(&self) -> &redis::Client {
-        &self.client
+    pub(crate) fn target(&self) -> &Target {
+        &self.target
     }
 
     /// The current connection, connecting first if there is none (unless a recent failure
@@ -150,9 +191,17 @@ impl Node {
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(self.connect_timeout))
             .set_response_timeout(None);
-        let attempt = self
-            .client
-            .get_multiplexed_async_connection_with_config(&config);
+        let attempt = async {
+            let client = self.target.client(deadline).await?;
+            let mut conn = client
+                .get_multiplexed_async_connection_with_config(&config)
+                .await
+                .map_err(|err| self.failed("connect", err))?;
+            if let Target::Primary(sentinels) = &self.target {
+                sentinels.check_role(&mut conn).await?;
+            }
+            Ok::<_, Error>(conn)
+        };
         let outcome = timeout_at(deadline, attempt).await;
         let mut slot = lock_unpoisoned(&self.slot);
         match outcome {
@@ -167,7 +216,7 @@ impl Node {
             Ok(Err(err)) => {
                 slot.failures += 1;
                 slot.retry_at = Some(Instant::now() + self.backoff.after(slot.failures));
-                Err(self.failed("connect", err))
+                Err(err)
             }
             Err(_) => {
                 slot.failures += 1;
@@ -237,9 +286,10 @@ impl Node {
 
     /// Sends a request (`send` on a connection) with a deadline.
     ///
-    /// A connection that turns out broken (the server restarted, the network reset it)
-    /// is replaced and the request is sent once more on the new one, within the same
-    /// deadline.
+    /// A connection that turns out broken (the server restarted, the network reset it) or
+    /// reaches a replica (`READONLY`: a failover demoted the server) is replaced and the
+    /// request is sent once more on the new one, within the same deadline; behind
+    /// Sentinels the new one goes to the primary they name then.
     async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, send: F) -> Result<T>
     where
         F: Fn(MultiplexedConnection) -> Fut,
@@ -254,7 +304,7 @@ impl Node {
                 Ok(Err(err)) => {
                     if error::breaks_connection(&err) {
                         self.invalidate(generation);
-                        if !retried && err.is_connection_dropped() {
+                        if !retried && (err.is_connection_dropped() || error::is_read_only(&err)) {
                             retried = true;
                             continue;
                         }

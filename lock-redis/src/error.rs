@@ -145,10 +145,18 @@ fn refused_certificate(err: &RedisError) -> bool {
     text.contains("invalid peer certificate") || text.contains("peer sent no certificates")
 }
 
-/// Whether the connection that produced `err` should be replaced by a new one.
+/// Whether `err` is a write refused by a replica (`READONLY`).
+pub(crate) fn is_read_only(err: &RedisError) -> bool {
+    matches!(err.kind(), ErrorKind::Server(ServerErrorKind::ReadOnly))
+        || err.code() == Some("READONLY")
+}
+
+/// Whether the connection that produced `err` should be replaced by a new one (also when
+/// it reaches a replica: behind Sentinels the new one goes to the primary).
 pub(crate) fn breaks_connection(err: &RedisError) -> bool {
     err.is_io_error()
         || err.is_connection_dropped()
+        || is_read_only(err)
         || matches!(
             err.kind(),
             ErrorKind::Parse | ErrorKind::UnexpectedReturnType | ErrorKind::AuthenticationFailed

@@ -4,8 +4,8 @@
 // `Backend` and `Connect` impls), `hold.rs` (holds, renewal, release), `connection.rs`
 // (connections, wake-up subscriptions), `layout.rs` (key names), `queue.rs` (the waiter
 // queue), `operator.rs` (who holds and who waits, which names are held, breaking a hold);
-// and, for Redis alone, `redlock.rs` (the RedLock quorum rounds) and `scripts/` (the Lua
-// scripts).
+// and, for Redis alone, `connection/sentinel.rs` (finding the primary through Sentinels),
+// `redlock.rs` (the RedLock quorum rounds) and `scripts/` (the Lua scripts).
 
 mod backend;
 mod config;
@@ -20,14 +20,22 @@ mod redlock;
 use lock_core::raw::LeaseClient;
 
 pub use backend::RedisBackend;
-pub use config::{RedisConfig, RedisNode, DEFAULT_PORT, DEFAULT_PREFIX};
+pub use config::{RedisConfig, RedisNode, DEFAULT_PORT, DEFAULT_PREFIX, DEFAULT_SENTINEL_PORT};
 pub use hold::RedisHold;
 pub use layout::KeyLayout;
 
 /// The URL schemes this crate serves: `redis` (one server), `rediss` (one server over
-/// TLS) and `redlock` (RedLock over several independent servers).
-pub const SCHEMES: &[&str] = &["redis", "rediss", "redlock"];
+/// TLS), `redlock` (RedLock over several independent servers), `redis+sentinel` (the
+/// primary that Sentinels name, followed across failovers) and `rediss+sentinel` (the
+/// same over TLS).
+pub const SCHEMES: &[&str] = &[
+    "redis",
+    "rediss",
+    "redlock",
+    "redis+sentinel",
+    "rediss+sentinel",
+];
 
-/// A lock client on Redis (single server or RedLock): [`RedisBackend`] with the shared
+/// A lock client on Redis (single server, Sentinel or RedLock): [`RedisBackend`] with the shared
 /// lease machinery of `lock-core`.
 pub type RedisLock = LeaseClient<RedisBackend>;

@@ -250,6 +250,27 @@ impl RedisSentinel {
         format!("{}/{}", self.sentinels.url(), self.options.master_name)
     }
 
+    /// One more Sentinel, of its own, that names `primary` (e.g. a fault proxy in front of
+    /// the primary, so that a client reaching the primary through it can be cut off) and
+    /// never thinks it down. It joins the others' gossip; start it only while no failover
+    /// is wanted. Killed on drop.
+    ///
+    /// # Errors
+    /// As [`Cluster::start`].
+    pub async fn own_sentinel(
+        &self,
+        primary: SocketAddr,
+    ) -> Result<Cluster<Sentinel>, HarnessError> {
+        let options = SentinelOptions {
+            sentinels: 1,
+            down_after: Duration::from_secs(3600),
+            failover_timeout: Duration::from_secs(3600),
+            primary: Some(primary),
+            ..self.options.clone()
+        };
+        Cluster::start_with(options).await
+    }
+
     /// The data server the Sentinels name as primary now: a majority of all Sentinels
     /// must name it, and it must say it is a primary.
     ///

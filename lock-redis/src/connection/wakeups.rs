@@ -15,7 +15,7 @@ use redis::aio::PubSubSink;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
-use super::reconnect_backoff;
+use super::{reconnect_backoff, Target};
 
 /// How often an idle subscription connection is checked with `PING`.
 const SUBSCRIBER_PING: Duration = Duration::from_secs(5);
@@ -91,7 +91,7 @@ pub(crate) struct Wakeups {
 
 struct Shared {
     backend: &'static str,
-    nodes: Vec<(String, redis::Client)>,
+    nodes: Vec<(String, Target)>,
     request_timeout: Duration,
     registry: Mutex<Registry>,
     /// How often the client's channel was (re)subscribed.
@@ -111,7 +111,7 @@ impl Wakeups {
     /// Wake-ups from `nodes`; `client_channel` is the client's own channel.
     pub(crate) fn new(
         backend: &'static str,
-        nodes: Vec<(String, redis::Client)>,
+        nodes: Vec<(String, Target)>,
         request_timeout: Duration,
         client_channel: String,
     ) -> Self {
@@ -459,7 +459,7 @@ async fn subscriber_session(
     commands: &mut mpsc::UnboundedReceiver<SubCommand>,
     backoff: &mut Backoff,
 ) -> Broken {
-    let (backend, label, client, limit) = match shared.upgrade() {
+    let (backend, label, target, limit) = match shared.upgrade() {
         Some(s) => (
             s.backend,
             s.nodes[index].0.clone(),
@@ -468,9 +468,15 @@ async fn subscriber_session(
         ),
         None => return Broken::Stop,
     };
-    let pubsub = match timeout(limit, client.get_async_pubsub()).await {
-        Ok(Ok(pubsub)) => pubsub,
-        Ok(Err(err)) => {
+    // Behind Sentinels, each (re)connection goes to the primary they name then.
+    let connect = async {
+        let client = target.client(Instant::now() + limit).await.ok()?;
+        Some(client.get_async_pubsub().await)
+    };
+    let pubsub = match timeout(limit, connect).await {
+        Ok(Some(Ok(pubsub))) => pubsub,
+        Ok(None) => return Broken::Reconnect,
+        Ok(Some(Err(err))) => {
             tracing::debug!(backend, node = %label, error = %err, "wake-up subscription: connect failed");
             return Broken::Reconnect;
         }

@@ -1,7 +1,9 @@
 //! Test support: a conformance [`Factory`] over real redis-servers (one, or N for
-//! RedLock), raw connections that reach behind the library, and helpers.
+//! RedLock; Sentinel deployments in [`sentinel`]), raw connections that reach behind the library, and helpers.
 
 #![allow(dead_code)]
+
+mod sentinel;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -15,6 +17,9 @@ use conformance::{connect_patiently, Crash, Factory};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
+
+#[allow(unused_imports)] // not every test file uses it
+pub(crate) use sentinel::SentinelFactory;
 
 /// The servers behind a factory: one (`redis://`) or independent nodes (`redlock://`).
 pub(crate) type Servers = Deployment<Redis>;
@@ -183,51 +188,59 @@ impl Factory for RedisFactory {
     }
 
     async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
-        let keys = KeyLayout::new(DEFAULT_PREFIX);
-        let mut left = Vec::new();
-        for (i, mut conn) in self.raw_all().await.into_iter().enumerate() {
-            for name in names {
-                let key = keys.lock_key(name);
-                let exists: i64 = redis::cmd("EXISTS")
+        leftovers_on(self.raw_all().await, names).await
+    }
+}
+
+/// Anything left for `names` on the servers behind `conns` (see [`Factory::leftovers`]).
+pub(crate) async fn leftovers_on(
+    conns: Vec<MultiplexedConnection>,
+    names: &[LockName],
+) -> Vec<String> {
+    let keys = KeyLayout::new(DEFAULT_PREFIX);
+    let mut left = Vec::new();
+    for (i, mut conn) in conns.into_iter().enumerate() {
+        for name in names {
+            let key = keys.lock_key(name);
+            let exists: i64 = redis::cmd("EXISTS")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await
+                .expect("EXISTS");
+            if exists > 0 {
+                left.push(format!("server {i}: lock key {key:?} exists"));
+            }
+            let queue = [
+                ("waiter queue", keys.queue_key(name)),
+                ("waiter liveness", keys.queue_live_key(name)),
+            ];
+            for (what, key) in queue {
+                let entries: i64 = redis::cmd("ZCARD")
                     .arg(&key)
                     .query_async(&mut conn)
                     .await
-                    .expect("EXISTS");
-                if exists > 0 {
-                    left.push(format!("server {i}: lock key {key:?} exists"));
-                }
-                let queue = [
-                    ("waiter queue", keys.queue_key(name)),
-                    ("waiter liveness", keys.queue_live_key(name)),
-                ];
-                for (what, key) in queue {
-                    let entries: i64 = redis::cmd("ZCARD")
-                        .arg(&key)
-                        .query_async(&mut conn)
-                        .await
-                        .expect("ZCARD");
-                    if entries > 0 {
-                        left.push(format!(
-                            "server {i}: {what} {key:?} holds {entries} entries"
-                        ));
-                    }
-                }
-                let channel = keys.wakeup_channel(name);
-                let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
-                    .arg("NUMSUB")
-                    .arg(&channel)
-                    .query_async(&mut conn)
-                    .await
-                    .expect("PUBSUB NUMSUB");
-                if subscribers > 0 {
+                    .expect("ZCARD");
+                if entries > 0 {
                     left.push(format!(
-                        "server {i}: {subscribers} subscribers on {channel:?}"
+                        "server {i}: {what} {key:?} holds {entries} entries"
                     ));
                 }
             }
+            let channel = keys.wakeup_channel(name);
+            let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
+                .arg("NUMSUB")
+                .arg(&channel)
+                .query_async(&mut conn)
+                .await
+                .expect("PUBSUB NUMSUB");
+            if subscribers > 0 {
+                left.push(format!(
+                    "server {i}: {subscribers} subscribers on {channel:?}"
+                ));
+            }
         }
-        left
     }
+    left
 }
 
 #[async_trait]

@@ -1,0 +1,116 @@
+//! A conformance [`Factory`] over Redis behind Sentinel: a primary, two replicas and three
+//! Sentinels (`redis+sentinel://`).
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use conformance::chaos::Link;
+use conformance::harness::{or_skip, Cluster, RedisSentinel, Sentinel};
+use conformance::{connect_patiently, Crash, Factory};
+use lock_core::{DistributedLock, LockName, LockOptions};
+use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
+use redis::aio::MultiplexedConnection;
+
+use super::{leftovers_on, raw};
+
+/// Makes clients of one Sentinel deployment.
+pub(crate) struct SentinelFactory {
+    /// The servers and Sentinels (killed on drop).
+    pub(crate) deployment: RedisSentinel,
+    /// What crashable clients go through: a proxy in front of the primary and a Sentinel
+    /// of their own that names it, kept as long as the factory.
+    crashable: Mutex<Vec<(Link, Cluster<Sentinel>)>>,
+}
+
+impl SentinelFactory {
+    /// A factory over a fresh deployment; `None` (after a loud notice) when redis-server is
+    /// not installed and strict mode is off.
+    pub(crate) async fn start() -> Option<Self> {
+        lock_core::raw::register::<lock_redis::RedisBackend>();
+        let deployment = or_skip(RedisSentinel::start().await)?;
+        Some(SentinelFactory {
+            deployment,
+            crashable: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// A client configuration for the Sentinels at `sentinels`.
+    pub(crate) fn config(
+        &self,
+        sentinels: &Cluster<Sentinel>,
+        options: LockOptions,
+    ) -> RedisConfig {
+        let nodes = sentinels
+            .members()
+            .iter()
+            .map(|s| RedisNode::new(s.addr().ip().to_string(), s.port()))
+            .collect();
+        let mut config = RedisConfig::sentinel(nodes, self.deployment.master_name());
+        config.options = options;
+        config
+    }
+
+    /// A client of the deployment's Sentinels.
+    pub(crate) async fn make(&self, options: LockOptions) -> Arc<RedisLock> {
+        self.make_with(self.config(self.deployment.sentinels(), options))
+            .await
+    }
+
+    /// A client with `config`.
+    pub(crate) async fn make_with(&self, config: RedisConfig) -> Arc<RedisLock> {
+        Arc::new(connect_patiently("connect", || RedisLock::connect(config.clone())).await)
+    }
+
+    /// A raw connection to the current primary.
+    pub(crate) async fn raw_primary(&self) -> MultiplexedConnection {
+        let primary = self.deployment.primary().await.expect("a primary");
+        raw(self.deployment.server(primary).addr()).await
+    }
+}
+
+#[async_trait]
+impl Factory for SentinelFactory {
+    fn label(&self) -> String {
+        self.url()
+    }
+
+    fn url(&self) -> String {
+        self.deployment.url()
+    }
+
+    async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
+        self.make(options).await
+    }
+
+    async fn crashable_client(
+        &self,
+        options: LockOptions,
+    ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
+        let primary = self.deployment.primary().await.expect("a primary");
+        let (link, addrs) = Link::proxied(&[self.deployment.server(primary).addr()]).await;
+        let own = self
+            .deployment
+            .own_sentinel(addrs[0])
+            .await
+            .expect("a Sentinel of the crashable client's own");
+        let client = self.make_with(self.config(&own, options)).await;
+        self.crashable
+            .lock()
+            .expect("crashable")
+            .push((link.clone(), own));
+        (client, Box::new(link))
+    }
+
+    async fn steal(&self, name: &LockName) {
+        let mut conn = self.raw_primary().await;
+        let _: i64 = redis::cmd("DEL")
+            .arg(KeyLayout::new(DEFAULT_PREFIX).lock_key(name))
+            .query_async(&mut conn)
+            .await
+            .expect("DEL");
+    }
+
+    async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
+        leftovers_on(vec![self.raw_primary().await], names).await
+    }
+}
