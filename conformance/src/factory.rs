@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::Backoff;
-use lock_core::{DistributedLock, LockName, LockOptions};
+use lock_core::{DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions};
 use tokio::time::{sleep, Instant};
 
 /// Cuts a client off from its server as a crash or a partition would: afterwards the
@@ -108,6 +108,28 @@ where
                 sleep(backoff.next_pause()).await;
             }
             Err(err) => panic!("{what}: {err:?}"),
+        }
+    }
+}
+
+/// Acquires `name` on `client`, retrying retryable errors (a server restarting, a failover
+/// in progress) for up to `patience`; each attempt waits for the lock for as long as is
+/// left. Panics with the last error after that, or at once on an error that is not
+/// retryable.
+pub async fn lock_patiently(
+    client: &dyn DistributedLock,
+    name: &LockName,
+    patience: Duration,
+) -> LockGuard {
+    let give_up = Instant::now() + patience;
+    loop {
+        let left = give_up.saturating_duration_since(Instant::now());
+        match client.lock_timeout(name.as_str(), left).await {
+            Ok(guard) => return guard,
+            Err(err) if err.is_retryable() && Instant::now() < give_up => {
+                sleep(Duration::from_millis(50)).await;
+            }
+            Err(err) => panic!("acquire of {name}: {err:?}"),
         }
     }
 }

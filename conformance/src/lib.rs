@@ -17,7 +17,7 @@ pub mod memory;
 pub mod proxy;
 pub mod rules;
 
-pub use factory::{connect_patiently, with_ttl, Crash, Factory};
+pub use factory::{connect_patiently, lock_patiently, with_ttl, Crash, Factory};
 pub use fence::{FenceClient, FenceReport, FenceServer, FencedResource, Section, StaleToken};
 
 /// The one list of conformance rules, in report order: calls `$callback! { $args... rule,

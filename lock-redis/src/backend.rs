@@ -406,6 +406,44 @@ impl Inner {
         invocation
     }
 
+    /// Runs an acquire script on the one server (behind Sentinels: the primary). With
+    /// `wait_replicas`, a grant waits on the same connection until that many replicas
+    /// acknowledged it (`WAIT`, at most `wait_timeout`); with fewer it is given back
+    /// (compare-and-delete) and the attempt fails with [`Error::Unavailable`].
+    pub(crate) async fn acquire_on_server(
+        &self,
+        hold: &RedisHold,
+        invocation: &redis::ScriptInvocation<'_>,
+        pending: &mut CleanupOnDrop<Abandoned>,
+    ) -> Result<Vec<i64>> {
+        let wanted = self.config.wait_replicas;
+        let wait = (wanted > 0).then_some((wanted, self.config.wait_timeout));
+        let (reply, acked) = self.nodes[0]
+            .acquire_script(self.request_deadline(), invocation, wait)
+            .await?;
+        match acked {
+            Some(acked) if acked < i64::from(wanted) => {
+                if self
+                    .release_all(hold, true, self.request_deadline())
+                    .await
+                    .is_ok()
+                {
+                    pending.state_mut().disarm(hold);
+                }
+                Err(Error::Unavailable {
+                    backend: self.backend,
+                    message: format!(
+                        "only {acked} of the {wanted} replicas asked for acknowledged the \
+                         grant of `{}` within {:?}; it was given back",
+                        hold.name, self.config.wait_timeout
+                    ),
+                    source: None,
+                })
+            }
+            _ => Ok(reply),
+        }
+    }
+
     /// One attempt on a single server.
     async fn attempt_single(
         &self,
@@ -417,9 +455,16 @@ impl Inner {
         let invocation = self.acquire_invocation(hold, ttl_ms, true, request.fence_at_least);
         let requested_at = Instant::now();
         pending.state_mut().arm(hold);
-        let (won, value): (i64, i64) = self.nodes[0]
-            .script("acquire", self.request_deadline(), &invocation)
-            .await?;
+        let reply = self.acquire_on_server(hold, &invocation, pending).await?;
+        let (won, value) = match *reply {
+            [won, value] => (won, value),
+            _ => {
+                return Err(error::protocol(
+                    self.backend,
+                    format!("unexpected reply of the acquire: {reply:?}"),
+                ))
+            }
+        };
         if won == 1 {
             let fence = u64::try_from(value).map_err(|_| {
                 error::protocol(self.backend, format!("negative fencing token {value}"))

@@ -270,6 +270,33 @@ impl Node {
         .await
     }
 
+    /// Runs an acquire script as [`Node::script`] does and, when `wait` names a number of
+    /// replicas and a time, and the reply is a grant (its first element is 1), `WAIT
+    /// replicas time` on the same connection, so that it covers the grant's writes: the
+    /// reply, and how many replicas acknowledged them (`None` without `WAIT`).
+    pub(crate) async fn acquire_script(
+        &self,
+        deadline: Instant,
+        invocation: &ScriptInvocation<'_>,
+        wait: Option<(u32, Duration)>,
+    ) -> Result<(Vec<i64>, Option<i64>)> {
+        self.call("acquire", deadline, |mut conn| async move {
+            let reply: Vec<i64> = invocation.invoke_async(&mut conn).await?;
+            let acked = match wait {
+                Some((replicas, time)) if reply.first() == Some(&1) => Some(
+                    redis::cmd("WAIT")
+                        .arg(replicas)
+                        .arg(u64::try_from(time.as_millis()).unwrap_or(u64::MAX))
+                        .query_async::<i64>(&mut conn)
+                        .await?,
+                ),
+                _ => None,
+            };
+            Ok((reply, acked))
+        })
+        .await
+    }
+
     /// Runs a command that may safely run twice (a read) with a deadline, as
     /// [`Node::call`] does.
     pub(crate) async fn command<T: FromRedisValue>(

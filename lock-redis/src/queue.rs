@@ -155,9 +155,7 @@ impl Inner {
             self.acquire_q_invocation(hold, ttl_ms, true, request.wait, request.fence_at_least);
         let requested_at = Instant::now();
         pending.state_mut().arm(hold);
-        let reply: Vec<i64> = self.nodes[0]
-            .script("acquire", self.request_deadline(), &invocation)
-            .await?;
+        let reply = self.acquire_on_server(hold, &invocation, pending).await?;
         match Reply::parse(self.backend, &reply)? {
             Reply::Granted { fence } => Ok(Attempt::Won(Acquired {
                 hold: hold.clone(),

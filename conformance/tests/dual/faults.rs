@@ -16,10 +16,8 @@ use conformance::chaos::{self, ChaosTarget, Expect, Plan, ScenarioReport};
 use conformance::dual::{DualFactory, SideFactory, Sides};
 use conformance::proxy::ProxyMode;
 use conformance::rules::{eventually_empty, unique_name};
-use conformance::{with_ttl, Factory};
-use lock_core::{
-    DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions, LostReason, Side,
-};
+use conformance::{lock_patiently, with_ttl, Factory};
+use lock_core::{DistributedLock, DistributedLockExt, LockOptions, LostReason, Side};
 use lock_zookeeper::lock_dir;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -111,7 +109,7 @@ async fn token_after_new_side_wipe_is_the_old_token() {
     let client = dual.client(with_ttl(dual.short_ttl())).await;
     let mut last = None;
     for round in 0..3 {
-        let guard = acquire_after_restart(&*client, &name).await;
+        let guard = lock_patiently(&*client, &name, Duration::from_secs(30)).await;
         let token = guard.fencing_token();
         let nodes = queue(dual.old().admin(), &name).await;
         let path = format!("{}/{}", lock_dir(BASE, &name), nodes[0]);
@@ -151,7 +149,7 @@ async fn new_side_wipe_after_a_new_only_grant_takes_tokens_back() {
     let dual = dual.faults(Sides::New);
     let name = unique_name("dual-wipe-new-only");
     let new_only = dual.new_side().client(with_ttl(dual.short_ttl())).await;
-    let guard = acquire_after_restart(&*new_only, &name).await;
+    let guard = lock_patiently(&*new_only, &name, Duration::from_secs(30)).await;
     let new_only_token = guard.fencing_token();
     guard.release().await.expect("release");
     for server in dual.servers() {
@@ -161,7 +159,7 @@ async fn new_side_wipe_after_a_new_only_grant_takes_tokens_back() {
             .expect("new side restarts empty");
     }
     let client = dual.client(with_ttl(dual.short_ttl())).await;
-    let guard = acquire_after_restart(&*client, &name).await;
+    let guard = lock_patiently(&*client, &name, Duration::from_secs(30)).await;
     assert!(
         guard.fencing_token() < new_only_token,
         "dual token {} after new-only {new_only_token}: the limit is gone, update \
@@ -169,24 +167,6 @@ async fn new_side_wipe_after_a_new_only_grant_takes_tokens_back() {
         guard.fencing_token()
     );
     guard.release().await.expect("release");
-}
-
-/// Acquires `name`, retrying the retryable errors of a client whose server just
-/// restarted (its connection is re-established on use), up to 30 s.
-async fn acquire_after_restart(client: &dyn DistributedLock, name: &LockName) -> LockGuard {
-    let give_up = Instant::now() + Duration::from_secs(30);
-    loop {
-        match client
-            .lock_timeout(name.as_str(), Duration::from_secs(10))
-            .await
-        {
-            Ok(guard) => return guard,
-            Err(err) if err.is_retryable() && Instant::now() < give_up => {
-                sleep(Duration::from_millis(100)).await;
-            }
-            Err(err) => panic!("acquire after the restart: {err}"),
-        }
-    }
 }
 
 /// The holder stops for 2 x TTL mid-section on both sides (as a SIGSTOPped process: no
