@@ -25,7 +25,7 @@ DEPS=(
   "libc6-dev|gcc|check_c_program|cc compiles and links a C program against libc"
   "protobuf-compiler||check_protoc|protoc compiles a .proto file (etcd-client's build script runs it)"
   "libprotobuf-dev|protobuf-compiler|check_protoc_imports|protoc compiles a .proto importing google/protobuf/descriptor.proto (etcd-client's protos do)"
-  "redis-server||check_redis|redis-server runs (the harness's Redis servers)"
+  "redis-server||check_redis|redis-server runs (the harness's Redis servers, and its Sentinels as redis-server --sentinel)"
   "etcd-server||check_etcd|etcd runs (the harness's etcd servers, the etcds:// test)"
   "etcd-client||check_etcdctl|etcdctl runs (the etcdctl lock interop test)"
   "openssl||check_openssl|openssl makes a CA and a server certificate it signs, as the TLS tests do"
