@@ -277,3 +277,59 @@ async fn an_unacknowledged_grant_is_given_back() {
     factory.deployment.server(2).resume().expect("resume");
     guard.release().await.expect("release");
 }
+
+/// Discovery asks every Sentinel at once, each within the request deadline: with one
+/// Sentinel paused (SIGSTOP) a client still connects at once through the others, from a
+/// URL (`connect`, with query options); with all of them paused connecting fails with a
+/// retryable error once `request_timeout` has passed. A Sentinel password the Sentinels
+/// refuse is `InvalidConfig`, and never shows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_is_bounded_by_the_deadline() {
+    let Some(factory) = SentinelFactory::start().await else {
+        return;
+    };
+    let sentinels = factory.deployment.sentinels();
+    sentinels.member(0).pause().expect("pause a Sentinel");
+    let url = format!(
+        "{}?request_timeout=500ms&wait_replicas=1",
+        factory.deployment.url()
+    );
+    let err = lock_core::connect(&format!("{url}&sentinel_password=s3cret"))
+        .await
+        .expect_err("the Sentinels have no password");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(!format!("{err} {err:?}").contains("s3cret"), "{err:?}");
+    let started = Instant::now();
+    let client = lock_core::connect(&url)
+        .await
+        .expect("connect through the others");
+    let connected = started.elapsed();
+    assert!(
+        connected < Duration::from_millis(400),
+        "connected after {connected:?}"
+    );
+    let guard = client
+        .try_lock(name("through_the_others").as_str())
+        .await
+        .expect("try")
+        .expect("free");
+    guard.release().await.expect("release");
+
+    for i in 1..sentinels.len() {
+        sentinels.member(i).pause().expect("pause a Sentinel");
+    }
+    let started = Instant::now();
+    let err = lock_core::connect(&url)
+        .await
+        .expect_err("no Sentinel answers");
+    let failed = started.elapsed();
+    assert!(err.is_retryable(), "{err}");
+    assert!(
+        failed >= Duration::from_millis(450) && failed < Duration::from_secs(2),
+        "failed after {failed:?}"
+    );
+    println!("one Sentinel paused: connected in {connected:?}; all paused: {err} after {failed:?}");
+    for i in 0..sentinels.len() {
+        sentinels.member(i).resume().expect("resume");
+    }
+}

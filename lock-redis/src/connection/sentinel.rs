@@ -14,7 +14,6 @@
 //! its own rather than on the one the client then uses.
 
 use std::sync::Mutex;
-use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
 use lock_core::raw::lock_unpoisoned;
@@ -109,6 +108,7 @@ impl Sentinels {
 
     /// The first answer of any Sentinel.
     async fn ask(&self, deadline: Instant) -> Result<RedisNode> {
+        let limit = deadline.saturating_duration_since(Instant::now());
         let mut asks: FuturesUnordered<_> = self
             .sentinels
             .iter()
@@ -129,11 +129,9 @@ impl Sentinels {
                 Ok(Err(err)) => {
                     error::from_client(self.backend, format_args!("ask Sentinel {label}"), err)
                 }
-                Err(_) => Error::no_answer(
-                    self.backend,
-                    format_args!("ask Sentinel {label}"),
-                    Duration::from_millis(1).max(deadline - Instant::now()),
-                ),
+                Err(_) => {
+                    Error::no_answer(self.backend, format_args!("ask Sentinel {label}"), limit)
+                }
             };
             if err.kind() == lock_core::ErrorKind::InvalidConfig {
                 return Err(err);
