@@ -103,8 +103,9 @@ pub(crate) struct Inner {
     pub(crate) channel_prefix: String,
 }
 
-/// The protocol half of a Redis lock client, for one server (`redis://`, `rediss://`) or
-/// RedLock over several independent servers (`redlock://`). [`RedisLock`](crate::RedisLock)
+/// The protocol half of a Redis lock client, for one server (`redis://`, `rediss://`), the
+/// primary that Sentinels name (`redis+sentinel://`, `rediss+sentinel://`) or RedLock over
+/// several independent servers (`redlock://`). [`RedisLock`](crate::RedisLock)
 /// wraps it in [`LeaseClient`](lock_core::raw::LeaseClient); its `connect` and `from_url`
 /// open it.
 ///
@@ -129,12 +130,14 @@ impl fmt::Display for RedisBackend {
     }
 }
 
-/// A single server must answer at open; RedLock needs a majority of its servers to answer
-/// then (the others are retried in the background of each call). Open fails with
+/// A single server (behind Sentinels: the primary a Sentinel names, checked with `ROLE`)
+/// must answer at open; RedLock needs a majority of its servers to answer then (the
+/// others are retried in the background of each call). Open fails with
 /// [`Error::InvalidConfig`] for a bad configuration, RedLock servers that resolve to the
 /// same address (checked before any connection is opened), an unreadable CA file or
-/// rejected credentials; [`Error::Connection`] when the server does not answer;
-/// [`Error::Unavailable`] when fewer than a majority of RedLock servers answer.
+/// rejected credentials; [`Error::Connection`] when the server (or every Sentinel) does
+/// not answer; [`Error::Unavailable`] when fewer than a majority of RedLock servers answer,
+/// when no Sentinel knows the master name, or when the server named is not a primary.
 #[async_trait]
 impl Connect for RedisBackend {
     const SCHEMES: &'static [&'static str] = crate::SCHEMES;

@@ -286,7 +286,8 @@ impl Node {
                 Some((replicas, time)) if reply.first() == Some(&1) => Some(
                     redis::cmd("WAIT")
                         .arg(replicas)
-                        .arg(u64::try_from(time.as_millis()).unwrap_or(u64::MAX))
+                        // WAIT takes whole milliseconds, and 0 would wait forever.
+                        .arg(u64::try_from(time.as_millis()).unwrap_or(u64::MAX).max(1))
                         .query_async::<i64>(&mut conn)
                         .await?,
                 ),
