@@ -1,6 +1,7 @@
 //! Redis behind Sentinel (`redis+sentinel://`), what the conformance suite cannot show: a
-//! failover while locks are held and contended, and replica-acknowledged grants
-//! (`wait_replicas`) with a replica paused.
+//! failover while locks are held and contended, replica-acknowledged grants
+//! (`wait_replicas`) with a replica paused, discovery with Sentinels paused, and writes
+//! sent to a replica.
 
 mod common;
 
@@ -335,4 +336,30 @@ async fn discovery_is_bounded_by_the_deadline() {
     for i in 0..sentinels.len() {
         sentinels.member(i).resume().expect("resume");
     }
+}
+
+/// A client pointed at a replica (`redis://`, no Sentinel to ask) is refused with a
+/// retryable `Unavailable` (`READONLY`, sent once more on a fresh connection, refused
+/// again), and the replica keeps nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_on_a_replica_is_unavailable() {
+    let Some(factory) = SentinelFactory::start().await else {
+        return;
+    };
+    let replica = factory.deployment.server(1).addr();
+    let client = lock_core::connect(&format!("redis://{replica}"))
+        .await
+        .expect("a replica answers PING");
+    let lock = name("on_a_replica");
+    let err = client
+        .try_lock(lock.as_str())
+        .await
+        .expect_err("a replica refuses writes");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        err.is_retryable() && err.to_string().contains("read only replica"),
+        "{err}"
+    );
+    assert_eq!(key_on(&factory, 1, &lock).await, None);
+    assert_eq!(key_on(&factory, 0, &lock).await, None);
 }
