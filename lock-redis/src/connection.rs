@@ -123,7 +123,8 @@ struct Slot {
 /// connection.
 pub(crate) struct Node {
     backend: &'static str,
-    /// `host:port`, for messages (never credentials).
+    /// `host:port` (behind Sentinels: the master name and the Sentinels), for messages
+    /// (never credentials).
     pub(crate) label: String,
     target: Target,
     connect_timeout: Duration,
