@@ -51,9 +51,10 @@ Exit codes:
     after_help = EXIT_CODES
 )]
 struct Cli {
-    /// Lock service URL: redis://, rediss://, redlock://, zk://, zks://, etcd://, etcds://,
-    /// memory://, dual:OLD|NEW (default: $LOCK_URL; run, hold and try fall back to
-    /// memory://, the other commands need a shared service).
+    /// Lock service URL: redis://, rediss://, redis+sentinel://, rediss+sentinel://,
+    /// redlock://, zk://, zks://, etcd://, etcds://, memory://, dual:OLD|NEW (default:
+    /// $LOCK_URL; run, hold and try fall back to memory://, the other commands need a
+    /// shared service).
     #[arg(long, global = true, env = "LOCK_URL", hide_env = true)]
     url: Option<String>,
     #[command(subcommand)]
