@@ -149,10 +149,10 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot tell
     /// (the default); connection errors.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
-        Err(crate::Error::Unsupported {
-            backend: self.capabilities().backend,
-            operation: format!("inspecting `{name}`"),
-        })
+        Err(crate::Error::unsupported(
+            self.capabilities().backend,
+            format!("inspecting `{name}`"),
+        ))
     }
 
     /// The names under `prefix` (a prefix of the lock name, `""` for all) that have a
@@ -162,10 +162,10 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot tell
     /// (the default); connection errors.
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
-        Err(crate::Error::Unsupported {
-            backend: self.capabilities().backend,
-            operation: format!("listing the locks under `{prefix}`"),
-        })
+        Err(crate::Error::unsupported(
+            self.capabilities().backend,
+            format!("listing the locks under `{prefix}`"),
+        ))
     }
 
     /// Removes the current hold of `name` on the server, whoever holds it, and returns
@@ -178,10 +178,10 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot
     /// (the default); connection errors, after which the hold may or may not be removed.
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
-        Err(crate::Error::Unsupported {
-            backend: self.capabilities().backend,
-            operation: format!("breaking `{name}`"),
-        })
+        Err(crate::Error::unsupported(
+            self.capabilities().backend,
+            format!("breaking `{name}`"),
+        ))
     }
 
     /// Session health changes, for backends whose holds live and die with a session.

@@ -208,6 +208,14 @@ impl Error {
         }
     }
 
+    /// An [`Error::Unsupported`]: `backend` cannot do `operation`.
+    pub fn unsupported(backend: &'static str, operation: impl Into<String>) -> Self {
+        Error::Unsupported {
+            backend,
+            operation: operation.into(),
+        }
+    }
+
     /// A [`Error::InvalidConfig`] without a source.
     pub fn config(message: impl Into<String>) -> Self {
         Error::InvalidConfig {

@@ -109,8 +109,8 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// [`Error::Unsupported`] for a backend that cannot tell (the default); connection
     /// errors.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
-        Err(unsupported(
-            self.capabilities(),
+        Err(Error::unsupported(
+            self.capabilities().backend,
             format!("inspecting `{name}`"),
         ))
     }
@@ -123,8 +123,8 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// [`Error::InvalidName`] for a prefix no name can start with (a control character,
     /// too long); connection errors.
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
-        Err(unsupported(
-            self.capabilities(),
+        Err(Error::unsupported(
+            self.capabilities().backend,
             format!("listing the locks under `{prefix}`"),
         ))
     }
@@ -147,17 +147,10 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// [`Error::Unsupported`] for a backend that cannot (the default); connection errors,
     /// after which the hold may or may not be removed (inspect to know).
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
-        Err(unsupported(
-            self.capabilities(),
+        Err(Error::unsupported(
+            self.capabilities().backend,
             format!("breaking `{name}`"),
         ))
-    }
-}
-
-fn unsupported(capabilities: Capabilities, operation: String) -> Error {
-    Error::Unsupported {
-        backend: capabilities.backend,
-        operation,
     }
 }
 
