@@ -154,7 +154,7 @@ impl Backend for ZkBackend {
         hold::release(&self.session, hold).await
     }
 
-    /// The lock nodes in queue order; see [`crate::operator`] for the token floor.
+    /// The lock nodes in queue order, and the floor of the next fencing token.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         operator::inspect(&self.session, &self.lock_dir(name)).await
     }

@@ -172,7 +172,7 @@ pub(super) fn record(
 }
 
 /// Appends `row` to `$CHAOS_REPORT_DIR/<scenario>.jsonl` for the reliability report, when
-/// that is set. Fault tests outside [`SCENARIOS`] (e.g. on whole processes) report
+/// that is set. Fault tests outside [`SCENARIOS`](super::SCENARIOS) (e.g. on whole processes) report
 /// through this too; the report lists them after the scenarios.
 pub fn record_row(row: &ReportRow) {
     let Ok(dir) = std::env::var("CHAOS_REPORT_DIR") else {
