@@ -3,7 +3,8 @@
 //! One server of any kind is a [`Server<K>`](Server), a group of them a
 //! [`Cluster<K>`](Cluster); the kinds ([`Redis`], [`ZooKeeper`], [`Etcd`]) say what
 //! differs ([`ServerKind`]). [`RedisServer`], [`ZkEnsemble`], [`EtcdCluster`]... name
-//! the usual combinations; [`RedisSentinel`] is a primary with replicas behind Sentinels.
+//! the usual combinations; [`RedisSentinel`] is a primary with replicas behind Sentinels,
+//! [`RedisCluster`] a Redis Cluster of three primaries with a replica each.
 //!
 //! Every server runs as a child process on free 127.0.0.1 ports, in its own temporary
 //! directory that holds its data, its config and its log (stdout and stderr). `start`
@@ -55,6 +56,7 @@ mod ports;
 mod probe;
 mod process;
 mod redis;
+mod redis_cluster;
 mod sentinel;
 mod server;
 pub mod tls;
@@ -70,6 +72,7 @@ pub use etcd::{Etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdStatus};
 pub use ports::{free_port, free_ports};
 pub(crate) use process::find_binary;
 pub use redis::{Redis, RedisNodes, RedisOptions, RedisServer};
+pub use redis_cluster::{RedisCluster, SlotMove};
 pub use sentinel::{RedisSentinel, Sentinel, SentinelOptions};
 #[doc(hidden)]
 pub use server::{Member, Prepared};
