@@ -21,7 +21,9 @@ use redis::Script;
 use tokio::time::Instant;
 
 use crate::config::RedisConfig;
-use crate::connection::{redis_client, Node, Sentinels, Subscription, Target, Wakeups};
+use crate::connection::{
+    redis_client, slot_of, Node, Route, Sentinels, Shards, Subscription, Target, Wakeups,
+};
 use crate::error;
 use crate::hold::{floor_arg, ttl_millis, HoldKeys, RedisHold, WakeKeys};
 use crate::layout::{self, KeyLayout};
@@ -41,6 +43,8 @@ pub(crate) struct Scripts {
     pub(crate) acquire_q: Script,
     pub(crate) release_q: Script,
     pub(crate) renew: Script,
+    /// `renew` flagged `allow-cross-slot-keys`: one call per Redis Cluster primary.
+    pub(crate) renew_cluster: Script,
     pub(crate) fence_write: Script,
     pub(crate) inspect: Script,
     pub(crate) force_release: Script,
@@ -71,6 +75,11 @@ impl Scripts {
                 include_str!("scripts/broken.lua"),
                 include_str!("scripts/renew.lua")
             )),
+            renew_cluster: Script::new(concat!(
+                "#!lua flags=allow-cross-slot-keys\n",
+                include_str!("scripts/broken.lua"),
+                include_str!("scripts/renew.lua")
+            )),
             fence_write: Script::new(include_str!("scripts/fence_write.lua")),
             inspect: Script::new(concat!(
                 include_str!("scripts/queue.lua"),
@@ -88,7 +97,10 @@ impl Scripts {
 pub(crate) struct Inner {
     pub(crate) backend: &'static str,
     pub(crate) config: RedisConfig,
+    /// The servers; none on Redis Cluster, whose primaries [`Inner::shards`] knows.
     pub(crate) nodes: Vec<Node>,
+    /// Redis Cluster: the slot map and a node per primary.
+    pub(crate) shards: Option<Arc<Shards>>,
     pub(crate) quorum: usize,
     pub(crate) keys: KeyLayout,
     pub(crate) scripts: Scripts,
@@ -176,8 +188,23 @@ impl Connect for RedisBackend {
             // when the process already chose).
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
-        // What each node connects to: the primary the Sentinels name, or each server.
-        let targets: Vec<(String, Target)> = if config.sentinel_master.is_some() {
+        let shards = if config.cluster {
+            let shards = Shards::new(backend, &config, ca.as_deref()).map_err(|err| {
+                error::from_client(
+                    backend,
+                    format_args!("configure {}", config.endpoint()),
+                    err,
+                )
+            })?;
+            Some(Arc::new(shards))
+        } else {
+            None
+        };
+        // What each node connects to: the primary the Sentinels name, or each server (on
+        // Redis Cluster, the nodes are the cluster's own).
+        let targets: Vec<(String, Target)> = if shards.is_some() {
+            Vec::new()
+        } else if config.sentinel_master.is_some() {
             let sentinels = Sentinels::new(backend, &config, ca.as_deref()).map_err(|err| {
                 error::from_client(
                     backend,
@@ -205,12 +232,17 @@ impl Connect for RedisBackend {
         let keys = KeyLayout::new(config.prefix.clone());
         let client_id = uuid::Uuid::new_v4().simple().to_string();
         let channel_prefix = keys.client_channel_prefix();
-        let wakeups = Wakeups::new(
-            backend,
-            nodes
+        // On Redis Cluster a `PUBLISH` reaches every node: one subscription, to any primary.
+        let subscribed: Vec<(String, Target)> = match &shards {
+            Some(shards) => vec![(shards.label(), Target::Cluster(Arc::clone(shards)))],
+            None => nodes
                 .iter()
                 .map(|n| (n.label.clone(), n.target().clone()))
                 .collect(),
+        };
+        let wakeups = Wakeups::new(
+            backend,
+            subscribed,
             config.options.request_timeout,
             format!("{channel_prefix}{client_id}"),
         );
@@ -221,7 +253,8 @@ impl Connect for RedisBackend {
             scripts: Scripts::new(),
             wakeups,
             nodes,
-            arbiter: if config.sentinel_master.is_some() {
+            shards,
+            arbiter: if config.sentinel_master.is_some() || config.cluster {
                 0
             } else {
                 arbiter_of(&config.endpoints)
@@ -232,6 +265,13 @@ impl Connect for RedisBackend {
             config,
         };
         let deadline = Instant::now() + inner.config.options.request_timeout;
+        if let Some(shards) = &inner.shards {
+            // A seed must answer CLUSTER SLOTS with a formed cluster.
+            shards.reload(0, deadline).await?;
+            return Ok(RedisBackend {
+                inner: Arc::new(inner),
+            });
+        }
         let pings = join_all(inner.nodes.iter().map(|n| n.ping(deadline))).await;
         let mut answered = 0;
         let mut first_error = None;
@@ -386,6 +426,15 @@ impl Inner {
         Instant::now() + self.config.options.request_timeout
     }
 
+    /// Where the requests for lock key `key` go: every server (RedLock), the one server,
+    /// or on Redis Cluster the primary serving the key's hash slot.
+    pub(crate) fn routes(&self, key: &str) -> Vec<Route<'_>> {
+        match &self.shards {
+            Some(shards) => vec![Route::Slot(shards, slot_of(key.as_bytes()))],
+            None => self.nodes.iter().map(Route::Node).collect(),
+        }
+    }
+
     /// The acquire script for `hold`: with `count` it takes the next fencing token on a
     /// grant, `max(counter + 1, server clock in µs)`, and stores it (single server);
     /// without, it only reads `max(counter, server clock in µs)` (RedLock, which writes
@@ -421,7 +470,7 @@ impl Inner {
     ) -> Result<Vec<i64>> {
         let wanted = self.config.wait_replicas;
         let wait = (wanted > 0).then_some((wanted, self.config.wait_timeout));
-        let (reply, acked) = self.nodes[0]
+        let (reply, acked) = self.routes(&hold.keys.key)[0]
             .acquire_script(self.request_deadline(), invocation, wait)
             .await?;
         match acked {

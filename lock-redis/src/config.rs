@@ -94,6 +94,10 @@ impl fmt::Display for RedisNode {
 ///   name>`, followed across failovers; the credentials are the data servers'
 ///   (\[`sentinel_username`\], \[`sentinel_password`\] for the Sentinels).
 ///   `rediss+sentinel://…`: the same over TLS, to the Sentinels and the data servers.
+/// - `redis+cluster://[user[:password]@]h1:p1,h2:p2,…[?query]`: Redis Cluster, learnt from
+///   the seed nodes `h1`, `h2`… (any nodes of the cluster; one that answers is enough).
+///   Each lock lives on the primary that owns its key's hash slot; database 0 only, no
+///   `node_timeout`. `rediss+cluster://…`: the same over TLS.
 ///
 /// `Debug` never shows the password.
 #[non_exhaustive]
@@ -136,6 +140,10 @@ pub struct RedisConfig {
     /// no majority answered sooner: the outcome is taken as soon as a majority granted.
     #[serde(with = "lock_core::raw::duration_text::option")]
     pub node_timeout: Option<Duration>,
+    /// Redis Cluster (the `redis+cluster://` and `rediss+cluster://` schemes): the
+    /// [`RedisConfig::endpoints`] are seed nodes from which the slot map is learnt; every
+    /// request goes to the primary that owns its lock key's hash slot. Default `false`.
+    pub cluster: bool,
     /// Sentinel: the name the Sentinels monitor the primary under (the URL path of
     /// `redis+sentinel://`). When set, [`RedisConfig::endpoints`] are the Sentinels and
     /// the client follows the primary they name. Default: none (no Sentinel).
@@ -165,6 +173,7 @@ impl Default for RedisConfig {
         RedisConfig {
             endpoints: vec![RedisNode::new("127.0.0.1", DEFAULT_PORT)],
             redlock: false,
+            cluster: false,
             tls: false,
             ca_file: None,
             username: None,
@@ -196,6 +205,7 @@ impl fmt::Debug for RedisConfig {
             .field("prefix", &self.prefix)
             .field("queue", &self.queue)
             .field("node_timeout", &self.node_timeout)
+            .field("cluster", &self.cluster)
             .field("sentinel_master", &self.sentinel_master)
             .field("sentinel_username", &self.sentinel_username)
             .field(
@@ -227,6 +237,15 @@ impl RedisConfig {
         }
     }
 
+    /// A Redis Cluster configuration that learns the cluster from the `seeds`.
+    pub fn cluster(seeds: Vec<RedisNode>) -> Self {
+        RedisConfig {
+            endpoints: seeds,
+            cluster: true,
+            ..RedisConfig::default()
+        }
+    }
+
     /// A Sentinel configuration: the primary the Sentinels at `sentinels` name for
     /// `master`.
     pub fn sentinel(sentinels: Vec<RedisNode>, master: impl Into<String>) -> Self {
@@ -237,8 +256,9 @@ impl RedisConfig {
         }
     }
 
-    /// Parses `redis://`, `rediss://`, `redlock://`, `redis+sentinel://` or
-    /// `rediss+sentinel://` URLs (see [`RedisConfig`]).
+    /// Parses `redis://`, `rediss://`, `redlock://`, `redis+sentinel://`,
+    /// `rediss+sentinel://`, `redis+cluster://` or `rediss+cluster://` URLs (see
+    /// [`RedisConfig`]).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] for another scheme, a wrong number of hosts, a path that
@@ -253,6 +273,10 @@ impl RedisConfig {
             "redis+sentinel" | "rediss+sentinel" => {
                 config.tls = url.scheme.starts_with("rediss");
                 config.sentinel_master = Some(String::new());
+            }
+            "redis+cluster" | "rediss+cluster" => {
+                config.tls = url.scheme.starts_with("rediss");
+                config.cluster = true;
             }
             other => {
                 return Err(Error::config(format!(
@@ -276,6 +300,14 @@ impl RedisConfig {
             if nodes.is_empty() {
                 return Err(Error::config(format!(
                     "{}:// needs a list of Sentinels: {}://s1:26379,s2:26379,s3:26379/<master name>",
+                    url.scheme, url.scheme
+                )));
+            }
+            config.endpoints = nodes;
+        } else if config.cluster {
+            if nodes.is_empty() {
+                return Err(Error::config(format!(
+                    "{}:// needs a list of seed nodes: {}://h1:p1,h2:p2,h3:p3",
                     url.scheme, url.scheme
                 )));
             }
@@ -383,6 +415,25 @@ impl RedisConfig {
                 "sentinel_username and sentinel_password need Sentinel (redis+sentinel://)",
             ));
         }
+        if self.cluster {
+            if self.redlock || self.sentinel_master.is_some() {
+                return Err(Error::config(
+                    "Redis Cluster excludes RedLock and Sentinel: a cluster finds its primaries \
+                     itself",
+                ));
+            }
+            if self.db != 0 {
+                return Err(Error::config(
+                    "Redis Cluster has only database 0; drop the database path",
+                ));
+            }
+            if self.node_timeout.is_some() {
+                return Err(Error::config(
+                    "node_timeout is a RedLock option; Redis Cluster calls are bounded by \
+                     request_timeout",
+                ));
+            }
+        }
         if self.wait_replicas > 0 && self.redlock {
             return Err(Error::config(
                 "wait_replicas needs one server or Sentinel; RedLock's servers have no replicas \
@@ -394,7 +445,11 @@ impl RedisConfig {
                 "wait_timeout must be greater than zero and at most request_timeout",
             ));
         }
-        if !self.redlock && self.sentinel_master.is_none() && self.endpoints.len() > 1 {
+        if !self.redlock
+            && !self.cluster
+            && self.sentinel_master.is_none()
+            && self.endpoints.len() > 1
+        {
             return Err(Error::config(
                 "several nodes need `redlock: true` (RedLock); one Redis client talks to one server",
             ));
@@ -411,6 +466,11 @@ impl RedisConfig {
                 if self.sentinel_master.is_some() {
                     return Err(Error::config(format!(
                         "redis+sentinel:// lists the Sentinel {node} twice"
+                    )));
+                }
+                if self.cluster {
+                    return Err(Error::config(format!(
+                        "redis+cluster:// lists the seed node {node} twice"
                     )));
                 }
                 return Err(twice_listed(twice, node, None));
@@ -461,6 +521,8 @@ impl RedisConfig {
     pub(crate) fn endpoint(&self) -> String {
         let scheme = match (self.redlock, self.sentinel_master.is_some(), self.tls) {
             (true, _, _) => "redlock",
+            _ if self.cluster && self.tls => "rediss+cluster",
+            _ if self.cluster => "redis+cluster",
             (false, true, true) => "rediss+sentinel",
             (false, true, false) => "redis+sentinel",
             (false, false, true) => "rediss",
@@ -542,6 +604,30 @@ mod tests {
     }
 
     #[test]
+    fn cluster_urls_name_the_seed_nodes() {
+        let c =
+            parse("redis+cluster://u:s3cret@a:7000,b,c:7002?prefix=p:&wait_replicas=1").unwrap();
+        assert!(c.cluster && !c.tls && !c.redlock);
+        assert_eq!(
+            c.endpoints,
+            vec![
+                RedisNode::new("a", 7000),
+                RedisNode::new("b", DEFAULT_PORT),
+                RedisNode::new("c", 7002)
+            ]
+        );
+        assert_eq!(
+            (c.quorum(), c.wait_replicas, c.prefix.as_str()),
+            (1, 1, "p:")
+        );
+        assert_eq!(c.endpoint(), "redis+cluster://a:7000,b:6379,c:7002");
+        assert!(!format!("{c:?}").contains("s3cret"));
+        let c = parse("rediss+cluster://a?ca_file=/ca.pem").unwrap();
+        assert!(c.cluster && c.tls);
+        assert_eq!(c.endpoint(), "rediss+cluster://a:6379");
+    }
+
+    #[test]
     fn sentinel_urls_name_the_sentinels_and_the_master() {
         let c = parse(
             "redis+sentinel://u:s3cret@s1,s2:5000,s3/prod/2?sentinel_password=t0p&wait_replicas=1&wait_timeout=50ms",
@@ -611,6 +697,17 @@ mod tests {
                 "wait_replicas",
             ),
             ("redlock://u:s3cret@a,b,c?wait_replicas=1", "wait_replicas"),
+            ("redis+cluster://u:s3cret@", "seed nodes"),
+            ("redis+cluster://u:s3cret@a,b/1", "database 0"),
+            (
+                "redis+cluster://u:s3cret@a,b?node_timeout=1s",
+                "node_timeout",
+            ),
+            ("redis+cluster://u:s3cret@a,A", "twice"),
+            (
+                "redis+cluster://u:s3cret@a?sentinel_password=x",
+                "sentinel_password",
+            ),
             (
                 "redis://u:s3cret@a?sentinel_password=x",
                 "sentinel_password",

@@ -1,7 +1,9 @@
 //! Connections to the servers: one multiplexed connection per server, with a deadline on
 //! every call and reconnection with backoff; the client's wake-up subscriptions are in
-//! [`wakeups`], finding the primary through Sentinels in [`sentinel`].
+//! [`wakeups`], finding the primary through Sentinels in [`sentinel`], routing by hash
+//! slot on Redis Cluster in [`cluster`].
 
+mod cluster;
 mod sentinel;
 mod wakeups;
 
@@ -22,6 +24,7 @@ use tokio::time::{timeout_at, Instant};
 use crate::config::{RedisConfig, RedisNode};
 use crate::error;
 
+pub(crate) use cluster::{group_by_shard, slot_of, Shards};
 pub(crate) use sentinel::Sentinels;
 pub(crate) use wakeups::{Subscription, Wakeups};
 
@@ -98,6 +101,8 @@ pub(crate) enum Target {
     Server(Box<redis::Client>),
     /// The primary that these Sentinels name at each (re)connection.
     Primary(Arc<Sentinels>),
+    /// Any primary of this Redis Cluster (for wake-up subscriptions).
+    Cluster(Arc<Shards>),
 }
 
 impl Target {
@@ -106,7 +111,25 @@ impl Target {
         match self {
             Target::Server(client) => Ok((**client).clone()),
             Target::Primary(sentinels) => sentinels.primary(deadline).await,
+            // Boxed: a cluster's nodes are `Target::Server`s, but the types recurse.
+            Target::Cluster(shards) => Box::pin(shards.any_client(deadline)).await,
         }
+    }
+}
+
+/// Why a request to a node did not succeed.
+#[derive(Debug)]
+pub(crate) enum Failure {
+    /// No usable answer (connection, deadline, configuration): the error to report.
+    Failed(Error),
+    /// The server refused the request with this error reply on a connection that stays
+    /// usable.
+    Refused(redis::RedisError),
+}
+
+impl From<Error> for Failure {
+    fn from(err: Error) -> Self {
+        Failure::Failed(err)
     }
 }
 
@@ -189,21 +212,7 @@ impl Node {
                 });
             }
         }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(self.connect_timeout))
-            .set_response_timeout(None);
-        let attempt = async {
-            let client = self.target.client(deadline).await?;
-            let mut conn = client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await
-                .map_err(|err| self.failed("connect", err))?;
-            if let Target::Primary(sentinels) = &self.target {
-                sentinels.check_role(&mut conn).await?;
-            }
-            Ok::<_, Error>(conn)
-        };
-        let outcome = timeout_at(deadline, attempt).await;
+        let outcome = timeout_at(deadline, self.open(deadline)).await;
         let mut slot = lock_unpoisoned(&self.slot);
         match outcome {
             Ok(Ok(conn)) => {
@@ -227,6 +236,22 @@ impl Node {
         }
     }
 
+    /// A new connection (behind Sentinels: to the primary they name, checked with `ROLE`).
+    async fn open(&self, deadline: Instant) -> Result<MultiplexedConnection> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None);
+        let client = self.target.client(deadline).await?;
+        let mut conn = client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+            .map_err(|err| self.failed("connect", err))?;
+        if let Target::Primary(sentinels) = &self.target {
+            sentinels.check_role(&mut conn).await?;
+        }
+        Ok(conn)
+    }
+
     /// Forgets connection `generation` so that the next call reconnects.
     fn invalidate(&self, generation: u64) {
         let mut slot = lock_unpoisoned(&self.slot);
@@ -236,7 +261,7 @@ impl Node {
     }
 
     /// `what` on this server failed with `err`.
-    fn failed(&self, what: &str, err: redis::RedisError) -> Error {
+    pub(crate) fn failed(&self, what: &str, err: redis::RedisError) -> Error {
         error::from_client(self.backend, format_args!("{what} on {}", self.label), err)
     }
 
@@ -254,12 +279,171 @@ impl Node {
         self.no_answer(what, limit.max(Duration::from_millis(1)))
     }
 
+    /// Runs a script as [`Route::script`] does, on this server.
+    pub(crate) async fn script<T: FromRedisValue + Send>(
+        &self,
+        what: &str,
+        deadline: Instant,
+        invocation: &ScriptInvocation<'_>,
+    ) -> Result<T> {
+        Route::Node(self).script(what, deadline, invocation).await
+    }
+
+    /// Runs a command as [`Route::command`] does, on this server.
+    pub(crate) async fn command<T: FromRedisValue + Send>(
+        &self,
+        what: &str,
+        deadline: Instant,
+        cmd: &redis::Cmd,
+    ) -> Result<T> {
+        Route::Node(self).command(what, deadline, cmd).await
+    }
+
+    /// Sends a request (`send` on a connection) with a deadline.
+    ///
+    /// A connection that turns out broken (the server restarted, the network reset it) or
+    /// reaches a replica (`READONLY`: a failover demoted the server) is replaced and the
+    /// request is sent once more on the new one, within the same deadline; behind
+    /// Sentinels the new one goes to the primary they name then.
+    async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, send: F) -> Result<T>
+    where
+        T: Send,
+        F: Fn(MultiplexedConnection) -> Fut + Sync,
+        Fut: Future<Output = redis::RedisResult<T>> + Send,
+    {
+        match self.call_raw(what, deadline, &send).await {
+            Ok(value) => Ok(value),
+            Err(Failure::Failed(err)) => Err(err),
+            Err(Failure::Refused(err)) => Err(self.failed(what, err)),
+        }
+    }
+
+    /// As [`Node::call`], but a reply that refuses the request (an error reply that leaves
+    /// the connection usable: a cluster redirection, `TRYAGAIN`, a script error) comes
+    /// back as it is, for the caller to act on.
+    pub(crate) async fn call_raw<T, F, Fut>(
+        &self,
+        what: &str,
+        deadline: Instant,
+        send: &F,
+    ) -> std::result::Result<T, Failure>
+    where
+        T: Send,
+        F: Fn(MultiplexedConnection) -> Fut + Sync,
+        Fut: Future<Output = redis::RedisResult<T>> + Send,
+    {
+        let started = Instant::now();
+        let mut retried = false;
+        loop {
+            let (generation, conn) = self.connection(deadline).await?;
+            match timeout_at(deadline, send(conn)).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(err)) => {
+                    if error::breaks_connection(&err) {
+                        self.invalidate(generation);
+                        if !retried && (err.is_connection_dropped() || error::is_read_only(&err)) {
+                            retried = true;
+                            continue;
+                        }
+                        return Err(Failure::Failed(self.failed(what, err)));
+                    }
+                    return Err(Failure::Refused(err));
+                }
+                Err(_) => {
+                    // A reply may still arrive, or be lost for good: a fresh connection
+                    // keeps later replies from being paired with the wrong request.
+                    self.invalidate(generation);
+                    return Err(Failure::Failed(
+                        self.no_answer(what, deadline.saturating_duration_since(started)),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Sends `ASKING` and then the request on a connection of its own (so that nothing
+    /// else comes between them), within the deadline: a cluster redirection to a node
+    /// that is importing the slot.
+    pub(crate) async fn asking<T, F, Fut>(
+        &self,
+        what: &str,
+        deadline: Instant,
+        send: &F,
+    ) -> std::result::Result<T, Failure>
+    where
+        T: Send,
+        F: Fn(MultiplexedConnection) -> Fut + Sync,
+        Fut: Future<Output = redis::RedisResult<T>> + Send,
+    {
+        let attempt = async {
+            let mut conn = self.open(deadline).await?;
+            redis::cmd("ASKING")
+                .query_async::<()>(&mut conn)
+                .await
+                .map_err(|err| self.failed("ASKING", err))?;
+            Ok::<_, Error>(send(conn).await)
+        };
+        match timeout_at(deadline, attempt).await {
+            Ok(Ok(Ok(value))) => Ok(value),
+            Ok(Ok(Err(err))) if error::breaks_connection(&err) => {
+                Err(Failure::Failed(self.failed(what, err)))
+            }
+            Ok(Ok(Err(err))) => Err(Failure::Refused(err)),
+            Ok(Err(err)) => Err(Failure::Failed(err)),
+            Err(_) => Err(Failure::Failed(self.deadline_error(what, deadline))),
+        }
+    }
+
+    /// Connects now (if not connected) to check that the server answers.
+    pub(crate) async fn ping(&self, deadline: Instant) -> Result<()> {
+        let (generation, mut conn) = self.connection(deadline).await?;
+        let reply = timeout_at(
+            deadline,
+            redis::cmd("PING").query_async::<String>(&mut conn),
+        )
+        .await;
+        match reply {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(err)) => {
+                self.invalidate(generation);
+                Err(self.failed("PING", err))
+            }
+            Err(_) => {
+                self.invalidate(generation);
+                Err(self.deadline_error("PING", deadline))
+            }
+        }
+    }
+}
+
+/// Where the requests for one lock go: a server (behind Sentinels: the primary), or on
+/// Redis Cluster the primary that serves the lock key's hash slot.
+#[derive(Clone, Copy)]
+pub(crate) enum Route<'a> {
+    Node(&'a Node),
+    Slot(&'a Shards, u16),
+}
+
+impl Route<'_> {
+    /// Sends a request with a deadline: [`Node::call`], or [`Shards::call`] for the slot.
+    async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, send: F) -> Result<T>
+    where
+        T: Send,
+        F: Fn(MultiplexedConnection) -> Fut + Sync,
+        Fut: Future<Output = redis::RedisResult<T>> + Send,
+    {
+        match self {
+            Route::Node(node) => node.call(what, deadline, send).await,
+            Route::Slot(shards, slot) => shards.call(*slot, what, deadline, send).await,
+        }
+    }
+
     /// Runs a script (EVALSHA, loading it on `NOSCRIPT`) with a deadline, as
-    /// [`Node::call`] does. Every script of this crate may safely run twice: acquire
+    /// [`Route::call`] does. Every script of this crate may safely run twice: acquire
     /// recognizes its own token, renew and release compare it, a second force release
     /// finds the key free or its new holder's (an operator who breaks a name accepts
     /// that).
-    pub(crate) async fn script<T: FromRedisValue>(
+    pub(crate) async fn script<T: FromRedisValue + Send>(
         &self,
         what: &str,
         deadline: Instant,
@@ -271,7 +455,7 @@ impl Node {
         .await
     }
 
-    /// Runs an acquire script as [`Node::script`] does and, when `wait` names a number of
+    /// Runs an acquire script as [`Route::script`] does and, when `wait` names a number of
     /// replicas and a time, and the reply is a grant (its first element is 1), `WAIT
     /// replicas time` on the same connection, so that it covers the grant's writes: the
     /// reply, and how many replicas acknowledged them (`None` without `WAIT`).
@@ -300,8 +484,8 @@ impl Node {
     }
 
     /// Runs a command that may safely run twice (a read) with a deadline, as
-    /// [`Node::call`] does.
-    pub(crate) async fn command<T: FromRedisValue>(
+    /// [`Route::call`] does.
+    pub(crate) async fn command<T: FromRedisValue + Send>(
         &self,
         what: &str,
         deadline: Instant,
@@ -311,63 +495,5 @@ impl Node {
             cmd.query_async::<T>(&mut conn).await
         })
         .await
-    }
-
-    /// Sends a request (`send` on a connection) with a deadline.
-    ///
-    /// A connection that turns out broken (the server restarted, the network reset it) or
-    /// reaches a replica (`READONLY`: a failover demoted the server) is replaced and the
-    /// request is sent once more on the new one, within the same deadline; behind
-    /// Sentinels the new one goes to the primary they name then.
-    async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, send: F) -> Result<T>
-    where
-        F: Fn(MultiplexedConnection) -> Fut,
-        Fut: Future<Output = redis::RedisResult<T>>,
-    {
-        let started = Instant::now();
-        let mut retried = false;
-        loop {
-            let (generation, conn) = self.connection(deadline).await?;
-            match timeout_at(deadline, send(conn)).await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(err)) => {
-                    if error::breaks_connection(&err) {
-                        self.invalidate(generation);
-                        if !retried && (err.is_connection_dropped() || error::is_read_only(&err)) {
-                            retried = true;
-                            continue;
-                        }
-                    }
-                    return Err(self.failed(what, err));
-                }
-                Err(_) => {
-                    // A reply may still arrive, or be lost for good: a fresh connection
-                    // keeps later replies from being paired with the wrong request.
-                    self.invalidate(generation);
-                    return Err(self.no_answer(what, deadline.saturating_duration_since(started)));
-                }
-            }
-        }
-    }
-
-    /// Connects now (if not connected) to check that the server answers.
-    pub(crate) async fn ping(&self, deadline: Instant) -> Result<()> {
-        let (generation, mut conn) = self.connection(deadline).await?;
-        let reply = timeout_at(
-            deadline,
-            redis::cmd("PING").query_async::<String>(&mut conn),
-        )
-        .await;
-        match reply {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(err)) => {
-                self.invalidate(generation);
-                Err(self.failed("PING", err))
-            }
-            Err(_) => {
-                self.invalidate(generation);
-                Err(self.deadline_error("PING", deadline))
-            }
-        }
     }
 }

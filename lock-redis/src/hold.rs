@@ -14,6 +14,7 @@ use lock_core::{FencingToken, LockName, LostReason, OwnerToken, Result};
 use tokio::time::Instant;
 
 use crate::backend::Inner;
+use crate::connection::{group_by_shard, slot_of, Route, Shards};
 use crate::error;
 
 /// Keys per renewal script call; bigger batches are split into several calls sent
@@ -110,6 +111,8 @@ pub(crate) mod status {
     pub(crate) const TAKEN: i64 = -1;
     /// Removed by a force release (the break mark lists the owner token).
     pub(crate) const BROKEN: i64 = -2;
+    /// Not served by the Redis Cluster node asked (renewal only).
+    pub(crate) const ELSEWHERE: i64 = -3;
 }
 
 /// Why a hold is lost, from the statuses of the servers that answered: broken where any
@@ -153,6 +156,9 @@ impl Inner {
     ) -> Result<Vec<RenewOutcome>> {
         if items.is_empty() {
             return Ok(Vec::new());
+        }
+        if let Some(shards) = &self.shards {
+            return self.renew_cluster(shards, items).await;
         }
         let n = self.nodes.len();
         let shortest = items.iter().map(|i| i.ttl).min().unwrap_or_default();
@@ -223,6 +229,98 @@ impl Inner {
         Ok(outcomes)
     }
 
+    /// Renews `items` on Redis Cluster: one script call per primary (per [`RENEW_CHUNK`]
+    /// keys) for the holds of every slot it serves, keys passed as arguments to
+    /// `renew_cluster`. A hold whose slot the primary no longer serves (it moved, or is
+    /// moving and its key went ahead) is sent again on its own, routed by its lock key so
+    /// that the cluster's redirections are followed.
+    ///
+    /// # Errors
+    /// Never as a whole: a primary that does not answer leaves its holds undecided.
+    async fn renew_cluster(
+        &self,
+        shards: &Shards,
+        items: &[RenewItem<'_, RedisHold>],
+    ) -> Result<Vec<RenewOutcome>> {
+        let deadline = Instant::now() + self.config.options.request_timeout;
+        let primaries = shards.primaries(deadline).await?;
+        let (groups, mut again) = group_by_shard(
+            shards,
+            &primaries,
+            items.iter().map(|item| item.hold.keys.key.as_str()),
+        );
+        let mut statuses: Vec<Option<i64>> = vec![None; items.len()];
+        let batches = groups.iter().zip(&primaries).flat_map(|(group, node)| {
+            group.chunks(RENEW_CHUNK).map(move |chunk| async move {
+                let mut invocation = self.scripts.renew_cluster.prepare_invoke();
+                for &i in chunk {
+                    invocation
+                        .arg(&items[i].hold.keys.key)
+                        .arg(&items[i].hold.keys.broken);
+                }
+                for &i in chunk {
+                    invocation
+                        .arg(items[i].hold.token.as_str())
+                        .arg(ttl_millis(items[i].ttl));
+                }
+                let reply = node
+                    .script::<Vec<i64>>("renew", deadline, &invocation)
+                    .await;
+                (chunk, reply)
+            })
+        });
+        for (chunk, reply) in join_all(batches).await {
+            match reply {
+                Ok(replies) if replies.len() == chunk.len() => {
+                    for (&i, status) in chunk.iter().zip(replies) {
+                        if status == status::ELSEWHERE {
+                            again.push(i);
+                        } else {
+                            statuses[i] = Some(status);
+                        }
+                    }
+                }
+                Ok(_) | Err(_) => {
+                    // Undecided unless asked again below (a failover may have moved them).
+                    again.extend_from_slice(chunk);
+                }
+            }
+        }
+        let retries = join_all(again.iter().map(|&i| {
+            let hold = &items[i].hold;
+            let mut invocation = self.scripts.renew_cluster.prepare_invoke();
+            invocation
+                .key(&hold.keys.key)
+                .arg(&hold.keys.key)
+                .arg(&hold.keys.broken)
+                .arg(hold.token.as_str())
+                .arg(ttl_millis(items[i].ttl));
+            async move {
+                let route = Route::Slot(shards, slot_of(hold.keys.key.as_bytes()));
+                route
+                    .script::<Vec<i64>>("renew", deadline, &invocation)
+                    .await
+            }
+        }))
+        .await;
+        for (&i, reply) in again.iter().zip(retries) {
+            if let Ok(reply) = reply {
+                statuses[i] = reply.first().copied().filter(|s| *s != status::ELSEWHERE);
+            }
+        }
+        Ok(items
+            .iter()
+            .zip(statuses)
+            .map(|(item, status)| match status {
+                Some(status::DONE) => RenewOutcome::Renewed {
+                    lease: Duration::from_millis(ttl_millis(item.ttl)),
+                },
+                Some(status) => RenewOutcome::Lost(lost_reason(std::iter::once(status))),
+                None => RenewOutcome::Undecided,
+            })
+            .collect())
+    }
+
     /// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held
     /// by another owner, -2 broken (see [`status`]). With `leave`, a queued waiter of the
     /// acquisition is also taken out of the queue. With `only`, just the servers it marks
@@ -240,7 +338,8 @@ impl Inner {
             WakeKeys::Queue { .. } => (Some(self.release_q_invocation(hold, leave)), ""),
             WakeKeys::Channel(channel) => (None, channel.as_str()),
         };
-        let plain = (queued.is_none() || self.nodes.len() > 1).then(|| {
+        let routes = self.routes(&hold.keys.key);
+        let plain = (queued.is_none() || routes.len() > 1).then(|| {
             let mut invocation = self.scripts.release.prepare_invoke();
             invocation
                 .key(&hold.keys.key)
@@ -250,15 +349,15 @@ impl Inner {
             invocation
         });
         let selected = |i: &usize| only.is_none_or(|only| only[*i]);
-        join_all((0..self.nodes.len()).filter(selected).map(|i| {
-            let node = &self.nodes[i];
+        join_all((0..routes.len()).filter(selected).map(|i| {
+            let route = routes[i];
             let invocation = match (&queued, &plain) {
                 (Some(queued), _) if i == self.arbiter => queued,
                 (_, Some(plain)) => plain,
                 (Some(queued), None) => queued,
                 (None, None) => unreachable!("a release without a script"),
             };
-            node.script::<i64>("release", deadline, invocation)
+            async move { route.script::<i64>("release", deadline, invocation).await }
         }))
         .await
     }
@@ -271,7 +370,8 @@ impl Inner {
         leave: bool,
         deadline: Instant,
     ) -> Result<BackendRelease> {
-        let mut statuses = Vec::with_capacity(self.nodes.len());
+        let servers = self.routes(&hold.keys.key).len();
+        let mut statuses = Vec::with_capacity(servers);
         let mut first_error = None;
         for reply in self.release_each(hold, leave, None, deadline).await {
             match reply {
@@ -287,14 +387,13 @@ impl Inner {
             Ok(BackendRelease::Released)
         } else if answered >= self.quorum {
             Ok(BackendRelease::NotOwner(lost_reason(statuses.into_iter())))
-        } else if self.nodes.len() == 1 {
+        } else if servers == 1 {
             Err(first_error.unwrap_or_else(|| error::protocol(self.backend, "no reply".into())))
         } else {
             Err(error::no_majority(
                 self.backend,
                 format!(
-                    "only {answered} of {} servers answered the release of `{}`",
-                    self.nodes.len(),
+                    "only {answered} of {servers} servers answered the release of `{}`",
                     hold.name
                 ),
                 first_error,

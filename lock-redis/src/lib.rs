@@ -26,14 +26,17 @@ pub use layout::KeyLayout;
 
 /// The URL schemes this crate serves: `redis` (one server), `rediss` (one server over
 /// TLS), `redlock` (RedLock over several independent servers), `redis+sentinel` (the
-/// primary that Sentinels name, followed across failovers) and `rediss+sentinel` (the
-/// same over TLS).
+/// primary that Sentinels name, followed across failovers), `rediss+sentinel` (the
+/// same over TLS), `redis+cluster` (Redis Cluster, each lock on the primary owning its
+/// hash slot) and `rediss+cluster` (the same over TLS).
 pub const SCHEMES: &[&str] = &[
     "redis",
     "rediss",
     "redlock",
     "redis+sentinel",
     "rediss+sentinel",
+    "redis+cluster",
+    "rediss+cluster",
 ];
 
 /// A lock client on Redis (single server, Sentinel or RedLock): [`RedisBackend`] with the shared

@@ -30,13 +30,12 @@ impl Inner {
     /// When fewer than a majority of servers answered (the one server, on `redis://`).
     pub(crate) async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         let mut invocation = self.scripts.inspect.prepare_invoke();
-        self.queue_keys(&mut invocation, name);
+        let key = self.queue_keys(&mut invocation, name);
         let deadline = self.request_deadline();
-        let replies = join_all(
-            self.nodes
-                .iter()
-                .map(|node| node.script::<View>("inspect", deadline, &invocation)),
-        )
+        let replies = join_all(self.routes(&key).into_iter().map(|route| {
+            let invocation = &invocation;
+            async move { route.script::<View>("inspect", deadline, invocation).await }
+        }))
         .await;
         let what = format_args!("the inspection of `{name}`");
         let views = error::majority(self.backend, self.quorum, replies, what)?;
@@ -77,6 +76,23 @@ impl Inner {
     /// When fewer than a majority of servers answered.
     pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
         let pattern = self.keys.match_pattern(prefix);
+        if let Some(shards) = &self.shards {
+            // Each name lives on one primary: the union of theirs.
+            let primaries = shards.primaries(self.request_deadline()).await?;
+            let mut names = Vec::new();
+            for listing in join_all(
+                primaries
+                    .iter()
+                    .map(|node| self.held_on(node, &pattern, prefix)),
+            )
+            .await
+            {
+                names.extend(listing?);
+            }
+            names.sort();
+            names.dedup();
+            return Ok(names);
+        }
         let replies = join_all(
             self.nodes
                 .iter()
@@ -148,8 +164,13 @@ impl Inner {
             .arg(ttl_millis(self.queue_times.window))
             .arg(self.keys.side_key(&key, layout::RELEASED));
         let deadline = self.request_deadline();
-        let replies = join_all(self.nodes.iter().map(|node| {
-            node.script::<(Option<String>, i64)>("force release", deadline, &invocation)
+        let replies = join_all(self.routes(&key).into_iter().map(|route| {
+            let invocation = &invocation;
+            async move {
+                route
+                    .script::<(Option<String>, i64)>("force release", deadline, invocation)
+                    .await
+            }
         }))
         .await;
         let what = format_args!("the force release of `{name}`");

@@ -1,8 +1,9 @@
 //! Test support: a conformance [`Factory`] over real redis-servers (one, or N for
-//! RedLock; Sentinel deployments in [`sentinel`]), raw connections that reach behind the library, and helpers.
+//! RedLock; Sentinel deployments in [`sentinel`], Redis Cluster in [`cluster`]), raw connections that reach behind the library, and helpers.
 
 #![allow(dead_code)]
 
+mod cluster;
 mod sentinel;
 
 use std::net::SocketAddr;
@@ -18,6 +19,8 @@ use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
 
+#[allow(unused_imports)] // not every test file uses it
+pub(crate) use cluster::ClusterFactory;
 #[allow(unused_imports)] // not every test file uses it
 pub(crate) use sentinel::SentinelFactory;
 
