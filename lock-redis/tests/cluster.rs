@@ -9,3 +9,402 @@ mod common;
 mod suite {
     conformance::conformance_suite!(async { crate::common::ClusterFactory::start().await });
 }
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{
+    end_holds, fenced_waiter, hold_sections, raw, unique_name as name, with_ttl, ClusterFactory,
+};
+use conformance::harness::RedisServer;
+use conformance::{lock_patiently, Factory, FencedResource};
+use futures::future::join_all;
+use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState};
+use lock_redis::{KeyLayout, RedisLock, DEFAULT_PREFIX};
+use tokio::time::{sleep, timeout, Instant};
+
+/// Bound on a replica's promotion after its primary is killed.
+const FAILOVER: Duration = Duration::from_secs(30);
+
+/// The lock key of `name`.
+fn key(name: &LockName) -> String {
+    KeyLayout::new(DEFAULT_PREFIX).lock_key(name)
+}
+
+/// A fresh name for `test` whose lock key server `owner` serves.
+async fn name_on(factory: &ClusterFactory, test: &str, owner: usize) -> LockName {
+    for _ in 0..1000 {
+        let candidate = name(test);
+        if factory
+            .cluster
+            .owner_of_key(&key(&candidate))
+            .await
+            .expect("owner")
+            == owner
+        {
+            return candidate;
+        }
+    }
+    panic!("no name of server {owner} in 1000 tries");
+}
+
+/// `key`'s value and PTTL on server `i` (`None` when it is not there).
+async fn key_on(factory: &ClusterFactory, i: usize, key: &str) -> (Option<String>, i64) {
+    let mut conn = raw(factory.cluster.server(i).addr()).await;
+    let mut pipe = redis::pipe();
+    pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
+    // A node that does not serve the key answers MOVED: then it is not there.
+    pipe.query_async(&mut conn).await.unwrap_or((None, -2))
+}
+
+/// One client holds a name on each of the three primaries while another waits for all
+/// three; each release wakes the waiter of that name on its own shard, well before the
+/// waiter's recheck would (push, not polling).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn holds_and_waiters_across_shards() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    let mut options = with_ttl(Duration::from_secs(5));
+    options.recheck = Duration::from_secs(10);
+    let holder = factory.make(options.clone()).await;
+    let waiter = factory.make(options).await;
+    let mut names = Vec::new();
+    for owner in 0..3 {
+        names.push(name_on(&factory, "shards", owner).await);
+    }
+    let mut guards = Vec::new();
+    for lock in &names {
+        guards.push(holder.lock(lock.as_str()).await.expect("hold"));
+    }
+    let waiting: Vec<_> = names
+        .iter()
+        .map(|lock| {
+            let waiter = Arc::clone(&waiter);
+            let lock = lock.clone();
+            tokio::spawn(async move {
+                let guard = waiter
+                    .lock_timeout(lock.as_str(), Duration::from_secs(20))
+                    .await
+                    .expect("granted after the release");
+                (guard, Instant::now())
+            })
+        })
+        .collect();
+    sleep(Duration::from_millis(300)).await;
+    let mut latencies = Vec::new();
+    for ((guard, waiting), lock) in guards.into_iter().zip(waiting).zip(&names) {
+        let token = guard.fencing_token();
+        let released = Instant::now();
+        guard.release().await.expect("release");
+        let (next, granted) = timeout(Duration::from_secs(5), waiting)
+            .await
+            .expect("the waiter is woken, not left to its 10 s recheck")
+            .expect("waiter task");
+        assert!(next.fencing_token() > token, "{lock}");
+        latencies.push(granted - released);
+        next.release().await.expect("release");
+    }
+    println!("wake-up latency per shard (release sent -> next holder has it): {latencies:?}");
+    assert!(
+        latencies.iter().all(|l| *l < Duration::from_secs(2)),
+        "{latencies:?}"
+    );
+    assert!(factory.leftovers(&names).await.is_empty());
+}
+
+/// The primary serving two names is killed (SIGKILL) while one client holds both and
+/// another waits for both. One hold's key had reached the replica, the other's had not
+/// (its replica was paused and its link closed while it was granted). The replica is
+/// promoted; the hold whose key was lost turns Lost at its next renewal and its waiter
+/// takes the name with a higher fencing token; the replicated hold stays Held (its key on
+/// the promoted replica, renewed there) or turns Lost, never two valid holders. Fenced
+/// writes never see a token go back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_keeps_replicated_holds_and_loses_the_others() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    // Longer than a promotion (~2.5 s) and a renewal: a replicated hold can stay Held.
+    let ttl = Duration::from_secs(6);
+    let holder = factory.make(with_ttl(ttl)).await;
+    let waiter = factory.make(with_ttl(ttl)).await;
+    let (primary, replica) = (0, 3);
+    let kept = name_on(&factory, "kept", primary).await;
+    let dropped = name_on(&factory, "dropped", primary).await;
+
+    let kept_guard = holder.lock(kept.as_str()).await.expect("acquire kept");
+    let give_up = Instant::now() + Duration::from_secs(5);
+    while key_on(&factory, replica, &key(&kept)).await.0.is_none() {
+        assert!(Instant::now() < give_up, "kept never reached the replica");
+        // A replica answers MOVED unless asked READONLY: read it through its own view.
+        let mut conn = raw(factory.cluster.server(replica).addr()).await;
+        let _: () = redis::cmd("READONLY")
+            .query_async(&mut conn)
+            .await
+            .expect("READONLY");
+        let seen: Option<String> = redis::cmd("GET")
+            .arg(key(&kept))
+            .query_async(&mut conn)
+            .await
+            .expect("GET on the replica");
+        if seen.is_some() {
+            break;
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    factory
+        .cluster
+        .server(replica)
+        .pause()
+        .expect("pause the replica");
+    let mut primary_conn = raw(factory.cluster.server(primary).addr()).await;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(&mut primary_conn)
+        .await
+        .expect("CLIENT KILL TYPE replica");
+    let dropped_guard = holder
+        .lock(dropped.as_str())
+        .await
+        .expect("acquire dropped");
+    let (kept_token, dropped_token) = (kept_guard.fencing_token(), dropped_guard.fencing_token());
+
+    let (kept_fence, dropped_fence) = (FencedResource::new(), FencedResource::new());
+    let kept_watch = kept_guard.watch();
+    let mut dropped_watch = dropped_guard.watch();
+    let holding = hold_sections(
+        (kept_guard, dropped_guard),
+        (kept_fence.clone(), dropped_fence.clone()),
+        Duration::from_secs(10),
+    );
+    let kept_waiter = fenced_waiter(&waiter, &kept, &kept_fence, FAILOVER * 2);
+    let dropped_waiter = fenced_waiter(&waiter, &dropped, &dropped_fence, FAILOVER * 2);
+    sleep(Duration::from_millis(300)).await;
+
+    factory
+        .cluster
+        .server(primary)
+        .kill9()
+        .await
+        .expect("kill the primary");
+    let killed = Instant::now();
+    factory
+        .cluster
+        .server(replica)
+        .resume()
+        .expect("resume the replica");
+    let slot = factory.cluster.slot_of(&key(&dropped)).await.expect("slot");
+    let promoted = factory
+        .cluster
+        .wait_for_new_owner(slot, primary, FAILOVER)
+        .await
+        .expect("the replica is promoted");
+    assert_eq!(promoted, replica);
+    let promotion = killed.elapsed();
+
+    let reason = timeout(ttl * 2, dropped_watch.lost())
+        .await
+        .expect("the hold of a lost key turns Lost by its next renewal");
+    let lost_after = killed.elapsed();
+    let dropped_next = timeout(FAILOVER, dropped_waiter)
+        .await
+        .expect("the waiter of the lost key is granted")
+        .expect("waiter task");
+    assert!(
+        dropped_next.fencing_token() > dropped_token,
+        "tokens never go back"
+    );
+
+    let mut kept_state = kept_watch.state();
+    if kept_state != LockState::Held && !kept_state.is_lost() {
+        sleep(ttl / 2).await;
+        kept_state = kept_watch.state();
+    }
+    let (owner, pttl) = key_on(&factory, promoted, &key(&kept)).await;
+    println!(
+        "cluster failover: replica promoted {promotion:?} after the kill; the unreplicated \
+         hold lost ({reason:?}) after {lost_after:?}; the replicated hold is {kept_state:?} \
+         (key on the promoted replica: {}, PTTL {pttl} ms)",
+        owner.is_some()
+    );
+    let kept_next = end_holds(
+        holding,
+        kept_state,
+        owner,
+        kept_waiter,
+        kept_token,
+        FAILOVER,
+    )
+    .await;
+    for (what, fence) in [("kept", &kept_fence), ("dropped", &dropped_fence)] {
+        let report = fence.check();
+        assert!(report.tokens_backwards.is_empty(), "{what}: {report:?}");
+    }
+    assert!(kept_fence.check().is_safe());
+    drop((kept_next, dropped_next));
+}
+
+/// A held and contended name's slot moves to another primary: half-way (its keys on the
+/// new primary, the slot still the old one's: ASK) the holder keeps renewing it there;
+/// once the move is complete (MOVED) too. After the release the waiter is woken and
+/// granted on the new primary; nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_moves_while_held_and_contended() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    let ttl = Duration::from_millis(1500);
+    let holder = factory.make(with_ttl(ttl)).await;
+    let waiter = factory.make(with_ttl(ttl)).await;
+    let lock = name_on(&factory, "moving", 0).await;
+    let lock_key = key(&lock);
+    let guard = holder.lock(lock.as_str()).await.expect("hold");
+    let token = guard.fencing_token();
+    let waiting = {
+        let (waiter, lock) = (Arc::clone(&waiter), lock.clone());
+        tokio::spawn(async move {
+            let guard = lock_patiently(&*waiter, &lock, Duration::from_secs(30)).await;
+            (guard, Instant::now())
+        })
+    };
+    sleep(Duration::from_millis(200)).await;
+
+    let slot = factory.cluster.slot_of(&lock_key).await.expect("slot");
+    let moving = factory
+        .cluster
+        .begin_move(slot, 1)
+        .await
+        .expect("begin the move");
+    let moved = factory
+        .cluster
+        .move_keys(&moving)
+        .await
+        .expect("move the keys");
+    assert!(
+        moved >= 2,
+        "the lock key and its fencing counter move: {moved}"
+    );
+    // Half-way: two renewals must reach the key on the new primary (through ASK).
+    sleep(ttl).await;
+    assert_eq!(guard.state(), LockState::Held, "renewed through ASK");
+    let (owner, pttl) = {
+        let mut conn = raw(factory.cluster.server(1).addr()).await;
+        let mut pipe = redis::pipe();
+        pipe.cmd("ASKING").ignore().cmd("GET").arg(&lock_key);
+        pipe.cmd("ASKING").ignore().cmd("PTTL").arg(&lock_key);
+        let seen: (Option<String>, i64) = pipe.query_async(&mut conn).await.expect("ASKING GET");
+        seen
+    };
+    assert_eq!(owner.as_deref(), Some(guard.owner_token().as_str()));
+    let half_way_pttl = pttl;
+    assert!(
+        u64::try_from(pttl).expect("a lease") > u64::try_from(ttl.as_millis()).expect("ms") / 2,
+        "renewed on the new primary: PTTL {pttl}"
+    );
+
+    factory
+        .cluster
+        .finish_move(&moving)
+        .await
+        .expect("finish the move");
+    sleep(ttl).await;
+    assert_eq!(guard.state(), LockState::Held, "renewed after MOVED");
+    let (_, pttl) = key_on(&factory, 1, &lock_key).await;
+    assert!(pttl > 0, "the key lives on the new primary: PTTL {pttl}");
+
+    let released = Instant::now();
+    guard.release().await.expect("release on the new primary");
+    let (next, granted) = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter is granted after the release")
+        .expect("waiter task");
+    assert!(next.fencing_token() > token, "tokens never go back");
+    println!(
+        "slot move: renewed through ASK (PTTL {half_way_pttl} ms on the new primary) and \
+         after MOVED; the waiter granted {:?} after the release",
+        granted - released
+    );
+    next.release().await.expect("release");
+    assert!(factory
+        .leftovers(std::slice::from_ref(&lock))
+        .await
+        .is_empty());
+    let (left, _) = key_on(&factory, 0, &lock_key).await;
+    assert!(left.is_none(), "nothing on the old primary");
+}
+
+/// 1,000 holds of one client spread over the three primaries are renewed with one script
+/// call per primary per renewal interval (`INFO commandstats` on each primary), not one
+/// per hold or per slot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_costs_one_call_per_shard_per_interval() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    let ttl = Duration::from_millis(900);
+    let client: Arc<RedisLock> = factory.make(with_ttl(ttl)).await;
+    let names: Vec<LockName> = (0..1000).map(|_| name("renewal")).collect();
+    let guards = join_all(names.iter().map(|lock| client.lock(lock.as_str()))).await;
+    let guards: Vec<_> = guards.into_iter().map(|g| g.expect("hold")).collect();
+    let calls = || async {
+        let mut calls = Vec::new();
+        for primary in 0..3 {
+            calls.push(factory.cluster.command_calls(primary, "evalsha").await);
+        }
+        calls
+    };
+    let before = calls().await;
+    let window = ttl * 4; // 12 renewal intervals of ttl / 3
+    sleep(window).await;
+    let after = calls().await;
+    let intervals = 12;
+    let per_shard: Vec<u64> = after.iter().zip(&before).map(|(a, b)| a - b).collect();
+    println!(
+        "renewal of 1000 holds: script calls per primary over {intervals} intervals: {per_shard:?}"
+    );
+    for calls in &per_shard {
+        assert!(
+            (intervals - 2..=intervals + 2).contains(calls),
+            "one call per shard per interval: {per_shard:?}"
+        );
+    }
+    assert!(guards.iter().all(|g| g.state() == LockState::Held));
+    join_all(guards.into_iter().map(|g| g.release())).await;
+}
+
+/// Bad seeds fail fast with a typed error: none reachable (Connection, within the request
+/// timeout), or a seed that is a plain server, not a cluster node (InvalidConfig).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_seeds_are_typed_errors() {
+    lock_core::raw::register::<lock_redis::RedisBackend>();
+    let port = conformance::harness::free_port().expect("a free port");
+    let started = Instant::now();
+    let err = lock_core::connect(&format!(
+        "redis+cluster://127.0.0.1:{port}?request_timeout=500ms"
+    ))
+    .await
+    .expect_err("no seed answers");
+    assert_eq!(err.kind(), ErrorKind::Connection, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+
+    let Some(plain) = conformance::harness::or_skip(RedisServer::start().await) else {
+        return;
+    };
+    let started = Instant::now();
+    let err = lock_core::connect(&format!("redis+cluster://{}", plain.addr()))
+        .await
+        .expect_err("a plain server is no cluster node");
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
+    assert!(
+        err.to_string().contains("not a Redis Cluster node"),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(1));
+}

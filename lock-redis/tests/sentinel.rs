@@ -5,10 +5,11 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use common::{raw, unique_name as name, with_ttl, SentinelFactory};
+use common::{
+    end_holds, fenced_waiter, hold_sections, raw, unique_name as name, with_ttl, SentinelFactory,
+};
 use conformance::{lock_patiently, FencedResource};
 use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState};
 use lock_redis::{KeyLayout, DEFAULT_PREFIX};
@@ -82,34 +83,13 @@ async fn a_failover_is_followed_and_fencing_tokens_never_go_back() {
     let (kept_fence, dropped_fence) = (FencedResource::new(), FencedResource::new());
     let kept_watch = kept_guard.watch();
     let mut dropped_watch = dropped_guard.watch();
-    let holding = {
-        let (kept_fence, dropped_fence) = (kept_fence.clone(), dropped_fence.clone());
-        tokio::spawn(async move {
-            let work = sleep(Duration::from_secs(12));
-            let (kept_ok, dropped_ok) = tokio::join!(
-                kept_fence.hold_section(&kept_guard, work),
-                dropped_fence.hold_section(&dropped_guard, sleep(Duration::from_secs(12))),
-            );
-            assert!(
-                kept_ok.is_ok() && dropped_ok.is_ok(),
-                "the first sections begin"
-            );
-            (kept_guard, dropped_guard)
-        })
-    };
-    let waiting = |lock: LockName, fence: FencedResource| {
-        let waiter = Arc::clone(&waiter);
-        tokio::spawn(async move {
-            let guard = lock_patiently(&*waiter, &lock, FAILOVER * 2).await;
-            let accepted = fence
-                .hold_section(&guard, sleep(Duration::from_millis(100)))
-                .await
-                .expect("the waiter's token is the highest");
-            (guard, accepted)
-        })
-    };
-    let kept_waiter = waiting(kept.clone(), kept_fence.clone());
-    let dropped_waiter = waiting(dropped.clone(), dropped_fence.clone());
+    let holding = hold_sections(
+        (kept_guard, dropped_guard),
+        (kept_fence.clone(), dropped_fence.clone()),
+        Duration::from_secs(12),
+    );
+    let kept_waiter = fenced_waiter(&waiter, &kept, &kept_fence, FAILOVER * 2);
+    let dropped_waiter = fenced_waiter(&waiter, &dropped, &dropped_fence, FAILOVER * 2);
     sleep(Duration::from_millis(300)).await;
 
     factory
@@ -151,7 +131,7 @@ async fn a_failover_is_followed_and_fencing_tokens_never_go_back() {
         .await
         .expect("the hold of a lost key turns Lost by its next renewal");
     let lost_after = killed.elapsed();
-    let (dropped_next, _) = timeout(FAILOVER, dropped_waiter)
+    let dropped_next = timeout(FAILOVER, dropped_waiter)
         .await
         .expect("the waiter of the lost key is granted")
         .expect("waiter task");
@@ -176,22 +156,15 @@ async fn a_failover_is_followed_and_fencing_tokens_never_go_back() {
          replicated hold is {kept_state:?} (key on the new primary: {})",
         owner.is_some()
     );
-    let (kept_guard, dropped_guard) = holding.await.expect("holder task");
-    if kept_state == LockState::Held {
-        assert_eq!(owner.as_deref(), Some(kept_guard.owner_token().as_str()));
-    } else {
-        assert!(kept_state.is_lost(), "{kept_state:?}");
-    }
-    drop(dropped_guard);
-    let _ = kept_guard.release().await;
-    let (kept_next, _) = timeout(FAILOVER, kept_waiter)
-        .await
-        .expect("the waiter of the kept name is granted")
-        .expect("waiter task");
-    assert!(
-        kept_next.fencing_token() > kept_token,
-        "tokens never go back"
-    );
+    let kept_next = end_holds(
+        holding,
+        kept_state,
+        owner,
+        kept_waiter,
+        kept_token,
+        FAILOVER,
+    )
+    .await;
 
     let kept_report = kept_fence.check();
     assert!(kept_report.is_safe(), "kept: {kept_report:?}");

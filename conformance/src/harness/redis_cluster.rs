@@ -62,11 +62,14 @@ impl RedisCluster {
             .config_line("cluster-config-file nodes.conf")
             .config_line("cluster-node-timeout 1000")
             .config_line("cluster-replica-validity-factor 0")
-            .config_line("cluster-require-full-coverage no");
-        let mut servers = Vec::with_capacity(6);
-        for _ in 0..6 {
-            servers.push(RedisServer::start_with(options.clone()).await?);
-        }
+            .config_line("cluster-require-full-coverage no")
+            // A replica's first sync starts at once, not after the default 5 s.
+            .config_line("repl-diskless-sync-delay 0");
+        let starts = (0..6).map(|_| RedisServer::start_with(options.clone()));
+        let servers = futures::future::join_all(starts)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?;
         let label = format!("redis cluster {}", servers[0].addr());
         let mut ids = Vec::with_capacity(6);
         for server in &servers {

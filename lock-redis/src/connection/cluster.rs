@@ -241,6 +241,16 @@ impl Shards {
         while let Some((node, reply)) = asks.next().await {
             let err = match reply.and_then(|value| self.parse_slots(&node.label, &value)) {
                 Ok(ranges) => return self.install(ranges),
+                Err(err) if err.to_string().contains("cluster support disabled") => {
+                    Error::InvalidConfig {
+                        message: format!(
+                            "{} is not a Redis Cluster node (cluster support disabled); use \
+                             redis:// for a single server",
+                            node.label
+                        ),
+                        source: Some(Box::new(err)),
+                    }
+                }
                 Err(err) => err,
             };
             if err.kind() == lock_core::ErrorKind::InvalidConfig {

@@ -8,16 +8,19 @@ mod sentinel;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use conformance::harness::{or_skip, Deployment, Redis, RedisNodes, RedisOptions, RedisServer};
 #[allow(unused_imports)] // not every test file uses it
 pub(crate) use conformance::with_ttl;
-use conformance::{connect_patiently, Crash, Factory};
-use lock_core::{DistributedLock, LockName, LockOptions};
+use conformance::{connect_patiently, lock_patiently, Crash, Factory, FencedResource};
+use lock_core::{DistributedLock, FencingToken, LockGuard, LockName, LockOptions, LockState};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
+use tokio::task::JoinHandle;
+use tokio::time::sleep;
 
 #[allow(unused_imports)] // not every test file uses it
 pub(crate) use cluster::ClusterFactory;
@@ -58,6 +61,73 @@ pub(crate) async fn command_calls(conn: &mut MultiplexedConnection, command: &st
         .and_then(|rest| rest.split(',').next())
         .and_then(|n| n.parse().ok())
         .unwrap_or(0)
+}
+
+/// A task that works on `fences` under `guards` (a section each, `work` long, both begun
+/// at once) and hands the guards back: a holder across a failover.
+pub(crate) fn hold_sections(
+    guards: (LockGuard, LockGuard),
+    fences: (FencedResource, FencedResource),
+    work: Duration,
+) -> JoinHandle<(LockGuard, LockGuard)> {
+    tokio::spawn(async move {
+        let (first, second) = tokio::join!(
+            fences.0.hold_section(&guards.0, sleep(work)),
+            fences.1.hold_section(&guards.1, sleep(work)),
+        );
+        assert!(first.is_ok() && second.is_ok(), "the first sections begin");
+        guards
+    })
+}
+
+/// A task that takes `lock` on `client` patiently (within `patience`, see
+/// [`lock_patiently`]) and then works on `fence` once: a waiter across a failover.
+pub(crate) fn fenced_waiter(
+    client: &Arc<RedisLock>,
+    lock: &LockName,
+    fence: &FencedResource,
+    patience: Duration,
+) -> JoinHandle<LockGuard> {
+    let (client, lock, fence) = (Arc::clone(client), lock.clone(), fence.clone());
+    tokio::spawn(async move {
+        let guard = lock_patiently(&*client, &lock, patience).await;
+        fence
+            .hold_section(&guard, sleep(Duration::from_millis(100)))
+            .await
+            .expect("the waiter's token is the highest");
+        guard
+    })
+}
+
+/// Ends the holds of [`hold_sections`] after a failover: the first (replicated) hold,
+/// seen `kept_state`, is Held with its key's value `owner` on the new primary, or Lost;
+/// the second is dropped, the first released, and its waiter (`kept_waiter`) must then be
+/// granted within `bound` with a token above `kept_token`: its guard.
+pub(crate) async fn end_holds(
+    holding: JoinHandle<(LockGuard, LockGuard)>,
+    kept_state: LockState,
+    owner: Option<String>,
+    kept_waiter: JoinHandle<LockGuard>,
+    kept_token: FencingToken,
+    bound: Duration,
+) -> LockGuard {
+    let (kept_guard, dropped_guard) = holding.await.expect("holder task");
+    if kept_state == LockState::Held {
+        assert_eq!(owner.as_deref(), Some(kept_guard.owner_token().as_str()));
+    } else {
+        assert!(kept_state.is_lost(), "{kept_state:?}");
+    }
+    drop(dropped_guard);
+    let _ = kept_guard.release().await;
+    let kept_next = tokio::time::timeout(bound, kept_waiter)
+        .await
+        .expect("the waiter of the kept name is granted")
+        .expect("waiter task");
+    assert!(
+        kept_next.fencing_token() > kept_token,
+        "tokens never go back"
+    );
+    kept_next
 }
 
 /// A lock name of its own for `test` (a fresh UUID in it).
