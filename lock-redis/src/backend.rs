@@ -36,59 +36,61 @@ const MIN_TTL_REDLOCK: Duration = Duration::from_millis(100);
 
 /// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`). Shared helpers are
 /// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts, the
-/// inspection and the force release, `broken.lua` to renewal and release.
+/// inspection and the force release, `broken.lua` to renewal and release; and to every
+/// script that may wake waiters, the command it publishes with (`PUBLISH`).
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
     pub(crate) acquire_q: Script,
     pub(crate) release_q: Script,
     pub(crate) renew: Script,
-    /// `renew` flagged `allow-cross-slot-keys`: one call per Redis Cluster primary.
-    pub(crate) renew_cluster: Script,
     pub(crate) fence_write: Script,
     pub(crate) inspect: Script,
     pub(crate) force_release: Script,
 }
 
 impl Scripts {
-    fn new() -> Self {
+    /// The scripts for one server or RedLock, or for Redis Cluster (`cluster`): there every
+    /// wake-up is published on the shard of its name (`SPUBLISH`, to a channel in the
+    /// name's hash slot), and renewal covers the holds of many slots in one call
+    /// (`allow-cross-slot-keys`).
+    fn new(cluster: bool) -> Self {
+        let publish = if cluster {
+            "local PUBLISH = 'SPUBLISH'\n"
+        } else {
+            "local PUBLISH = 'PUBLISH'\n"
+        };
+        let script = |parts: &[&str]| Script::new(&parts.concat());
+        let tokens = include_str!("scripts/tokens.lua");
+        let queue = include_str!("scripts/queue.lua");
+        let broken = include_str!("scripts/broken.lua");
         Scripts {
-            acquire: Script::new(concat!(
-                include_str!("scripts/tokens.lua"),
-                include_str!("scripts/acquire.lua")
-            )),
-            release: Script::new(concat!(
-                include_str!("scripts/broken.lua"),
-                include_str!("scripts/release.lua")
-            )),
-            acquire_q: Script::new(concat!(
-                include_str!("scripts/tokens.lua"),
-                include_str!("scripts/queue.lua"),
-                include_str!("scripts/acquire_q.lua")
-            )),
-            release_q: Script::new(concat!(
-                include_str!("scripts/queue.lua"),
-                include_str!("scripts/broken.lua"),
-                include_str!("scripts/release_q.lua")
-            )),
-            renew: Script::new(concat!(
-                include_str!("scripts/broken.lua"),
-                include_str!("scripts/renew.lua")
-            )),
-            renew_cluster: Script::new(concat!(
-                "#!lua flags=allow-cross-slot-keys\n",
-                include_str!("scripts/broken.lua"),
-                include_str!("scripts/renew.lua")
-            )),
-            fence_write: Script::new(include_str!("scripts/fence_write.lua")),
-            inspect: Script::new(concat!(
-                include_str!("scripts/queue.lua"),
-                include_str!("scripts/inspect.lua")
-            )),
-            force_release: Script::new(concat!(
-                include_str!("scripts/queue.lua"),
-                include_str!("scripts/break.lua")
-            )),
+            acquire: script(&[tokens, include_str!("scripts/acquire.lua")]),
+            release: script(&[publish, broken, include_str!("scripts/release.lua")]),
+            acquire_q: script(&[
+                publish,
+                tokens,
+                queue,
+                include_str!("scripts/acquire_q.lua"),
+            ]),
+            release_q: script(&[
+                publish,
+                queue,
+                broken,
+                include_str!("scripts/release_q.lua"),
+            ]),
+            renew: script(&[
+                if cluster {
+                    "#!lua flags=allow-cross-slot-keys\n"
+                } else {
+                    ""
+                },
+                broken,
+                include_str!("scripts/renew.lua"),
+            ]),
+            fence_write: script(&[include_str!("scripts/fence_write.lua")]),
+            inspect: script(&[publish, queue, include_str!("scripts/inspect.lua")]),
+            force_release: script(&[publish, queue, include_str!("scripts/break.lua")]),
         }
     }
 }
@@ -232,17 +234,13 @@ impl Connect for RedisBackend {
         let keys = KeyLayout::new(config.prefix.clone());
         let client_id = uuid::Uuid::new_v4().simple().to_string();
         let channel_prefix = keys.client_channel_prefix();
-        // On Redis Cluster a `PUBLISH` reaches every node: one subscription, to any primary.
-        let subscribed: Vec<(String, Target)> = match &shards {
-            Some(shards) => vec![(shards.label(), Target::Cluster(Arc::clone(shards)))],
-            None => nodes
+        let wakeups = Wakeups::new(
+            backend,
+            nodes
                 .iter()
                 .map(|n| (n.label.clone(), n.target().clone()))
                 .collect(),
-        };
-        let wakeups = Wakeups::new(
-            backend,
-            subscribed,
+            shards.clone(),
             config.options.request_timeout,
             format!("{channel_prefix}{client_id}"),
         );
@@ -250,7 +248,7 @@ impl Connect for RedisBackend {
             backend,
             quorum: config.quorum(),
             keys,
-            scripts: Scripts::new(),
+            scripts: Scripts::new(config.cluster),
             wakeups,
             nodes,
             shards,
@@ -424,6 +422,17 @@ impl Inner {
 
     pub(crate) fn request_deadline(&self) -> Instant {
         Instant::now() + self.config.options.request_timeout
+    }
+
+    /// What precedes a client id in the wake-up channel of a queued waiter of lock key
+    /// `key`: the client's own channel, or on Redis Cluster its channel for this name, in
+    /// the name's hash slot (a sharded channel lives on one shard).
+    pub(crate) fn channel_prefix_for(&self, key: &str) -> String {
+        if self.shards.is_some() {
+            self.keys.side_key(key, layout::CLIENT)
+        } else {
+            self.channel_prefix.clone()
+        }
     }
 
     /// Where the requests for lock key `key` go: every server (RedLock), the one server,
@@ -607,7 +616,15 @@ impl Backend for RedisBackend {
                 // Queued: the bell also rings with what came for this waiter before it.
                 (None, WakeKeys::Queue { .. }) => {
                     let token = first.token.as_str();
-                    let queued = bell.insert(inner.wakeups.enlist(token, inner.arbiter, epoch));
+                    let channel = inner.shards.as_ref().map(|_| {
+                        let prefix = inner.channel_prefix_for(&first.keys.key);
+                        format!("{prefix}{}", inner.client_id)
+                    });
+                    let enlisted =
+                        inner
+                            .wakeups
+                            .enlist(token, inner.arbiter, epoch, channel.as_deref());
+                    let queued = bell.insert(enlisted);
                     queued.wait(nap, inner.queue_times.window).await;
                 }
                 // The bell rings once the subscription is live; the next attempt right

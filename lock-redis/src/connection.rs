@@ -16,8 +16,8 @@ use lock_core::raw::{lock_unpoisoned, Backoff};
 use lock_core::{Error, Result};
 use redis::aio::MultiplexedConnection;
 use redis::{
-    AsyncConnectionConfig, ConnectionAddr, FromRedisValue, IntoConnectionInfo, RedisConnectionInfo,
-    ScriptInvocation, TlsCertificates,
+    AsyncConnectionConfig, ConnectionAddr, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
+    RedisConnectionInfo, ScriptInvocation, TlsCertificates,
 };
 use tokio::time::{timeout_at, Instant};
 
@@ -52,10 +52,12 @@ pub(crate) fn redis_client(
         config.username.as_deref(),
         config.password.as_deref(),
         config.db,
+        ProtocolVersion::RESP2,
     )
 }
 
-/// The client library's client for `node` with these TLS, credentials and database.
+/// The client library's client for `node` with these TLS, credentials, database and
+/// protocol.
 fn client_for(
     node: &RedisNode,
     tls: bool,
@@ -63,6 +65,7 @@ fn client_for(
     username: Option<&str>,
     password: Option<&str>,
     db: i64,
+    protocol: ProtocolVersion,
 ) -> redis::RedisResult<redis::Client> {
     let addr = if tls {
         ConnectionAddr::TcpTls {
@@ -74,7 +77,9 @@ fn client_for(
     } else {
         ConnectionAddr::Tcp(node.host.clone(), node.port)
     };
-    let mut settings = RedisConnectionInfo::default().set_db(db);
+    let mut settings = RedisConnectionInfo::default()
+        .set_db(db)
+        .set_protocol(protocol);
     if let Some(user) = username {
         settings = settings.set_username(user);
     }
@@ -101,8 +106,6 @@ pub(crate) enum Target {
     Server(Box<redis::Client>),
     /// The primary that these Sentinels name at each (re)connection.
     Primary(Arc<Sentinels>),
-    /// Any primary of this Redis Cluster (for wake-up subscriptions).
-    Cluster(Arc<Shards>),
 }
 
 impl Target {
@@ -111,8 +114,6 @@ impl Target {
         match self {
             Target::Server(client) => Ok((**client).clone()),
             Target::Primary(sentinels) => sentinels.primary(deadline).await,
-            // Boxed: a cluster's nodes are `Target::Server`s, but the types recurse.
-            Target::Cluster(shards) => Box::pin(shards.any_client(deadline)).await,
         }
     }
 }

@@ -231,7 +231,7 @@ impl Inner {
 
     /// Renews `items` on Redis Cluster: one script call per primary (per [`RENEW_CHUNK`]
     /// keys) for the holds of every slot it serves, keys passed as arguments to
-    /// `renew_cluster`. A hold whose slot the primary no longer serves (it moved, or is
+    /// the renew script (flagged `allow-cross-slot-keys` on a cluster). A hold whose slot the primary no longer serves (it moved, or is
     /// moving and its key went ahead) is sent again on its own, routed by its lock key so
     /// that the cluster's redirections are followed.
     ///
@@ -252,7 +252,7 @@ impl Inner {
         let mut statuses: Vec<Option<i64>> = vec![None; items.len()];
         let batches = groups.iter().zip(&primaries).flat_map(|(group, node)| {
             group.chunks(RENEW_CHUNK).map(move |chunk| async move {
-                let mut invocation = self.scripts.renew_cluster.prepare_invoke();
+                let mut invocation = self.scripts.renew.prepare_invoke();
                 for &i in chunk {
                     invocation
                         .arg(&items[i].hold.keys.key)
@@ -288,7 +288,7 @@ impl Inner {
         }
         let retries = join_all(again.iter().map(|&i| {
             let hold = &items[i].hold;
-            let mut invocation = self.scripts.renew_cluster.prepare_invoke();
+            let mut invocation = self.scripts.renew.prepare_invoke();
             invocation
                 .key(&hold.keys.key)
                 .arg(&hold.keys.key)

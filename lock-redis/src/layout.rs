@@ -16,6 +16,9 @@ pub(crate) const QUEUE: &str = "q";
 pub(crate) const QUEUE_LIVE: &str = "qlive";
 /// Suffix of the wake-up channel of a name (without the queue).
 pub(crate) const RELEASED: &str = "released";
+/// Suffix of the wake-up channels of a name's queued waiters on Redis Cluster (the
+/// client id follows).
+pub(crate) const CLIENT: &str = "client:";
 /// Suffix of the break mark: the owner tokens an operator's force release removed.
 pub(crate) const BROKEN: &str = "broken";
 /// How many removed owner tokens a break mark keeps.
@@ -42,7 +45,9 @@ pub(crate) const BROKEN_STAY: Duration = Duration::from_secs(60);
 ///   release look at it only when the lock key is not theirs, to report the hold broken
 ///   rather than taken or gone;
 /// - wake-up channel of a client (queue mode): `<prefix>client:<client id>`, on which a
-///   release names the queued waiter it wakes;
+///   release names the queued waiter it wakes; on Redis Cluster, where a (sharded)
+///   channel lives on the shard of its hash slot, one per name the client waits for:
+///   `<prefix>{<lock key>}:client:<client id>`;
 /// - wake-up channel of a name (without the queue): `<prefix>{<lock key>}:released`.
 ///
 /// The keys beside the lock key carry the whole lock key as their hash tag, so they share

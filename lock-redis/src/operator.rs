@@ -160,7 +160,7 @@ impl Inner {
             .key(self.keys.side_key(&key, layout::BROKEN))
             .arg(ttl_millis(stay))
             .arg(BROKEN_KEPT)
-            .arg(&self.channel_prefix)
+            .arg(self.channel_prefix_for(&key))
             .arg(ttl_millis(self.queue_times.window))
             .arg(self.keys.side_key(&key, layout::RELEASED));
         let deadline = self.request_deadline();

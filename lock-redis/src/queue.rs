@@ -120,7 +120,7 @@ impl Inner {
         invocation
             .key(&hold.keys.broken)
             .arg(if leave { hold.waiter() } else { "" })
-            .arg(&self.channel_prefix)
+            .arg(self.channel_prefix_for(&hold.keys.key))
             .arg(ttl_millis(self.queue_times.window));
         invocation
     }

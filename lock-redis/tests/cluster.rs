@@ -57,6 +57,40 @@ async fn key_on(factory: &ClusterFactory, i: usize, key: &str) -> (Option<String
     pipe.query_async(&mut conn).await.unwrap_or((None, -2))
 }
 
+/// The sharded channels of `name` (its wake-up channels, `<prefix>{<lock key>}:*`) that
+/// server `i` has subscribers for.
+async fn shard_channels(factory: &ClusterFactory, i: usize, name: &LockName) -> Vec<String> {
+    let mut conn = raw(factory.cluster.server(i).addr()).await;
+    redis::cmd("PUBSUB")
+        .arg("SHARDCHANNELS")
+        .arg(format!("{DEFAULT_PREFIX}{{{}}}:*", key(name)))
+        .query_async(&mut conn)
+        .await
+        .expect("PUBSUB SHARDCHANNELS")
+}
+
+/// Polls until server `i` has `want` sharded channels of `name` subscribed, for at most
+/// 2 s: how long it took.
+async fn await_shard_channels(
+    factory: &ClusterFactory,
+    i: usize,
+    name: &LockName,
+    want: usize,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let seen = shard_channels(factory, i, name).await;
+        if seen.len() == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "server {i}: sharded channels of {name}: {seen:?}, want {want}"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// One client holds a name on each of the three primaries while another waits for all
 /// three; each release wakes the waiter of that name on its own shard, well before the
 /// waiter's recheck would (push, not polling).
@@ -91,7 +125,20 @@ async fn holds_and_waiters_across_shards() {
             })
         })
         .collect();
-    sleep(Duration::from_millis(300)).await;
+    // Each waiter listens on the shard of its name (a sharded channel), nowhere else.
+    for (owner, lock) in names.iter().enumerate() {
+        await_shard_channels(&factory, owner, lock, 1).await;
+        for other in (0..3).filter(|o| *o != owner) {
+            assert!(shard_channels(&factory, other, lock).await.is_empty());
+        }
+        let mut conn = raw(factory.cluster.server(owner).addr()).await;
+        let plain: Vec<String> = redis::cmd("PUBSUB")
+            .arg("CHANNELS")
+            .query_async(&mut conn)
+            .await
+            .expect("PUBSUB CHANNELS");
+        assert!(plain.is_empty(), "no cluster-wide channel: {plain:?}");
+    }
     let mut latencies = Vec::new();
     for ((guard, waiting), lock) in guards.into_iter().zip(waiting).zip(&names) {
         let token = guard.fencing_token();
@@ -258,7 +305,10 @@ async fn a_slot_moves_while_held_and_contended() {
     };
     let ttl = Duration::from_millis(1500);
     let holder = factory.make(with_ttl(ttl)).await;
-    let waiter = factory.make(with_ttl(ttl)).await;
+    // Woken by the release, not by its recheck.
+    let mut waiter_options = with_ttl(ttl);
+    waiter_options.recheck = Duration::from_secs(10);
+    let waiter = factory.make(waiter_options).await;
     let lock = name_on(&factory, "moving", 0).await;
     let lock_key = key(&lock);
     let guard = holder.lock(lock.as_str()).await.expect("hold");
@@ -270,7 +320,7 @@ async fn a_slot_moves_while_held_and_contended() {
             (guard, Instant::now())
         })
     };
-    sleep(Duration::from_millis(200)).await;
+    await_shard_channels(&factory, 0, &lock, 1).await;
 
     let slot = factory.cluster.slot_of(&lock_key).await.expect("slot");
     let moving = factory
@@ -310,6 +360,9 @@ async fn a_slot_moves_while_held_and_contended() {
         .finish_move(&moving)
         .await
         .expect("finish the move");
+    // The old primary ends the waiter's subscription; it is made again on the new one.
+    let resubscribed = await_shard_channels(&factory, 1, &lock, 1).await;
+    assert!(shard_channels(&factory, 0, &lock).await.is_empty());
     sleep(ttl).await;
     assert_eq!(guard.state(), LockState::Held, "renewed after MOVED");
     let (_, pttl) = key_on(&factory, 1, &lock_key).await;
@@ -322,9 +375,14 @@ async fn a_slot_moves_while_held_and_contended() {
         .expect("the waiter is granted after the release")
         .expect("waiter task");
     assert!(next.fencing_token() > token, "tokens never go back");
+    assert!(
+        granted - released < Duration::from_secs(2),
+        "woken, not rechecked"
+    );
     println!(
         "slot move: renewed through ASK (PTTL {half_way_pttl} ms on the new primary) and \
-         after MOVED; the waiter granted {:?} after the release",
+         after MOVED; the waiter's channel subscribed on the new primary {resubscribed:?} \
+         after the move; the waiter granted {:?} after the release",
         granted - released
     );
     next.release().await.expect("release");
@@ -334,6 +392,7 @@ async fn a_slot_moves_while_held_and_contended() {
         .is_empty());
     let (left, _) = key_on(&factory, 0, &lock_key).await;
     assert!(left.is_none(), "nothing on the old primary");
+    await_shard_channels(&factory, 1, &lock, 0).await;
 }
 
 /// 1,000 holds of one client spread over the three primaries are renewed with one script

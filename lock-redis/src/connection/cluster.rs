@@ -22,7 +22,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use lock_core::raw::lock_unpoisoned;
 use lock_core::{Error, Result};
 use redis::aio::MultiplexedConnection;
-use redis::{ErrorKind, ServerErrorKind, Value};
+use redis::{ErrorKind, ProtocolVersion, ServerErrorKind, Value};
 use tokio::time::{sleep, Instant};
 
 use super::{client_for, Failure, Node, Target};
@@ -132,14 +132,7 @@ impl Shards {
         if let Some(i) = map.nodes.iter().position(|(a, _)| a == addr) {
             return Ok((i, Arc::clone(&map.nodes[i].1)));
         }
-        let client = client_for(
-            addr,
-            self.config.tls,
-            self.ca.as_deref(),
-            self.config.username.as_deref(),
-            self.config.password.as_deref(),
-            0,
-        )?;
+        let client = self.client_of(addr, ProtocolVersion::RESP2)?;
         let node = Arc::new(Node::new(
             self.backend,
             addr.to_string(),
@@ -150,13 +143,55 @@ impl Shards {
         Ok((map.nodes.len() - 1, node))
     }
 
+    /// A client of the node at `addr` speaking `protocol`.
+    fn client_of(
+        &self,
+        addr: &RedisNode,
+        protocol: ProtocolVersion,
+    ) -> redis::RedisResult<redis::Client> {
+        client_for(
+            addr,
+            self.config.tls,
+            self.ca.as_deref(),
+            self.config.username.as_deref(),
+            self.config.password.as_deref(),
+            0,
+            protocol,
+        )
+    }
+
+    /// A RESP3 client of node `index` (of the nodes seen), for sharded subscriptions
+    /// (their messages and the server's own unsubscriptions come as pushes), and its
+    /// address.
+    pub(crate) fn pubsub_client(&self, index: usize) -> Result<(String, redis::Client)> {
+        let addr = lock_unpoisoned(&self.map)
+            .nodes
+            .get(index)
+            .map(|(a, _)| a.clone());
+        let Some(addr) = addr else {
+            return Err(Error::config(format!("no cluster node {index}")));
+        };
+        let client = self
+            .client_of(&addr, ProtocolVersion::RESP3)
+            .map_err(|err| {
+                error::from_client(self.backend, format_args!("configure {addr}"), err)
+            })?;
+        Ok((addr.to_string(), client))
+    }
+
+    /// The index (of the nodes seen) of the primary serving `slot` in the map as it is.
+    pub(crate) fn owner_index(&self, slot: u16) -> Option<usize> {
+        lock_unpoisoned(&self.map).owner[usize::from(slot)]
+    }
+
     fn node_at_or_err(&self, addr: &RedisNode) -> Result<Arc<Node>> {
         self.node_at(addr)
             .map(|(_, node)| node)
             .map_err(|err| error::from_client(self.backend, format_args!("configure {addr}"), err))
     }
 
-    fn version(&self) -> u64 {
+    /// How often the map was loaded (to reload only what the caller found wanting).
+    pub(crate) fn version(&self) -> u64 {
         lock_unpoisoned(&self.map).version
     }
 
@@ -338,7 +373,7 @@ impl Shards {
     }
 
     /// `slot` is served by `addr` from now on (a `MOVED` reply).
-    fn moved(&self, slot: u16, addr: &RedisNode) -> Result<()> {
+    pub(crate) fn moved(&self, slot: u16, addr: &RedisNode) -> Result<()> {
         let (i, _) = self.node_at(addr).map_err(|err| {
             error::from_client(self.backend, format_args!("configure {addr}"), err)
         })?;
@@ -413,29 +448,10 @@ impl Shards {
             }
         }
     }
-
-    /// A client of some primary (or seed), for a connection that any node serves (the
-    /// wake-up subscriptions: a `PUBLISH` reaches every node of a cluster).
-    pub(crate) async fn any_client(&self, deadline: Instant) -> Result<redis::Client> {
-        let nodes = match self.primaries(deadline).await {
-            Ok(nodes) if !nodes.is_empty() => nodes,
-            _ => lock_unpoisoned(&self.map)
-                .nodes
-                .iter()
-                .map(|(_, n)| Arc::clone(n))
-                .collect(),
-        };
-        // Spread the clients' subscriptions over the primaries.
-        let pick = usize::from(rand::random::<u16>()) % nodes.len().max(1);
-        match nodes.get(pick) {
-            Some(node) => node.target().client(deadline).await,
-            None => Err(Error::config("no seed node")),
-        }
-    }
 }
 
 /// The node a `MOVED` or `ASK` reply names.
-fn redirect(err: &redis::RedisError) -> Option<RedisNode> {
+pub(crate) fn redirect(err: &redis::RedisError) -> Option<RedisNode> {
     let (addr, _) = err.redirect_node()?;
     let (host, port) = addr.rsplit_once(':')?;
     let host = host.trim_start_matches('[').trim_end_matches(']');

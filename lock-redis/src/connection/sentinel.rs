@@ -19,7 +19,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use lock_core::raw::lock_unpoisoned;
 use lock_core::{Error, Result};
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Value};
+use redis::{AsyncConnectionConfig, ProtocolVersion, Value};
 use tokio::time::{timeout_at, Instant};
 
 use super::client_for;
@@ -57,6 +57,7 @@ impl Sentinels {
                     config.sentinel_username.as_deref(),
                     config.sentinel_password.as_deref(),
                     0,
+                    ProtocolVersion::RESP2,
                 )?;
                 Ok((node.to_string(), client))
             })
@@ -102,6 +103,7 @@ impl Sentinels {
             self.config.username.as_deref(),
             self.config.password.as_deref(),
             self.config.db,
+            ProtocolVersion::RESP2,
         )
         .map_err(|err| error::from_client(self.backend, format_args!("configure {node}"), err))
     }

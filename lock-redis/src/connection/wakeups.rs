@@ -2,6 +2,14 @@
 //! waiter of the client, reconnected with backoff. Queued waiters hear their wake-ups on
 //! the client's own channel (a release names the waiter it wakes); without the queue,
 //! waiters listen to the channel of the name they wait for.
+//!
+//! On Redis Cluster the channels are sharded (`SSUBSCRIBE`; the scripts `SPUBLISH`): each
+//! lives on the primary serving its hash slot, a queued waiter's on its client's channel
+//! for the name (see [`KeyLayout`](crate::KeyLayout)), so a client subscribes on the
+//! primaries that serve the names it waits for, one connection each. When a slot moves
+//! (the server ends the subscription, or answers `MOVED`) or a primary fails (the
+//! connection drops and the reloaded map names another), the channel is subscribed again
+//! where the map says, and its waiters re-check.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -11,11 +19,13 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use lock_core::raw::{lock_unpoisoned, Backoff};
-use redis::aio::PubSubSink;
+use redis::aio::{MultiplexedConnection, PubSubSink};
+use redis::{AsyncConnectionConfig, PushInfo, PushKind, Value};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
-use super::{reconnect_backoff, Target};
+use super::cluster::{redirect, slot_of};
+use super::{reconnect_backoff, Shards, Target};
 
 /// How often an idle subscription connection is checked with `PING`.
 const SUBSCRIBER_PING: Duration = Duration::from_secs(5);
@@ -54,6 +64,8 @@ fn ring(bell: &watch::Sender<Rings>, what: Ring) {
 struct Channel {
     waiters: usize,
     bell: watch::Sender<Rings>,
+    /// A client's channel for a name (Redis Cluster, queue): its messages name the waiter.
+    inbox: bool,
 }
 
 /// The client's own channel and the bells of its queued waiters.
@@ -77,8 +89,11 @@ const UNCLAIMED: usize = 256;
 struct Registry {
     channels: HashMap<String, Channel>,
     inbox: Inbox,
-    /// The command queue of each server's subscriber task, started on first use.
+    /// The command queue of each server's subscriber task, started on first use (Redis
+    /// Cluster: of each node seen, as [`Shards`] numbers them).
     tasks: Vec<Option<mpsc::UnboundedSender<SubCommand>>>,
+    /// Redis Cluster: the node each channel is subscribed on.
+    placed: HashMap<String, usize>,
 }
 
 /// The wake-up subscriptions of one client. One subscriber task per server listens on one
@@ -92,6 +107,8 @@ pub(crate) struct Wakeups {
 struct Shared {
     backend: &'static str,
     nodes: Vec<(String, Target)>,
+    /// Redis Cluster: where each channel lives.
+    shards: Option<Arc<Shards>>,
     request_timeout: Duration,
     registry: Mutex<Registry>,
     /// How often the client's channel was (re)subscribed.
@@ -108,10 +125,12 @@ impl fmt::Debug for Wakeups {
 }
 
 impl Wakeups {
-    /// Wake-ups from `nodes`; `client_channel` is the client's own channel.
+    /// Wake-ups from `nodes` (on Redis Cluster: from the primaries of `shards`);
+    /// `client_channel` is the client's own channel.
     pub(crate) fn new(
         backend: &'static str,
         nodes: Vec<(String, Target)>,
+        shards: Option<Arc<Shards>>,
         request_timeout: Duration,
         client_channel: String,
     ) -> Self {
@@ -120,6 +139,7 @@ impl Wakeups {
             shared: Arc::new(Shared {
                 backend,
                 nodes,
+                shards,
                 request_timeout,
                 registry: Mutex::new(Registry {
                     channels: HashMap::new(),
@@ -131,6 +151,7 @@ impl Wakeups {
                         unclaimed: VecDeque::new(),
                     },
                     tasks: (0..servers).map(|_| None).collect(),
+                    placed: HashMap::new(),
                 }),
                 inbox_epoch: AtomicU64::new(0),
             }),
@@ -148,8 +169,30 @@ impl Wakeups {
     /// once more when the subscription was (re)made since `epoch` (a message may have been
     /// lost meanwhile) or is not live yet (then when it is). Must be called inside a tokio
     /// runtime (it starts the subscriber task on first use).
-    pub(crate) fn enlist(&self, token: &str, node: usize, epoch: u64) -> Subscription {
+    ///
+    /// On Redis Cluster `channel` is the client's channel for the name: it is joined (and
+    /// subscribed on the name's shard if needed) for as long as the waiter stays, and the
+    /// bell rings once it is live.
+    pub(crate) fn enlist(
+        &self,
+        token: &str,
+        node: usize,
+        epoch: u64,
+        channel: Option<&str>,
+    ) -> Subscription {
         let mut registry = lock_unpoisoned(&self.shared.registry);
+        if let Some(channel) = channel {
+            let (bell, receiver) = watch::channel(Rings::default());
+            claim(&mut registry.inbox, token, &bell);
+            registry.inbox.bells.insert(token.to_owned(), bell);
+            drop(self.member(&mut registry, channel, true));
+            return Subscription {
+                shared: Arc::clone(&self.shared),
+                membership: Membership::Inbox(token.to_owned(), Some(channel.to_owned())),
+                seen: Rings::default(),
+                bell: receiver,
+            };
+        }
         if registry.inbox.requested.is_none() {
             self.start(&mut registry, node);
             registry.inbox.requested = Some(node);
@@ -163,18 +206,11 @@ impl Wakeups {
         if live && self.epoch() != epoch {
             ring(&bell, Ring::Wake);
         }
-        let inbox = &mut registry.inbox;
-        inbox.unclaimed.retain(|(for_token, what)| {
-            let mine = for_token == token;
-            if mine {
-                ring(&bell, *what);
-            }
-            !mine
-        });
-        inbox.bells.insert(token.to_owned(), bell);
+        claim(&mut registry.inbox, token, &bell);
+        registry.inbox.bells.insert(token.to_owned(), bell);
         Subscription {
             shared: Arc::clone(&self.shared),
-            membership: Membership::Inbox(token.to_owned()),
+            membership: Membership::Inbox(token.to_owned(), None),
             seen: Rings::default(),
             bell: receiver,
         }
@@ -182,15 +218,39 @@ impl Wakeups {
 
     /// Starts the subscriber task of server `index`, if not yet.
     fn start(&self, registry: &mut Registry, index: usize) {
-        if registry.tasks[index].is_none() {
-            let (sender, receiver) = mpsc::unbounded_channel();
-            tokio::spawn(run_subscriber(
-                Arc::downgrade(&self.shared),
-                index,
-                receiver,
-            ));
-            registry.tasks[index] = Some(sender);
+        start(&self.shared, registry, index);
+    }
+
+    /// One more waiter on `channel`: the receiver of its bell. A new channel is
+    /// subscribed on every server (Redis Cluster: on the node its slot's primary).
+    fn member(
+        &self,
+        registry: &mut Registry,
+        channel: &str,
+        inbox: bool,
+    ) -> watch::Receiver<Rings> {
+        if let Some(entry) = registry.channels.get_mut(channel) {
+            entry.waiters += 1;
+            return entry.bell.subscribe();
         }
+        let (bell, receiver) = watch::channel(Rings::default());
+        registry.channels.insert(
+            channel.to_owned(),
+            Channel {
+                waiters: 1,
+                bell,
+                inbox,
+            },
+        );
+        if self.shared.shards.is_some() {
+            self.shared.place(registry, channel);
+        } else {
+            for index in 0..self.shared.nodes.len() {
+                self.start(registry, index);
+            }
+            registry.send(|| SubCommand::Subscribe(channel.to_owned()));
+        }
+        receiver
     }
 
     /// Joins the channel of a name (without the queue) until the returned subscription is
@@ -198,23 +258,7 @@ impl Wakeups {
     /// runtime (it starts the subscriber tasks on first use).
     pub(crate) fn join(&self, channel: &str) -> Subscription {
         let mut registry = lock_unpoisoned(&self.shared.registry);
-        for index in 0..self.shared.nodes.len() {
-            self.start(&mut registry, index);
-        }
-        let bell = match registry.channels.get_mut(channel) {
-            Some(entry) => {
-                entry.waiters += 1;
-                entry.bell.subscribe()
-            }
-            None => {
-                let (bell, receiver) = watch::channel(Rings::default());
-                registry
-                    .channels
-                    .insert(channel.to_owned(), Channel { waiters: 1, bell });
-                registry.send(|| SubCommand::Subscribe(channel.to_owned()));
-                receiver
-            }
-        };
+        let bell = self.member(&mut registry, channel, false);
         Subscription {
             shared: Arc::clone(&self.shared),
             membership: Membership::Channel(channel.to_owned()),
@@ -246,11 +290,66 @@ impl Registry {
     }
 }
 
+/// Starts the subscriber task of server `index` (Redis Cluster: node), if not yet.
+fn start(shared: &Arc<Shared>, registry: &mut Registry, index: usize) {
+    if registry.tasks.len() <= index {
+        registry.tasks.resize_with(index + 1, || None);
+    }
+    if registry.tasks[index].is_none() {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        tokio::spawn(run_subscriber(Arc::downgrade(shared), index, receiver));
+        registry.tasks[index] = Some(sender);
+    }
+}
+
+/// Rings `bell` with the messages kept for `token` before it had a bell.
+fn claim(inbox: &mut Inbox, token: &str, bell: &watch::Sender<Rings>) {
+    inbox.unclaimed.retain(|(for_token, what)| {
+        let mine = for_token == token;
+        if mine {
+            ring(bell, *what);
+        }
+        !mine
+    });
+}
+
 impl Shared {
+    /// Redis Cluster: subscribes `channel` on the node of its slot's primary as the map
+    /// says now (any node seen while the map names none: its answer corrects the map).
+    fn place(self: &Arc<Self>, registry: &mut Registry, channel: &str) {
+        let Some(shards) = &self.shards else {
+            return;
+        };
+        let index = shards.owner_index(slot_of(channel.as_bytes())).unwrap_or(0);
+        if registry.placed.get(channel) == Some(&index) {
+            return;
+        }
+        registry.placed.insert(channel.to_owned(), index);
+        start(self, registry, index);
+        if let Some(task) = &registry.tasks[index] {
+            let _ = task.send(SubCommand::Subscribe(channel.to_owned()));
+        }
+    }
+
+    /// Redis Cluster: subscribes `channel` again where the map says now (it was
+    /// subscribed on node `from`, which no longer serves it). Its waiters re-check.
+    fn replace(self: &Arc<Self>, from: usize, channel: &str) {
+        let mut registry = lock_unpoisoned(&self.registry);
+        if !registry.channels.contains_key(channel) {
+            return;
+        }
+        if registry.placed.get(channel) == Some(&from) {
+            registry.placed.remove(channel);
+        }
+        self.place(&mut registry, channel);
+    }
+
     /// A message arrived on `channel`.
     fn deliver(&self, channel: &str, payload: &[u8]) {
         let mut registry = lock_unpoisoned(&self.registry);
-        if channel == registry.inbox.channel {
+        let inbox = channel == registry.inbox.channel
+            || registry.channels.get(channel).is_some_and(|c| c.inbox);
+        if inbox {
             let (what, token) = match std::str::from_utf8(payload)
                 .ok()
                 .and_then(|p| p.split_once(' '))
@@ -292,6 +391,12 @@ impl Shared {
             }
         } else if let Some(entry) = registry.channels.get(channel) {
             ring(&entry.bell, Ring::Wake);
+            if entry.inbox {
+                // Which of the client's waiters it serves is not known here: all look.
+                for bell in registry.inbox.bells.values() {
+                    ring(bell, Ring::Wake);
+                }
+            }
         }
     }
 
@@ -311,12 +416,38 @@ impl Shared {
 
     /// Server `index`'s subscriber connection is gone.
     fn disconnected(&self, index: usize) {
-        lock_unpoisoned(&self.registry).inbox.live[index] = false;
+        if let Some(live) = lock_unpoisoned(&self.registry).inbox.live.get_mut(index) {
+            *live = false;
+        }
+    }
+
+    /// Redis Cluster: node `index`'s connection failed (the node may have failed over):
+    /// reloads the slot map and subscribes its channels where it says now.
+    async fn replace_all(self: &Arc<Self>, index: usize) {
+        let Some(shards) = &self.shards else {
+            return;
+        };
+        let deadline = Instant::now() + self.request_timeout;
+        if let Err(err) = shards.reload(shards.version(), deadline).await {
+            tracing::debug!(backend = self.backend, error = %err,
+                "wake-up subscriptions: reloading the slot map failed");
+        }
+        for channel in self.channel_names(index) {
+            self.replace(index, &channel);
+        }
     }
 
     /// The channels server `index`'s subscriber listens to.
     fn channel_names(&self, index: usize) -> Vec<String> {
         let registry = lock_unpoisoned(&self.registry);
+        if self.shards.is_some() {
+            return registry
+                .placed
+                .iter()
+                .filter(|(_, at)| **at == index)
+                .map(|(channel, _)| channel.clone())
+                .collect();
+        }
         let mut names: Vec<String> = registry.channels.keys().cloned().collect();
         if registry.inbox.requested == Some(index) {
             names.push(registry.inbox.channel.clone());
@@ -327,9 +458,12 @@ impl Shared {
     fn leave(&self, membership: &Membership) {
         let mut registry = lock_unpoisoned(&self.registry);
         let channel = match membership {
-            Membership::Inbox(token) => {
+            Membership::Inbox(token, channel) => {
                 registry.inbox.bells.remove(token);
-                return;
+                match channel {
+                    Some(channel) => channel,
+                    None => return,
+                }
             }
             Membership::Channel(channel) => channel,
         };
@@ -339,7 +473,17 @@ impl Shared {
         entry.waiters -= 1;
         if entry.waiters == 0 {
             registry.channels.remove(channel);
-            registry.send(|| SubCommand::Unsubscribe(channel.to_owned()));
+            if self.shards.is_some() {
+                let task = registry
+                    .placed
+                    .remove(channel)
+                    .and_then(|at| registry.tasks.get(at)?.as_ref());
+                if let Some(task) = task {
+                    let _ = task.send(SubCommand::Unsubscribe(channel.to_owned()));
+                }
+            } else {
+                registry.send(|| SubCommand::Unsubscribe(channel.to_owned()));
+            }
         }
     }
 }
@@ -349,8 +493,9 @@ impl Shared {
 enum Membership {
     /// The channel of a name.
     Channel(String),
-    /// The client's channel, for the queued waiter with this owner token.
-    Inbox(String),
+    /// The client's channel, for the queued waiter with this owner token (on Redis
+    /// Cluster its channel for the name, joined as long as the waiter stays).
+    Inbox(String, Option<String>),
 }
 
 /// A waiter's bell; leaving happens on drop.
@@ -430,10 +575,20 @@ async fn run_subscriber(
     mut commands: mpsc::UnboundedReceiver<SubCommand>,
 ) {
     let mut backoff = reconnect_backoff();
+    let sharded = shared.upgrade().is_some_and(|s| s.shards.is_some());
     loop {
-        let outcome = subscriber_session(&shared, index, &mut commands, &mut backoff).await;
+        let outcome = if sharded {
+            sharded_session(&shared, index, &mut commands, &mut backoff).await
+        } else {
+            subscriber_session(&shared, index, &mut commands, &mut backoff).await
+        };
         match shared.upgrade() {
-            Some(s) => s.disconnected(index),
+            Some(s) => {
+                s.disconnected(index);
+                if sharded {
+                    s.replace_all(index).await;
+                }
+            }
             None => return,
         }
         match outcome {
@@ -490,13 +645,9 @@ async fn subscriber_session(
     if !channels.is_empty() && !call(limit, sink.subscribe(&channels)).await {
         return Broken::Reconnect;
     }
-    backoff.reset();
-    match shared.upgrade() {
-        Some(s) => s.resubscribed(index),
-        None => return Broken::Stop,
-    }
-    let mut ping = tokio::time::interval(SUBSCRIBER_PING);
-    ping.tick().await;
+    let Some(mut ping) = now_live(shared, index, backoff).await else {
+        return Broken::Stop;
+    };
     loop {
         tokio::select! {
             command = commands.recv() => match command {
@@ -530,6 +681,177 @@ async fn subscriber_session(
             }
         }
     }
+}
+
+/// Keeps one RESP3 connection to cluster node `index` subscribed (`SSUBSCRIBE`) to the
+/// channels placed on it; a channel the node no longer serves (`MOVED`, or the server
+/// ends its subscription when its slot moves) is placed again where the map says.
+async fn sharded_session(
+    shared: &Weak<Shared>,
+    index: usize,
+    commands: &mut mpsc::UnboundedReceiver<SubCommand>,
+    backoff: &mut Backoff,
+) -> Broken {
+    let Some(s) = shared.upgrade() else {
+        return Broken::Stop;
+    };
+    let (backend, limit) = (s.backend, s.request_timeout);
+    let Some(shards) = s.shards.clone() else {
+        return Broken::Stop;
+    };
+    drop(s);
+    let (label, client) = match shards.pubsub_client(index) {
+        Ok(found) => found,
+        Err(err) => {
+            tracing::debug!(backend, error = %err, "wake-up subscription: no client");
+            return Broken::Reconnect;
+        }
+    };
+    let (pushes, mut received) = mpsc::unbounded_channel::<PushInfo>();
+    let config = AsyncConnectionConfig::new()
+        .set_connection_timeout(Some(limit))
+        .set_push_sender(pushes);
+    let mut conn = match timeout(
+        limit,
+        client.get_multiplexed_async_connection_with_config(&config),
+    )
+    .await
+    {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(err)) => {
+            tracing::debug!(backend, node = %label, error = %err,
+                "wake-up subscription: connect failed");
+            return Broken::Reconnect;
+        }
+        Err(_) => return Broken::Reconnect,
+    };
+    let channels = match shared.upgrade() {
+        Some(s) => s.channel_names(index),
+        None => return Broken::Stop,
+    };
+    for channel in &channels {
+        if !ssubscribe(shared, &shards, index, limit, &mut conn, channel).await {
+            return Broken::Reconnect;
+        }
+    }
+    let Some(mut ping) = now_live(shared, index, backoff).await else {
+        return Broken::Stop;
+    };
+    // Channels this client asked to leave: their `sunsubscribe` is no displacement.
+    let mut leaving: Vec<String> = Vec::new();
+    loop {
+        tokio::select! {
+            command = commands.recv() => match command {
+                None => return Broken::Stop,
+                Some(SubCommand::Subscribe(channel)) => {
+                    if !ssubscribe(shared, &shards, index, limit, &mut conn, &channel).await {
+                        return Broken::Reconnect;
+                    }
+                }
+                Some(SubCommand::Unsubscribe(channel)) => {
+                    let mut cmd = redis::cmd("SUNSUBSCRIBE");
+                    cmd.arg(&channel);
+                    leaving.push(channel);
+                    if !matches!(timeout(limit, cmd.query_async::<Value>(&mut conn)).await, Ok(Ok(_))) {
+                        return Broken::Reconnect;
+                    }
+                }
+            },
+            push = received.recv() => {
+                let Some(push) = push else {
+                    return Broken::Reconnect;
+                };
+                let Some(s) = shared.upgrade() else {
+                    return Broken::Stop;
+                };
+                let text = |i: usize| match push.data.get(i) {
+                    Some(Value::BulkString(bytes)) => Some(bytes.clone()),
+                    Some(Value::SimpleString(text)) => Some(text.clone().into_bytes()),
+                    _ => None,
+                };
+                match push.kind {
+                    PushKind::SMessage | PushKind::Message => {
+                        if let (Some(channel), Some(payload)) = (text(0), text(1)) {
+                            s.deliver(&String::from_utf8_lossy(&channel), &payload);
+                        }
+                    }
+                    PushKind::SUnsubscribe => {
+                        let Some(channel) = text(0) else { continue };
+                        let channel = String::from_utf8_lossy(&channel).into_owned();
+                        if let Some(i) = leaving.iter().position(|c| *c == channel) {
+                            leaving.swap_remove(i);
+                            continue;
+                        }
+                        // The server ended it: the slot moved. Reload and go where it is.
+                        let deadline = Instant::now() + limit;
+                        let _ = shards.reload(shards.version(), deadline).await;
+                        s.replace(index, &channel);
+                    }
+                    PushKind::Disconnection => return Broken::Reconnect,
+                    _ => {}
+                }
+            }
+            _ = ping.tick() => {
+                let pong = timeout(limit, redis::cmd("PING").query_async::<Value>(&mut conn)).await;
+                if !matches!(pong, Ok(Ok(_))) {
+                    return Broken::Reconnect;
+                }
+            }
+        }
+    }
+}
+
+/// `SSUBSCRIBE channel` on node `index`'s connection: `false` when the connection failed.
+/// A `MOVED` reply updates the map and places the channel where it now says; once
+/// subscribed, its waiters re-check.
+async fn ssubscribe(
+    shared: &Weak<Shared>,
+    shards: &Shards,
+    index: usize,
+    limit: Duration,
+    conn: &mut MultiplexedConnection,
+    channel: &str,
+) -> bool {
+    let mut cmd = redis::cmd("SSUBSCRIBE");
+    cmd.arg(channel);
+    let reply = timeout(limit, cmd.query_async::<Value>(conn)).await;
+    let Some(s) = shared.upgrade() else {
+        return true;
+    };
+    match reply {
+        Ok(Ok(_)) => {
+            s.subscribed(index, channel);
+            true
+        }
+        Ok(Err(err)) if err.redirect_node().is_some() => {
+            if let Some(addr) = redirect(&err) {
+                let _ = shards.moved(slot_of(channel.as_bytes()), &addr);
+            }
+            s.replace(index, channel);
+            true
+        }
+        Ok(Err(err)) => {
+            tracing::debug!(backend = s.backend, error = %err, channel,
+                "wake-up subscription refused");
+            !err.is_io_error() && !err.is_connection_dropped()
+        }
+        Err(_) => false,
+    }
+}
+
+/// Server `index`'s connection subscribes every channel again: resets the backoff, has
+/// every waiter re-check, and returns the keep-alive ticker (`None` when the client is
+/// gone).
+async fn now_live(
+    shared: &Weak<Shared>,
+    index: usize,
+    backoff: &mut Backoff,
+) -> Option<tokio::time::Interval> {
+    backoff.reset();
+    shared.upgrade()?.resubscribed(index);
+    let mut ping = tokio::time::interval(SUBSCRIBER_PING);
+    ping.tick().await;
+    Some(ping)
 }
 
 async fn call(

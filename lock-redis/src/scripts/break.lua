@@ -27,5 +27,5 @@ if redis.call('EXISTS', QUEUE) == 1 then
   evict(now)
   wake_head(ARGV[3], tonumber(ARGV[4]), now)
 end
-redis.call('PUBLISH', ARGV[5], 'released')
+redis.call(PUBLISH, ARGV[5], 'released')
 return {holder, pttl}

@@ -51,9 +51,9 @@ local function wake_head(channel_prefix, window, now)
         if deadline > now + window then
           redis.call('ZADD', LIVE, now + window, id)
         end
-        redis.call('PUBLISH', channel_prefix .. client, 'wake ' .. token)
+        redis.call(PUBLISH, channel_prefix .. client, 'wake ' .. token)
       else
-        redis.call('PUBLISH', channel_prefix .. client, 'standby ' .. token)
+        redis.call(PUBLISH, channel_prefix .. client, 'standby ' .. token)
       end
     end
   end

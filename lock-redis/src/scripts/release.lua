@@ -10,7 +10,7 @@ local holder = redis.call('GET', KEYS[1])
 if holder == ARGV[1] then
   redis.call('DEL', KEYS[1])
   if ARGV[2] ~= '' then
-    redis.call('PUBLISH', ARGV[2], 'released')
+    redis.call(PUBLISH, ARGV[2], 'released')
   end
   return 1
 elseif was_broken(KEYS[2], ARGV[1]) then
