@@ -8,7 +8,7 @@
 //! | feature | schemes | module |
 //! |---|---|---|
 //! | `memory` (default) | `memory://` | [`memory`] |
-//! | `redis` | `redis://`, `rediss://`, `redlock://`, `redis+sentinel://`, `rediss+sentinel://` | `redis` |
+//! | `redis` | `redis://`, `rediss://`, `redlock://`, `redis+sentinel://`, `rediss+sentinel://`, `redis+cluster://`, `rediss+cluster://` | `redis` |
 //! | `zookeeper` | `zk://` | `zookeeper` |
 //! | `etcd` | `etcd://`, `etcds://` | `etcd` |
 //! | `full` | all of the above | |
@@ -46,6 +46,8 @@ const FEATURE_SCHEMES: &[(&str, &[&str])] = &[
             "redlock",
             "redis+sentinel",
             "rediss+sentinel",
+            "redis+cluster",
+            "rediss+cluster",
         ],
     ),
     ("zookeeper", &["zk", "zks"]),

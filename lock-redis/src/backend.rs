@@ -118,8 +118,9 @@ pub(crate) struct Inner {
 }
 
 /// The protocol half of a Redis lock client, for one server (`redis://`, `rediss://`), the
-/// primary that Sentinels name (`redis+sentinel://`, `rediss+sentinel://`) or RedLock over
-/// several independent servers (`redlock://`). [`RedisLock`](crate::RedisLock)
+/// primary that Sentinels name (`redis+sentinel://`, `rediss+sentinel://`), Redis Cluster
+/// (`redis+cluster://`, `rediss+cluster://`: each name on the primary serving its hash
+/// slot) or RedLock over several independent servers (`redlock://`). [`RedisLock`](crate::RedisLock)
 /// wraps it in [`LeaseClient`](lock_core::raw::LeaseClient); its `connect` and `from_url`
 /// open it.
 ///
@@ -151,7 +152,9 @@ impl fmt::Display for RedisBackend {
 /// same address (checked before any connection is opened), an unreadable CA file or
 /// rejected credentials; [`Error::Connection`] when the server (or every Sentinel) does
 /// not answer; [`Error::Unavailable`] when fewer than a majority of RedLock servers answer,
-/// when no Sentinel knows the master name, or when the server named is not a primary.
+/// when no Sentinel knows the master name, or when the server named is not a primary. On
+/// Redis Cluster a seed must answer `CLUSTER SLOTS` at open (one that is no cluster node
+/// is [`Error::InvalidConfig`]).
 #[async_trait]
 impl Connect for RedisBackend {
     const SCHEMES: &'static [&'static str] = crate::SCHEMES;

@@ -1,7 +1,7 @@
-//! Holds and the server-side hold protocol: batched renewal (one script call per server
-//! renews every hold of the client, compare-and-PEXPIRE per key), release
-//! (compare-and-DEL plus a wake-up of the head of the queue, or a publish to the name's
-//! channel without the queue) and how a majority of answers decides each. Both read the
+//! Holds and the server-side hold protocol: batched renewal (one script call per server,
+//! on Redis Cluster per primary, renews every hold of the client there, compare-and-PEXPIRE
+//! per key), release (compare-and-DEL plus a wake-up of the head of the queue, or a publish
+//! to the name's channel without the queue) and how a majority of answers decides each. Both read the
 //! break mark of a key that is no longer theirs, to tell a force release (`Broken`) from
 //! a key taken or gone.
 
@@ -230,10 +230,11 @@ impl Inner {
     }
 
     /// Renews `items` on Redis Cluster: one script call per primary (per [`RENEW_CHUNK`]
-    /// keys) for the holds of every slot it serves, keys passed as arguments to
-    /// the renew script (flagged `allow-cross-slot-keys` on a cluster). A hold whose slot the primary no longer serves (it moved, or is
-    /// moving and its key went ahead) is sent again on its own, routed by its lock key so
-    /// that the cluster's redirections are followed.
+    /// keys) for the holds of every slot it serves, the keys passed as arguments to the
+    /// renew script (flagged `allow-cross-slot-keys` on a cluster). A hold whose slot the
+    /// primary no longer serves (it moved, or is moving and its key went ahead) is sent
+    /// again on its own, routed by its lock key so that the cluster's redirections are
+    /// followed; a primary that does not answer leaves its holds undecided.
     ///
     /// # Errors
     /// Never as a whole: a primary that does not answer leaves its holds undecided.

@@ -5,6 +5,7 @@
 // (connections, wake-up subscriptions), `layout.rs` (key names), `queue.rs` (the waiter
 // queue), `operator.rs` (who holds and who waits, which names are held, breaking a hold);
 // and, for Redis alone, `connection/sentinel.rs` (finding the primary through Sentinels),
+// `connection/cluster.rs` (routing by hash slot on Redis Cluster),
 // `redlock.rs` (the RedLock quorum rounds) and `scripts/` (the Lua scripts).
 
 mod backend;
@@ -39,6 +40,6 @@ pub const SCHEMES: &[&str] = &[
     "rediss+cluster",
 ];
 
-/// A lock client on Redis (single server, Sentinel or RedLock): [`RedisBackend`] with the shared
+/// A lock client on Redis (single server, Sentinel, Cluster or RedLock): [`RedisBackend`] with the shared
 /// lease machinery of `lock-core`.
 pub type RedisLock = LeaseClient<RedisBackend>;

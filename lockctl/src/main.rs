@@ -52,7 +52,7 @@ Exit codes:
 )]
 struct Cli {
     /// Lock service URL: redis://, rediss://, redis+sentinel://, rediss+sentinel://,
-    /// redlock://, zk://, zks://, etcd://, etcds://, memory://, dual:OLD|NEW (default:
+    /// redis+cluster://, rediss+cluster://, redlock://, zk://, zks://, etcd://, etcds://, memory://, dual:OLD|NEW (default:
     /// $LOCK_URL; run, hold and try fall back to memory://, the other commands need a
     /// shared service).
     #[arg(long, global = true, env = "LOCK_URL", hide_env = true)]
