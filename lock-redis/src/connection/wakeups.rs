@@ -700,6 +700,18 @@ async fn sharded_session(
         return Broken::Stop;
     };
     drop(s);
+    // A node with no channel placed on it (any more: its slots moved, it failed over) is
+    // not connected to until one is. (The client is not kept alive meanwhile.)
+    loop {
+        match shared.upgrade() {
+            None => return Broken::Stop,
+            Some(s) if !s.channel_names(index).is_empty() => break,
+            Some(_) => {}
+        }
+        if commands.recv().await.is_none() {
+            return Broken::Stop;
+        }
+    }
     let (label, client) = match shards.pubsub_client(index) {
         Ok(found) => found,
         Err(err) => {
