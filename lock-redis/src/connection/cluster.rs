@@ -32,7 +32,7 @@ use crate::error;
 /// Hash slots of a Redis Cluster.
 pub(crate) const SLOTS: u16 = 16384;
 
-/// Redirections and retries one request follows at most (within its deadline).
+/// Redirections and failovers one request follows at most (within its deadline).
 const MAX_HOPS: u32 = 16;
 
 /// Pause before retrying after `TRYAGAIN`, `CLUSTERDOWN` or a failed primary.
@@ -395,10 +395,10 @@ impl Shards {
         F: Fn(MultiplexedConnection) -> Fut + Sync,
         Fut: Future<Output = redis::RedisResult<T>> + Send,
     {
+        // Redirections and failovers followed; `TRYAGAIN` is bounded by the deadline alone.
         let mut hops = 0;
         let mut asked: Option<Arc<Node>> = None;
         loop {
-            hops += 1;
             let version = self.version();
             let node = self.owner_of(slot, deadline).await?;
             let outcome = match asked.take() {
@@ -409,6 +409,7 @@ impl Shards {
                 Ok(value) => return Ok(value),
                 Err(Failure::Failed(err)) => {
                     // The primary may have failed over: go where the reloaded map says.
+                    hops += 1;
                     if hops >= MAX_HOPS || Instant::now() + RETRY_PAUSE >= deadline {
                         return Err(err);
                     }
@@ -423,17 +424,21 @@ impl Shards {
                 }
                 Err(Failure::Refused(err)) => err,
             };
-            if hops >= MAX_HOPS {
-                return Err(node.failed(what, err));
-            }
             match err.kind() {
+                ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+                    if hops + 1 >= MAX_HOPS =>
+                {
+                    return Err(node.failed(what, err));
+                }
                 ErrorKind::Server(ServerErrorKind::Moved) => {
+                    hops += 1;
                     let Some(addr) = redirect(&err) else {
                         return Err(node.failed(what, err));
                     };
                     self.moved(slot, &addr)?;
                 }
                 ErrorKind::Server(ServerErrorKind::Ask) => {
+                    hops += 1;
                     let Some(addr) = redirect(&err) else {
                         return Err(node.failed(what, err));
                     };
