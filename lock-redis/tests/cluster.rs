@@ -1,7 +1,7 @@
 //! Redis Cluster (`redis+cluster://`): the whole conformance suite on three primaries
 //! with a replica each, and what the suite cannot show: holds and waiters across shards,
 //! a failover while locks are held and contended, a slot moving while a lock is held and
-//! contended, renewal cost per shard, and bad seeds.
+//! contended, renewal cost per shard, replica-acknowledged grants, and bad seeds.
 
 mod common;
 
@@ -466,4 +466,42 @@ async fn bad_seeds_are_typed_errors() {
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_secs(1));
+}
+
+/// `wait_replicas=1` on a cluster: a grant waits for the slot's replica (`WAIT` on the
+/// slot primary's connection); with that replica paused the grant is given back and the
+/// acquire fails with a retryable `Unavailable`, leaving no key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_acknowledged_grants_wait_for_the_slots_replica() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    let mut config = factory.config(with_ttl(Duration::from_secs(5)));
+    config.wait_replicas = 1;
+    config.wait_timeout = Duration::from_millis(200);
+    let client = factory.make_with(config).await;
+    let acknowledged = name_on(&factory, "acked", 1).await;
+    let guard = client
+        .lock(acknowledged.as_str())
+        .await
+        .expect("acknowledged");
+    guard.release().await.expect("release");
+
+    factory
+        .cluster
+        .server(4)
+        .pause()
+        .expect("pause the replica of server 1");
+    let refused = name_on(&factory, "refused", 1).await;
+    let started = Instant::now();
+    let err = client
+        .try_lock(refused.as_str())
+        .await
+        .expect_err("no replica acknowledges");
+    let took = started.elapsed();
+    factory.cluster.server(4).resume().expect("resume");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(factory.leftovers(&[acknowledged, refused]).await.is_empty());
 }
