@@ -85,16 +85,26 @@ macro_rules! conformance_suite {
 /// [`chaos::ChaosTarget`]; each asserts what [`chaos::expectation`] promises for the
 /// target's topology and says loudly when a scenario does not apply. The tests follow
 /// the one list of scenarios, [`chaos_scenarios!`].
+///
+/// With `short: <`[`chaos::ShortRun`]`>` only some scenarios run in the short plan (`make
+/// test`), the others only in the long one (`CHAOS_LONG=1`, `make chaos`): see
+/// [`chaos::runs_now`].
 #[macro_export]
 macro_rules! chaos_suite {
-    ($target:expr) => {
-        $crate::chaos_scenarios!($crate::chaos_suite! { @scenarios $target; });
+    ($target:expr, short: $short:expr) => {
+        $crate::chaos_scenarios!($crate::chaos_suite! { @scenarios $target; $short; });
     };
-    (@scenarios $target:expr; $($scenario:ident),* $(,)?) => {
+    ($target:expr) => {
+        $crate::chaos_suite!($target, short: $crate::chaos::ShortRun::All);
+    };
+    (@scenarios $target:expr; $short:expr; $($scenario:ident),* $(,)?) => {
         $(
             #[doc = concat!("Fault scenario [`conformance::chaos::", stringify!($scenario), "`].")]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $scenario() {
+                if !$crate::chaos::runs_now(stringify!($scenario), $short) {
+                    return;
+                }
                 let Some(target) = $crate::factory::StartedFactory::started($target.await) else {
                     return;
                 };

@@ -19,11 +19,15 @@
 //! # }
 //! ```
 //!
+//! [`SourceRouter`] sits in front of several proxies and hands each connection to one of
+//! them by its source address, so that the traffic of one process (e.g. a replica that
+//! binds its outgoing connections to `127.0.0.2`) can be faulted apart from the rest.
+//!
 //! # Drop
 //! Dropping the proxy stops accepting and ends every connection task; open connections
 //! are closed.
 
-use std::net::{Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -425,4 +429,83 @@ fn random_share(max: Duration) -> Duration {
         return Duration::ZERO;
     }
     max.mul_f64(rand::rng().random_range(0.0..=1.0))
+}
+
+/// Listens on a free 127.0.0.1 port and passes every connection on, unchanged, to the
+/// address its source IP is routed to (or to a default): the faults are left to the
+/// [`FaultProxy`]s it routes to. See the [module docs](self).
+///
+/// # Drop
+/// As [`FaultProxy`]: stops accepting and closes every open connection.
+#[derive(Debug)]
+pub struct SourceRouter {
+    addr: SocketAddr,
+    accept_task: JoinHandle<()>,
+}
+
+impl SourceRouter {
+    /// Routes connections from each source IP of `routes` to its address, and the others
+    /// to `default`. Must be called inside a tokio runtime.
+    ///
+    /// # Errors
+    /// If the listening socket cannot be bound.
+    pub async fn start(
+        routes: Vec<(IpAddr, SocketAddr)>,
+        default: SocketAddr,
+    ) -> std::io::Result<Self> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).await?;
+        let addr = listener.local_addr()?;
+        let accept_task = tokio::spawn(async move {
+            let mut connections = JoinSet::new();
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => match accepted {
+                        Ok((client, peer)) => {
+                            let target = routes
+                                .iter()
+                                .find(|(source, _)| *source == peer.ip())
+                                .map_or(default, |(_, target)| *target);
+                            connections.spawn(splice(client, target));
+                        }
+                        Err(e) => {
+                            tracing::debug!(error = %e, "source router: accept failed");
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    },
+                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                }
+            }
+        });
+        Ok(Self { addr, accept_task })
+    }
+
+    /// The address clients connect to.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+}
+
+impl Drop for SourceRouter {
+    fn drop(&mut self) {
+        self.accept_task.abort();
+    }
+}
+
+/// Copies both ways between `client` and a new connection to `target` until either
+/// closes; an error on one side resets the other.
+async fn splice(mut client: TcpStream, target: SocketAddr) {
+    let upstream = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(target)).await;
+    let Ok(Ok(mut upstream)) = upstream else {
+        abort(&client);
+        return;
+    };
+    let _ = client.set_nodelay(true);
+    let _ = upstream.set_nodelay(true);
+    if tokio::io::copy_bidirectional(&mut client, &mut upstream)
+        .await
+        .is_err()
+    {
+        abort(&client);
+        abort(&upstream);
+    }
 }

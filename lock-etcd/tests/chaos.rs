@@ -6,11 +6,17 @@ mod common;
 /// Scenarios on a single member.
 mod single {
     use super::common::EtcdFactory;
-    conformance::chaos_suite!(async { EtcdFactory::start().await });
+    conformance::chaos_suite!(
+        async { EtcdFactory::start().await },
+        short: conformance::chaos::ShortRun::Except(conformance::chaos::FAILOVER_SCENARIOS)
+    );
 }
 
 /// Scenarios on a 3-member cluster.
 mod cluster {
     use super::common::EtcdFactory;
-    conformance::chaos_suite!(async { EtcdFactory::start_cluster().await });
+    conformance::chaos_suite!(
+        async { EtcdFactory::start_cluster().await },
+        short: conformance::chaos::ShortRun::Except(conformance::chaos::FAILOVER_SCENARIOS)
+    );
 }

@@ -1,5 +1,6 @@
-//! The fault scenarios on Redis: one server without persistence, and RedLock over five
-//! independent servers. Each asserts the guarantee `conformance::chaos::expectation`
+//! The fault scenarios on Redis: one server without persistence, RedLock over five
+//! independent servers, and a primary with two replicas behind three Sentinels (with and
+//! without `wait_replicas`). Each asserts the guarantee `conformance::chaos::expectation`
 //! states for the topology: where Redis cannot keep mutual exclusion (data loss, early
 //! expiry, RedLock nodes restarted at once), the fence must still turn the stale writer
 //! away and the lock must work again afterwards.
@@ -8,10 +9,38 @@ mod common;
 
 /// Scenarios on one server.
 mod single {
-    conformance::chaos_suite!(async { crate::common::RedisFactory::single().await });
+    conformance::chaos_suite!(
+        async { crate::common::RedisFactory::single().await },
+        short: conformance::chaos::ShortRun::Except(conformance::chaos::FAILOVER_SCENARIOS)
+    );
 }
 
 /// Scenarios on RedLock with five servers.
 mod redlock {
-    conformance::chaos_suite!(async { crate::common::RedisFactory::redlock(5).await });
+    conformance::chaos_suite!(
+        async { crate::common::RedisFactory::redlock(5).await },
+        short: conformance::chaos::ShortRun::Except(conformance::chaos::FAILOVER_SCENARIOS)
+    );
+}
+
+/// Scenarios on a primary with two replicas behind three Sentinels; the partition from
+/// the replicas and the split brain run in `make test` (`tests/sentinel.rs` kills the
+/// primary there too), the others in `make chaos`.
+mod sentinel {
+    conformance::chaos_suite!(
+        async { crate::common::SentinelFactory::chaos(0).await },
+        short: conformance::chaos::ShortRun::Only(&[
+            "primary_partitioned_from_replicas",
+            "sentinel_split_brain",
+        ])
+    );
+}
+
+/// The same deployment, with grants acknowledged by a replica (`wait_replicas=1`); the
+/// partition from the replicas runs in `make test`, the others in `make chaos`.
+mod sentinel_wait {
+    conformance::chaos_suite!(
+        async { crate::common::SentinelFactory::chaos(1).await },
+        short: conformance::chaos::ShortRun::Only(&["primary_partitioned_from_replicas"])
+    );
 }

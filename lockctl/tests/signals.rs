@@ -203,6 +203,8 @@ fn record(scenario: &str, outcome: &Outcome, url: &str) {
         takeover_ms: Some(outcome.holder_exited.as_secs_f64() * 1000.0),
         longest_gap_ms: None,
         recovery_ms: outcome.command_died.map(|d| d.as_secs_f64() * 1000.0),
+        promotion_ms: None,
+        lost_after_ms: None,
         seed: 0,
         notes: vec![format!("{:?}", summary(&outcome.lines))],
     });

@@ -4,7 +4,7 @@
 
 use crate::dual::Sides;
 
-use super::Topology::{self, Dual, InProcess, Independent, Quorum, Single};
+use super::Topology::{self, Dual, InProcess, Independent, Quorum, Replicated, Single};
 
 /// What a topology promises in a scenario.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,6 +69,13 @@ fn dual(
 const NO_SERVER: Expect = Expect::NotApplicable("no server process");
 const NO_NETWORK: Expect = Expect::NotApplicable("no network");
 const REDLOCK_ONLY: Expect = Expect::NotApplicable("RedLock only");
+const NEEDS_REPLICAS: Expect =
+    Expect::NotApplicable("needs primaries with replicas that watchers promote");
+/// Redis forgets everything on a restart without persistence, the replicated deployments
+/// too: their replicas restart empty and resynchronise from an empty primary.
+const FORGETS_ON_RESTART: &str =
+    "every Redis server (primary and replicas, without persistence) restarts at once and \
+     forgets its locks and fencing counters";
 
 /// `Safe`, except where there is no network to fault.
 fn needs_network(topology: &Topology) -> Expect {
@@ -82,6 +89,9 @@ fn needs_network(topology: &Topology) -> Expect {
 fn needs_members(topology: &Topology) -> Expect {
     match topology {
         Quorum { .. } | Independent { .. } => Expect::Safe,
+        Replicated { .. } => Expect::NotApplicable(
+            "members of a replicated deployment are not peers: see the primary's scenarios",
+        ),
         _ => Expect::NotApplicable("needs several servers"),
     }
 }
@@ -116,6 +126,11 @@ pub(super) fn long_network_delay(topology: &Topology) -> Expect {
 pub(super) fn stuck_server(topology: &Topology) -> Expect {
     match topology {
         InProcess => NO_SERVER,
+        Replicated { .. } => Expect::FencedOnly(
+            "stopped past the watchers' down-after, the primary may be failed over just as it \
+             resumes: it serves the clients still connected to it until the watchers demote \
+             it (seconds later), while the promoted replica serves the others",
+        ),
         _ => Expect::Safe,
     }
 }
@@ -126,6 +141,7 @@ pub(super) fn server_crash_restart(topology: &Topology) -> Expect {
         Single { durable: false } => Expect::FencedOnly(
             "single Redis without persistence forgets its locks (and fencing counters) on restart",
         ),
+        Replicated { .. } => Expect::FencedOnly(FORGETS_ON_RESTART),
         Independent { .. } => Expect::FencedOnly(
             "every RedLock node (without persistence) restarts at once, within the TTL: outside \
              RedLock's assumptions, a majority forgets the holder",
@@ -140,6 +156,7 @@ pub(super) fn server_restart_without_data(topology: &Topology) -> Expect {
         Single { durable: false } => Expect::FencedOnly(
             "a server that restarts with its data wiped forgets every lock it held",
         ),
+        Replicated { .. } => Expect::FencedOnly(FORGETS_ON_RESTART),
         Independent { .. } => {
             Expect::FencedOnly("every RedLock node restarted empty at once forgets the holder")
         }
@@ -205,7 +222,7 @@ pub(super) fn redlock_restart_delayed(topology: &Topology) -> Expect {
 
 pub(super) fn stale_counter_restore(topology: &Topology) -> Expect {
     match topology {
-        Single { durable: false } | Independent { .. } => Expect::FencedOnly(
+        Single { durable: false } | Independent { .. } | Replicated { .. } => Expect::FencedOnly(
             "restored from an older snapshot, the servers forget the holder; the fencing \
              token, never below the server clock, still rises past the holder's",
         ),
@@ -218,6 +235,11 @@ pub(super) fn stale_counter_restore(topology: &Topology) -> Expect {
 
 pub(super) fn nemesis(topology: &Topology) -> Expect {
     match topology {
+        Replicated { .. } => Expect::FencedOnly(
+            "the fault mix restarts the servers (Redis without persistence forgets its locks) \
+             and stops them past the watchers' down-after (a failover while the old primary \
+             still serves its clients)",
+        ),
         Single { durable: false } => Expect::FencedOnly(
             "the fault mix restarts the server, and Redis without persistence forgets its locks",
         ),
@@ -225,5 +247,45 @@ pub(super) fn nemesis(topology: &Topology) -> Expect {
             "the fault mix restarts nodes at once without data, outside RedLock's assumptions",
         ),
         _ => Expect::Safe,
+    }
+}
+
+pub(super) fn primary_killed_while_holding(topology: &Topology) -> Expect {
+    match topology {
+        Replicated { acked: 0, .. } => Expect::FencedOnly(
+            "replication is asynchronous: a grant or renewal the promoted replica had not \
+             received is lost, and another client can be granted the name while the old \
+             guard still vouches, until its next renewal finds the key gone",
+        ),
+        Replicated { .. } => Expect::FencedOnly(
+            "a grant waits for a replica's acknowledgement, its renewals do not: a renewal \
+             the promoted replica had not received lets the key expire there earlier than the \
+             guard says; and the watchers may promote a replica that had not acknowledged",
+        ),
+        _ => NEEDS_REPLICAS,
+    }
+}
+
+pub(super) fn primary_partitioned_from_replicas(topology: &Topology) -> Expect {
+    match topology {
+        Replicated { acked: 0, .. } => Expect::FencedOnly(
+            "a grant made while the replicas are cut off lives on the primary alone: the \
+             replica promoted when the primary dies grants the name again while the first \
+             guard still vouches",
+        ),
+        Replicated { .. } => Expect::Safe,
+        _ => NEEDS_REPLICAS,
+    }
+}
+
+pub(super) fn sentinel_split_brain(topology: &Topology) -> Expect {
+    match topology {
+        Replicated { .. } => Expect::FencedOnly(
+            "the old primary, cut off from the watchers and its replicas but not from its \
+             holder, goes on renewing the hold (renewals are never waited for) while the \
+             promoted replica grants the name to others; the holder learns only when the \
+             watchers demote the old primary after the partition heals",
+        ),
+        _ => NEEDS_REPLICAS,
     }
 }

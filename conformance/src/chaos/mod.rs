@@ -16,13 +16,16 @@
 //! Layout: [`topology`] (deployments, client links, [`ChaosTarget`]), `expect` (each
 //! scenario's promise per topology), `victim` (scenarios around one victim holder),
 //! `waiters` (scenarios around queued waiters: lost release replies, reset links, a
-//! crashed head), `scenarios` (the others with a choreography of their own), `nemesis`
+//! crashed head), `failover` (replicated deployments: a primary killed, cut off from its
+//! replicas, or split from the watchers), `scenarios` (the others with a choreography of
+//! their own), `nemesis`
 //! (the random fault mix), `workload` (contenders, recovery, crashes shared by all),
 //! `report` (what a run found and how the reliability report stores it).
 
 use std::time::Duration;
 
 mod expect;
+mod failover;
 mod nemesis;
 mod report;
 mod scenarios;
@@ -32,6 +35,9 @@ mod waiters;
 mod workload;
 
 pub use expect::Expect;
+pub use failover::{
+    primary_killed_while_holding, primary_partitioned_from_replicas, sentinel_split_brain,
+};
 pub use nemesis::nemesis;
 pub use report::{record_row, ReportRow, ScenarioReport};
 pub use scenarios::{
@@ -76,6 +82,9 @@ macro_rules! chaos_scenarios {
             redlock_restart_immediate,
             redlock_restart_delayed,
             stale_counter_restore,
+            primary_killed_while_holding,
+            primary_partitioned_from_replicas,
+            sentinel_split_brain,
             nemesis,
         }
     };
@@ -157,7 +166,7 @@ impl Plan {
     /// default 60, and `CHAOS_SEED`, default 1).
     pub fn from_env(ttl: Duration) -> Self {
         let var = |name: &str| std::env::var(name).ok().and_then(|v| v.parse::<u64>().ok());
-        if var("CHAOS_LONG") == Some(1) {
+        if long() {
             Plan::long(
                 ttl,
                 var("CHAOS_SECONDS").unwrap_or(60),
@@ -167,6 +176,50 @@ impl Plan {
             Plan::short(ttl)
         }
     }
+}
+
+fn long() -> bool {
+    std::env::var("CHAOS_LONG").is_ok_and(|v| v.trim() == "1")
+}
+
+/// Which scenarios of a [`chaos_suite!`](crate::chaos_suite) run in the short plan (`make
+/// test`); the long plan (`make chaos`) runs them all.
+#[derive(Debug, Clone, Copy)]
+pub enum ShortRun {
+    /// Every scenario.
+    All,
+    /// Only these.
+    Only(&'static [&'static str]),
+    /// All but these.
+    Except(&'static [&'static str]),
+}
+
+/// The scenarios of replicated deployments: not applicable elsewhere, so suites of other
+/// deployments leave them to the long plan ([`ShortRun::Except`]), where they record that
+/// they do not apply, rather than start servers for nothing in `make test`.
+pub const FAILOVER_SCENARIOS: &[&str] = &[
+    "primary_killed_while_holding",
+    "primary_partitioned_from_replicas",
+    "sentinel_split_brain",
+];
+
+/// Whether `scenario` runs now: always in the long plan (`CHAOS_LONG=1`), in the short
+/// one as `short` says. Says so when it does not.
+///
+/// # Panics
+/// If `short` names a scenario that is not in [`SCENARIOS`].
+pub fn runs_now(scenario: &str, short: ShortRun) -> bool {
+    let (ShortRun::Only(listed) | ShortRun::Except(listed)) = short else {
+        return true;
+    };
+    if let Some(unknown) = listed.iter().find(|s| !SCENARIOS.contains(s)) {
+        panic!("no fault scenario is called {unknown:?}");
+    }
+    let runs = long() || matches!(short, ShortRun::Only(_)) == listed.contains(&scenario);
+    if !runs {
+        eprintln!("[chaos] {scenario} runs on this deployment in `make chaos` only (CHAOS_LONG=1)");
+    }
+    runs
 }
 
 /// Runs `scenario` on `target` with [`Plan::from_env`] and asserts the topology's

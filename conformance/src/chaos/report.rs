@@ -34,6 +34,14 @@ pub struct ScenarioReport {
     /// Waiters that got no grant within their scenario's generous limit, described: a
     /// hang, whatever the topology promises (asserted empty).
     pub stalled_waiters: Vec<String>,
+    /// Fault → a replica promoted in the primary's place (failover scenarios).
+    pub promotion: Option<Duration>,
+    /// From the moment the victim could first learn its hold was gone (the promotion, or
+    /// the end of a partition) to its guard turning Lost.
+    pub lost_after: Option<Duration>,
+    /// Guards that should have turned Lost but had not within TTL plus a bound,
+    /// described (asserted empty).
+    pub lost_late: Vec<String>,
     /// Errors worth a look (not assertions).
     pub notes: Vec<String>,
 }
@@ -50,7 +58,7 @@ impl fmt::Display for ScenarioReport {
             f,
             "{} on {}: {} sections, {} writes accepted, counter {}, {} stale writes rejected, \
              {} overlaps, victim write accepted {:?}, victim lost {:?}, lost-signal lead {}, \
-             takeover {}, longest gap {}, recovery {}",
+             takeover {}, longest gap {}, recovery {}, promotion {}, lost after {}",
             self.scenario,
             self.target,
             self.fence.sections,
@@ -65,9 +73,14 @@ impl fmt::Display for ScenarioReport {
             ms(self.takeover),
             ms(self.fence.gaps.iter().max().copied()),
             ms(self.recovery),
+            ms(self.promotion),
+            ms(self.lost_after),
         )?;
         for stalled in &self.stalled_waiters {
             write!(f, "\n  stalled: {stalled}")?;
+        }
+        for late in &self.lost_late {
+            write!(f, "\n  lost late: {late}")?;
         }
         for note in &self.notes {
             write!(f, "\n  note: {note}")?;
@@ -95,6 +108,10 @@ impl ScenarioReport {
             }
         }
         assert!(self.stalled_waiters.is_empty(), "a waiter hung: {context}");
+        assert!(
+            self.lost_late.is_empty(),
+            "a lost hold was not reported Lost in time: {context}"
+        );
         assert!(
             self.recovery.is_some(),
             "the lock was stuck after the faults healed: {context}"
@@ -131,6 +148,12 @@ pub struct ReportRow {
     pub longest_gap_ms: Option<f64>,
     /// Time for a fresh client to get the lock after the faults healed, ms.
     pub recovery_ms: Option<f64>,
+    /// Fault → a replica promoted in the primary's place, ms.
+    #[serde(default)]
+    pub promotion_ms: Option<f64>,
+    /// The victim could first learn its hold was gone → its guard turned Lost, ms.
+    #[serde(default)]
+    pub lost_after_ms: Option<f64>,
     /// Nemesis seed.
     pub seed: u64,
     /// Notes.
@@ -162,10 +185,13 @@ pub(super) fn record(
             .and_then(|r| r.fence.gaps.iter().max().copied())
             .map(ms),
         recovery_ms: report.and_then(|r| r.recovery).map(ms),
+        promotion_ms: report.and_then(|r| r.promotion).map(ms),
+        lost_after_ms: report.and_then(|r| r.lost_after).map(ms),
         seed: plan.seed,
         notes: report.map_or_else(Vec::new, |r| {
             let stalled = r.stalled_waiters.iter().map(|s| format!("stalled: {s}"));
-            stalled.chain(r.notes.iter().cloned()).collect()
+            let late = r.lost_late.iter().map(|s| format!("lost late: {s}"));
+            stalled.chain(late).chain(r.notes.iter().cloned()).collect()
         }),
     };
     record_row(&row);

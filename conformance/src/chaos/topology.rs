@@ -4,10 +4,11 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::memory::MemoryLock;
-use lock_core::{DistributedLock, LockOptions};
+use lock_core::{DistributedLock, LockName, LockOptions};
 
 use crate::dual::Sides;
 use crate::factory::{Crash, Factory};
@@ -35,6 +36,18 @@ pub enum Topology {
         /// before the holder's lease (a residue clients cannot close).
         reported_activity: bool,
     },
+    /// Primaries with asynchronous replicas, failed over by watchers that promote a
+    /// replica when a primary is unreachable (Redis behind Sentinel: one shard; Redis
+    /// Cluster: several, each a primary with its replicas, the cluster bus as watcher).
+    Replicated {
+        /// Shards, each a primary with its replicas (1 behind Sentinel).
+        shards: usize,
+        /// Replicas of each primary.
+        replicas: usize,
+        /// Replicas that must acknowledge a grant before it is returned
+        /// (`wait_replicas`); 0: grants are returned unacknowledged.
+        acked: u32,
+    },
     /// Independent nodes with client-side quorum (RedLock).
     Independent {
         /// Number of nodes.
@@ -60,6 +73,8 @@ pub enum Link {
     Memory(Arc<MemoryLock>),
     /// A client whose connections pass through fault proxies (one per server).
     Proxies(Arc<Vec<FaultProxy>>),
+    /// Several links faulted as one.
+    All(Vec<Link>),
 }
 
 impl fmt::Debug for Link {
@@ -67,6 +82,7 @@ impl fmt::Debug for Link {
         match self {
             Link::Memory(_) => f.write_str("Link::Memory"),
             Link::Proxies(p) => write!(f, "Link::Proxies({})", p.len()),
+            Link::All(links) => f.debug_tuple("Link::All").field(links).finish(),
         }
     }
 }
@@ -93,6 +109,7 @@ impl Link {
             Link::Proxies(proxies) => proxies
                 .iter()
                 .for_each(|p| p.set_mode(ProxyMode::Blackhole)),
+            Link::All(links) => links.iter().for_each(Link::cut),
         }
     }
 
@@ -101,6 +118,7 @@ impl Link {
         match self {
             Link::Memory(client) => client.backend().partition(false),
             Link::Proxies(proxies) => proxies.iter().for_each(|p| p.set_mode(ProxyMode::Pass)),
+            Link::All(links) => links.iter().for_each(Link::heal),
         }
     }
 
@@ -112,6 +130,7 @@ impl Link {
                 proxies.iter().for_each(|p| p.set_mode(mode));
                 true
             }
+            Link::All(links) => links.iter().all(|l| l.set_mode(mode)),
         }
     }
 }
@@ -138,6 +157,33 @@ pub trait ChaosTarget: Factory {
 
     /// Index of the current leader in [`ChaosTarget::servers`], for consensus clusters.
     async fn leader(&self) -> Option<usize> {
+        None
+    }
+
+    /// Index in [`ChaosTarget::servers`] of the primary that takes the writes of `name`
+    /// now, in replicated deployments (its shard's primary in a cluster).
+    async fn primary(&self, _name: &LockName) -> Option<usize> {
+        None
+    }
+
+    /// Waits up to `limit` until a server other than `old` is promoted to take `old`'s
+    /// writes (a failover), and returns its index.
+    async fn promoted(&self, _old: usize, _limit: Duration) -> Option<usize> {
+        None
+    }
+
+    /// The links of primary `primary` to its replicas: cut, the primary keeps serving its
+    /// clients and its watchers see it, but nothing it writes reaches a replica.
+    fn replication_link(&self, _primary: usize) -> Option<Link> {
+        None
+    }
+
+    /// Every path to primary `primary` except the links of clients made by
+    /// [`ChaosTarget::linked_client`] before the cut: cut, the watchers and replicas lose
+    /// it (and promote a replica) and clients that find the primary through the watchers
+    /// follow the promotion, while those linked clients still reach the old primary (a
+    /// split brain).
+    fn isolation_link(&self, _primary: usize) -> Option<Link> {
         None
     }
 

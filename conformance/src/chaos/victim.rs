@@ -5,10 +5,12 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_core::{DistributedLock, DistributedLockExt, LockState, LostReason};
+use lock_core::{DistributedLock, DistributedLockExt, LockState};
 use tokio::time::{sleep, Instant};
 
-use super::workload::{contend, crash_members, first_other_start, options, recover, signed_ms};
+use super::workload::{
+    contend, crash_members, first_other_start, options, recover, signed_ms, watch_lost,
+};
 use super::{ChaosTarget, Link, Plan, ScenarioReport};
 use crate::fence::FencedResource;
 use crate::proxy::ProxyMode;
@@ -64,18 +66,7 @@ async fn victim_scenario(
         .begin(guard.fencing_token())
         .expect("the first token is never stale");
     let seen = section.read();
-    let lost_at: Arc<Mutex<Option<(Instant, LostReason)>>> = Arc::default();
-    let lost_task = {
-        let mut watch = guard.watch();
-        let lost_at = Arc::clone(&lost_at);
-        tokio::spawn(async move {
-            let reason = watch.lost().await;
-            // The guard stopped vouching for the lock at its validity deadline, even if
-            // the signal was delivered a little later by a busy scheduler.
-            let at = Instant::now().min(watch.valid_until());
-            *lost_at.lock().expect("lost") = Some((at, reason));
-        })
-    };
+    let (lost_at, lost_task) = watch_lost(&guard);
     let mut contenders = Vec::new();
     for _ in 0..plan.contenders {
         contenders.push(target.client(options(plan.ttl)).await);
@@ -163,6 +154,9 @@ async fn victim_scenario(
         takeover: takeover.map(|at| at.saturating_duration_since(fault_at)),
         recovery,
         stalled_waiters: Vec::new(),
+        promotion: None,
+        lost_after: None,
+        lost_late: Vec::new(),
         notes,
     }
 }

@@ -5,7 +5,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::{AcquireOptions, DistributedLock, DistributedLockExt, LockName, LockOptions};
+use lock_core::{
+    AcquireOptions, DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions,
+    LostReason,
+};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::{ChaosTarget, Plan, ScenarioReport, ServerControl};
@@ -31,11 +36,28 @@ pub(super) async fn contend(
     until: Instant,
     notes: Arc<Mutex<Vec<String>>>,
 ) {
+    let (_fixed, until) = watch::channel(until);
+    contend_until(clients, name, resource, until, notes).await;
+}
+
+/// [`contend`] until the deadline `until` holds when a contender looks (a scenario may
+/// move it once it knows how long its fault took).
+pub(super) async fn contend_until(
+    clients: Vec<Arc<dyn DistributedLock>>,
+    name: LockName,
+    resource: FencedResource,
+    until: watch::Receiver<Instant>,
+    notes: Arc<Mutex<Vec<String>>>,
+) {
     let tasks = clients.into_iter().map(|client| {
         let (name, resource, notes) = (name.clone(), resource.clone(), Arc::clone(&notes));
+        let until = until.clone();
         tokio::spawn(async move {
-            while Instant::now() < until {
-                let left = until.saturating_duration_since(Instant::now());
+            loop {
+                let left = until.borrow().saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    break;
+                }
                 let acquired = client
                     .acquire(
                         &name,
@@ -69,6 +91,26 @@ pub(super) async fn contend(
                 .push(format!("contender panicked: {err}"));
         }
     }
+}
+
+/// When a victim's guard stopped vouching, and why; set by [`watch_lost`].
+pub(super) type LostAt = Arc<Mutex<Option<(Instant, LostReason)>>>;
+
+/// Watches `guard` until it is lost: the instant it stopped vouching for the lock (its
+/// validity deadline, if the signal came later from a busy scheduler) and the reason.
+/// Abort the task once the victim is done.
+pub(super) fn watch_lost(guard: &LockGuard) -> (LostAt, JoinHandle<()>) {
+    let lost_at: LostAt = Arc::default();
+    let mut watch = guard.watch();
+    let task = {
+        let lost_at = Arc::clone(&lost_at);
+        tokio::spawn(async move {
+            let reason = watch.lost().await;
+            let at = Instant::now().min(watch.valid_until());
+            *lost_at.lock().expect("lost") = Some((at, reason));
+        })
+    };
+    (lost_at, task)
 }
 
 pub(super) async fn crash_members(
@@ -153,6 +195,9 @@ pub(super) fn report(
         takeover: None,
         recovery,
         stalled_waiters: Vec::new(),
+        promotion: None,
+        lost_after: None,
+        lost_late: Vec::new(),
         notes,
     }
 }

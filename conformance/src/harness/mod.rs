@@ -73,7 +73,7 @@ pub use ports::{free_port, free_ports};
 pub(crate) use process::find_binary;
 pub use redis::{Redis, RedisNodes, RedisOptions, RedisServer};
 pub use redis_cluster::{RedisCluster, SlotMove};
-pub use sentinel::{RedisSentinel, Sentinel, SentinelOptions};
+pub use sentinel::{Front, RedisSentinel, Sentinel, SentinelOptions};
 #[doc(hidden)]
 pub use server::{Member, Prepared};
 pub use server::{Server, ServerControl, ServerKind};

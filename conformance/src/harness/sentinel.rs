@@ -7,8 +7,9 @@
 //! (`SENTINEL CKQUORUM`); every wait is bounded. Detection and failover are short
 //! ([`SentinelOptions`]) so that a failover takes a few seconds in tests.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -20,6 +21,7 @@ use super::process::{find_binary, LaunchSpec};
 use super::redis::{RedisOptions, RedisServer};
 use super::server::{loopback, Member, Prepared, ServerKind};
 use super::{wait_for_leader, write_file, HarnessError, DEFAULT_READY_TIMEOUT};
+use crate::proxy::{FaultProxy, SourceRouter};
 
 const HINT: &str = "apt-get install redis-server (Sentinel runs as `redis-server --sentinel`)";
 
@@ -46,6 +48,11 @@ pub struct SentinelOptions {
     /// Bound on the readiness wait of each process and of the whole deployment.
     /// Default: [`DEFAULT_READY_TIMEOUT`].
     pub ready_timeout: Duration,
+    /// Put the first primary behind fault proxies ([`Front`]) that the Sentinels, the
+    /// replicas and the clients that ask the Sentinels go through, so that it can be cut
+    /// off from its replicas alone, or from everyone but clients with a path of their own.
+    /// Default: off.
+    pub partitionable: bool,
     /// The primary the Sentinels monitor (set by [`RedisSentinel`]).
     #[doc(hidden)]
     pub primary: Option<SocketAddr>,
@@ -61,6 +68,7 @@ impl Default for SentinelOptions {
             failover_timeout: Duration::from_secs(3),
             redis: RedisOptions::default(),
             ready_timeout: DEFAULT_READY_TIMEOUT,
+            partitionable: false,
             primary: None,
         }
     }
@@ -70,6 +78,12 @@ impl SentinelOptions {
     /// Sets [`replicas`](Self::replicas).
     pub fn replicas(mut self, n: usize) -> Self {
         self.replicas = n;
+        self
+    }
+
+    /// Sets [`partitionable`](Self::partitionable).
+    pub fn partitionable(mut self, on: bool) -> Self {
+        self.partitionable = on;
         self
     }
 
@@ -173,12 +187,62 @@ fn sentinel_config(
     )
 }
 
+/// The source address the replicas of a [`partitionable`](SentinelOptions::partitionable)
+/// deployment bind their connections to (`bind-source-addr`), so that [`Front`] tells
+/// replication from the rest.
+const REPLICA_SOURCE: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 2);
+
+/// The way in to the first primary of a [`partitionable`](SentinelOptions::partitionable)
+/// deployment: one address (the one the Sentinels monitor, the replicas follow and the
+/// clients are told), whose connections go through [`replication`](Self::replication)
+/// when they come from a replica and through [`others`](Self::others) otherwise.
+///
+/// Sentinel re-points a replica that follows another address than the one it monitors
+/// (`+fix-slave-config`), so replication cannot go through a proxy of its own: both share
+/// the address and are told apart by their source.
+#[derive(Debug)]
+pub struct Front {
+    router: SourceRouter,
+    /// What the replicas' links to the primary go through.
+    pub replication: Arc<Vec<FaultProxy>>,
+    /// What everything else (Sentinels, clients) goes through.
+    pub others: Arc<Vec<FaultProxy>>,
+}
+
+impl Front {
+    async fn start(primary: SocketAddr, label: &str) -> Result<Self, HarnessError> {
+        let proxy = || async {
+            FaultProxy::start(primary)
+                .await
+                .map_err(|e| HarnessError::io(label, "start a fault proxy", e))
+        };
+        let (replication, others) = (proxy().await?, proxy().await?);
+        let router = SourceRouter::start(
+            vec![(IpAddr::V4(REPLICA_SOURCE), replication.addr())],
+            others.addr(),
+        )
+        .await
+        .map_err(|e| HarnessError::io(label, "start a source router", e))?;
+        Ok(Self {
+            router,
+            replication: Arc::new(vec![replication]),
+            others: Arc::new(vec![others]),
+        })
+    }
+
+    /// The address in front of the primary.
+    pub fn addr(&self) -> SocketAddr {
+        self.router.addr()
+    }
+}
+
 /// A primary with replicas behind Sentinels, on loopback. Data server 0 is the primary
 /// at start; after a failover [`primary`](Self::primary) says which one is. Every process
 /// is killed on drop.
 #[derive(Debug)]
 pub struct RedisSentinel {
     servers: Vec<RedisServer>,
+    front: Option<Front>,
     sentinels: Cluster<Sentinel>,
     options: SentinelOptions,
 }
@@ -200,16 +264,26 @@ impl RedisSentinel {
     pub async fn start_with(mut options: SentinelOptions) -> Result<Self, HarnessError> {
         let started = Instant::now();
         let primary = RedisServer::start_with(options.redis.clone()).await?;
-        let follow = format!("replicaof {} {}", primary.addr().ip(), primary.port());
+        let front = if options.partitionable {
+            Some(Front::start(primary.addr(), &primary.url()).await?)
+        } else {
+            None
+        };
+        let entry = front.as_ref().map_or(primary.addr(), Front::addr);
+        let follow = format!("replicaof {} {}", entry.ip(), entry.port());
         let mut servers = vec![primary];
         for _ in 0..options.replicas {
-            let replica = options.redis.clone().config_line(follow.clone());
+            let mut replica = options.redis.clone().config_line(follow.clone());
+            if front.is_some() {
+                replica = replica.config_line(format!("bind-source-addr {REPLICA_SOURCE}"));
+            }
             servers.push(RedisServer::start_with(replica).await?);
         }
-        options.primary = Some(servers[0].addr());
+        options.primary = Some(entry);
         let sentinels = Cluster::<Sentinel>::start_with(options.clone()).await?;
         let deployment = Self {
             servers,
+            front,
             sentinels,
             options,
         };
@@ -233,6 +307,20 @@ impl RedisSentinel {
     /// If there is no such server.
     pub fn server(&self, i: usize) -> &RedisServer {
         &self.servers[i]
+    }
+
+    /// The way in to the first primary, when the deployment is
+    /// [`partitionable`](SentinelOptions::partitionable).
+    pub fn front(&self) -> Option<&Front> {
+        self.front.as_ref()
+    }
+
+    /// The data server at `addr`, its own or its [`Front`]'s.
+    fn index_of(&self, addr: SocketAddr) -> Option<usize> {
+        if self.front.as_ref().is_some_and(|f| f.addr() == addr) {
+            return Some(0);
+        }
+        self.servers.iter().position(|s| s.addr() == addr)
     }
 
     /// The Sentinels.
@@ -306,14 +394,10 @@ impl RedisSentinel {
                 detail: format!("no majority of Sentinels names one primary: {named:?}"),
             });
         };
-        let index = self
-            .servers
-            .iter()
-            .position(|s| s.addr() == *addr)
-            .ok_or_else(|| HarnessError::Cluster {
-                cluster: cluster.to_owned(),
-                detail: format!("the Sentinels name {addr}, which is no server of ours"),
-            })?;
+        let index = self.index_of(*addr).ok_or_else(|| HarnessError::Cluster {
+            cluster: cluster.to_owned(),
+            detail: format!("the Sentinels name {addr}, which is no server of ours"),
+        })?;
         if self.role(index).await.as_deref() != Some("master") {
             return Err(HarnessError::Cluster {
                 cluster: cluster.to_owned(),

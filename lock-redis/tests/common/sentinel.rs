@@ -1,11 +1,13 @@
 //! A conformance [`Factory`] over Redis behind Sentinel: a primary, two replicas and three
-//! Sentinels (`redis+sentinel://`).
+//! Sentinels (`redis+sentinel://`), also a [`ChaosTarget`] for the fault scenarios.
 
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use conformance::chaos::Link;
-use conformance::harness::{or_skip, Cluster, RedisSentinel, Sentinel};
+use std::time::Duration;
+
+use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
+use conformance::harness::{or_skip, Cluster, RedisSentinel, Sentinel, SentinelOptions};
 use conformance::{connect_patiently, Crash, Factory};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
@@ -20,17 +22,31 @@ pub(crate) struct SentinelFactory {
     /// What crashable clients go through: a proxy in front of the primary and a Sentinel
     /// of their own that names it, kept as long as the factory.
     crashable: Mutex<Vec<(Link, Cluster<Sentinel>)>>,
+    /// `wait_replicas` of every client.
+    wait_replicas: u32,
 }
 
 impl SentinelFactory {
     /// A factory over a fresh deployment; `None` (after a loud notice) when redis-server is
     /// not installed and strict mode is off.
     pub(crate) async fn start() -> Option<Self> {
+        Self::start_with(SentinelOptions::default(), 0).await
+    }
+
+    /// A factory for the fault scenarios: the first primary behind fault proxies (see
+    /// `SentinelOptions::partitionable`), clients that wait for `wait_replicas` replicas.
+    pub(crate) async fn chaos(wait_replicas: u32) -> Option<Self> {
+        let options = SentinelOptions::default().partitionable(true);
+        Self::start_with(options, wait_replicas).await
+    }
+
+    async fn start_with(options: SentinelOptions, wait_replicas: u32) -> Option<Self> {
         lock_core::raw::register::<lock_redis::RedisBackend>();
-        let deployment = or_skip(RedisSentinel::start().await)?;
+        let deployment = or_skip(RedisSentinel::start_with(options).await)?;
         Some(SentinelFactory {
             deployment,
             crashable: Mutex::new(Vec::new()),
+            wait_replicas,
         })
     }
 
@@ -47,6 +63,7 @@ impl SentinelFactory {
             .collect();
         let mut config = RedisConfig::sentinel(nodes, self.deployment.master_name());
         config.options = options;
+        config.wait_replicas = self.wait_replicas;
         config
     }
 
@@ -86,18 +103,7 @@ impl Factory for SentinelFactory {
         &self,
         options: LockOptions,
     ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
-        let primary = self.deployment.primary().await.expect("a primary");
-        let (link, addrs) = Link::proxied(&[self.deployment.server(primary).addr()]).await;
-        let own = self
-            .deployment
-            .own_sentinel(addrs[0])
-            .await
-            .expect("a Sentinel of the crashable client's own");
-        let client = self.make_with(self.config(&own, options)).await;
-        self.crashable
-            .lock()
-            .expect("crashable")
-            .push((link.clone(), own));
+        let (client, link) = self.linked_client(options).await;
         (client, Box::new(link))
     }
 
@@ -112,5 +118,64 @@ impl Factory for SentinelFactory {
 
     async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
         leftovers_on(vec![self.raw_primary().await], names).await
+    }
+}
+
+/// A linked client reaches the primary of the moment through a fault proxy, named by a
+/// Sentinel of its own that follows the others' failovers (it learns them from their
+/// gossip) but never starts one.
+#[async_trait]
+impl ChaosTarget for SentinelFactory {
+    fn topology(&self) -> Topology {
+        Topology::Replicated {
+            shards: 1,
+            replicas: self.deployment.servers().len() - 1,
+            acked: self.wait_replicas,
+        }
+    }
+
+    async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
+        let primary = self.deployment.primary().await.expect("a primary");
+        let (link, addrs) = Link::proxied(&[self.deployment.server(primary).addr()]).await;
+        let own = self
+            .deployment
+            .own_sentinel(addrs[0])
+            .await
+            .expect("a Sentinel of the linked client's own");
+        let client = self.make_with(self.config(&own, options)).await;
+        self.crashable
+            .lock()
+            .expect("crashable")
+            .push((link.clone(), own));
+        (client, link)
+    }
+
+    fn servers(&self) -> Vec<&dyn ServerControl> {
+        self.deployment
+            .servers()
+            .iter()
+            .map(|s| s as &dyn ServerControl)
+            .collect()
+    }
+
+    async fn primary(&self, _name: &LockName) -> Option<usize> {
+        self.deployment.primary().await.ok()
+    }
+
+    async fn promoted(&self, old: usize, limit: Duration) -> Option<usize> {
+        self.deployment.wait_for_new_primary(old, limit).await.ok()
+    }
+
+    fn replication_link(&self, primary: usize) -> Option<Link> {
+        let front = self.deployment.front().filter(|_| primary == 0)?;
+        Some(Link::Proxies(Arc::clone(&front.replication)))
+    }
+
+    fn isolation_link(&self, primary: usize) -> Option<Link> {
+        let front = self.deployment.front().filter(|_| primary == 0)?;
+        Some(Link::All(vec![
+            Link::Proxies(Arc::clone(&front.others)),
+            Link::Proxies(Arc::clone(&front.replication)),
+        ]))
     }
 }

@@ -313,7 +313,12 @@ impl ZkFactory {
 #[async_trait]
 impl Factory for ZkFactory {
     fn label(&self) -> String {
-        format!("zookeeper {}", self.servers.hosts().join(","))
+        let kind = if self.tls.is_some() {
+            "zookeeper-tls"
+        } else {
+            "zookeeper"
+        };
+        format!("{kind} {}", self.servers.hosts().join(","))
     }
 
     fn url(&self) -> String {
