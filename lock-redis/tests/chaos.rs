@@ -1,6 +1,6 @@
 //! The fault scenarios on Redis: one server without persistence, RedLock over five
-//! independent servers, and a primary with two replicas behind three Sentinels (with and
-//! without `wait_replicas`). Each asserts the guarantee `conformance::chaos::expectation`
+//! independent servers, a primary with two replicas behind three Sentinels (with and
+//! without `wait_replicas`), and a cluster of three primaries with a replica each. Each asserts the guarantee `conformance::chaos::expectation`
 //! states for the topology: where Redis cannot keep mutual exclusion (data loss, early
 //! expiry, RedLock nodes restarted at once), the fence must still turn the stale writer
 //! away and the lock must work again afterwards.
@@ -43,4 +43,34 @@ mod sentinel_wait {
         async { crate::common::SentinelFactory::chaos(1).await },
         short: conformance::chaos::ShortRun::Only(&["primary_partitioned_from_replicas"])
     );
+}
+
+/// Scenarios on a cluster of three primaries with a replica each, those that need no
+/// linked client (see `ClusterFactory`'s `ChaosTarget`): a slot moved while held in `make
+/// test` (`tests/cluster.rs` kills a primary there), the primary killed in `make chaos`.
+mod cluster {
+    use conformance::chaos::{check, runs_now, ShortRun};
+
+    use crate::common::ClusterFactory;
+
+    /// Runs `scenario` on a fresh cluster, in `make test` only if it is the slot move.
+    async fn on_a_cluster(scenario: &str) {
+        if runs_now(scenario, ShortRun::Only(&["slot_migration_while_held"])) {
+            if let Some(target) = ClusterFactory::start().await {
+                check(scenario, &target).await;
+            }
+        }
+    }
+
+    /// Fault scenario [`conformance::chaos::primary_killed_while_holding`].
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn primary_killed_while_holding() {
+        on_a_cluster("primary_killed_while_holding").await;
+    }
+
+    /// Fault scenario [`conformance::chaos::slot_migration_while_held`].
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn slot_migration_while_held() {
+        on_a_cluster("slot_migration_while_held").await;
+    }
 }

@@ -289,3 +289,11 @@ pub(super) fn sentinel_split_brain(topology: &Topology) -> Expect {
         _ => NEEDS_REPLICAS,
     }
 }
+
+pub(super) fn slot_migration_while_held(topology: &Topology) -> Expect {
+    match topology {
+        Replicated { shards: 2.., .. } => Expect::Safe,
+        Replicated { .. } => Expect::NotApplicable("one shard: no slot to move"),
+        _ => Expect::NotApplicable("needs a sharded cluster"),
+    }
+}

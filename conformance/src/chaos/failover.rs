@@ -2,7 +2,8 @@
 //! is lost and replication is asynchronous: the primary killed while a victim holds the
 //! lock, the primary cut off from its replicas before a grant and then killed, and a
 //! split brain in which the old primary keeps serving the victim while a replica is
-//! promoted for everyone else.
+//! promoted for everyone else; and on a sharded cluster, the slot of a held and contended
+//! lock moved to another primary.
 //!
 //! The victim holds the lock with a TTL above the failover time
 //! ([`OUTLIVES_FAILOVER`]): a hold the promoted replica lacks is then still vouched for
@@ -157,6 +158,7 @@ impl Contention {
 /// promotion, restart the old primary (it rejoins as a replica).
 async fn kill_and_promote(
     target: &dyn ChaosTarget,
+    name: &LockName,
     primary: usize,
     notes: &Notes,
 ) -> (Instant, Option<Duration>) {
@@ -165,7 +167,7 @@ async fn kill_and_promote(
     if let Err(err) = servers[primary].kill9().await {
         note(notes, format!("kill {}: {err}", servers[primary].label()));
     }
-    let promotion = promote(target, primary, killed_at, notes).await;
+    let promotion = promote(target, name, primary, killed_at, notes).await;
     if let Err(err) = servers[primary].restart().await {
         note(
             notes,
@@ -178,11 +180,12 @@ async fn kill_and_promote(
 /// Waits for a replica to take over from `primary`; the time since `fault_at`.
 async fn promote(
     target: &dyn ChaosTarget,
+    name: &LockName,
     primary: usize,
     fault_at: Instant,
     notes: &Notes,
 ) -> Option<Duration> {
-    match target.promoted(primary, PROMOTION_LIMIT).await {
+    match target.promoted(name, primary, PROMOTION_LIMIT).await {
         Some(promoted) => {
             let took = fault_at.elapsed();
             note(
@@ -226,6 +229,16 @@ impl<'a> Run<'a> {
         Victim::acquire(client, &self.name, &self.resource).await
     }
 
+    /// A victim of a plain client holding the lock, and contenders waiting for it.
+    async fn held_and_contended(&self) -> (Victim, Contention) {
+        let client = self.target.client(options(self.ttl)).await;
+        let victim = self
+            .victim(&*client)
+            .await
+            .expect("the victim acquires a free lock");
+        (victim, self.contention().await)
+    }
+
     async fn contention(&self) -> Contention {
         let (target, ttl, plan) = (self.target, self.ttl, self.plan);
         let contention =
@@ -240,6 +253,17 @@ impl<'a> Run<'a> {
             super::workload::report(self.scenario, self.target, &resource, None, Vec::new());
         report.promotion = promotion;
         report
+    }
+
+    /// The victim's state once a renewal after the `fault` has surely been answered.
+    async fn after_a_renewal(&self, victim: &Victim, fault: &str) -> LockState {
+        sleep(self.ttl / 3 + RENEWAL_SLACK).await;
+        let state = victim.guard.state();
+        note(
+            &self.notes,
+            format!("the victim's hold after the {fault}: {state:?}"),
+        );
+        state
     }
 
     /// The victim must turn Lost within `limit` of `known_at` (when it could first learn
@@ -299,24 +323,13 @@ pub async fn primary_killed_while_holding(
 ) -> Option<ScenarioReport> {
     let run = Run::new(scenario, target, plan);
     let primary = target.primary(&run.name).await?;
-    let client = target.client(options(run.ttl)).await;
-    let victim = run
-        .victim(&*client)
-        .await
-        .expect("the victim acquires a free lock");
-    let contention = run.contention().await;
-    let (fault_at, promotion) = kill_and_promote(target, primary, &run.notes).await;
+    let (victim, contention) = run.held_and_contended().await;
+    let (fault_at, promotion) = kill_and_promote(target, &run.name, primary, &run.notes).await;
     let mut report = run.report(promotion);
     // The victim's next renewal reaches the new primary: Held if its key is there, Lost
     // (the key is gone or another's) otherwise.
     let known_at = fault_at + promotion.unwrap_or(PROMOTION_LIMIT);
-    sleep(run.ttl / 3 + RENEWAL_SLACK).await;
-    let state = victim.guard.state();
-    note(
-        &run.notes,
-        format!("the victim's hold after the failover: {state:?}"),
-    );
-    if state != LockState::Held {
+    if run.after_a_renewal(&victim, "failover").await != LockState::Held {
         run.lost_by(&victim, known_at, run.ttl + LOST_SLACK, &mut report)
             .await;
     }
@@ -354,7 +367,7 @@ pub async fn primary_partitioned_from_replicas(
         &run.notes,
         format!("{granted} sections began during the cut"),
     );
-    let (fault_at, promotion) = kill_and_promote(target, primary, &run.notes).await;
+    let (fault_at, promotion) = kill_and_promote(target, &run.name, primary, &run.notes).await;
     link.heal();
     let mut report = run.report(promotion);
     if let Some(victim) = &victim {
@@ -387,7 +400,7 @@ pub async fn sentinel_split_brain(
     let contention = run.contention().await;
     let fault_at = Instant::now();
     isolation.cut();
-    let promotion = promote(target, primary, fault_at, &run.notes).await;
+    let promotion = promote(target, &run.name, primary, fault_at, &run.notes).await;
     let mut report = run.report(promotion);
     // Both primaries grant: the contenders on the new one once the victim's key expired
     // there (its renewals stopped reaching the replica at the cut), while the old one
@@ -408,5 +421,34 @@ pub async fn sentinel_split_brain(
         &mut report,
     )
     .await;
+    Some(run.end(Some(victim), contention, fault_at, report).await)
+}
+
+/// The hash slot of the victim's lock moves to another primary while the victim holds it
+/// and contenders wait: marked migrating, its keys moved (the lock key, its fencing
+/// counter and queue share the slot), then handed over, a third of the TTL apart, so
+/// that renewals and attempts meet each step (`ASK`, then `MOVED`). A move is not a
+/// failover: nothing is lost, the victim stays Held throughout, and the next holder is
+/// granted only after its release.
+pub async fn slot_migration_while_held(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> Option<ScenarioReport> {
+    let run = Run::new(scenario, target, plan);
+    let (victim, contention) = run.held_and_contended().await;
+    let fault_at = Instant::now();
+    match target.migrate(&run.name, run.ttl / 3).await? {
+        Ok(moved) => note(&run.notes, moved),
+        Err(err) => note(&run.notes, format!("the move failed: {err}")),
+    }
+    // A renewal after the hand-over goes where MOVED sends it.
+    let mut report = run.report(None);
+    let state = run.after_a_renewal(&victim, "move").await;
+    if state != LockState::Held {
+        report.lost_late.push(format!(
+            "a slot move is no failover, yet the victim's hold is {state:?}"
+        ));
+    }
     Some(run.end(Some(victim), contention, fault_at, report).await)
 }

@@ -37,6 +37,7 @@ mod workload;
 pub use expect::Expect;
 pub use failover::{
     primary_killed_while_holding, primary_partitioned_from_replicas, sentinel_split_brain,
+    slot_migration_while_held,
 };
 pub use nemesis::nemesis;
 pub use report::{record_row, ReportRow, ScenarioReport};
@@ -85,6 +86,7 @@ macro_rules! chaos_scenarios {
             primary_killed_while_holding,
             primary_partitioned_from_replicas,
             sentinel_split_brain,
+            slot_migration_while_held,
             nemesis,
         }
     };
@@ -194,13 +196,14 @@ pub enum ShortRun {
     Except(&'static [&'static str]),
 }
 
-/// The scenarios of replicated deployments: not applicable elsewhere, so suites of other
+/// The scenarios of replicated deployments (and sharded ones): not applicable elsewhere, so suites of other
 /// deployments leave them to the long plan ([`ShortRun::Except`]), where they record that
 /// they do not apply, rather than start servers for nothing in `make test`.
 pub const FAILOVER_SCENARIOS: &[&str] = &[
     "primary_killed_while_holding",
     "primary_partitioned_from_replicas",
     "sentinel_split_brain",
+    "slot_migration_while_held",
 ];
 
 /// Whether `scenario` runs now: always in the long plan (`CHAOS_LONG=1`), in the short

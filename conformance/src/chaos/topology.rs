@@ -166,9 +166,17 @@ pub trait ChaosTarget: Factory {
         None
     }
 
-    /// Waits up to `limit` until a server other than `old` is promoted to take `old`'s
-    /// writes (a failover), and returns its index.
-    async fn promoted(&self, _old: usize, _limit: Duration) -> Option<usize> {
+    /// Waits up to `limit` until a server other than `old` is promoted to take the writes
+    /// of `name` from `old` (a failover), and returns its index.
+    async fn promoted(&self, _name: &LockName, _old: usize, _limit: Duration) -> Option<usize> {
+        None
+    }
+
+    /// Moves the hash slot of `name` to another primary step by step, `pause` apart: the
+    /// slot marked migrating (clients asked to follow `ASK` for keys already moved), its
+    /// keys moved, then the slot handed over (`MOVED`). What was moved where, or what
+    /// failed; `None` where the deployment has no slots to move.
+    async fn migrate(&self, _name: &LockName, _pause: Duration) -> Option<Result<String, String>> {
         None
     }
 

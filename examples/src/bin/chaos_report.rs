@@ -18,6 +18,7 @@ const DEPLOYMENTS: &[&str] = &[
     "redlock-5",
     "sentinel",
     "sentinel+wait",
+    "cluster",
     "zookeeper",
     "zookeeper-tls",
     "zookeeper-3",

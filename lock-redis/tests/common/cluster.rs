@@ -1,10 +1,12 @@
 //! A conformance [`Factory`] over Redis Cluster (`redis+cluster://`): three primaries with
-//! a replica each.
+//! a replica each; also a [`ChaosTarget`] for the scenarios that need no linked client.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use async_trait::async_trait;
+use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use conformance::harness::{or_skip, RedisCluster};
 use conformance::{connect_patiently, Crash, Factory};
 use lock_core::{DistributedLock, LockName, LockOptions};
@@ -160,5 +162,62 @@ impl Factory for ClusterFactory {
             left.extend(leftovers_on(vec![conn], std::slice::from_ref(name)).await);
         }
         left
+    }
+}
+
+/// The failover scenarios that make their clients with `client` run on a cluster; a
+/// linked client (one whose network a scenario faults) has no fault proxy here, since
+/// every node sends its clients on (`MOVED`, `ASK`) to the addresses the nodes announce.
+#[async_trait]
+impl ChaosTarget for ClusterFactory {
+    fn topology(&self) -> Topology {
+        Topology::Replicated {
+            shards: 3,
+            replicas: 1,
+            acked: 0,
+        }
+    }
+
+    /// # Panics
+    /// Always: see the impl's doc.
+    async fn linked_client(&self, _options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
+        panic!("a Redis Cluster client follows the nodes' own addresses: no fault proxy");
+    }
+
+    fn servers(&self) -> Vec<&dyn ServerControl> {
+        self.cluster
+            .servers()
+            .iter()
+            .map(|s| s as &dyn ServerControl)
+            .collect()
+    }
+
+    async fn primary(&self, name: &LockName) -> Option<usize> {
+        let key = KeyLayout::new(DEFAULT_PREFIX).lock_key(name);
+        self.cluster.owner_of_key(&key).await.ok()
+    }
+
+    async fn promoted(&self, name: &LockName, old: usize, limit: Duration) -> Option<usize> {
+        let key = KeyLayout::new(DEFAULT_PREFIX).lock_key(name);
+        let slot = self.cluster.slot_of(&key).await.ok()?;
+        self.cluster.wait_for_new_owner(slot, old, limit).await.ok()
+    }
+
+    async fn migrate(&self, name: &LockName, pause: Duration) -> Option<Result<String, String>> {
+        let key = KeyLayout::new(DEFAULT_PREFIX).lock_key(name);
+        let moved = async {
+            let slot = self.cluster.slot_of(&key).await?;
+            let from = self.cluster.owner_of(slot).await?;
+            let to = (from + 1) % 3;
+            let moving = self.cluster.begin_move(slot, to).await?;
+            tokio::time::sleep(pause).await;
+            let keys = self.cluster.move_keys(&moving).await?;
+            tokio::time::sleep(pause).await;
+            self.cluster.finish_move(&moving).await?;
+            Ok::<_, conformance::harness::HarnessError>(format!(
+                "slot {slot} moved from server {from} to server {to} with {keys} keys"
+            ))
+        };
+        Some(moved.await.map_err(|e| e.to_string()))
     }
 }

@@ -162,7 +162,7 @@ impl ChaosTarget for SentinelFactory {
         self.deployment.primary().await.ok()
     }
 
-    async fn promoted(&self, old: usize, limit: Duration) -> Option<usize> {
+    async fn promoted(&self, _name: &LockName, old: usize, limit: Duration) -> Option<usize> {
         self.deployment.wait_for_new_primary(old, limit).await.ok()
     }
 
