@@ -86,7 +86,7 @@ macro_rules! conformance_suite {
 /// target's topology and says loudly when a scenario does not apply. The tests follow
 /// the one list of scenarios, [`chaos_scenarios!`].
 ///
-/// With `short: <`[`chaos::ShortRun`]`>` only some scenarios run in the short plan (`make
+/// With `short:` a [`chaos::ShortRun`], only some scenarios run in the short plan (`make
 /// test`), the others only in the long one (`CHAOS_LONG=1`, `make chaos`): see
 /// [`chaos::runs_now`].
 #[macro_export]
