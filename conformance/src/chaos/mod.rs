@@ -44,7 +44,7 @@ pub use report::{record_row, ReportRow, ScenarioReport};
 pub use scenarios::{
     acquire_reply_delayed, cancellation_under_faults, majority_loss, stale_counter_restore,
 };
-pub use topology::{ChaosTarget, Link, ServerControl, Topology};
+pub use topology::{ChaosTarget, Link, ServerControl, Switch, Topology};
 pub use victim::{
     early_key_expiry, follower_partition, holder_partitioned, holder_paused_beyond_ttl,
     long_network_delay, member_crash, redlock_restart_delayed, redlock_restart_immediate,

@@ -73,8 +73,20 @@ pub enum Link {
     Memory(Arc<MemoryLock>),
     /// A client whose connections pass through fault proxies (one per server).
     Proxies(Arc<Vec<FaultProxy>>),
+    /// A client whose link the deployment itself cuts and heals, where no proxy can stand
+    /// in its path: e.g. by locking its user out of every server, which closes its
+    /// connections and refuses new ones (a [`ProxyMode::Reset`] rather than silence), and
+    /// cannot delay or drop a reply.
+    Switched(Arc<dyn Switch>),
     /// Several links faulted as one.
     All(Vec<Link>),
+}
+
+/// Cuts and heals a [`Link::Switched`]. Called on the runtime: must not block (apply the
+/// change in a task of its own, in order).
+pub trait Switch: Send + Sync {
+    /// Cuts the link (`true`) or heals it (`false`).
+    fn set(&self, cut: bool);
 }
 
 impl fmt::Debug for Link {
@@ -82,6 +94,7 @@ impl fmt::Debug for Link {
         match self {
             Link::Memory(_) => f.write_str("Link::Memory"),
             Link::Proxies(p) => write!(f, "Link::Proxies({})", p.len()),
+            Link::Switched(_) => f.write_str("Link::Switched"),
             Link::All(links) => f.debug_tuple("Link::All").field(links).finish(),
         }
     }
@@ -109,6 +122,7 @@ impl Link {
             Link::Proxies(proxies) => proxies
                 .iter()
                 .for_each(|p| p.set_mode(ProxyMode::Blackhole)),
+            Link::Switched(switch) => switch.set(true),
             Link::All(links) => links.iter().for_each(Link::cut),
         }
     }
@@ -118,14 +132,23 @@ impl Link {
         match self {
             Link::Memory(client) => client.backend().partition(false),
             Link::Proxies(proxies) => proxies.iter().for_each(|p| p.set_mode(ProxyMode::Pass)),
+            Link::Switched(switch) => switch.set(false),
             Link::All(links) => links.iter().for_each(Link::heal),
         }
     }
 
-    /// Sets a proxy mode on every proxy; `false` for in-process links, which have none.
+    /// Sets a proxy mode on every proxy; `false` for in-process links, which have none, and
+    /// for switched links unless the mode is [`ProxyMode::Reset`] (their cut).
     pub fn set_mode(&self, mode: ProxyMode) -> bool {
         match self {
             Link::Memory(_) => false,
+            Link::Switched(switch) => {
+                let reset = mode == ProxyMode::Reset;
+                if reset {
+                    switch.set(true);
+                }
+                reset
+            }
             Link::Proxies(proxies) => {
                 proxies.iter().for_each(|p| p.set_mode(mode));
                 true

@@ -155,7 +155,8 @@ impl ServerKind for Redis {
 }
 
 impl Server<Redis> {
-    /// Like [`restart`](Self::restart), but deletes the data dir's contents in between.
+    /// Like [`restart`](Self::restart), but deletes the data dir's contents in between
+    /// (a cluster node keeps its configuration, see [`CLUSTER_CONFIG`]).
     ///
     /// # Errors
     /// If the data cannot be deleted or the server does not come back.
@@ -256,7 +257,17 @@ fn config(port: u16, data_dir: &Path, options: &RedisOptions) -> String {
     conf
 }
 
-/// Copies the files and directories under `from` into `to` (created if missing).
+/// A cluster node's own configuration (its id, epoch, peers), kept beside its data: not
+/// data, so neither wiped nor snapshotted. A node restarted without data rejoins its
+/// cluster as itself, empty.
+const CLUSTER_CONFIG: &str = "nodes.conf";
+
+/// Whether `path` in a data dir is data (see [`CLUSTER_CONFIG`]).
+fn is_data(path: &Path) -> bool {
+    path.file_name() != Some(std::ffi::OsStr::new(CLUSTER_CONFIG))
+}
+
+/// Copies the data files and directories under `from` into `to` (created if missing).
 fn copy_dir(label: &str, from: &Path, to: &Path) -> Result<(), HarnessError> {
     create_dir(label, to)?;
     let entries = std::fs::read_dir(from)
@@ -265,7 +276,7 @@ fn copy_dir(label: &str, from: &Path, to: &Path) -> Result<(), HarnessError> {
         let path = entry
             .map_err(|e| HarnessError::io(label, format!("list {}", from.display()), e))?
             .path();
-        let Some(name) = path.file_name() else {
+        let Some(name) = path.file_name().filter(|_| is_data(&path)) else {
             continue;
         };
         let dest = to.join(name);
@@ -286,6 +297,9 @@ fn wipe(label: &str, data_dir: &Path) -> Result<(), HarnessError> {
         let path = entry
             .map_err(|e| HarnessError::io(label, "list data dir", e))?
             .path();
+        if !is_data(&path) {
+            continue;
+        }
         let removed = if path.is_dir() {
             std::fs::remove_dir_all(&path)
         } else {

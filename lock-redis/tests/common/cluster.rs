@@ -1,17 +1,18 @@
 //! A conformance [`Factory`] over Redis Cluster (`redis+cluster://`): three primaries with
-//! a replica each; also a [`ChaosTarget`] for the scenarios that need no linked client.
+//! a replica each; also a [`ChaosTarget`] whose linked clients are cut off by ACL.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
+use conformance::chaos::{ChaosTarget, Link, ServerControl, Switch, Topology};
 use conformance::harness::{or_skip, RedisCluster};
 use conformance::{connect_patiently, Crash, Factory};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
+use tokio::sync::watch;
 
 use super::{leftovers_on, raw};
 
@@ -19,8 +20,10 @@ use super::{leftovers_on, raw};
 pub(crate) struct ClusterFactory {
     /// The servers (killed on drop).
     pub(crate) cluster: Arc<RedisCluster>,
-    /// Crashable clients made so far (each has an ACL user of its own).
-    crashable: AtomicUsize,
+    /// Clients with an ACL user of their own made so far (crashable or linked).
+    users: AtomicUsize,
+    /// The links of linked clients, kept as long as the factory.
+    links: Mutex<Vec<Link>>,
 }
 
 impl ClusterFactory {
@@ -31,7 +34,8 @@ impl ClusterFactory {
         let cluster = or_skip(RedisCluster::start().await)?;
         Some(ClusterFactory {
             cluster: Arc::new(cluster),
-            crashable: AtomicUsize::new(0),
+            users: AtomicUsize::new(0),
+            links: Mutex::new(Vec::new()),
         })
     }
 
@@ -64,21 +68,76 @@ impl ClusterFactory {
         raw(self.cluster.server(owner).addr()).await
     }
 
-    /// Runs `args` on every running server (for ACL users, which each node keeps alone).
-    async fn on_every_node(&self, args: &[&str]) {
-        for server in self.cluster.servers().iter().filter(|s| s.is_running()) {
-            let mut conn = raw(server.addr()).await;
-            let mut cmd = redis::cmd(args[0]);
-            for arg in &args[1..] {
-                cmd.arg(*arg);
+    /// Which primaries the cluster failed over since it formed (servers 0, 1, 2 serve
+    /// slots 0, 5462 and 10924 first).
+    pub(crate) async fn failed_over(&self) -> String {
+        let mut moved = Vec::new();
+        for (first, slot) in [0, 5462, 10924].into_iter().enumerate() {
+            match self.cluster.owner_of(slot).await {
+                Ok(owner) if owner == first => {}
+                Ok(owner) => moved.push(format!("slot {slot}: server {first} -> {owner}")),
+                Err(err) => moved.push(format!("slot {slot}: {err}")),
             }
-            let _: redis::Value = cmd.query_async(&mut conn).await.expect("ACL command");
         }
+        if moved.is_empty() {
+            "no failover".to_owned()
+        } else {
+            format!("failed over: {}", moved.join(", "))
+        }
+    }
+
+    /// A client with an ACL user of its own on every node (each node keeps its users
+    /// alone), and the user's name.
+    async fn client_of_its_own(&self, options: LockOptions) -> (Arc<RedisLock>, String) {
+        let user = format!("linked{}", self.users.fetch_add(1, Ordering::Relaxed));
+        let failed = lock_out(&self.cluster, &user, false).await;
+        assert!(failed.is_empty(), "create {user}: {failed:?}");
+        let mut config = self.config(options);
+        config.username = Some(user.clone());
+        config.password = Some("secret".to_owned());
+        (self.make_with(config).await, user)
     }
 }
 
-/// A client cut off by disabling its ACL user on every node and killing its connections:
-/// it cannot reconnect, so it sends nothing that arrives.
+/// Bound on each ACL change at one node (a paused node is skipped).
+const ACL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Locks ACL user `user` out of every running node (`ACL SETUSER off`, then `CLIENT KILL
+/// USER`: its client cannot reconnect, so nothing it sends arrives) or, with `out` false,
+/// lets it in again (recreated where a node restarted without it). What failed, by node.
+async fn lock_out(cluster: &RedisCluster, user: &str, out: bool) -> Vec<String> {
+    let mut failed = Vec::new();
+    for server in cluster.servers().iter().filter(|s| s.is_running()) {
+        let change = async {
+            let mut conn = redis::Client::open(format!("redis://{}", server.addr()))?
+                .get_multiplexed_async_connection()
+                .await?;
+            let mut setuser = redis::cmd("ACL");
+            setuser.arg("SETUSER").arg(user);
+            if out {
+                setuser.arg("off");
+            } else {
+                setuser.arg(&["on", ">secret", "~*", "&*", "+@all"]);
+            }
+            let () = setuser.query_async(&mut conn).await?;
+            if out {
+                let _: i64 = redis::cmd("CLIENT")
+                    .arg(&["KILL", "USER", user])
+                    .query_async(&mut conn)
+                    .await?;
+            }
+            Ok::<_, redis::RedisError>(())
+        };
+        match tokio::time::timeout(ACL_TIMEOUT, change).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => failed.push(format!("{}: {err}", server.addr())),
+            Err(_) => failed.push(format!("{}: no answer in {ACL_TIMEOUT:?}", server.addr())),
+        }
+    }
+    failed
+}
+
+/// A client cut off for good by [`lock_out`].
 struct AclCrash {
     cluster: Arc<RedisCluster>,
     user: String,
@@ -87,23 +146,36 @@ struct AclCrash {
 #[async_trait]
 impl Crash for AclCrash {
     async fn crash(&self) {
-        for server in self.cluster.servers().iter().filter(|s| s.is_running()) {
-            let mut conn = raw(server.addr()).await;
-            let _: () = redis::cmd("ACL")
-                .arg("SETUSER")
-                .arg(&self.user)
-                .arg("off")
-                .query_async(&mut conn)
-                .await
-                .expect("ACL SETUSER off");
-            let _: i64 = redis::cmd("CLIENT")
-                .arg("KILL")
-                .arg("USER")
-                .arg(&self.user)
-                .query_async(&mut conn)
-                .await
-                .expect("CLIENT KILL USER");
-        }
+        let failed = lock_out(&self.cluster, &self.user, true).await;
+        assert!(failed.is_empty(), "lock out {}: {failed:?}", self.user);
+    }
+}
+
+/// The link of a client with an ACL user of its own, cut and healed by [`lock_out`] in a
+/// task of its own that applies the latest wish (a cut takes a few milliseconds).
+struct AclSwitch {
+    wish: watch::Sender<bool>,
+}
+
+impl AclSwitch {
+    fn spawn(cluster: Arc<RedisCluster>, user: String) -> Self {
+        let (wish, mut wished) = watch::channel(false);
+        tokio::spawn(async move {
+            while wished.changed().await.is_ok() {
+                let out = *wished.borrow_and_update();
+                let failed = lock_out(&cluster, &user, out).await;
+                if !failed.is_empty() {
+                    eprintln!("[chaos] lock {user} out ({out}): {failed:?}");
+                }
+            }
+        });
+        AclSwitch { wish }
+    }
+}
+
+impl Switch for AclSwitch {
+    fn set(&self, cut: bool) {
+        self.wish.send_replace(cut);
     }
 }
 
@@ -125,18 +197,7 @@ impl Factory for ClusterFactory {
         &self,
         options: LockOptions,
     ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
-        let user = format!(
-            "crashable{}",
-            self.crashable.fetch_add(1, Ordering::Relaxed)
-        );
-        self.on_every_node(&[
-            "ACL", "SETUSER", &user, "on", ">secret", "~*", "&*", "+@all",
-        ])
-        .await;
-        let mut config = self.config(options);
-        config.username = Some(user.clone());
-        config.password = Some("secret".to_owned());
-        let client = self.make_with(config).await;
+        let (client, user) = self.client_of_its_own(options).await;
         let crash = AclCrash {
             cluster: Arc::clone(&self.cluster),
             user,
@@ -165,9 +226,10 @@ impl Factory for ClusterFactory {
     }
 }
 
-/// The failover scenarios that make their clients with `client` run on a cluster; a
-/// linked client (one whose network a scenario faults) has no fault proxy here, since
-/// every node sends its clients on (`MOVED`, `ASK`) to the addresses the nodes announce.
+/// A linked client has an ACL user of its own, which its link locks out of every node
+/// ([`AclSwitch`]): no fault proxy can stand in a cluster client's path, since every node
+/// sends its clients on (`MOVED`, `ASK`) to the addresses the nodes announce. So the link
+/// can be cut, not delayed or reset.
 #[async_trait]
 impl ChaosTarget for ClusterFactory {
     fn topology(&self) -> Topology {
@@ -178,10 +240,11 @@ impl ChaosTarget for ClusterFactory {
         }
     }
 
-    /// # Panics
-    /// Always: see the impl's doc.
-    async fn linked_client(&self, _options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
-        panic!("a Redis Cluster client follows the nodes' own addresses: no fault proxy");
+    async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
+        let (client, user) = self.client_of_its_own(options).await;
+        let link = Link::Switched(Arc::new(AclSwitch::spawn(Arc::clone(&self.cluster), user)));
+        self.links.lock().expect("links").push(link.clone());
+        (client, link)
     }
 
     fn servers(&self) -> Vec<&dyn ServerControl> {
