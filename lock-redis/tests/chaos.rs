@@ -48,9 +48,9 @@ mod sentinel_wait {
 /// Scenarios on a cluster of three primaries with a replica each: those that act on
 /// servers and keys, and those whose linked client needs only to be cut off or reset (see
 /// `ClusterFactory`'s `ChaosTarget`: no proxy stands in a cluster client's path, so the
-/// scenarios that delay a link or drop a reply, and the nemesis that does both, do not run
-/// here; nor does a waiter's long reset: a client locked out gets an authentication error
-/// on reconnect, which it takes as final, not as an outage to wait out). A slot moved while
+/// scenarios that delay a link or drop a reply do not run here, and the nemesis skips its
+/// delays; nor does a waiter's long reset run: a client locked out gets an authentication
+/// error on reconnect, which it takes as final, not as an outage to wait out). A slot moved while
 /// held and a partitioned holder run in `make test` (`tests/cluster.rs` kills a primary
 /// there), the others in `make chaos`.
 mod cluster {
@@ -133,5 +133,6 @@ mod cluster {
         stale_counter_restore,
         primary_killed_while_holding,
         slot_migration_while_held,
+        nemesis,
     );
 }

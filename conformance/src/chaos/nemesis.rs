@@ -55,17 +55,28 @@ pub async fn nemesis(
                 link.heal();
             }
             1 => {
-                faults.push(format!("delay {:?} for {hold:?}", plan.ttl / 2));
-                link.set_mode(ProxyMode::Delay {
+                let delayed = link.set_mode(ProxyMode::Delay {
                     base: plan.ttl / 2,
                     jitter: plan.ttl / 10,
                 });
-                sleep(hold).await;
-                link.heal();
+                if delayed {
+                    faults.push(format!("delay {:?} for {hold:?}", plan.ttl / 2));
+                    sleep(hold).await;
+                    link.heal();
+                } else {
+                    faults.push("no delay (the link cannot)".into());
+                }
             }
             2 => {
-                faults.push("reset".into());
-                link.set_mode(ProxyMode::Reset);
+                let reset = link.set_mode(ProxyMode::Reset);
+                faults.push(
+                    if reset {
+                        "reset"
+                    } else {
+                        "no reset (the link cannot)"
+                    }
+                    .into(),
+                );
                 link.heal();
             }
             3 => {

@@ -12,7 +12,7 @@ use conformance::{connect_patiently, Crash, Factory};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
-use tokio::sync::watch;
+use tokio::sync::mpsc;
 
 use super::{leftovers_on, raw};
 
@@ -152,17 +152,17 @@ impl Crash for AclCrash {
 }
 
 /// The link of a client with an ACL user of its own, cut and healed by [`lock_out`] in a
-/// task of its own that applies the latest wish (a cut takes a few milliseconds).
+/// task of its own that applies every change in order (a cut takes a few milliseconds; a
+/// cut healed at once still kills the client's connections, as a reset does).
 struct AclSwitch {
-    wish: watch::Sender<bool>,
+    wish: mpsc::UnboundedSender<bool>,
 }
 
 impl AclSwitch {
     fn spawn(cluster: Arc<RedisCluster>, user: String) -> Self {
-        let (wish, mut wished) = watch::channel(false);
+        let (wish, mut wished) = mpsc::unbounded_channel();
         tokio::spawn(async move {
-            while wished.changed().await.is_ok() {
-                let out = *wished.borrow_and_update();
+            while let Some(out) = wished.recv().await {
                 let failed = lock_out(&cluster, &user, out).await;
                 if !failed.is_empty() {
                     eprintln!("[chaos] lock {user} out ({out}): {failed:?}");
@@ -175,7 +175,8 @@ impl AclSwitch {
 
 impl Switch for AclSwitch {
     fn set(&self, cut: bool) {
-        self.wish.send_replace(cut);
+        // Fails only once the task is gone, with its runtime.
+        let _ = self.wish.send(cut);
     }
 }
 
