@@ -395,6 +395,82 @@ async fn a_slot_moves_while_held_and_contended() {
     await_shard_channels(&factory, 1, &lock, 0).await;
 }
 
+/// A held and contended name is released and asked for while its slot is being migrated:
+/// once before any key moved (the source serves it) and once after all its keys moved
+/// (ASK to the target). Each release answers at once (not after the migration ends),
+/// each try-lock of the still held name answers promptly, and the waiter is granted
+/// once the move is complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn releases_in_a_migrating_slot_answer_at_once() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(3);
+    let holder = factory.make(with_ttl(ttl)).await;
+    let other = factory.make(with_ttl(ttl)).await;
+    let waiter = factory.make(with_ttl(ttl)).await;
+    for (phase, keys_moved) in [("before the keys move", false), ("after", true)] {
+        let lock = name_on(&factory, "migrating", 0).await;
+        let guard = holder.lock(lock.as_str()).await.expect("hold");
+        let token = guard.fencing_token();
+        let waiting = {
+            let (waiter, lock) = (Arc::clone(&waiter), lock.clone());
+            tokio::spawn(
+                async move { lock_patiently(&*waiter, &lock, Duration::from_secs(30)).await },
+            )
+        };
+        await_shard_channels(&factory, 0, &lock, 1).await;
+        let slot = factory.cluster.slot_of(&key(&lock)).await.expect("slot");
+        let moving = factory.cluster.begin_move(slot, 1).await.expect("begin");
+        if keys_moved {
+            factory
+                .cluster
+                .move_keys(&moving)
+                .await
+                .expect("move the keys");
+        }
+        let started = Instant::now();
+        let busy = timeout(Duration::from_secs(2), other.try_lock(lock.as_str()))
+            .await
+            .unwrap_or_else(|_| panic!("{phase}: a try-lock of a held name answers"));
+        assert!(
+            matches!(busy, Ok(None)),
+            "{phase}: held elsewhere: {busy:?}"
+        );
+        timeout(Duration::from_secs(2), guard.release())
+            .await
+            .unwrap_or_else(|_| panic!("{phase}: the release answers within 2 s"))
+            .unwrap_or_else(|err| panic!("{phase}: released: {err}"));
+        let took = started.elapsed();
+        if !keys_moved {
+            factory
+                .cluster
+                .move_keys(&moving)
+                .await
+                .expect("move the keys");
+        }
+        factory
+            .cluster
+            .finish_move(&moving)
+            .await
+            .expect("finish the move");
+        let next = timeout(Duration::from_secs(15), waiting)
+            .await
+            .expect("the waiter is granted after the move")
+            .expect("waiter task");
+        assert!(
+            next.fencing_token() > token,
+            "{phase}: tokens never go back"
+        );
+        println!("migrating slot, {phase}: try-lock and release took {took:?}");
+        next.release().await.expect("release");
+        assert!(factory
+            .leftovers(std::slice::from_ref(&lock))
+            .await
+            .is_empty());
+    }
+}
+
 /// 1,000 holds of one client spread over the three primaries are renewed with one script
 /// call per primary per renewal interval (`INFO commandstats` on each primary), not one
 /// per hold or per slot.
