@@ -14,10 +14,10 @@ use std::time::Duration;
 
 use lock_core::raw::{lock_unpoisoned, Backoff};
 use lock_core::{Error, Result};
-use redis::aio::MultiplexedConnection;
+use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{
     AsyncConnectionConfig, ConnectionAddr, FromRedisValue, IntoConnectionInfo, ProtocolVersion,
-    RedisConnectionInfo, ScriptInvocation, TlsCertificates,
+    RedisConnectionInfo, RedisFuture, ScriptInvocation, TlsCertificates, Value,
 };
 use tokio::time::{timeout_at, Instant};
 
@@ -115,6 +115,58 @@ impl Target {
             Target::Server(client) => Ok((**client).clone()),
             Target::Primary(sentinels) => sentinels.primary(deadline).await,
         }
+    }
+}
+
+/// A node's connection as a request sees it: its commands go as they are or, after a
+/// cluster's `ASK` redirection, each behind an `ASKING` in one pipeline, written as one
+/// block on the node's shared multiplexed connection so that nothing comes between them
+/// (a script reloaded on `NOSCRIPT` goes the same way: `SCRIPT LOAD`, then the script
+/// again after `ASKING`).
+#[derive(Clone)]
+pub(crate) struct Conn {
+    inner: MultiplexedConnection,
+    asking: bool,
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a redis::Cmd) -> RedisFuture<'a, Value> {
+        if !self.asking {
+            return self.inner.req_packed_command(cmd);
+        }
+        Box::pin(async move {
+            let mut pipe = redis::pipe();
+            pipe.cmd("ASKING").ignore().add_command(cmd.clone());
+            let mut replies = self.inner.req_packed_commands(&pipe, 1, 1).await?;
+            match replies.pop() {
+                Some(reply) => reply.extract_error(),
+                None => Err(redis::RedisError::from((
+                    redis::ErrorKind::Client,
+                    "no reply after ASKING",
+                ))),
+            }
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        if !self.asking {
+            return self.inner.req_packed_commands(pipeline, offset, count);
+        }
+        Box::pin(async {
+            Err(redis::RedisError::from((
+                redis::ErrorKind::Client,
+                "a pipeline is not sent after ASK",
+            )))
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
     }
 }
 
@@ -309,10 +361,10 @@ impl Node {
     async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, send: F) -> Result<T>
     where
         T: Send,
-        F: Fn(MultiplexedConnection) -> Fut + Sync,
+        F: Fn(Conn) -> Fut + Sync,
         Fut: Future<Output = redis::RedisResult<T>> + Send,
     {
-        match self.call_raw(what, deadline, &send).await {
+        match self.call_raw(what, deadline, &send, false).await {
             Ok(value) => Ok(value),
             Err(Failure::Failed(err)) => Err(err),
             Err(Failure::Refused(err)) => Err(self.failed(what, err)),
@@ -321,23 +373,33 @@ impl Node {
 
     /// As [`Node::call`], but a reply that refuses the request (an error reply that leaves
     /// the connection usable: a cluster redirection, `TRYAGAIN`, a script error) comes
-    /// back as it is, for the caller to act on.
+    /// back as it is, for the caller to act on. With `asking`, each command goes behind
+    /// an `ASKING` (see [`Conn`]): a cluster redirection to a node importing the slot.
     pub(crate) async fn call_raw<T, F, Fut>(
         &self,
         what: &str,
         deadline: Instant,
         send: &F,
+        asking: bool,
     ) -> std::result::Result<T, Failure>
     where
         T: Send,
-        F: Fn(MultiplexedConnection) -> Fut + Sync,
+        F: Fn(Conn) -> Fut + Sync,
         Fut: Future<Output = redis::RedisResult<T>> + Send,
     {
         let started = Instant::now();
         let mut retried = false;
         loop {
             let (generation, conn) = self.connection(deadline).await?;
-            match timeout_at(deadline, send(conn)).await {
+            match timeout_at(
+                deadline,
+                send(Conn {
+                    inner: conn,
+                    asking,
+                }),
+            )
+            .await
+            {
                 Ok(Ok(value)) => return Ok(value),
                 Ok(Err(err)) => {
                     if error::breaks_connection(&err) {
@@ -359,39 +421,6 @@ impl Node {
                     ));
                 }
             }
-        }
-    }
-
-    /// Sends `ASKING` and then the request on a connection of its own (so that nothing
-    /// else comes between them), within the deadline: a cluster redirection to a node
-    /// that is importing the slot.
-    pub(crate) async fn asking<T, F, Fut>(
-        &self,
-        what: &str,
-        deadline: Instant,
-        send: &F,
-    ) -> std::result::Result<T, Failure>
-    where
-        T: Send,
-        F: Fn(MultiplexedConnection) -> Fut + Sync,
-        Fut: Future<Output = redis::RedisResult<T>> + Send,
-    {
-        let attempt = async {
-            let mut conn = self.open(deadline).await?;
-            redis::cmd("ASKING")
-                .query_async::<()>(&mut conn)
-                .await
-                .map_err(|err| self.failed("ASKING", err))?;
-            Ok::<_, Error>(send(conn).await)
-        };
-        match timeout_at(deadline, attempt).await {
-            Ok(Ok(Ok(value))) => Ok(value),
-            Ok(Ok(Err(err))) if error::breaks_connection(&err) => {
-                Err(Failure::Failed(self.failed(what, err)))
-            }
-            Ok(Ok(Err(err))) => Err(Failure::Refused(err)),
-            Ok(Err(err)) => Err(Failure::Failed(err)),
-            Err(_) => Err(Failure::Failed(self.deadline_error(what, deadline))),
         }
     }
 
@@ -430,7 +459,7 @@ impl Route<'_> {
     async fn call<T, F, Fut>(&self, what: &str, deadline: Instant, send: F) -> Result<T>
     where
         T: Send,
-        F: Fn(MultiplexedConnection) -> Fut + Sync,
+        F: Fn(Conn) -> Fut + Sync,
         Fut: Future<Output = redis::RedisResult<T>> + Send,
     {
         match self {

@@ -11,6 +11,7 @@ use std::time::Duration;
 use futures::future::join_all;
 use lock_core::raw::{BackendRelease, RenewItem, RenewOutcome};
 use lock_core::{FencingToken, LockName, LostReason, OwnerToken, Result};
+use redis::ScriptInvocation;
 use tokio::time::Instant;
 
 use crate::backend::Inner;
@@ -340,27 +341,54 @@ impl Inner {
             WakeKeys::Channel(channel) => (None, channel.as_str()),
         };
         let routes = self.routes(&hold.keys.key);
-        let plain = (queued.is_none() || routes.len() > 1).then(|| {
+        // On Redis Cluster the plain release is also the queue's release's fallback.
+        let plain = (queued.is_none() || routes.len() > 1 || self.shards.is_some()).then(|| {
             let mut invocation = self.scripts.release.prepare_invoke();
-            invocation
-                .key(&hold.keys.key)
-                .key(&hold.keys.broken)
-                .arg(hold.token.as_str())
-                .arg(channel);
+            invocation.key(&hold.keys.key);
+            invocation.arg(hold.token.as_str()).arg(channel);
+            self.pass_break_mark(&mut invocation, hold);
             invocation
         });
         let selected = |i: &usize| only.is_none_or(|only| only[*i]);
         join_all((0..routes.len()).filter(selected).map(|i| {
             let route = routes[i];
-            let invocation = match (&queued, &plain) {
-                (Some(queued), _) if i == self.arbiter => queued,
-                (_, Some(plain)) => plain,
-                (Some(queued), None) => queued,
+            let (invocation, fallback) = match (&queued, &plain) {
+                (Some(queued), plain) if i == self.arbiter => (queued, plain.as_ref()),
+                (_, Some(plain)) => (plain, None),
+                (Some(queued), None) => (queued, None),
                 (None, None) => unreachable!("a release without a script"),
             };
-            async move { route.script::<i64>("release", deadline, invocation).await }
+            async move {
+                match (route, fallback) {
+                    // Exclusion rests on the lock key alone: while the slot migrates, its
+                    // compare-and-DEL; the queued head is woken when its subscription
+                    // moves with the slot, or at its recheck.
+                    (Route::Slot(shards, slot), Some(fallback)) => {
+                        match shards
+                            .script_unless_busy::<i64>(slot, "release", deadline, invocation)
+                            .await?
+                        {
+                            Some(status) => Ok(status),
+                            None => route.script("release", deadline, fallback).await,
+                        }
+                    }
+                    _ => route.script::<i64>("release", deadline, invocation).await,
+                }
+            }
         }))
         .await
+    }
+
+    /// Adds `hold`'s break mark to a release: a key (`KEYS[2]`, after the lock key, or
+    /// `KEYS[5]` after the queue's) on one server or RedLock, the last argument on Redis
+    /// Cluster, where the script then declares no key that is hardly ever there (see
+    /// `release.lua`).
+    pub(crate) fn pass_break_mark(&self, invocation: &mut ScriptInvocation<'_>, hold: &RedisHold) {
+        if self.shards.is_some() {
+            invocation.arg(&hold.keys.broken);
+        } else {
+            invocation.key(&hold.keys.broken);
+        }
     }
 
     /// Releases `hold` on every server (compare-and-delete, then a wake-up); with `leave`,

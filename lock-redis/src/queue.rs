@@ -110,7 +110,9 @@ impl Inner {
     }
 
     /// The release of `hold` (see `release_q.lua`); with `leave`, its waiter also leaves
-    /// the queue.
+    /// the queue. On Redis Cluster, a release refused while the slot migrates (`TRYAGAIN`:
+    /// the queue's keys are not all on one node) falls back to the plain release of the
+    /// lock key alone (see [`Inner::release_each`]).
     pub(crate) fn release_q_invocation(
         &self,
         hold: &RedisHold,
@@ -118,10 +120,10 @@ impl Inner {
     ) -> redis::ScriptInvocation<'_> {
         let mut invocation = queue_invocation(&self.scripts.release_q, hold);
         invocation
-            .key(&hold.keys.broken)
             .arg(if leave { hold.waiter() } else { "" })
             .arg(self.channel_prefix_for(&hold.keys.key))
             .arg(ttl_millis(self.queue_times.window));
+        self.pass_break_mark(&mut invocation, hold);
         invocation
     }
 

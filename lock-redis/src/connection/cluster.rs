@@ -1,9 +1,13 @@
 //! Redis Cluster (`redis+cluster://`): the slot map, learnt with `CLUSTER SLOTS` from the
 //! seed nodes or any primary known, one [`Node`] per primary, and requests routed by the
 //! hash slot of their lock key. A `MOVED` reply updates the map and the request goes to
-//! the new owner; `ASK` sends `ASKING` and the request to the importing node on a
-//! connection of its own; `TRYAGAIN` and `CLUSTERDOWN` (a slot being resharded with only
-//! some of a lock's keys moved, a failover under way) are retried after a short pause;
+//! the new owner; `ASK` sends `ASKING` and the request to the importing node in one
+//! pipeline on its shared connection; `TRYAGAIN` and `CLUSTERDOWN` (a slot being
+//! resharded, a failover under way) are retried after a pause growing from 25 to 250 ms,
+//! at the node that answered it. While a slot migrates, a script whose declared keys are
+//! not all on the node asked is refused with `TRYAGAIN` until the move ends (the acquire
+//! of a free name: granting it on the importing node while the key may still be on the
+//! other would make two holders);
 //! a connection failure reloads the map (a failover promotes a replica) and the request
 //! goes to the new owner if there is one. Every retry stays within the caller's deadline.
 //!
@@ -21,11 +25,10 @@ use std::time::Duration;
 use futures::stream::{FuturesUnordered, StreamExt};
 use lock_core::raw::lock_unpoisoned;
 use lock_core::{Error, Result};
-use redis::aio::MultiplexedConnection;
 use redis::{ErrorKind, ProtocolVersion, ServerErrorKind, Value};
 use tokio::time::{sleep, Instant};
 
-use super::{client_for, Failure, Node, Target};
+use super::{client_for, Conn, Failure, Node, Target};
 use crate::config::{RedisConfig, RedisNode};
 use crate::error;
 
@@ -35,8 +38,22 @@ pub(crate) const SLOTS: u16 = 16384;
 /// Redirections and failovers one request follows at most (within its deadline).
 const MAX_HOPS: u32 = 16;
 
-/// Pause before retrying after `TRYAGAIN`, `CLUSTERDOWN` or a failed primary.
+/// Pause before retrying after a failed primary, and first pause after `TRYAGAIN` or
+/// `CLUSTERDOWN`; it doubles at each such answer up to [`MAX_BUSY_PAUSE`].
 const RETRY_PAUSE: Duration = Duration::from_millis(25);
+
+/// Longest pause between retries after `TRYAGAIN` or `CLUSTERDOWN`.
+const MAX_BUSY_PAUSE: Duration = Duration::from_millis(250);
+
+/// What a request does when a node answers `TRYAGAIN` (its slot migrating, the
+/// request's keys not all on that node).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Busy {
+    /// Retry until the deadline.
+    Wait,
+    /// Give up at once (the caller has another way).
+    GiveUp,
+}
 
 /// The hash slot of `key` (CRC16 of the key, or of its hash tag, modulo 16384).
 pub(crate) fn slot_of(key: &[u8]) -> u16 {
@@ -392,23 +409,64 @@ impl Shards {
     ) -> Result<T>
     where
         T: Send,
-        F: Fn(MultiplexedConnection) -> Fut + Sync,
+        F: Fn(Conn) -> Fut + Sync,
+        Fut: Future<Output = redis::RedisResult<T>> + Send,
+    {
+        match self.route(slot, what, deadline, &send, Busy::Wait).await? {
+            Some(value) => Ok(value),
+            None => Err(self.migrating(slot, what, None)),
+        }
+    }
+
+    /// Runs a script as [`Shards::call`] does, but `None` at the first `TRYAGAIN` (the
+    /// slot is migrating and the script's keys are not all on the node asked).
+    pub(crate) async fn script_unless_busy<T: redis::FromRedisValue + Send>(
+        &self,
+        slot: u16,
+        what: &str,
+        deadline: Instant,
+        invocation: &redis::ScriptInvocation<'_>,
+    ) -> Result<Option<T>> {
+        let send = |mut conn: Conn| async move { invocation.invoke_async::<T>(&mut conn).await };
+        self.route(slot, what, deadline, &send, Busy::GiveUp).await
+    }
+
+    /// [`Shards::call`]; `None` on `TRYAGAIN` with [`Busy::GiveUp`].
+    async fn route<T, F, Fut>(
+        &self,
+        slot: u16,
+        what: &str,
+        deadline: Instant,
+        send: &F,
+        busy: Busy,
+    ) -> Result<Option<T>>
+    where
+        T: Send,
+        F: Fn(Conn) -> Fut + Sync,
         Fut: Future<Output = redis::RedisResult<T>> + Send,
     {
         // Redirections and failovers followed; `TRYAGAIN` is bounded by the deadline alone.
         let mut hops = 0;
+        let mut pause = RETRY_PAUSE;
         let mut asked: Option<Arc<Node>> = None;
         loop {
             let version = self.version();
             let node = self.owner_of(slot, deadline).await?;
-            let outcome = match asked.take() {
-                Some(target) => target.asking(what, deadline, &send).await,
-                None => node.call_raw(what, deadline, &send).await,
+            let (outcome, via) = match &asked {
+                Some(target) => (
+                    target.call_raw(what, deadline, send, true).await,
+                    Arc::clone(target),
+                ),
+                None => (
+                    node.call_raw(what, deadline, send, false).await,
+                    Arc::clone(&node),
+                ),
             };
             let err = match outcome {
-                Ok(value) => return Ok(value),
+                Ok(value) => return Ok(Some(value)),
                 Err(Failure::Failed(err)) => {
                     // The primary may have failed over: go where the reloaded map says.
+                    asked = None;
                     hops += 1;
                     if hops >= MAX_HOPS || Instant::now() + RETRY_PAUSE >= deadline {
                         return Err(err);
@@ -428,29 +486,69 @@ impl Shards {
                 ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
                     if hops + 1 >= MAX_HOPS =>
                 {
-                    return Err(node.failed(what, err));
+                    return Err(via.failed(what, err));
                 }
                 ErrorKind::Server(ServerErrorKind::Moved) => {
                     hops += 1;
+                    asked = None;
                     let Some(addr) = redirect(&err) else {
-                        return Err(node.failed(what, err));
+                        return Err(via.failed(what, err));
                     };
                     self.moved(slot, &addr)?;
                 }
                 ErrorKind::Server(ServerErrorKind::Ask) => {
                     hops += 1;
                     let Some(addr) = redirect(&err) else {
-                        return Err(node.failed(what, err));
+                        return Err(via.failed(what, err));
                     };
                     asked = Some(self.node_at_or_err(&addr)?);
                 }
-                ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
-                    if Instant::now() + RETRY_PAUSE < deadline =>
-                {
-                    sleep(RETRY_PAUSE).await;
+                ErrorKind::Server(ServerErrorKind::TryAgain) if busy == Busy::GiveUp => {
+                    return Ok(None);
                 }
-                _ => return Err(node.failed(what, err)),
+                // The node asked (the importing one after ASK, whose keys are still
+                // arriving) is asked again, without counting a hop.
+                ErrorKind::Server(
+                    kind @ (ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown),
+                ) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    if left <= RETRY_PAUSE {
+                        return Err(match kind {
+                            ServerErrorKind::TryAgain => {
+                                self.migrating(slot, what, Some((&via, err)))
+                            }
+                            _ => via.failed(what, err),
+                        });
+                    }
+                    sleep(pause.min(left - RETRY_PAUSE)).await;
+                    pause = (pause * 2).min(MAX_BUSY_PAUSE);
+                }
+                _ => return Err(via.failed(what, err)),
             }
+        }
+    }
+
+    /// `what` was refused with `TRYAGAIN` (by `refused`'s node) until its deadline.
+    fn migrating(
+        &self,
+        slot: u16,
+        what: &str,
+        refused: Option<(&Node, redis::RedisError)>,
+    ) -> Error {
+        let (at, source) = match refused {
+            Some((node, err)) => (
+                node.label.clone(),
+                Some(Box::new(err) as lock_core::BoxError),
+            ),
+            None => (self.label(), None),
+        };
+        Error::Unavailable {
+            backend: self.backend,
+            message: format!(
+                "{what} on {at}: hash slot {slot} is being migrated (TRYAGAIN until the \
+                 move ends)"
+            ),
+            source,
         }
     }
 }

@@ -3,7 +3,9 @@
 -- key in a list beside it, the break mark, for a while (see KeyLayout).
 
 -- Whether a force release removed `token` from its lock key: the break mark `mark`
--- lists it (at most a few entries). Only asked when the lock key is not `token`'s.
+-- lists it (at most a few entries). Only asked when the lock key is not `token`'s. Read
+-- with pcall: on Redis Cluster, where the mark may be undeclared, a mark that the node
+-- cannot serve now (its slot migrating) reads as empty.
 local function was_broken(mark, token)
   for _, removed in ipairs(redis.pcall('LRANGE', mark, 0, -1)) do
     if removed == token then

@@ -2,6 +2,7 @@
 -- that gave up or was cancelled; also releases a grant it did not learn of), and, when
 -- the key is then free, wakes the head of the queue.
 -- KEYS: as in queue.lua (lock, fencing counter, queue, liveness); KEYS[5]: the break mark
+-- (on Redis Cluster ARGV[5] instead, as in release.lua)
 -- ARGV[1]: owner token; ARGV[2]: the id of a waiter to take out of the queue, or ""
 -- ARGV[3]: channel prefix of the clients' wake-up channels
 -- ARGV[4]: how long (ms) a woken head has to take the lock
@@ -10,12 +11,13 @@
 -- ours).
 -- The helpers come from queue.lua and broken.lua.
 
+local mark = KEYS[5] or ARGV[5]
 local holder = redis.call('GET', LOCK)
 local status = -1
 if holder == ARGV[1] then
   redis.call('DEL', LOCK)
   status = 1
-elseif was_broken(KEYS[5], ARGV[1]) then
+elseif was_broken(mark, ARGV[1]) then
   status = -2
 elseif holder == false then
   status = 0
