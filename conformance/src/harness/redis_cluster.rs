@@ -4,7 +4,8 @@
 //!
 //! A start returns once every node says `cluster_state:ok`, knows every other node and
 //! every replica's link to its primary is up; every wait is bounded. The node timeout is
-//! short (1 s) so that a failover takes a few seconds in tests. Operations: kill or pause
+//! 3 s (a busy machine sets off no failover), 1 s for the tests that kill a primary (its
+//! replica is promoted within a few seconds). Operations: kill or pause
 //! a primary and wait for its replica's promotion; move a slot to another primary step
 //! by step ([`SlotMove`]), stopping half-way if wanted.
 
@@ -43,24 +44,46 @@ pub struct SlotMove {
 }
 
 impl RedisCluster {
-    /// Starts the six servers and forms the cluster (node timeout 1 s).
+    /// Starts the six servers and forms the cluster, with [`RedisCluster::NODE_TIMEOUT`]
+    /// (failovers are slow, but a busy machine causes none).
     ///
     /// # Errors
     /// As [`RedisServer::start`], or [`HarnessError::Cluster`] when the cluster does not
     /// form in time.
     pub async fn start() -> Result<Self, HarnessError> {
-        Self::start_with(RedisOptions::default()).await
+        Self::start_with(RedisOptions::default(), Self::NODE_TIMEOUT).await
     }
 
-    /// Starts the cluster with `options` for every server (cluster lines are added).
+    /// Starts the cluster with [`RedisCluster::FAILOVER_NODE_TIMEOUT`], for the tests that
+    /// kill a primary and wait for its replica's promotion.
     ///
     /// # Errors
     /// As [`start`](Self::start).
-    pub async fn start_with(options: RedisOptions) -> Result<Self, HarnessError> {
+    pub async fn start_for_failover() -> Result<Self, HarnessError> {
+        Self::start_with(RedisOptions::default(), Self::FAILOVER_NODE_TIMEOUT).await
+    }
+
+    /// `cluster-node-timeout` of [`start`](Self::start): long enough that a noisy machine
+    /// does not make the nodes fail each other over.
+    pub const NODE_TIMEOUT: Duration = Duration::from_secs(3);
+
+    /// `cluster-node-timeout` of [`start_for_failover`](Self::start_for_failover): a
+    /// killed primary's replica is promoted within about 2-3 s.
+    pub const FAILOVER_NODE_TIMEOUT: Duration = Duration::from_secs(1);
+
+    /// Starts the cluster with `options` for every server (cluster lines are added) and
+    /// `cluster-node-timeout` `node_timeout`.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    pub async fn start_with(
+        options: RedisOptions,
+        node_timeout: Duration,
+    ) -> Result<Self, HarnessError> {
         let options = options
             .config_line("cluster-enabled yes")
             .config_line("cluster-config-file nodes.conf")
-            .config_line("cluster-node-timeout 1000")
+            .config_line(format!("cluster-node-timeout {}", node_timeout.as_millis()))
             .config_line("cluster-replica-validity-factor 0")
             .config_line("cluster-require-full-coverage no")
             // A replica's first sync starts at once, not after the default 5 s.
@@ -480,7 +503,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_cluster_forms_fails_over_and_moves_a_slot() {
-        let Some(cluster) = crate::harness::or_skip(RedisCluster::start().await) else {
+        let Some(cluster) = crate::harness::or_skip(RedisCluster::start_for_failover().await)
+        else {
             return;
         };
         let slot = cluster.slot_of("jobs").await.expect("slot");

@@ -30,8 +30,18 @@ impl ClusterFactory {
     /// A factory over a fresh cluster; `None` (after a loud notice) when redis-server is
     /// not installed and strict mode is off.
     pub(crate) async fn start() -> Option<Self> {
+        Self::with(RedisCluster::start().await)
+    }
+
+    /// As [`ClusterFactory::start`], over a cluster that fails over fast (see
+    /// [`RedisCluster::start_for_failover`]): for the tests that kill a primary.
+    pub(crate) async fn start_for_failover() -> Option<Self> {
+        Self::with(RedisCluster::start_for_failover().await)
+    }
+
+    fn with(cluster: Result<RedisCluster, conformance::harness::HarnessError>) -> Option<Self> {
         lock_core::raw::register::<lock_redis::RedisBackend>();
-        let cluster = or_skip(RedisCluster::start().await)?;
+        let cluster = or_skip(cluster)?;
         Some(ClusterFactory {
             cluster: Arc::new(cluster),
             users: AtomicUsize::new(0),
