@@ -471,6 +471,79 @@ async fn releases_in_a_migrating_slot_answer_at_once() {
     }
 }
 
+/// Runs ACL command `args` on every node (each node keeps its users alone).
+async fn acl_on_every_node(factory: &ClusterFactory, args: &[&str]) {
+    for server in factory.cluster.servers() {
+        let mut conn = raw(server.addr()).await;
+        let _: redis::Value = redis::cmd(args[0])
+            .arg(&args[1..])
+            .query_async(&mut conn)
+            .await
+            .expect("ACL command");
+    }
+}
+
+/// A waiter whose sharded subscription is refused (its ACL user may use no channel) is
+/// subscribed once it may: the refusal is tried again after a pause, not forgotten, and
+/// the release then wakes it well before its 10 s recheck.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_subscription_is_tried_again() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    let deaf = [
+        "ACL",
+        "SETUSER",
+        "deaf",
+        "on",
+        ">secret",
+        "~*",
+        "resetchannels",
+        "+@all",
+    ];
+    acl_on_every_node(&factory, &deaf).await;
+    let ttl = Duration::from_secs(3);
+    let holder = factory.make(with_ttl(ttl)).await;
+    let mut options = with_ttl(ttl);
+    options.recheck = Duration::from_secs(10);
+    let mut config = factory.config(options);
+    config.username = Some("deaf".to_owned());
+    config.password = Some("secret".to_owned());
+    let waiter = factory.make_with(config).await;
+    let lock = name_on(&factory, "refused", 0).await;
+    let guard = holder.lock(lock.as_str()).await.expect("hold");
+    let waiting = {
+        let (waiter, lock) = (Arc::clone(&waiter), lock.clone());
+        tokio::spawn(async move {
+            let guard = lock_patiently(&*waiter, &lock, Duration::from_secs(30)).await;
+            (guard, Instant::now())
+        })
+    };
+    sleep(Duration::from_millis(500)).await;
+    assert!(
+        shard_channels(&factory, 0, &lock).await.is_empty(),
+        "refused"
+    );
+    acl_on_every_node(&factory, &["ACL", "SETUSER", "deaf", "&*"]).await;
+    let retried = await_shard_channels(&factory, 0, &lock, 1).await;
+    let released = Instant::now();
+    guard.release().await.expect("release");
+    let (next, granted) = timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter is granted")
+        .expect("waiter task");
+    println!(
+        "refused subscription: subscribed {retried:?} after the permission; granted {:?} \
+         after the release",
+        granted - released
+    );
+    assert!(
+        granted - released < Duration::from_secs(2),
+        "woken, not rechecked"
+    );
+    next.release().await.expect("release");
+}
+
 /// 1,000 holds of one client spread over the three primaries are renewed with one script
 /// call per primary per renewal interval (`INFO commandstats` on each primary), not one
 /// per hold or per slot.
