@@ -94,6 +94,8 @@ struct Registry {
     tasks: Vec<Option<mpsc::UnboundedSender<SubCommand>>>,
     /// Redis Cluster: the node each channel is subscribed on.
     placed: HashMap<String, usize>,
+    /// Redis Cluster: the channels whose subscription was refused, by refusals in a row.
+    refusals: HashMap<String, u32>,
 }
 
 /// The wake-up subscriptions of one client. One subscriber task per server listens on one
@@ -152,6 +154,7 @@ impl Wakeups {
                     },
                     tasks: (0..servers).map(|_| None).collect(),
                     placed: HashMap::new(),
+                    refusals: HashMap::new(),
                 }),
                 inbox_epoch: AtomicU64::new(0),
             }),
@@ -313,6 +316,19 @@ fn claim(inbox: &mut Inbox, token: &str, bell: &watch::Sender<Rings>) {
     });
 }
 
+/// Rings the bell of `channel`, and for a client's channel for a name every bell of the
+/// client's queued waiters (which of them it serves is not known here: all look).
+fn ring_channel(registry: &Registry, channel: &str) {
+    if let Some(entry) = registry.channels.get(channel) {
+        ring(&entry.bell, Ring::Wake);
+        if entry.inbox {
+            for bell in registry.inbox.bells.values() {
+                ring(bell, Ring::Wake);
+            }
+        }
+    }
+}
+
 impl Shared {
     /// Redis Cluster: subscribes `channel` on the node of its slot's primary as the map
     /// says now (any node seen while the map names none: its answer corrects the map).
@@ -389,15 +405,41 @@ impl Shared {
             for bell in registry.inbox.bells.values() {
                 ring(bell, Ring::Wake);
             }
-        } else if let Some(entry) = registry.channels.get(channel) {
-            ring(&entry.bell, Ring::Wake);
-            if entry.inbox {
-                // Which of the client's waiters it serves is not known here: all look.
-                for bell in registry.inbox.bells.values() {
-                    ring(bell, Ring::Wake);
-                }
-            }
+        } else {
+            registry.refusals.remove(channel);
+            ring_channel(&registry, channel);
         }
+    }
+
+    /// Redis Cluster: node `index` refused to subscribe `channel` (a permission, the
+    /// cluster down, a redirection to an address that cannot be read): its waiters
+    /// re-check now, and it is placed again where the map says after a pause that grows
+    /// with each refusal in a row.
+    fn refused(self: &Arc<Self>, index: usize, channel: &str) {
+        let pause = {
+            let mut registry = lock_unpoisoned(&self.registry);
+            if registry.placed.get(channel) == Some(&index) {
+                registry.placed.remove(channel);
+            }
+            let refusals = registry.refusals.entry(channel.to_owned()).or_insert(0);
+            *refusals = refusals.saturating_add(1);
+            let pause = reconnect_backoff().after(*refusals);
+            ring_channel(&registry, channel);
+            pause
+        };
+        let (shared, channel) = (Arc::downgrade(self), channel.to_owned());
+        tokio::spawn(async move {
+            sleep(pause).await;
+            let Some(s) = shared.upgrade() else {
+                return;
+            };
+            let mut registry = lock_unpoisoned(&s.registry);
+            if registry.channels.contains_key(&channel) {
+                s.place(&mut registry, &channel);
+            } else {
+                registry.refusals.remove(&channel);
+            }
+        });
     }
 
     /// Every channel is subscribed on server `index`'s new connection: anything published
@@ -815,7 +857,8 @@ async fn sharded_session(
 
 /// `SSUBSCRIBE channel` on node `index`'s connection: `false` when the connection failed.
 /// A `MOVED` reply updates the map and places the channel where it now says; once
-/// subscribed, its waiters re-check.
+/// subscribed, its waiters re-check; any other refusal is tried again after a pause
+/// ([`Shared::refused`]).
 async fn ssubscribe(
     shared: &Weak<Shared>,
     shards: &Shards,
@@ -835,16 +878,17 @@ async fn ssubscribe(
             s.subscribed(index, channel);
             true
         }
-        Ok(Err(err)) if err.redirect_node().is_some() => {
-            if let Some(addr) = redirect(&err) {
-                let _ = shards.moved(slot_of(channel.as_bytes()), &addr);
-            }
+        Ok(Err(err))
+            if redirect(&err)
+                .is_some_and(|addr| shards.moved(slot_of(channel.as_bytes()), &addr).is_ok()) =>
+        {
             s.replace(index, channel);
             true
         }
         Ok(Err(err)) => {
             tracing::debug!(backend = s.backend, error = %err, channel,
-                "wake-up subscription refused");
+                "wake-up subscription refused; tried again after a pause");
+            s.refused(index, channel);
             !err.is_io_error() && !err.is_connection_dropped()
         }
         Err(_) => false,
