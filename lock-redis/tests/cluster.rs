@@ -544,6 +544,52 @@ async fn a_refused_subscription_is_tried_again() {
     next.release().await.expect("release");
 }
 
+/// An acquire of a free name whose slot is migrating (no key moved: the source answers
+/// `ASK`, the target `TRYAGAIN` after `ASKING`) is retried until the request deadline,
+/// not given up after a number of redirections, and fails with a retryable
+/// `Unavailable` naming the slot; once the move ends it is granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_acquire_in_a_migrating_slot_waits_for_its_deadline() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    let mut options = with_ttl(Duration::from_secs(3));
+    options.request_timeout = Duration::from_secs(2);
+    let client = factory.make(options).await;
+    let lock = name_on(&factory, "importing", 0).await;
+    let slot = factory.cluster.slot_of(&key(&lock)).await.expect("slot");
+    let moving = factory.cluster.begin_move(slot, 1).await.expect("begin");
+    let started = Instant::now();
+    let err = client
+        .try_lock(lock.as_str())
+        .await
+        .expect_err("refused while the slot migrates");
+    let took = started.elapsed();
+    println!("acquire in a migrating slot: {err} after {took:?}");
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.is_retryable());
+    assert!(
+        err.to_string()
+            .contains(&format!("hash slot {slot} is being migrated")),
+        "{err}"
+    );
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_secs(4),
+        "retried until the deadline: {took:?}"
+    );
+    factory.cluster.finish_move(&moving).await.expect("finish");
+    let guard = client
+        .try_lock(lock.as_str())
+        .await
+        .expect("granted after the move")
+        .expect("free");
+    guard.release().await.expect("release");
+    assert!(factory
+        .leftovers(std::slice::from_ref(&lock))
+        .await
+        .is_empty());
+}
+
 /// 1,000 holds of one client spread over the three primaries are renewed with one script
 /// call per primary per renewal interval (`INFO commandstats` on each primary), not one
 /// per hold or per slot.
