@@ -397,9 +397,10 @@ async fn a_slot_moves_while_held_and_contended() {
 
 /// A held and contended name is released and asked for while its slot is being migrated:
 /// once before any key moved (the source serves it) and once after all its keys moved
-/// (ASK to the target). Each release answers at once (not after the migration ends),
-/// each try-lock of the still held name answers promptly, and the waiter is granted
-/// once the move is complete.
+/// (ASK to the target), and uncontended before any key moved (the queue's release then
+/// falls back to the lock key's). Each release answers at once (not after the migration
+/// ends), each try-lock of the still held, contended name answers promptly, and the next
+/// holder is granted once the move is complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn releases_in_a_migrating_slot_answer_at_once() {
     let Some(factory) = ClusterFactory::start().await else {
@@ -409,17 +410,24 @@ async fn releases_in_a_migrating_slot_answer_at_once() {
     let holder = factory.make(with_ttl(ttl)).await;
     let other = factory.make(with_ttl(ttl)).await;
     let waiter = factory.make(with_ttl(ttl)).await;
-    for (phase, keys_moved) in [("before the keys move", false), ("after", true)] {
+    // Uncontended, the queue's keys are missing: its release falls back to the lock key's.
+    for (phase, keys_moved, contended) in [
+        ("before the keys move", false, true),
+        ("after", true, true),
+        ("uncontended, before the keys move", false, false),
+    ] {
         let lock = name_on(&factory, "migrating", 0).await;
         let guard = holder.lock(lock.as_str()).await.expect("hold");
         let token = guard.fencing_token();
-        let waiting = {
+        let waiting = contended.then(|| {
             let (waiter, lock) = (Arc::clone(&waiter), lock.clone());
             tokio::spawn(
                 async move { lock_patiently(&*waiter, &lock, Duration::from_secs(30)).await },
             )
-        };
-        await_shard_channels(&factory, 0, &lock, 1).await;
+        });
+        if contended {
+            await_shard_channels(&factory, 0, &lock, 1).await;
+        }
         let slot = factory.cluster.slot_of(&key(&lock)).await.expect("slot");
         let moving = factory.cluster.begin_move(slot, 1).await.expect("begin");
         if keys_moved {
@@ -430,13 +438,15 @@ async fn releases_in_a_migrating_slot_answer_at_once() {
                 .expect("move the keys");
         }
         let started = Instant::now();
-        let busy = timeout(Duration::from_secs(2), other.try_lock(lock.as_str()))
-            .await
-            .unwrap_or_else(|_| panic!("{phase}: a try-lock of a held name answers"));
-        assert!(
-            matches!(busy, Ok(None)),
-            "{phase}: held elsewhere: {busy:?}"
-        );
+        if contended {
+            let busy = timeout(Duration::from_secs(2), other.try_lock(lock.as_str()))
+                .await
+                .unwrap_or_else(|_| panic!("{phase}: a try-lock of a held name answers"));
+            assert!(
+                matches!(busy, Ok(None)),
+                "{phase}: held elsewhere: {busy:?}"
+            );
+        }
         timeout(Duration::from_secs(2), guard.release())
             .await
             .unwrap_or_else(|_| panic!("{phase}: the release answers within 2 s"))
@@ -454,10 +464,17 @@ async fn releases_in_a_migrating_slot_answer_at_once() {
             .finish_move(&moving)
             .await
             .expect("finish the move");
-        let next = timeout(Duration::from_secs(15), waiting)
-            .await
-            .expect("the waiter is granted after the move")
-            .expect("waiter task");
+        let next = match waiting {
+            Some(waiting) => timeout(Duration::from_secs(15), waiting)
+                .await
+                .expect("the waiter is granted after the move")
+                .expect("waiter task"),
+            None => other
+                .try_lock(lock.as_str())
+                .await
+                .expect("granted after the move")
+                .expect("free"),
+        };
         assert!(
             next.fencing_token() > token,
             "{phase}: tokens never go back"
