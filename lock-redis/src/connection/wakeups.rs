@@ -836,10 +836,14 @@ async fn sharded_session(
                             leaving.swap_remove(i);
                             continue;
                         }
-                        // The server ended it: the slot moved. Reload and go where it is.
-                        let deadline = Instant::now() + limit;
-                        let _ = shards.reload(shards.version(), deadline).await;
-                        s.replace(index, &channel);
+                        // The server ended it: the slot moved. Reload and go where it is,
+                        // aside, so that the other channels' messages keep coming.
+                        let shards = Arc::clone(&shards);
+                        tokio::spawn(async move {
+                            let deadline = Instant::now() + limit;
+                            let _ = shards.reload(shards.version(), deadline).await;
+                            s.replace(index, &channel);
+                        });
                     }
                     PushKind::Disconnection => return Broken::Reconnect,
                     _ => {}
