@@ -449,6 +449,8 @@ impl Shards {
         let mut hops = 0;
         let mut pause = RETRY_PAUSE;
         let mut asked: Option<Arc<Node>> = None;
+        // The latest TRYAGAIN, and the node that answered it.
+        let mut busy_at: Option<(Arc<Node>, redis::RedisError)> = None;
         loop {
             let version = self.version();
             let node = self.owner_of(slot, deadline).await?;
@@ -468,7 +470,14 @@ impl Shards {
                     // The primary may have failed over: go where the reloaded map says.
                     asked = None;
                     hops += 1;
-                    if hops >= MAX_HOPS || Instant::now() + RETRY_PAUSE >= deadline {
+                    if Instant::now() + RETRY_PAUSE >= deadline {
+                        // The last try after TRYAGAIN ran out of time: the move is the cause.
+                        return Err(match busy_at.take() {
+                            Some((node, busy)) => self.migrating(slot, what, Some((&node, busy))),
+                            None => err,
+                        });
+                    }
+                    if hops >= MAX_HOPS {
                         return Err(err);
                     }
                     if err.kind() == lock_core::ErrorKind::InvalidConfig {
@@ -519,6 +528,9 @@ impl Shards {
                             }
                             _ => via.failed(what, err),
                         });
+                    }
+                    if kind == ServerErrorKind::TryAgain {
+                        busy_at = Some((Arc::clone(&via), err));
                     }
                     sleep(pause.min(left - RETRY_PAUSE)).await;
                     pause = (pause * 2).min(MAX_BUSY_PAUSE);
