@@ -28,6 +28,7 @@ if ! "$CARGO" test --workspace --no-run --message-format json-render-diagnostics
     echo "run-tests: building the test binaries failed" >&2
     exit 101
 fi
+built=$(($(date +%s) - started))
 
 # One line per test binary: label, executable, package directory, package name.
 artifact='"package_id":"[^"]*[/#]([A-Za-z0-9_-]+)(@[^"]*|#[^"]*)?","manifest_path":"([^"]*)/Cargo.toml","target":\{"kind":\["([a-z-]+)"\][^}]*"name":"([^"]*)"'
@@ -52,7 +53,7 @@ expected() {
     fi
     case $label in
         */chaos | */dual | */conformance) echo 90 ;;
-        */operations | */faults | */session | */sentinel) echo 30 ;;
+        */operations | */faults | */session | */sentinel | */migration) echo 30 ;;
         */test/*) echo 10 ;;
         *) echo 1 ;;
     esac
@@ -114,8 +115,9 @@ done
 
 printf '%s\n' "${new_durations[@]}" | sort -t$'\t' -k2,2nr >"$DURATIONS"
 echo
-echo "run-tests: $(wc -l <"$DURATIONS") binaries, $JOBS at a time, $(($(date +%s) - started))s" \
-    "(build included); slowest:"
+echo "run-tests: built in ${built}s, then $(wc -l <"$DURATIONS") binaries, $JOBS at a time," \
+    "in $(($(date +%s) - started - built))s ($(awk -F'\t' '{ s += $2 } END { print s }' "$DURATIONS")s" \
+    "one after another); slowest:"
 head -5 "$DURATIONS" | sed 's/^/  /'
 if ((${#failed[@]} > 0)); then
     echo "run-tests: failed: ${failed[*]} (logs in $LOGS)"
