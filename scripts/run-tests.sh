@@ -8,8 +8,8 @@
 # longest first (durations of the last run in target/test-durations, else a fixed guess),
 # each in its package's directory with the environment cargo would give it. A binary's
 # output is kept whole in target/test-logs/ and printed as one block when it ends; every
-# binary runs whatever failed before it (--no-fail-fast), and the exit status is non-zero
-# if any binary or the doc tests failed. Arguments are passed to every test binary
+# binary runs even when others failed (--no-fail-fast), and the exit status is non-zero if
+# any binary or the doc tests failed. Arguments are passed to every test binary
 # (e.g. `-- --test-threads 1`); TEST_JOBS=1 runs them one at a time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -41,6 +41,10 @@ while IFS= read -r line; do
     printf '%s/%s/%s\t%s\t%s\t%s\n' "${dir##*/}" "${BASH_REMATCH[4]}" "${BASH_REMATCH[5]}" \
         "$exe" "$dir" "${BASH_REMATCH[1]}"
 done <"$LOGS/build.json" | sort -u >"$LOGS/binaries.tsv"
+if [[ ! -s $LOGS/binaries.tsv ]]; then
+    echo "run-tests: no test binary found in cargo's build output ($LOGS/build.json)" >&2
+    exit 101
+fi
 
 # Expected duration of a label: last run's, else a guess from the name (servers and
 # fault schedules first, unit tests last).

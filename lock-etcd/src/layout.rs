@@ -27,8 +27,6 @@
 //! (unless someone runs `etcdctl lock` on a name starting with `%broken/`, which no name
 //! of ours maps to).
 
-use std::time::Duration;
-
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 use lock_core::raw::{escape, unescape};
 use lock_core::LockName;

@@ -44,6 +44,8 @@ pub(crate) trait RawFloor: Send + Sync {
 pub(crate) enum FloorSpec {
     /// One Redis server (URL).
     Redis(String),
+    /// The primaries of a Redis Cluster (URL) and a hash tag of a slot each serves.
+    RedisCluster(Vec<(String, String)>),
     /// One Redis server (URL) whose grants wait for this many replicas (`WAIT`).
     RedisWait(String, u32),
     /// Redis nodes written in parallel, as RedLock does (URLs).
@@ -64,6 +66,10 @@ impl FloorSpec {
     pub(crate) fn describe(&self) -> String {
         match self {
             FloorSpec::Redis(_) => "SET NX PX + EVALSHA compare-and-delete".into(),
+            FloorSpec::RedisCluster(shards) => format!(
+                "SET NX PX + EVALSHA on the name's primary (of {}), no redirection",
+                shards.len()
+            ),
             FloorSpec::RedisWait(_, replicas) => {
                 format!("SET NX PX + WAIT {replicas} + EVALSHA compare-and-delete")
             }
@@ -98,6 +104,13 @@ impl FloorSpec {
                 })
             }
             FloorSpec::Redis(url) => Box::new(RedisFloor::connect(url, None).await?),
+            FloorSpec::RedisCluster(shards) => {
+                let mut nodes = Vec::new();
+                for (url, tag) in shards {
+                    nodes.push((tag.clone(), RedisFloor::connect(url, None).await?));
+                }
+                Box::new(ClusterFloor { nodes })
+            }
             FloorSpec::RedisWait(url, replicas) => {
                 Box::new(RedisFloor::connect(url, Some(*replicas)).await?)
             }
@@ -283,6 +296,35 @@ impl RawFloor for EtcdFloor {
     async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
         self.client.kv_client().delete(hold.name, None).await?;
         Ok(())
+    }
+}
+
+/// Redis Cluster's floor: the raw Redis floor on one primary per name, the name's key
+/// carrying a hash tag of that primary's slots (names spread over the primaries as a
+/// hash of the name picks).
+struct ClusterFloor {
+    /// Each primary's hash tag and floor.
+    nodes: Vec<(String, RedisFloor)>,
+}
+
+#[async_trait]
+impl RawFloor for ClusterFloor {
+    async fn acquire(&self, name: &str) -> Result<RawHold, BoxError> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut hasher);
+        let shard = usize::try_from(hasher.finish() % u64::try_from(self.nodes.len())?)?;
+        let (tag, node) = &self.nodes[shard];
+        node.acquire(&format!("{tag}{name}")).await
+    }
+
+    async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
+        let (_, node) = self
+            .nodes
+            .iter()
+            .find(|(tag, _)| hold.name.starts_with(tag.as_str()))
+            .ok_or("a cluster raw hold without its shard's tag")?;
+        node.release(hold).await
     }
 }
 

@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 
 use async_trait::async_trait;
 use conformance::harness::{
-    EtcdServer, HarnessError, RedisNodes, RedisOptions, RedisSentinel, RedisServer, ZkEnsemble,
-    ZkOptions, ZkServer, ZkTls,
+    EtcdServer, HarnessError, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer,
+    ZkEnsemble, ZkOptions, ZkServer, ZkTls,
 };
 
 use crate::floors::FloorSpec;
@@ -62,6 +62,7 @@ impl Target {
 }
 
 /// The backends lockbench knows, in report order. Measured only when asked for:
+/// `redis-cluster` (three primaries with a replica each, `redis+cluster://`),
 /// `redis-sentinel` (a primary with two replicas behind three Sentinels,
 /// `redis+sentinel://`), `redis-sentinel-wait1` (the same, each grant waiting for one
 /// replica's acknowledgement: `wait_replicas=1`), `zookeeper-3` (a 3-member ensemble, the
@@ -71,6 +72,7 @@ impl Target {
 pub(crate) const BACKENDS: &[&str] = &[
     "memory",
     "redis",
+    "redis-cluster",
     "redis-sentinel",
     "redis-sentinel-wait1",
     "redlock",
@@ -256,10 +258,33 @@ async fn redis_target(
     Ok(target)
 }
 
+/// Each primary of `cluster` (its URL) with a hash tag whose slot it serves: the raw
+/// floor's keys carry one, so that each goes straight to its primary.
+async fn cluster_shards(cluster: &RedisCluster) -> Result<Vec<(String, String)>, HarnessError> {
+    // Three primaries, each with a replica.
+    let primaries = cluster.servers().len() / 2;
+    let mut shards: Vec<(usize, String)> = Vec::new();
+    for n in 0..256 {
+        if shards.len() == primaries {
+            break;
+        }
+        let tag = format!("{{{n}}}");
+        let owner = cluster.owner_of(cluster.slot_of(&tag).await?).await?;
+        if !shards.iter().any(|(server, _)| *server == owner) {
+            shards.push((owner, tag));
+        }
+    }
+    Ok(shards
+        .into_iter()
+        .map(|(server, tag)| (cluster.server(server).url(), tag))
+        .collect())
+}
+
 /// Starts what `backend` needs on this machine, or says why it cannot.
 pub(crate) async fn start(backend: &str) -> Result<Target, String> {
     let scheme = match backend {
         "redis" => "redis",
+        "redis-cluster" => "redis+cluster",
         "redis-sentinel" | "redis-sentinel-wait1" => "redis+sentinel",
         "redlock" => "redlock",
         "zookeeper" | "zookeeper-3" => "zk",
@@ -287,6 +312,13 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let url = server.url();
             let floor = FloorSpec::Redis(url.clone());
             redis_target("redis", url.clone(), floor, &[url], Box::new(server)).await
+        }
+        "redis-cluster" => {
+            let cluster = RedisCluster::start().await.map_err(harness)?;
+            let shards = cluster_shards(&cluster).await.map_err(harness)?;
+            let primaries: Vec<String> = shards.iter().map(|(url, _)| url.clone()).collect();
+            let floor = FloorSpec::RedisCluster(shards);
+            redis_target(backend, cluster.url(), floor, &primaries, Box::new(cluster)).await
         }
         "redis-sentinel" | "redis-sentinel-wait1" => {
             let deployment = RedisSentinel::start().await.map_err(harness)?;
