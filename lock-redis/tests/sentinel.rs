@@ -267,8 +267,10 @@ async fn discovery_is_bounded_by_the_deadline() {
     };
     let sentinels = factory.deployment.sentinels();
     sentinels.member(0).pause().expect("pause a Sentinel");
+    // A grant waits for a replica as long as a request may take (not the default 100 ms:
+    // on a loaded machine the acknowledgement can take longer, which is not tested here).
     let url = format!(
-        "{}?request_timeout=500ms&wait_replicas=1",
+        "{}?request_timeout=500ms&wait_replicas=1&wait_timeout=500ms",
         factory.deployment.url()
     );
     let err = lock_core::connect(&format!("{url}&sentinel_password=s3cret"))
