@@ -7,11 +7,12 @@ CARGO ?= cargo
 deps:
 	@./scripts/install-deps.sh
 
-## Formatting, lints and every test, strictly against real servers.
+## Formatting, lints and every test, strictly against real servers. The test binaries
+## run TEST_JOBS at a time (scripts/run-tests.sh; TEST_JOBS=1: one after another).
 test: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
-	LOCK_TEST_STRICT=1 $(CARGO) test --workspace --no-fail-fast
+	LOCK_TEST_STRICT=1 CARGO=$(CARGO) ./scripts/run-tests.sh
 	# The facade without its backends: a URL names the feature to enable.
 	$(CARGO) test -p distlock --no-default-features --lib
 

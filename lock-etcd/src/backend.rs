@@ -37,6 +37,8 @@ pub struct EtcdBackend {
     slots: Arc<Slots>,
     /// The TTL of the client's lease.
     ttl: Duration,
+    /// The shortest life of a broken hold's mark ([`EtcdConfig::mark_ttl`]).
+    mark_ttl: Duration,
 }
 
 /// Opened with [`Error::InvalidConfig`] for a bad configuration or refused credentials;
@@ -72,6 +74,7 @@ impl Connect for EtcdBackend {
             prefix: config.prefix.clone(),
             slots: Arc::new(Slots::default()),
             ttl: config.options.ttl,
+            mark_ttl: config.mark_ttl,
         })
     }
 }
@@ -335,6 +338,7 @@ impl Backend for EtcdBackend {
             &self.prefix,
             &self.lock_prefix(name),
             self.ttl,
+            self.mark_ttl,
         )
         .await
     }

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use lock_core::raw::{HostPort, LockUrl};
 use lock_core::{Error, LockName, LockOptions, Result};
@@ -21,14 +22,18 @@ const OWN_KEYS: &[&str] = &[
     "cert_file",
     "key_file",
     "tls_domain",
+    "mark_ttl",
 ];
+
+/// Default of [`EtcdConfig::mark_ttl`].
+pub const DEFAULT_MARK_TTL: Duration = Duration::from_secs(60);
 
 /// How to reach etcd and where the locks live.
 ///
 /// From a URL: `etcd://[user[:password]@]host[:port][,host[:port]…][/prefix][?query]`,
 /// `etcds://…` for TLS. Query keys: the common [`LockOptions`] keys (`ttl`, `renewal`,
 /// `max_hold`, `request_timeout`, `recheck`) and `user` (or `username`), `password`,
-/// `ca_file`, `cert_file`, `key_file`, `tls_domain`. Unknown keys are an error.
+/// `ca_file`, `cert_file`, `key_file`, `tls_domain`, `mark_ttl`. Unknown keys are an error.
 ///
 /// `Debug` never shows the password.
 #[non_exhaustive]
@@ -57,6 +62,12 @@ pub struct EtcdConfig {
     pub key_file: Option<PathBuf>,
     /// Server name to verify in the server's certificate. Default: the host name.
     pub tls_domain: Option<String>,
+    /// Shortest life of the mark a broken hold leaves (`force_release`): its lease lives
+    /// three times the holder's lease TTL, at least this, so that a holder that comes
+    /// back later than that is told `Vanished` rather than `Broken` \[`mark_ttl`\].
+    /// Default 60 s; whole seconds, at least 1 s.
+    #[serde(with = "lock_core::raw::duration_text")]
+    pub mark_ttl: Duration,
     /// Lease TTL (whole seconds, rounded up; at least 1 s), timeouts, renewal policy.
     /// Default: [`LockOptions::default`].
     pub options: LockOptions,
@@ -74,6 +85,7 @@ impl Default for EtcdConfig {
             cert_file: None,
             key_file: None,
             tls_domain: None,
+            mark_ttl: DEFAULT_MARK_TTL,
             options: LockOptions::default(),
         }
     }
@@ -151,6 +163,9 @@ impl EtcdConfig {
                 "cert_file" => config.cert_file = Some(PathBuf::from(value)),
                 "key_file" => config.key_file = Some(PathBuf::from(value)),
                 "tls_domain" => config.tls_domain = Some(value),
+                "mark_ttl" => {
+                    config.mark_ttl = lock_core::raw::parse_duration("mark_ttl", &value)?;
+                }
                 _ => {
                     return Err(Error::config(format!(
                         "unknown etcd:// option `{key}` (known: ttl, renewal, max_hold, \
@@ -180,6 +195,12 @@ impl EtcdConfig {
         {
             return Err(Error::config(format!(
                 "etcd endpoint {bad:?} must be host:port (the scheme picks TLS)"
+            )));
+        }
+        if self.mark_ttl < Duration::from_secs(1) {
+            return Err(Error::config(format!(
+                "mark_ttl must be at least 1s (etcd leases are whole seconds), not {:?}",
+                self.mark_ttl
             )));
         }
         if self.password.is_some() && self.username.is_none() {
@@ -246,6 +267,7 @@ impl fmt::Debug for EtcdConfig {
             .field("cert_file", &self.cert_file)
             .field("key_file", &self.key_file)
             .field("tls_domain", &self.tls_domain)
+            .field("mark_ttl", &self.mark_ttl)
             .field("options", &self.options)
             .finish()
     }
@@ -274,6 +296,7 @@ mod tests {
         assert!(!c.tls);
         assert_eq!(c.options.ttl, Duration::from_secs(10));
         assert_eq!(c.options.recheck, Duration::from_millis(250));
+        assert_eq!(c.mark_ttl, DEFAULT_MARK_TTL);
         assert_eq!(c.endpoint_urls()[0], "http://10.0.0.1:2379");
         assert_eq!(c.label(), "etcd://10.0.0.1:2379,10.0.0.2:3379/locks");
         let shown = format!("{c:?}");
@@ -285,8 +308,9 @@ mod tests {
         assert_eq!(c.endpoint_urls()[0], "https://h:2379");
         assert_eq!(c.tls_domain.as_deref(), Some("etcd.local"));
 
-        let c = parse("etcd://h").expect("valid");
+        let c = parse("etcd://h?mark_ttl=3s").expect("valid");
         assert_eq!(c.prefix, "");
+        assert_eq!(c.mark_ttl, Duration::from_secs(3));
 
         // `user` and the common name `username` both set the user name.
         for key in ["user", "username"] {
@@ -305,6 +329,8 @@ mod tests {
             ("etcd://:s3cret@h", "user name"),
             ("etcd://h?ca_file=/x", "etcds://"),
             ("etcds://h?cert_file=/x", "go together"),
+            ("etcd://h?mark_ttl=500ms", "mark_ttl must be at least 1s"),
+            ("etcd://h?mark_ttl=soon", "mark_ttl"),
         ] {
             let err = parse(url).expect_err(url);
             assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");

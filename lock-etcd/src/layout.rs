@@ -18,7 +18,7 @@
 //! Breaking a hold (an operator's forced release) deletes the holder's key and, in the
 //! same transaction, puts a *mark* `<prefix>/%broken/<escaped name>/<lease hex>[_<n>]`
 //! ([`broken_mark`]) whose value is the broken key's create revision, on a lease of its
-//! own granted three times the holder's lease TTL, at least [`MARK_TTL_FLOOR`], so it
+//! own granted three times the holder's lease TTL, at least `mark_ttl` (60 s), so it
 //! outlives the holder's next renewal. The holder's renewal or release, finding its key
 //! gone, reads the mark to tell "broken" from "vanished"; the release revokes its lease.
 //! The segment `%broken` is no escaped name (the escape writes `%` only before two
@@ -26,8 +26,6 @@
 //! key; the Go client's `Mutex` only reads its own range, so it never sees one either
 //! (unless someone runs `etcdctl lock` on a name starting with `%broken/`, which no name
 //! of ours maps to).
-
-use std::time::Duration;
 
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 use lock_core::raw::{escape, unescape};
@@ -38,9 +36,6 @@ const RESERVED: &[char] = &['/'];
 
 /// The segment under the prefix that holds the marks of broken holds.
 const BROKEN: &str = "%broken";
-
-/// The shortest life of a mark's lease.
-pub(crate) const MARK_TTL_FLOOR: Duration = Duration::from_secs(60);
 
 /// What every key of a client starts with: `<prefix>/`, or nothing with an empty prefix.
 fn root(prefix: &str) -> String {

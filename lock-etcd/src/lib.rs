@@ -10,7 +10,7 @@ mod operator;
 mod queue;
 
 pub use backend::EtcdBackend;
-pub use config::{EtcdConfig, DEFAULT_PORT};
+pub use config::{EtcdConfig, DEFAULT_MARK_TTL, DEFAULT_PORT};
 pub use hold::{EtcdHold, MAX_TXN_OPS};
 
 /// The URL schemes this crate serves: `etcd` (plain) and `etcds` (TLS).

@@ -28,9 +28,7 @@ use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
 
 use crate::connection::{first_kv, header_revision, ttl_seconds, EtcdClient, LeaseTtl};
 use crate::error::{unexpected, BACKEND};
-use crate::layout::{
-    broken_mark, first_created, lock_of_key, names_under, range_end, MARK_TTL_FLOOR,
-};
+use crate::layout::{broken_mark, first_created, lock_of_key, names_under, range_end};
 
 const WHAT: &str = "inspecting a lock";
 
@@ -163,7 +161,7 @@ pub(crate) async fn list(
 /// a transaction that checks its create revision, so a hold that ended meanwhile (and
 /// its successor) is never hit; and puts its mark ([`broken_mark`]) in the same
 /// transaction, on a lease of its own that lives three times the holder's lease TTL (or
-/// `own_ttl` when it cannot be read), at least [`MARK_TTL_FLOOR`]: the holder's
+/// `own_ttl` when it cannot be read), at least `mark_ttl`: the holder's
 /// renewal or release finds it there. The holder's release revokes that lease; a holder
 /// that never comes back leaves it to its TTL.
 ///
@@ -178,6 +176,7 @@ pub(crate) async fn force_release(
     prefix: &str,
     range: &str,
     own_ttl: Duration,
+    mark_ttl: Duration,
 ) -> Result<Option<Participant>> {
     const WHAT: &str = "breaking a lock";
     let read = Txn::new().and_then([TxnOp::get(range, Some(first_created()))]);
@@ -188,7 +187,7 @@ pub(crate) async fn force_release(
     let lease = lease_ttl(client, kv.lease()).await;
     let shown = holder(&kv, lease)?;
     let granted = lease.map_or(own_ttl, |lease| lease.granted);
-    let mark_ttl = ttl_seconds(granted.saturating_mul(3).max(MARK_TTL_FLOOR));
+    let mark_ttl = ttl_seconds(granted.saturating_mul(3).max(mark_ttl));
     let (mark_lease, _) = client
         .lease_grant("granting a mark's lease", mark_ttl)
         .await?;

@@ -225,15 +225,17 @@ async fn names_with_slash_and_percent_are_listed_exactly() {
 }
 
 /// The mark of a broken hold lives on a lease of its own, granted three times the
-/// holder's lease TTL and at least 60 s; nothing lists it nor queues behind it (names
-/// spelled like its path lock at once and inspect empty); a holder that never comes back
-/// leaves it to that TTL, after which it is gone.
+/// holder's lease TTL and at least `mark_ttl` (60 s by default); nothing lists it nor
+/// queues behind it (names spelled like its path lock at once and inspect empty); a holder
+/// that never comes back leaves it to that TTL, after which it is gone (seen with a
+/// client whose `mark_ttl` is 3 s, where three times the holder's 2 s lease TTL rules).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unclaimed_mark_is_no_lock_and_ends_with_its_lease() {
     let Some(factory) = EtcdFactory::start().await else {
         return;
     };
-    let operator = client(&factory.servers.addrs(), with_ttl(Duration::from_secs(2))).await;
+    let addrs = factory.servers.addrs();
+    let operator = client(&addrs, with_ttl(Duration::from_secs(2))).await;
     let lock = unique_name("operate_mark");
     let admin = factory.admin();
     let GoKey { key, revision, .. } = go_key(admin, &factory.range(&lock), 5).await;
@@ -243,7 +245,6 @@ async fn an_unclaimed_mark_is_no_lock_and_ends_with_its_lease() {
         .await
         .expect("break")
         .expect("a holder");
-    let broken_at = Instant::now();
     assert_eq!(
         broken.fencing_token.map(FencingToken::get),
         u64::try_from(revision).ok()
@@ -280,15 +281,32 @@ async fn an_unclaimed_mark_is_no_lock_and_ends_with_its_lease() {
         release(guard).await;
     }
 
-    // Nobody claims the mark: it lasts its lease's TTL, then it is gone.
-    let deadline = broken_at + Duration::from_secs(65);
+    // Nobody claims a mark: it lasts its lease's TTL, then it is gone.
+    let mut short = config(&addrs, with_ttl(Duration::from_secs(2)));
+    short.mark_ttl = Duration::from_secs(3);
+    let quick = EtcdLock::connect(short).await.expect("connect");
+    let lock = unique_name("operate_mark_ends");
+    let GoKey { key, .. } = go_key(admin, &factory.range(&lock), 2).await;
+    quick
+        .force_release(&lock)
+        .await
+        .expect("break")
+        .expect("a holder");
+    let broken_at = Instant::now();
+    let mark = mark_of(PREFIX, &key);
+    let (_, mark_lease) = read(admin, &mark).await.expect("the mark");
+    let (granted, _) = lease_ttl(admin, mark_lease)
+        .await
+        .expect("the mark's lease");
+    assert_eq!(granted, 6, "3 x 2 s, above a mark_ttl of 3 s");
+    let deadline = broken_at + Duration::from_secs(10);
     while read(admin, &mark).await.is_some() {
         assert!(Instant::now() < deadline, "the mark outlived its lease");
-        sleep(Duration::from_millis(500)).await;
+        sleep(Duration::from_millis(100)).await;
     }
     let lasted = broken_at.elapsed();
     eprintln!("the unclaimed mark lasted {lasted:?}");
-    assert!(lasted >= Duration::from_secs(55), "gone early: {lasted:?}");
+    assert!(lasted >= Duration::from_secs(5), "gone early: {lasted:?}");
     assert_eq!(lease_ttl(admin, mark_lease).await, None);
 }
 

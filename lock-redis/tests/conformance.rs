@@ -1,6 +1,7 @@
 //! The whole conformance suite against real redis-servers: one server (`redis://`) and
 //! RedLock over five independent servers (`redlock://`), and a primary with two replicas
-//! behind three Sentinels (`redis+sentinel://`). Each test starts its own servers.
+//! behind three Sentinels (`redis+sentinel://`), also with every process on TLS
+//! (`rediss+sentinel://`). Each test starts its own servers.
 
 mod common;
 
@@ -17,4 +18,10 @@ mod redlock {
 /// `redis+sentinel://`: a primary with two replicas behind three Sentinels.
 mod sentinel {
     conformance::conformance_suite!(async { crate::common::SentinelFactory::start().await });
+}
+
+/// `rediss+sentinel://`: the same deployment with the Sentinels and the data servers on TLS
+/// (clients know only the TLS ports).
+mod sentinel_tls {
+    conformance::conformance_suite!(async { crate::common::SentinelFactory::start_tls().await });
 }

@@ -267,8 +267,10 @@ async fn discovery_is_bounded_by_the_deadline() {
     };
     let sentinels = factory.deployment.sentinels();
     sentinels.member(0).pause().expect("pause a Sentinel");
+    // A grant waits for a replica as long as a request may take (not the default 100 ms:
+    // on a loaded machine the acknowledgement can take longer, which is not tested here).
     let url = format!(
-        "{}?request_timeout=500ms&wait_replicas=1",
+        "{}?request_timeout=500ms&wait_replicas=1&wait_timeout=500ms",
         factory.deployment.url()
     );
     let err = lock_core::connect(&format!("{url}&sentinel_password=s3cret"))
@@ -335,4 +337,71 @@ async fn a_write_on_a_replica_is_unavailable() {
     );
     assert_eq!(key_on(&factory, 1, &lock).await, None);
     assert_eq!(key_on(&factory, 0, &lock).await, None);
+}
+
+/// `rediss+sentinel://` end to end: the Sentinels and the data servers serve TLS and speak
+/// it to each other (replication and monitoring). A client given only the Sentinels' TLS
+/// ports finds the primary at its TLS port, locks, and after the primary is killed follows
+/// the failover to the promoted replica's TLS port with a higher fencing token. Those
+/// ports refuse plain clients: `redis+sentinel://` to the same Sentinels fails, and so
+/// does a plain PING to the primary's TLS port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_sentinel_locks_over_tls_only_and_follows_a_failover() {
+    let Some(factory) = SentinelFactory::start_tls().await else {
+        return;
+    };
+    let deployment = &factory.deployment;
+    let url = deployment.url();
+    assert!(url.starts_with("rediss+sentinel://"), "{url}");
+    // The Sentinels name the primary at its TLS port (`primary` matches that address).
+    assert_eq!(deployment.primary().await.expect("a primary"), 0);
+    let tls_primary = deployment.server(0).client_addr();
+    assert_ne!(tls_primary, deployment.server(0).addr());
+
+    let hosts = url
+        .strip_prefix("rediss+sentinel://")
+        .and_then(|rest| rest.split('/').next())
+        .expect("the Sentinels' hosts");
+    let plain = format!(
+        "redis+sentinel://{hosts}/{}?request_timeout=1s",
+        deployment.master_name()
+    );
+    let err = lock_core::connect(&plain)
+        .await
+        .expect_err("plain Sentinel discovery on the TLS ports");
+    println!("redis+sentinel:// to the TLS ports: {err}");
+    let plain_ping = timeout(Duration::from_secs(2), async {
+        let client = redis::Client::open(format!("redis://{tls_primary}"))?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("PING").query_async::<String>(&mut conn).await
+    })
+    .await;
+    assert!(
+        !matches!(plain_ping, Ok(Ok(_))),
+        "the TLS port answered a plain PING"
+    );
+
+    let client = lock_core::connect(&format!("{url}&request_timeout=2s"))
+        .await
+        .expect("connect over TLS");
+    let before = client
+        .lock_timeout(name("tls_before").as_str(), Duration::from_secs(5))
+        .await
+        .expect("lock over TLS");
+    let token = before.fencing_token();
+    before.release().await.expect("release");
+
+    deployment
+        .server(0)
+        .kill9()
+        .await
+        .expect("kill the primary");
+    let promoted = deployment
+        .wait_for_new_primary(0, FAILOVER)
+        .await
+        .expect("failover");
+    let after = lock_patiently(&*client, &name("tls_before"), FOLLOW).await;
+    assert!(after.fencing_token() > token);
+    println!("failover to server {promoted}, followed over TLS");
+    after.release().await.expect("release");
 }

@@ -1,6 +1,7 @@
 //! redis-server as a [`ServerKind`]: a single server ([`RedisServer`]), and N
 //! independent servers for RedLock ([`RedisNodes`]); snapshots and wiped restarts.
 
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -34,6 +35,11 @@ pub struct RedisOptions {
     pub extra_config: Vec<String>,
     /// Number of [`RedisNodes`]; ignored by [`RedisServer`]. Default: 5.
     pub members: usize,
+    /// Serve TLS too, on a port of its own ([`RedisServer::tls_addr`]), with the
+    /// certificates [`make_certificates`](super::tls::make_certificates) wrote into this
+    /// directory (no client certificate asked for; replication over TLS). The plain port
+    /// stays open for the harness. Default: none.
+    pub tls: Option<PathBuf>,
 }
 
 impl Default for RedisOptions {
@@ -43,6 +49,7 @@ impl Default for RedisOptions {
             ready_timeout: DEFAULT_READY_TIMEOUT,
             extra_config: Vec::new(),
             members: 5,
+            tls: None,
         }
     }
 }
@@ -66,6 +73,12 @@ impl RedisOptions {
         self
     }
 
+    /// Sets [`tls`](Self::tls).
+    pub fn tls(mut self, certificates: impl Into<PathBuf>) -> Self {
+        self.tls = Some(certificates.into());
+        self
+    }
+
     /// Appends one line to [`extra_config`](Self::extra_config).
     pub fn config_line(mut self, line: impl Into<String>) -> Self {
         self.extra_config.push(line.into());
@@ -85,6 +98,7 @@ pub type RedisNodes = Cluster<Redis>;
 pub struct Redis {
     persistence: bool,
     snapshot_dir: PathBuf,
+    tls_port: Option<u16>,
 }
 
 #[async_trait]
@@ -96,7 +110,8 @@ impl ServerKind for Redis {
     const CLUSTER: &'static str = "redis nodes";
     const SCHEME: &'static str = "redis";
     const CLUSTER_SCHEME: &'static str = "redlock";
-    const PORTS: usize = 1;
+    /// The client port and the TLS port (used with [`RedisOptions::tls`] only).
+    const PORTS: usize = 2;
     const ELECTS_LEADER: bool = false;
 
     fn find() -> Result<PathBuf, HarnessError> {
@@ -118,11 +133,16 @@ impl ServerKind for Redis {
         member: Member<'_>,
     ) -> Result<Prepared<Self>, HarnessError> {
         let port = member.own_ports()[0];
+        let tls_port = options.tls.as_ref().map(|_| member.own_ports()[1]);
         let label = format!("redis-server 127.0.0.1:{port}");
         let data_dir = dir.join("data");
         create_dir(&label, &data_dir)?;
         let conf = dir.join("redis.conf");
-        write_file(&label, &conf, &config(port, &data_dir, options))?;
+        let mut text = config(port, &data_dir, options);
+        if let (Some(certificates), Some(tls_port)) = (&options.tls, tls_port) {
+            text.push_str(&tls_config(tls_port, certificates));
+        }
+        write_file(&label, &conf, &text)?;
         let spec = LaunchSpec {
             program: program.clone(),
             args: vec![conf.into_os_string()],
@@ -137,6 +157,7 @@ impl ServerKind for Redis {
             kind: Redis {
                 persistence: options.persistence,
                 snapshot_dir: dir.join("snapshot"),
+                tls_port,
             },
         })
     }
@@ -155,6 +176,17 @@ impl ServerKind for Redis {
 }
 
 impl Server<Redis> {
+    /// The TLS address, when started with [`RedisOptions::tls`].
+    pub fn tls_addr(&self) -> Option<SocketAddr> {
+        self.kind.tls_port.map(loopback)
+    }
+
+    /// Where clients reach the server: the TLS address when it serves TLS, else
+    /// [`addr`](Self::addr).
+    pub fn client_addr(&self) -> SocketAddr {
+        self.tls_addr().unwrap_or_else(|| self.addr())
+    }
+
     /// Like [`restart`](Self::restart), but deletes the data dir's contents in between
     /// (a cluster node keeps its configuration, see [`CLUSTER_CONFIG`]).
     ///
@@ -255,6 +287,23 @@ fn config(port: u16, data_dir: &Path, options: &RedisOptions) -> String {
         conf.push('\n');
     }
     conf
+}
+
+/// The `redis.conf` lines (of a server or a Sentinel) serving TLS on `port` with the
+/// certificates in `dir`, and speaking TLS to the servers it replicates from or watches.
+pub(crate) fn tls_config(port: u16, dir: &Path) -> String {
+    let path = |name: &str| dir.join(name).display().to_string();
+    format!(
+        "tls-port {port}\n\
+         tls-cert-file \"{}\"\n\
+         tls-key-file \"{}\"\n\
+         tls-ca-cert-file \"{}\"\n\
+         tls-auth-clients no\n\
+         tls-replication yes\n",
+        path("server.pem"),
+        path("server.key"),
+        path("ca.pem"),
+    )
 }
 
 /// A cluster node's own configuration (its id, epoch, peers), kept beside its data: not

@@ -18,9 +18,10 @@ use super::cluster::Cluster;
 use super::node::Node;
 use super::probe::{redis_reply, Probe, Reply};
 use super::process::{find_binary, LaunchSpec};
-use super::redis::{RedisOptions, RedisServer};
-use super::server::{loopback, Member, Prepared, ServerKind};
-use super::{wait_for_leader, write_file, HarnessError, DEFAULT_READY_TIMEOUT};
+use super::redis::{tls_config, RedisOptions, RedisServer};
+use super::server::{loopback, Member, Prepared, Server, ServerKind};
+use super::tls::make_certificates;
+use super::{temp_dir, wait_for_leader, write_file, HarnessError, DEFAULT_READY_TIMEOUT};
 use crate::proxy::{FaultProxy, SourceRouter};
 
 const HINT: &str = "apt-get install redis-server (Sentinel runs as `redis-server --sentinel`)";
@@ -100,7 +101,9 @@ impl SentinelOptions {
 
 /// A Sentinel process (`redis-server --sentinel`).
 #[derive(Debug)]
-pub struct Sentinel;
+pub struct Sentinel {
+    tls_port: Option<u16>,
+}
 
 #[async_trait]
 impl ServerKind for Sentinel {
@@ -111,7 +114,8 @@ impl ServerKind for Sentinel {
     const CLUSTER: &'static str = "redis sentinels";
     const SCHEME: &'static str = "redis";
     const CLUSTER_SCHEME: &'static str = "redis+sentinel";
-    const PORTS: usize = 1;
+    /// The client port and the TLS port (used with TLS data servers only).
+    const PORTS: usize = 2;
     const ELECTS_LEADER: bool = false;
 
     fn find() -> Result<PathBuf, HarnessError> {
@@ -133,13 +137,18 @@ impl ServerKind for Sentinel {
         member: Member<'_>,
     ) -> Result<Prepared<Self>, HarnessError> {
         let port = member.own_ports()[0];
+        let tls_port = options.redis.tls.as_ref().map(|_| member.own_ports()[1]);
         let label = format!("redis-sentinel 127.0.0.1:{port}");
         let primary = options.primary.ok_or_else(|| HarnessError::Cluster {
             cluster: label.clone(),
             detail: "a Sentinel needs the primary it monitors".to_owned(),
         })?;
         let conf = dir.join("sentinel.conf");
-        write_file(&label, &conf, &sentinel_config(port, dir, primary, options))?;
+        let mut text = sentinel_config(port, dir, primary, options);
+        if let (Some(certificates), Some(tls_port)) = (&options.redis.tls, tls_port) {
+            text.push_str(&tls_config(tls_port, certificates));
+        }
+        write_file(&label, &conf, &text)?;
         let spec = LaunchSpec {
             program: program.clone(),
             args: vec![conf.into_os_string(), "--sentinel".into()],
@@ -155,8 +164,16 @@ impl ServerKind for Sentinel {
                 options.ready_timeout,
             ),
             data_dir: dir.to_owned(),
-            kind: Sentinel,
+            kind: Sentinel { tls_port },
         })
+    }
+}
+
+impl Server<Sentinel> {
+    /// Where clients reach the Sentinel: its TLS port when the deployment serves TLS,
+    /// else [`addr`](Self::addr).
+    pub fn client_addr(&self) -> SocketAddr {
+        self.kind.tls_port.map_or_else(|| self.addr(), loopback)
     }
 }
 
@@ -245,6 +262,8 @@ pub struct RedisSentinel {
     front: Option<Front>,
     sentinels: Cluster<Sentinel>,
     options: SentinelOptions,
+    /// The certificates of a TLS deployment ([`start_tls`](Self::start_tls)).
+    certificates: Option<tempfile::TempDir>,
 }
 
 impl RedisSentinel {
@@ -255,6 +274,29 @@ impl RedisSentinel {
     /// replicas or the Sentinels do not come to agree in time.
     pub async fn start() -> Result<Self, HarnessError> {
         Self::start_with(SentinelOptions::default()).await
+    }
+
+    /// Starts a primary, two replicas and three Sentinels that all speak TLS to clients
+    /// and to each other (replication and monitoring over TLS), with throwaway
+    /// certificates ([`ca_file`](Self::ca_file)). Clients and Sentinels know only the TLS
+    /// ports ([`url`](Self::url) is `rediss+sentinel://`); the plain ports stay open for
+    /// the harness.
+    ///
+    /// # Errors
+    /// As [`start`](Self::start).
+    ///
+    /// # Panics
+    /// When `openssl` is missing or fails (see [`make_certificates`]).
+    pub async fn start_tls() -> Result<Self, HarnessError> {
+        let certificates = temp_dir("redis-tls")?;
+        make_certificates(certificates.path()).await;
+        let options = SentinelOptions {
+            redis: RedisOptions::default().tls(certificates.path()),
+            ..SentinelOptions::default()
+        };
+        let mut deployment = Self::start_with(options).await?;
+        deployment.certificates = Some(certificates);
+        Ok(deployment)
     }
 
     /// Starts the deployment with `options`.
@@ -269,7 +311,7 @@ impl RedisSentinel {
         } else {
             None
         };
-        let entry = front.as_ref().map_or(primary.addr(), Front::addr);
+        let entry = front.as_ref().map_or(primary.client_addr(), Front::addr);
         let follow = format!("replicaof {} {}", entry.ip(), entry.port());
         let mut servers = vec![primary];
         for _ in 0..options.replicas {
@@ -286,6 +328,7 @@ impl RedisSentinel {
             front,
             sentinels,
             options,
+            certificates: None,
         };
         let remaining = deployment
             .options
@@ -320,7 +363,7 @@ impl RedisSentinel {
         if self.front.as_ref().is_some_and(|f| f.addr() == addr) {
             return Some(0);
         }
-        self.servers.iter().position(|s| s.addr() == addr)
+        self.servers.iter().position(|s| s.client_addr() == addr)
     }
 
     /// The Sentinels.
@@ -333,9 +376,29 @@ impl RedisSentinel {
         &self.options.master_name
     }
 
-    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,…/<master name>`.
+    /// `redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,…/<master name>`; with TLS
+    /// `rediss+sentinel://` to the Sentinels' TLS ports with `tls_ca` set.
     pub fn url(&self) -> String {
-        format!("{}/{}", self.sentinels.url(), self.options.master_name)
+        let Some(ca) = self.ca_file() else {
+            return format!("{}/{}", self.sentinels.url(), self.options.master_name);
+        };
+        let hosts: Vec<String> = self
+            .sentinels
+            .members()
+            .iter()
+            .map(|s| s.client_addr().to_string())
+            .collect();
+        format!(
+            "rediss+sentinel://{}/{}?tls_ca={}",
+            hosts.join(","),
+            self.options.master_name,
+            ca.display()
+        )
+    }
+
+    /// The CA that signed the servers' certificates, in a TLS deployment.
+    pub fn ca_file(&self) -> Option<PathBuf> {
+        self.certificates.as_ref().map(|d| d.path().join("ca.pem"))
     }
 
     /// One more Sentinel, of its own, that names `primary` (e.g. a fault proxy in front of

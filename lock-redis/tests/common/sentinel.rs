@@ -1,5 +1,6 @@
 //! A conformance [`Factory`] over Redis behind Sentinel: a primary, two replicas and three
-//! Sentinels (`redis+sentinel://`), also a [`ChaosTarget`] for the fault scenarios.
+//! Sentinels (`redis+sentinel://`, or `rediss+sentinel://` with every process on TLS), also
+//! a [`ChaosTarget`] for the fault scenarios.
 
 use std::sync::{Arc, Mutex};
 
@@ -7,7 +8,9 @@ use async_trait::async_trait;
 use std::time::Duration;
 
 use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{or_skip, Cluster, RedisSentinel, Sentinel, SentinelOptions};
+use conformance::harness::{
+    or_skip, Cluster, HarnessError, RedisSentinel, Sentinel, SentinelOptions,
+};
 use conformance::{connect_patiently, Crash, Factory};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
@@ -40,9 +43,19 @@ impl SentinelFactory {
         Self::start_with(options, wait_replicas).await
     }
 
+    /// A factory over a fresh deployment serving TLS (`rediss+sentinel://`): clients know
+    /// only the TLS ports of the Sentinels and of the servers they name.
+    pub(crate) async fn start_tls() -> Option<Self> {
+        Self::over(RedisSentinel::start_tls().await, 0)
+    }
+
     async fn start_with(options: SentinelOptions, wait_replicas: u32) -> Option<Self> {
+        Self::over(RedisSentinel::start_with(options).await, wait_replicas)
+    }
+
+    fn over(deployment: Result<RedisSentinel, HarnessError>, wait_replicas: u32) -> Option<Self> {
         lock_core::raw::register::<lock_redis::RedisBackend>();
-        let deployment = or_skip(RedisSentinel::start_with(options).await)?;
+        let deployment = or_skip(deployment)?;
         Some(SentinelFactory {
             deployment,
             crashable: Mutex::new(Vec::new()),
@@ -59,11 +72,18 @@ impl SentinelFactory {
         let nodes = sentinels
             .members()
             .iter()
-            .map(|s| RedisNode::new(s.addr().ip().to_string(), s.port()))
+            .map(|s| {
+                let addr = s.client_addr();
+                RedisNode::new(addr.ip().to_string(), addr.port())
+            })
             .collect();
         let mut config = RedisConfig::sentinel(nodes, self.deployment.master_name());
         config.options = options;
         config.wait_replicas = self.wait_replicas;
+        if let Some(ca) = self.deployment.ca_file() {
+            config.tls = true;
+            config.ca_file = Some(ca);
+        }
         config
     }
 
@@ -136,7 +156,8 @@ impl ChaosTarget for SentinelFactory {
 
     async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
         let primary = self.deployment.primary().await.expect("a primary");
-        let (link, addrs) = Link::proxied(&[self.deployment.server(primary).addr()]).await;
+        let primary_addr = self.deployment.server(primary).client_addr();
+        let (link, addrs) = Link::proxied(&[primary_addr]).await;
         let own = self
             .deployment
             .own_sentinel(addrs[0])

@@ -235,6 +235,14 @@ impl ZkFactory {
         Some(factory)
     }
 
+    /// A factory over a fresh 3-member ensemble serving TLS on each member's secure port,
+    /// whose lock clients talk TLS (`zks://` to the three secure ports).
+    pub async fn start_tls_ensemble(tls: ZkTls) -> Option<Self> {
+        let mut factory = Self::start_ensemble_with(ZkOptions::default().tls(tls.clone())).await?;
+        factory.tls = Some(tls);
+        Some(factory)
+    }
+
     async fn over(servers: Servers) -> Self {
         lock_core::raw::register::<lock_zookeeper::ZkBackend>();
         let admin = raw_client(&servers.hosts()).await;

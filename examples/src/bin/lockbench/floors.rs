@@ -1,5 +1,6 @@
 //! The raw protocol floors: what a lock costs on each server with no library on top.
 
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -43,10 +44,16 @@ pub(crate) trait RawFloor: Send + Sync {
 pub(crate) enum FloorSpec {
     /// One Redis server (URL).
     Redis(String),
+    /// The primaries of a Redis Cluster (URL) and a hash tag of a slot each serves.
+    RedisCluster(Vec<(String, String)>),
+    /// One Redis server (URL) whose grants wait for this many replicas (`WAIT`).
+    RedisWait(String, u32),
     /// Redis nodes written in parallel, as RedLock does (URLs).
     RedisQuorum(Vec<String>),
     /// A ZooKeeper connect string.
     ZooKeeper(String),
+    /// A ZooKeeper connect string of TLS ports, and the CA that signed their certificates.
+    ZooKeeperTls(String, PathBuf),
     /// etcd endpoints.
     Etcd(Vec<String>),
     /// The dual lock's floor: the old side's floor, then the new side's; released in
@@ -59,10 +66,18 @@ impl FloorSpec {
     pub(crate) fn describe(&self) -> String {
         match self {
             FloorSpec::Redis(_) => "SET NX PX + EVALSHA compare-and-delete".into(),
+            FloorSpec::RedisCluster(shards) => format!(
+                "SET NX PX + EVALSHA on the name's primary (of {}), no redirection",
+                shards.len()
+            ),
+            FloorSpec::RedisWait(_, replicas) => {
+                format!("SET NX PX + WAIT {replicas} + EVALSHA compare-and-delete")
+            }
             FloorSpec::RedisQuorum(urls) => {
                 format!("SET NX PX + EVALSHA on {} nodes in parallel", urls.len())
             }
             FloorSpec::ZooKeeper(_) => "create ephemeral sequential + delete".into(),
+            FloorSpec::ZooKeeperTls(..) => "create ephemeral sequential + delete, over TLS".into(),
             FloorSpec::Etcd(_) => "txn put-if-absent with lease + delete".into(),
             FloorSpec::Dual(sides) => format!(
                 "{}, then {}; released in parallel",
@@ -88,16 +103,29 @@ impl FloorSpec {
                     new: Box::pin(new.open()).await?,
                 })
             }
-            FloorSpec::Redis(url) => Box::new(RedisFloor::connect(url).await?),
+            FloorSpec::Redis(url) => Box::new(RedisFloor::connect(url, None).await?),
+            FloorSpec::RedisCluster(shards) => {
+                let mut nodes = Vec::new();
+                for (url, tag) in shards {
+                    nodes.push((tag.clone(), RedisFloor::connect(url, None).await?));
+                }
+                Box::new(ClusterFloor { nodes })
+            }
+            FloorSpec::RedisWait(url, replicas) => {
+                Box::new(RedisFloor::connect(url, Some(*replicas)).await?)
+            }
             FloorSpec::RedisQuorum(urls) => {
                 let mut nodes = Vec::new();
                 for url in urls {
-                    nodes.push(RedisFloor::connect(url).await?);
+                    nodes.push(RedisFloor::connect(url, None).await?);
                 }
                 Box::new(QuorumFloor { nodes })
             }
             FloorSpec::ZooKeeper(connect_string) => {
-                Box::new(ZkFloor::connect(connect_string).await?)
+                Box::new(ZkFloor::connect(connect_string, None).await?)
+            }
+            FloorSpec::ZooKeeperTls(connect_string, ca_file) => {
+                Box::new(ZkFloor::connect(connect_string, Some(ca_file)).await?)
             }
             FloorSpec::Etcd(endpoints) => Box::new(EtcdFloor::connect(endpoints).await?),
         })
@@ -106,23 +134,32 @@ impl FloorSpec {
 
 /// Lease of raw holds: long enough never to expire during a measurement.
 const RAW_TTL: Duration = Duration::from_secs(30);
+/// `WAIT`'s timeout in the replicated Redis floor, in milliseconds (lock-redis's default
+/// `wait_timeout`).
+const WAIT_LIMIT_MS: u64 = 100;
 /// Bound on opening a floor client.
 const CONNECT_LIMIT: Duration = Duration::from_secs(30);
 
-/// Redis: `SET key token NX PX ttl`, then a compare-and-delete script by EVALSHA.
+/// Redis: `SET key token NX PX ttl` (then `WAIT replicas`, when set), then a
+/// compare-and-delete script by EVALSHA.
 struct RedisFloor {
     conn: redis::aio::MultiplexedConnection,
     release: redis::Script,
+    wait: Option<u32>,
 }
 
 impl RedisFloor {
-    async fn connect(url: &str) -> Result<Self, BoxError> {
+    async fn connect(url: &str, wait: Option<u32>) -> Result<Self, BoxError> {
         let client = redis::Client::open(url)?;
         let conn = client.get_multiplexed_async_connection().await?;
         let release = redis::Script::new(
             "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
         );
-        Ok(RedisFloor { conn, release })
+        Ok(RedisFloor {
+            conn,
+            release,
+            wait,
+        })
     }
 }
 
@@ -141,6 +178,18 @@ impl RawFloor for RedisFloor {
             .query_async(&mut conn)
             .await?;
         set.ok_or("raw SET NX found the key held")?;
+        if let Some(replicas) = self.wait {
+            let acked: u32 = redis::cmd("WAIT")
+                .arg(replicas)
+                .arg(WAIT_LIMIT_MS)
+                .query_async(&mut conn)
+                .await?;
+            if acked < replicas {
+                return Err(
+                    format!("raw WAIT: {acked} of {replicas} replicas acknowledged").into(),
+                );
+            }
+        }
         Ok(RawHold::new(name.to_owned(), token))
     }
 
@@ -165,11 +214,19 @@ struct ZkFloor {
 }
 
 impl ZkFloor {
-    async fn connect(connect_string: &str) -> Result<Self, BoxError> {
-        let client = zk::Client::connector()
-            .with_session_timeout(RAW_TTL)
-            .connect(connect_string)
-            .await?;
+    /// Over TLS when `ca_file` is given (the server asks for no client certificate).
+    async fn connect(connect_string: &str, ca_file: Option<&Path>) -> Result<Self, BoxError> {
+        let connector = zk::Client::connector().with_session_timeout(RAW_TTL);
+        let client = match ca_file {
+            Some(ca_file) => {
+                let ca = tokio::fs::read_to_string(ca_file).await?;
+                connector
+                    .with_tls(zk::TlsOptions::new().with_pem_ca(&ca)?)
+                    .secure_connect(connect_string)
+                    .await?
+            }
+            None => connector.connect(connect_string).await?,
+        };
         Ok(ZkFloor { client })
     }
 }
@@ -239,6 +296,35 @@ impl RawFloor for EtcdFloor {
     async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
         self.client.kv_client().delete(hold.name, None).await?;
         Ok(())
+    }
+}
+
+/// Redis Cluster's floor: the raw Redis floor on one primary per name, the name's key
+/// carrying a hash tag of that primary's slots (names spread over the primaries as a
+/// hash of the name picks).
+struct ClusterFloor {
+    /// Each primary's hash tag and floor.
+    nodes: Vec<(String, RedisFloor)>,
+}
+
+#[async_trait]
+impl RawFloor for ClusterFloor {
+    async fn acquire(&self, name: &str) -> Result<RawHold, BoxError> {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        name.hash(&mut hasher);
+        let shard = usize::try_from(hasher.finish() % u64::try_from(self.nodes.len())?)?;
+        let (tag, node) = &self.nodes[shard];
+        node.acquire(&format!("{tag}{name}")).await
+    }
+
+    async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
+        let (_, node) = self
+            .nodes
+            .iter()
+            .find(|(tag, _)| hold.name.starts_with(tag.as_str()))
+            .ok_or("a cluster raw hold without its shard's tag")?;
+        node.release(hold).await
     }
 }
 

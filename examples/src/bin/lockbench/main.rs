@@ -6,6 +6,7 @@
 //! lockbench --backends memory,redis,redlock,zookeeper,etcd --duration 2s --runs 3
 //! lockbench --backends zookeeper,zookeeper-3 --held 100,1000,10000   # ZooKeeper, also on an ensemble
 //! lockbench --backends zookeeper,redis,dual    # the migration lock next to its two sides
+//! lockbench --backends redis,redis-sentinel,redis-sentinel-wait1,redis-cluster,zookeeper,zookeeper-tls
 //! ```
 //!
 //! All backends' servers are started first; each run is then one pass over the backends,

@@ -8,7 +8,8 @@ use std::net::SocketAddr;
 
 use async_trait::async_trait;
 use conformance::harness::{
-    EtcdServer, HarnessError, RedisNodes, RedisOptions, RedisServer, ZkEnsemble, ZkServer,
+    EtcdServer, HarnessError, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer,
+    ZkEnsemble, ZkOptions, ZkServer, ZkTls,
 };
 
 use crate::floors::FloorSpec;
@@ -17,9 +18,9 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A backend under test.
 pub(crate) struct Target {
-    /// Short label (`memory`, `redis`, `redlock-5`, `zookeeper`, `etcd`).
+    /// Short label (`memory`, `redis`, `redlock-5`, `zookeeper`, `etcd`, …).
     pub(crate) label: String,
-    /// URL of the lock service, without query string.
+    /// URL of the lock service; workloads append their own query options.
     pub(crate) url: String,
     /// The raw protocol floor on the same servers, if the backend has one.
     pub(crate) floor: Option<FloorSpec>,
@@ -54,20 +55,30 @@ impl Target {
                 let sides: Vec<String> = sides.split('|').map(|s| format!("{s}?{query}")).collect();
                 format!("{DUAL_PREFIX}{}", sides.join("|"))
             }
+            None if self.url.contains('?') => format!("{}&{query}", self.url),
             None => format!("{}?{query}", self.url),
         }
     }
 }
 
-/// The backends lockbench knows, in report order. `zookeeper-3` (a 3-member ensemble,
-/// the client on a follower) is measured only when asked for. `dual` is the migration
-/// lock from ZooKeeper to Redis (`dual:zk://…|redis://…`) on servers of its own.
+/// The backends lockbench knows, in report order. Measured only when asked for:
+/// `redis-cluster` (three primaries with a replica each, `redis+cluster://`),
+/// `redis-sentinel` (a primary with two replicas behind three Sentinels,
+/// `redis+sentinel://`), `redis-sentinel-wait1` (the same, each grant waiting for one
+/// replica's acknowledgement: `wait_replicas=1`), `zookeeper-3` (a 3-member ensemble, the
+/// client on a follower) and `zookeeper-tls` (`zks://`, one server, TLS with a private CA).
+/// `dual` is the migration lock from ZooKeeper to Redis (`dual:zk://…|redis://…`) on
+/// servers of its own.
 pub(crate) const BACKENDS: &[&str] = &[
     "memory",
     "redis",
+    "redis-cluster",
+    "redis-sentinel",
+    "redis-sentinel-wait1",
     "redlock",
     "zookeeper",
     "zookeeper-3",
+    "zookeeper-tls",
     "etcd",
     "dual",
 ];
@@ -210,23 +221,74 @@ fn harness(err: HarnessError) -> String {
     format!("cannot start its servers: {err}")
 }
 
+/// A target on servers of the network, holding nothing yet.
+fn networked(
+    label: &str,
+    url: String,
+    floor: FloorSpec,
+    requests: Box<dyn RequestCounter>,
+) -> Target {
+    Target {
+        label: label.into(),
+        url,
+        floor: Some(floor),
+        cross_process: true,
+        takeover_ttl: TAKEOVER_TTL,
+        requests: Some(requests),
+        servers: Vec::new(),
+    }
+}
+
+fn counter_err(e: BoxError) -> String {
+    format!("request counter client failed: {e}")
+}
+
+/// A Redis target whose clients send their scripts to the servers at `counted` (for the
+/// renewal workload's request count), kept alive by `servers`.
+async fn redis_target(
+    label: &str,
+    url: String,
+    floor: FloorSpec,
+    counted: &[String],
+    servers: Box<dyn Any + Send + Sync>,
+) -> Result<Target, String> {
+    let counter = RedisCounter::connect(counted).await.map_err(counter_err)?;
+    let mut target = networked(label, url, floor, Box::new(counter));
+    target.servers.push(servers);
+    Ok(target)
+}
+
+/// Each primary of `cluster` (its URL) with a hash tag whose slot it serves: the raw
+/// floor's keys carry one, so that each goes straight to its primary.
+async fn cluster_shards(cluster: &RedisCluster) -> Result<Vec<(String, String)>, HarnessError> {
+    // Three primaries, each with a replica.
+    let primaries = cluster.servers().len() / 2;
+    let mut shards: Vec<(usize, String)> = Vec::new();
+    for n in 0..256 {
+        if shards.len() == primaries {
+            break;
+        }
+        let tag = format!("{{{n}}}");
+        let owner = cluster.owner_of(cluster.slot_of(&tag).await?).await?;
+        if !shards.iter().any(|(server, _)| *server == owner) {
+            shards.push((owner, tag));
+        }
+    }
+    Ok(shards
+        .into_iter()
+        .map(|(server, tag)| (cluster.server(server).url(), tag))
+        .collect())
+}
+
 /// Starts what `backend` needs on this machine, or says why it cannot.
 pub(crate) async fn start(backend: &str) -> Result<Target, String> {
-    let networked =
-        |label: &str, url: String, floor: FloorSpec, requests: Box<dyn RequestCounter>| Target {
-            label: label.into(),
-            url,
-            floor: Some(floor),
-            cross_process: true,
-            takeover_ttl: TAKEOVER_TTL,
-            requests: Some(requests),
-            servers: Vec::new(),
-        };
-    let counter_err = |e: BoxError| format!("request counter client failed: {e}");
     let scheme = match backend {
         "redis" => "redis",
+        "redis-cluster" => "redis+cluster",
+        "redis-sentinel" | "redis-sentinel-wait1" => "redis+sentinel",
         "redlock" => "redlock",
         "zookeeper" | "zookeeper-3" => "zk",
+        "zookeeper-tls" => "zks",
         "etcd" => "etcd",
         // Each side is checked when it starts.
         "dual" => "dual",
@@ -247,13 +309,28 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
         }),
         "redis" => {
             let server = RedisServer::start().await.map_err(harness)?;
-            let floor = FloorSpec::Redis(server.url());
-            let counter = RedisCounter::connect(&[server.url()])
-                .await
-                .map_err(counter_err)?;
-            let mut target = networked("redis", server.url(), floor, Box::new(counter));
-            target.servers.push(Box::new(server));
-            Ok(target)
+            let url = server.url();
+            let floor = FloorSpec::Redis(url.clone());
+            redis_target("redis", url.clone(), floor, &[url], Box::new(server)).await
+        }
+        "redis-cluster" => {
+            let cluster = RedisCluster::start().await.map_err(harness)?;
+            let shards = cluster_shards(&cluster).await.map_err(harness)?;
+            let primaries: Vec<String> = shards.iter().map(|(url, _)| url.clone()).collect();
+            let floor = FloorSpec::RedisCluster(shards);
+            redis_target(backend, cluster.url(), floor, &primaries, Box::new(cluster)).await
+        }
+        "redis-sentinel" | "redis-sentinel-wait1" => {
+            let deployment = RedisSentinel::start().await.map_err(harness)?;
+            // The floor runs on the primary itself, with no discovery in front.
+            let primary = deployment.server(0).url();
+            let (url, floor) = if backend == "redis-sentinel-wait1" {
+                let url = format!("{}?wait_replicas=1", deployment.url());
+                (url, FloorSpec::RedisWait(primary.clone(), 1))
+            } else {
+                (deployment.url(), FloorSpec::Redis(primary.clone()))
+            };
+            redis_target(backend, url, floor, &[primary], Box::new(deployment)).await
         }
         "redlock" => {
             let nodes = RedisNodes::start_with(RedisOptions::default().members(5))
@@ -276,6 +353,25 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let url = format!("{}/lockbench", server.url());
             let mut target = networked("zookeeper", url, floor, Box::new(counter));
             target.servers.push(Box::new(server));
+            Ok(target)
+        }
+        "zookeeper-tls" => {
+            let tls = ZkTls::make().await.map_err(harness)?;
+            let options = ZkOptions::default().tls(tls.clone());
+            let server = ZkServer::start_with(options).await.map_err(harness)?;
+            let port = server
+                .secure_port()
+                .ok_or("the TLS server has no secure port")?;
+            let hosts = format!("127.0.0.1:{port}");
+            let ca_file = tls.ca_file();
+            let url = format!("zks://{hosts}/lockbench?ca_file={}", ca_file.display());
+            let floor = FloorSpec::ZooKeeperTls(hosts, ca_file);
+            let counter = ZkCounter {
+                addrs: vec![server.addr()],
+            };
+            let mut target = networked("zookeeper-tls", url, floor, Box::new(counter));
+            target.servers.push(Box::new(server));
+            target.servers.push(Box::new(tls));
             Ok(target)
         }
         "zookeeper-3" => {

@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# Every test of the workspace, as `cargo test --workspace --no-fail-fast` runs them, with
+# the test binaries of the workspace run side by side instead of one after another.
+#
+# Most tests wait on timers (leases, session timeouts, failovers), so one binary at a time
+# leaves the machine idle. This script builds every test binary once
+# (`cargo test --workspace --no-run`), then runs them TEST_JOBS at a time (default 3),
+# longest first (durations of the last run in target/test-durations, else a fixed guess),
+# each in its package's directory with the environment cargo would give it. A binary's
+# output is kept whole in target/test-logs/ and printed as one block when it ends; every
+# binary runs even when others failed (--no-fail-fast), and the exit status is non-zero if
+# any binary or the doc tests failed. Arguments are passed to every test binary
+# (e.g. `-- --test-threads 1`); TEST_JOBS=1 runs them one at a time.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+CARGO=${CARGO:-cargo}
+JOBS=${TEST_JOBS:-3}
+TARGET_DIR=${CARGO_TARGET_DIR:-target}
+LOGS="$TARGET_DIR/test-logs"
+DURATIONS="$TARGET_DIR/test-durations"
+rm -rf "$LOGS" && mkdir -p "$LOGS"
+
+started=$(date +%s)
+# The build fails loudly: nothing runs on a half-built workspace.
+if ! "$CARGO" test --workspace --no-run --message-format json-render-diagnostics \
+    >"$LOGS/build.json"; then
+    echo "run-tests: building the test binaries failed" >&2
+    exit 101
+fi
+built=$(($(date +%s) - started))
+
+# One line per test binary: label, executable, package directory, package name.
+artifact='"package_id":"[^"]*[/#]([A-Za-z0-9_-]+)(@[^"]*|#[^"]*)?","manifest_path":"([^"]*)/Cargo.toml","target":\{"kind":\["([a-z-]+)"\][^}]*"name":"([^"]*)"'
+while IFS= read -r line; do
+    [[ $line == *'"reason":"compiler-artifact"'* && $line =~ \"profile\":\{[^}]*\"test\":true\} ]] || continue
+    [[ $line =~ \"executable\":\"([^\"]+)\" ]] || continue
+    exe=${BASH_REMATCH[1]}
+    [[ $line =~ $artifact ]] || continue
+    dir=${BASH_REMATCH[3]}
+    printf '%s/%s/%s\t%s\t%s\t%s\n' "${dir##*/}" "${BASH_REMATCH[4]}" "${BASH_REMATCH[5]}" \
+        "$exe" "$dir" "${BASH_REMATCH[1]}"
+done <"$LOGS/build.json" | sort -u >"$LOGS/binaries.tsv"
+if [[ ! -s $LOGS/binaries.tsv ]]; then
+    echo "run-tests: no test binary found in cargo's build output ($LOGS/build.json)" >&2
+    exit 101
+fi
+
+# Expected duration of a label: last run's, else a guess from the name (servers and
+# fault schedules first, unit tests last).
+expected() {
+    local label=$1 seconds
+    seconds=$(awk -F'\t' -v l="$label" '$1 == l { print $2 }' "$DURATIONS" 2>/dev/null | tail -1)
+    if [[ -n $seconds ]]; then
+        echo "$seconds"
+        return
+    fi
+    case $label in
+        */chaos | */dual | */conformance) echo 90 ;;
+        */operations | */faults | */session | */sentinel | */migration) echo 30 ;;
+        */test/*) echo 10 ;;
+        *) echo 1 ;;
+    esac
+}
+
+queue=()
+while IFS=$'\t' read -r label _; do
+    queue+=("$(expected "$label")"$'\t'"$label")
+done <"$LOGS/binaries.tsv"
+mapfile -t queue < <(printf '%s\n' "${queue[@]}" "$(expected doc-tests)"$'\t'"doc-tests" |
+    sort -t$'\t' -k1,1nr | cut -f2)
+
+declare -A pid_label=() began=()
+failed=()
+new_durations=()
+
+run_one() {
+    local label=$1
+    shift
+    if [[ $label == doc-tests ]]; then
+        "$CARGO" test --workspace --doc --no-fail-fast -- "$@"
+        return
+    fi
+    local exe dir pkg
+    IFS=$'\t' read -r _ exe dir pkg < <(awk -F'\t' -v l="$label" '$1 == l' "$LOGS/binaries.tsv")
+    cd "$dir" && CARGO_MANIFEST_DIR="$dir" CARGO_PKG_NAME="$pkg" exec "$exe" "$@"
+}
+
+finish() {
+    local pid=$1 status=$2 label=${pid_label[$1]} took
+    took=$(($(date +%s) - ${began[$1]}))
+    unset "pid_label[$pid]"
+    new_durations+=("$label"$'\t'"$took")
+    echo
+    echo "     Running $label (${took}s, exit $status)"
+    cat "$LOGS/${label//\//.}.log"
+    if ((status != 0)); then
+        failed+=("$label")
+    fi
+}
+
+args=("$@")
+[[ ${args[0]:-} == -- ]] && args=("${args[@]:1}")
+for label in "${queue[@]}"; do
+    while ((${#pid_label[@]} >= JOBS)); do
+        wait -n -p done_pid
+        status=$?
+        finish "$done_pid" "$status"
+    done
+    run_one "$label" "${args[@]}" >"$LOGS/${label//\//.}.log" 2>&1 &
+    pid_label[$!]=$label
+    began[$!]=$(date +%s)
+done
+while ((${#pid_label[@]} > 0)); do
+    wait -n -p done_pid
+    status=$?
+    finish "$done_pid" "$status"
+done
+
+printf '%s\n' "${new_durations[@]}" | sort -t$'\t' -k2,2nr >"$DURATIONS"
+echo
+echo "run-tests: built in ${built}s, then $(wc -l <"$DURATIONS") binaries, $JOBS at a time," \
+    "in $(($(date +%s) - started - built))s ($(awk -F'\t' '{ s += $2 } END { print s }' "$DURATIONS")s" \
+    "one after another); slowest:"
+head -5 "$DURATIONS" | sed 's/^/  /'
+if ((${#failed[@]} > 0)); then
+    echo "run-tests: failed: ${failed[*]} (logs in $LOGS)"
+    exit 101
+fi
