@@ -25,7 +25,7 @@ DEPS=(
   "libc6-dev|gcc|check_c_program|cc compiles and links a C program against libc"
   "protobuf-compiler||check_protoc|protoc compiles a .proto file (etcd-client's build script runs it)"
   "libprotobuf-dev|protobuf-compiler|check_protoc_imports|protoc compiles a .proto importing google/protobuf/descriptor.proto (etcd-client's protos do)"
-  "redis-server||check_redis|redis-server runs (the harness's Redis servers, and its Sentinels as redis-server --sentinel)"
+  "redis-server||check_redis|redis-server 7 or later runs (the harness's Redis servers, Sentinels as redis-server --sentinel, and Cluster nodes: sharded pub/sub, script flags)"
   "etcd-server||check_etcd|etcd runs (the harness's etcd servers, the etcds:// test)"
   "etcd-client||check_etcdctl|etcdctl runs (the etcdctl lock interop test)"
   "openssl||check_openssl|openssl makes a CA and a server certificate it signs, as the TLS tests do"
@@ -81,8 +81,11 @@ check_protoc_imports() {
   protoc -I "$work" --descriptor_set_out="$work/imports.pb" "$work/imports.proto"
 }
 
+# Redis 7 at least: the Cluster tests use sharded pub/sub and script flags.
 check_redis() {
-  redis-server --version | grep 'Redis server v='
+  local major
+  major=$(redis-server --version | sed -n 's/.*Redis server v=\([0-9]*\)\..*/\1/p')
+  redis-server --version && [ -n "$major" ] && [ "$major" -ge 7 ]
 }
 
 check_etcd() {
