@@ -294,10 +294,12 @@ async fn a_failover_keeps_replicated_holds_and_loses_the_others() {
     drop((kept_next, dropped_next));
 }
 
-/// A held and contended name's slot moves to another primary: half-way (its keys on the
-/// new primary, the slot still the old one's: ASK) the holder keeps renewing it there;
-/// once the move is complete (MOVED) too. After the release the waiter is woken and
-/// granted on the new primary; nothing is left behind.
+/// A held and contended name's slot moves to another primary. Half-way (its keys on the
+/// new primary, the slot still the old one's) each renewal round's batch to the old
+/// primary answers "elsewhere" for the hold, which is sent again alone: `ASK`, then
+/// `ASKING` and the renewal on the new primary (counted there; the waiter sends nothing
+/// meanwhile). Once the move is complete, renewals follow `MOVED`. After the release the
+/// waiter is woken and granted on the new primary; nothing is left behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_slot_moves_while_held_and_contended() {
     let Some(factory) = ClusterFactory::start().await else {
@@ -337,9 +339,15 @@ async fn a_slot_moves_while_held_and_contended() {
         moved >= 2,
         "the lock key and its fencing counter move: {moved}"
     );
-    // Half-way: two renewals must reach the key on the new primary (through ASK).
+    // Half-way: two renewals must reach the key on the new primary, through ASK.
+    let asked = asking_calls(&factory, 1).await;
     sleep(ttl).await;
     assert_eq!(guard.state(), LockState::Held, "renewed through ASK");
+    let asked = asking_calls(&factory, 1).await - asked;
+    assert!(
+        asked >= 2,
+        "renewals sent ASKING to the new primary: {asked}"
+    );
     let (owner, pttl) = {
         let mut conn = raw(factory.cluster.server(1).addr()).await;
         let mut pipe = redis::pipe();
@@ -380,8 +388,8 @@ async fn a_slot_moves_while_held_and_contended() {
         "woken, not rechecked"
     );
     println!(
-        "slot move: renewed through ASK (PTTL {half_way_pttl} ms on the new primary) and \
-         after MOVED; the waiter's channel subscribed on the new primary {resubscribed:?} \
+        "slot move: renewed through ASK ({asked} ASKING, PTTL {half_way_pttl} ms on the new \
+         primary) and after MOVED; the waiter's channel subscribed on the new primary {resubscribed:?} \
          after the move; the waiter granted {:?} after the release",
         granted - released
     );
@@ -393,6 +401,101 @@ async fn a_slot_moves_while_held_and_contended() {
     let (left, _) = key_on(&factory, 0, &lock_key).await;
     assert!(left.is_none(), "nothing on the old primary");
     await_shard_channels(&factory, 1, &lock, 0).await;
+}
+
+/// `ASKING` calls on server `i` (`INFO commandstats`).
+async fn asking_calls(factory: &ClusterFactory, i: usize) -> u64 {
+    factory.cluster.command_calls(i, "asking").await
+}
+
+/// Half-way through a slot move (every key on the new primary, the slot still the old
+/// one's), a renewal, an acquire of the held, contended name by another client and the
+/// release each reach the new primary through `ASK` (each sends `ASKING` there, counted
+/// with nothing else running) and act on the keys there: the lease extended, the name
+/// busy, the key gone. The waiter is granted once the move is complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_for_keys_that_went_ahead_follow_ask() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    // No automatic renewal within the test: only the requests made here send ASKING.
+    let ttl = Duration::from_secs(30);
+    let holder = factory.make(with_ttl(ttl)).await;
+    let other = factory.make(with_ttl(ttl)).await;
+    let lock = name_on(&factory, "asked", 0).await;
+    let lock_key = key(&lock);
+    let guard = holder.lock(lock.as_str()).await.expect("hold");
+    // Queued (its recheck after the test): the acquire script's keys all exist.
+    let mut waiter_options = with_ttl(ttl);
+    waiter_options.recheck = Duration::from_secs(60);
+    let waiter = factory.make(waiter_options).await;
+    let waiting = {
+        let (waiter, lock) = (Arc::clone(&waiter), lock.clone());
+        tokio::spawn(async move { lock_patiently(&*waiter, &lock, Duration::from_secs(30)).await })
+    };
+    await_shard_channels(&factory, 0, &lock, 1).await;
+    let slot = factory.cluster.slot_of(&lock_key).await.expect("slot");
+    let moving = factory.cluster.begin_move(slot, 1).await.expect("begin");
+    factory
+        .cluster
+        .move_keys(&moving)
+        .await
+        .expect("move the keys");
+    let asked_on_target = |pttl_of: bool| {
+        let lock_key = lock_key.clone();
+        let addr = factory.cluster.server(1).addr();
+        async move {
+            let mut conn = raw(addr).await;
+            let mut pipe = redis::pipe();
+            pipe.cmd("ASKING")
+                .ignore()
+                .cmd(if pttl_of { "PTTL" } else { "EXISTS" });
+            pipe.arg(&lock_key);
+            let (seen,): (i64,) = pipe.query_async(&mut conn).await.expect("ASKING");
+            seen
+        }
+    };
+
+    let before = asking_calls(&factory, 1).await;
+    let longer = ttl * 2;
+    guard.extend_for(longer).await.expect("renewed through ASK");
+    let renewal = asking_calls(&factory, 1).await - before;
+    let pttl = asked_on_target(true).await;
+    assert!(
+        u128::try_from(pttl).expect("a lease") > ttl.as_millis(),
+        "the lease on the new primary is extended: PTTL {pttl}"
+    );
+
+    let before = asking_calls(&factory, 1).await;
+    let busy = other.try_lock(lock.as_str()).await;
+    assert!(matches!(busy, Ok(None)), "held: {busy:?}");
+    let acquire = asking_calls(&factory, 1).await - before;
+
+    let before = asking_calls(&factory, 1).await;
+    guard.release().await.expect("released through ASK");
+    let release = asking_calls(&factory, 1).await - before;
+    assert_eq!(asked_on_target(false).await, 0, "the key is gone");
+    println!(
+        "half-way through a slot move: ASKING on the new primary per request: renewal \
+         {renewal}, acquire of the held name {acquire}, release {release}"
+    );
+    for (what, asked) in [
+        ("renewal", renewal),
+        ("acquire", acquire),
+        ("release", release),
+    ] {
+        assert!(asked >= 1, "the {what} went through ASK");
+    }
+    factory.cluster.finish_move(&moving).await.expect("finish");
+    let next = timeout(Duration::from_secs(15), waiting)
+        .await
+        .expect("the waiter is granted after the move")
+        .expect("waiter task");
+    next.release().await.expect("release");
+    assert!(factory
+        .leftovers(std::slice::from_ref(&lock))
+        .await
+        .is_empty());
 }
 
 /// A held and contended name is released and asked for while its slot is being migrated:
