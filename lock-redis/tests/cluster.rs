@@ -821,3 +821,65 @@ async fn replica_acknowledged_grants_wait_for_the_slots_replica() {
     assert!(took < Duration::from_secs(2), "{took:?}");
     assert!(factory.leftovers(&[acknowledged, refused]).await.is_empty());
 }
+
+/// 300 holds of one client on one primary, which is killed: once its replica is promoted,
+/// the renewal round that finds the old primary dead reloads the slot map once and renews
+/// the holds on the promoted replica in one batch (`INFO commandstats` there), not with
+/// one call per hold; every hold stays Held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn renewal_after_a_failover_is_batched_on_the_new_primary() {
+    let Some(factory) = ClusterFactory::start_for_failover().await else {
+        return;
+    };
+    // Longer than a promotion (~2.5 s) and a renewal.
+    let ttl = Duration::from_secs(6);
+    let client = factory.make(with_ttl(ttl)).await;
+    let (primary, replica) = (0, 3);
+    let mut names = Vec::new();
+    for _ in 0..300 {
+        names.push(name_on(&factory, "batched", primary).await);
+    }
+    let guards = join_all(names.iter().map(|lock| client.lock(lock.as_str()))).await;
+    let guards: Vec<_> = guards.into_iter().map(|g| g.expect("hold")).collect();
+    let mut primary_conn = raw(factory.cluster.server(primary).addr()).await;
+    let acked: i64 = redis::cmd("WAIT")
+        .arg(1)
+        .arg(2000)
+        .query_async(&mut primary_conn)
+        .await
+        .expect("WAIT");
+    assert_eq!(acked, 1, "every key reached the replica");
+    let before = factory.cluster.command_calls(replica, "evalsha").await;
+    factory
+        .cluster
+        .server(primary)
+        .kill9()
+        .await
+        .expect("kill the primary");
+    let slot = factory
+        .cluster
+        .slot_of(&key(&names[0]))
+        .await
+        .expect("slot");
+    let promoted = factory
+        .cluster
+        .wait_for_new_owner(slot, primary, FAILOVER)
+        .await
+        .expect("the replica is promoted");
+    assert_eq!(promoted, replica);
+    let give_up = Instant::now() + ttl;
+    while !guards.iter().all(|g| g.state() == LockState::Held) {
+        assert!(Instant::now() < give_up, "every hold is renewed again");
+        sleep(Duration::from_millis(20)).await;
+    }
+    // One more interval: the round after is a batch as well.
+    sleep(ttl / 3).await;
+    let calls = factory.cluster.command_calls(replica, "evalsha").await - before;
+    println!("renewal of 300 holds after a failover: {calls} script calls on the promoted replica");
+    assert!(
+        calls <= 8,
+        "one batch per round, not one call per hold: {calls}"
+    );
+    assert!(guards.iter().all(|g| g.state() == LockState::Held));
+    join_all(guards.into_iter().map(|g| g.release())).await;
+}
