@@ -15,7 +15,7 @@ use redis::ScriptInvocation;
 use tokio::time::Instant;
 
 use crate::backend::Inner;
-use crate::connection::{group_by_shard, slot_of, Route, Shards};
+use crate::connection::{group_by_shard, slot_of, Node, Route, Shards};
 use crate::error;
 
 /// Keys per renewal script call; bigger batches are split into several calls sent
@@ -232,13 +232,16 @@ impl Inner {
 
     /// Renews `items` on Redis Cluster: one script call per primary (per [`RENEW_CHUNK`]
     /// keys) for the holds of every slot it serves, the keys passed as arguments to the
-    /// renew script (flagged `allow-cross-slot-keys` on a cluster). A hold whose slot the
-    /// primary no longer serves (it moved, or is moving and its key went ahead) is sent
-    /// again on its own, routed by its lock key so that the cluster's redirections are
-    /// followed; a primary that does not answer leaves its holds undecided.
+    /// renew script (flagged `allow-cross-slot-keys` on a cluster). When a primary does not
+    /// answer or no longer serves some holds, the slot map is reloaded once and the holds
+    /// whose slot has another primary now are renewed there, again one call per primary.
+    /// A hold its primary still serves but answers "elsewhere" for (its slot is moving and
+    /// its key went ahead) is sent again on its own, routed by its lock key so that the
+    /// cluster's `ASK` is followed.
     ///
     /// # Errors
-    /// Never as a whole: a primary that does not answer leaves its holds undecided.
+    /// Only when the slot map cannot be loaded at all: a primary that does not answer
+    /// leaves its holds undecided.
     async fn renew_cluster(
         &self,
         shards: &Shards,
@@ -246,49 +249,38 @@ impl Inner {
     ) -> Result<Vec<RenewOutcome>> {
         let deadline = Instant::now() + self.config.options.request_timeout;
         let primaries = shards.primaries(deadline).await?;
-        let (groups, mut again) = group_by_shard(
-            shards,
-            &primaries,
-            items.iter().map(|item| item.hold.keys.key.as_str()),
-        );
+        let seen = shards.version();
         let mut statuses: Vec<Option<i64>> = vec![None; items.len()];
-        let batches = groups.iter().zip(&primaries).flat_map(|(group, node)| {
-            group.chunks(RENEW_CHUNK).map(move |chunk| async move {
-                let mut invocation = self.scripts.renew.prepare_invoke();
-                for &i in chunk {
-                    invocation
-                        .arg(&items[i].hold.keys.key)
-                        .arg(&items[i].hold.keys.broken);
+        let slot = |i: usize| slot_of(items[i].hold.keys.key.as_bytes());
+        let all: Vec<usize> = (0..items.len()).collect();
+        let pending = self
+            .renew_batches(&primaries, shards, items, &all, &mut statuses, deadline)
+            .await;
+        let mut alone = Vec::new();
+        if !pending.is_empty() {
+            let asked: Vec<Option<usize>> = pending
+                .iter()
+                .map(|(i, _)| shards.owner_index(slot(*i)))
+                .collect();
+            let reloaded = shards.reload(seen, deadline).await.is_ok();
+            let mut moved = Vec::new();
+            for ((i, elsewhere), asked) in pending.into_iter().zip(asked) {
+                if reloaded && (asked.is_none() || shards.owner_index(slot(i)) != asked) {
+                    moved.push(i);
+                } else if elsewhere {
+                    alone.push(i);
                 }
-                for &i in chunk {
-                    invocation
-                        .arg(items[i].hold.token.as_str())
-                        .arg(ttl_millis(items[i].ttl));
-                }
-                let reply = node
-                    .script::<Vec<i64>>("renew", deadline, &invocation)
+                // Else its primary did not answer and still serves it: undecided.
+            }
+            if !moved.is_empty() {
+                let primaries = shards.primaries(deadline).await?;
+                let pending = self
+                    .renew_batches(&primaries, shards, items, &moved, &mut statuses, deadline)
                     .await;
-                (chunk, reply)
-            })
-        });
-        for (chunk, reply) in join_all(batches).await {
-            match reply {
-                Ok(replies) if replies.len() == chunk.len() => {
-                    for (&i, status) in chunk.iter().zip(replies) {
-                        if status == status::ELSEWHERE {
-                            again.push(i);
-                        } else {
-                            statuses[i] = Some(status);
-                        }
-                    }
-                }
-                Ok(_) | Err(_) => {
-                    // Undecided unless asked again below (a failover may have moved them).
-                    again.extend_from_slice(chunk);
-                }
+                alone.extend(pending.into_iter().filter(|(_, e)| *e).map(|(i, _)| i));
             }
         }
-        let retries = join_all(again.iter().map(|&i| {
+        let retries = join_all(alone.iter().map(|&i| {
             let hold = &items[i].hold;
             let mut invocation = self.scripts.renew.prepare_invoke();
             invocation
@@ -298,14 +290,14 @@ impl Inner {
                 .arg(hold.token.as_str())
                 .arg(ttl_millis(items[i].ttl));
             async move {
-                let route = Route::Slot(shards, slot_of(hold.keys.key.as_bytes()));
+                let route = Route::Slot(shards, slot(i));
                 route
                     .script::<Vec<i64>>("renew", deadline, &invocation)
                     .await
             }
         }))
         .await;
-        for (&i, reply) in again.iter().zip(retries) {
+        for (&i, reply) in alone.iter().zip(retries) {
             if let Ok(reply) = reply {
                 statuses[i] = reply.first().copied().filter(|s| *s != status::ELSEWHERE);
             }
@@ -321,6 +313,63 @@ impl Inner {
                 None => RenewOutcome::Undecided,
             })
             .collect())
+    }
+
+    /// Renews the holds `which` (indices into `items`) on the `primaries` that serve them
+    /// in the slot map as it is: one script call per primary (per [`RENEW_CHUNK`] keys),
+    /// the answers put in `statuses`. Returns the holds left without a status, each with
+    /// whether its primary answered "elsewhere" (else it did not answer, or no primary
+    /// serves its slot).
+    async fn renew_batches(
+        &self,
+        primaries: &[Arc<Node>],
+        shards: &Shards,
+        items: &[RenewItem<'_, RedisHold>],
+        which: &[usize],
+        statuses: &mut [Option<i64>],
+        deadline: Instant,
+    ) -> Vec<(usize, bool)> {
+        let (groups, orphans) = group_by_shard(
+            shards,
+            primaries,
+            which.iter().map(|&i| items[i].hold.keys.key.as_str()),
+        );
+        let mut pending: Vec<(usize, bool)> =
+            orphans.iter().map(|&at| (which[at], false)).collect();
+        let batches = groups.iter().zip(primaries).flat_map(|(group, node)| {
+            group.chunks(RENEW_CHUNK).map(move |chunk| async move {
+                let mut invocation = self.scripts.renew.prepare_invoke();
+                for &at in chunk {
+                    let keys = &items[which[at]].hold.keys;
+                    invocation.arg(&keys.key).arg(&keys.broken);
+                }
+                for &at in chunk {
+                    let item = &items[which[at]];
+                    invocation
+                        .arg(item.hold.token.as_str())
+                        .arg(ttl_millis(item.ttl));
+                }
+                let reply = node
+                    .script::<Vec<i64>>("renew", deadline, &invocation)
+                    .await;
+                (chunk, reply)
+            })
+        });
+        for (chunk, reply) in join_all(batches).await {
+            match reply {
+                Ok(replies) if replies.len() == chunk.len() => {
+                    for (&at, status) in chunk.iter().zip(replies) {
+                        if status == status::ELSEWHERE {
+                            pending.push((which[at], true));
+                        } else {
+                            statuses[which[at]] = Some(status);
+                        }
+                    }
+                }
+                Ok(_) | Err(_) => pending.extend(chunk.iter().map(|&at| (which[at], false))),
+            }
+        }
+        pending
     }
 
     /// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held
