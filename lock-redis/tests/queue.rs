@@ -281,3 +281,111 @@ async fn clients_with_and_without_the_queue_exclude_each_other() {
     let left = factory.leftovers(&[lock]).await;
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// The queue's entries and liveness deadlines (ms after the server's `now`), the lock's
+/// owner and PTTL: what a stalled queue looks like.
+async fn queue_state(conn: &mut MultiplexedConnection, name: &LockName) -> String {
+    let keys = KeyLayout::new(DEFAULT_PREFIX);
+    let now = server_ms(conn).await;
+    let queue: Vec<String> = queue_of(conn, name).await;
+    let live: Vec<(String, f64)> = redis::cmd("ZRANGE")
+        .arg(keys.queue_live_key(name))
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await
+        .expect("ZRANGE");
+    let (owner, pttl): (Option<String>, i64) = redis::pipe()
+        .cmd("GET")
+        .arg(keys.lock_key(name))
+        .cmd("PTTL")
+        .arg(keys.lock_key(name))
+        .query_async(conn)
+        .await
+        .expect("GET, PTTL");
+    // "<client>/<token>", shortened to their first four characters each.
+    let short = |id: &str| {
+        id.split('/')
+            .map(|part| part.get(..4).unwrap_or(part))
+            .collect::<Vec<_>>()
+            .join("/")
+    };
+    let queue: Vec<String> = queue.iter().map(|id| short(id)).collect();
+    let live: Vec<String> = live
+        .iter()
+        .map(|(id, at)| format!("{} {:+}ms", short(id), *at as i64 - now as i64))
+        .collect();
+    let owner = owner.map(|token| short(&token));
+    format!("queue {queue:?} live {live:?} owner {owner:?} pttl {pttl}")
+}
+
+/// Waiters blocked in `lock()` while the server is stopped for longer than the holder's
+/// TTL (its key expires meanwhile, so no release wakes anyone, and the queue's liveness
+/// deadlines may all pass) take the lock once it continues: the first within a recheck
+/// and a hand-off window (plus a margin for the requests), the others in turn.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn waiters_take_over_after_a_stopped_server_continues() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(1);
+    let stop = ttl * 2;
+    let mut options = common::with_ttl(ttl);
+    options.request_timeout = Duration::from_millis(500);
+    let (recheck, window) = (options.recheck, options.recheck / 4);
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let lock = name("stopped_server");
+    let holder = client_with(&factory, true, options.clone()).await;
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    let section = Duration::from_millis(100);
+    let mut waiters = Vec::new();
+    for i in 0..3 {
+        let client = client_with(&factory, true, options.clone()).await;
+        let name = lock.clone();
+        waiters.push(tokio::spawn(async move {
+            let next = client
+                .lock_timeout(name.as_str(), Duration::from_secs(12))
+                .await;
+            let at = Instant::now();
+            let next = next.unwrap_or_else(|err| panic!("waiter {i}: {err}"));
+            sleep(section).await;
+            next.release().await.expect("release");
+            at
+        }));
+        until_queued(&mut conn, &lock, i + 1).await;
+    }
+    let server = factory.servers.member(0);
+    server.pause().expect("pause");
+    sleep(stop).await;
+    server.resume().expect("resume");
+    let resumed = Instant::now();
+    let mut seen = Vec::new();
+    while !waiters.iter().all(|w| w.is_finished()) && resumed.elapsed() < Duration::from_secs(8)
+    {
+        seen.push(format!(
+            "+{:?}: {}",
+            resumed.elapsed(),
+            queue_state(&mut conn, &lock).await
+        ));
+        sleep(Duration::from_millis(100)).await;
+    }
+    let mut grants = Vec::new();
+    for waiter in waiters {
+        let at = timeout(Duration::from_secs(10), waiter)
+            .await
+            .expect("every waiter is granted")
+            .expect("waiter task");
+        grants.push(at.saturating_duration_since(resumed));
+    }
+    grants.sort();
+    println!("grants after the continue: {grants:?}\n{}", seen.join("\n"));
+    let bound = recheck + window + Duration::from_millis(500);
+    assert!(
+        grants[0] < bound,
+        "the first waiter is granted {:?} after the continue, not within {bound:?}:\n{}",
+        grants[0],
+        seen.join("\n")
+    );
+    let _ = guard.release().await;
+}
