@@ -18,11 +18,12 @@ use lock_core::{
 };
 use rand::Rng;
 use redis::Script;
-use tokio::time::Instant;
+use tokio::time::{sleep, Instant};
 
 use crate::config::RedisConfig;
 use crate::connection::{
-    redis_client, slot_of, Node, Route, Sentinels, Shards, Subscription, Target, Wakeups,
+    reconnect_backoff, redis_client, slot_of, Node, Route, Sentinels, Shards, Subscription, Target,
+    Wakeups,
 };
 use crate::error;
 use crate::hold::{floor_arg, ttl_millis, HoldKeys, RedisHold, WakeKeys};
@@ -33,6 +34,9 @@ use crate::queue::QueueTimes;
 const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
 /// Shortest TTL accepted by RedLock (it must cover several round trips and the drift).
 const MIN_TTL_REDLOCK: Duration = Duration::from_millis(100);
+/// How long the cleanup of an abandoned acquire keeps trying while the servers do not
+/// answer (see [`Abandoned`]).
+const CLEANUP_PATIENCE: Duration = Duration::from_secs(60);
 
 /// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`). Shared helpers are
 /// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts, the
@@ -372,6 +376,12 @@ pub(crate) enum Attempt {
 /// What an acquire may have left on the servers if its future is dropped (or fails)
 /// while a request is in flight, or a failed RedLock round could not undo: released by
 /// [`CleanupOnDrop`] in a background task.
+///
+/// The cleanup is tried again with backoff while it fails in a retryable way, for up to
+/// [`CLEANUP_PATIENCE`]: a request that timed out may still run on the server later (one
+/// that was stopped, or slow, runs what it had received once it goes on), granting the
+/// lock to nobody or renewing a queue entry nobody waits behind, which would keep the
+/// waiters queued behind that entry from a free lock until it expires.
 pub(crate) struct Abandoned {
     inner: Arc<Inner>,
     /// Holds (one per owner token) that may exist on some server.
@@ -394,11 +404,21 @@ impl Abandoned {
 
 impl Cleanup for Abandoned {
     async fn cleanup(self) {
+        let give_up = Instant::now() + CLEANUP_PATIENCE;
         for hold in self.dirty {
-            let deadline = self.inner.request_deadline();
-            if let Err(err) = self.inner.release_all(&hold, true, deadline).await {
-                tracing::debug!(backend = self.inner.backend, lock = %hold.name, error = %err,
-                    "cleanup of an abandoned acquire failed; the TTL ends it");
+            let mut backoff = reconnect_backoff();
+            loop {
+                let deadline = self.inner.request_deadline();
+                let Err(err) = self.inner.release_all(&hold, true, deadline).await else {
+                    break;
+                };
+                let pause = backoff.next_pause();
+                if !err.is_retryable() || Instant::now() + pause >= give_up {
+                    tracing::debug!(backend = self.inner.backend, lock = %hold.name, error = %err,
+                        "cleanup of an abandoned acquire failed; the TTL ends it");
+                    break;
+                }
+                sleep(pause).await;
             }
         }
     }

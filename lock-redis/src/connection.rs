@@ -33,8 +33,9 @@ const MIN_BACKOFF: Duration = Duration::from_millis(10);
 /// Longest pause between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
-/// The pauses between reconnection attempts (to a server, or of a subscription).
-fn reconnect_backoff() -> Backoff {
+/// The pauses between reconnection attempts (to a server, or of a subscription), and
+/// between the tries of an abandoned acquire's cleanup.
+pub(crate) fn reconnect_backoff() -> Backoff {
     Backoff::new(MIN_BACKOFF, MAX_BACKOFF)
 }
 
