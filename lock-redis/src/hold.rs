@@ -281,14 +281,9 @@ impl Inner {
             }
         }
         let retries = join_all(alone.iter().map(|&i| {
-            let hold = &items[i].hold;
-            let mut invocation = self.scripts.renew.prepare_invoke();
-            invocation
-                .key(&hold.keys.key)
-                .arg(&hold.keys.key)
-                .arg(&hold.keys.broken)
-                .arg(hold.token.as_str())
-                .arg(ttl_millis(items[i].ttl));
+            let mut invocation = self.cluster_renew_invocation([&items[i]]);
+            // Declared as well, so that the request is routed (and redirected) by it.
+            invocation.key(&items[i].hold.keys.key);
             async move {
                 let route = Route::Slot(shards, slot(i));
                 route
@@ -338,17 +333,8 @@ impl Inner {
             orphans.iter().map(|&at| (which[at], false)).collect();
         let batches = groups.iter().zip(primaries).flat_map(|(group, node)| {
             group.chunks(RENEW_CHUNK).map(move |chunk| async move {
-                let mut invocation = self.scripts.renew.prepare_invoke();
-                for &at in chunk {
-                    let keys = &items[which[at]].hold.keys;
-                    invocation.arg(&keys.key).arg(&keys.broken);
-                }
-                for &at in chunk {
-                    let item = &items[which[at]];
-                    invocation
-                        .arg(item.hold.token.as_str())
-                        .arg(ttl_millis(item.ttl));
-                }
+                let invocation =
+                    self.cluster_renew_invocation(chunk.iter().map(|&at| &items[which[at]]));
                 let reply = node
                     .script::<Vec<i64>>("renew", deadline, &invocation)
                     .await;
@@ -370,6 +356,26 @@ impl Inner {
             }
         }
         pending
+    }
+
+    /// The renew script for `items` on Redis Cluster, their keys passed as arguments
+    /// (lock key and break mark of each), then the owner token and TTL of each.
+    fn cluster_renew_invocation<'a, 'h: 'a>(
+        &self,
+        items: impl IntoIterator<Item = &'a RenewItem<'h, RedisHold>> + Clone,
+    ) -> ScriptInvocation<'_> {
+        let mut invocation = self.scripts.renew.prepare_invoke();
+        for item in items.clone() {
+            invocation
+                .arg(&item.hold.keys.key)
+                .arg(&item.hold.keys.broken);
+        }
+        for item in items {
+            invocation
+                .arg(item.hold.token.as_str())
+                .arg(ttl_millis(item.ttl));
+        }
+        invocation
     }
 
     /// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held

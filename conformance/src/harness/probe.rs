@@ -225,6 +225,24 @@ pub(crate) async fn redis_reply(
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "probe timed out"))?
 }
 
+/// `field` of the `key: value` lines that `command section` (`INFO replication`,
+/// `CLUSTER INFO`...) answers on `addr`; `None` when it cannot be read.
+pub(crate) async fn info_field(
+    addr: SocketAddr,
+    command: &str,
+    section: &str,
+    field: &str,
+    timeout: Duration,
+) -> Option<String> {
+    let reply = redis_reply(addr, &[command, section], timeout).await.ok()?;
+    let prefix = format!("{field}:");
+    reply
+        .text()?
+        .lines()
+        .find_map(|line| line.strip_prefix(prefix.as_str()))
+        .map(|value| value.trim().to_owned())
+}
+
 /// Sends a ZooKeeper four-letter word and returns the whole answer.
 pub(crate) async fn four_letter(
     addr: SocketAddr,

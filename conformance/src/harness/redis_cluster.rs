@@ -12,7 +12,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use super::probe::{redis_reply, Reply};
+use super::probe::{self, redis_reply, Reply};
 use super::redis::{RedisOptions, RedisServer};
 use super::HarnessError;
 
@@ -484,17 +484,9 @@ fn text(label: &str, reply: Reply) -> Result<String, HarnessError> {
     }
 }
 
-/// `field` of the `key: value` lines that `command section` answers on `addr`.
+/// `field` of what `command section` answers on `addr`.
 async fn info_field(addr: SocketAddr, command: &str, section: &str, field: &str) -> Option<String> {
-    let reply = redis_reply(addr, &[command, section], ASK_TIMEOUT)
-        .await
-        .ok()?;
-    let prefix = format!("{field}:");
-    reply
-        .text()?
-        .lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .map(|value| value.trim().to_owned())
+    probe::info_field(addr, command, section, field, ASK_TIMEOUT).await
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use async_trait::async_trait;
 
 use super::cluster::Cluster;
 use super::node::Node;
-use super::probe::{redis_reply, Probe, Reply};
+use super::probe::{self, redis_reply, Probe, Reply};
 use super::process::{find_binary, LaunchSpec};
 use super::redis::{tls_config, RedisOptions, RedisServer};
 use super::server::{loopback, Member, Prepared, Server, ServerKind};
@@ -543,15 +543,7 @@ impl RedisSentinel {
 
 /// `field` of `INFO section` on `addr`, `None` when it cannot be read.
 async fn info_field(addr: SocketAddr, section: &str, field: &str) -> Option<String> {
-    let reply = redis_reply(addr, &["INFO", section], ASK_TIMEOUT)
-        .await
-        .ok()?;
-    let prefix = format!("{field}:");
-    reply
-        .text()?
-        .lines()
-        .find_map(|line| line.strip_prefix(prefix.as_str()))
-        .map(|value| value.trim().to_owned())
+    probe::info_field(addr, "INFO", section, field, ASK_TIMEOUT).await
 }
 
 #[cfg(test)]
