@@ -198,14 +198,7 @@ impl Connect for RedisBackend {
             let _ = rustls::crypto::ring::default_provider().install_default();
         }
         let shards = if config.cluster {
-            let shards = Shards::new(backend, &config, ca.as_deref()).map_err(|err| {
-                error::from_client(
-                    backend,
-                    format_args!("configure {}", config.endpoint()),
-                    err,
-                )
-            })?;
-            Some(Arc::new(shards))
+            Some(Arc::new(Shards::new(backend, &config, ca.as_deref())?))
         } else {
             None
         };

@@ -113,7 +113,7 @@ impl Shards {
         backend: &'static str,
         config: &RedisConfig,
         ca: Option<&[u8]>,
-    ) -> redis::RedisResult<Self> {
+    ) -> Result<Self> {
         let shards = Shards {
             backend,
             config: config.clone(),
@@ -144,7 +144,7 @@ impl Shards {
     }
 
     /// The node at `addr`, made on first use.
-    fn node_at(&self, addr: &RedisNode) -> redis::RedisResult<(usize, Arc<Node>)> {
+    fn node_at(&self, addr: &RedisNode) -> Result<(usize, Arc<Node>)> {
         let mut map = lock_unpoisoned(&self.map);
         if let Some(i) = map.nodes.iter().position(|(a, _)| a == addr) {
             return Ok((i, Arc::clone(&map.nodes[i].1)));
@@ -161,11 +161,7 @@ impl Shards {
     }
 
     /// A client of the node at `addr` speaking `protocol`.
-    fn client_of(
-        &self,
-        addr: &RedisNode,
-        protocol: ProtocolVersion,
-    ) -> redis::RedisResult<redis::Client> {
+    fn client_of(&self, addr: &RedisNode, protocol: ProtocolVersion) -> Result<redis::Client> {
         client_for(
             addr,
             self.config.tls,
@@ -175,6 +171,7 @@ impl Shards {
             0,
             protocol,
         )
+        .map_err(|err| error::from_client(self.backend, format_args!("configure {addr}"), err))
     }
 
     /// A RESP3 client of node `index` (of the nodes seen), for sharded subscriptions
@@ -188,23 +185,13 @@ impl Shards {
         let Some(addr) = addr else {
             return Err(Error::config(format!("no cluster node {index}")));
         };
-        let client = self
-            .client_of(&addr, ProtocolVersion::RESP3)
-            .map_err(|err| {
-                error::from_client(self.backend, format_args!("configure {addr}"), err)
-            })?;
+        let client = self.client_of(&addr, ProtocolVersion::RESP3)?;
         Ok((addr.to_string(), client))
     }
 
     /// The index (of the nodes seen) of the primary serving `slot` in the map as it is.
     pub(crate) fn owner_index(&self, slot: u16) -> Option<usize> {
         lock_unpoisoned(&self.map).owner[usize::from(slot)]
-    }
-
-    fn node_at_or_err(&self, addr: &RedisNode) -> Result<Arc<Node>> {
-        self.node_at(addr)
-            .map(|(_, node)| node)
-            .map_err(|err| error::from_client(self.backend, format_args!("configure {addr}"), err))
     }
 
     /// How often the map was loaded (to reload only what the caller found wanting).
@@ -376,9 +363,7 @@ impl Shards {
     fn install(&self, ranges: Vec<(u16, u16, RedisNode)>) -> Result<()> {
         let mut owner = vec![None; usize::from(SLOTS)];
         for (start, end, addr) in ranges {
-            let (i, _) = self.node_at(&addr).map_err(|err| {
-                error::from_client(self.backend, format_args!("configure {addr}"), err)
-            })?;
+            let (i, _) = self.node_at(&addr)?;
             for slot in start..=end {
                 owner[usize::from(slot)] = Some(i);
             }
@@ -391,9 +376,7 @@ impl Shards {
 
     /// `slot` is served by `addr` from now on (a `MOVED` reply).
     pub(crate) fn moved(&self, slot: u16, addr: &RedisNode) -> Result<()> {
-        let (i, _) = self.node_at(addr).map_err(|err| {
-            error::from_client(self.backend, format_args!("configure {addr}"), err)
-        })?;
+        let (i, _) = self.node_at(addr)?;
         lock_unpoisoned(&self.map).owner[usize::from(slot)] = Some(i);
         Ok(())
     }
@@ -510,7 +493,7 @@ impl Shards {
                     let Some(addr) = redirect(&err) else {
                         return Err(via.failed(what, err));
                     };
-                    asked = Some(self.node_at_or_err(&addr)?);
+                    asked = Some(self.node_at(&addr)?.1);
                 }
                 ErrorKind::Server(ServerErrorKind::TryAgain) if busy == Busy::GiveUp => {
                     return Ok(None);
