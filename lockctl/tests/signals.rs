@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use conformance::chaos::ReportRow;
 use conformance::harness::{or_skip, RedisServer};
+use conformance::proxy::{FaultProxy, ProxyMode};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::Child;
@@ -355,4 +356,103 @@ async fn a_command_ignoring_the_signal_is_killed_after_the_grace_period() {
         "the command was SIGKILLed: {outcome:?}"
     );
     assert!(outcome.second.success(), "{outcome:?}");
+}
+
+/// The holder's link to Redis is cut while its command, which ignores SIGTERM, runs: the
+/// command is SIGKILLed before the guard's validity deadline, so a second `lockctl run`
+/// (with a link of its own) starts its command only after the first one's last line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_link_stops_a_stubborn_command_before_another_can_hold() {
+    let Some((server, url)) = redis_url().await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
+    let cut_url = url.replacen(&server.addr().to_string(), &proxy.addr().to_string(), 1);
+    let log = EventLog::new();
+    let name = lock_name();
+    let stubborn = format!("trap '' TERM\n{BEATING}");
+    let mut holder = lockctl(&cut_url, &name, &["--grace", "1s"], &stubborn, &log);
+    let command = log.wait_for("A pid ").await;
+    let command = Pid::from_raw(command["A pid ".len()..].parse().expect("a pid"));
+    proxy.set_mode(ProxyMode::Blackhole);
+    let cut = Instant::now();
+    let mut second = lockctl(&url, &name, &[], SECOND, &log);
+    let holder_status = wait_exit(&mut holder).await;
+    let command_died = dies(command).await.then(|| cut.elapsed());
+    if command_died.is_none() {
+        let _ = kill(command, Signal::SIGKILL);
+    }
+    let second_status = wait_exit(&mut second).await;
+    let outcome = Outcome {
+        holder: holder_status,
+        holder_exited: cut.elapsed(),
+        command_died,
+        second: second_status,
+        lines: log.lines(),
+    };
+    eprintln!("cut link: {outcome:?}");
+    record("lockctl_run_link_cut", &outcome, &url);
+
+    assert_no_overlap(&outcome.lines);
+    assert!(
+        outcome.command_died.is_some_and(|d| d < TTL),
+        "the command must be gone before the lease can end: {outcome:?}"
+    );
+    assert_eq!(
+        outcome.holder.code(),
+        Some(75),
+        "lockctl reports the lost lock: {outcome:?}"
+    );
+    assert!(outcome.second.success(), "{outcome:?}");
+}
+
+/// A release that fails after the command exited 0 (the link was cut once the command
+/// ended, within the lease) leaves lockctl's exit status the command's own: the job
+/// completed under the lock, and a re-run must not be invited. lockctl warns on stderr.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_release_after_the_command_keeps_its_exit_status() {
+    let Some((server, url)) = redis_url().await else {
+        return;
+    };
+    let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
+    let cut_url = format!(
+        "{}&request_timeout=300ms",
+        url.replacen(&server.addr().to_string(), &proxy.addr().to_string(), 1)
+    );
+    let log = EventLog::new();
+    let name = lock_name();
+    // The command waits for the link to be cut, then ends at once with status 0.
+    let quick = r#"log "A pid $$"
+while [ ! -e "$LOG.cut" ]; do sleep 0.02; done
+log "A end""#;
+    let holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args([
+            "--url", &cut_url, "run", "--grace", "1s", &name, "--", "sh", "-c",
+        ])
+        .arg(format!("log() {{ echo \"$1\" >> \"$LOG\"; }}\n{quick}"))
+        .env("LOG", log.path())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("lockctl starts");
+    log.wait_for("A pid ").await;
+    proxy.set_mode(ProxyMode::Blackhole);
+    let cut_marker = format!("{}.cut", log.path().display());
+    std::fs::write(&cut_marker, "").expect("mark the cut");
+    let output = timeout(WAIT, holder.wait_with_output())
+        .await
+        .expect("lockctl ends")
+        .expect("lockctl's output");
+    let _ = std::fs::remove_file(&cut_marker);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{:?}; stderr: {stderr}", output.status);
+    assert_eq!(
+        output.status.code(),
+        Some(0),
+        "the command exited 0 under the lock; lockctl must too: stderr {stderr}"
+    );
+    assert!(
+        stderr.contains("release"),
+        "lockctl warns that the release failed: {stderr}"
+    );
 }
