@@ -27,6 +27,8 @@ const EXIT_LOCK: u8 = 75;
 /// Exit code of `status` for a free name, `break` for a name nobody held, and `migration
 /// check` for a step that is not clear.
 const EXIT_NO: u8 = 3;
+/// Exit code of a usage error (as clap's own), and of `break` without `--force`.
+const EXIT_USAGE: u8 = 2;
 
 /// Every exit code, as `--help` prints it.
 const EXIT_CODES: &str = "\
@@ -38,7 +40,8 @@ Exit codes:
            migration check: the step is not clear
   75       run, hold, try: the lock was not acquired (-n, -w), unless -E says otherwise;
            run, hold: the lock was lost while held
-  N        run: the command's own exit status
+  N        run: the command's own exit status (also when the release failed after
+           the command ended within the lease: lockctl warns on stderr)
   126/127  run: the command could not be executed / was not found
   128+N    run: the command died of signal N; run, hold: lockctl got signal N while
            waiting for the lock";
@@ -87,16 +90,19 @@ enum Command {
     /// The command gets DISTLOCK_LOCK_NAME and DISTLOCK_FENCING_TOKEN in its environment
     /// (pass the token to every resource it writes). SIGTERM, SIGINT and SIGHUP are
     /// forwarded to it; the lock is released only once it has ended, and lockctl exits as
-    /// it did. A lost lock: SIGTERM, then SIGKILL after --grace; exit 75. If lockctl dies,
-    /// the kernel kills the command.
+    /// it did. A lost lock, or renewals so far behind that the lease could end: SIGTERM,
+    /// then SIGKILL after --grace and before the lease ends; exit 75. If lockctl dies, the
+    /// kernel kills the command. A failed release after the command ended within the lease
+    /// is a warning: lockctl exits as the command did.
     #[command(after_help = EXIT_CODES)]
     Run {
         #[command(flatten)]
         acquire: AcquireArgs,
         /// Time the command gets to end after a forwarded signal or a lost lock, before
-        /// SIGKILL.
-        #[arg(long, value_parser = parse_duration, default_value = "5s")]
-        grace: Duration,
+        /// SIGKILL. At most half the TTL less 100ms (the command is stopped before the
+        /// lease can end). Default: 5s, or that limit if lower.
+        #[arg(long, value_parser = parse_duration)]
+        grace: Option<Duration>,
         /// Run this shell command line with `sh -c` (flock -c).
         #[arg(
             short = 'c',

@@ -9,12 +9,10 @@ use distlock::{DistributedLock, LockName, Occupancy, Participant};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde_json::{json, Value};
 
-use crate::{BoxError, EXIT_NO};
+use crate::{BoxError, EXIT_NO, EXIT_USAGE};
 
 /// How many names `list --long` inspects at once.
 const LIST_CONCURRENCY: usize = 16;
-/// Exit code of `break` without `--force` (as for a usage error).
-const EXIT_USAGE: u8 = 2;
 
 /// `lockctl status NAME`: exit 0 if held, 3 if free.
 pub(crate) async fn status(url: &str, name: &str, json: bool) -> Result<ExitCode, BoxError> {

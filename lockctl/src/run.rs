@@ -4,10 +4,17 @@
 //! The command is lockctl's child, in lockctl's process group (a terminal's job control
 //! and a group-wide SIGSTOP reach both).
 //! - SIGTERM, SIGINT and SIGHUP sent to lockctl are forwarded to the command. lockctl
-//!   waits for it to end (after `--grace`, default 5 s, it SIGKILLs it), releases the
-//!   lock only then, and exits as the command did. Signals that a terminal sends to the
-//!   whole foreground group (Ctrl-C) thus reach the command twice.
-//! - A lost lock: SIGTERM to the command, the same grace, SIGKILL; exit 75.
+//!   waits for it to end (after `--grace` it SIGKILLs it), releases the lock only then,
+//!   and exits as the command did. Signals that a terminal sends to the whole foreground
+//!   group (Ctrl-C) thus reach the command twice.
+//! - The stop sequence always ends before the guard's validity deadline: SIGTERM comes at
+//!   the deadline less the grace (reached only when renewals fall behind: a cut link, a
+//!   server that does not answer), SIGKILL before the deadline, so no one else can be
+//!   granted the lock while the command runs. A lost lock: SIGTERM at once, SIGKILL after
+//!   the grace or before the deadline, whichever is first; exit 75. The grace must fit in
+//!   the lease (at most half the TTL less a margin); a longer one is a usage error.
+//! - A release that fails after the command ended within the lease changes nothing: the
+//!   command ran under the lock to its end, lockctl warns and exits as it did.
 //! - lockctl itself dies (SIGKILL, crash): the kernel SIGKILLs the command, which runs
 //!   with a parent-death signal. That signal must be set by the child between fork and
 //!   exec, which std offers only through an unsafe `pre_exec` hook, and this workspace
@@ -38,7 +45,7 @@ use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
 
-use crate::{AcquireArgs, BoxError, EXIT_LOCK};
+use crate::{AcquireArgs, BoxError, EXIT_LOCK, EXIT_USAGE};
 
 /// The hidden first argument that makes lockctl the trampoline of its command.
 const TRAMPOLINE: &str = "__child";
@@ -125,10 +132,17 @@ pub(crate) async fn run(
     acquire: &AcquireArgs,
     name: &str,
     command: &[OsString],
-    grace: Duration,
+    grace: Option<Duration>,
 ) -> Result<ExitCode, BoxError> {
     let name = LockName::new(name)?;
     let locks = connect(url, acquire).await?;
+    let grace = match grace_within(grace, locks.options().ttl) {
+        Ok(grace) => grace,
+        Err(usage) => {
+            eprintln!("lockctl: {usage}");
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+    };
     let mut signals = Signals::catch()?;
     match take(locks.as_ref(), &name, acquire, &mut signals).await? {
         Ok(guard) => run_command(guard, command, grace, &mut signals).await,
@@ -267,6 +281,74 @@ fn exit_code(status: ExitStatus) -> ExitCode {
     ExitCode::from(code.unwrap_or(1))
 }
 
+/// How long before the guard's validity deadline the command gets SIGKILL: time for the
+/// kernel to end it before the lease can end on the server.
+const KILL_MARGIN: Duration = Duration::from_millis(100);
+
+/// Grace of a command when `--grace` is not given, if the lease leaves room for it.
+const DEFAULT_GRACE: Duration = Duration::from_secs(5);
+
+/// The longest grace that fits in a lease of `ttl`: SIGTERM comes at the validity
+/// deadline less the grace and [`KILL_MARGIN`], which a renewal on time (at a third of the
+/// TTL, so two thirds of it left) never lets come near; half the TTL leaves a sixth of it
+/// for a renewal's round trip.
+fn longest_grace(ttl: Duration) -> Duration {
+    (ttl / 2).saturating_sub(KILL_MARGIN)
+}
+
+/// The grace of the command of a lock with lease `ttl`: `asked` if it fits in the lease,
+/// else a usage error; without `asked`, [`DEFAULT_GRACE`] or the longest that fits.
+pub(crate) fn grace_within(asked: Option<Duration>, ttl: Duration) -> Result<Duration, String> {
+    let longest = longest_grace(ttl);
+    match asked {
+        None => Ok(DEFAULT_GRACE.min(longest)),
+        Some(grace) if grace <= longest => Ok(grace),
+        Some(grace) => Err(format!(
+            "--grace {} does not fit in the lock's TTL of {}: the command must be stopped \
+             before the lease can end, so the grace is at most {} (half the TTL less {}); \
+             give a shorter --grace or a longer --ttl",
+            distlock::raw::format_duration(grace),
+            distlock::raw::format_duration(ttl),
+            distlock::raw::format_duration(longest),
+            distlock::raw::format_duration(KILL_MARGIN),
+        )),
+    }
+}
+
+/// When the command is told to stop (SIGTERM) and killed (SIGKILL): both before the
+/// guard's validity deadline, which renewals move forward while they are on time.
+#[derive(Debug)]
+struct StopPlan {
+    grace: Duration,
+    /// When SIGTERM (or a forwarded signal) was sent.
+    told: Option<Instant>,
+    killed: bool,
+}
+
+impl StopPlan {
+    /// By when the command must be gone for a hold valid until `valid_until`.
+    fn gone_by(valid_until: Instant) -> Instant {
+        valid_until.checked_sub(KILL_MARGIN).unwrap_or(valid_until)
+    }
+
+    /// When to send SIGTERM, unless the command was told already.
+    fn term_at(&self, valid_until: Instant) -> Option<Instant> {
+        let gone_by = Self::gone_by(valid_until);
+        self.told
+            .is_none()
+            .then(|| gone_by.checked_sub(self.grace).unwrap_or(gone_by))
+    }
+
+    /// When to send SIGKILL: the end of the grace once told, and before the deadline.
+    fn kill_at(&self, valid_until: Instant) -> Option<Instant> {
+        let gone_by = Self::gone_by(valid_until);
+        (!self.killed).then(|| match self.told {
+            Some(told) => (told + self.grace).min(gone_by),
+            None => gone_by,
+        })
+    }
+}
+
 /// Runs `command` under `guard` until it ends, then releases the lock.
 async fn run_command(
     guard: LockGuard,
@@ -289,10 +371,19 @@ async fn run_command(
     let lost = guard.lost();
     tokio::pin!(lost);
     let mut was_lost = false;
-    // Once the command was told to stop: when it gets SIGKILL, unless it ended before.
-    let mut kill_at: Option<Instant> = None;
-    let mut killed = false;
+    // Whether the command was stopped because the lock was at risk (lost, or renewals
+    // behind its validity deadline).
+    let mut stopped_for_the_lock = false;
+    let mut plan = StopPlan {
+        grace,
+        told: None,
+        killed: false,
+    };
     let status = loop {
+        // Read again on every turn: renewals move the deadline forward.
+        let valid_until = guard.valid_until();
+        let term_at = plan.term_at(valid_until);
+        let kill_at = plan.kill_at(valid_until);
         // The child is reaped only when `wait` returns, so `pid` is ours in every branch.
         tokio::select! {
             status = child.wait() => break status?,
@@ -301,21 +392,35 @@ async fn run_command(
                     "lockctl: lost `{}` ({reason}); stopping the command",
                     guard.name()
                 );
-                let _ = kill(pid, Signal::SIGTERM);
                 was_lost = true;
-                kill_at.get_or_insert_with(|| Instant::now() + grace);
+                stopped_for_the_lock = true;
+                if plan.told.is_none() {
+                    let _ = kill(pid, Signal::SIGTERM);
+                    plan.told = Some(Instant::now());
+                }
             }
             signal = signals.recv() => {
                 let _ = kill(pid, signal);
-                kill_at.get_or_insert_with(|| Instant::now() + grace);
+                plan.told.get_or_insert_with(Instant::now);
             }
-            () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() && !killed => {
-                eprintln!(
-                    "lockctl: the command did not end within {}; killing it",
-                    distlock::raw::format_duration(grace)
-                );
-                let _ = child.start_kill();
-                killed = true;
+            () = sleep_until(term_at.unwrap_or_else(Instant::now)), if term_at.is_some() => {
+                if plan.term_at(guard.valid_until()).is_some_and(|at| at <= Instant::now()) {
+                    eprintln!(
+                        "lockctl: renewals of `{}` fell behind; stopping the command before \
+                         the lock can be lost",
+                        guard.name()
+                    );
+                    stopped_for_the_lock = true;
+                    let _ = kill(pid, Signal::SIGTERM);
+                    plan.told = Some(Instant::now());
+                }
+            }
+            () = sleep_until(kill_at.unwrap_or_else(Instant::now)), if kill_at.is_some() => {
+                if plan.kill_at(guard.valid_until()).is_some_and(|at| at <= Instant::now()) {
+                    eprintln!("lockctl: the command did not end in time; killing it");
+                    let _ = child.start_kill();
+                    plan.killed = true;
+                }
             }
         }
     };
@@ -323,16 +428,25 @@ async fn run_command(
     // frozen together, say): a deadline passed meanwhile, or a release the server answers
     // with "not yours", still means the command ran without the lock at the end.
     let expired = guard.valid_until() <= Instant::now();
-    if was_lost || expired {
+    if stopped_for_the_lock || expired {
         drop(guard);
         eprintln!("lockctl: the lock was lost while the command ran");
         return Ok(ExitCode::from(EXIT_LOCK));
     }
-    match guard.release().await? {
-        ReleaseOutcome::Released => Ok(exit_code(status)),
-        ReleaseOutcome::AlreadyLost(reason) => {
+    match guard.release().await {
+        Ok(ReleaseOutcome::Released) => Ok(exit_code(status)),
+        Ok(ReleaseOutcome::AlreadyLost(reason)) => {
             eprintln!("lockctl: the lock was lost while the command ran ({reason})");
             Ok(ExitCode::from(EXIT_LOCK))
+        }
+        // The command ended within the lease: it ran under the lock to its end. Its
+        // status stands, lest a completed job be run again.
+        Err(err) => {
+            eprintln!(
+                "lockctl: warning: the release failed after the command ended ({err}); \
+                 the lease frees the lock"
+            );
+            Ok(exit_code(status))
         }
     }
 }
@@ -356,5 +470,15 @@ mod tests {
         );
         assert_eq!(with("redis://h:1#x"), "redis://h:1?ttl=1500ms#x");
         assert!(url_with_ttl("dual:zk://a:1", ttl).is_err());
+    }
+
+    #[test]
+    fn the_grace_fits_in_the_lease() {
+        let s = Duration::from_secs;
+        assert_eq!(grace_within(None, s(30)), Ok(s(5)));
+        assert_eq!(grace_within(None, s(3)), Ok(Duration::from_millis(1400)));
+        assert_eq!(grace_within(Some(s(1)), s(3)), Ok(s(1)));
+        let refused = grace_within(Some(s(5)), s(3)).expect_err("5 s cannot fit in 3 s");
+        assert!(refused.contains("at most 1400ms"), "{refused}");
     }
 }

@@ -456,3 +456,18 @@ log "A end""#;
         "lockctl warns that the release failed: {stderr}"
     );
 }
+
+/// A `--grace` that cannot fit in the lease is refused as a usage error (exit 2) before
+/// anything is acquired.
+#[tokio::test]
+async fn a_grace_longer_than_the_lease_allows_is_a_usage_error() {
+    let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(["--url", "memory://", "run", "--ttl", "3s", "--grace", "5s"])
+        .args(["grace-check", "--", "true"])
+        .output()
+        .await
+        .expect("lockctl runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "stderr: {stderr}");
+    assert!(stderr.contains("--grace 5s does not fit"), "{stderr}");
+}
