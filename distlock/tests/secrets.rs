@@ -49,7 +49,10 @@ fn bad_urls(host: &str) -> Vec<String> {
         .into_iter()
         .flat_map(|url| {
             let join = if url.contains('?') { '&' } else { '?' };
-            [format!("{url}{join}ttl=banana"), format!("{url}{join}no_such_option=1")]
+            [
+                format!("{url}{join}ttl=banana"),
+                format!("{url}{join}no_such_option=1"),
+            ]
         })
         .collect()
 }

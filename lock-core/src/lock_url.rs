@@ -143,6 +143,35 @@ impl LockUrl {
     pub fn redacted(&self) -> String {
         self.to_string()
     }
+
+    /// `text`, a lock URL or several joined by `|` (a `dual:OLD|NEW` pair), fit to print:
+    /// each URL [redacted](LockUrl::redacted), and a part that does not parse replaced by
+    /// `<malformed URL>` rather than echoed (it may hold a password).
+    pub fn redact(text: &str) -> String {
+        let text = text.trim();
+        let (prefix, urls) = match text.split_once(':') {
+            Some((scheme, rest)) if scheme.eq_ignore_ascii_case("dual") => ("dual:", rest),
+            _ => ("", text),
+        };
+        let parts: Vec<String> = urls
+            .split('|')
+            .map(|part| {
+                LockUrl::parse(part.trim())
+                    .map_or_else(|_| "<malformed URL>".to_owned(), |url| url.redacted())
+            })
+            .collect();
+        format!("{prefix}{}", parts.join("|"))
+    }
+}
+
+/// Whether the value of query key `key` is a secret: a password, token or the like,
+/// alone or as the last word of a key (`sentinel_password`).
+fn is_secret_key(key: &str) -> bool {
+    const SECRET_WORDS: &[&str] = &["password", "pass", "token", "auth", "secret"];
+    let last_word = key.rsplit(['_', '-', '.']).next().unwrap_or(key);
+    SECRET_WORDS
+        .iter()
+        .any(|word| key.eq_ignore_ascii_case(word) || last_word.eq_ignore_ascii_case(word))
 }
 
 fn parse_host(item: &str) -> std::result::Result<HostPort, String> {
@@ -189,8 +218,6 @@ fn parse_host(item: &str) -> std::result::Result<HostPort, String> {
     })
 }
 
-const SECRET_KEYS: &[&str] = &["password", "pass", "token", "auth", "secret"];
-
 impl fmt::Display for LockUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "{}://", self.scheme)?;
@@ -215,11 +242,7 @@ impl fmt::Display for LockUrl {
         }
         f.write_str(&self.path)?;
         for (i, (key, value)) in self.query.iter().enumerate() {
-            let shown = if SECRET_KEYS.contains(&key.as_str()) {
-                "***"
-            } else {
-                value
-            };
+            let shown = if is_secret_key(key) { "***" } else { value };
             write!(f, "{}{key}={shown}", if i == 0 { '?' } else { '&' })?;
         }
         Ok(())
@@ -273,6 +296,20 @@ mod tests {
             !shown.contains("p:ss") && !shown.contains("p%3Ass"),
             "{shown}"
         );
+    }
+
+    #[test]
+    fn secret_query_values_and_dual_pairs_are_redacted() {
+        let url = LockUrl::parse("redis+sentinel://h/p?sentinel_password=s1&auth=s2&x=1").unwrap();
+        assert_eq!(
+            url.redacted(),
+            "redis+sentinel://h/p?sentinel_password=***&auth=***&x=1"
+        );
+        assert_eq!(
+            LockUrl::redact(" DUAL:zk://u:s3@a:1/l | redis://:s4@b:2?password=s5 "),
+            "dual:zk://u:***@a:1/l|redis://:***@b:2?password=***"
+        );
+        assert_eq!(LockUrl::redact("redis//:s6@h"), "<malformed URL>");
     }
 
     #[test]

@@ -91,9 +91,8 @@ fn url_with_ttl(url: &str, ttl: Duration) -> Result<String, distlock::Error> {
         let sides = DualConfig::new(url_with_ttl(&dual.old, ttl)?, url_with_ttl(&dual.new, ttl)?);
         return Ok(sides.url());
     }
-    let (url, fragment) = url
-        .split_once('#')
-        .map_or((url, None), |(u, f)| (u, Some(f)));
+    // The query starts at the first `?`, as `LockUrl::parse` reads it; everything before
+    // it (a password with a `#` included) is kept as it is.
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut pairs: Vec<&str> = query
         .split('&')
@@ -101,8 +100,7 @@ fn url_with_ttl(url: &str, ttl: Duration) -> Result<String, distlock::Error> {
         .collect();
     let ttl = format!("ttl={}", distlock::raw::format_duration(ttl));
     pairs.push(&ttl);
-    let fragment = fragment.map(|f| format!("#{f}")).unwrap_or_default();
-    Ok(format!("{base}?{}{fragment}", pairs.join("&")))
+    Ok(format!("{base}?{}", pairs.join("&")))
 }
 
 /// A client for `url`, with the lease `acquire.ttl` asks for.
@@ -468,7 +466,10 @@ mod tests {
             with(" DUAL:zk://a:1/l?ttl=2s | redis://b:2 "),
             "dual:zk://a:1/l?ttl=1500ms|redis://b:2?ttl=1500ms"
         );
-        assert_eq!(with("redis://h:1#x"), "redis://h:1?ttl=1500ms#x");
+        assert_eq!(
+            with("redis://:pa#ss@h:1?db=1"),
+            "redis://:pa#ss@h:1?db=1&ttl=1500ms"
+        );
         assert!(url_with_ttl("dual:zk://a:1", ttl).is_err());
     }
 

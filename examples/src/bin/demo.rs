@@ -18,7 +18,10 @@ const ROUNDS: usize = 3;
 #[tokio::main]
 async fn main() -> distlock::Result<()> {
     let url = std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://demo".to_owned());
-    println!("distlock demo on {url}\n");
+    println!(
+        "distlock demo on {}\n",
+        distlock::raw::LockUrl::redact(&url)
+    );
 
     contention(&url).await?;
     try_and_timeout(&url).await?;

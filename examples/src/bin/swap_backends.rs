@@ -28,7 +28,8 @@ async fn main() {
         urls.push(examples::lock_url());
     }
     for url in urls {
-        println!("{url}:");
+        // Never the raw URL: it may hold a password.
+        println!("{}:", distlock::raw::LockUrl::redact(&url));
         match distlock::connect(&url).await {
             Ok(locks) => {
                 if let Err(err) = nightly_export(locks.as_ref()).await {
