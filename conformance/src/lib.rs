@@ -47,6 +47,7 @@ macro_rules! conformance_rules {
             bad_urls_and_options,
             scoped_run_cancels_on_loss,
             operator_inspects_lists_and_breaks,
+            close_frees_everything,
         }
     };
 }

@@ -58,6 +58,8 @@ use crate::run::{run_locked, LockContext, RunOutcome};
 /// - an operator sees the holder and waiters, lists held names by prefix, and breaks a
 ///   hold: the waiter gets it, the broken guard is Lost with `Broken`
 ///   ([`operator_inspects_lists_and_breaks`]).
+/// - a closed client frees what it held and queued at once, though its runtime ends right
+///   after ([`close_frees_everything`]).
 ///
 /// [`try_on_held_is_not_acquired`]: ../conformance/rules/fn.try_on_held_is_not_acquired.html
 /// [`mutual_exclusion`]: ../conformance/rules/fn.mutual_exclusion.html
@@ -78,6 +80,7 @@ use crate::run::{run_locked, LockContext, RunOutcome};
 /// [`bad_urls_and_options`]: ../conformance/rules/fn.bad_urls_and_options.html
 /// [`scoped_run_cancels_on_loss`]: ../conformance/rules/fn.scoped_run_cancels_on_loss.html
 /// [`operator_inspects_lists_and_breaks`]: ../conformance/rules/fn.operator_inspects_lists_and_breaks.html
+/// [`close_frees_everything`]: ../conformance/rules/fn.close_frees_everything.html
 ///
 /// # Cancellation
 /// Dropping an acquire future at any await point leaves nothing queued or held on the
@@ -151,6 +154,21 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
             self.capabilities().backend,
             format!("breaking `{name}`"),
         ))
+    }
+
+    /// Closes the client, as Curator's `close()` or etcd's `Session.Close()`: releases
+    /// what it still holds (its guards turn Lost with `Released`), waits for the releases
+    /// and the cleanups of abandoned acquires under way (at most the request timeout),
+    /// then ends its session (ZooKeeper) or revokes its lease (etcd), so that nothing it
+    /// held or queued outlives it. Call it before the process exits: a runtime that ends
+    /// takes the client's background tasks with it, and what they had not done waits for
+    /// the server-side expiry. Acquires after it fail; closing twice is harmless.
+    ///
+    /// # Errors
+    /// Connection errors of the releases or of ending the session, after everything was
+    /// tried; the server-side expiry ends what could not be removed.
+    async fn close(&self) -> Result<()> {
+        Ok(())
     }
 }
 
@@ -247,6 +265,10 @@ macro_rules! forward_impl {
 
             async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
                 (**self).force_release(name).await
+            }
+
+            async fn close(&self) -> Result<()> {
+                (**self).close().await
             }
         }
     };

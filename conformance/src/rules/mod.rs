@@ -21,6 +21,7 @@ mod names;
 mod operations;
 mod reentrancy;
 mod renewal;
+mod shutdown;
 mod waiting;
 
 pub use exclusion::{
@@ -36,6 +37,7 @@ pub use renewal::{
     auto_renewal_keeps_lock, hold_cap_ends_renewal, lost_signal_on_steal, manual_mode,
     scoped_run_cancels_on_loss,
 };
+pub use shutdown::close_frees_everything;
 pub use waiting::{
     cancellation_leaves_nothing, drop_releases_promptly, fifo_when_fair, wait_timeout,
 };
