@@ -188,4 +188,16 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
         None
     }
+
+    /// Ends the client, once the lease client has released its holds (see
+    /// [`DistributedLock::close`](crate::DistributedLock::close)): waits, at most the
+    /// request timeout, for the backend's own background cleanups (its
+    /// [`Background`](crate::raw::Background)), then ends its session or revokes its lease
+    /// so that nothing of the client outlives it. Default: nothing to do.
+    ///
+    /// # Errors
+    /// Connection errors of ending the session; the server-side expiry ends it then.
+    async fn close(&self) -> Result<()> {
+        Ok(())
+    }
 }

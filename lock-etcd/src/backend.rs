@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Backend, BackendRelease, Cleanup, CleanupOnDrop, Connect, LockUrl,
-    RenewItem, RenewOutcome, SessionStatus,
+    AcquireRequest, Acquired, Backend, BackendRelease, Background, Cleanup, CleanupOnDrop, Connect,
+    LockUrl, RenewItem, RenewOutcome, SessionStatus,
 };
 use lock_core::{
     Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, LostReason, Occupancy,
@@ -39,6 +39,8 @@ pub struct EtcdBackend {
     ttl: Duration,
     /// The shortest life of a broken hold's mark ([`EtcdConfig::mark_ttl`]).
     mark_ttl: Duration,
+    /// The cleanups of abandoned acquires, which closing waits for.
+    background: Background,
 }
 
 /// Opened with [`Error::InvalidConfig`] for a bad configuration or refused credentials;
@@ -75,6 +77,7 @@ impl Connect for EtcdBackend {
             slots: Arc::new(Slots::default()),
             ttl: config.options.ttl,
             mark_ttl: config.mark_ttl,
+            background: Background::new(),
         })
     }
 }
@@ -189,7 +192,8 @@ impl Backend for EtcdBackend {
             // Enqueueing sends at most three puts, each within the request timeout.
             put_until: Instant::now() + self.client.request_timeout() * 3,
             slot,
-        });
+        })
+        .tracked_by(&self.background);
         let (revision, owner) = self
             .queue
             .enqueue(&prefix, &key, lease.id, request.token.as_str())
@@ -345,5 +349,12 @@ impl Backend for EtcdBackend {
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
         Some(self.session.subscribe())
+    }
+
+    /// Waits (at most the request timeout) for the cleanups of abandoned acquires, then
+    /// revokes the client's lease: every key attached to it goes at once.
+    async fn close(&self) -> Result<()> {
+        self.background.settle(self.client.request_timeout()).await;
+        self.session.close_now().await
     }
 }

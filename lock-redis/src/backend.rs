@@ -9,8 +9,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::future::join_all;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Backend, BackendRelease, Cleanup, CleanupOnDrop, Connect, LockUrl,
-    RenewItem, RenewOutcome,
+    AcquireRequest, Acquired, Backend, BackendRelease, Background, Cleanup, CleanupOnDrop, Connect,
+    LockUrl, RenewItem, RenewOutcome,
 };
 use lock_core::{
     Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, Occupancy,
@@ -119,6 +119,8 @@ pub(crate) struct Inner {
     pub(crate) client_id: String,
     /// What precedes a client id in a wake-up channel's name.
     pub(crate) channel_prefix: String,
+    /// The cleanups of abandoned acquires, which closing the client waits for.
+    pub(crate) background: Background,
 }
 
 /// The protocol half of a Redis lock client, for one server (`redis://`, `rediss://`), the
@@ -261,6 +263,7 @@ impl Connect for RedisBackend {
             client_id,
             channel_prefix,
             config,
+            background: Background::new(),
         };
         let deadline = Instant::now() + inner.config.options.request_timeout;
         if let Some(shards) = &inner.shards {
@@ -590,7 +593,8 @@ impl Backend for RedisBackend {
         let mut pending = CleanupOnDrop::new(Abandoned {
             inner: Arc::clone(inner),
             dirty: Vec::new(),
-        });
+        })
+        .tracked_by(&inner.background);
         let recheck = inner.config.options.recheck;
         let mut bell: Option<Subscription> = None;
         let epoch = inner.wakeups.epoch();
@@ -694,6 +698,16 @@ impl Backend for RedisBackend {
     /// some of them.
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         self.inner.force_release(name).await
+    }
+
+    /// Waits (at most the request timeout) for the cleanups of abandoned acquires: Redis
+    /// has no session whose end would remove what they left.
+    async fn close(&self) -> Result<()> {
+        let limit = self.inner.config.options.request_timeout;
+        if !self.inner.background.settle(limit).await {
+            tracing::warn!(backend = self.inner.backend, "closing: cleanups of abandoned acquires still under way; the queue's liveness deadlines and the key TTLs end what they leave");
+        }
+        Ok(())
     }
 }
 

@@ -124,7 +124,8 @@ impl Backend for ZkBackend {
                         &dir,
                         &marker,
                         live.epoch,
-                    ));
+                    ))
+                    .tracked_by(self.session.background());
                     Queue::new(&self.session)
                         .attempt(&live, &dir, &marker, &request, &mut pending)
                         .await
@@ -171,5 +172,14 @@ impl Backend for ZkBackend {
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
         Some(self.session.subscribe())
+    }
+
+    /// Waits for the cleanups of abandoned acquires, then closes the session: ZooKeeper
+    /// removes its ephemeral nodes at once (each wait at most the request timeout).
+    async fn close(&self) -> Result<()> {
+        let limit = self.config().options.request_timeout;
+        self.session.background().settle(limit).await;
+        self.session.close(limit).await;
+        Ok(())
     }
 }

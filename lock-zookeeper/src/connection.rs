@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::raw::{lock_unpoisoned, SessionHealth, SessionStatus};
+use lock_core::raw::{lock_unpoisoned, Background, SessionHealth, SessionStatus};
 use lock_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::timeout;
@@ -68,6 +68,8 @@ impl Live {
 struct Current {
     client: Option<zk::Client>,
     epoch: u64,
+    /// Closed by the lock client: no session replaces the last one.
+    closed: bool,
 }
 
 /// The session of one lock client, shared by the backend and its background tasks.
@@ -79,6 +81,8 @@ pub(crate) struct Session {
     /// A lock directory refused the `setData` of a counted create (no WRITE permission):
     /// creates are listed instead from then on.
     counting_refused: AtomicBool,
+    /// The cleanups of abandoned acquires, which closing waits for.
+    background: Background,
 }
 
 impl Session {
@@ -96,9 +100,11 @@ impl Session {
             current: Mutex::new(Current {
                 client: Some(client.clone()),
                 epoch: 1,
+                closed: false,
             }),
             status: watch::Sender::new(status),
             counting_refused: AtomicBool::new(false),
+            background: Background::new(),
         });
         tokio::spawn(monitor(Arc::downgrade(&session), client.state_watcher(), 1));
         Ok(session)
@@ -139,6 +145,47 @@ impl Session {
     /// The configuration.
     pub(crate) fn config(&self) -> &ZkConfig {
         &self.config
+    }
+
+    /// The cleanups of abandoned acquires.
+    pub(crate) fn background(&self) -> &Background {
+        &self.background
+    }
+
+    /// Closes the session for good: no new one replaces it, and ZooKeeper removes its
+    /// ephemeral nodes once the server has the close, which is sent when the last request
+    /// still using the session ends. Waits at most `limit` for the server to confirm.
+    pub(crate) async fn close(&self, limit: Duration) {
+        let (client, epoch) = {
+            let mut current = lock_unpoisoned(&self.current);
+            current.closed = true;
+            (current.client.take(), current.epoch)
+        };
+        let Some(client) = client else {
+            return;
+        };
+        let mut watcher = client.state_watcher();
+        drop(client);
+        let ended = timeout(limit, async {
+            loop {
+                if matches!(
+                    watcher.changed().await,
+                    zk::SessionState::Closed
+                        | zk::SessionState::Expired
+                        | zk::SessionState::AuthFailed
+                ) {
+                    return;
+                }
+            }
+        })
+        .await;
+        if ended.is_err() {
+            tracing::warn!(
+                epoch,
+                "closing: ZooKeeper did not confirm the session's close in time; its timeout ends it"
+            );
+        }
+        self.publish(epoch, SessionHealth::Expired);
     }
 
     /// Runs one request with the configured request timeout.
@@ -182,14 +229,23 @@ impl Session {
         self.publish(epoch, SessionHealth::Expired);
     }
 
-    fn install(&self, client: zk::Client) -> u64 {
+    /// Installs `client` as the next session; `None` (and the client dropped, which closes
+    /// its session) when the lock client was closed meanwhile.
+    fn install(&self, client: zk::Client) -> Option<u64> {
         let mut current = lock_unpoisoned(&self.current);
+        if current.closed {
+            return None;
+        }
         current.epoch += 1;
         current.client = Some(client);
         let epoch = current.epoch;
         drop(current);
         self.publish(epoch, SessionHealth::Connected);
-        epoch
+        Some(epoch)
+    }
+
+    fn is_closed(&self) -> bool {
+        lock_unpoisoned(&self.current).closed
     }
 }
 
@@ -254,6 +310,11 @@ async fn monitor(session: Weak<Session>, mut watcher: zk::StateWatcher, mut epoc
             zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
                 shared.publish(epoch, SessionHealth::Connected);
             }
+            zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
+                if shared.is_closed() =>
+            {
+                return;
+            }
             zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed => {
                 tracing::warn!(
                     epoch,
@@ -275,12 +336,17 @@ async fn monitor(session: Weak<Session>, mut watcher: zk::StateWatcher, mut epoc
 /// Establishes a replacement session, retrying until it works or the client is gone.
 async fn reopen(session: &Weak<Session>) -> Option<(u64, zk::StateWatcher)> {
     loop {
-        let config = session.upgrade()?.config.clone();
+        let shared = session.upgrade()?;
+        if shared.is_closed() {
+            return None;
+        }
+        let config = shared.config.clone();
+        drop(shared);
         match open(&config, config.connect_timeout).await {
             Ok(client) => {
                 let shared = session.upgrade()?;
                 let watcher = client.state_watcher();
-                let epoch = shared.install(client);
+                let epoch = shared.install(client)?;
                 tracing::info!(epoch, "new ZooKeeper session established");
                 return Some((epoch, watcher));
             }

@@ -15,6 +15,7 @@ mod migration;
 mod operate;
 mod run;
 
+use std::future::Future;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -217,6 +218,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs `work` with the client `locks`, then closes the client whatever the outcome (done,
+/// failed, cut short by a signal): what it held or queued goes before lockctl exits, rather
+/// than when its lease or session times out. A failed close is a warning.
+async fn closing<T>(
+    locks: &dyn distlock::DistributedLock,
+    work: impl Future<Output = Result<T, BoxError>>,
+) -> Result<T, BoxError> {
+    let result = work.await;
+    if let Err(err) = locks.close().await {
+        eprintln!("lockctl: warning: closing the lock client: {err}");
+    }
+    result
 }
 
 /// The lock service URL, for `run`, `hold` and `try`: `memory://` when none is given.

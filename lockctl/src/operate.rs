@@ -9,7 +9,7 @@ use distlock::{DistributedLock, LockName, Occupancy, Participant};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde_json::{json, Value};
 
-use crate::{BoxError, EXIT_NO, EXIT_USAGE};
+use crate::{closing, BoxError, EXIT_NO, EXIT_USAGE};
 
 /// How many names `list --long` inspects at once.
 const LIST_CONCURRENCY: usize = 16;
@@ -18,17 +18,20 @@ const LIST_CONCURRENCY: usize = 16;
 pub(crate) async fn status(url: &str, name: &str, json: bool) -> Result<ExitCode, BoxError> {
     let name = LockName::new(name)?;
     let locks = distlock::connect(url).await?;
-    let occupancy = locks.inspect(&name).await?;
-    if json {
-        println!("{:#}", occupancy_json(&name, &occupancy));
-    } else {
-        print!("{}", occupancy_text(&name, &occupancy, SystemTime::now()));
-    }
-    Ok(if occupancy.holder.is_some() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_NO)
+    closing(locks.as_ref(), async {
+        let occupancy = locks.inspect(&name).await?;
+        if json {
+            println!("{:#}", occupancy_json(&name, &occupancy));
+        } else {
+            print!("{}", occupancy_text(&name, &occupancy, SystemTime::now()));
+        }
+        Ok(if occupancy.holder.is_some() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(EXIT_NO)
+        })
     })
+    .await
 }
 
 /// `lockctl list [PREFIX]`.
@@ -39,32 +42,35 @@ pub(crate) async fn list(
     json: bool,
 ) -> Result<ExitCode, BoxError> {
     let locks = distlock::connect(url).await?;
-    let names = locks.list(prefix).await?;
-    if !long {
-        if json {
-            let names: Vec<Value> = names
-                .iter()
-                .map(|name| json!({ "name": name.as_str() }))
-                .collect();
-            println!("{:#}", Value::Array(names));
-        } else {
-            for name in &names {
-                println!("{name}");
+    closing(locks.as_ref(), async {
+        let names = locks.list(prefix).await?;
+        if !long {
+            if json {
+                let names: Vec<Value> = names
+                    .iter()
+                    .map(|name| json!({ "name": name.as_str() }))
+                    .collect();
+                println!("{:#}", Value::Array(names));
+            } else {
+                for name in &names {
+                    println!("{name}");
+                }
             }
+            return Ok(ExitCode::SUCCESS);
         }
-        return Ok(ExitCode::SUCCESS);
-    }
-    let looks: Vec<(LockName, Occupancy)> = inspect_all(locks.as_ref(), names).await?;
-    if json {
-        let looks: Vec<Value> = looks
-            .iter()
-            .map(|(name, occupancy)| occupancy_json(name, occupancy))
-            .collect();
-        println!("{:#}", Value::Array(looks));
-    } else {
-        print!("{}", list_text(&looks, SystemTime::now()));
-    }
-    Ok(ExitCode::SUCCESS)
+        let looks: Vec<(LockName, Occupancy)> = inspect_all(locks.as_ref(), names).await?;
+        if json {
+            let looks: Vec<Value> = looks
+                .iter()
+                .map(|(name, occupancy)| occupancy_json(name, occupancy))
+                .collect();
+            println!("{:#}", Value::Array(looks));
+        } else {
+            print!("{}", list_text(&looks, SystemTime::now()));
+        }
+        Ok(ExitCode::SUCCESS)
+    })
+    .await
 }
 
 /// Inspects every name of `names`, a few at a time, in their order. A name released since
@@ -94,37 +100,40 @@ pub(crate) async fn break_lock(
 ) -> Result<ExitCode, BoxError> {
     let name = LockName::new(name)?;
     let locks = distlock::connect(url).await?;
-    if !force {
-        let occupancy = locks.inspect(&name).await?;
+    closing(locks.as_ref(), async {
+        if !force {
+            let occupancy = locks.inspect(&name).await?;
+            if json {
+                println!("{:#}", occupancy_json(&name, &occupancy));
+            } else {
+                eprint!("{}", occupancy_text(&name, &occupancy, SystemTime::now()));
+            }
+            eprintln!(
+                "lockctl: not breaking `{name}` without --force: the holder may still be working \
+                 until its next renewal notices, and only fenced writes are safe meanwhile"
+            );
+            return Ok(ExitCode::from(EXIT_USAGE));
+        }
+        let broken = locks.force_release(&name).await?;
         if json {
-            println!("{:#}", occupancy_json(&name, &occupancy));
+            let holder = broken.as_ref().map(participant_json);
+            println!("{:#}", json!({ "name": name.as_str(), "broken": holder }));
         } else {
-            eprint!("{}", occupancy_text(&name, &occupancy, SystemTime::now()));
+            match &broken {
+                Some(holder) => println!(
+                    "broke `{name}`: removed {}",
+                    participant_text(holder, SystemTime::now())
+                ),
+                None => println!("`{name}` was not held; nothing to break"),
+            }
         }
-        eprintln!(
-            "lockctl: not breaking `{name}` without --force: the holder may still be working \
-             until its next renewal notices, and only fenced writes are safe meanwhile"
-        );
-        return Ok(ExitCode::from(EXIT_USAGE));
-    }
-    let broken = locks.force_release(&name).await?;
-    if json {
-        let holder = broken.as_ref().map(participant_json);
-        println!("{:#}", json!({ "name": name.as_str(), "broken": holder }));
-    } else {
-        match &broken {
-            Some(holder) => println!(
-                "broke `{name}`: removed {}",
-                participant_text(holder, SystemTime::now())
-            ),
-            None => println!("`{name}` was not held; nothing to break"),
-        }
-    }
-    Ok(if broken.is_some() {
-        ExitCode::SUCCESS
-    } else {
-        ExitCode::from(EXIT_NO)
+        Ok(if broken.is_some() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(EXIT_NO)
+        })
     })
+    .await
 }
 
 /// Milliseconds since the Unix epoch.

@@ -45,7 +45,7 @@ use nix::unistd::Pid;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio::time::{sleep_until, Instant};
 
-use crate::{AcquireArgs, BoxError, EXIT_LOCK, EXIT_USAGE};
+use crate::{closing, AcquireArgs, BoxError, EXIT_LOCK, EXIT_USAGE};
 
 /// The hidden first argument that makes lockctl the trampoline of its command.
 const TRAMPOLINE: &str = "__child";
@@ -134,18 +134,21 @@ pub(crate) async fn run(
 ) -> Result<ExitCode, BoxError> {
     let name = LockName::new(name)?;
     let locks = connect(url, acquire).await?;
-    let grace = match grace_within(grace, locks.options().ttl) {
-        Ok(grace) => grace,
-        Err(usage) => {
-            eprintln!("lockctl: {usage}");
-            return Ok(ExitCode::from(EXIT_USAGE));
+    closing(locks.as_ref(), async {
+        let grace = match grace_within(grace, locks.options().ttl) {
+            Ok(grace) => grace,
+            Err(usage) => {
+                eprintln!("lockctl: {usage}");
+                return Ok(ExitCode::from(EXIT_USAGE));
+            }
+        };
+        let mut signals = Signals::catch()?;
+        match take(locks.as_ref(), &name, acquire, &mut signals).await? {
+            Ok(guard) => run_command(guard, command, grace, &mut signals).await,
+            Err(code) => Ok(code),
         }
-    };
-    let mut signals = Signals::catch()?;
-    match take(locks.as_ref(), &name, acquire, &mut signals).await? {
-        Ok(guard) => run_command(guard, command, grace, &mut signals).await,
-        Err(code) => Ok(code),
-    }
+    })
+    .await
 }
 
 /// `lockctl hold`.
@@ -157,8 +160,22 @@ pub(crate) async fn hold(
 ) -> Result<ExitCode, BoxError> {
     let name = LockName::new(name)?;
     let locks = connect(url, acquire).await?;
+    closing(
+        locks.as_ref(),
+        hold_with(locks.as_ref(), acquire, &name, duration),
+    )
+    .await
+}
+
+/// `lockctl hold` with the client `locks`.
+async fn hold_with(
+    locks: &dyn DistributedLock,
+    acquire: &AcquireArgs,
+    name: &LockName,
+    duration: Duration,
+) -> Result<ExitCode, BoxError> {
     let mut signals = Signals::catch()?;
-    let guard = match take(locks.as_ref(), &name, acquire, &mut signals).await? {
+    let guard = match take(locks, name, acquire, &mut signals).await? {
         Ok(guard) => guard,
         Err(code) => return Ok(code),
     };
@@ -197,17 +214,20 @@ pub(crate) async fn try_once(
 ) -> Result<ExitCode, BoxError> {
     let name = LockName::new(name)?;
     let locks = distlock::connect(url).await?;
-    match locks.acquire(&name, &AcquireOptions::try_once()).await? {
-        Some(guard) => {
-            println!("free (fencing token {})", guard.fencing_token());
-            guard.release().await?;
-            Ok(ExitCode::SUCCESS)
+    closing(locks.as_ref(), async {
+        match locks.acquire(&name, &AcquireOptions::try_once()).await? {
+            Some(guard) => {
+                println!("free (fencing token {})", guard.fencing_token());
+                guard.release().await?;
+                Ok(ExitCode::SUCCESS)
+            }
+            None => {
+                println!("held by someone else");
+                Ok(ExitCode::from(conflict_exit_code))
+            }
         }
-        None => {
-            println!("held by someone else");
-            Ok(ExitCode::from(conflict_exit_code))
-        }
-    }
+    })
+    .await
 }
 
 /// Acquires `name` as `acquire` says, unless a signal comes first: the guard, or the exit

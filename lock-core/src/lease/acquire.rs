@@ -54,6 +54,9 @@ impl<B: Backend> Keeper<B> {
             check_duration("max_hold", cap)?;
         }
         check_wait(options.wait)?;
+        if self.is_closed() {
+            return Err(self.closed_error());
+        }
         self.ensure_task();
 
         let Some(owner) = &options.owner else {
@@ -197,6 +200,11 @@ impl<B: Backend> Keeper<B> {
         let Some(me) = self.arc() else {
             return Err(Error::config("lock client is shutting down"));
         };
+        if self.is_closed() {
+            // Granted while the client closed: given back at once.
+            let _ = self.commands.send(Command::Release(Arc::clone(&me), entry));
+            return Err(self.closed_error());
+        }
         if valid_until <= now {
             let _ = self.commands.send(Command::Release(Arc::clone(&me), entry));
             return Err(Error::Unavailable {

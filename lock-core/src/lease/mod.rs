@@ -6,12 +6,12 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{mpsc, watch, Notify};
+use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 use tracing::{Instrument, Span};
@@ -30,7 +30,7 @@ use crate::metrics::{ClientMetrics, HoldMetrics, Renewal, Series};
 use crate::name::{check_prefix, LockName};
 use crate::occupancy::{Occupancy, Participant};
 use crate::options::{check_duration, AcquireOptions, LockOptions, RenewalMode, Wait};
-use crate::raw::{lock_unpoisoned, Backoff};
+use crate::raw::{lock_unpoisoned, Background, Backoff};
 use crate::token::{OwnerId, OwnerToken};
 
 /// The safety margin taken off every lease: 1 % of it plus 2 ms, for clock-rate drift
@@ -104,6 +104,8 @@ impl<B: Backend> LeaseClient<B> {
             table: Mutex::new(Table::default()),
             gates: Mutex::new(HashMap::new()),
             renewal_ended: Notify::new(),
+            background: Background::new(),
+            closed: AtomicBool::new(false),
         });
         Ok(LeaseClient { keeper })
     }
@@ -175,6 +177,10 @@ impl<B: Backend> DistributedLock for LeaseClient<B> {
             )
             .await
     }
+
+    async fn close(&self) -> Result<()> {
+        self.keeper.close().await
+    }
 }
 
 fn check_ttl(capabilities: &Capabilities, ttl: Duration) -> Result<()> {
@@ -202,6 +208,8 @@ enum Command<B: Backend> {
     Wake,
     /// Release a hold whose last guard was dropped.
     Release(Arc<Keeper<B>>, Entry<B::Hold>),
+    /// Answer once every command sent before has been handled.
+    Flush(oneshot::Sender<()>),
 }
 
 type Gate = Arc<tokio::sync::Mutex<()>>;
@@ -221,6 +229,10 @@ struct Keeper<B: Backend> {
     gates: Mutex<HashMap<(LockName, OwnerId), Gate>>,
     /// Notified whenever a renewal of some hold ends (see [`Entry::renewing`]).
     renewal_ended: Notify,
+    /// The releases under way in the background, which closing waits for.
+    background: Background,
+    /// Set by [`DistributedLock::close`]: acquires are refused from then on.
+    closed: AtomicBool,
 }
 
 impl<B: Backend> fmt::Debug for Keeper<B> {

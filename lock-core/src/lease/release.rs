@@ -115,6 +115,48 @@ impl<B: Backend> Keeper<B> {
         self.backend.release(hold).await
     }
 
+    /// Closes the client (see [`DistributedLock::close`]): refuses acquires from now on,
+    /// releases every hold still tracked, waits (at most the request timeout) for the
+    /// releases under way, then closes the backend.
+    pub(super) async fn close(&self) -> Result<()> {
+        self.closed.store(true, Ordering::SeqCst);
+        let entries: Vec<Entry<B::Hold>> = {
+            let mut table = self.table();
+            table.reentrant.clear();
+            table.holds.drain().map(|(_, entry)| entry).collect()
+        };
+        if let Some(me) = self.arc() {
+            for entry in entries {
+                let keeper = Arc::clone(&me);
+                self.background
+                    .spawn(async move { keeper.finish_release(entry).await });
+            }
+        }
+        // Releases handed to the keeper task before now are started by the time it
+        // answers (it handles its commands in order); none are pending if it never ran.
+        let limit = self.options.request_timeout;
+        let (done, flushed) = oneshot::channel();
+        let started = lock_unpoisoned(&self.receiver).is_none();
+        if started && self.commands.send(Command::Flush(done)).is_ok() {
+            let _ = timeout(limit, flushed).await;
+        }
+        if !self.background.settle(limit).await {
+            tracing::warn!(
+                backend = self.capabilities.backend,
+                "closing: releases still under way after the request timeout; the session's end or the server-side expiry finishes them"
+            );
+        }
+        self.backend.close().await
+    }
+
+    pub(super) fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::SeqCst)
+    }
+
+    pub(super) fn closed_error(&self) -> Error {
+        Error::unsupported(self.capabilities.backend, "acquiring with a closed client")
+    }
+
     /// Runs an operator call (`inspect`, `list`, `force_release`) within `rounds` request
     /// timeouts (a listing may take several round trips).
     pub(super) async fn deadline<T>(

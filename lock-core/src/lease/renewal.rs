@@ -378,7 +378,11 @@ pub(super) async fn run_keeper<B: Backend>(
                 None => return,
                 Some(Command::Wake) => {}
                 Some(Command::Release(keeper, entry)) => {
-                    tokio::spawn(async move { keeper.finish_release(entry).await });
+                    let background = keeper.background.clone();
+                    background.spawn(async move { keeper.finish_release(entry).await });
+                }
+                Some(Command::Flush(done)) => {
+                    let _ = done.send(());
                 }
             },
             _ = sleep_until(next) => {}

@@ -386,6 +386,12 @@ impl Backend for DualBackend {
         Ok(old?.or(new?))
     }
 
+    /// Closes both sides.
+    async fn close(&self) -> Result<()> {
+        let (old, new) = tokio::join!(self.old.close(), self.new.close());
+        old.and(new)
+    }
+
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
         match (self.old.session(), self.new.session()) {
             (None, None) => None,

@@ -6,6 +6,8 @@
 use std::fmt;
 use std::future::Future;
 
+use super::Background;
+
 /// What to undo on the server, and how.
 pub trait Cleanup: Send + 'static {
     /// Undoes it. Runs in a background task; reports its own failures (the server-side
@@ -22,12 +24,25 @@ pub trait Cleanup: Send + 'static {
 /// [`CleanupOnDrop::disarm`] took the state first.
 pub struct CleanupOnDrop<C: Cleanup> {
     state: Option<C>,
+    /// Where the cleanup runs, so that closing the client waits for it; `None`: a task of
+    /// its own on the current runtime.
+    background: Option<Background>,
 }
 
 impl<C: Cleanup> CleanupOnDrop<C> {
     /// Arms the guard with `state`.
     pub fn new(state: C) -> Self {
-        CleanupOnDrop { state: Some(state) }
+        CleanupOnDrop {
+            state: Some(state),
+            background: None,
+        }
+    }
+
+    /// Runs the cleanup, if any, among the client's `background` work (which closing the
+    /// client waits for).
+    pub fn tracked_by(mut self, background: &Background) -> Self {
+        self.background = Some(background.clone());
+        self
     }
 
     /// The state, to record what a request in flight may leave behind.
@@ -51,6 +66,10 @@ impl<C: Cleanup> Drop for CleanupOnDrop<C> {
             return;
         };
         if !state.is_needed() {
+            return;
+        }
+        if let Some(background) = &self.background {
+            background.spawn(state.cleanup());
             return;
         }
         match tokio::runtime::Handle::try_current() {

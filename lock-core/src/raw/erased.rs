@@ -37,6 +37,7 @@ pub(crate) trait AnyBackend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>>;
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>>;
     fn session(&self) -> Option<watch::Receiver<SessionStatus>>;
+    async fn close(&self) -> Result<()>;
 }
 
 #[async_trait]
@@ -86,6 +87,10 @@ impl<B: Backend> AnyBackend for B {
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
         Backend::session(self)
+    }
+
+    async fn close(&self) -> Result<()> {
+        Backend::close(self).await
     }
 }
 

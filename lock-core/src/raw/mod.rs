@@ -6,9 +6,10 @@
 //! [`LeaseClient`] adds everything that is the same for every backend and turns it into a
 //! [`DistributedLock`](crate::DistributedLock). [`register`] makes its schemes known to
 //! [`connect`](crate::connect). The rest is shared plumbing, written once here so that no
-//! backend keeps a copy: [`lock_unpoisoned`], [`Cleanup`]/[`CleanupOnDrop`], [`Backoff`],
+//! backend keeps a copy: [`lock_unpoisoned`], [`Cleanup`]/[`CleanupOnDrop`], [`Background`], [`Backoff`],
 //! [`Error::no_answer`](crate::Error::no_answer).
 
+mod background;
 mod backoff;
 mod cleanup;
 mod connect;
@@ -25,6 +26,7 @@ pub use crate::lock_url::{HostPort, LockUrl};
 pub use crate::name::{escape, escape_where, unescape};
 pub use crate::options::{duration_text, format_duration, parse_duration};
 pub use crate::registry::{registry, ConnectFuture, Connector, Registry};
+pub use background::Background;
 pub use backoff::Backoff;
 pub use cleanup::{Cleanup, CleanupOnDrop};
 pub(crate) use connect::{connect_url, open_url};

@@ -318,6 +318,19 @@ impl Session {
             .revoke_in_background("revoking the session lease", id);
     }
 
+    /// Ends the session now: revokes the current lease and waits for the answer (each
+    /// request within the request timeout), so that every key attached to it is gone.
+    pub(crate) async fn close_now(&self) -> Result<()> {
+        let lease = self.current().take();
+        let Some(lease) = lease else {
+            return Ok(());
+        };
+        self.publish(lease.epoch, SessionHealth::Expired);
+        self.client
+            .lease_revoke("revoking the session lease", lease.id)
+            .await
+    }
+
     /// Ends the session: revokes the current lease in the background.
     pub(crate) fn close(&self) {
         let lease = self.current().take();
