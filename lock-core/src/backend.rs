@@ -132,6 +132,17 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// in order. `Err` means the renewal could not be done (the holds become Suspect).
     async fn renew(&self, items: &[RenewItem<'_, Self::Hold>]) -> Result<Vec<RenewOutcome>>;
 
+    /// The renewal group of `hold`. The watchdog renews the holds of each group with
+    /// `renew` calls of their own, one in flight per group, each decided as soon as it
+    /// answers: a group whose server is slow or silent delays only its own holds. A
+    /// backend whose holds live on independent servers (the shards of a cluster) puts the
+    /// holds of each server in a group of their own; the default puts every hold in one
+    /// group, renewed by one call.
+    fn renewal_group(&self, hold: &Self::Hold) -> u64 {
+        let _ = hold;
+        0
+    }
+
     /// Releases `hold` if it is still this acquisition's.
     async fn release(&self, hold: &Self::Hold) -> Result<BackendRelease>;
 

@@ -376,6 +376,13 @@ pub struct MemoryHold {
     token: OwnerToken,
 }
 
+impl MemoryHold {
+    /// The lock name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+}
+
 /// Removes a queued waiter if the acquire future is dropped.
 struct QueuedWaiter<'a> {
     space: &'a MemorySpace,

@@ -2,7 +2,7 @@
 //! counts renewal requests and lets the test drive session health.
 
 use std::fmt;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -36,6 +36,8 @@ struct Instrumented {
     renew_calls: AtomicUsize,
     renewed_items: AtomicUsize,
     session: watch::Sender<SessionStatus>,
+    /// The renewals of the holds under `stalled/` (their own renewal group) never answer.
+    stalled: AtomicBool,
 }
 
 impl fmt::Debug for Instrumented {
@@ -71,7 +73,14 @@ impl Backend for Probe {
         self.0
             .renewed_items
             .fetch_add(items.len(), Ordering::SeqCst);
+        if self.0.stalled.load(Ordering::SeqCst) && items.iter().any(|i| stalled(i.hold)) {
+            std::future::pending::<()>().await;
+        }
         self.0.inner.backend().renew(items).await
+    }
+
+    fn renewal_group(&self, hold: &Self::Hold) -> u64 {
+        u64::from(stalled(hold))
     }
 
     async fn release(&self, hold: &Self::Hold) -> Result<BackendRelease> {
@@ -81,6 +90,11 @@ impl Backend for Probe {
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {
         Some(self.0.session.subscribe())
     }
+}
+
+/// Whether `hold` is one whose renewal a stall holds up (see [`Instrumented::stalled`]).
+fn stalled(hold: &<MemoryBackend as Backend>::Hold) -> bool {
+    hold.name().as_str().starts_with("stalled/")
 }
 
 fn instrumented(ttl: Duration) -> (LeaseClient<Probe>, Arc<Instrumented>) {
@@ -97,6 +111,7 @@ fn instrumented(ttl: Duration) -> (LeaseClient<Probe>, Arc<Instrumented>) {
         renew_calls: AtomicUsize::new(0),
         renewed_items: AtomicUsize::new(0),
         session,
+        stalled: AtomicBool::new(false),
     });
     let client = LeaseClient::new(Probe(Arc::clone(&probe)), options).expect("client");
     (client, probe)
@@ -133,6 +148,28 @@ async fn renewal_is_batched_per_client() {
         assert_eq!(guard.state(), LockState::Held);
         assert_eq!(guard.release().await.unwrap(), ReleaseOutcome::Released);
     }
+}
+
+/// Each renewal group is renewed by calls of its own: while one group's renewal gets no
+/// answer, the holds of the other group are renewed and stay Held, and the silent
+/// group's holds are Lost at their deadline.
+#[tokio::test]
+async fn a_silent_renewal_group_delays_only_its_own_holds() {
+    let ttl = Duration::from_millis(300);
+    let (client, probe) = instrumented(ttl);
+    let answered = client.try_lock("answered/a").await.unwrap().expect("free");
+    let silent = client.try_lock("stalled/b").await.unwrap().expect("free");
+    probe.stalled.store(true, Ordering::SeqCst);
+    let started = Instant::now();
+    while started.elapsed() < ttl * 4 {
+        let state = answered.state();
+        assert_eq!(state, LockState::Held, "+{:?}", started.elapsed());
+        sleep(Duration::from_millis(5)).await;
+    }
+    assert!(silent.state().is_lost(), "{:?}", silent.state());
+    probe.stalled.store(false, Ordering::SeqCst);
+    assert_eq!(answered.release().await.unwrap(), ReleaseOutcome::Released);
+    let _ = silent.release().await;
 }
 
 /// Session health drives the state: suspended → Suspect, reconnected → Held, expired →

@@ -658,6 +658,14 @@ impl Backend for RedisBackend {
         self.inner.renew(items).await
     }
 
+    /// On Redis Cluster, the primary that serves the hold's slot (in the slot map as it
+    /// is): each primary's holds are renewed by calls of their own, so a slow or stopped
+    /// primary delays only its holds. One group elsewhere: one server, or RedLock, whose
+    /// every hold needs the same majority of servers.
+    fn renewal_group(&self, hold: &RedisHold) -> u64 {
+        self.inner.renewal_group(hold)
+    }
+
     async fn release(&self, hold: &RedisHold) -> Result<BackendRelease> {
         self.inner
             .release_all(hold, false, self.inner.request_deadline())

@@ -230,6 +230,19 @@ impl Inner {
         Ok(outcomes)
     }
 
+    /// See [`Backend::renewal_group`](lock_core::raw::Backend::renewal_group): on Redis
+    /// Cluster the index of the primary that serves `hold`'s slot, `u64::MAX` for a slot
+    /// without one (the renewal finds its primary); 0 elsewhere.
+    pub(crate) fn renewal_group(&self, hold: &RedisHold) -> u64 {
+        let Some(shards) = &self.shards else {
+            return 0;
+        };
+        shards
+            .owner_index(slot_of(hold.keys.key.as_bytes()))
+            .and_then(|i| u64::try_from(i).ok())
+            .unwrap_or(u64::MAX)
+    }
+
     /// Renews `items` on Redis Cluster: one script call per primary (per [`RENEW_CHUNK`]
     /// keys) for the holds of every slot it serves, the keys passed as arguments to the
     /// renew script (flagged `allow-cross-slot-keys` on a cluster). When a primary does not

@@ -6,7 +6,10 @@
 //! also keeps its entry alive; an entry not renewed for [`QueueTimes::stay`] is dropped by
 //! the next script that looks. A woken head has [`QueueTimes::window`] to take the lock,
 //! after which the waiter behind it (told to stand by) drops it and takes over, so a
-//! crashed head stalls the queue for about one window. A cancelled acquire leaves at
+//! crashed head stalls the queue for about one window. A waiter that finds the key free
+//! behind a head nobody woke (the holder's key expired, or the woken head and its
+//! stand-by are both dead) wakes that head itself and looks again after the window, so
+//! each dead head costs about one window after a recheck. A cancelled acquire leaves at
 //! once (the cleanup of [`Abandoned`]) and wakes the next head when the key is free.
 
 use std::time::Duration;
@@ -89,7 +92,8 @@ fn queue_invocation<'a>(
 impl Inner {
     /// The queued acquire for `hold` (see `acquire_q.lua`): with `count` it takes the next
     /// fencing token on a grant (no lower than `floor`); with `wait` a refused waiter
-    /// queues.
+    /// queues. One that finds the key free behind a head nobody woke wakes it, as a
+    /// release does.
     pub(crate) fn acquire_q_invocation(
         &self,
         hold: &RedisHold,
@@ -105,7 +109,9 @@ impl Inner {
             .arg(hold.waiter())
             .arg(ttl_millis(self.queue_times.stay))
             .arg(u8::from(wait))
-            .arg(floor_arg(floor));
+            .arg(floor_arg(floor))
+            .arg(self.channel_prefix_for(&hold.keys.key))
+            .arg(ttl_millis(self.queue_times.window));
         invocation
     }
 
@@ -134,9 +140,12 @@ impl Inner {
         match place {
             // The head waits for the holder's expiry or a wake-up.
             Some(0) => pttl_wait(pttl).min(recheck),
-            // The key is free while the head was woken to take it: the next in line looks
-            // again once the head's window is over (in case the stand-by notice was missed).
-            Some(1) if pttl == -2 => self.queue_times.window,
+            // The key is free while the head was woken to take it (by a release, or by
+            // this attempt): a waiter behind it looks again once the head's window is over,
+            // in case the stand-by notice was missed or the head and its stand-by are both
+            // dead; each look wakes the next head, so dead heads are passed over in about
+            // one window each.
+            Some(_) if pttl == -2 => self.queue_times.window,
             // The others wait for a wake-up, showing up at least every recheck to stay.
             _ => recheck,
         }

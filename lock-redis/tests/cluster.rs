@@ -19,7 +19,7 @@ use common::{
 use conformance::harness::RedisServer;
 use conformance::{lock_patiently, Factory, FencedResource};
 use futures::future::join_all;
-use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState};
+use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState, ReleaseOutcome};
 use lock_redis::{KeyLayout, RedisLock, DEFAULT_PREFIX};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -748,6 +748,69 @@ async fn renewal_costs_one_call_per_shard_per_interval() {
     }
     assert!(guards.iter().all(|g| g.state() == LockState::Held));
     join_all(guards.into_iter().map(|g| g.release())).await;
+}
+
+/// One client holds names on two primaries, one of which is stopped (SIGSTOP) for twice
+/// the TTL (short of the cluster's node timeout, so nothing fails over): the holds on the
+/// other primary stay Held throughout, their renewals answered at once and not held up by
+/// the stopped primary's, while the holds on the stopped primary are Lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_primary_delays_only_its_own_holds() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(1);
+    let client = factory.make(with_ttl(ttl)).await;
+    let (healthy, stopped) = (0, 1);
+    let mut names = Vec::new();
+    for owner in [healthy, stopped] {
+        for _ in 0..5 {
+            names.push((owner, name_on(&factory, "slow_primary", owner).await));
+        }
+    }
+    let guards = join_all(names.iter().map(|(_, lock)| client.lock(lock.as_str()))).await;
+    let guards: Vec<_> = guards.into_iter().map(|g| g.expect("hold")).collect();
+    // A renewal round of all of them first, so that they are due together.
+    sleep(ttl / 2).await;
+    let stop = ttl * 2;
+    let server = factory.cluster.server(stopped);
+    server.pause().expect("pause");
+    let paused = Instant::now();
+    // Every change of state while the server is stopped, by server.
+    let mut states: Vec<LockState> = guards.iter().map(|g| g.state()).collect();
+    let mut changes = [Vec::new(), Vec::new()];
+    while paused.elapsed() < stop {
+        for (((owner, lock), guard), last) in names.iter().zip(&guards).zip(&mut states) {
+            let state = guard.state();
+            if state != *last {
+                changes[*owner].push(format!("+{:?}: {lock} {state:?}", paused.elapsed()));
+                *last = state;
+            }
+        }
+        sleep(Duration::from_millis(10)).await;
+    }
+    server.resume().expect("resume");
+    println!("while server {stopped} was stopped: {changes:#?}");
+    assert!(
+        changes[healthy].is_empty(),
+        "the holds on the healthy primary stay Held: {:#?}",
+        changes[healthy]
+    );
+    for ((owner, lock), state) in names.iter().zip(&states) {
+        if *owner == stopped {
+            assert!(
+                state.is_lost(),
+                "{lock} on the stopped primary is Lost: {state:?}"
+            );
+        }
+    }
+    for ((owner, _), guard) in names.iter().zip(guards) {
+        let released = guard.release().await;
+        if *owner == healthy {
+            let released = released.expect("release");
+            assert_eq!(released, ReleaseOutcome::Released, "a healthy hold");
+        }
+    }
 }
 
 /// Bad seeds fail fast with a typed error: none reachable (Connection, within the request

@@ -11,9 +11,10 @@ use std::time::Duration;
 use common::{config_for, raw, unique_name as name, RedisFactory};
 use conformance::fence::FencedResource;
 use conformance::Factory;
-use lock_core::{DistributedLockExt, LockName, LockOptions};
+use lock_core::{DistributedLockExt, LockGuard, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisLock, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
+use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
 /// Options whose recheck (2 s) is well above the hand-off window (500 ms), so that a wait
@@ -131,6 +132,116 @@ async fn a_dead_head_is_passed_over_within_the_window() {
         "the dead head was dropped"
     );
     next.release().await.expect("release");
+}
+
+/// How long a crashed waiter's entry stays in the queue in the tests below: far longer
+/// than any wait they allow.
+const GHOST_LIFE: u64 = 60_000;
+
+/// Queues two crashed waiters (a head and the stand-by behind it, alive for
+/// [`GHOST_LIFE`]) and then a live waiter behind them; returns the live waiter's task,
+/// once it is queued.
+async fn behind_two_ghosts(
+    factory: &RedisFactory,
+    conn: &mut MultiplexedConnection,
+    lock: &LockName,
+) -> JoinHandle<LockGuard> {
+    let queued = queue_of(conn, lock).await.len();
+    enqueue_ghost(conn, lock, "crashedhead/token", GHOST_LIFE).await;
+    enqueue_ghost(conn, lock, "crashedstandby/token", GHOST_LIFE).await;
+    let waiter = client(factory, true).await;
+    let waiting = tokio::spawn({
+        let lock = lock.clone();
+        async move { waiter.lock(lock.as_str()).await.expect("waiter acquires") }
+    });
+    until_queued(conn, lock, queued + 3).await;
+    waiting
+}
+
+/// Checks that the live waiter of [`behind_two_ghosts`] is granted within `bound` of
+/// `since` (`what`), and that the dead entries ahead of it are gone; then releases.
+async fn granted_past_the_ghosts(
+    conn: &mut MultiplexedConnection,
+    lock: &LockName,
+    waiting: JoinHandle<LockGuard>,
+    since: Instant,
+    bound: Duration,
+    what: &str,
+) {
+    let next = timeout(Duration::from_secs(10), waiting)
+        .await
+        .unwrap_or_else(|_| panic!("the live waiter is not granted within 10 s {what}"))
+        .expect("waiter task");
+    let after = since.elapsed();
+    println!("granted {after:?} {what}");
+    assert!(
+        after < bound,
+        "granted {after:?} {what}, not within {bound:?}"
+    );
+    assert!(
+        queue_of(conn, lock).await.is_empty(),
+        "the dead entries were dropped"
+    );
+    next.release().await.expect("release");
+}
+
+/// A holder that crashed (its key expires by itself, nobody releases it) with a crashed
+/// head and a crashed stand-by queued behind it: the live waiter behind them gets the
+/// lock within its recheck (when it finds the key free and wakes the head itself) and a
+/// hand-off window per dead entry, not when the dead entries expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_holder_head_and_standby_stall_no_longer_than_a_recheck() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let lock = name("crashed_holder");
+    let expiry = Duration::from_millis(300);
+    let _: () = redis::cmd("SET")
+        .arg(KeyLayout::new(DEFAULT_PREFIX).lock_key(&lock))
+        .arg("crashedholder")
+        .arg("PX")
+        .arg(u64::try_from(expiry.as_millis()).expect("ms"))
+        .query_async(&mut conn)
+        .await
+        .expect("SET");
+    let started = Instant::now();
+    let waiting = behind_two_ghosts(&factory, &mut conn, &lock).await;
+    // A recheck (by then the key is gone), then a window for each dead entry.
+    let (recheck, window) = (options().recheck, options().recheck / 4);
+    let bound = recheck + window * 2 + Duration::from_millis(700);
+    let what = format!("after queueing behind a holder whose key expires in {expiry:?}");
+    granted_past_the_ghosts(&mut conn, &lock, waiting, started, bound, &what).await;
+}
+
+/// A release wakes a head that crashed, whose stand-by crashed too: the live waiter
+/// behind them gets the lock within its recheck and a hand-off window after the release,
+/// not when the dead entries expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_head_and_dead_standby_stall_no_longer_than_a_recheck() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let lock = name("dead_standby");
+    let holder = client(&factory, true).await;
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    let waiting = behind_two_ghosts(&factory, &mut conn, &lock).await;
+    let released_at = Instant::now();
+    guard.release().await.expect("release");
+    // The release woke the dead head: at its recheck the waiter finds the head's window
+    // over and wakes the dead stand-by, then a window.
+    let (recheck, window) = (options().recheck, options().recheck / 4);
+    let bound = recheck + window + Duration::from_millis(700);
+    granted_past_the_ghosts(
+        &mut conn,
+        &lock,
+        waiting,
+        released_at,
+        bound,
+        "after the release",
+    )
+    .await;
 }
 
 /// A waiter that gives up (its acquire times out or is dropped) leaves the queue at once:

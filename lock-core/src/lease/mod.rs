@@ -1,6 +1,7 @@
 //! The lease machinery shared by every backend: the renewal watchdog (one batched
-//! renewal per interval per client), the Held / Suspect / Lost state machine, validity
-//! deadlines, the hold cap, reentrancy by owner id, and background release.
+//! renewal per interval per client and renewal group), the Held / Suspect / Lost state
+//! machine, validity deadlines, the hold cap, reentrancy by owner id, and background
+//! release.
 
 use std::collections::HashMap;
 use std::fmt;

@@ -1,5 +1,5 @@
-//! Renewal: the watchdog task (one batched renewal per interval per client), explicit
-//! extensions (serialized per hold), the schedule, and session health.
+//! Renewal: the watchdog task (one batched renewal per interval per client and renewal
+//! group), explicit extensions (serialized per hold), the schedule, and session health.
 
 use super::*;
 
@@ -157,23 +157,24 @@ impl<B: Backend> Keeper<B> {
     }
 
     /// Expires holds whose deadline or cap passed, starts a batched renewal of the holds
-    /// that are due, and returns when to look again (also recorded as the table's
-    /// [`Table::planned_wake`]).
+    /// that are due (one per renewal group that has none in flight), and returns when to
+    /// look again (also recorded as the table's [`Table::planned_wake`]).
     fn plan(&self) -> Instant {
         /// How long the keeper sleeps with nothing to watch.
         const IDLE: Duration = Duration::from_secs(3600);
         let now = Instant::now();
         let mut table = self.table();
-        let renewing = table
-            .renewal
-            .as_ref()
-            .is_some_and(|task| !task.is_finished());
+        let Table {
+            holds, renewals, ..
+        } = &mut *table;
+        renewals.retain(|_, task| !task.is_finished());
         let mut next = now + IDLE;
-        let mut due = Vec::new();
+        // The due holds by renewal group, for the groups without a renewal in flight.
+        let mut due: HashMap<u64, Vec<u64>> = HashMap::new();
         // Holds that ended on the client: removed on the server too, so that backends
         // whose holds live with a session (ZooKeeper, etcd) do not keep them.
         let mut ended = Vec::new();
-        for (id, entry) in table.holds.iter_mut() {
+        for (id, entry) in holds.iter_mut() {
             if entry.info.state().is_lost() {
                 continue;
             }
@@ -197,8 +198,9 @@ impl<B: Backend> Keeper<B> {
             }
             let wake_at = match entry.attention(valid_until, now) {
                 Attention::Due { at } => {
-                    if !renewing && !entry.renewing {
-                        due.push(*id);
+                    let group = self.backend.renewal_group(&entry.hold);
+                    if !entry.renewing && !renewals.contains_key(&group) {
+                        due.entry(group).or_default().push(*id);
                     }
                     at
                 }
@@ -206,12 +208,12 @@ impl<B: Backend> Keeper<B> {
             };
             next = next.min(wake_at);
         }
-        table.planned_wake = Some(next);
-        if !due.is_empty() {
-            if let Some(me) = self.arc() {
-                table.renewal = Some(tokio::spawn(me.renew_batch(due)));
+        if let Some(me) = self.arc() {
+            for (group, ids) in due {
+                renewals.insert(group, tokio::spawn(Arc::clone(&me).renew_batch(ids)));
             }
         }
+        table.planned_wake = Some(next);
         drop(table);
         self.release_ended(ended);
         next
@@ -233,7 +235,7 @@ impl<B: Backend> Keeper<B> {
         }
     }
 
-    /// Renews the holds `ids` in one backend call.
+    /// Renews the holds `ids` (of one renewal group) in one backend call.
     async fn renew_batch(self: Arc<Self>, ids: Vec<u64>) {
         let now = Instant::now();
         let mut earliest = now + self.options.request_timeout;

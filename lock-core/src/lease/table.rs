@@ -162,7 +162,9 @@ pub(super) struct Table<H> {
     pub(super) session_suspended: bool,
     /// The last session status, for backends with sessions.
     pub(super) session: Option<SessionStatus>,
-    pub(super) renewal: Option<JoinHandle<()>>,
+    /// The watchdog renewal in flight per renewal group (see
+    /// [`Backend::renewal_group`]).
+    pub(super) renewals: HashMap<u64, JoinHandle<()>>,
     /// When the keeper task wakes up next by itself, as its last plan set (under this
     /// table's lock); `None` before its first plan. A new hold that needs no attention
     /// before then is left for that wake-up, without waking the task now.
@@ -176,7 +178,7 @@ impl<H> Default for Table<H> {
             reentrant: HashMap::new(),
             session_suspended: false,
             session: None,
-            renewal: None,
+            renewals: HashMap::new(),
             planned_wake: None,
         }
     }

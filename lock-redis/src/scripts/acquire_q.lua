@@ -7,6 +7,8 @@
 -- ARGV[4]: waiter id; ARGV[5]: how long (ms) the waiter stays queued without showing up
 -- ARGV[6]: "1" to queue when refused, "0" not to (a try)
 -- ARGV[7]: the floor of the fencing token, "" for none (see tokens.lua)
+-- ARGV[8]: channel prefix of the clients' wake-up channels
+-- ARGV[9]: how long (ms) a woken head has to take the lock
 -- Returns {1, fencing token, 0} (single server) or {1, 0, reading} (RedLock) when the
 -- lock is ours; {0, PTTL of the holder (-2 when the key is free but others are ahead),
 -- reading or 0, place in the queue (0 = head; -1 not queued)} when it is not.
@@ -33,6 +35,11 @@ elseif holder == false then
   if head == nil or head == me then
     redis.call('SET', LOCK, ARGV[1], 'PX', ARGV[2])
     mine = true
+  else
+    -- Free behind a head that nobody woke (the holder's key expired, or the head woken
+    -- by the release did not come and its stand-by neither): wake it as a release does,
+    -- so that a dead head is passed over within a window, not when its entry expires.
+    wake_head(ARGV[8], tonumber(ARGV[9]), now, true)
   end
 end
 if mine then

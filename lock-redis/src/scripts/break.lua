@@ -25,7 +25,7 @@ redis.call('PEXPIRE', mark, math.max(tonumber(ARGV[1]), 3 * pttl))
 if redis.call('EXISTS', QUEUE) == 1 then
   local now = now_ms()
   evict(now)
-  wake_head(ARGV[3], tonumber(ARGV[4]), now)
+  wake_head(ARGV[3], tonumber(ARGV[4]), now, false)
 end
 redis.call(PUBLISH, ARGV[5], 'released')
 return {holder, pttl}

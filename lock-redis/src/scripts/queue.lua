@@ -40,17 +40,23 @@ end
 
 -- Wakes the head of the queue, which then has `window` ms to take the lock before it is
 -- dropped, and tells the waiter behind it to stand by (to take over should the head not
--- come).
-local function wake_head(channel_prefix, window, now)
+-- come). With `unless_woken`, a head already being woken (its deadline within the window)
+-- is left to it and nobody is told anything.
+local function wake_head(channel_prefix, window, now, unless_woken)
   local first = redis.call('ZRANGE', QUEUE, 0, 1)
+  if #first == 0 then
+    return
+  end
+  local deadline = tonumber(redis.call('ZSCORE', LIVE, first[1]) or '0')
+  if deadline > now + window then
+    redis.call('ZADD', LIVE, now + window, first[1])
+  elseif unless_woken then
+    return
+  end
   for i, id in ipairs(first) do
     local client, token = string.match(id, '^([^/]*)/(.*)$')
     if client then
       if i == 1 then
-        local deadline = tonumber(redis.call('ZSCORE', LIVE, id) or '0')
-        if deadline > now + window then
-          redis.call('ZADD', LIVE, now + window, id)
-        end
         redis.call(PUBLISH, channel_prefix .. client, 'wake ' .. token)
       else
         redis.call(PUBLISH, channel_prefix .. client, 'standby ' .. token)

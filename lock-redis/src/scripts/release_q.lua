@@ -29,6 +29,6 @@ end
 if (status == 1 or holder == false) and redis.call('EXISTS', QUEUE) == 1 then
   local now = now_ms()
   evict(now)
-  wake_head(ARGV[3], tonumber(ARGV[4]), now)
+  wake_head(ARGV[3], tonumber(ARGV[4]), now, false)
 end
 return status
