@@ -1,0 +1,117 @@
+//! The dual lock's attempts that end before they are granted, on ZooKeeper -> Redis: an
+//! attempt whose old side is lost while it waits on the new side starts over with an owner
+//! token of its own.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use conformance::dual::DualFactory;
+use conformance::rules::unique_name;
+use conformance::{with_ttl, Factory};
+use lock_core::{DistributedLock, DistributedLockExt, LockName, LockOptions};
+use tokio::time::{sleep, Instant};
+
+use crate::redis_common::RedisFactory;
+use crate::zk_common::{queue, ZkFactory};
+use crate::zk_redis;
+
+/// Bound on the polls of these tests.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// Polls `probe` every 20 ms until it gives a value, for at most [`PATIENCE`].
+async fn poll<T, F: std::future::Future<Output = Option<T>>>(
+    what: &str,
+    mut probe: impl FnMut() -> F,
+) -> T {
+    let deadline = Instant::now() + PATIENCE;
+    loop {
+        if let Some(found) = probe().await {
+            return found;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {PATIENCE:?}");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The owner tokens of the dual waiters queued on the new side for `name`, as `client`
+/// (a new-only client) inspects them.
+async fn dual_waiters(client: &dyn DistributedLock, name: &LockName) -> Vec<String> {
+    let seen = client.inspect(name).await.expect("inspect the new side");
+    seen.waiters
+        .into_iter()
+        .filter_map(|waiter| waiter.owner_token)
+        .filter(|token| lock_core::migration::is_dual_token(token))
+        .collect()
+}
+
+/// A dual client waits on the new side behind a new-only holder; returns the new-only
+/// client, its guard, the dual client's waiting acquire and the owner token of its waiter.
+async fn dual_waiting_behind_new_only(
+    dual: &DualFactory<ZkFactory, RedisFactory>,
+    name: &LockName,
+    options: LockOptions,
+) -> (
+    Arc<dyn DistributedLock>,
+    lock_core::LockGuard,
+    tokio::task::JoinHandle<lock_core::Result<lock_core::LockGuard>>,
+    String,
+) {
+    let new_only = dual.new_side().client(options.clone()).await;
+    let blocker = new_only.lock(name.as_str()).await.expect("new-only holder");
+    let client = dual.client(options).await;
+    let waiting = tokio::spawn({
+        let name = name.clone();
+        async move {
+            client
+                .lock_timeout(name.as_str(), Duration::from_secs(60))
+                .await
+        }
+    });
+    let first = poll("the dual client queues on the new side", || async {
+        dual_waiters(&*new_only, name).await.into_iter().next()
+    })
+    .await;
+    (new_only, blocker, waiting, first)
+}
+
+/// An attempt whose old side is lost while it waits on the new side starts over with an
+/// owner token of its own on both sides: the cleanup of the abandoned attempt (which may
+/// run late) compares only the token, so a retry with the same one could see its fresh
+/// waiter or grant removed by it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_attempt_waits_with_a_fresh_owner_token() {
+    let Some(dual) = zk_redis().await else {
+        return;
+    };
+    let ttl = dual.short_ttl();
+    let name = unique_name("dual-retry-token");
+    let (new_only, blocker, waiting, first) =
+        dual_waiting_behind_new_only(&dual, &name, with_ttl(ttl)).await;
+    // The renewal of the old side during the wait finds it gone: the attempt starts over,
+    // with a new node on the old side, then a new waiter on the new side.
+    dual.old().steal(&name).await;
+    poll("the retry takes the old side again", || async {
+        (!queue(dual.old().admin(), &name).await.is_empty()).then_some(())
+    })
+    .await;
+    let deadline = Instant::now() + PATIENCE;
+    let retried = loop {
+        let waiters = dual_waiters(&*new_only, &name).await;
+        if !waiters.is_empty() && !waiters.contains(&first) {
+            break waiters;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the retry waits on the new side with the first attempt's owner token {first}: \
+             waiters {waiters:?}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(retried.len(), 1, "one dual waiter: {retried:?}");
+    blocker.release().await.expect("release");
+    let guard = waiting
+        .await
+        .expect("task")
+        .expect("the retry gets the lock");
+    guard.release().await.expect("release");
+}
