@@ -214,6 +214,11 @@ impl Backend for DualBackend {
         self.capabilities.clone()
     }
 
+    /// One attempt: the old side, then the new side. An attempt whose old side runs out
+    /// while it waits on the new side gives back what it holds and fails with a retryable
+    /// error, so that the lease client starts over with a fresh owner token: the cleanup
+    /// of this attempt (the new side's, which may run late) compares only its token, and
+    /// must never touch what the next attempt takes.
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<DualHold>>> {
         let token = OwnerToken::from_string(format!("{DUAL_TOKEN_PREFIX}{}", request.token));
         let on_sides = AcquireRequest {
@@ -221,81 +226,87 @@ impl Backend for DualBackend {
             fence_at_least: None,
             ..request
         };
-        loop {
-            let Some(won_old) = self.old.acquire(on_sides).await? else {
-                return Ok(None);
-            };
-            let mut old = OldHold {
-                release: CleanupOnDrop::new(ReleaseSide {
-                    backend: Arc::clone(&self.old),
-                    hold: Some(won_old.hold),
-                }),
-                requested_at: won_old.requested_at,
-                lease: won_old.lease,
-            };
-            let on_new = AcquireRequest {
-                fence_at_least: Some(won_old.fencing_token),
-                ..on_sides
-            };
-            let outcome = self.acquire_new(on_new, &mut old).await;
-            let won_new = match outcome {
-                Ok(NewSide::Won(won_new)) => won_new,
-                // The old side ran out first: give back what is held and start over.
-                Ok(lapsed @ (NewSide::OldLapsed(_) | NewSide::OldLost)) => {
-                    // Under a cleanup guard too: dropped mid-release, it finishes in the
-                    // background.
-                    let mut new_release = CleanupOnDrop::new(ReleaseSide {
-                        backend: Arc::clone(&self.new),
-                        hold: match lapsed {
-                            NewSide::OldLapsed(new_hold) => Some(new_hold),
-                            _ => None,
-                        },
-                    });
-                    tokio::join!(
-                        old.release.state_mut().release(),
-                        new_release.state_mut().release()
-                    );
-                    if !request.wait {
-                        return Ok(None);
-                    }
-                    continue;
-                }
-                Ok(NewSide::Refused) => {
-                    old.release.state_mut().release().await;
+        let Some(won_old) = self.old.acquire(on_sides).await? else {
+            return Ok(None);
+        };
+        let mut old = OldHold {
+            release: CleanupOnDrop::new(ReleaseSide {
+                backend: Arc::clone(&self.old),
+                hold: Some(won_old.hold),
+            }),
+            requested_at: won_old.requested_at,
+            lease: won_old.lease,
+        };
+        let on_new = AcquireRequest {
+            fence_at_least: Some(won_old.fencing_token),
+            ..on_sides
+        };
+        let outcome = self.acquire_new(on_new, &mut old).await;
+        let won_new = match outcome {
+            Ok(NewSide::Won(won_new)) => won_new,
+            // The old side ran out first: give back what is held.
+            Ok(lapsed @ (NewSide::OldLapsed(_) | NewSide::OldLost)) => {
+                // Under a cleanup guard too: dropped mid-release, it finishes in the
+                // background.
+                let mut new_release = CleanupOnDrop::new(ReleaseSide {
+                    backend: Arc::clone(&self.new),
+                    hold: match lapsed {
+                        NewSide::OldLapsed(new_hold) => Some(new_hold),
+                        _ => None,
+                    },
+                });
+                tokio::join!(
+                    old.release.state_mut().release(),
+                    new_release.state_mut().release()
+                );
+                if !request.wait {
                     return Ok(None);
                 }
-                Err(err) => {
-                    old.release.state_mut().release().await;
-                    return Err(err);
-                }
-            };
-            let (old_end, new_end) = (
-                old.requested_at + old.lease,
-                won_new.requested_at + won_new.lease,
-            );
-            let requested_at = old.requested_at.min(won_new.requested_at);
-            let old_valid_until = old.valid_until();
-            let old_hold = old.release.disarm().hold.ok_or_else(|| Error::Protocol {
-                backend: "dual",
-                message: "the old side's hold was released while the new side was won".to_owned(),
-                source: None,
-            })?;
-            return Ok(Some(Acquired {
-                hold: DualHold {
-                    old: old_hold,
-                    new: won_new.hold,
-                    released: Mutex::new([None, None]),
-                    valid_until: Mutex::new([
-                        old_valid_until,
-                        validity_deadline(won_new.requested_at, won_new.lease),
-                    ]),
-                },
-                fencing_token: won_new.fencing_token,
-                requested_at,
-                lease: old_end.min(new_end).saturating_duration_since(requested_at),
-                session: won_old.session + won_new.session,
-            }));
-        }
+                return Err(Error::Unavailable {
+                    backend: "dual",
+                    message: format!(
+                        "the old side's hold on `{}` ran out while the new side was being \
+                         acquired",
+                        request.name
+                    ),
+                    source: None,
+                });
+            }
+            Ok(NewSide::Refused) => {
+                old.release.state_mut().release().await;
+                return Ok(None);
+            }
+            Err(err) => {
+                old.release.state_mut().release().await;
+                return Err(err);
+            }
+        };
+        let (old_end, new_end) = (
+            old.requested_at + old.lease,
+            won_new.requested_at + won_new.lease,
+        );
+        let requested_at = old.requested_at.min(won_new.requested_at);
+        let old_valid_until = old.valid_until();
+        let old_hold = old.release.disarm().hold.ok_or_else(|| Error::Protocol {
+            backend: "dual",
+            message: "the old side's hold was released while the new side was won".to_owned(),
+            source: None,
+        })?;
+        Ok(Some(Acquired {
+            hold: DualHold {
+                old: old_hold,
+                new: won_new.hold,
+                released: Mutex::new([None, None]),
+                valid_until: Mutex::new([
+                    old_valid_until,
+                    validity_deadline(won_new.requested_at, won_new.lease),
+                ]),
+            },
+            fencing_token: won_new.fencing_token,
+            requested_at,
+            lease: old_end.min(new_end).saturating_duration_since(requested_at),
+            session: won_old.session + won_new.session,
+        }))
     }
 
     async fn renew(&self, items: &[RenewItem<'_, DualHold>]) -> Result<Vec<RenewOutcome>> {
