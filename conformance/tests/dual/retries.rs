@@ -1,15 +1,18 @@
 //! The dual lock's attempts that end before they are granted, on ZooKeeper -> Redis: an
 //! attempt whose old side is lost while it waits on the new side starts over with an owner
-//! token of its own.
+//! token of its own, and a side it took is given back even when the first release of it
+//! fails.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::dual::DualFactory;
+use conformance::chaos::ChaosTarget;
+use conformance::dual::{DualFactory, Sides};
+use conformance::proxy::ProxyMode;
 use conformance::rules::unique_name;
 use conformance::{with_ttl, Factory};
 use lock_core::{DistributedLock, DistributedLockExt, LockName, LockOptions};
-use tokio::time::{sleep, Instant};
+use tokio::time::{sleep, timeout, Instant};
 
 use crate::redis_common::RedisFactory;
 use crate::zk_common::{queue, ZkFactory};
@@ -114,4 +117,63 @@ async fn a_retried_attempt_waits_with_a_fresh_owner_token() {
         .expect("task")
         .expect("the retry gets the lock");
     guard.release().await.expect("release");
+}
+
+/// A side taken by an acquire that then fails is given back even when the first release
+/// of it fails: the old side's link is cut while the new side does not answer, so the
+/// release after the new side's error gets no answer either; once the link heals, the old
+/// side's node goes (ZooKeeper would keep it for the session's life, ahead of every
+/// Curator and dual client).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_side_release_is_tried_again() {
+    let Some(dual) = zk_redis().await else {
+        return;
+    };
+    let dual = dual.faults(Sides::Old);
+    let name = unique_name("dual-release-retry");
+    let mut options = with_ttl(Duration::from_secs(6));
+    options.request_timeout = Duration::from_secs(1);
+    let (client, link) = dual.linked_client(options).await;
+    let redis = &dual.new_side().servers.members()[0];
+    redis.pause().expect("pause the new side");
+    let attempt = tokio::spawn({
+        let (client, name) = (Arc::clone(&client), name.clone());
+        async move { client.try_lock(name.as_str()).await }
+    });
+    poll("the dual client takes the old side", || async {
+        (!queue(dual.old().admin(), &name).await.is_empty()).then_some(())
+    })
+    .await;
+    // Past the old side's grant (its reply on its way), before the new side's request
+    // times out.
+    sleep(Duration::from_millis(200)).await;
+    link.set_mode(ProxyMode::Blackhole);
+    let failed = timeout(PATIENCE, attempt)
+        .await
+        .expect("the attempt is bounded")
+        .expect("task");
+    redis.resume().expect("resume the new side");
+    assert!(
+        failed.is_err(),
+        "the attempt fails on the new side: {failed:?}"
+    );
+    link.heal();
+    let healed = Instant::now();
+    let bound = Duration::from_secs(6);
+    loop {
+        let left = queue(dual.old().admin(), &name).await;
+        if left.is_empty() {
+            break;
+        }
+        assert!(
+            healed.elapsed() < bound,
+            "the old side still has {left:?} {bound:?} after the link healed: its release \
+             was not tried again"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    eprintln!(
+        "[dual] the old side was freed {:?} after the link healed",
+        healed.elapsed()
+    );
 }
