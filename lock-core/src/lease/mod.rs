@@ -194,6 +194,7 @@ mod renewal;
 mod table;
 
 use release::UnfinishedRelease;
+pub(crate) use release::{release_patiently, ServerEnd};
 use renewal::run_keeper;
 use table::{Attention, Entry, HoldEnd, Table, Unref};
 

@@ -18,7 +18,7 @@ use crate::backend::{
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{LostReason, Side};
-use crate::lease::validity_deadline;
+use crate::lease::{release_patiently, validity_deadline, ServerEnd};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::raw::erased::{AnyBackend, AnyHold};
@@ -29,6 +29,8 @@ use crate::token::OwnerToken;
 pub(crate) struct DualBackend {
     old: Arc<dyn AnyBackend>,
     new: Arc<dyn AnyBackend>,
+    /// The session status of each side (old, new), for the backends that have sessions.
+    sessions: [Option<watch::Receiver<SessionStatus>>; 2],
     capabilities: Capabilities,
 }
 
@@ -95,6 +97,7 @@ impl DualBackend {
             .durable(o.durable && n.durable)
             .fencing(n.fencing);
         Ok(DualBackend {
+            sessions: [old.session(), new.session()],
             old,
             new,
             capabilities,
@@ -105,6 +108,20 @@ impl DualBackend {
         match side {
             Side::Old => &self.old,
             Side::New => &self.new,
+        }
+    }
+
+    /// A release of `won`, acquired on `side` with TTL `ttl`.
+    fn release_of(&self, side: Side, won: Acquired<AnyHold>, ttl: Duration) -> ReleaseSide {
+        ReleaseSide {
+            backend: Arc::clone(self.side(side)),
+            hold: Some(won.hold),
+            end: ServerEnd::new(
+                won.session,
+                validity_deadline(won.requested_at, won.lease),
+                ttl,
+            ),
+            session: self.sessions[side as usize].clone(),
         }
     }
 
@@ -119,7 +136,7 @@ impl DualBackend {
                 result = &mut attempt => {
                     return Ok(match result? {
                         Some(won) if Instant::now() < old.valid_until() => NewSide::Won(won),
-                        Some(won) => NewSide::OldLapsed(won.hold),
+                        Some(won) => NewSide::OldLapsed(won),
                         None => NewSide::Refused,
                     });
                 }
@@ -131,7 +148,7 @@ impl DualBackend {
                     let item = RenewItem { hold, ttl: request.ttl };
                     match self.old.renew(&[item]).await.map(|outcomes| outcomes.first().copied()) {
                         Ok(Some(RenewOutcome::Renewed { lease })) => {
-                            (old.requested_at, old.lease) = (sent, lease);
+                            old.renewed(sent, lease, request.ttl);
                             next_renewal = sent + request.ttl / 3;
                         }
                         Ok(Some(RenewOutcome::Lost(_))) => return Ok(NewSide::OldLost),
@@ -157,6 +174,7 @@ impl DualBackend {
 /// The old side's hold while the new side is being acquired.
 struct OldHold {
     release: CleanupOnDrop<ReleaseSide>,
+    session: u64,
     requested_at: Instant,
     lease: Duration,
 }
@@ -165,40 +183,74 @@ impl OldHold {
     fn valid_until(&self) -> Instant {
         validity_deadline(self.requested_at, self.lease)
     }
+
+    /// Records a renewal sent at `sent` that granted `lease` (for TTL `ttl`).
+    fn renewed(&mut self, sent: Instant, lease: Duration, ttl: Duration) {
+        (self.requested_at, self.lease) = (sent, lease);
+        self.release.state_mut().end = ServerEnd::new(self.session, self.valid_until(), ttl);
+    }
 }
 
 /// What acquiring the new side came to.
 enum NewSide {
     Won(Acquired<AnyHold>),
     /// Granted, but the old side's lease ran out meanwhile.
-    OldLapsed(AnyHold),
+    OldLapsed(Acquired<AnyHold>),
     /// A single attempt found it held.
     Refused,
     /// The old side was lost while waiting.
     OldLost,
 }
 
-/// Releases one side's hold: now, or in the background if dropped first.
+/// Releases one side's hold on an acquire path: once now, and in the background when
+/// dropped before that release, or after it failed in a way worth retrying; the background
+/// release tries again while the hold may still exist on its side ([`release_patiently`]):
+/// a side whose holds live with a session (ZooKeeper, etcd) keeps one for the session's
+/// life, ahead of every other client of the name.
 struct ReleaseSide {
     backend: Arc<dyn AnyBackend>,
     hold: Option<AnyHold>,
+    /// When the hold ends on its side by itself.
+    end: ServerEnd,
+    /// The side's session status, where it has sessions.
+    session: Option<watch::Receiver<SessionStatus>>,
 }
 
 impl ReleaseSide {
+    /// Releases the hold once; keeps it, for the background release, when that failed in
+    /// a way worth retrying.
     async fn release(&mut self) {
-        if let Some(hold) = &self.hold {
-            if let Err(err) = self.backend.release(hold).await {
-                tracing::warn!(backend = %self.backend, error = %err,
-                    "could not release one side of a dual lock; its expiry will");
+        let Some(hold) = &self.hold else {
+            return;
+        };
+        match self.backend.release(hold).await {
+            Err(err) if err.is_retryable() => {
+                tracing::debug!(backend = %self.backend, error = %err,
+                    "could not release one side of a dual lock yet; retrying in the background");
+                return;
             }
+            Err(err) => self.failed(&err),
+            Ok(_) => {}
         }
         self.hold = None;
+    }
+
+    fn failed(&self, err: &Error) {
+        tracing::warn!(backend = %self.backend, error = %err,
+            "could not release one side of a dual lock; its expiry will");
     }
 }
 
 impl Cleanup for ReleaseSide {
     async fn cleanup(mut self) {
-        self.release().await;
+        let Some(hold) = self.hold.take() else {
+            return;
+        };
+        let session = || self.session.as_ref().map(|status| *status.borrow());
+        let release = || self.backend.release(&hold);
+        if let Err(err) = release_patiently(self.end, session, release).await {
+            self.failed(&err);
+        }
     }
 
     fn is_needed(&self) -> bool {
@@ -229,16 +281,15 @@ impl Backend for DualBackend {
         let Some(won_old) = self.old.acquire(on_sides).await? else {
             return Ok(None);
         };
+        let (old_token, old_session) = (won_old.fencing_token, won_old.session);
         let mut old = OldHold {
-            release: CleanupOnDrop::new(ReleaseSide {
-                backend: Arc::clone(&self.old),
-                hold: Some(won_old.hold),
-            }),
+            session: old_session,
             requested_at: won_old.requested_at,
             lease: won_old.lease,
+            release: CleanupOnDrop::new(self.release_of(Side::Old, won_old, request.ttl)),
         };
         let on_new = AcquireRequest {
-            fence_at_least: Some(won_old.fencing_token),
+            fence_at_least: Some(old_token),
             ..on_sides
         };
         let outcome = self.acquire_new(on_new, &mut old).await;
@@ -248,17 +299,20 @@ impl Backend for DualBackend {
             Ok(lapsed @ (NewSide::OldLapsed(_) | NewSide::OldLost)) => {
                 // Under a cleanup guard too: dropped mid-release, it finishes in the
                 // background.
-                let mut new_release = CleanupOnDrop::new(ReleaseSide {
-                    backend: Arc::clone(&self.new),
-                    hold: match lapsed {
-                        NewSide::OldLapsed(new_hold) => Some(new_hold),
-                        _ => None,
-                    },
-                });
-                tokio::join!(
-                    old.release.state_mut().release(),
-                    new_release.state_mut().release()
-                );
+                let mut new_release = match lapsed {
+                    NewSide::OldLapsed(won_new) => Some(CleanupOnDrop::new(self.release_of(
+                        Side::New,
+                        won_new,
+                        request.ttl,
+                    ))),
+                    _ => None,
+                };
+                let release_new = async {
+                    if let Some(release) = &mut new_release {
+                        release.state_mut().release().await;
+                    }
+                };
+                tokio::join!(old.release.state_mut().release(), release_new);
                 if !request.wait {
                     return Ok(None);
                 }
@@ -305,7 +359,7 @@ impl Backend for DualBackend {
             fencing_token: won_new.fencing_token,
             requested_at,
             lease: old_end.min(new_end).saturating_duration_since(requested_at),
-            session: won_old.session + won_new.session,
+            session: old_session + won_new.session,
         }))
     }
 
