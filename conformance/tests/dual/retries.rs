@@ -1,7 +1,8 @@
 //! The dual lock's attempts that end before they are granted, on ZooKeeper -> Redis: an
 //! attempt whose old side is lost while it waits on the new side starts over with an owner
-//! token of its own, and a side it took is given back even when the first release of it
-//! fails.
+//! token of its own, a side it took is given back even when the first release of it fails,
+//! and an old side whose session ends (while waiting or holding) is never vouched for and
+//! never keeps the new side taken.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,11 +12,11 @@ use conformance::dual::{DualFactory, Sides};
 use conformance::proxy::ProxyMode;
 use conformance::rules::unique_name;
 use conformance::{with_ttl, Factory};
-use lock_core::{DistributedLock, DistributedLockExt, LockName, LockOptions};
+use lock_core::{DistributedLock, DistributedLockExt, LockName, LockOptions, LockState};
 use tokio::time::{sleep, timeout, Instant};
 
 use crate::redis_common::RedisFactory;
-use crate::zk_common::{queue, ZkFactory};
+use crate::zk_common::{expire_session, holder_session, queue, ZkFactory};
 use crate::zk_redis;
 
 /// Bound on the polls of these tests.
@@ -176,4 +177,80 @@ async fn a_failed_side_release_is_tried_again() {
         "[dual] the old side was freed {:?} after the link healed",
         healed.elapsed()
     );
+}
+
+/// An acquire whose old side's session ends while it waits on the new side never returns
+/// a guard that says Held without an old side: it starts over on the new session, or at
+/// least says Lost. The session is closed on the server well before the acquire's next
+/// renewal of the old side would have noticed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_session_ended_during_the_wait_is_not_held() {
+    let Some(dual) = zk_redis().await else {
+        return;
+    };
+    let name = unique_name("dual-wait-expired");
+    // The acquire renews its old side every 4 s while it waits.
+    let options = with_ttl(Duration::from_secs(12));
+    let (_new_only, blocker, waiting, _) =
+        dual_waiting_behind_new_only(&dual, &name, options).await;
+    let admin = dual.old().admin();
+    let session = holder_session(admin, &name)
+        .await
+        .expect("the old side's node");
+    expire_session(dual.old().servers.addrs()[0], session).await;
+    // The dual client's connection is closed at once and it is told on reconnecting.
+    sleep(Duration::from_secs(1)).await;
+    blocker.release().await.expect("release");
+    let guard = timeout(PATIENCE, waiting)
+        .await
+        .expect("the dual acquire is granted")
+        .expect("task")
+        .expect("the dual acquire");
+    let state = guard.state();
+    let owner = holder_session(admin, &name).await;
+    assert!(
+        state.is_lost() || owner.is_some_and(|owner| owner != session),
+        "the guard says {state:?} right after the grant, though its old side's session \
+         {session:#x} ended while it waited (the old side's holder now: {owner:?})"
+    );
+    drop(guard);
+}
+
+/// A dual hold whose old side's session ends turns Lost and frees its new side at once,
+/// while its guard is still alive: the new side would otherwise stay taken until the guard
+/// goes or its TTL runs out, blocking new-only clients for nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_old_session_ended_while_held_frees_the_new_side() {
+    let Some(dual) = zk_redis().await else {
+        return;
+    };
+    let name = unique_name("dual-held-expired");
+    let options = with_ttl(Duration::from_secs(12));
+    let client = dual.client(options.clone()).await;
+    let guard = client.lock(name.as_str()).await.expect("acquire");
+    let session = holder_session(dual.old().admin(), &name)
+        .await
+        .expect("the old side's node");
+    expire_session(dual.old().servers.addrs()[0], session).await;
+    let reason = timeout(PATIENCE, guard.lost())
+        .await
+        .expect("the guard turns Lost once the session ended");
+    let lost = Instant::now();
+    let new_only = dual.new_side().client(options).await;
+    let bound = Duration::from_secs(3);
+    loop {
+        let holder = new_only.inspect(&name).await.expect("inspect").holder;
+        if holder.is_none() {
+            break;
+        }
+        assert!(
+            lost.elapsed() < bound,
+            "the new side is still held by {holder:?} {bound:?} after the guard turned Lost \
+             ({reason:?}), its guard {:?}",
+            guard.state()
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
+    assert!(matches!(guard.state(), LockState::Lost(_)));
+    drop(guard);
 }
