@@ -104,6 +104,7 @@ impl<B: Backend> LeaseClient<B> {
             table: Mutex::new(Table::default()),
             gates: Mutex::new(HashMap::new()),
             renewal_ended: Notify::new(),
+            session: Mutex::new(None),
         });
         Ok(LeaseClient { keeper })
     }
@@ -222,6 +223,9 @@ struct Keeper<B: Backend> {
     gates: Mutex<HashMap<(LockName, OwnerId), Gate>>,
     /// Notified whenever a renewal of some hold ends (see [`Entry::renewing`]).
     renewal_ended: Notify,
+    /// The backend's session status as it changes (before the keeper task applies it),
+    /// once the task runs, for backends with sessions.
+    session: Mutex<Option<watch::Receiver<SessionStatus>>>,
 }
 
 impl<B: Backend> fmt::Debug for Keeper<B> {
@@ -263,6 +267,7 @@ impl<B: Backend> Keeper<B> {
             return;
         };
         let session = self.backend.session();
+        lock_unpoisoned(&self.session).clone_from(&session);
         tokio::spawn(run_keeper(self.me.clone(), receiver, session));
     }
 }

@@ -135,10 +135,7 @@ impl ServerEnd {
     /// sessions) its last lease ran out.
     fn passed(&self, status: Option<SessionStatus>) -> bool {
         match status {
-            Some(status) => {
-                status.epoch > self.session
-                    || (status.epoch == self.session && status.health == SessionHealth::Expired)
-            }
+            Some(status) => status.has_ended(self.session),
             None => Instant::now() >= self.lease_end,
         }
     }

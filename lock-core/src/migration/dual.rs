@@ -125,20 +125,36 @@ impl DualBackend {
         }
     }
 
+    /// Whether the old side's session `epoch` has ended (and its holds with it).
+    fn old_session_ended(&self, epoch: u64) -> bool {
+        self.sessions[Side::Old as usize]
+            .as_ref()
+            .is_some_and(|status| status.borrow().has_ended(epoch))
+    }
+
     /// Acquires the new side while holding the old one, renewing the old hold meanwhile
-    /// (a wait on the new side may outlast the old side's lease).
+    /// (a wait on the new side may outlast the old side's lease), and giving up the wait
+    /// as soon as the old side's session ends.
     async fn acquire_new(&self, request: AcquireRequest<'_>, old: &mut OldHold) -> Result<NewSide> {
         let attempt = self.new.acquire(request);
         tokio::pin!(attempt);
         let mut next_renewal = old.requested_at + request.ttl / 3;
+        let mut old_session = self.sessions[Side::Old as usize].clone();
         loop {
             tokio::select! {
                 result = &mut attempt => {
+                    let old_held =
+                        Instant::now() < old.valid_until() && !self.old_session_ended(old.session);
                     return Ok(match result? {
-                        Some(won) if Instant::now() < old.valid_until() => NewSide::Won(won),
+                        Some(won) if old_held => NewSide::Won(won),
                         Some(won) => NewSide::OldLapsed(won),
                         None => NewSide::Refused,
                     });
+                }
+                Some(()) = session_change(&mut old_session) => {
+                    if self.old_session_ended(old.session) {
+                        return Ok(NewSide::OldLost);
+                    }
                 }
                 () = sleep_until(next_renewal) => {
                     let Some(hold) = old.release.state_mut().hold.as_ref() else {
@@ -194,11 +210,11 @@ impl OldHold {
 /// What acquiring the new side came to.
 enum NewSide {
     Won(Acquired<AnyHold>),
-    /// Granted, but the old side's lease ran out meanwhile.
+    /// Granted, but the old side's lease or session ran out meanwhile.
     OldLapsed(Acquired<AnyHold>),
     /// A single attempt found it held.
     Refused,
-    /// The old side was lost while waiting.
+    /// The old side was lost while waiting (found gone, or its session ended).
     OldLost,
 }
 
@@ -458,6 +474,11 @@ impl Backend for DualBackend {
             (Some(old), Some(new)) => Some(merge_sessions(old, new)),
         }
     }
+}
+
+/// The next change of `session`; `None` without a session or once it is gone.
+async fn session_change(session: &mut Option<watch::Receiver<SessionStatus>>) -> Option<()> {
+    session.as_mut()?.changed().await.ok()
 }
 
 /// One renewal outcome from the two sides' outcomes.
