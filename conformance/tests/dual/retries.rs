@@ -182,7 +182,8 @@ async fn a_failed_side_release_is_tried_again() {
 /// An acquire whose old side's session ends while it waits on the new side never returns
 /// a guard that says Held without an old side: it starts over on the new session, or at
 /// least says Lost. The session is closed on the server well before the acquire's next
-/// renewal of the old side would have noticed.
+/// renewal of the old side would have noticed, and the new side is freed once the dual
+/// client knows (it has opened a new session).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_old_session_ended_during_the_wait_is_not_held() {
     let Some(dual) = zk_redis().await else {
@@ -198,8 +199,20 @@ async fn an_old_session_ended_during_the_wait_is_not_held() {
         .await
         .expect("the old side's node");
     expire_session(dual.old().servers.addrs()[0], session).await;
-    // The dual client's connection is closed at once and it is told on reconnecting.
-    sleep(Duration::from_secs(1)).await;
+    // The dual client's connection is closed at once; it is told the session ended when
+    // it reconnects, and only then opens another.
+    let admin_session = admin.session_id().0;
+    let server = &dual.old().servers.members()[0];
+    poll("the dual client opens a new session", || async {
+        let connections = server.four_letter("cons").await.ok()?;
+        connections
+            .split("sid=0x")
+            .skip(1)
+            .filter_map(|rest| rest.split(|c: char| !c.is_ascii_hexdigit()).next())
+            .filter_map(|hex| i64::from_str_radix(hex, 16).ok())
+            .find(|sid| ![0, session, admin_session].contains(sid))
+    })
+    .await;
     blocker.release().await.expect("release");
     let guard = timeout(PATIENCE, waiting)
         .await
