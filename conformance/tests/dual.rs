@@ -1,6 +1,7 @@
 //! The dual lock (`dual:<old>|<new>`) against real servers: the whole conformance suite on
-//! ZooKeeper -> Redis, ZooKeeper -> RedLock (3 nodes) and etcd -> Redis, and the fault
-//! scenarios with faults on either side (`faults`). Each test starts its own servers.
+//! ZooKeeper -> Redis, ZooKeeper -> RedLock (3 nodes) and etcd -> Redis, the fault
+//! scenarios with faults on either side (`faults`), and the attempts that end before a
+//! grant (`retries`). Each test starts its own servers.
 //!
 //! The sides are the backends' own test factories (their `tests/common`, compiled in here),
 //! so the dual deployments steal, crash and list leftovers exactly as each backend's suite
@@ -15,6 +16,9 @@ mod zk_common;
 
 #[path = "dual/faults.rs"]
 mod faults;
+
+#[path = "dual/retries.rs"]
+mod retries;
 
 #[path = "dual/deployments.rs"]
 mod deployments;

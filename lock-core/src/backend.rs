@@ -97,6 +97,14 @@ pub struct SessionStatus {
     pub health: SessionHealth,
 }
 
+impl SessionStatus {
+    /// Whether the session of epoch `epoch` has ended, and every hold of it with it: a
+    /// newer session replaced it, or it is `epoch` and expired.
+    pub fn has_ended(&self, epoch: u64) -> bool {
+        self.epoch > epoch || (self.epoch == epoch && self.health == SessionHealth::Expired)
+    }
+}
+
 /// See [`SessionStatus`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SessionHealth {

@@ -173,7 +173,8 @@ async fn a_silent_renewal_group_delays_only_its_own_holds() {
 }
 
 /// Session health drives the state: suspended → Suspect, reconnected → Held, expired →
-/// Lost; holds of an older epoch are lost when a new session replaces it.
+/// Lost; holds of an older epoch are lost when a new session replaces it; a grant on a
+/// session that already ended is never returned as held.
 #[tokio::test]
 async fn session_health_drives_hold_state() {
     let (client, probe) = instrumented(Duration::from_secs(30));
@@ -205,8 +206,22 @@ async fn session_health_drives_hold_state() {
         ReleaseOutcome::AlreadyLost(LostReason::SessionExpired)
     );
 
-    let old = client.lock("session/b").await.unwrap();
+    // A grant on the expired session (epoch 1) is refused: its guard would say Held.
+    let refused = client.try_lock("session/b").await.unwrap_err();
+    assert!(
+        matches!(
+            refused,
+            lock_core::Error::Lost {
+                reason: LostReason::SessionExpired,
+                ..
+            }
+        ),
+        "{refused:?}"
+    );
+
     set(2, SessionHealth::Connected);
+    let old = client.lock("session/b").await.unwrap();
+    set(3, SessionHealth::Connected);
     assert_eq!(
         timeout(Duration::from_secs(1), old.lost()).await.unwrap(),
         LostReason::SessionExpired

@@ -110,7 +110,7 @@ impl<B: Backend> Keeper<B> {
             waited: started.elapsed(),
         };
         let mut backoff = Backoff::new(RETRY_FIRST_PAUSE, RETRY_LONGEST_PAUSE);
-        let (token, acquired) = loop {
+        loop {
             // Every attempt has its own owner token: the cleanup of a failed attempt (which
             // may still be running on the server) can never touch what a retry takes.
             let token = OwnerToken::generate();
@@ -129,11 +129,19 @@ impl<B: Backend> Keeper<B> {
                     .map_err(|_| timed_out())?,
                 None => attempt.await,
             };
+            let result = match result {
+                Ok(Some(acquired)) => self
+                    .register(name, token, ttl, options, acquired, &call.series)
+                    .map(Some),
+                Ok(None) => Ok(None),
+                Err(err) => Err(err),
+            };
             // A waiting acquire rides out transient failures (a reset connection, a
             // moment without quorum) until its deadline, then reports the last one. Its
             // queue entry lost with an expired session or lease is no reason to stop
-            // either: nothing was granted, so the next attempt queues with a new one.
-            // (A queue entry removed behind its back, by an operator, does stop it.)
+            // either: nothing was granted, so the next attempt queues with a new one; nor
+            // is a grant that ended before it could be registered. (A queue entry removed
+            // behind its back, by an operator, does stop it.)
             match result {
                 Err(err) if wait && (err.is_retryable() || session_ran_out(&err)) => {
                     let resume = Instant::now() + backoff.next_pause();
@@ -145,18 +153,15 @@ impl<B: Backend> Keeper<B> {
                     });
                     sleep_until(resume).await;
                 }
-                result => break (token, result?),
+                result => return result,
             }
-        };
-        let Some(acquired) = acquired else {
-            return Ok(None);
-        };
-        self.register(name, token, ttl, options, acquired, &call.series)
-            .map(Some)
+        }
     }
 
     /// Starts tracking a fresh hold. Synchronous, so an acquire cancelled after the
-    /// backend granted the lock cannot leave it untracked.
+    /// backend granted the lock cannot leave it untracked. A hold that ended before it
+    /// could be registered (its lease ran out, or its session ended: a guard must never
+    /// say Held for it) is released in the background, and the acquire fails.
     fn register(
         &self,
         name: &LockName,
@@ -205,8 +210,17 @@ impl<B: Backend> Keeper<B> {
             let _ = self.commands.send(Command::Release(Arc::clone(&me), entry));
             return Err(self.closed_error());
         }
-        if valid_until <= now {
+        let session_ended = lock_unpoisoned(&self.session)
+            .as_ref()
+            .is_some_and(|status| status.borrow().has_ended(entry.session));
+        if valid_until <= now || session_ended {
             let _ = self.commands.send(Command::Release(Arc::clone(&me), entry));
+            if session_ended {
+                return Err(Error::Lost {
+                    name: name.to_string(),
+                    reason: LostReason::SessionExpired,
+                });
+            }
             return Err(Error::Unavailable {
                 backend: self.capabilities.backend,
                 message: format!("the lease on `{name}` ran out before the grant arrived"),

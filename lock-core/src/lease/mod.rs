@@ -107,6 +107,7 @@ impl<B: Backend> LeaseClient<B> {
             renewal_ended: Notify::new(),
             background: Background::new(),
             closed: AtomicBool::new(false),
+            session: Mutex::new(None),
         });
         Ok(LeaseClient { keeper })
     }
@@ -201,6 +202,7 @@ mod renewal;
 mod table;
 
 use release::UnfinishedRelease;
+pub(crate) use release::{release_patiently, ServerEnd};
 use renewal::run_keeper;
 use table::{Attention, Entry, HoldEnd, Table, Unref};
 
@@ -234,6 +236,9 @@ struct Keeper<B: Backend> {
     background: Background,
     /// Set by [`DistributedLock::close`]: acquires are refused from then on.
     closed: AtomicBool,
+    /// The backend's session status as it changes (before the keeper task applies it),
+    /// once the task runs, for backends with sessions.
+    session: Mutex<Option<watch::Receiver<SessionStatus>>>,
 }
 
 impl<B: Backend> fmt::Debug for Keeper<B> {
@@ -275,6 +280,7 @@ impl<B: Backend> Keeper<B> {
             return;
         };
         let session = self.backend.session();
+        lock_unpoisoned(&self.session).clone_from(&session);
         tokio::spawn(run_keeper(self.me.clone(), receiver, session));
     }
 }

@@ -41,49 +41,21 @@ impl<B: Backend> Keeper<B> {
         }
     }
 
-    /// Releases `hold`, again with backoff while the release fails in a retryable way and
-    /// the hold may still exist on the server: backends whose holds live with a session
-    /// (ZooKeeper, etcd) keep an unreleased hold for as long as the session lives, so the
-    /// server-side TTL is no fallback there. Gives up when the
-    /// session ended, when the last lease ran out (backends without sessions), or after
-    /// [`RELEASE_GIVE_UP`] TTLs, whichever comes first.
+    /// Releases `hold` with [`release_patiently`], judging the end of its session by the
+    /// status this client last saw.
     pub(super) async fn retry_release(
         &self,
         end: HoldEnd,
         hold: &B::Hold,
     ) -> Result<BackendRelease> {
-        const FIRST_PAUSE: Duration = Duration::from_millis(50);
-        const LONGEST_PAUSE: Duration = Duration::from_secs(2);
-        let give_up = Instant::now() + (end.ttl * RELEASE_GIVE_UP).max(Duration::from_secs(60));
-        let mut backoff = Backoff::new(FIRST_PAUSE, LONGEST_PAUSE);
         let span = self.release_span(&end.info, true);
-        async {
-            loop {
-                let result = self.release_hold(hold).await;
-                let pause = backoff.next_pause();
-                let retry = matches!(&result, Err(err) if err.is_retryable())
-                    && Instant::now() + pause < give_up
-                    && !self.ended_on_server(&end);
-                if !retry {
-                    return result;
-                }
-                sleep(pause).await;
-            }
-        }
+        release_patiently(
+            end.server,
+            || self.table().session,
+            || self.release_hold(hold),
+        )
         .instrument(span)
         .await
-    }
-
-    /// Whether a hold can no longer exist on the server: its session ended, or (without
-    /// sessions) its last lease ran out.
-    fn ended_on_server(&self, end: &HoldEnd) -> bool {
-        match self.table().session {
-            Some(status) => {
-                status.epoch > end.session
-                    || (status.epoch == end.session && status.health == SessionHealth::Expired)
-            }
-            None => Instant::now() >= end.lease_end,
-        }
     }
 
     /// One release request for `entry`, whose state before the release was `prior`.
@@ -176,6 +148,70 @@ impl<B: Backend> Keeper<B> {
             what,
             self.options.request_timeout,
         )
+    }
+}
+
+/// When a hold ends on the server by itself: where a release that keeps failing may stop.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct ServerEnd {
+    /// The session epoch the hold belongs to (0 for backends without sessions).
+    session: u64,
+    /// The end of its last lease on the server, with the drift margin on both sides.
+    lease_end: Instant,
+    ttl: Duration,
+}
+
+impl ServerEnd {
+    /// The end of a hold of session `session`, with TTL `ttl`, whose validity deadline is
+    /// `valid_until` (from its grant or its last renewal).
+    pub(crate) fn new(session: u64, valid_until: Instant, ttl: Duration) -> Self {
+        ServerEnd {
+            session,
+            lease_end: valid_until + drift_margin(ttl) * 2,
+            ttl,
+        }
+    }
+
+    /// Whether the hold can no longer exist on the server, its backend's session being
+    /// `status` (`None`: a backend without sessions): its session ended, or (without
+    /// sessions) its last lease ran out.
+    fn passed(&self, status: Option<SessionStatus>) -> bool {
+        match status {
+            Some(status) => status.has_ended(self.session),
+            None => Instant::now() >= self.lease_end,
+        }
+    }
+}
+
+/// Releases a hold with `release`, again with backoff (50 ms, doubling up to 2 s) while the
+/// release fails in a retryable way and the hold may still exist on the server: backends
+/// whose holds live with a session (ZooKeeper, etcd) keep an unreleased hold for as long
+/// as the session lives, so the server-side TTL is no fallback there. Gives up when the
+/// hold's `end` has passed (`session` tells the backend's session status now), or after
+/// [`RELEASE_GIVE_UP`] TTLs (at least a minute), whichever comes first; returns the last
+/// attempt's result.
+pub(crate) async fn release_patiently<F>(
+    end: ServerEnd,
+    session: impl Fn() -> Option<SessionStatus>,
+    mut release: impl FnMut() -> F,
+) -> Result<BackendRelease>
+where
+    F: Future<Output = Result<BackendRelease>>,
+{
+    const FIRST_PAUSE: Duration = Duration::from_millis(50);
+    const LONGEST_PAUSE: Duration = Duration::from_secs(2);
+    let give_up = Instant::now() + (end.ttl * RELEASE_GIVE_UP).max(Duration::from_secs(60));
+    let mut backoff = Backoff::new(FIRST_PAUSE, LONGEST_PAUSE);
+    loop {
+        let result = release().await;
+        let pause = backoff.next_pause();
+        let retry = matches!(&result, Err(err) if err.is_retryable())
+            && Instant::now() + pause < give_up
+            && !end.passed(session());
+        if !retry {
+            return result;
+        }
+        sleep(pause).await;
     }
 }
 

@@ -342,22 +342,30 @@ impl<B: Backend> Keeper<B> {
         self.wake();
     }
 
+    /// Records the session's `status`: the holds of an ended session turn Lost, and are
+    /// then released on the server like any hold that ended on the client (a dual lock's
+    /// other side is not bound to the session that ended).
     fn apply_session(&self, status: SessionStatus) {
         let mut table = self.table();
         table.session = Some(status);
         table.session_suspended = status.health == SessionHealth::Suspended;
         let suspended = table.session_suspended;
+        let mut ended = Vec::new();
         for entry in table.holds.values_mut() {
-            if entry.session < status.epoch
-                || (entry.session == status.epoch && status.health == SessionHealth::Expired)
-            {
+            if status.has_ended(entry.session) {
+                if entry.info.state().is_lost() {
+                    continue;
+                }
                 entry
                     .info
                     .transition(LockState::Lost(LostReason::SessionExpired));
+                ended.push(entry.end());
             } else if entry.session == status.epoch {
                 entry.refresh_state(suspended);
             }
         }
+        drop(table);
+        self.release_ended(ended);
     }
 }
 

@@ -114,15 +114,12 @@ pub(super) enum Attention {
     At(Instant),
 }
 
-/// When a hold ends on the server by itself.
+/// A tracked hold and when it ends on the server by itself.
 #[derive(Debug, Clone)]
 pub(super) struct HoldEnd {
     /// The hold it is about.
     pub(super) info: Arc<HoldInfo>,
-    pub(super) session: u64,
-    /// The end of its last lease on the server, with the drift margin on both sides.
-    pub(super) lease_end: Instant,
-    pub(super) ttl: Duration,
+    pub(super) server: ServerEnd,
 }
 
 impl<H> Entry<H> {
@@ -139,9 +136,7 @@ impl HoldEnd {
     pub(super) fn of<H>(entry: &Entry<H>) -> Self {
         HoldEnd {
             info: Arc::clone(&entry.info),
-            session: entry.session,
-            lease_end: entry.info.valid_until.load() + drift_margin(entry.ttl) * 2,
-            ttl: entry.ttl,
+            server: ServerEnd::new(entry.session, entry.info.valid_until.load(), entry.ttl),
         }
     }
 }

@@ -18,18 +18,24 @@ use crate::backend::{
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::guard::{LostReason, Side};
-use crate::lease::validity_deadline;
+use crate::lease::{release_patiently, validity_deadline, ServerEnd};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::raw::erased::{AnyBackend, AnyHold};
-use crate::raw::{lock_unpoisoned, Cleanup, CleanupOnDrop};
+use crate::raw::{lock_unpoisoned, Background, Cleanup, CleanupOnDrop};
 use crate::token::OwnerToken;
 
 /// The two backends of a dual lock.
 pub(crate) struct DualBackend {
     old: Arc<dyn AnyBackend>,
     new: Arc<dyn AnyBackend>,
+    /// The session status of each side (old, new), for the backends that have sessions.
+    sessions: [Option<watch::Receiver<SessionStatus>>; 2],
     capabilities: Capabilities,
+    /// The side releases left to the background, which closing waits for.
+    background: Background,
+    /// How long closing waits for them (the sides' request timeout).
+    request_timeout: Duration,
 }
 
 /// A dual hold: one hold on each side.
@@ -77,7 +83,11 @@ impl DualBackend {
     ///
     /// # Errors
     /// [`Error::Unsupported`] when `new` cannot raise its fencing tokens to the old side's.
-    pub(crate) fn new(old: Arc<dyn AnyBackend>, new: Arc<dyn AnyBackend>) -> Result<Self> {
+    pub(crate) fn new(
+        old: Arc<dyn AnyBackend>,
+        new: Arc<dyn AnyBackend>,
+        request_timeout: Duration,
+    ) -> Result<Self> {
         let (o, n) = (old.capabilities(), new.capabilities());
         if !n.fence_at_least {
             return Err(Error::Unsupported {
@@ -95,6 +105,9 @@ impl DualBackend {
             .durable(o.durable && n.durable)
             .fencing(n.fencing);
         Ok(DualBackend {
+            background: Background::new(),
+            request_timeout,
+            sessions: [old.session(), new.session()],
             old,
             new,
             capabilities,
@@ -108,20 +121,57 @@ impl DualBackend {
         }
     }
 
+    /// A release of `won`, acquired on `side` with TTL `ttl`: done in the background (which
+    /// closing waits for) unless disarmed.
+    fn release_of(
+        &self,
+        side: Side,
+        won: Acquired<AnyHold>,
+        ttl: Duration,
+    ) -> CleanupOnDrop<ReleaseSide> {
+        CleanupOnDrop::new(ReleaseSide {
+            backend: Arc::clone(self.side(side)),
+            hold: Some(won.hold),
+            end: ServerEnd::new(
+                won.session,
+                validity_deadline(won.requested_at, won.lease),
+                ttl,
+            ),
+            session: self.sessions[side as usize].clone(),
+        })
+        .tracked_by(&self.background)
+    }
+
+    /// Whether the old side's session `epoch` has ended (and its holds with it).
+    fn old_session_ended(&self, epoch: u64) -> bool {
+        self.sessions[Side::Old as usize]
+            .as_ref()
+            .is_some_and(|status| status.borrow().has_ended(epoch))
+    }
+
     /// Acquires the new side while holding the old one, renewing the old hold meanwhile
-    /// (a wait on the new side may outlast the old side's lease).
+    /// (a wait on the new side may outlast the old side's lease), and giving up the wait
+    /// as soon as the old side's session ends.
     async fn acquire_new(&self, request: AcquireRequest<'_>, old: &mut OldHold) -> Result<NewSide> {
         let attempt = self.new.acquire(request);
         tokio::pin!(attempt);
         let mut next_renewal = old.requested_at + request.ttl / 3;
+        let mut old_session = self.sessions[Side::Old as usize].clone();
         loop {
             tokio::select! {
                 result = &mut attempt => {
+                    let old_held =
+                        Instant::now() < old.valid_until() && !self.old_session_ended(old.session);
                     return Ok(match result? {
-                        Some(won) if Instant::now() < old.valid_until() => NewSide::Won(won),
-                        Some(won) => NewSide::OldLapsed(won.hold),
+                        Some(won) if old_held => NewSide::Won(won),
+                        Some(won) => NewSide::OldLapsed(won),
                         None => NewSide::Refused,
                     });
+                }
+                Some(()) = session_change(&mut old_session) => {
+                    if self.old_session_ended(old.session) {
+                        return Ok(NewSide::OldLost);
+                    }
                 }
                 () = sleep_until(next_renewal) => {
                     let Some(hold) = old.release.state_mut().hold.as_ref() else {
@@ -131,7 +181,7 @@ impl DualBackend {
                     let item = RenewItem { hold, ttl: request.ttl };
                     match self.old.renew(&[item]).await.map(|outcomes| outcomes.first().copied()) {
                         Ok(Some(RenewOutcome::Renewed { lease })) => {
-                            (old.requested_at, old.lease) = (sent, lease);
+                            old.renewed(sent, lease, request.ttl);
                             next_renewal = sent + request.ttl / 3;
                         }
                         Ok(Some(RenewOutcome::Lost(_))) => return Ok(NewSide::OldLost),
@@ -157,6 +207,7 @@ impl DualBackend {
 /// The old side's hold while the new side is being acquired.
 struct OldHold {
     release: CleanupOnDrop<ReleaseSide>,
+    session: u64,
     requested_at: Instant,
     lease: Duration,
 }
@@ -165,40 +216,74 @@ impl OldHold {
     fn valid_until(&self) -> Instant {
         validity_deadline(self.requested_at, self.lease)
     }
+
+    /// Records a renewal sent at `sent` that granted `lease` (for TTL `ttl`).
+    fn renewed(&mut self, sent: Instant, lease: Duration, ttl: Duration) {
+        (self.requested_at, self.lease) = (sent, lease);
+        self.release.state_mut().end = ServerEnd::new(self.session, self.valid_until(), ttl);
+    }
 }
 
 /// What acquiring the new side came to.
 enum NewSide {
     Won(Acquired<AnyHold>),
-    /// Granted, but the old side's lease ran out meanwhile.
-    OldLapsed(AnyHold),
+    /// Granted, but the old side's lease or session ran out meanwhile.
+    OldLapsed(Acquired<AnyHold>),
     /// A single attempt found it held.
     Refused,
-    /// The old side was lost while waiting.
+    /// The old side was lost while waiting (found gone, or its session ended).
     OldLost,
 }
 
-/// Releases one side's hold: now, or in the background if dropped first.
+/// Releases one side's hold on an acquire path: once now, and in the background when
+/// dropped before that release, or after it failed in a way worth retrying; the background
+/// release tries again while the hold may still exist on its side ([`release_patiently`]):
+/// a side whose holds live with a session (ZooKeeper, etcd) keeps one for the session's
+/// life, ahead of every other client of the name.
 struct ReleaseSide {
     backend: Arc<dyn AnyBackend>,
     hold: Option<AnyHold>,
+    /// When the hold ends on its side by itself.
+    end: ServerEnd,
+    /// The side's session status, where it has sessions.
+    session: Option<watch::Receiver<SessionStatus>>,
 }
 
 impl ReleaseSide {
+    /// Releases the hold once; keeps it, for the background release, when that failed in
+    /// a way worth retrying.
     async fn release(&mut self) {
-        if let Some(hold) = &self.hold {
-            if let Err(err) = self.backend.release(hold).await {
-                tracing::warn!(backend = %self.backend, error = %err,
-                    "could not release one side of a dual lock; its expiry will");
+        let Some(hold) = &self.hold else {
+            return;
+        };
+        match self.backend.release(hold).await {
+            Err(err) if err.is_retryable() => {
+                tracing::debug!(backend = %self.backend, error = %err,
+                    "could not release one side of a dual lock yet; retrying in the background");
+                return;
             }
+            Err(err) => self.failed(&err),
+            Ok(_) => {}
         }
         self.hold = None;
+    }
+
+    fn failed(&self, err: &Error) {
+        tracing::warn!(backend = %self.backend, error = %err,
+            "could not release one side of a dual lock; its expiry will");
     }
 }
 
 impl Cleanup for ReleaseSide {
     async fn cleanup(mut self) {
-        self.release().await;
+        let Some(hold) = self.hold.take() else {
+            return;
+        };
+        let session = || self.session.as_ref().map(|status| *status.borrow());
+        let release = || self.backend.release(&hold);
+        if let Err(err) = release_patiently(self.end, session, release).await {
+            self.failed(&err);
+        }
     }
 
     fn is_needed(&self) -> bool {
@@ -214,6 +299,11 @@ impl Backend for DualBackend {
         self.capabilities.clone()
     }
 
+    /// One attempt: the old side, then the new side. An attempt whose old side runs out
+    /// while it waits on the new side gives back what it holds and fails with a retryable
+    /// error, so that the lease client starts over with a fresh owner token: the cleanup
+    /// of this attempt (the new side's, which may run late) compares only its token, and
+    /// must never touch what the next attempt takes.
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<DualHold>>> {
         let token = OwnerToken::from_string(format!("{DUAL_TOKEN_PREFIX}{}", request.token));
         let on_sides = AcquireRequest {
@@ -221,81 +311,87 @@ impl Backend for DualBackend {
             fence_at_least: None,
             ..request
         };
-        loop {
-            let Some(won_old) = self.old.acquire(on_sides).await? else {
-                return Ok(None);
-            };
-            let mut old = OldHold {
-                release: CleanupOnDrop::new(ReleaseSide {
-                    backend: Arc::clone(&self.old),
-                    hold: Some(won_old.hold),
-                }),
-                requested_at: won_old.requested_at,
-                lease: won_old.lease,
-            };
-            let on_new = AcquireRequest {
-                fence_at_least: Some(won_old.fencing_token),
-                ..on_sides
-            };
-            let outcome = self.acquire_new(on_new, &mut old).await;
-            let won_new = match outcome {
-                Ok(NewSide::Won(won_new)) => won_new,
-                // The old side ran out first: give back what is held and start over.
-                Ok(lapsed @ (NewSide::OldLapsed(_) | NewSide::OldLost)) => {
-                    // Under a cleanup guard too: dropped mid-release, it finishes in the
-                    // background.
-                    let mut new_release = CleanupOnDrop::new(ReleaseSide {
-                        backend: Arc::clone(&self.new),
-                        hold: match lapsed {
-                            NewSide::OldLapsed(new_hold) => Some(new_hold),
-                            _ => None,
-                        },
-                    });
-                    tokio::join!(
-                        old.release.state_mut().release(),
-                        new_release.state_mut().release()
-                    );
-                    if !request.wait {
-                        return Ok(None);
+        let Some(won_old) = self.old.acquire(on_sides).await? else {
+            return Ok(None);
+        };
+        let (old_token, old_session) = (won_old.fencing_token, won_old.session);
+        let mut old = OldHold {
+            session: old_session,
+            requested_at: won_old.requested_at,
+            lease: won_old.lease,
+            release: self.release_of(Side::Old, won_old, request.ttl),
+        };
+        let on_new = AcquireRequest {
+            fence_at_least: Some(old_token),
+            ..on_sides
+        };
+        let outcome = self.acquire_new(on_new, &mut old).await;
+        let won_new = match outcome {
+            Ok(NewSide::Won(won_new)) => won_new,
+            // The old side ran out first: give back what is held.
+            Ok(lapsed @ (NewSide::OldLapsed(_) | NewSide::OldLost)) => {
+                // Under a cleanup guard too: dropped mid-release, it finishes in the
+                // background.
+                let mut new_release = match lapsed {
+                    NewSide::OldLapsed(won_new) => {
+                        Some(self.release_of(Side::New, won_new, request.ttl))
                     }
-                    continue;
-                }
-                Ok(NewSide::Refused) => {
-                    old.release.state_mut().release().await;
+                    _ => None,
+                };
+                let release_new = async {
+                    if let Some(release) = &mut new_release {
+                        release.state_mut().release().await;
+                    }
+                };
+                tokio::join!(old.release.state_mut().release(), release_new);
+                if !request.wait {
                     return Ok(None);
                 }
-                Err(err) => {
-                    old.release.state_mut().release().await;
-                    return Err(err);
-                }
-            };
-            let (old_end, new_end) = (
-                old.requested_at + old.lease,
-                won_new.requested_at + won_new.lease,
-            );
-            let requested_at = old.requested_at.min(won_new.requested_at);
-            let old_valid_until = old.valid_until();
-            let old_hold = old.release.disarm().hold.ok_or_else(|| Error::Protocol {
-                backend: "dual",
-                message: "the old side's hold was released while the new side was won".to_owned(),
-                source: None,
-            })?;
-            return Ok(Some(Acquired {
-                hold: DualHold {
-                    old: old_hold,
-                    new: won_new.hold,
-                    released: Mutex::new([None, None]),
-                    valid_until: Mutex::new([
-                        old_valid_until,
-                        validity_deadline(won_new.requested_at, won_new.lease),
-                    ]),
-                },
-                fencing_token: won_new.fencing_token,
-                requested_at,
-                lease: old_end.min(new_end).saturating_duration_since(requested_at),
-                session: won_old.session + won_new.session,
-            }));
-        }
+                return Err(Error::Unavailable {
+                    backend: "dual",
+                    message: format!(
+                        "the old side's hold on `{}` ran out while the new side was being \
+                         acquired",
+                        request.name
+                    ),
+                    source: None,
+                });
+            }
+            Ok(NewSide::Refused) => {
+                old.release.state_mut().release().await;
+                return Ok(None);
+            }
+            Err(err) => {
+                old.release.state_mut().release().await;
+                return Err(err);
+            }
+        };
+        let (old_end, new_end) = (
+            old.requested_at + old.lease,
+            won_new.requested_at + won_new.lease,
+        );
+        let requested_at = old.requested_at.min(won_new.requested_at);
+        let old_valid_until = old.valid_until();
+        let old_hold = old.release.disarm().hold.ok_or_else(|| Error::Protocol {
+            backend: "dual",
+            message: "the old side's hold was released while the new side was won".to_owned(),
+            source: None,
+        })?;
+        Ok(Some(Acquired {
+            hold: DualHold {
+                old: old_hold,
+                new: won_new.hold,
+                released: Mutex::new([None, None]),
+                valid_until: Mutex::new([
+                    old_valid_until,
+                    validity_deadline(won_new.requested_at, won_new.lease),
+                ]),
+            },
+            fencing_token: won_new.fencing_token,
+            requested_at,
+            lease: old_end.min(new_end).saturating_duration_since(requested_at),
+            session: old_session + won_new.session,
+        }))
     }
 
     async fn renew(&self, items: &[RenewItem<'_, DualHold>]) -> Result<Vec<RenewOutcome>> {
@@ -386,8 +482,10 @@ impl Backend for DualBackend {
         Ok(old?.or(new?))
     }
 
-    /// Closes both sides.
+    /// Waits (at most the request timeout) for the side releases left to the background,
+    /// then closes both sides.
     async fn close(&self) -> Result<()> {
+        self.background.settle(self.request_timeout).await;
         let (old, new) = tokio::join!(self.old.close(), self.new.close());
         old.and(new)
     }
@@ -399,6 +497,11 @@ impl Backend for DualBackend {
             (Some(old), Some(new)) => Some(merge_sessions(old, new)),
         }
     }
+}
+
+/// The next change of `session`; `None` without a session or once it is gone.
+async fn session_change(session: &mut Option<watch::Receiver<SessionStatus>>) -> Option<()> {
+    session.as_mut()?.changed().await.ok()
 }
 
 /// One renewal outcome from the two sides' outcomes.

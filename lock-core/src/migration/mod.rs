@@ -125,7 +125,7 @@ pub(crate) async fn connect_dual(
 ) -> Result<Arc<dyn DistributedLock>> {
     let (old, new) = tokio::try_join!(registry.open(&config.old), registry.open(&config.new))?;
     let options = agreed_options(&old.options, &new.options)?;
-    let backend = DualBackend::new(old.backend, new.backend)?;
+    let backend = DualBackend::new(old.backend, new.backend, options.request_timeout)?;
     Ok(Arc::new(LeaseClient::new(backend, options)?))
 }
 
