@@ -22,7 +22,7 @@ DEPS=(
   "rustup:rustfmt||check_rustfmt|cargo fmt and rustfmt run (make test checks formatting)"
   "rustup:clippy||check_clippy|cargo clippy and clippy-driver run (make test lints)"
   "gcc||check_cc|cc runs (rustc links with it; the build scripts of ring and aws-lc-sys compile C with it)"
-  "libc6-dev|gcc|check_c_program|cc compiles and links a C program against libc"
+  "libc6-dev|gcc|check_c_program|cc compiles and links a C program against libc (and the harness its wall-clock library for redis-server)"
   "protobuf-compiler||check_protoc|protoc compiles a .proto file (etcd-client's build script runs it)"
   "libprotobuf-dev|protobuf-compiler|check_protoc_imports|protoc compiles a .proto importing google/protobuf/descriptor.proto (etcd-client's protos do)"
   "redis-server||check_redis|redis-server 7 or later runs (the harness's Redis servers, Sentinels as redis-server --sentinel, and Cluster nodes: sharded pub/sub, script flags)"
@@ -38,6 +38,8 @@ DEPS=(
   "libcurator-client-java||check_jars curator-client.jar|curator-client.jar in /usr/share/java"
   "libcurator-framework-java||check_jars curator-framework.jar|curator-framework.jar in /usr/share/java"
   "libcurator-recipes-java|default-jdk-headless libslf4j-java libguava-java libzookeeper-java libcurator-client-java libcurator-framework-java|check_curator|javac compiles, and java runs, a program taking Curator's InterProcessMutex on the Curator test's class path"
+  "libfaketime||check_libfaketime|libfaketime.so.1, preloaded where the harness finds it, moves a running program's wall clock when its FAKETIME_TIMESTAMP_FILE changes (the clock-jump fault scenarios on ZooKeeper)"
+  "faketime|libfaketime|check_faketime|faketime runs a program on a shifted wall clock (the clock-jump scenarios by hand)"
 )
 
 JAR_DIR=/usr/share/java
@@ -188,6 +190,48 @@ public class CuratorCheck {
 EOF
   javac "${JAVAC[@]}" -d "$work/curator" -cp "$cp" "$work/curator/CuratorCheck.java" &&
     [ "$(java "${JVM[@]}" -cp "$work/curator:$cp" CuratorCheck)" = "curator ok" ]
+}
+
+# Where the harness looks for libfaketime (FAKE_CLOCK_LIBS in
+# conformance/src/harness/clock.rs).
+FAKETIME_LIBS=(/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
+  /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1
+  /usr/local/lib/faketime/libfaketime.so.1)
+
+# Seconds between two readings of the wall clock, $1 - $2, within 5 s of $3.
+about() {
+  local diff=$(($1 - $2))
+  echo "clock moved by ${diff}s, wanted about $3 s"
+  [ "$diff" -ge $(($3 - 5)) ] && [ "$diff" -le $(($3 + 5)) ]
+}
+
+# As the harness runs ZooKeeper: the library preloaded, the offset read again from a file
+# once a second, the monotonic clock left alone. One running program reads the wall clock,
+# moves it back a day by rewriting the file, waits past the cache (up to 2 s: whole seconds),
+# and reads it again.
+check_libfaketime() {
+  local lib="" candidate readings
+  for candidate in "${FAKETIME_LIBS[@]}"; do
+    [ -f "$candidate" ] && { lib=$candidate; break; }
+  done
+  [ -n "$lib" ] || { echo "no libfaketime.so.1 in ${FAKETIME_LIBS[*]}"; return 1; }
+  echo "+0s" >"$work/clock"
+  readings=$(LD_PRELOAD=$lib FAKETIME_TIMESTAMP_FILE="$work/clock" FAKETIME_CACHE_DURATION=1 \
+    FAKETIME_DONT_FAKE_MONOTONIC=1 perl -e '
+      my $before = time;
+      open(my $f, ">", $ARGV[0]) or die "$!"; print $f "-1d\n"; close($f);
+      select(undef, undef, undef, 2.5);
+      print $before, " ", time, "\n";' "$work/clock")
+  echo "readings: $readings"
+  # shellcheck disable=SC2086 # two numbers
+  about $readings 86400
+}
+
+check_faketime() {
+  local now shifted
+  now=$(date +%s)
+  shifted=$(faketime -f '+1d' date +%s)
+  about "$shifted" "$now" 86400
 }
 
 # Runs every row, each as soon as the rows it needs pass, in parallel; sets status[pkg] to

@@ -11,7 +11,20 @@ mod common;
 mod single {
     conformance::chaos_suite!(
         async { crate::common::RedisFactory::single().await },
-        short: conformance::chaos::ShortRun::Except(conformance::chaos::FAILOVER_SCENARIOS)
+        short: conformance::chaos::ShortRun::Except(conformance::chaos::OWN_DEPLOYMENT_SCENARIOS)
+    );
+}
+
+/// The server clock jumps, on one server whose wall clock the harness moves (see
+/// `conformance::harness::ClockHook`), in `make test` and `make chaos` alike.
+mod clock {
+    use conformance::harness::RedisOptions;
+    conformance::chaos_suite!(
+        async {
+            let options = RedisOptions::default().movable_clock(true);
+            crate::common::RedisFactory::single_with(options).await
+        },
+        scenarios: [server_clock_jump_forward, server_clock_jump_back]
     );
 }
 
@@ -19,7 +32,7 @@ mod single {
 mod redlock {
     conformance::chaos_suite!(
         async { crate::common::RedisFactory::redlock(5).await },
-        short: conformance::chaos::ShortRun::Except(conformance::chaos::FAILOVER_SCENARIOS)
+        short: conformance::chaos::ShortRun::Except(conformance::chaos::OWN_DEPLOYMENT_SCENARIOS)
     );
 }
 

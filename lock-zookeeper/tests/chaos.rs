@@ -9,8 +9,75 @@ mod standalone {
     use super::common::ZkFactory;
     conformance::chaos_suite!(
         async { ZkFactory::start().await },
-        short: conformance::chaos::ShortRun::Except(conformance::chaos::FAILOVER_SCENARIOS)
+        short: conformance::chaos::ShortRun::Except(conformance::chaos::OWN_DEPLOYMENT_SCENARIOS)
     );
+}
+
+/// The server clock jumps, on a standalone server whose wall clock the harness moves
+/// (libfaketime), in `make test` and `make chaos` alike.
+mod clock {
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use super::common::{create_persistent, ZkFactory, BASE};
+    use conformance::harness::{ClockHook, ClockJump, ZkOptions};
+    use zookeeper_client as zk;
+
+    conformance::chaos_suite!(
+        async { ZkFactory::start_with(ZkOptions::default().movable_clock(true)).await },
+        scenarios: [server_clock_jump_forward, server_clock_jump_back]
+    );
+
+    /// The server's wall clock, as the creation time of a fresh node (ms since 1970).
+    async fn server_ms(factory: &ZkFactory) -> i64 {
+        let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
+        let path = format!("{BASE}/clock-{}", uuid::Uuid::new_v4().simple());
+        let (stat, _) = factory
+            .admin()
+            .create(&path, &[], &persistent)
+            .await
+            .expect("create a node");
+        stat.ctime
+    }
+
+    fn machine_ms() -> i64 {
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970");
+        i64::try_from(now.as_millis()).expect("ms")
+    }
+
+    /// The scenarios above move the server for real: a node created after a jump carries
+    /// the moved time, while the session of the client that watched it all stays alive
+    /// (ZooKeeper times sessions on `System.nanoTime`, which the jump leaves alone).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_server_wall_clock_moves_and_sessions_do_not() {
+        let options = ZkOptions::default().movable_clock(true);
+        let Some(factory) = ZkFactory::start_with(options).await else {
+            return;
+        };
+        create_persistent(factory.admin(), [BASE.to_owned()]).await;
+        let off = |factory| async move { server_ms(factory).await - machine_ms() };
+        assert!(
+            off(&factory).await.abs() < 2_000,
+            "unmoved, the machine's clock"
+        );
+        let step = Duration::from_secs(600);
+        let server = factory.servers.members()[0];
+        for (jump, expected) in [
+            (ClockJump::Forward(step), 600_000),
+            (ClockJump::Back(step * 2), -600_000),
+        ] {
+            server.jump_clock(jump).expect("jump");
+            tokio::time::sleep(ClockHook::Libfaketime.lag() + Duration::from_millis(500)).await;
+            let moved = off(&factory).await;
+            assert!(
+                (moved - expected).abs() < 5_000,
+                "{jump:?}: the server's clock is {moved} ms off the machine's"
+            );
+        }
+        let state = factory.admin().state();
+        assert_eq!(state, zk::SessionState::SyncConnected, "the admin session");
+    }
 }
 
 /// Scenarios on a 3-member ensemble (a follower can be cut off from its peers).
@@ -18,7 +85,7 @@ mod ensemble {
     use super::common::ZkFactory;
     conformance::chaos_suite!(
         async { ZkFactory::start_partitionable_ensemble().await },
-        short: conformance::chaos::ShortRun::Except(conformance::chaos::FAILOVER_SCENARIOS)
+        short: conformance::chaos::ShortRun::Except(conformance::chaos::OWN_DEPLOYMENT_SCENARIOS)
     );
 }
 

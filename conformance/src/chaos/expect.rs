@@ -171,6 +171,29 @@ pub(super) fn early_key_expiry(_: &Topology) -> Expect {
     )
 }
 
+/// A wall-clock step ahead on Redis (one server without persistence, RedLock, replicated:
+/// the deployments of Redis); ZooKeeper times sessions on the monotonic clock
+/// (`System.nanoTime`), which a wall-clock step leaves alone (etcd's clock cannot be
+/// moved: see `target_expectation`).
+pub(super) fn server_clock_jump_forward(topology: &Topology) -> Expect {
+    match topology {
+        InProcess => NO_SERVER,
+        Single { durable: false } | Independent { .. } | Replicated { .. } => Expect::FencedOnly(
+            "Redis expires keys by its wall clock: a step ahead past the TTL ends the hold on \
+             the server at once, while the holder's guard, timed on the client's monotonic \
+             clock, vouches for it until its next renewal finds the key gone",
+        ),
+        _ => Expect::Safe,
+    }
+}
+
+pub(super) fn server_clock_jump_back(topology: &Topology) -> Expect {
+    match topology {
+        InProcess => NO_SERVER,
+        _ => Expect::Safe,
+    }
+}
+
 pub(super) fn acquire_reply_delayed(topology: &Topology) -> Expect {
     needs_network(topology)
 }

@@ -14,7 +14,8 @@
 //! [`chaos_suite!`](crate::chaos_suite) and the reliability report's rows all follow it.
 //!
 //! Layout: [`topology`] (deployments, client links, [`ChaosTarget`]), `expect` (each
-//! scenario's promise per topology), `victim` (scenarios around one victim holder),
+//! scenario's promise per topology), `victim` (scenarios around one victim holder, the
+//! server clock jumps among them),
 //! `waiters` (scenarios around queued waiters: lost release replies, reset links, a
 //! crashed head), `failover` (replicated deployments: a primary killed, cut off from its
 //! replicas, or split from the watchers), `scenarios` (the others with a choreography of
@@ -45,10 +46,13 @@ pub use scenarios::{
     acquire_reply_delayed, cancellation_under_faults, majority_loss, stale_counter_restore,
 };
 pub use topology::{ChaosTarget, Link, ServerControl, Switch, Topology};
+
+use crate::harness::WallClock;
 pub use victim::{
     early_key_expiry, follower_partition, holder_partitioned, holder_paused_beyond_ttl,
     long_network_delay, member_crash, redlock_restart_delayed, redlock_restart_immediate,
-    server_crash_restart, server_restart_without_data, stuck_server,
+    server_clock_jump_back, server_clock_jump_forward, server_crash_restart,
+    server_restart_without_data, stuck_server, CLOCK_STEP,
 };
 pub use waiters::{
     crashed_head_waiter, release_reply_lost, waiter_connection_reset, waiter_long_connection_reset,
@@ -72,6 +76,8 @@ macro_rules! chaos_scenarios {
             server_crash_restart,
             server_restart_without_data,
             early_key_expiry,
+            server_clock_jump_forward,
+            server_clock_jump_back,
             acquire_reply_delayed,
             release_reply_lost,
             waiter_connection_reset,
@@ -106,6 +112,27 @@ macro_rules! scenario_table {
             }
         }
 
+        /// What `target` promises in `scenario`: what its topology promises
+        /// ([`expectation`]), unless its servers cannot take the scenario's fault (a clock
+        /// jump on servers whose wall clock does not move).
+        pub fn target_expectation(scenario: &str, target: &dyn ChaosTarget) -> Expect {
+            let expect = expectation(scenario, &target.topology());
+            if !CLOCK_SCENARIOS.contains(&scenario) || matches!(expect, Expect::NotApplicable(_)) {
+                return expect;
+            }
+            for server in target.servers() {
+                match server.wall_clock() {
+                    WallClock::Movable => {}
+                    WallClock::Real => return Expect::NotApplicable(
+                        "the servers run on the machine's clock (the backend's chaos suite \
+                         `clock` starts them on a movable one)",
+                    ),
+                    WallClock::Fixed(why) => return Expect::NotApplicable(why),
+                }
+            }
+            expect
+        }
+
         /// Runs `scenario` (a name from [`SCENARIOS`]) on `target`; `None` if it does
         /// not apply.
         pub async fn run(
@@ -113,7 +140,7 @@ macro_rules! scenario_table {
             target: &dyn ChaosTarget,
             plan: Plan,
         ) -> Option<ScenarioReport> {
-            if let Expect::NotApplicable(_) = expectation(scenario, &target.topology()) {
+            if let Expect::NotApplicable(_) = target_expectation(scenario, target) {
                 return None;
             }
             match scenario {
@@ -196,15 +223,23 @@ pub enum ShortRun {
     Except(&'static [&'static str]),
 }
 
-/// The scenarios of replicated deployments (and sharded ones): not applicable elsewhere, so suites of other
-/// deployments leave them to the long plan ([`ShortRun::Except`]), where they record that
-/// they do not apply, rather than start servers for nothing in `make test`.
-pub const FAILOVER_SCENARIOS: &[&str] = &[
+/// The scenarios that need a deployment of their own: replicated (and sharded) ones for
+/// the failovers, servers on a movable wall clock for the clock jumps
+/// ([`CLOCK_SCENARIOS`]). Not applicable elsewhere, so suites of other deployments leave
+/// them to the long plan ([`ShortRun::Except`]), where they record that they do not
+/// apply, rather than start servers for nothing in `make test`.
+pub const OWN_DEPLOYMENT_SCENARIOS: &[&str] = &[
     "primary_killed_while_holding",
     "primary_partitioned_from_replicas",
     "sentinel_split_brain",
     "slot_migration_while_held",
+    "server_clock_jump_forward",
+    "server_clock_jump_back",
 ];
+
+/// The scenarios that step the servers' wall clocks: they apply only where every server
+/// runs on a clock the harness moves ([`WallClock::Movable`]).
+pub const CLOCK_SCENARIOS: &[&str] = &["server_clock_jump_forward", "server_clock_jump_back"];
 
 /// Whether `scenario` runs now: always in the long plan (`CHAOS_LONG=1`), in the short
 /// one as `short` says. Says so when it does not.
@@ -231,7 +266,7 @@ pub fn runs_now(scenario: &str, short: ShortRun) -> bool {
 /// does not apply.
 pub async fn check(scenario: &str, target: &dyn ChaosTarget) {
     let topology = target.topology();
-    let expect = expectation(scenario, &topology);
+    let expect = target_expectation(scenario, target);
     let plan = Plan::from_env(target.short_ttl());
     let report = run(scenario, target, plan).await;
     report::record(scenario, target, &topology, expect, plan, report.as_ref());

@@ -13,6 +13,7 @@ use super::workload::{
 };
 use super::{ChaosTarget, Link, Plan, ScenarioReport};
 use crate::fence::FencedResource;
+use crate::harness::ClockJump;
 use crate::proxy::ProxyMode;
 use crate::rules::unique_name;
 
@@ -40,7 +41,16 @@ enum Fault<'a> {
         wipe: bool,
         down: Duration,
     },
+    /// Step every server's wall clock (for good: an NTP step is not undone), then wait a
+    /// TTL.
+    ClockJump(ClockJump),
 }
+
+/// How far the clock-jump scenarios step the servers' wall clocks: far beyond any TTL and
+/// any stay of a queued waiter, and longer than a scenario runs (so that after a step
+/// back every clock-seeded fencing token of the run would come out below the tokens
+/// granted before it).
+pub const CLOCK_STEP: Duration = Duration::from_secs(600);
 
 /// A victim holds the lock and sits in a critical section (read done, write pending)
 /// while `fault` strikes; healthy contenders keep going; then the victim writes anyway
@@ -81,6 +91,7 @@ async fn victim_scenario(
         Arc::clone(&notes),
     ));
     let note = |text: String| notes.lock().expect("notes").push(text);
+    let clock_jump = matches!(fault, Fault::ClockJump(_));
     match fault {
         Fault::Partition(duration) | Fault::Pinned { duration, .. } => {
             link.cut();
@@ -120,6 +131,15 @@ async fn victim_scenario(
             target.steal(&name).await;
             sleep(plan.ttl).await;
         }
+        Fault::ClockJump(jump) => {
+            for server in target.servers() {
+                match server.jump_clock(jump) {
+                    Ok(ms) => note(format!("{} clock {jump:?}: now {ms:+} ms", server.label())),
+                    Err(err) => note(format!("{} clock {jump:?}: {err}", server.label())),
+                }
+            }
+            sleep(plan.ttl).await;
+        }
     }
     // The victim wakes up a TTL later (whoever could take over has done so by then)
     // and writes without looking, as a paused process would.
@@ -136,7 +156,13 @@ async fn victim_scenario(
     let _ = guard.release().await;
     lost_task.abort();
     let recovery = recover(target, &name, plan).await;
-    let fence = resource.check();
+    let backwards = if clock_jump {
+        token_after(target, &name, &resource, plan, &note).await
+    } else {
+        None
+    };
+    let mut fence = resource.check();
+    fence.tokens_backwards.extend(backwards);
     let takeover = first_other_start(&resource, fault_at);
     let lost_signal_lead_ms = lost_at
         .lock()
@@ -159,6 +185,35 @@ async fn victim_scenario(
         lost_late: Vec::new(),
         notes,
     }
+}
+
+/// A fresh grant after the run must carry a token above every token the resource saw:
+/// `(highest, fresh)` when it does not (its section is refused).
+async fn token_after(
+    target: &dyn ChaosTarget,
+    name: &lock_core::LockName,
+    resource: &FencedResource,
+    plan: Plan,
+    note: &(dyn Fn(String) + Sync),
+) -> Option<(u64, u64)> {
+    let client = target.client(options(plan.ttl)).await;
+    let guard = match client.lock_timeout(name.as_str(), plan.ttl * 3).await {
+        Ok(guard) => guard,
+        Err(err) => {
+            note(format!("no grant to check the tokens with: {err}"));
+            return None;
+        }
+    };
+    let stale = resource
+        .increment(guard.fencing_token(), async {})
+        .await
+        .err();
+    let _ = guard.release().await;
+    let (highest, fresh) = stale.map(|s| (s.highest, s.offered))?;
+    note(format!(
+        "a grant after the clock jump got token {fresh}, below {highest} granted before"
+    ));
+    Some((highest, fresh))
 }
 
 /// The victim's link is cut for 2 x TTL: its lease ends, others take over, its late write
@@ -269,6 +324,34 @@ pub async fn early_key_expiry(
     plan: Plan,
 ) -> ScenarioReport {
     victim_scenario(target, scenario, plan, Fault::Steal(target)).await
+}
+
+/// Every server's wall clock steps ahead by [`CLOCK_STEP`] (far past the TTL) while the
+/// victim holds the lock and contenders wait for it (an NTP step, an operator's `date
+/// -s`). A server that expires holds by its wall clock (Redis: key expiry) ends the hold
+/// at once, while the victim's guard, timed on the client's monotonic clock, vouches
+/// until its next renewal finds the key gone: only the fence turns the victim away. A
+/// server that times sessions and leases on a monotonic clock (ZooKeeper) is not moved.
+pub async fn server_clock_jump_forward(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    let jump = Fault::ClockJump(ClockJump::Forward(CLOCK_STEP));
+    victim_scenario(target, scenario, plan, jump).await
+}
+
+/// Every server's wall clock steps back by [`CLOCK_STEP`] while the victim holds the lock
+/// and contenders wait for it: holds last no shorter, and fencing tokens never go back
+/// (Redis seeds them from its clock, but never below the counter + 1): a grant after
+/// the run must carry a token above every one before.
+pub async fn server_clock_jump_back(
+    scenario: &'static str,
+    target: &dyn ChaosTarget,
+    plan: Plan,
+) -> ScenarioReport {
+    let jump = Fault::ClockJump(ClockJump::Back(CLOCK_STEP));
+    victim_scenario(target, scenario, plan, jump).await
 }
 
 /// One member (the leader, where there is one) is killed while the lock is held and

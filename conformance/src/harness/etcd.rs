@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::clock::ClockHook;
 use super::cluster::Cluster;
 use super::majority;
 use super::node::Node;
@@ -110,6 +111,11 @@ impl ServerKind for Etcd {
     /// Client and peer ports.
     const PORTS: usize = 2;
     const ELECTS_LEADER: bool = true;
+    const CLOCK_HOOK: ClockHook = ClockHook::Unreachable(
+        "etcd is a Go program: it reads the clock through the kernel's vDSO, not the C \
+         library, so no preloaded library (libfaketime) moves it; its leases are timed by \
+         the monotonic readings of Go's clock besides",
+    );
 
     fn find() -> Result<PathBuf, HarnessError> {
         find_binary("etcd", "ETCD_BIN", HINT)

@@ -15,8 +15,10 @@
 //!
 //! Fault injection: [`kill9`](RedisServer::kill9) (SIGKILL and reap),
 //! [`pause`](RedisServer::pause) / [`resume`](RedisServer::resume) (SIGSTOP / SIGCONT),
-//! [`restart`](RedisServer::restart) on the same ports and data dir. All of them take
-//! `&self`, so a server can be shared (e.g. in an `Arc`) with the tasks under test.
+//! [`restart`](RedisServer::restart) on the same ports and data dir, and
+//! [`jump_clock`](RedisServer::jump_clock) for a server started on a wall clock the
+//! harness moves (`RedisOptions::movable_clock`, `ZkOptions::movable_clock`; see
+//! [`ClockHook`] for how). All of them take `&self`, so a server can be shared (e.g. in an `Arc`) with the tasks under test.
 //!
 //! # Drop
 //! Dropping a server SIGKILLs its process (also when paused) and reaps it with a short,
@@ -48,6 +50,7 @@
 //! # }
 //! ```
 
+mod clock;
 mod cluster;
 mod error;
 mod etcd;
@@ -66,6 +69,7 @@ use std::future::Future;
 use std::io::Write;
 use std::time::Duration;
 
+pub use clock::{ClockHook, ClockJump, WallClock};
 pub use cluster::{Cluster, Deployment};
 pub use error::HarnessError;
 pub use etcd::{Etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdStatus};

@@ -58,6 +58,11 @@ impl Node {
         }
     }
 
+    /// Adds `env` to the environment of every start (before the first).
+    pub(crate) fn add_env(&mut self, env: Vec<(std::ffi::OsString, std::ffi::OsString)>) {
+        self.spec.env.extend(env);
+    }
+
     pub(crate) fn label(&self) -> &str {
         &self.label
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 
+use super::clock::ClockHook;
 use super::cluster::Cluster;
 use super::node::Node;
 use super::probe::{redis_command, Probe};
@@ -40,6 +41,9 @@ pub struct RedisOptions {
     /// directory (no client certificate asked for; replication over TLS). The plain port
     /// stays open for the harness. Default: none.
     pub tls: Option<PathBuf>,
+    /// Start on a wall clock the harness moves ([`RedisServer::jump_clock`]): key expiry
+    /// and `TIME` follow it. Default: off (the machine's clock).
+    pub movable_clock: bool,
 }
 
 impl Default for RedisOptions {
@@ -50,6 +54,7 @@ impl Default for RedisOptions {
             extra_config: Vec::new(),
             members: 5,
             tls: None,
+            movable_clock: false,
         }
     }
 }
@@ -76,6 +81,12 @@ impl RedisOptions {
     /// Sets [`tls`](Self::tls).
     pub fn tls(mut self, certificates: impl Into<PathBuf>) -> Self {
         self.tls = Some(certificates.into());
+        self
+    }
+
+    /// Sets [`movable_clock`](Self::movable_clock).
+    pub fn movable_clock(mut self, on: bool) -> Self {
+        self.movable_clock = on;
         self
     }
 
@@ -113,9 +124,15 @@ impl ServerKind for Redis {
     /// The client port and the TLS port (used with [`RedisOptions::tls`] only).
     const PORTS: usize = 2;
     const ELECTS_LEADER: bool = false;
+    /// libfaketime cannot run Debian's redis-server (jemalloc): the harness's own library.
+    const CLOCK_HOOK: ClockHook = ClockHook::Own;
 
     fn find() -> Result<PathBuf, HarnessError> {
         find_binary("redis-server", "REDIS_SERVER_BIN", HINT)
+    }
+
+    fn movable_clock(options: &RedisOptions) -> bool {
+        options.movable_clock
     }
 
     fn members(options: &RedisOptions) -> usize {

@@ -17,6 +17,7 @@ use async_trait::async_trait;
 use tempfile::TempDir;
 use tokio::sync::SemaphorePermit;
 
+use super::clock::{ClockHook, ClockJump, FakeClock, WallClock};
 use super::node::Node;
 use super::process::log_tail;
 use super::{free_ports, temp_dir, with_port_retries, HarnessError, STOP_GRACE};
@@ -75,6 +76,17 @@ pub trait ServerKind: fmt::Debug + Send + Sync + Sized + 'static {
     const PORTS: usize;
     /// Whether a group elects a leader (and a start waits for one).
     const ELECTS_LEADER: bool;
+    /// How a preloaded library reaches this kind's wall clock (see
+    /// [`clock`](super::clock)). Default: it does not.
+    const CLOCK_HOOK: ClockHook =
+        ClockHook::Unreachable("the harness starts this kind on the machine's clock only");
+
+    /// Whether `options` ask for a wall clock the harness moves
+    /// ([`Server::jump_clock`]). Default: no.
+    #[doc(hidden)]
+    fn movable_clock(_options: &Self::Options) -> bool {
+        false
+    }
 
     /// Finds the program; [`HarnessError::MissingBinary`] when it is not installed.
     #[doc(hidden)]
@@ -158,6 +170,7 @@ pub struct Server<K: ServerKind> {
     port: u16,
     data_dir: PathBuf,
     pub(crate) kind: K,
+    clock: Option<FakeClock>,
     _dir: Option<TempDir>,
 }
 
@@ -214,15 +227,23 @@ impl<K: ServerKind> Server<K> {
     ) -> Result<Self, HarnessError> {
         let port = member.own_ports()[0];
         let Prepared {
-            node,
+            mut node,
             data_dir,
             kind,
         } = K::prepare(program, options, dir, member)?;
+        let clock = if K::movable_clock(options) {
+            let clock = FakeClock::new(node.label(), dir, K::CLOCK_HOOK)?;
+            node.add_env(clock.env());
+            Some(clock)
+        } else {
+            None
+        };
         Ok(Self {
             node,
             port,
             data_dir,
             kind,
+            clock,
             _dir: None,
         })
     }
@@ -308,6 +329,36 @@ impl<K: ServerKind> Server<K> {
         self.node.restart(|| Ok(())).await
     }
 
+    /// The wall clock the server runs on.
+    pub fn wall_clock(&self) -> WallClock {
+        match (&self.clock, K::CLOCK_HOOK) {
+            (Some(_), _) => WallClock::Movable,
+            (None, ClockHook::Unreachable(why)) => WallClock::Fixed(why),
+            (None, _) => WallClock::Real,
+        }
+    }
+
+    /// Moves the server's wall clock by `jump` (on top of earlier jumps), as an NTP step
+    /// would; its monotonic clock goes on undisturbed. The server reads its clock moved
+    /// within its kind's [`ClockHook::lag`]. Returns the offset from the machine's clock
+    /// now, in ms. The clock stays moved across restarts.
+    ///
+    /// # Errors
+    /// Unless the server was started on a movable clock (an option of its kind's start).
+    pub fn jump_clock(&self, jump: ClockJump) -> Result<i64, HarnessError> {
+        let clock = self.clock.as_ref().ok_or_else(|| {
+            HarnessError::io(
+                self.node.label(),
+                "jump the clock",
+                std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "started on the machine's clock",
+                ),
+            )
+        })?;
+        clock.jump(self.node.label(), jump)
+    }
+
     /// Graceful stop: SIGTERM, then SIGKILL after a grace period. No-op if not running.
     ///
     /// # Errors
@@ -340,6 +391,19 @@ pub trait ServerControl: Send + Sync {
     /// Starts it again from the last snapshot: every write since is lost; an error
     /// where the kind cannot.
     async fn restart_from_snapshot(&self) -> Result<(), HarnessError>;
+    /// The wall clock it runs on. Default: the machine's, which nothing here moves.
+    fn wall_clock(&self) -> WallClock {
+        WallClock::Fixed("the harness starts this server on the machine's clock only")
+    }
+    /// Moves its wall clock ([`Server::jump_clock`]); the offset from the machine's
+    /// clock now, in ms. Default: an error.
+    fn jump_clock(&self, _jump: ClockJump) -> Result<i64, HarnessError> {
+        Err(HarnessError::io(
+            &self.label(),
+            "jump the clock",
+            std::io::ErrorKind::Unsupported.into(),
+        ))
+    }
 }
 
 #[async_trait]
@@ -367,6 +431,12 @@ impl<K: ServerKind> ServerControl for Server<K> {
     }
     async fn restart_from_snapshot(&self) -> Result<(), HarnessError> {
         K::restart_from_snapshot(self).await
+    }
+    fn wall_clock(&self) -> WallClock {
+        Server::wall_clock(self)
+    }
+    fn jump_clock(&self, jump: ClockJump) -> Result<i64, HarnessError> {
+        Server::jump_clock(self, jump)
     }
 }
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::{Semaphore, SemaphorePermit};
 
+use super::clock::ClockHook;
 use super::cluster::Cluster;
 use super::majority;
 use super::node::Node;
@@ -70,6 +71,10 @@ pub struct ZkOptions {
     /// Serve TLS on a secure client port too ([`ZkServer::secure_port`]), beside the
     /// plain one. Default: none.
     pub tls: Option<ZkTls>,
+    /// Start on a wall clock the harness moves ([`ZkServer::jump_clock`]):
+    /// `System.currentTimeMillis` follows it, `System.nanoTime` (which times sessions)
+    /// does not. Default: off (the machine's clock).
+    pub movable_clock: bool,
 }
 
 impl Default for ZkOptions {
@@ -84,6 +89,7 @@ impl Default for ZkOptions {
             ready_timeout: DEFAULT_READY_TIMEOUT,
             peer_links: false,
             tls: None,
+            movable_clock: false,
         }
     }
 }
@@ -123,6 +129,12 @@ impl ZkOptions {
     /// Sets [`ready_timeout`](Self::ready_timeout).
     pub fn ready_timeout(mut self, timeout: Duration) -> Self {
         self.ready_timeout = timeout;
+        self
+    }
+
+    /// Sets [`movable_clock`](Self::movable_clock).
+    pub fn movable_clock(mut self, on: bool) -> Self {
+        self.movable_clock = on;
         self
     }
 
@@ -345,9 +357,14 @@ impl ServerKind for ZooKeeper {
     /// Client, quorum, election and TLS client ports.
     const PORTS: usize = 4;
     const ELECTS_LEADER: bool = true;
+    const CLOCK_HOOK: ClockHook = ClockHook::Libfaketime;
 
     fn find() -> Result<ZkRuntime, HarnessError> {
         ZkRuntime::find()
+    }
+
+    fn movable_clock(options: &ZkOptions) -> bool {
+        options.movable_clock
     }
 
     fn members(options: &ZkOptions) -> usize {

@@ -314,7 +314,12 @@ impl CuratorSetup {
 impl ZkFactory {
     /// A factory over a fresh standalone server.
     pub async fn start() -> Option<Self> {
-        let server = standalone().await?;
+        Self::start_with(ZkOptions::default()).await
+    }
+
+    /// A factory over a fresh standalone server started with `options`.
+    pub async fn start_with(options: ZkOptions) -> Option<Self> {
+        let server = or_skip(ZkServer::start_with(options).await)?;
         Some(Self::over(Deployment::Single(Box::new(server))).await)
     }
 
