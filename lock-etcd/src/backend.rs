@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Backend, BackendRelease, Background, Cleanup, CleanupOnDrop, Connect,
-    LockUrl, RenewItem, RenewOutcome, SessionStatus,
+    AcquireRequest, Acquired, Backend, BackendRelease, Background, Backoff, Cleanup, CleanupOnDrop,
+    Connect, LockUrl, RenewItem, RenewOutcome, SessionStatus,
 };
 use lock_core::{
     Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, LostReason, Occupancy,
@@ -121,6 +121,10 @@ impl fmt::Display for EtcdBackend {
 /// only then is its slot free for another acquire of the same name in this client.
 struct PendingKey {
     client: EtcdClient,
+    /// The session, and the lease the key is attached to: once that lease is gone (revoked,
+    /// expired and replaced), so is the key.
+    session: Arc<Session>,
+    lease: i64,
     key: String,
     revision: Option<i64>,
     /// Until when a put of the key sent by this acquire may still reach the server (its
@@ -138,7 +142,7 @@ const IN_FLIGHT_DELETES: [Duration; 3] = [
 
 impl Cleanup for PendingKey {
     async fn cleanup(self) {
-        let mut result = delete_if_ours(&self.client, &self.key, self.revision).await;
+        let mut result = self.delete_until_answered(self.revision).await;
         if self.revision.is_none() {
             // The put may still be on its way (dropped after it was sent, before its
             // answer), and land after the delete, attached to a lease that lives on.
@@ -155,7 +159,7 @@ impl Cleanup for PendingKey {
                 let _ = delete_if_ours(&self.client, &self.key, None).await;
             }
             sleep_until(self.put_until).await;
-            result = delete_if_ours(&self.client, &self.key, None).await;
+            result = self.delete_until_answered(None).await;
         }
         if let Err(err) = result {
             tracing::warn!(key = self.key, error = %err, "removing the key of a cancelled acquire failed; the lease TTL ends it");
@@ -163,6 +167,31 @@ impl Cleanup for PendingKey {
         drop(self.slot);
     }
 }
+
+impl PendingKey {
+    /// Deletes the key (only if its create revision is `revision`, when known), again with
+    /// backoff while the delete fails in a retryable way, until a delete is answered, the
+    /// lease it is attached to is gone (and the key with it), or [`CLEANUP_GIVE_UP`].
+    async fn delete_until_answered(&self, revision: Option<i64>) -> Result<bool> {
+        let give_up = Instant::now() + CLEANUP_GIVE_UP;
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        loop {
+            let result = delete_if_ours(&self.client, &self.key, revision).await;
+            let pause = backoff.next_pause();
+            let retry = matches!(&result, Err(err) if err.is_retryable())
+                && self.session.holds_lease(self.lease)
+                && Instant::now() + pause < give_up;
+            if !retry {
+                return result;
+            }
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
+/// A cancelled acquire's delete that keeps failing is given up after this long; the
+/// lease ends the key then, at the client's end at the latest.
+const CLEANUP_GIVE_UP: Duration = Duration::from_secs(60);
 
 #[async_trait]
 impl Backend for EtcdBackend {
@@ -187,6 +216,8 @@ impl Backend for EtcdBackend {
         let key = slot.key(&prefix, lease.id);
         let mut pending = CleanupOnDrop::new(PendingKey {
             client: self.client.clone(),
+            session: Arc::clone(&self.session),
+            lease: lease.id,
             key: key.clone(),
             revision: None,
             // Enqueueing sends at most three puts, each within the request timeout.

@@ -120,6 +120,12 @@ impl Session {
         (Instant::now() < lease.valid_until()).then_some(lease)
     }
 
+    /// Whether lease `id` is the session's current lease: neither revoked by the client
+    /// nor replaced after it ran out.
+    pub(crate) fn holds_lease(&self, id: i64) -> bool {
+        self.current().is_some_and(|lease| lease.id == id)
+    }
+
     /// The lease `id` if it is still the current, live one.
     pub(crate) fn lease_by_id(&self, id: i64) -> Option<Lease> {
         self.live_lease().filter(|lease| lease.id == id)
