@@ -156,34 +156,51 @@ impl std::fmt::Debug for Outcome {
 /// command's end.
 async fn stop_first(
     scenario: &str,
-    mut holder: Child,
+    holder: Child,
     signal: Signal,
+    url: &str,
+    name: &str,
+    log: &EventLog,
+) -> Outcome {
+    let pid = pid_of(&holder);
+    let stop = move || kill(pid, signal).expect("signal lockctl");
+    let outcome = after_fault(holder, stop, url, name, log).await;
+    eprintln!("{signal}: {outcome:?}");
+    record(scenario, &outcome, url);
+    outcome
+}
+
+/// Once the first lockctl's command runs (it logs `A pid PID` first), applies `fault`,
+/// starts a second `lockctl run NAME` at once, and waits (bounded) for both and for the
+/// first command's end. The command's end is timed on its own: lockctl itself may take
+/// longer to exit (it closes its client, over a cut link within the request timeout).
+async fn after_fault(
+    mut holder: Child,
+    fault: impl FnOnce(),
     url: &str,
     name: &str,
     log: &EventLog,
 ) -> Outcome {
     let command = log.wait_for("A pid ").await;
     let command = Pid::from_raw(command["A pid ".len()..].parse().expect("a pid"));
-    kill(pid_of(&holder), signal).expect("signal lockctl");
+    fault();
     let sent = Instant::now();
     let mut second = lockctl(url, name, &[], SECOND, log);
-    let holder_status = wait_exit(&mut holder).await;
+    let (holder_status, command_died) = tokio::join!(wait_exit(&mut holder), async {
+        dies(command).await.then(|| sent.elapsed())
+    });
     let holder_exited = sent.elapsed();
-    let command_died = dies(command).await.then(|| sent.elapsed());
     if command_died.is_none() {
         let _ = kill(command, Signal::SIGKILL);
     }
     let second = wait_exit(&mut second).await;
-    let outcome = Outcome {
+    Outcome {
         holder: holder_status,
         holder_exited,
         command_died,
         second,
         lines: log.lines(),
-    };
-    eprintln!("{signal}: {outcome:?}");
-    record(scenario, &outcome, url);
-    outcome
+    }
 }
 
 /// Adds the outcome to the reliability report (under `make chaos`): a row per signal,
@@ -371,29 +388,9 @@ async fn a_cut_link_stops_a_stubborn_command_before_another_can_hold() {
     let log = EventLog::new();
     let name = lock_name();
     let stubborn = format!("trap '' TERM\n{BEATING}");
-    let mut holder = lockctl(&cut_url, &name, &["--grace", "1s"], &stubborn, &log);
-    let command = log.wait_for("A pid ").await;
-    let command = Pid::from_raw(command["A pid ".len()..].parse().expect("a pid"));
-    proxy.set_mode(ProxyMode::Blackhole);
-    let cut = Instant::now();
-    let mut second = lockctl(&url, &name, &[], SECOND, &log);
-    // The command's end is timed on its own: lockctl itself may take longer to exit
-    // (it closes its client over the cut link, bounded by the request timeout).
-    let (holder_status, command_died) = tokio::join!(wait_exit(&mut holder), async {
-        dies(command).await.then(|| cut.elapsed())
-    });
-    let holder_exited = cut.elapsed();
-    if command_died.is_none() {
-        let _ = kill(command, Signal::SIGKILL);
-    }
-    let second_status = wait_exit(&mut second).await;
-    let outcome = Outcome {
-        holder: holder_status,
-        holder_exited,
-        command_died,
-        second: second_status,
-        lines: log.lines(),
-    };
+    let holder = lockctl(&cut_url, &name, &["--grace", "1s"], &stubborn, &log);
+    let cut = || proxy.set_mode(ProxyMode::Blackhole);
+    let outcome = after_fault(holder, cut, &url, &name, &log).await;
     eprintln!("cut link: {outcome:?}");
     record("lockctl_run_link_cut", &outcome, &url);
 
