@@ -245,6 +245,14 @@ async fn redis_url() -> Option<(RedisServer, String)> {
     Some((server, url))
 }
 
+/// A Redis server, its URL, a fault proxy in front of it and the URL through the proxy.
+async fn redis_url_through_proxy() -> Option<(RedisServer, String, FaultProxy, String)> {
+    let (server, url) = redis_url().await?;
+    let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
+    let through = url.replacen(&server.addr().to_string(), &proxy.addr().to_string(), 1);
+    Some((server, url, proxy, through))
+}
+
 fn lock_name() -> String {
     format!("lockctl-signals/{}", uuid::Uuid::new_v4().simple())
 }
@@ -380,11 +388,9 @@ async fn a_command_ignoring_the_signal_is_killed_after_the_grace_period() {
 /// (with a link of its own) starts its command only after the first one's last line.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_link_stops_a_stubborn_command_before_another_can_hold() {
-    let Some((server, url)) = redis_url().await else {
+    let Some((_server, url, proxy, cut_url)) = redis_url_through_proxy().await else {
         return;
     };
-    let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
-    let cut_url = url.replacen(&server.addr().to_string(), &proxy.addr().to_string(), 1);
     let log = EventLog::new();
     let name = lock_name();
     let stubborn = format!("trap '' TERM\n{BEATING}");
@@ -412,14 +418,10 @@ async fn a_cut_link_stops_a_stubborn_command_before_another_can_hold() {
 /// completed under the lock, and a re-run must not be invited. lockctl warns on stderr.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_release_after_the_command_keeps_its_exit_status() {
-    let Some((server, url)) = redis_url().await else {
+    let Some((_server, _url, proxy, cut_url)) = redis_url_through_proxy().await else {
         return;
     };
-    let proxy = FaultProxy::start(server.addr()).await.expect("proxy");
-    let cut_url = format!(
-        "{}&request_timeout=300ms",
-        url.replacen(&server.addr().to_string(), &proxy.addr().to_string(), 1)
-    );
+    let cut_url = format!("{cut_url}&request_timeout=300ms");
     let log = EventLog::new();
     let name = lock_name();
     // The command waits for the link to be cut, then ends at once with status 0.
