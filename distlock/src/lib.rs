@@ -3,11 +3,11 @@
 //! # Cargo features
 //!
 //! Each backend is a feature; [`connect`] serves the schemes of those compiled in and names
-//! the feature to enable for the others.
+//! the feature to enable for the others. `memory://`, the in-process reference backend
+//! ([`memory`]), is always there.
 //!
 //! | feature | schemes | module |
 //! |---|---|---|
-//! | `memory` (default) | `memory://` | [`memory`] |
 //! | `redis` | `redis://`, `rediss://`, `redlock://`, `redis+sentinel://`, `rediss+sentinel://`, `redis+cluster://`, `rediss+cluster://` | `redis` |
 //! | `zookeeper` | `zk://` | `zookeeper` |
 //! | `etcd` | `etcd://`, `etcds://` | `etcd` |
@@ -17,7 +17,7 @@
 //! tokens: Redis or RedLock) is the dual lock of a migration between backends; see
 //! [`migration`] and docs/migration.md.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 pub use lock_core::*;
 
@@ -37,7 +37,6 @@ pub use lock_etcd as etcd;
 /// when it is not compiled in. (When it is, the schemes come from the backend itself; a
 /// test checks that the two agree.)
 const FEATURE_SCHEMES: &[(&str, &[&str])] = &[
-    ("memory", &["memory"]),
     (
         "redis",
         &[
@@ -54,32 +53,47 @@ const FEATURE_SCHEMES: &[(&str, &[&str])] = &[
     ("etcd", &["etcd", "etcds"]),
 ];
 
-/// The registry [`connect`] uses: every compiled-in backend, and a hint naming the
-/// feature for the others. Register a backend of your own here
-/// ([`raw::Registry::register_backend`]) to make [`connect`] serve it too.
-pub fn registry() -> &'static raw::Registry {
-    static REGISTRY: OnceLock<raw::Registry> = OnceLock::new();
-    REGISTRY.get_or_init(|| {
-        let registry = raw::Registry::new();
-        for (feature, schemes) in FEATURE_SCHEMES {
-            for scheme in *schemes {
-                registry.hint_unregistered(
-                    scheme,
-                    format!("enable the `{feature}` feature of the `distlock` crate"),
-                );
+/// The backend-author kit of [`lock_core::raw`], with the process-wide registry of this
+/// crate's backends.
+pub mod raw {
+    use std::sync::Once;
+
+    pub use lock_core::raw::*;
+
+    use super::{DRIVERS, FEATURE_SCHEMES};
+
+    /// The process-wide registry, the one [`connect`](crate::connect) reads: every backend compiled in, a hint
+    /// naming the feature for the others, and whatever the application registered itself
+    /// ([`register`]; a backend registered before the first call keeps its schemes).
+    pub fn registry() -> &'static Registry {
+        static FEATURES: Once = Once::new();
+        let registry = lock_core::raw::registry();
+        FEATURES.call_once(|| {
+            for (feature, schemes) in FEATURE_SCHEMES {
+                for scheme in *schemes {
+                    registry.hint_unregistered(
+                        scheme,
+                        format!("enable the `{feature}` feature of the `distlock` crate"),
+                    );
+                }
             }
-        }
-        #[cfg(feature = "memory")]
-        registry.register_backend::<memory::MemoryBackend>();
-        #[cfg(feature = "redis")]
-        registry.register_backend::<lock_redis::RedisBackend>();
-        #[cfg(feature = "zookeeper")]
-        registry.register_backend::<lock_zookeeper::ZkBackend>();
-        #[cfg(feature = "etcd")]
-        registry.register_backend::<lock_etcd::EtcdBackend>();
+            for driver in DRIVERS {
+                registry.register_missing(*driver);
+            }
+        });
         registry
-    })
+    }
 }
+
+/// The drivers of the backends compiled in (memory is always there).
+const DRIVERS: &[raw::Driver] = &[
+    #[cfg(feature = "redis")]
+    raw::Driver::of::<lock_redis::RedisBackend>(),
+    #[cfg(feature = "zookeeper")]
+    raw::Driver::of::<lock_zookeeper::ZkBackend>(),
+    #[cfg(feature = "etcd")]
+    raw::Driver::of::<lock_etcd::EtcdBackend>(),
+];
 
 /// Connects a lock client for `url`, on whichever compiled-in backend serves its scheme.
 ///
@@ -99,7 +113,7 @@ pub fn registry() -> &'static raw::Registry {
 /// for a backend not compiled in, the feature to enable; whatever the backend reports
 /// when it cannot connect ([`Error::Connection`] within the request timeout).
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
-    registry().connect(url).await
+    raw::registry().connect(url).await
 }
 
 #[cfg(test)]
@@ -110,13 +124,12 @@ mod tests {
     async fn a_backend_not_compiled_in_names_its_feature() {
         for (feature, schemes) in FEATURE_SCHEMES {
             let compiled_in = match *feature {
-                "memory" => cfg!(feature = "memory"),
                 "redis" => cfg!(feature = "redis"),
                 "zookeeper" => cfg!(feature = "zookeeper"),
                 "etcd" => cfg!(feature = "etcd"),
                 other => panic!("feature {other} missing from this test"),
             };
-            let registered = registry().schemes();
+            let registered = raw::registry().schemes();
             for scheme in *schemes {
                 assert_eq!(
                     registered.contains(&scheme.to_string()),
@@ -138,6 +151,7 @@ mod tests {
     }
 
     #[test]
+    #[cfg(any(feature = "redis", feature = "zookeeper", feature = "etcd"))]
     fn feature_table_matches_the_backends() {
         use raw::Connect;
         let table = |feature: &str| {
@@ -146,10 +160,6 @@ mod tests {
                 .find(|(name, _)| *name == feature)
                 .map(|(_, schemes)| schemes.to_vec())
         };
-        assert_eq!(
-            table("memory"),
-            Some(memory::MemoryBackend::SCHEMES.to_vec())
-        );
         #[cfg(feature = "redis")]
         assert_eq!(
             table("redis"),

@@ -81,7 +81,11 @@ impl Connect for Relay {
     fn config_from_url(url: &LockUrl) -> Result<Self::Config> {
         let mut memory = url.clone();
         memory.scheme = "memory".to_owned();
-        let space = url.hosts.first().map(|h| h.host.clone()).unwrap_or_default();
+        let space = url
+            .hosts
+            .first()
+            .map(|h| h.host.clone())
+            .unwrap_or_default();
         Ok((space, MemoryBackend::config_from_url(&memory)?))
     }
 

@@ -10,8 +10,9 @@ mod fleet;
 
 use std::time::Duration;
 
+use distlock::migration::Side;
 use distlock::migration::{CheckOptions, CheckReport, Step};
-use distlock::{LockName, Side};
+use distlock::LockName;
 use fleet::{Fleet, Member, Spec, Summary};
 
 /// Cycles of each distlock member of a mixed fleet.
@@ -131,7 +132,7 @@ async fn roll(
 
 async fn check(fleet: &Fleet, step: Step) -> CheckReport {
     let name = LockName::new(fleet.name.as_str()).expect("name");
-    let report = distlock::registry()
+    let report = distlock::raw::registry()
         .migration_check(&fleet.dual(), step, &[name], &CHECK)
         .await
         .expect("the check runs");

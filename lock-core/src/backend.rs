@@ -12,9 +12,9 @@ use tokio::time::Instant;
 
 use crate::capabilities::Capabilities;
 use crate::error::Result;
-use crate::guard::LostReason;
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
+use crate::state::LostReason;
 use crate::token::{FencingToken, OwnerToken};
 
 /// One acquisition asked of a backend.

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::guard::LostReason;
+use crate::state::LostReason;
 
 /// A boxed error from a backend client library, kept as the source of an [`Error`].
 pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;

@@ -2,7 +2,11 @@
 
 mod backend;
 mod capabilities;
+mod driver;
+mod erased;
 mod error;
+mod ext;
+mod global;
 mod guard;
 mod lease;
 mod lock;
@@ -13,25 +17,21 @@ pub mod migration;
 mod name;
 mod occupancy;
 mod options;
+mod plumbing;
 pub mod raw;
 mod registry;
-mod run;
+mod state;
 mod token;
 
+// The user API, in one screen. The backend-author kit is in [`raw`].
 pub use capabilities::{Capabilities, FencingSource};
-pub use error::{BoxError, Error, ErrorKind, Result};
-pub use guard::{LockGuard, LockState, LockWatch, LostReason, ReleaseOutcome, Side};
-pub use lock::{DistributedLock, DistributedLockExt};
-pub use metrics::describe_metrics;
-pub use name::{LockName, MAX_NAME_BYTES};
+pub use error::{Error, ErrorKind, Result};
+pub use ext::{DistributedLockExt, LockContext, RunOutcome};
+pub use global::connect;
+pub use guard::{LockGuard, LockWatch};
+pub use lock::DistributedLock;
+pub use name::LockName;
 pub use occupancy::{Occupancy, Participant};
-pub use options::{
-    AcquireOptions, LockOptions, RenewalMode, Wait, DEFAULT_RECHECK, DEFAULT_REQUEST_TIMEOUT,
-    DEFAULT_TTL, MAX_DURATION,
-};
-pub use registry::connect;
-pub use run::{LockContext, RunOutcome};
+pub use options::{AcquireOptions, LockOptions, RenewalMode, Wait};
+pub use state::{LockState, LostReason, ReleaseOutcome};
 pub use token::{FencingToken, OwnerId, OwnerToken};
-
-/// The instant type used for validity deadlines (tokio's monotonic clock).
-pub use tokio::time::Instant;

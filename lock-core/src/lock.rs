@@ -1,9 +1,7 @@
-//! The `DistributedLock` trait, its extension trait, and forwarding impls.
+//! The `DistributedLock` trait and its forwarding impls.
 
 use std::fmt;
-use std::future::Future;
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 
@@ -13,7 +11,6 @@ use crate::guard::LockGuard;
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::options::{AcquireOptions, LockOptions, Wait};
-use crate::run::{run_locked, LockContext, RunOutcome};
 
 /// A distributed lock service: Redis, ZooKeeper, etcd or the in-memory reference.
 ///
@@ -169,69 +166,6 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// tried; the server-side expiry ends what could not be removed.
     async fn close(&self) -> Result<()> {
         Ok(())
-    }
-}
-
-/// Convenience methods for every [`DistributedLock`], `dyn` included.
-pub trait DistributedLockExt: DistributedLock {
-    /// One attempt: `Ok(None)` if another owner holds `name`.
-    fn try_lock(&self, name: &str) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
-        async move {
-            let name = LockName::new(name)?;
-            self.acquire(&name, &AcquireOptions::try_once()).await
-        }
-    }
-
-    /// Waits until `name` is acquired.
-    fn lock(&self, name: &str) -> impl Future<Output = Result<LockGuard>> + Send {
-        async move {
-            let name = LockName::new(name)?;
-            self.acquire(&name, &AcquireOptions::forever())
-                .await?
-                .ok_or_else(|| unexpected_none(&name))
-        }
-    }
-
-    /// Waits at most `timeout` for `name`.
-    fn lock_timeout(
-        &self,
-        name: &str,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<LockGuard>> + Send {
-        async move {
-            let name = LockName::new(name)?;
-            self.acquire(&name, &AcquireOptions::timeout(timeout))
-                .await?
-                .ok_or_else(|| unexpected_none(&name))
-        }
-    }
-
-    /// Acquires `name`, runs `work` while holding it, and releases it.
-    ///
-    /// If the lock is lost while `work` runs, `work` is dropped (cancelled at its next
-    /// await point) and the outcome says why. See [`RunOutcome`].
-    fn with_lock<F, Fut, T>(
-        &self,
-        name: &str,
-        options: &AcquireOptions,
-        work: F,
-    ) -> impl Future<Output = Result<RunOutcome<T>>> + Send
-    where
-        F: FnOnce(LockContext) -> Fut + Send,
-        Fut: Future<Output = T> + Send,
-        T: Send,
-    {
-        run_locked(self, name, options, work)
-    }
-}
-
-impl<L: DistributedLock + ?Sized> DistributedLockExt for L {}
-
-fn unexpected_none(name: &LockName) -> Error {
-    Error::Protocol {
-        backend: "distlock",
-        message: format!("waiting acquire of `{name}` ended without a lock"),
-        source: None,
     }
 }
 

@@ -16,14 +16,15 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::backend::{AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome};
 use crate::capabilities::{Capabilities, FencingSource};
+use crate::driver::Connect;
 use crate::error::{Error, Result};
-use crate::guard::LostReason;
 use crate::lease::LeaseClient;
 use crate::lock_url::LockUrl;
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::options::LockOptions;
-use crate::raw::{lock_unpoisoned, Connect};
+use crate::plumbing::lock_unpoisoned;
+use crate::state::LostReason;
 use crate::token::{FencingToken, OwnerToken};
 
 /// A lock client on the in-memory backend.

@@ -23,9 +23,10 @@ use tokio::time::Instant;
 
 use crate::backend::RenewOutcome;
 use crate::error::{Error, ErrorKind};
-use crate::guard::{LockGuard, LostReason};
+use crate::guard::{HoldObserver, LockGuard};
 use crate::name::LockName;
-use crate::raw::lock_unpoisoned;
+use crate::plumbing::lock_unpoisoned;
+use crate::state::LostReason;
 
 /// Acquire calls.
 pub const ACQUIRE_ATTEMPTS: &str = "distlock_acquire_attempts_total";
@@ -459,5 +460,11 @@ impl HoldMetrics {
         if self.phase.load(Ordering::Acquire) == PHASE_ENDED {
             self.series.lost(reason);
         }
+    }
+}
+
+impl HoldObserver for HoldMetrics {
+    fn ended(&self, reason: LostReason) {
+        self.end(reason);
     }
 }

@@ -1,31 +1,29 @@
-//! Selecting a backend from a URL: backends register their schemes; [`connect`] builds
-//! the client for a URL. A scheme known to be served by code that is not compiled in can
-//! carry a hint saying how to add it.
+//! Selecting a backend from a URL: a [`Registry`] keeps the [`Driver`] of each backend by
+//! scheme and builds the client for a URL. URLs made of other URLs (the dual lock's
+//! `dual:<old>|<new>`) are served by a composer, which opens its parts through the same
+//! registry. A scheme known to be served by code that is not compiled in can carry a hint
+//! saying how to add it.
 
 use std::collections::BTreeMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 
+use crate::driver::Driver;
+use crate::erased::Opened;
 use crate::error::{Error, Result};
 use crate::lock::DistributedLock;
 use crate::lock_url::LockUrl;
-use crate::migration::DualConfig;
-use crate::raw::erased::Opened;
-use crate::raw::{lock_unpoisoned, Connect};
+use crate::plumbing::lock_unpoisoned;
 
-/// A future that builds a lock client.
-pub type ConnectFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>>> + Send>>;
+/// A future that builds a client for a composed URL, borrowing the registry it opens
+/// the parts with.
+pub(crate) type ComposeFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>>> + Send + 'a>>;
 
-/// Builds a lock client from a parsed URL.
-pub type Connector = fn(LockUrl) -> ConnectFuture;
-
-/// A future that opens a backend without a lease client (a side of a dual lock).
-pub(crate) type OpenFuture = Pin<Box<dyn Future<Output = Result<Opened>> + Send>>;
-
-/// Opens a backend from a parsed URL.
-type Opener = fn(LockUrl) -> OpenFuture;
+/// Builds a client for a whole composed URL (`prefix:…`) through a registry.
+pub(crate) type Composer = for<'a> fn(&'a Registry, &'a str) -> ComposeFuture<'a>;
 
 /// A table of URL schemes and the backends that serve them.
 #[derive(Default)]
@@ -35,9 +33,9 @@ pub struct Registry {
 
 #[derive(Default)]
 struct Schemes {
-    connectors: BTreeMap<String, Connector>,
-    /// The schemes whose backend can be a side of a dual lock.
-    openers: BTreeMap<String, Opener>,
+    drivers: BTreeMap<String, Driver>,
+    /// URL prefixes (before the first `:`) whose URLs are made of other URLs.
+    composers: BTreeMap<String, Composer>,
     /// Schemes not served here, with how to add them.
     hints: BTreeMap<String, String>,
 }
@@ -56,23 +54,30 @@ impl Registry {
         Self::default()
     }
 
-    /// Registers every scheme of backend `B`, replacing any earlier connector.
-    pub fn register_backend<B: Connect>(&self) {
-        for scheme in B::SCHEMES {
-            self.register(scheme, crate::raw::connect_url::<B>);
-            lock_unpoisoned(&self.schemes)
-                .openers
-                .insert(scheme.to_ascii_lowercase(), crate::raw::open_url::<B>);
+    /// Registers every scheme of `driver`, replacing any earlier driver of them.
+    pub fn register(&self, driver: Driver) {
+        let mut schemes = lock_unpoisoned(&self.schemes);
+        for scheme in driver.schemes() {
+            schemes.drivers.insert(scheme.to_ascii_lowercase(), driver);
         }
     }
 
-    /// Registers `connector` for `scheme`, replacing any earlier one: for a client that
-    /// implements [`DistributedLock`] by itself rather than through a [`Connect`] backend.
-    pub fn register(&self, scheme: &str, connector: Connector) {
-        let scheme = scheme.to_ascii_lowercase();
+    /// Registers the schemes of `driver` that no driver serves yet.
+    pub fn register_missing(&self, driver: Driver) {
         let mut schemes = lock_unpoisoned(&self.schemes);
-        schemes.openers.remove(&scheme);
-        schemes.connectors.insert(scheme, connector);
+        for scheme in driver.schemes() {
+            schemes
+                .drivers
+                .entry(scheme.to_ascii_lowercase())
+                .or_insert(driver);
+        }
+    }
+
+    /// Serves URLs that start with `prefix:` with `composer`.
+    pub(crate) fn register_composer(&self, prefix: &str, composer: Composer) {
+        lock_unpoisoned(&self.schemes)
+            .composers
+            .insert(prefix.to_ascii_lowercase(), composer);
     }
 
     /// Records how to add `scheme` when it is not registered (say, which feature or crate
@@ -86,7 +91,7 @@ impl Registry {
     /// The registered schemes, sorted.
     pub fn schemes(&self) -> Vec<String> {
         lock_unpoisoned(&self.schemes)
-            .connectors
+            .drivers
             .keys()
             .cloned()
             .collect()
@@ -100,54 +105,44 @@ impl Registry {
     /// which may hold a password); [`Error::UnknownScheme`] listing the known schemes
     /// and the hint recorded for the missing one, if any; whatever the backend reports.
     pub async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
-        if let Some(dual) = DualConfig::from_url(url)? {
-            return self.connect_dual(&dual).await;
+        if let Some(composer) = self.composer(url) {
+            return composer(self, url).await;
         }
         let parsed = LockUrl::parse(url)?;
-        let connector = {
-            let schemes = lock_unpoisoned(&self.schemes);
-            match schemes.connectors.get(&parsed.scheme) {
-                Some(connector) => *connector,
-                None => return Err(schemes.unknown(parsed.scheme)),
-            }
-        };
-        connector(parsed).await
+        let driver = self.driver(&parsed.scheme)?;
+        driver.connect(parsed).await
     }
 
-    /// Builds a dual (migration) lock client from `config`, as [`Registry::connect`] does
-    /// for its `dual:` URL.
+    /// Opens the backend of `url` without a lease client, for a part of a composed URL.
     ///
     /// # Errors
-    /// As [`Registry::connect`] for either side, [`Error::InvalidConfig`] when the two
-    /// URLs give different lock options, [`Error::Unsupported`] for a new side whose
-    /// fencing tokens cannot be raised.
-    pub async fn connect_dual(&self, config: &DualConfig) -> Result<Arc<dyn DistributedLock>> {
-        crate::migration::connect_dual(self, config).await
-    }
-
-    /// Opens the backend of `url` without a lease client, for a side of a dual lock.
+    /// As [`Registry::connect`]; [`Error::InvalidConfig`] for a composed URL.
     pub(crate) async fn open(&self, url: &str) -> Result<Opened> {
-        if DualConfig::from_url(url)?.is_some() {
-            return Err(Error::config("a side of a dual lock cannot be a dual lock"));
+        if self.composer(url).is_some() {
+            return Err(Error::config(
+                "a composed URL cannot be opened as one backend",
+            ));
         }
         let parsed = LockUrl::parse(url)?;
-        let opener = {
-            let schemes = lock_unpoisoned(&self.schemes);
-            match schemes.openers.get(&parsed.scheme) {
-                Some(opener) => *opener,
-                None if schemes.connectors.contains_key(&parsed.scheme) => {
-                    return Err(Error::Unsupported {
-                        backend: "dual",
-                        operation: format!(
-                            "{}:// as a side (a client registered without its backend)",
-                            parsed.scheme
-                        ),
-                    })
-                }
-                None => return Err(schemes.unknown(parsed.scheme)),
-            }
-        };
-        opener(parsed).await
+        let driver = self.driver(&parsed.scheme)?;
+        driver.open(parsed).await
+    }
+
+    /// The composer of `url`'s prefix, if it is a composed URL.
+    fn composer(&self, url: &str) -> Option<Composer> {
+        let (prefix, _) = url.trim().split_once(':')?;
+        lock_unpoisoned(&self.schemes)
+            .composers
+            .get(&prefix.to_ascii_lowercase())
+            .copied()
+    }
+
+    fn driver(&self, scheme: &str) -> Result<Driver> {
+        let schemes = lock_unpoisoned(&self.schemes);
+        match schemes.drivers.get(scheme) {
+            Some(driver) => Ok(*driver),
+            None => Err(schemes.unknown(scheme.to_owned())),
+        }
     }
 }
 
@@ -159,30 +154,10 @@ impl Schemes {
                 .get(&scheme)
                 .map(|hint| format!(" ({hint})"))
                 .unwrap_or_default(),
-            known: self.connectors.keys().cloned().collect(),
+            known: self.drivers.keys().cloned().collect(),
             scheme,
         }
     }
-}
-
-/// The process-wide registry, with `memory://` registered.
-pub fn registry() -> &'static Registry {
-    static GLOBAL: OnceLock<Registry> = OnceLock::new();
-    GLOBAL.get_or_init(|| {
-        let registry = Registry::new();
-        registry.register_backend::<crate::memory::MemoryBackend>();
-        registry
-    })
-}
-
-/// Builds a client for `url` from the process-wide [`registry`]: `memory://` and the
-/// backends registered with [`raw::register`](crate::raw::register). Applications use
-/// `distlock::connect`, which serves every backend compiled into the `distlock` crate.
-///
-/// # Errors
-/// See [`Registry::connect`].
-pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
-    registry().connect(url).await
 }
 
 #[cfg(test)]
@@ -213,7 +188,7 @@ mod tests {
     impl Registry {
         fn new_with_memory() -> Self {
             let registry = Registry::new();
-            registry.register_backend::<crate::memory::MemoryBackend>();
+            registry.register(Driver::of::<crate::memory::MemoryBackend>());
             registry.hint_unregistered("ZZ", "enable zz");
             registry
         }

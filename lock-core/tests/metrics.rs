@@ -16,9 +16,10 @@ use ::metrics::{
 };
 use lock_core::memory::{MemoryBackend, MemoryLock, MemorySpace};
 use lock_core::metrics::{self, METRICS};
+use lock_core::migration::Side;
 use lock_core::{
     AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, LockOptions,
-    LostReason, ReleaseOutcome, Side,
+    LostReason, ReleaseOutcome,
 };
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use tokio::time::{sleep, timeout};

@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::memory::MemorySpace;
+use lock_core::migration::Side;
 use lock_core::migration::{CheckOptions, Step};
 use lock_core::{
     connect, AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, LostReason,
-    Side,
 };
 use tokio::time::{sleep, timeout};
 

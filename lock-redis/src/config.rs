@@ -485,7 +485,7 @@ impl RedisConfig {
             return Err(Error::config("the database number must not be negative"));
         }
         if let Some(timeout) = self.node_timeout {
-            if timeout.is_zero() || timeout > lock_core::MAX_DURATION {
+            if timeout.is_zero() || timeout > lock_core::raw::MAX_DURATION {
                 return Err(Error::config(
                     "node_timeout must be greater than zero and at most one year",
                 ));

@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-use lock_core::{BoxError, Error};
+use lock_core::raw::BoxError;
+use lock_core::Error;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 /// Server error codes that mean "reachable, but cannot serve now".

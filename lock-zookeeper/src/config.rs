@@ -263,7 +263,7 @@ impl ZkConfig {
         if self.acl == ZkAcl::Creator && self.username.is_none() {
             return Err(Error::config("acl=creator needs digest credentials"));
         }
-        if self.connect_timeout.is_zero() || self.connect_timeout > lock_core::MAX_DURATION {
+        if self.connect_timeout.is_zero() || self.connect_timeout > lock_core::raw::MAX_DURATION {
             return Err(Error::config(
                 "connect_timeout must be between 0 and one year",
             ));

@@ -261,7 +261,7 @@ async fn zks_mutual_tls_and_its_refusals() {
         ReleaseOutcome::Released
     );
 
-    let limit = lock_core::DEFAULT_REQUEST_TIMEOUT;
+    let limit = lock_core::raw::DEFAULT_REQUEST_TIMEOUT;
     for (case, query) in [
         (
             "a CA that did not sign the server",

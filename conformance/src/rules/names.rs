@@ -3,9 +3,10 @@
 use std::time::Duration;
 
 use futures::future::join_all;
+use lock_core::raw::MAX_NAME_BYTES;
 use lock_core::{
     AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, LockOptions,
-    LockState, ReleaseOutcome, MAX_NAME_BYTES,
+    LockState, ReleaseOutcome,
 };
 use tokio::time::sleep;
 

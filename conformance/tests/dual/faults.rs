@@ -17,7 +17,8 @@ use conformance::dual::{DualFactory, SideFactory, Sides};
 use conformance::proxy::ProxyMode;
 use conformance::rules::{eventually_empty, unique_name};
 use conformance::{lock_patiently, with_ttl, Factory};
-use lock_core::{DistributedLock, DistributedLockExt, LockOptions, LostReason, Side};
+use lock_core::migration::Side;
+use lock_core::{DistributedLock, DistributedLockExt, LockOptions, LostReason};
 use lock_zookeeper::lock_dir;
 use tokio::time::{sleep, timeout, Instant};
 

@@ -18,7 +18,7 @@ async fn main() -> distlock::Result<()> {
     );
     println!(
         "valid for another {:?}",
-        guard.valid_until() - distlock::Instant::now()
+        guard.valid_until() - tokio::time::Instant::now()
     );
     match guard.release().await? {
         ReleaseOutcome::Released => println!("released"),

@@ -79,7 +79,7 @@ async fn main() -> Result<(), BoxError> {
     // The recorder first (`install_exporter`): a lock client takes its metric handles when
     // it is made.
     let addr = serve_metrics(metrics_port(cli.port)?)?;
-    distlock::describe_metrics();
+    distlock::metrics::describe_metrics();
     let locks = distlock::connect(&examples::lock_url()).await?;
     // --- end of the taught part ---
 

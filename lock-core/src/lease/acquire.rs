@@ -177,6 +177,7 @@ impl<B: Backend> Keeper<B> {
         let cap = options.max_hold.or(self.options.max_hold);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let planned = acquired.requested_at + ttl / 3;
+        let metrics = Arc::new(HoldMetrics::new(Arc::clone(series), now));
         let info = Arc::new(HoldInfo {
             id,
             name: name.clone(),
@@ -185,10 +186,11 @@ impl<B: Backend> Keeper<B> {
             acquired_at: acquired.requested_at,
             valid_until: Arc::new(AtomicInstant::new(self.base, valid_until)),
             state: Mutex::new(StateSlot::new(LockState::Held)),
-            metrics: HoldMetrics::new(Arc::clone(series), now),
+            observer: Arc::clone(&metrics) as Arc<dyn HoldObserver>,
         });
         let entry = Entry {
             info: Arc::clone(&info),
+            metrics,
             hold: Arc::new(acquired.hold),
             ttl,
             renewal,
@@ -240,7 +242,7 @@ impl<B: Backend> Keeper<B> {
         };
         // Counted before anything else can see the hold, so that whatever ends it finds
         // it counted.
-        info.metrics.start();
+        entry.metrics.start();
         table.holds.insert(id, entry);
         drop(table);
         if wake {

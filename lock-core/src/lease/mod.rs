@@ -23,15 +23,14 @@ use crate::backend::{
 };
 use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
-use crate::guard::{
-    AtomicInstant, HoldInfo, HoldOps, LockGuard, LockState, LostReason, ReleaseOutcome, StateSlot,
-};
+use crate::guard::{AtomicInstant, HoldInfo, HoldObserver, HoldOps, LockGuard, StateSlot};
 use crate::lock::{check_wait, DistributedLock};
 use crate::metrics::{ClientMetrics, HoldMetrics, Renewal, Series};
 use crate::name::{check_prefix, LockName};
 use crate::occupancy::{Occupancy, Participant};
 use crate::options::{check_duration, AcquireOptions, LockOptions, RenewalMode, Wait};
-use crate::raw::{lock_unpoisoned, Background, Backoff};
+use crate::plumbing::{lock_unpoisoned, Background, Backoff};
+use crate::state::{LockState, LostReason, ReleaseOutcome};
 use crate::token::{OwnerId, OwnerToken};
 
 /// The safety margin taken off every lease: 1 % of it plus 2 ms, for clock-rate drift

@@ -35,7 +35,7 @@ impl<B: Backend> Keeper<B> {
             return;
         }
         let result = self.retry_release(HoldEnd::of(&entry), &entry.hold).await;
-        found_at_release(&entry.info, prior, &result);
+        found_at_release(&entry.metrics, prior, &result);
         if let Err(err) = result {
             tracing::warn!(lock = %entry.info.name, error = %err, "release failed; the server-side lease ends the hold");
         }
@@ -71,7 +71,7 @@ impl<B: Backend> Keeper<B> {
             }));
         }
         let result = self.release_hold(&entry.hold).await;
-        found_at_release(&entry.info, prior, &result);
+        found_at_release(&entry.metrics, prior, &result);
         match (prior, result) {
             (_, Err(err)) => Err(err),
             (LockState::Lost(reason), _) => Ok(ReleaseOutcome::AlreadyLost(reason)),
@@ -218,13 +218,13 @@ where
 /// Counts the loss a release `found` of a hold whose state before its guard released it
 /// was `prior`: gone on the server while it still counted as held (a loss noticed only
 /// then, which no transition to Lost counted).
-fn found_at_release(info: &HoldInfo, prior: LockState, found: &Result<BackendRelease>) {
+fn found_at_release(metrics: &HoldMetrics, prior: LockState, found: &Result<BackendRelease>) {
     let unnoticed = matches!(
         prior,
         LockState::Held | LockState::Suspect | LockState::Lost(LostReason::Released)
     );
     if let (true, Ok(BackendRelease::NotOwner(reason))) = (unnoticed, found) {
-        info.metrics.found_lost(*reason);
+        metrics.found_lost(*reason);
     }
 }
 

@@ -42,7 +42,7 @@ impl<B: Backend> Keeper<B> {
             Err(Error::Lost { .. }) => Renewal::Lost,
             Err(_) => Renewal::Failed,
         };
-        extension.info.metrics.series().renewal(outcome, None);
+        extension.metrics.series().renewal(outcome, None);
         if let Some((hold, end)) = ended {
             // Lost already: free what the server still keeps before saying so, or (past
             // the request timeout) in the background.
@@ -87,6 +87,7 @@ impl<B: Backend> Keeper<B> {
         Ok(Some(Extension {
             hold: Arc::clone(&entry.hold),
             info: Arc::clone(&entry.info),
+            metrics: Arc::clone(&entry.metrics),
             ttl: effective,
             _renewing: Renewing {
                 keeper: self,
@@ -255,6 +256,7 @@ impl<B: Backend> Keeper<B> {
                         hold: Arc::clone(&entry.hold),
                         ttl,
                         info: Arc::clone(&entry.info),
+                        metrics: Arc::clone(&entry.metrics),
                         planned: entry.renew_planned,
                     })
                 })
@@ -303,7 +305,7 @@ impl<B: Backend> Keeper<B> {
         let mut ended = Vec::new();
         let count = |due: &DueHold<B::Hold>, outcome| {
             let lag = requested_at.saturating_duration_since(due.planned);
-            due.info.metrics.series().renewal(outcome, Some(lag));
+            due.metrics.series().renewal(outcome, Some(lag));
         };
         match result {
             Ok(outcomes) => {
@@ -425,6 +427,7 @@ struct DueHold<H> {
     hold: Arc<H>,
     ttl: Duration,
     info: Arc<HoldInfo>,
+    metrics: Arc<HoldMetrics>,
     /// When the renewal was planned ([`Entry::renew_planned`]).
     planned: Instant,
 }
@@ -433,6 +436,7 @@ struct DueHold<H> {
 struct Extension<'a, B: Backend> {
     hold: Arc<B::Hold>,
     info: Arc<HoldInfo>,
+    metrics: Arc<HoldMetrics>,
     ttl: Duration,
     _renewing: Renewing<'a, B>,
 }

@@ -6,6 +6,8 @@ use super::*;
 /// One tracked hold.
 pub(super) struct Entry<H> {
     pub(super) info: Arc<HoldInfo>,
+    /// The hold's metrics, also its [`HoldInfo::observer`].
+    pub(super) metrics: Arc<HoldMetrics>,
     pub(super) hold: Arc<H>,
     pub(super) ttl: Duration,
     pub(super) renewal: RenewalMode,

@@ -11,13 +11,13 @@ use serde::{Deserialize, Serialize};
 use tokio::time::{sleep, Instant};
 
 use super::{is_dual_token, DualConfig};
+use crate::erased::AnyBackend;
 use crate::error::{Error, Result};
-use crate::guard::Side;
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::options::format_duration;
-use crate::raw::erased::AnyBackend;
 use crate::registry::Registry;
+use crate::state::Side;
 
 /// A step of a migration, named by the phase processes leave and the one they enter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]

@@ -16,13 +16,13 @@ use crate::backend::{
     SessionStatus,
 };
 use crate::capabilities::Capabilities;
+use crate::erased::{AnyBackend, AnyHold};
 use crate::error::{Error, Result};
-use crate::guard::{LostReason, Side};
 use crate::lease::{release_patiently, validity_deadline, ServerEnd};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
-use crate::raw::erased::{AnyBackend, AnyHold};
-use crate::raw::{lock_unpoisoned, Background, Cleanup, CleanupOnDrop};
+use crate::plumbing::{lock_unpoisoned, Background, Cleanup, CleanupOnDrop};
+use crate::state::{LostReason, Side};
 use crate::token::OwnerToken;
 
 /// The two backends of a dual lock.

@@ -41,8 +41,9 @@ use crate::error::{Error, Result};
 use crate::lease::LeaseClient;
 use crate::lock::DistributedLock;
 use crate::options::LockOptions;
-use crate::registry::Registry;
+use crate::registry::{ComposeFuture, Registry};
 
+pub use crate::state::Side;
 pub use check::{CheckOptions, CheckReport, Role, Sighting, Step, TokenGap};
 use dual::DualBackend;
 
@@ -118,15 +119,39 @@ impl std::fmt::Debug for DualConfig {
     }
 }
 
-/// Opens both sides of `config` through `registry` and wraps them in one lock client.
-pub(crate) async fn connect_dual(
-    registry: &Registry,
-    config: &DualConfig,
-) -> Result<Arc<dyn DistributedLock>> {
-    let (old, new) = tokio::try_join!(registry.open(&config.old), registry.open(&config.new))?;
-    let options = agreed_options(&old.options, &new.options)?;
-    let backend = DualBackend::new(old.backend, new.backend, options.request_timeout)?;
-    Ok(Arc::new(LeaseClient::new(backend, options)?))
+/// Makes `registry` serve `dual:<old url>|<new url>`, opening both sides through itself.
+pub(crate) fn register_dual(registry: &Registry) {
+    registry.register_composer(DUAL_PREFIX.trim_end_matches(':'), connect_dual_url);
+}
+
+fn connect_dual_url<'a>(registry: &'a Registry, url: &'a str) -> ComposeFuture<'a> {
+    Box::pin(async move {
+        let config = DualConfig::from_url(url)?.ok_or_else(|| {
+            Error::config("malformed dual lock URL: expected `dual:<old url>|<new url>`")
+        })?;
+        registry.connect_dual(&config).await
+    })
+}
+
+impl Registry {
+    /// Builds a dual (migration) lock client from `config`, as [`Registry::connect`] does
+    /// for its `dual:` URL: both sides are opened through this registry.
+    ///
+    /// # Errors
+    /// As [`Registry::connect`] for either side, [`Error::InvalidConfig`] when the two
+    /// URLs give different lock options, [`Error::Unsupported`] for a new side whose
+    /// fencing tokens cannot be raised.
+    pub async fn connect_dual(&self, config: &DualConfig) -> Result<Arc<dyn DistributedLock>> {
+        for side in [&config.old, &config.new] {
+            if DualConfig::from_url(side)?.is_some() {
+                return Err(Error::config("a side of a dual lock cannot be a dual lock"));
+            }
+        }
+        let (old, new) = tokio::try_join!(self.open(&config.old), self.open(&config.new))?;
+        let options = agreed_options(&old.options, &new.options)?;
+        let backend = DualBackend::new(old.backend, new.backend, options.request_timeout)?;
+        Ok(Arc::new(LeaseClient::new(backend, options)?))
+    }
 }
 
 /// The lock options of a dual client: both URLs must give the same.

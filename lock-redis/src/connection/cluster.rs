@@ -533,7 +533,7 @@ impl Shards {
         let (at, source) = match refused {
             Some((node, err)) => (
                 node.label.clone(),
-                Some(Box::new(err) as lock_core::BoxError),
+                Some(Box::new(err) as lock_core::raw::BoxError),
             ),
             None => (self.label(), None),
         };

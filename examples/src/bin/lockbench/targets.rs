@@ -294,7 +294,12 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
         "dual" => "dual",
         _ => "memory",
     };
-    if scheme != "dual" && !distlock::registry().schemes().iter().any(|s| s == scheme) {
+    if scheme != "dual"
+        && !distlock::raw::registry()
+            .schemes()
+            .iter()
+            .any(|s| s == scheme)
+    {
         return Err(format!("no backend serves {scheme}:// in this build"));
     }
     match backend {

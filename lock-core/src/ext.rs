@@ -1,13 +1,79 @@
-//! Scoped runs: do some work while holding a lock, cancelled when the lock is lost.
+//! [`DistributedLockExt`]: the convenience methods of every lock, and scoped runs (do some
+//! work while holding a lock, cancelled when the lock is lost).
 
 use std::future::Future;
+use std::time::Duration;
 
-use crate::error::Result;
-use crate::guard::{LockWatch, LostReason, ReleaseOutcome};
+use crate::error::{Error, Result};
+use crate::guard::{LockGuard, LockWatch};
 use crate::lock::DistributedLock;
 use crate::name::LockName;
 use crate::options::AcquireOptions;
+use crate::state::{LostReason, ReleaseOutcome};
 use crate::token::FencingToken;
+
+/// Convenience methods for every [`DistributedLock`], `dyn` included.
+pub trait DistributedLockExt: DistributedLock {
+    /// One attempt: `Ok(None)` if another owner holds `name`.
+    fn try_lock(&self, name: &str) -> impl Future<Output = Result<Option<LockGuard>>> + Send {
+        async move {
+            let name = LockName::new(name)?;
+            self.acquire(&name, &AcquireOptions::try_once()).await
+        }
+    }
+
+    /// Waits until `name` is acquired.
+    fn lock(&self, name: &str) -> impl Future<Output = Result<LockGuard>> + Send {
+        async move {
+            let name = LockName::new(name)?;
+            self.acquire(&name, &AcquireOptions::forever())
+                .await?
+                .ok_or_else(|| unexpected_none(&name))
+        }
+    }
+
+    /// Waits at most `timeout` for `name`.
+    fn lock_timeout(
+        &self,
+        name: &str,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<LockGuard>> + Send {
+        async move {
+            let name = LockName::new(name)?;
+            self.acquire(&name, &AcquireOptions::timeout(timeout))
+                .await?
+                .ok_or_else(|| unexpected_none(&name))
+        }
+    }
+
+    /// Acquires `name`, runs `work` while holding it, and releases it.
+    ///
+    /// If the lock is lost while `work` runs, `work` is dropped (cancelled at its next
+    /// await point) and the outcome says why. See [`RunOutcome`].
+    fn with_lock<F, Fut, T>(
+        &self,
+        name: &str,
+        options: &AcquireOptions,
+        work: F,
+    ) -> impl Future<Output = Result<RunOutcome<T>>> + Send
+    where
+        F: FnOnce(LockContext) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        run_locked(self, name, options, work)
+    }
+}
+
+impl<L: DistributedLock + ?Sized> DistributedLockExt for L {}
+
+fn unexpected_none(name: &LockName) -> Error {
+    Error::Protocol {
+        backend: "distlock",
+        message: format!("waiting acquire of `{name}` ended without a lock"),
+        source: None,
+    }
+}
 
 /// What the work of a scoped run gets to know about its lock.
 #[derive(Debug, Clone)]

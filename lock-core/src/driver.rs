@@ -1,19 +1,28 @@
 //! How a backend is opened from a configuration or a URL, written once for every backend:
-//! a backend declares its schemes, its configuration and how it opens a connection; the
-//! client constructors and the URL registration follow from that.
+//! a backend declares its schemes, its configuration and how it opens a connection
+//! ([`Connect`]); the client constructors and its [`Driver`], the entry a
+//! [`Registry`](crate::raw::Registry) keeps, follow from that.
 
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use async_trait::async_trait;
 
 use crate::backend::Backend;
+use crate::erased::{AnyBackend, Opened};
 use crate::error::{Error, Result};
 use crate::lease::LeaseClient;
 use crate::lock::DistributedLock;
 use crate::lock_url::LockUrl;
 use crate::options::LockOptions;
-use crate::raw::erased::{AnyBackend, Opened};
-use crate::registry::{registry, ConnectFuture, OpenFuture};
+
+/// A future that builds a lock client.
+pub type ConnectFuture = Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>>> + Send>>;
+
+/// A future that opens a backend without a lease client (a side of a dual lock).
+pub(crate) type OpenFuture = Pin<Box<dyn Future<Output = Result<Opened>> + Send>>;
 
 /// A backend that can be opened from its configuration or a URL.
 #[async_trait]
@@ -76,7 +85,7 @@ async fn open_config<B: Connect>(config: B::Config) -> Result<(B, LockOptions)> 
 }
 
 /// Opens backend `B` for `url` without a lease client around it (a side of a dual lock).
-pub(crate) fn open_url<B: Connect>(url: LockUrl) -> OpenFuture {
+fn open_url<B: Connect>(url: LockUrl) -> OpenFuture {
     Box::pin(async move {
         let (backend, options) = open_config::<B>(B::config_from_url(&url)?).await?;
         let backend: Arc<dyn AnyBackend> = Arc::new(backend);
@@ -84,14 +93,51 @@ pub(crate) fn open_url<B: Connect>(url: LockUrl) -> OpenFuture {
     })
 }
 
-/// Registers `B`'s schemes in the process-wide [`registry`], so that
-/// [`connect`](crate::connect) serves them.
-pub fn register<B: Connect>() {
-    registry().register_backend::<B>();
+/// What a [`Registry`](crate::raw::Registry) keeps of a backend: its schemes, and how to
+/// open it from a URL as a lock client or as a side of a dual lock. Made from the backend's
+/// [`Connect`] declaration, so it is a constant: `Driver::of::<MyBackend>()`.
+#[derive(Clone, Copy)]
+pub struct Driver {
+    schemes: &'static [&'static str],
+    connect: fn(LockUrl) -> ConnectFuture,
+    open: fn(LockUrl) -> OpenFuture,
 }
 
-/// The [`Connector`](crate::raw::Connector) of backend `B`.
-pub(crate) fn connect_url<B: Connect>(url: LockUrl) -> ConnectFuture {
+impl Driver {
+    /// The driver of backend `B`.
+    pub const fn of<B: Connect>() -> Driver {
+        Driver {
+            schemes: B::SCHEMES,
+            connect: connect_url::<B>,
+            open: open_url::<B>,
+        }
+    }
+
+    /// The URL schemes it serves, lowercase.
+    pub fn schemes(&self) -> &'static [&'static str] {
+        self.schemes
+    }
+
+    /// Builds a lock client for `url`, one of its schemes.
+    pub fn connect(&self, url: LockUrl) -> ConnectFuture {
+        (self.connect)(url)
+    }
+
+    /// Opens the backend for `url` without a lease client (a side of a dual lock).
+    pub(crate) fn open(&self, url: LockUrl) -> OpenFuture {
+        (self.open)(url)
+    }
+}
+
+impl fmt::Debug for Driver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Driver")
+            .field("schemes", &self.schemes)
+            .finish_non_exhaustive()
+    }
+}
+
+fn connect_url<B: Connect>(url: LockUrl) -> ConnectFuture {
     Box::pin(async move {
         let client: Arc<dyn DistributedLock> = Arc::new(LeaseClient::<B>::from_url(&url).await?);
         Ok(client)
