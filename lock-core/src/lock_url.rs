@@ -1,6 +1,6 @@
 //! Lock service URLs: `scheme://[user[:password]@]host[:port][,host[:port]…][/path][?query]`.
 //!
-//! The `url` crate rejects several hosts in one authority, which ZooKeeper, etcd and
+//! General URL parsers reject several hosts in one authority, which ZooKeeper, etcd and
 //! RedLock URLs need, so this parser is the one place that reads them.
 
 use std::fmt;
@@ -109,7 +109,7 @@ impl LockUrl {
             }
         }
         let query = match query {
-            Some(q) => url::form_urlencoded::parse(q.as_bytes())
+            Some(q) => form_urlencoded::parse(q.as_bytes())
                 .map(|(k, v)| (k.into_owned(), v.into_owned()))
                 .collect(),
             None => Vec::new(),
