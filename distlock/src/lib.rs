@@ -1,4 +1,56 @@
-#![doc = include_str!("../../README.md")]
+//! Distributed locks for async Rust: one [`DistributedLock`] trait and real backends
+//! (Redis, RedLock, ZooKeeper, etcd, and `memory://` in process), chosen by a URL.
+//!
+//! ```
+//! use distlock::DistributedLockExt;
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let url = std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://".into());
+//! let locks = distlock::connect(&url).await?; // memory://, redis://, zk://, etcd://, dual:…
+//! let guard = locks.lock("reports/daily").await?; // waits, woken by a push
+//! tokio::select! {
+//!     reason = guard.lost() => eprintln!("lock lost: {reason}"), // stop work at once
+//!     () = write_report(guard.fencing_token()) => {}             // fence every write
+//! }
+//! guard.release().await?; // Released, or AlreadyLost
+//! locks.close().await?; // before the process exits
+//! # Ok(()) }
+//! # async fn write_report(_token: distlock::FencingToken) {}
+//! ```
+//!
+//! Or let the library cancel the work when the lock is lost:
+//!
+//! ```
+//! use std::time::Duration;
+//! use distlock::{AcquireOptions, DistributedLockExt, RunOutcome};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> distlock::Result<()> {
+//! let locks = distlock::connect("memory://").await?;
+//! let timeout = AcquireOptions::timeout(Duration::from_secs(30));
+//! let outcome = locks
+//!     .with_lock("jobs/rebuild", &timeout, |ctx| async move { rebuild(ctx.fencing_token).await })
+//!     .await?;
+//! match outcome {
+//!     RunOutcome::Completed { value, .. } => println!("rebuilt {value} entries"),
+//!     RunOutcome::Lost { reason } => eprintln!("lost the lock mid-way: {reason}"),
+//!     RunOutcome::NotAcquired => eprintln!("someone else is rebuilding"),
+//! }
+//! # Ok(()) }
+//! # async fn rebuild(_token: distlock::FencingToken) -> usize { 42 }
+//! ```
+//!
+//! Every guard carries a strictly increasing fencing token, a validity deadline on the
+//! monotonic clock and a Held / Suspect / Lost signal; every acquire is cancellation-safe;
+//! guards never block in `Drop`. The URL options (`ttl`, `renewal`, `max_hold`,
+//! `request_timeout`, `recheck`, and each backend's own), the guarantees of each backend and
+//! topology, `lockctl`, the migration from one backend to another and the measured results
+//! are in the repository's README and `docs/` (setup, metrics, migration, the benchmark and
+//! reliability reports).
+//!
+//! A backend of your own implements [`raw::Backend`] and [`raw::Connect`];
+//! [`raw::register`] makes [`connect`] serve its schemes.
 //!
 //! # Cargo features
 //!
@@ -9,13 +61,17 @@
 //! | feature | schemes | module |
 //! |---|---|---|
 //! | `redis` | `redis://`, `rediss://`, `redlock://`, `redis+sentinel://`, `rediss+sentinel://`, `redis+cluster://`, `rediss+cluster://` | `redis` |
-//! | `zookeeper` | `zk://` | `zookeeper` |
+//! | `zookeeper` | `zk://`, `zks://` | `zookeeper` |
 //! | `etcd` | `etcd://`, `etcds://` | `etcd` |
 //! | `full` | all of the above | |
 //!
 //! `dual:<old url>|<new url>` (any two of the above whose new side can raise its fencing
 //! tokens: Redis or RedLock) is the dual lock of a migration between backends; see
-//! [`migration`] and docs/migration.md.
+//! [`migration`].
+//!
+//! TLS runs on rustls with one crypto provider, aws-lc-rs; the library installs no
+//! process-wide provider (an application that compiles in a second one chooses at the start
+//! of `main`: `rustls::crypto::aws_lc_rs::default_provider().install_default()`).
 
 use std::sync::Arc;
 

@@ -51,7 +51,7 @@ impl Tls {
         let Some(ca_path) = &config.ca_file else {
             return Err(Error::config(NEEDS_CA));
         };
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
         let ca = read("ca_file", ca_path).await?;
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(ca.as_bytes()) {
@@ -104,9 +104,6 @@ impl Tls {
             }
             _ => probe.with_no_client_auth(),
         };
-        // The client library builds its own configuration with the process's provider;
-        // several may be compiled in, so pick one (a no-op when the process already chose).
-        let _ = Arc::unwrap_or_clone(provider).install_default();
         Ok(Some(Tls {
             options,
             probe: Arc::new(probe),
