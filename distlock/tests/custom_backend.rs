@@ -93,6 +93,10 @@ impl Connect for Relay {
         &config.1.options
     }
 
+    fn validate(config: &Self::Config) -> Result<()> {
+        MemoryBackend::validate(&config.1)
+    }
+
     async fn open((space, config): Self::Config) -> Result<Self> {
         let backend = Arc::new(MemoryBackend::open(config).await?);
         lock_unpoisoned(&OPENED)

@@ -42,6 +42,14 @@ pub trait Connect: Backend + Sized {
     /// The client-wide lock options in `config`.
     fn lock_options(config: &Self::Config) -> &LockOptions;
 
+    /// Checks `config` beyond its lock options. The driver calls it once, after checking
+    /// the lock options and before [`Connect::open`], which may take the configuration as
+    /// valid; it is the one place where a configuration is checked on its way in.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming what is wrong (never repeating a password).
+    fn validate(config: &Self::Config) -> Result<()>;
+
     /// Opens the protocol half. Fails fast, within the configuration's request timeout,
     /// when the service does not answer.
     ///
@@ -58,7 +66,7 @@ impl<B: Connect> LeaseClient<B> {
     /// As [`Connect::open`], and [`Error::InvalidConfig`] for options out of range.
     pub async fn connect(config: B::Config) -> Result<Self> {
         let (backend, options) = open_config::<B>(config).await?;
-        LeaseClient::new(backend, options)
+        LeaseClient::with_valid_options(backend, options)
     }
 
     /// Opens a lock client for `url` (one of [`Connect::SCHEMES`]).
@@ -77,10 +85,12 @@ impl<B: Connect> LeaseClient<B> {
     }
 }
 
-/// Opens `B` with `config`, refusing bad lock options before a connection is opened.
+/// Opens `B` with `config`, refusing a bad configuration before a connection is opened:
+/// the one place where a configuration is checked.
 async fn open_config<B: Connect>(config: B::Config) -> Result<(B, LockOptions)> {
     let options = B::lock_options(&config).clone();
     options.validate()?;
+    B::validate(&config)?;
     Ok((B::open(config).await?, options))
 }
 

@@ -413,6 +413,10 @@ impl Connect for MemoryBackend {
         &config.options
     }
 
+    fn validate(_config: &MemoryConfig) -> Result<()> {
+        Ok(())
+    }
+
     async fn open(config: MemoryConfig) -> Result<Self> {
         Ok(MemoryBackend::new(config.space, &config.options))
     }

@@ -79,7 +79,7 @@ impl LockOptions {
     /// [`Error::InvalidConfig`] if the key is known but the value is not valid.
     pub fn apply_query_pair(&mut self, key: &str, value: &str) -> Result<bool> {
         match key {
-            "ttl" => self.ttl = parse_duration(key, value)?,
+            "ttl" => self.ttl = parse_option_duration(key, value)?,
             "renewal" => {
                 self.renewal = match value {
                     "auto" => RenewalMode::Auto,
@@ -91,9 +91,9 @@ impl LockOptions {
                     }
                 }
             }
-            "max_hold" => self.max_hold = Some(parse_duration(key, value)?),
-            "request_timeout" => self.request_timeout = parse_duration(key, value)?,
-            "recheck" => self.recheck = parse_duration(key, value)?,
+            "max_hold" => self.max_hold = Some(parse_option_duration(key, value)?),
+            "request_timeout" => self.request_timeout = parse_option_duration(key, value)?,
+            "recheck" => self.recheck = parse_option_duration(key, value)?,
             "metrics_names" => {
                 self.metrics_names = match value {
                     "true" => true,
@@ -107,7 +107,6 @@ impl LockOptions {
             }
             _ => return Ok(false),
         }
-        self.validate()?;
         Ok(true)
     }
 
@@ -158,6 +157,13 @@ pub(crate) fn check_duration(field: &str, value: Duration) -> Result<()> {
         )));
     }
     Ok(())
+}
+
+/// A duration option's value: parsed, and in range for any duration option.
+fn parse_option_duration(field: &str, text: &str) -> Result<Duration> {
+    let value = parse_duration(field, text)?;
+    check_duration(field, value)?;
+    Ok(value)
 }
 
 /// Parses `250ms`, `30s`, `1.5s`, `2m` or `1h`.

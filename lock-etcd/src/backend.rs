@@ -19,12 +19,13 @@ use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
 use crate::config::EtcdConfig;
-use crate::connection::{EtcdClient, KeepAlive, Session};
+use crate::connection::EtcdClient;
 use crate::error::{unexpected, BACKEND};
-use crate::hold::{self, delete_if_ours, EtcdHold, HoldCheck};
+use crate::hold::{self, EtcdHold, HoldCheck};
 use crate::layout::{broken_mark, lock_prefix};
 use crate::operator;
 use crate::queue::{Queue, Slot, Slots};
+use crate::session::{KeepAlive, Session};
 
 /// The protocol half of an etcd lock client (see the crate docs).
 pub struct EtcdBackend {
@@ -52,7 +53,11 @@ impl Connect for EtcdBackend {
     type Config = EtcdConfig;
 
     fn config_from_url(url: &LockUrl) -> Result<EtcdConfig> {
-        EtcdConfig::from_url(url)
+        EtcdConfig::parse_url(url)
+    }
+
+    fn validate(config: &EtcdConfig) -> Result<()> {
+        config.check()
     }
 
     fn lock_options(config: &EtcdConfig) -> &LockOptions {
@@ -60,7 +65,6 @@ impl Connect for EtcdBackend {
     }
 
     async fn open(config: EtcdConfig) -> Result<EtcdBackend> {
-        config.validate()?;
         let client = EtcdClient::connect(&config).await?;
         let session = Arc::new(Session::new(client.clone(), config.options.ttl));
         Ok(EtcdBackend {
@@ -156,7 +160,7 @@ impl Cleanup for PendingKey {
                 }
                 sleep_until(at).await;
                 // Only the last delete's outcome is reported.
-                let _ = delete_if_ours(&self.client, &self.key, None).await;
+                let _ = self.client.delete_if_ours(&self.key, None).await;
             }
             sleep_until(self.put_until).await;
             result = self.delete_until_answered(None).await;
@@ -176,7 +180,7 @@ impl PendingKey {
         let give_up = Instant::now() + CLEANUP_GIVE_UP;
         let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
         loop {
-            let result = delete_if_ours(&self.client, &self.key, revision).await;
+            let result = self.client.delete_if_ours(&self.key, revision).await;
             let pause = backoff.next_pause();
             let retry = matches!(&result, Err(err) if err.is_retryable())
                 && self.session.holds_lease(self.lease)
@@ -234,7 +238,9 @@ impl Backend for EtcdBackend {
             if !request.wait {
                 // Like TryLock: leave the queue at once. On failure the pending guard
                 // retries the delete in the background.
-                if delete_if_ours(&self.client, &key, Some(revision))
+                if self
+                    .client
+                    .delete_if_ours(&key, Some(revision))
                     .await
                     .is_ok()
                 {

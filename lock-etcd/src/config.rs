@@ -129,6 +129,13 @@ impl EtcdConfig {
     /// [`Error::InvalidConfig`] for another scheme, no host, an unknown query key, a bad
     /// option value, or a password without a user; never quoting the password.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
+        let config = Self::parse_url(url)?;
+        Ok(config)
+    }
+
+    /// Reads a URL without checking the values, for the driver, which checks them once
+    /// before it opens the backend.
+    pub(crate) fn parse_url(url: &LockUrl) -> Result<Self> {
         let tls = match url.scheme.as_str() {
             "etcd" => false,
             "etcds" => true,
@@ -185,6 +192,12 @@ impl EtcdConfig {
     /// [`Error::InvalidConfig`] naming the problem.
     pub fn validate(&self) -> Result<()> {
         self.options.validate()?;
+        self.check()
+    }
+
+    /// The checks of [`validate`](Self::validate) beyond the lock options, which the
+    /// driver checks itself.
+    pub(crate) fn check(&self) -> Result<()> {
         if self.endpoints.is_empty() {
             return Err(Error::config("etcd needs at least one endpoint"));
         }

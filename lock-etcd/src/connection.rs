@@ -1,11 +1,7 @@
 //! The connection to etcd: every request goes through [`EtcdClient`], which puts the
 //! request timeout on it, fails over between members and maps errors into
 //! [`lock_core::Error`]; watches of deletes wake waiters up. The client's lease and its
-//! keep-alive are the [`Session`] (in `session.rs`).
-
-mod session;
-
-pub(crate) use session::{ttl_seconds, KeepAlive, Lease, Session};
+//! keep-alive are the session (`session.rs`), its TLS options come from `tls.rs`.
 
 use std::future::Future;
 use std::time::Duration;
@@ -14,9 +10,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use etcd_client::{
-    Certificate, Client, ConnectOptions, EventType, GetOptions, GetResponse, Identity, KeyValue,
-    LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions, LeaseTimeToLiveResponse, TlsOptions,
-    Txn, TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, GetResponse, KeyValue,
+    LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions, LeaseTimeToLiveResponse, Txn, TxnOp,
+    TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
 use lock_core::{Error, Result};
 use tokio::sync::OnceCell;
@@ -74,7 +70,7 @@ impl EtcdClient {
                 .with_auto_token_refresh(true);
         }
         if config.tls {
-            options = options.with_tls(tls_options(config).await?);
+            options = options.with_tls(crate::tls::tls_options(config).await?);
         }
         let endpoints = config.endpoint_urls();
         let client = EtcdClient {
@@ -191,6 +187,25 @@ impl EtcdClient {
     }
 
     /// One range read (`options` give the range end, limit, revision…) from `key`.
+    /// Deletes `key`, only if its create revision is `revision` when one is given; whether
+    /// it did.
+    pub(crate) async fn delete_if_ours(&self, key: &str, revision: Option<i64>) -> Result<bool> {
+        let compares = revision
+            .map(|revision| vec![Compare::create_revision(key, CompareOp::Equal, revision)])
+            .unwrap_or_default();
+        let txn = Txn::new()
+            .when(compares)
+            .and_then([TxnOp::delete(key, None)]);
+        let response = self.txn("release", txn).await?;
+        if !response.succeeded() {
+            return Ok(false);
+        }
+        Ok(response.op_responses().iter().any(|op| match op {
+            TxnOpResponse::Delete(delete) => delete.deleted() > 0,
+            _ => false,
+        }))
+    }
+
     pub(crate) async fn get(
         &self,
         what: &str,
@@ -420,42 +435,6 @@ pub(crate) enum KeepAliveError {
     LeaseNotFound,
     /// The request failed.
     Failed(Error),
-}
-
-/// Reads the TLS files off the runtime threads and builds the TLS options.
-async fn tls_options(config: &EtcdConfig) -> Result<TlsOptions> {
-    let read = |path: Option<std::path::PathBuf>, what: &'static str| async move {
-        let Some(path) = path else {
-            return Ok(None);
-        };
-        let shown = path.display().to_string();
-        let bytes = tokio::task::spawn_blocking(move || std::fs::read(path))
-            .await
-            .map_err(|err| Error::InvalidConfig {
-                message: format!("reading the {what} failed"),
-                source: Some(Box::new(err)),
-            })?
-            .map_err(|err| Error::InvalidConfig {
-                message: format!("cannot read the {what} {shown}"),
-                source: Some(Box::new(err)),
-            })?;
-        Ok::<_, Error>(Some(bytes))
-    };
-    let ca = read(config.ca_file.clone(), "CA file (ca_file)").await?;
-    let cert = read(config.cert_file.clone(), "client certificate (cert_file)").await?;
-    let key = read(config.key_file.clone(), "client key (key_file)").await?;
-    let mut tls = TlsOptions::new();
-    tls = match ca {
-        Some(ca) => tls.ca_certificate(Certificate::from_pem(ca)),
-        None => tls.with_native_roots(),
-    };
-    if let (Some(cert), Some(key)) = (cert, key) {
-        tls = tls.identity(Identity::from_pem(cert, key));
-    }
-    if let Some(domain) = &config.tls_domain {
-        tls = tls.domain_name(domain.clone());
-    }
-    Ok(tls)
 }
 
 /// The first key-value of a range answer inside a transaction answer.

@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp};
 use futures::future::join_all;
 use lock_core::raw::{lock_unpoisoned, BackendRelease};
 use lock_core::{LostReason, Result};
@@ -57,29 +57,6 @@ impl fmt::Debug for EtcdHold {
             .field("lease", &format_args!("{:x}", self.lease))
             .finish()
     }
-}
-
-/// Deletes `key`, only if its create revision is `revision` when one is given; whether
-/// it did.
-pub(crate) async fn delete_if_ours(
-    client: &EtcdClient,
-    key: &str,
-    revision: Option<i64>,
-) -> Result<bool> {
-    let compares = revision
-        .map(|revision| vec![Compare::create_revision(key, CompareOp::Equal, revision)])
-        .unwrap_or_default();
-    let txn = Txn::new()
-        .when(compares)
-        .and_then([TxnOp::delete(key, None)]);
-    let response = client.txn("release", txn).await?;
-    if !response.succeeded() {
-        return Ok(false);
-    }
-    Ok(response.op_responses().iter().any(|op| match op {
-        TxnOpResponse::Delete(delete) => delete.deleted() > 0,
-        _ => false,
-    }))
 }
 
 /// Releases `hold`: deletes its key if its create revision is still the hold's, or else

@@ -8,6 +8,8 @@ mod hold;
 mod layout;
 mod operator;
 mod queue;
+mod session;
+mod tls;
 
 pub use backend::EtcdBackend;
 pub use config::{EtcdConfig, DEFAULT_MARK_TTL, DEFAULT_PORT};

@@ -26,9 +26,10 @@ use etcd_client::{
 };
 use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
 
-use crate::connection::{first_kv, header_revision, ttl_seconds, EtcdClient, LeaseTtl};
+use crate::connection::{first_kv, header_revision, EtcdClient, LeaseTtl};
 use crate::error::{unexpected, BACKEND};
 use crate::layout::{broken_mark, first_created, lock_of_key, names_under, range_end};
+use crate::session::ttl_seconds;
 
 const WHAT: &str = "inspecting a lock";
 

@@ -16,12 +16,10 @@ use lock_core::raw::lock_unpoisoned;
 use lock_core::{Error, LockName, LostReason, Result};
 use tokio::time::{sleep_until, Instant};
 
-use crate::connection::{
-    ends_wait, first_kv, header_revision, DeleteWatch, EtcdClient, KeepAlive, Lease, Session,
-};
+use crate::connection::{ends_wait, first_kv, header_revision, DeleteWatch, EtcdClient};
 use crate::error::unexpected;
-use crate::hold::delete_if_ours;
 use crate::layout::{first_created, queue_key};
+use crate::session::{KeepAlive, Lease, Session};
 
 /// Pause before a waiter retries a failed re-check.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
@@ -73,7 +71,7 @@ impl Queue {
                 continue;
             };
             tracing::debug!(key, stale, "removing a leftover key of this client");
-            delete_if_ours(&self.client, key, Some(stale)).await?;
+            self.client.delete_if_ours(key, Some(stale)).await?;
         }
         Err(unexpected(WHAT, "our queue key kept reappearing"))
     }

@@ -22,7 +22,7 @@ use lock_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::{timeout_at, Instant};
 
-use super::{EtcdClient, KeepAliveError};
+use crate::connection::{EtcdClient, KeepAliveError};
 use crate::error::{unexpected, BACKEND};
 
 /// One granted lease as the client knows it.

@@ -167,7 +167,11 @@ impl Connect for RedisBackend {
     type Config = RedisConfig;
 
     fn config_from_url(url: &LockUrl) -> Result<RedisConfig> {
-        RedisConfig::from_url(url)
+        RedisConfig::parse_url(url)
+    }
+
+    fn validate(config: &RedisConfig) -> Result<()> {
+        config.check()
     }
 
     fn lock_options(config: &RedisConfig) -> &LockOptions {
@@ -175,7 +179,6 @@ impl Connect for RedisBackend {
     }
 
     async fn open(config: RedisConfig) -> Result<RedisBackend> {
-        config.validate()?;
         if config.redlock {
             let deadline = Instant::now() + config.options.request_timeout;
             crate::redlock::reject_aliases(&config.endpoints, deadline).await?;
@@ -194,11 +197,6 @@ impl Connect for RedisBackend {
             }
             None => None,
         };
-        if config.tls {
-            // Several rustls providers may be compiled in; pick one explicitly (a no-op
-            // when the process already chose).
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
         let shards = if config.cluster {
             Some(Arc::new(Shards::new(backend, &config, ca.as_deref())?))
         } else {

@@ -265,6 +265,13 @@ impl RedisConfig {
     /// is not a database number, an unknown query key or a bad value. Messages never
     /// contain the password.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
+        let config = Self::parse_url(url)?;
+        Ok(config)
+    }
+
+    /// Reads a URL without checking the values, for the driver, which checks them once
+    /// before it opens the backend.
+    pub(crate) fn parse_url(url: &LockUrl) -> Result<Self> {
         let mut config = RedisConfig::default();
         match url.scheme.as_str() {
             "redis" => {}
@@ -393,6 +400,12 @@ impl RedisConfig {
     /// [`Error::InvalidConfig`] describing the first problem.
     pub fn validate(&self) -> Result<()> {
         self.options.validate()?;
+        self.check()
+    }
+
+    /// The checks of [`validate`](Self::validate) beyond the lock options, which the
+    /// driver checks itself.
+    pub(crate) fn check(&self) -> Result<()> {
         if self.endpoints.is_empty() {
             return Err(Error::config(
                 "a Redis configuration needs at least one node",

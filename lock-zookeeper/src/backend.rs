@@ -16,12 +16,12 @@ use lock_core::{
 use tokio::sync::watch;
 
 use crate::config::ZkConfig;
-use crate::connection::Session;
 use crate::error::BACKEND;
 use crate::hold::{self, ZkHold};
 use crate::layout::{lock_dir, node_marker};
 use crate::operator;
 use crate::queue::{Queue, QueuedNode, Step};
+use crate::session::Session;
 
 /// New sessions an acquire waits through before failing.
 const RESTARTS: usize = 5;
@@ -40,7 +40,11 @@ impl Connect for ZkBackend {
     type Config = ZkConfig;
 
     fn config_from_url(url: &LockUrl) -> Result<ZkConfig> {
-        ZkConfig::from_url(url)
+        ZkConfig::parse_url(url)
+    }
+
+    fn validate(config: &ZkConfig) -> Result<()> {
+        config.check()
     }
 
     fn lock_options(config: &ZkConfig) -> &LockOptions {
@@ -48,7 +52,6 @@ impl Connect for ZkBackend {
     }
 
     async fn open(config: ZkConfig) -> Result<ZkBackend> {
-        config.validate()?;
         let session = Session::connect(config).await?;
         Ok(ZkBackend { session })
     }

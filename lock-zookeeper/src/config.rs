@@ -152,6 +152,13 @@ impl ZkConfig {
     /// # Errors
     /// [`Error::InvalidConfig`] naming the problem (never the password).
     pub fn from_url(url: &LockUrl) -> Result<Self> {
+        let config = Self::parse_url(url)?;
+        Ok(config)
+    }
+
+    /// Reads a URL without checking the values, for the driver, which checks them once
+    /// before it opens the backend.
+    pub(crate) fn parse_url(url: &LockUrl) -> Result<Self> {
         let tls = match url.scheme.as_str() {
             "zk" => false,
             "zks" => true,
@@ -225,6 +232,12 @@ impl ZkConfig {
     /// [`Error::InvalidConfig`] naming the field.
     pub fn validate(&self) -> Result<()> {
         self.options.validate()?;
+        self.check()
+    }
+
+    /// The checks of [`validate`](Self::validate) beyond the lock options, which the
+    /// driver checks itself.
+    pub(crate) fn check(&self) -> Result<()> {
         if self.endpoints.is_empty()
             || self
                 .endpoints

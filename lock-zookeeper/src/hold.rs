@@ -29,9 +29,9 @@ use lock_core::raw::{BackendRelease, RenewItem, RenewOutcome};
 use lock_core::{Error, LostReason, Result};
 use zookeeper_client as zk;
 
-use crate::connection::{Live, Session};
 use crate::error::{from_client, is_session_gone, read_found, BACKEND};
 use crate::layout::{broken_node, is_marked_broken, owner_token_of_path, parent};
+use crate::session::{Live, Session};
 
 /// Operations per `multiRead` request.
 const RENEW_CHUNK: usize = 500;

@@ -2,12 +2,12 @@
 
 mod backend;
 mod config;
-mod connection;
 mod error;
 mod hold;
 mod layout;
 mod operator;
 mod queue;
+mod session;
 mod tls;
 
 pub use backend::ZkBackend;

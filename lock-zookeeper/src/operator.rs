@@ -28,10 +28,10 @@ use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
 use tokio::time::{sleep, timeout};
 use zookeeper_client as zk;
 
-use crate::connection::{Live, Session};
 use crate::error::{from_client, read_found, BACKEND};
 use crate::layout::{broken_node, mark_broken, owner_token, parent, queue_order, unescape_segment};
 use crate::queue::{fencing, Step};
+use crate::session::{Live, Session};
 
 const WHAT: &str = "inspect lock directory";
 const BREAK: &str = "break lock";

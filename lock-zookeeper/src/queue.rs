@@ -11,10 +11,10 @@ use tokio::time::{sleep, Instant};
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
-use crate::connection::{Live, Session};
 use crate::error::{from_client, is_connection_loss, is_session_gone, BACKEND};
 use crate::hold::{delete_in_epoch, lease_of, ZkHold};
 use crate::layout::queue_order;
+use crate::session::{Live, Session};
 
 mod create;
 

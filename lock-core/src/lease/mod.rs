@@ -87,6 +87,11 @@ impl<B: Backend> LeaseClient<B> {
     /// [`Error::InvalidConfig`] if `options` are out of range for the backend.
     pub fn new(backend: B, options: LockOptions) -> Result<Self> {
         options.validate()?;
+        Self::with_valid_options(backend, options)
+    }
+
+    /// [`LeaseClient::new`] with `options` already checked by the driver.
+    pub(crate) fn with_valid_options(backend: B, options: LockOptions) -> Result<Self> {
         let capabilities = backend.capabilities();
         check_ttl(&capabilities, options.ttl)?;
         let (commands, receiver) = mpsc::unbounded_channel();

@@ -8,8 +8,8 @@ use tokio::time::Instant;
 use zookeeper_client as zk;
 
 use super::{fencing, ordered_children, step, Queue, QueuedNode, Step, CREATE_ATTEMPTS};
-use crate::connection::Live;
 use crate::error::BACKEND;
+use crate::session::Live;
 
 /// This session's node in the queue of a lock directory.
 #[derive(Debug)]
