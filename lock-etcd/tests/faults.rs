@@ -3,12 +3,24 @@
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{client, cluster, raw_client, trace, with_ttl};
 use conformance::harness::EtcdCluster;
 use lock_core::{DistributedLockExt, ErrorKind, LockState, ReleaseOutcome};
+use lock_etcd::EtcdLock;
 use tokio::time::{sleep, timeout, Instant};
+
+/// A 3-member cluster and two clients of it with lease `ttl`; `None` when etcd is missing.
+async fn two_clients(ttl: Duration) -> Option<(EtcdCluster, Arc<EtcdLock>, Arc<EtcdLock>)> {
+    trace();
+    let cluster = cluster().await?;
+    let addrs: Vec<_> = cluster.members().iter().map(|m| m.addr()).collect();
+    let first = client(&addrs, with_ttl(ttl)).await;
+    let second = client(&addrs, with_ttl(ttl)).await;
+    Some((cluster, first, second))
+}
 
 /// Moves leadership to member 0 (the first endpoint of every client); returns 0.
 async fn lead_with_first_member(cluster: &EtcdCluster) -> usize {
@@ -37,16 +49,12 @@ async fn lead_with_first_member(cluster: &EtcdCluster) -> usize {
 /// election, the guard never turns Lost, and no other client acquires it meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_kill_keeps_the_lock() {
-    trace();
-    let Some(cluster) = cluster().await else {
-        return;
-    };
-    let addrs: Vec<_> = cluster.members().iter().map(|m| m.addr()).collect();
     // Generous against a slow election on a loaded machine: the hold must survive as
     // long as a leader is back within two thirds of the TTL.
     let ttl = Duration::from_secs(5);
-    let holder = client(&addrs, with_ttl(ttl)).await;
-    let other = client(&addrs, with_ttl(ttl)).await;
+    let Some((cluster, holder, other)) = two_clients(ttl).await else {
+        return;
+    };
     let guard = holder.lock("leader-kill").await.expect("acquire");
     let token = guard.fencing_token();
 
@@ -114,14 +122,10 @@ async fn leader_kill_keeps_the_lock() {
 /// unavailable (or timeout) error, and never grant a lock that another client holds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn majority_loss_is_unavailable_never_a_double_grant() {
-    trace();
-    let Some(cluster) = cluster().await else {
+    let ttl = Duration::from_secs(2);
+    let Some((cluster, holder, other)) = two_clients(ttl).await else {
         return;
     };
-    let addrs: Vec<_> = cluster.members().iter().map(|m| m.addr()).collect();
-    let ttl = Duration::from_secs(2);
-    let holder = client(&addrs, with_ttl(ttl)).await;
-    let other = client(&addrs, with_ttl(ttl)).await;
     let guard = holder.lock("majority").await.expect("acquire");
 
     let leader = cluster
@@ -191,14 +195,10 @@ async fn majority_loss_is_unavailable_never_a_double_grant() {
 /// and its lease, and takes over when the holder releases under the new leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_rides_out_a_leader_election() {
-    trace();
-    let Some(cluster) = cluster().await else {
+    let ttl = Duration::from_secs(5);
+    let Some((cluster, holder, waiter)) = two_clients(ttl).await else {
         return;
     };
-    let addrs: Vec<_> = cluster.members().iter().map(|m| m.addr()).collect();
-    let ttl = Duration::from_secs(5);
-    let holder = client(&addrs, with_ttl(ttl)).await;
-    let waiter = client(&addrs, with_ttl(ttl)).await;
     let guard = holder.lock("election-wait").await.expect("acquire");
     let token = guard.fencing_token();
     let waiting = tokio::spawn(async move {
