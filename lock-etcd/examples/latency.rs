@@ -22,11 +22,11 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conformance::harness::{or_skip, EtcdServer};
 use etcd_client::{
     Client, Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions,
 };
 use hdrhistogram::Histogram;
+use lab::harness::{or_skip, EtcdServer};
 use lock_core::{DistributedLockExt, LockOptions};
 use lock_etcd::{EtcdConfig, EtcdLock};
 use tokio::time::{sleep, Instant};

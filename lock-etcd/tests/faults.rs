@@ -6,7 +6,7 @@ mod common;
 use std::time::Duration;
 
 use common::{client, cluster, raw_client, trace, with_ttl};
-use conformance::harness::EtcdCluster;
+use lab::harness::EtcdCluster;
 use lock_core::{DistributedLockExt, ErrorKind, LockState, ReleaseOutcome};
 use tokio::time::{sleep, timeout, Instant};
 

@@ -20,9 +20,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use conformance::harness::{RedisNodes, RedisOptions, RedisServer};
 use futures::StreamExt;
 use hdrhistogram::Histogram;
+use lab::harness::{RedisNodes, RedisOptions, RedisServer};
 use lock_core::{DistributedLockExt, LockOptions};
 use lock_redis::{RedisConfig, RedisLock, RedisNode};
 use tokio::time::{sleep, Instant};

@@ -12,8 +12,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::harness::ZkServer;
 use hdrhistogram::Histogram;
+use lab::harness::ZkServer;
 use lock_core::{DistributedLockExt, LockName, LockOptions};
 use lock_zookeeper::{lock_dir, ZkConfig, ZkLock};
 use tokio::time::Instant;

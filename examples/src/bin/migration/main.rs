@@ -23,9 +23,9 @@ mod fleet;
 use std::time::Duration;
 
 use clap::Parser;
-use conformance::harness::{RedisServer, ZkServer};
 use conformance::{FenceServer, FencedResource};
 use distlock::migration::CheckReport;
+use lab::harness::{RedisServer, ZkServer};
 use tokio::time::sleep;
 
 use crate::fleet::{Done, Fleet, Phase, Urls};

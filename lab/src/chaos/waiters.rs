@@ -19,10 +19,10 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::workload::{options, recover, report, SECTION};
 use super::{ChaosTarget, Plan, ScenarioReport};
-use crate::factory::Crash;
-use crate::fence::FencedResource;
 use crate::proxy::ProxyMode;
-use crate::rules::unique_name;
+use conformance::factory::Crash;
+use conformance::fence::FencedResource;
+use conformance::rules::unique_name;
 
 /// How long a waiter's acquire may take in all.
 const WAIT_LIMIT: Duration = Duration::from_secs(60);

@@ -5,7 +5,7 @@
 use std::net::SocketAddr;
 
 use async_trait::async_trait;
-use conformance::dual::{DualFactory, SideFactory};
+use lab::dual::{DualFactory, SideFactory};
 use lock_core::LockName;
 
 use crate::etcd_common::{keys_under, EtcdFactory};

@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::chaos::{self, ChaosTarget, Link, Plan, ServerControl, Topology};
 use conformance::factory::{Crash, Factory};
 use conformance::memory::MemoryCrash;
+use lab::chaos::{self, ChaosTarget, Link, Plan, ServerControl, Topology};
 use lock_core::memory::{MemoryBackend, MemoryLock, MemorySpace};
 use lock_core::{DistributedLock, LockName, LockOptions};
 

@@ -14,14 +14,14 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::{ChaosTarget, Plan, ScenarioReport, ServerControl};
-use crate::fence::FencedResource;
+use conformance::fence::FencedResource;
 
 /// How long a healthy holder works inside its critical section: long enough for another
 /// holder's section to begin meanwhile, were the lock to grant twice.
 pub(super) const SECTION: Duration = Duration::from_millis(5);
 
 pub(super) fn options(ttl: Duration) -> LockOptions {
-    let mut options = crate::with_ttl(ttl);
+    let mut options = conformance::with_ttl(ttl);
     options.request_timeout = (ttl / 2).max(Duration::from_millis(200));
     options
 }

@@ -4,7 +4,7 @@ use std::io::ErrorKind;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use conformance::proxy::{FaultProxy, ProxyMode};
+use lab::proxy::{FaultProxy, ProxyMode};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;

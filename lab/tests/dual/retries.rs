@@ -7,11 +7,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::chaos::ChaosTarget;
-use conformance::dual::{DualFactory, Sides};
-use conformance::proxy::ProxyMode;
 use conformance::rules::unique_name;
 use conformance::{with_ttl, Factory};
+use lab::chaos::ChaosTarget;
+use lab::dual::{DualFactory, Sides};
+use lab::proxy::ProxyMode;
 use lock_core::{DistributedLock, DistributedLockExt, LockName, LockOptions, LockState};
 use tokio::time::{sleep, timeout, Instant};
 

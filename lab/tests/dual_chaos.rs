@@ -1,7 +1,7 @@
-//! The fault scenarios (`conformance::chaos_suite!`) on dual deployments
+//! The fault scenarios (`lab::chaos_suite!`) on dual deployments
 //! (`dual:<old>|<new>`): ZooKeeper -> Redis with the faults on the old side, on the new side
 //! and on both, and etcd -> Redis with the faults on either side. Each asserts what
-//! `conformance::chaos::expectation` promises for the dual topology (with one side
+//! `lab::chaos::expectation` promises for the dual topology (with one side
 //! healthy, safety even where the faulted backend alone promises only fencing).
 //!
 //! Not part of `cargo test` (`test = false` in Cargo.toml: the five deployments take
@@ -23,10 +23,10 @@ macro_rules! dual_chaos {
     ($($(#[$doc:meta])* $module:ident: $deployment:ident, $sides:ident;)*) => {$(
         $(#[$doc])*
         mod $module {
-            conformance::chaos_suite!(async {
+            lab::chaos_suite!(async {
                 crate::deployments::$deployment()
                     .await
-                    .map(|dual| dual.faults(conformance::dual::Sides::$sides))
+                    .map(|dual| dual.faults(lab::dual::Sides::$sides))
             });
         }
     )*};

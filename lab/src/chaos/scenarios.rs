@@ -11,9 +11,9 @@ use tokio::time::{sleep, timeout, Instant};
 
 use super::workload::{contend, first_other_start, options, recover, report, SECTION};
 use super::{ChaosTarget, Plan, ScenarioReport};
-use crate::fence::FencedResource;
 use crate::proxy::ProxyMode;
-use crate::rules::unique_name;
+use conformance::fence::FencedResource;
+use conformance::rules::unique_name;
 
 /// Every server is restored from a snapshot of its data taken before the victim's grant
 /// (a backup restore, a failover to a lagging replica): the lock and the fencing counter

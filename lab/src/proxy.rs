@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use conformance::proxy::{FaultProxy, ProxyMode};
+//! use lab::proxy::{FaultProxy, ProxyMode};
 //!
 //! # async fn example(server: std::net::SocketAddr) -> std::io::Result<()> {
 //! let proxy = FaultProxy::start(server).await?;

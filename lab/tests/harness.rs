@@ -4,11 +4,11 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use conformance::harness::{
+use lab::harness::{
     or_skip, strict, EtcdCluster, EtcdServer, HarnessError, RedisNodes, RedisOptions, RedisServer,
     ZkEnsemble, ZkMode, ZkOptions, ZkServer,
 };
-use conformance::require_server;
+use lab::require_server;
 use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;

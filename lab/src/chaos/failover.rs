@@ -23,8 +23,8 @@ use super::workload::{
     contend_until, first_other_start, options, recover, signed_ms, watch_lost, LostAt,
 };
 use super::{ChaosTarget, Plan, ScenarioReport};
-use crate::fence::{FencedResource, SectionHandle};
-use crate::rules::unique_name;
+use conformance::fence::{FencedResource, SectionHandle};
+use conformance::rules::unique_name;
 
 /// The victim's TTL: above the time the harness's Sentinels take to promote a replica
 /// (down-after 1 s, then an election: about 2.5 s), so that the victim's guard outlives

@@ -4,9 +4,9 @@ use std::sync::{Arc, Mutex};
 
 use super::workload::{contend, crash_members, options, recover, report};
 use super::{ChaosTarget, Link, Plan, ScenarioReport, Topology};
-use crate::fence::FencedResource;
 use crate::proxy::ProxyMode;
-use crate::rules::unique_name;
+use conformance::fence::FencedResource;
+use conformance::rules::unique_name;
 use tokio::time::{sleep, Instant};
 
 /// A seeded random mix of faults for `plan.nemesis` while linked contenders keep

@@ -1,5 +1,5 @@
 //! Safety under faults: scenarios that break servers, networks and holders while
-//! contenders fight over a lock guarding a [`FencedResource`](crate::FencedResource),
+//! contenders fight over a lock guarding a [`FencedResource`](conformance::FencedResource),
 //! then check what the resource saw.
 //!
 //! Each scenario has a *victim* (a holder whose client, link or server the fault hits)

@@ -47,7 +47,7 @@ pub(super) fn promise(topology: &Topology, scenario: fn(&Topology) -> Expect) ->
 ///   servers and links), and the dual promises the stronger of the two sides' promises
 ///   (safety if either side keeps it under that fault, else fencing).
 ///
-/// `conformance/tests/dual_chaos.rs` (`make chaos`) checks these promises like any other.
+/// `lab/tests/dual_chaos.rs` (`make chaos`) checks these promises like any other.
 fn dual(
     old: &Topology,
     new: &Topology,

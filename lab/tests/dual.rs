@@ -33,7 +33,7 @@ mod zk_to_redis {
 
 /// The rules that steal, with the steal on the old side (the ZooKeeper node).
 mod zk_to_redis_old_side_stolen {
-    use conformance::dual::Sides;
+    use lab::dual::Sides;
     conformance::conformance_suite!(@rules
         async { crate::zk_redis().await.map(|dual| dual.steal_on(Sides::Old)) };
         lost_signal_on_steal,

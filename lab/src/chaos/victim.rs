@@ -12,10 +12,10 @@ use super::workload::{
     contend, crash_members, first_other_start, options, recover, signed_ms, watch_lost,
 };
 use super::{ChaosTarget, Link, Plan, ScenarioReport};
-use crate::fence::FencedResource;
 use crate::harness::ClockJump;
 use crate::proxy::ProxyMode;
-use crate::rules::unique_name;
+use conformance::fence::FencedResource;
+use conformance::rules::unique_name;
 
 /// The fault of a victim scenario.
 enum Fault<'a> {

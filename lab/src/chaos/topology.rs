@@ -11,9 +11,9 @@ use lock_core::memory::MemoryLock;
 use lock_core::{DistributedLock, LockName, LockOptions};
 
 use crate::dual::Sides;
-use crate::factory::{Crash, Factory};
 pub use crate::harness::ServerControl;
 use crate::proxy::{FaultProxy, ProxyMode};
+use conformance::factory::{Crash, Factory};
 
 /// How a backend is deployed; selects the scenarios that apply.
 #[derive(Debug, Clone, PartialEq, Eq)]

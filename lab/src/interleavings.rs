@@ -29,7 +29,7 @@ use tokio::sync::{watch, Notify};
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use crate::chaos::ChaosTarget;
-use crate::factory::Factory;
+use conformance::factory::Factory;
 
 /// What removes an abandoned attempt on the server, given that attempt's lock name,
 /// owner token and (when the grant reached the backend) hold. The default releases the
@@ -360,7 +360,7 @@ pub async fn extend_for_keeps_an_auto_renewed_hold(factory: &dyn Factory) {
 /// life of the client.
 pub async fn ended_hold_released_despite_a_broken_link(target: &dyn ChaosTarget) {
     let ttl = target.short_ttl() * 2;
-    let mut options = crate::with_ttl(ttl);
+    let mut options = conformance::with_ttl(ttl);
     options.renewal = RenewalMode::Manual;
     options.request_timeout = ttl / 5;
     let (client, link) = target.linked_client(options.clone()).await;
@@ -393,7 +393,7 @@ pub async fn ended_hold_released_despite_a_broken_link(target: &dyn ChaosTarget)
 /// to it, so the loss of its queue entry is no reason to fail.
 pub async fn waiter_outlives_its_session(target: &dyn ChaosTarget) {
     let ttl = target.short_ttl() * 2;
-    let mut options = crate::with_ttl(ttl);
+    let mut options = conformance::with_ttl(ttl);
     options.request_timeout = ttl / 4;
     let holder = target.client(options.clone()).await;
     let (waiter, link) = target.linked_client(options).await;

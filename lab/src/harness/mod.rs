@@ -40,8 +40,8 @@
 //! (`LOCK_TEST_STRICT=1`) is on. Any other start failure always fails the test.
 //!
 //! ```no_run
-//! use conformance::harness::RedisServer;
-//! use conformance::require_server;
+//! use lab::harness::RedisServer;
+//! use lab::require_server;
 //!
 //! # async fn example() {
 //! let redis = require_server!(RedisServer::start().await);

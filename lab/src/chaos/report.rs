@@ -7,7 +7,7 @@ use std::time::Duration;
 use lock_core::LostReason;
 
 use super::{ChaosTarget, Expect, Plan, Topology};
-use crate::fence::FenceReport;
+use conformance::fence::FenceReport;
 
 /// What one scenario run found.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 //! paused past the TTL, and an acquire dropped at each of its await points. The fenced
 //! resource checks every run: no overlapping accepted sections, no token going back.
 //!
-//! The first three are the chaos framework's scenarios ([`conformance::chaos`]) on a
+//! The first three are the chaos framework's scenarios ([`lab::chaos`]) on a
 //! [`DualFactory`] whose faults hit one side (or both); a dual holds through a fault on
 //! one side, so every run must be safe, more than the faulted backend promises alone.
 
@@ -12,11 +12,11 @@ use std::pin::pin;
 use std::task::Poll;
 use std::time::Duration;
 
-use conformance::chaos::{self, ChaosTarget, Expect, Plan, ScenarioReport};
-use conformance::dual::{DualFactory, SideFactory, Sides};
-use conformance::proxy::ProxyMode;
 use conformance::rules::{eventually_empty, unique_name};
 use conformance::{lock_patiently, with_ttl, Factory};
+use lab::chaos::{self, ChaosTarget, Expect, Plan, ScenarioReport};
+use lab::dual::{DualFactory, SideFactory, Sides};
+use lab::proxy::ProxyMode;
 use lock_core::{DistributedLock, DistributedLockExt, LockOptions, LostReason, Side};
 use lock_zookeeper::lock_dir;
 use tokio::time::{sleep, timeout, Instant};

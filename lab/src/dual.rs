@@ -16,7 +16,7 @@ use async_trait::async_trait;
 use lock_core::{DistributedLock, LockName, LockOptions};
 
 use crate::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use crate::factory::{connect_patiently, Crash, Factory};
+use conformance::factory::{connect_patiently, Crash, Factory};
 
 /// One side of a dual deployment: a backend's factory that can also say where its servers
 /// listen, so that a dual client can reach them through fault proxies.
@@ -30,13 +30,6 @@ pub trait SideFactory: ChaosTarget {
     /// [`Factory::leftovers`].
     async fn side_leftovers(&self, names: &[LockName]) -> Vec<String> {
         self.leftovers(names).await
-    }
-}
-
-/// The reference backend as a side: in-process, no servers to proxy.
-impl SideFactory for crate::memory::MemoryFactory {
-    fn addrs(&self) -> Vec<SocketAddr> {
-        Vec::new()
     }
 }
 
