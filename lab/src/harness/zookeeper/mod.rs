@@ -2,227 +2,37 @@
 //! [`ServerKind`]: a standalone server ([`ZkServer`]) and an ensemble ([`ZkEnsemble`])
 //! whose quorum links can pass fault proxies, to cut a member off from its peers.
 //!
-//! (Over 500 lines: ZooKeeper needs more than the other kinds, a JVM class path, start
-//! slots, four-letter words and peer links; each is the ZooKeeper half of a harness
-//! piece, kept beside the others.)
+//! Layout: this file holds the kind, its roles and its server and ensemble methods;
+//! `options` what a start takes; `jvm` java, the class path and the JVM start slots.
 
 use std::fmt;
-use std::path::{Path, PathBuf};
-use std::sync::{Arc, LazyLock};
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::SemaphorePermit;
 
 use super::clock::ClockHook;
 use super::cluster::Cluster;
 use super::majority;
 use super::node::Node;
 use super::probe::{four_letter, zk_mode_line, Probe};
-use super::process::{find_binary, LaunchSpec};
+use super::process::LaunchSpec;
 use super::server::{loopback, Member, Prepared, Server, ServerKind};
-use super::tls::make_certificates;
-use super::{create_dir, temp_dir, write_file, HarnessError, DEFAULT_READY_TIMEOUT};
+use super::{create_dir, write_file, HarnessError};
 use crate::proxy::{FaultProxy, ProxyMode};
 
-const HINT: &str = "make deps (installs libzookeeper-java)";
-const JAVA_HINT: &str = "apt-get install default-jre-headless";
+mod jvm;
+mod options;
+
+use jvm::start_slots;
+pub use jvm::ZkRuntime;
+pub use options::{ZkOptions, ZkTls};
+
 const MAIN_CLASS: &str = "org.apache.zookeeper.server.quorum.QuorumPeerMain";
-/// Where the Debian packages put the jars.
-const JAR_DIRS: [&str; 3] = [
-    "/usr/share/java",
-    "/usr/share/zookeeper",
-    "/usr/share/zookeeper/lib",
-];
-/// Netty jars that the Netty connection factory needs beyond zookeeper.jar's manifest.
-const NETTY_EXTRA_JARS: [&str; 2] = ["netty-codec.jar", "netty-resolver.jar"];
-/// JVMs starting at once, process-wide (a start is CPU-heavy).
-const JVM_STARTS: usize = 3;
 /// Bound on one four-letter-word exchange.
 const FOUR_LETTER_TIMEOUT: Duration = Duration::from_secs(2);
-/// Bound on waiting for a JVM start slot.
-const START_SLOT_TIMEOUT: Duration = Duration::from_secs(180);
-
-static JVM_START_SLOTS: LazyLock<Semaphore> = LazyLock::new(|| Semaphore::new(JVM_STARTS));
-
-/// Options for [`ZkServer`] and [`ZkEnsemble`].
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct ZkOptions {
-    /// `tickTime`. Default: 500 ms.
-    pub tick_time: Duration,
-    /// `syncLimit` in ticks: how long a follower serves without hearing from its leader
-    /// (and a leader without a quorum) before it gives up. Default: 5.
-    pub sync_limit: u32,
-    /// `minSessionTimeout`. Default: 1 s.
-    pub min_session_timeout: Duration,
-    /// `maxSessionTimeout`. Default: 60 s.
-    pub max_session_timeout: Duration,
-    /// JVM maximum heap in MiB (`-Xmx`). Default: 256.
-    pub heap_mb: u32,
-    /// Ensemble size (odd); ignored by [`ZkServer`]. Default: 3.
-    pub members: usize,
-    /// Bound on the readiness wait. Default: [`DEFAULT_READY_TIMEOUT`].
-    pub ready_timeout: Duration,
-    /// Ensemble only: every member reaches each peer's quorum port through a fault proxy
-    /// of the ensemble, so that [`ZkEnsemble::partition`] can cut a member off from its
-    /// peers while its clients still reach it. Default: off.
-    pub peer_links: bool,
-    /// Serve TLS on a secure client port too ([`ZkServer::secure_port`]), beside the
-    /// plain one. Default: none.
-    pub tls: Option<ZkTls>,
-    /// Start on a wall clock the harness moves ([`ZkServer::jump_clock`]):
-    /// `System.currentTimeMillis` follows it, `System.nanoTime` (which times sessions)
-    /// does not. Default: off (the machine's clock).
-    pub movable_clock: bool,
-}
-
-impl Default for ZkOptions {
-    fn default() -> Self {
-        Self {
-            tick_time: Duration::from_millis(500),
-            sync_limit: 5,
-            min_session_timeout: Duration::from_secs(1),
-            max_session_timeout: Duration::from_secs(60),
-            heap_mb: 256,
-            members: 3,
-            ready_timeout: DEFAULT_READY_TIMEOUT,
-            peer_links: false,
-            tls: None,
-            movable_clock: false,
-        }
-    }
-}
-
-impl ZkOptions {
-    /// Sets [`tick_time`](Self::tick_time).
-    pub fn tick_time(mut self, tick: Duration) -> Self {
-        self.tick_time = tick;
-        self
-    }
-
-    /// Sets [`sync_limit`](Self::sync_limit).
-    pub fn sync_limit(mut self, ticks: u32) -> Self {
-        self.sync_limit = ticks;
-        self
-    }
-
-    /// Sets [`peer_links`](Self::peer_links).
-    pub fn peer_links(mut self, on: bool) -> Self {
-        self.peer_links = on;
-        self
-    }
-
-    /// Sets the session timeout bounds.
-    pub fn session_timeouts(mut self, min: Duration, max: Duration) -> Self {
-        self.min_session_timeout = min;
-        self.max_session_timeout = max;
-        self
-    }
-
-    /// Sets [`members`](Self::members).
-    pub fn members(mut self, n: usize) -> Self {
-        self.members = n;
-        self
-    }
-
-    /// Sets [`ready_timeout`](Self::ready_timeout).
-    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
-        self.ready_timeout = timeout;
-        self
-    }
-
-    /// Sets [`movable_clock`](Self::movable_clock).
-    pub fn movable_clock(mut self, on: bool) -> Self {
-        self.movable_clock = on;
-        self
-    }
-
-    /// Sets [`tls`](Self::tls).
-    pub fn tls(mut self, tls: ZkTls) -> Self {
-        self.tls = Some(tls);
-        self
-    }
-}
-
-/// Certificates for a ZooKeeper serving TLS ([`ZkOptions::tls`]): a throwaway CA, a
-/// server certificate and a client certificate it signed (see
-/// [`make_certificates`](super::tls::make_certificates)), in a temp dir that lives as
-/// long as a clone of this. ZooKeeper serves them with Netty
-/// (`serverCnxnFactory=NettyServerCnxnFactory`) from PEM key and trust stores.
-#[derive(Debug, Clone)]
-pub struct ZkTls {
-    dir: Arc<tempfile::TempDir>,
-    client_auth: bool,
-}
-
-impl ZkTls {
-    /// Makes the certificates; the server asks for no client certificate.
-    ///
-    /// # Errors
-    /// [`HarnessError::Io`] when the files cannot be written.
-    ///
-    /// # Panics
-    /// When `openssl` is missing or fails (see
-    /// [`make_certificates`](super::tls::make_certificates)).
-    pub async fn make() -> Result<Self, HarnessError> {
-        let dir = temp_dir("zookeeper-tls")?;
-        make_certificates(dir.path()).await;
-        // A PEM key store is the key followed by its certificate, in one file.
-        let read = |name: &str| {
-            let path = dir.path().join(name);
-            std::fs::read_to_string(&path).map_err(|e| {
-                HarnessError::io("zookeeper tls", format!("read {}", path.display()), e)
-            })
-        };
-        let store = read("server.key")? + &read("server.pem")?;
-        write_file(
-            "zookeeper tls",
-            &dir.path().join("server-store.pem"),
-            &store,
-        )?;
-        Ok(Self {
-            dir: Arc::new(dir),
-            client_auth: false,
-        })
-    }
-
-    /// Requires a client certificate signed by the CA (`ssl.clientAuth=need`), or not.
-    pub fn client_auth(mut self, need: bool) -> Self {
-        self.client_auth = need;
-        self
-    }
-
-    /// The CA certificate (PEM): a client's `ca_file`.
-    pub fn ca_file(&self) -> PathBuf {
-        self.dir.path().join("ca.pem")
-    }
-
-    /// The client certificate (PEM): a client's `cert_file`.
-    pub fn cert_file(&self) -> PathBuf {
-        self.dir.path().join("client.pem")
-    }
-
-    /// The client certificate's key (PEM): a client's `key_file`.
-    pub fn key_file(&self) -> PathBuf {
-        self.dir.path().join("client.key")
-    }
-
-    /// The `zoo.cfg` lines serving TLS on `port`.
-    fn config_lines(&self, port: u16) -> String {
-        let path = |name: &str| self.dir.path().join(name).display().to_string();
-        format!(
-            "secureClientPort={port}\nsecureClientPortAddress=127.0.0.1\n\
-             serverCnxnFactory=org.apache.zookeeper.server.NettyServerCnxnFactory\n\
-             ssl.keyStore.location={}\nssl.keyStore.type=PEM\n\
-             ssl.trustStore.location={}\nssl.trustStore.type=PEM\n\
-             ssl.clientAuth={}\n",
-            path("server-store.pem"),
-            path("ca.pem"),
-            if self.client_auth { "need" } else { "none" },
-        )
-    }
-}
 
 /// The role a ZooKeeper server reports in `srvr`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -258,60 +68,6 @@ impl fmt::Display for ZkMode {
             Self::Follower => "follower",
             Self::Observer => "observer",
         })
-    }
-}
-
-/// Java and the class path to run ZooKeeper with (found before a start).
-#[derive(Debug, Clone)]
-pub struct ZkRuntime {
-    java: PathBuf,
-    classpath: String,
-}
-
-impl ZkRuntime {
-    /// `$JAVA_BIN` or `java`; `$ZOOKEEPER_CLASSPATH` or `zookeeper.jar` plus a log4j binding.
-    fn find() -> Result<Self, HarnessError> {
-        let java = find_binary("java", "JAVA_BIN", JAVA_HINT)?;
-        if let Some(cp) = std::env::var_os("ZOOKEEPER_CLASSPATH").filter(|v| !v.is_empty()) {
-            return Ok(Self {
-                java,
-                classpath: cp.to_string_lossy().into_owned(),
-            });
-        }
-        let jar = JAR_DIRS
-            .iter()
-            .map(|d| Path::new(d).join("zookeeper.jar"))
-            .find(|p| p.is_file())
-            .ok_or(HarnessError::MissingBinary {
-                binary: "zookeeper.jar".to_owned(),
-                hint: HINT,
-            })?;
-        let mut classpath = vec![jar.clone()];
-        // The jar's manifest names its dependencies but no logging backend: add log4j 1.2
-        // (configured per server below) or, failing that, slf4j-simple (to stderr).
-        let dirs: Vec<PathBuf> = jar
-            .parent()
-            .map(Path::to_owned)
-            .into_iter()
-            .chain(JAR_DIRS.iter().map(PathBuf::from))
-            .collect();
-        let find = |name: &str| dirs.iter().map(|d| d.join(name)).find(|p| p.is_file());
-        if let (Some(binding), Some(log4j)) = (find("slf4j-log4j12.jar"), find("log4j-1.2.jar")) {
-            classpath.push(binding);
-            classpath.push(log4j);
-        } else if let Some(simple) = find("slf4j-simple.jar") {
-            classpath.push(simple);
-        }
-        // The manifest names Netty's buffer, common, handler and transport jars but not
-        // codec and resolver, which the Netty connection factory (TLS) loads too.
-        classpath.extend(NETTY_EXTRA_JARS.iter().filter_map(|name| find(name)));
-        let classpath = std::env::join_paths(classpath)
-            .map_err(|e| {
-                HarnessError::io("zookeeper", "build class path", std::io::Error::other(e))
-            })?
-            .to_string_lossy()
-            .into_owned();
-        Ok(Self { java, classpath })
     }
 }
 
@@ -634,27 +390,6 @@ impl Cluster<ZooKeeper> {
                 detail: "started without peer links (ZkOptions::peer_links)".to_owned(),
             })
     }
-}
-
-/// Waits for `n` (at most [`JVM_STARTS`]) JVM start slots, bounded.
-async fn start_slots(n: usize) -> Result<SemaphorePermit<'static>, HarnessError> {
-    let n = u32::try_from(n.clamp(1, JVM_STARTS)).unwrap_or(1);
-    tokio::time::timeout(START_SLOT_TIMEOUT, JVM_START_SLOTS.acquire_many(n))
-        .await
-        .map_err(|_| {
-            HarnessError::io(
-                "zookeeper",
-                "wait for a JVM start slot",
-                std::io::Error::new(std::io::ErrorKind::TimedOut, "timed out"),
-            )
-        })?
-        .map_err(|e| {
-            HarnessError::io(
-                "zookeeper",
-                "wait for a JVM start slot",
-                std::io::Error::other(e),
-            )
-        })
 }
 
 /// The proxy member `from` reaches member `to` through, if any.
