@@ -9,7 +9,7 @@ use lock_core::{DistributedLock, DistributedLockExt, LockState};
 use tokio::time::{sleep, Instant};
 
 use super::workload::{
-    contend, crash_members, first_other_start, options, recover, signed_ms, watch_lost,
+    contend, crash_members, first_other_start, options, recover, report, signed_ms, watch_lost,
 };
 use super::{ChaosTarget, Link, Plan, ScenarioReport};
 use crate::harness::ClockJump;
@@ -44,6 +44,21 @@ enum Fault<'a> {
     /// Step every server's wall clock (for good: an NTP step is not undone), then wait a
     /// TTL.
     ClockJump(ClockJump),
+}
+
+impl Fault<'_> {
+    /// Every server killed and restarted (`wipe`d or with its data) after a quarter TTL.
+    fn server_crash(plan: Plan, wipe: bool) -> Self {
+        Fault::ServerCrash {
+            wipe,
+            down: plan.ttl / 4,
+        }
+    }
+
+    /// Every server's wall clock stepped by [`CLOCK_STEP`], ahead or back.
+    fn clock_step(direction: fn(Duration) -> ClockJump) -> Self {
+        Fault::ClockJump(direction(CLOCK_STEP))
+    }
 }
 
 /// How far the clock-jump scenarios step the servers' wall clocks: far beyond any TTL and
@@ -161,8 +176,6 @@ async fn victim_scenario(
     } else {
         None
     };
-    let mut fence = resource.check();
-    fence.tokens_backwards.extend(backwards);
     let takeover = first_other_start(&resource, fault_at);
     let lost_signal_lead_ms = lost_at
         .lock()
@@ -170,21 +183,13 @@ async fn victim_scenario(
         .zip(first_other_start(&resource, fault_at))
         .map(|((lost, _), other)| signed_ms(other, lost));
     let notes = notes.lock().expect("notes").clone();
-    ScenarioReport {
-        scenario,
-        target: target.label(),
-        fence,
-        victim_write_accepted,
-        victim_lost,
-        lost_signal_lead_ms,
-        takeover: takeover.map(|at| at.saturating_duration_since(fault_at)),
-        recovery,
-        stalled_waiters: Vec::new(),
-        promotion: None,
-        lost_after: None,
-        lost_late: Vec::new(),
-        notes,
-    }
+    let mut out = report(scenario, target, &resource, recovery, notes);
+    out.fence.tokens_backwards.extend(backwards);
+    out.victim_write_accepted = victim_write_accepted;
+    out.victim_lost = victim_lost;
+    out.lost_signal_lead_ms = lost_signal_lead_ms;
+    out.takeover = takeover.map(|at| at.saturating_duration_since(fault_at));
+    out
 }
 
 /// A fresh grant after the run must carry a token above every token the resource saw:
@@ -287,16 +292,7 @@ pub async fn server_crash_restart(
     target: &dyn ChaosTarget,
     plan: Plan,
 ) -> ScenarioReport {
-    victim_scenario(
-        target,
-        scenario,
-        plan,
-        Fault::ServerCrash {
-            wipe: false,
-            down: plan.ttl / 4,
-        },
-    )
-    .await
+    victim_scenario(target, scenario, plan, Fault::server_crash(plan, false)).await
 }
 
 /// Every server is killed and restarted with its data wiped.
@@ -305,16 +301,7 @@ pub async fn server_restart_without_data(
     target: &dyn ChaosTarget,
     plan: Plan,
 ) -> ScenarioReport {
-    victim_scenario(
-        target,
-        scenario,
-        plan,
-        Fault::ServerCrash {
-            wipe: true,
-            down: plan.ttl / 4,
-        },
-    )
-    .await
+    victim_scenario(target, scenario, plan, Fault::server_crash(plan, true)).await
 }
 
 /// The lock is removed behind the victim's back (operator, server clock jump).
@@ -337,8 +324,13 @@ pub async fn server_clock_jump_forward(
     target: &dyn ChaosTarget,
     plan: Plan,
 ) -> ScenarioReport {
-    let jump = Fault::ClockJump(ClockJump::Forward(CLOCK_STEP));
-    victim_scenario(target, scenario, plan, jump).await
+    victim_scenario(
+        target,
+        scenario,
+        plan,
+        Fault::clock_step(ClockJump::Forward),
+    )
+    .await
 }
 
 /// Every server's wall clock steps back by [`CLOCK_STEP`] while the victim holds the lock
@@ -350,8 +342,7 @@ pub async fn server_clock_jump_back(
     target: &dyn ChaosTarget,
     plan: Plan,
 ) -> ScenarioReport {
-    let jump = Fault::ClockJump(ClockJump::Back(CLOCK_STEP));
-    victim_scenario(target, scenario, plan, jump).await
+    victim_scenario(target, scenario, plan, Fault::clock_step(ClockJump::Back)).await
 }
 
 /// One member (the leader, where there is one) is killed while the lock is held and

@@ -12,7 +12,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{DistributedLock, DistributedLockExt, LockName};
+use lock_core::{DistributedLock, DistributedLockExt, LockGuard, LockName};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
@@ -21,7 +21,7 @@ use super::workload::{options, recover, report, SECTION};
 use super::{ChaosTarget, Plan, ScenarioReport};
 use crate::proxy::ProxyMode;
 use conformance::factory::Crash;
-use conformance::fence::FencedResource;
+use conformance::fence::{FencedResource, SectionHandle};
 use conformance::rules::unique_name;
 
 /// How long a waiter's acquire may take in all.
@@ -33,6 +33,85 @@ const GRANT_LIMIT: Duration = Duration::from_secs(30);
 /// request that queues).
 const SETTLE: Duration = Duration::from_millis(200);
 
+/// What a waiter scenario keeps as it runs: its lock, the resource the holders write, and
+/// what it found on the way.
+struct Waiting {
+    scenario: &'static str,
+    name: LockName,
+    resource: FencedResource,
+    notes: Vec<String>,
+    stalled: Vec<String>,
+}
+
+impl Waiting {
+    fn new(scenario: &'static str) -> Self {
+        Waiting {
+            scenario,
+            name: unique_name(scenario),
+            resource: FencedResource::new(),
+            notes: Vec::new(),
+            stalled: Vec::new(),
+        }
+    }
+
+    /// `holder` takes the lock and opens a section of the resource with its token: the
+    /// guard, the section and the value the section read.
+    async fn hold(&self, holder: &dyn DistributedLock) -> (LockGuard, SectionHandle, u64) {
+        let guard = holder
+            .lock_timeout(self.name.as_str(), Duration::from_secs(10))
+            .await
+            .expect("holder acquires");
+        let section = self
+            .resource
+            .begin(guard.fencing_token())
+            .expect("the first token is never stale");
+        let seen = section.read();
+        (guard, section, seen)
+    }
+
+    /// Spawns `client`'s wait for `name` ([`Waiter`]) and returns once the server shows it
+    /// waiting (the target's leftovers for `name` change), so that the next waiter queues
+    /// behind it. Notes a wait the server did not show within 2 x TTL.
+    async fn queue_up<F>(
+        &mut self,
+        target: &dyn ChaosTarget,
+        client: Arc<dyn DistributedLock>,
+        hold: F,
+        plan: Plan,
+    ) -> Waiter
+    where
+        F: Future<Output = ()> + Send + 'static,
+    {
+        let before = target.leftovers(std::slice::from_ref(&self.name)).await;
+        let waiter = Waiter::spawn(client, &self.name, &self.resource, hold);
+        let bound = plan.ttl * 2;
+        if !shows_change(target, &self.name, &before, bound).await {
+            self.notes.push(format!(
+                "a waiter was not seen waiting on the server within {} ms",
+                ms(bound)
+            ));
+        }
+        sleep(SETTLE).await;
+        waiter
+    }
+
+    /// The report, once the lock recovered: the takeover runs from the holder's release
+    /// at `released_at` to the grant that followed it.
+    async fn report(
+        self,
+        target: &dyn ChaosTarget,
+        plan: Plan,
+        released_at: Instant,
+        granted: Option<Instant>,
+    ) -> ScenarioReport {
+        let recovery = recover(target, &self.name, plan).await;
+        let mut out = report(self.scenario, target, &self.resource, recovery, self.notes);
+        out.takeover = granted.map(|at| at.saturating_duration_since(released_at));
+        out.stalled_waiters = self.stalled;
+        out
+    }
+}
+
 /// The reply to the victim's release is lost: the release is ambiguous to the victim, yet
 /// a waiter gets the lock and nothing the victim does afterwards touches it.
 pub async fn release_reply_lost(
@@ -40,31 +119,27 @@ pub async fn release_reply_lost(
     target: &dyn ChaosTarget,
     plan: Plan,
 ) -> ScenarioReport {
-    let name = unique_name(scenario);
-    let resource = FencedResource::new();
-    let (mut notes, mut stalled) = (Vec::new(), Vec::new());
+    let mut run = Waiting::new(scenario);
     let (victim, link) = target.linked_client(options(plan.ttl)).await;
     let client = target.client(options(plan.ttl)).await;
     let guard = victim
-        .lock_timeout(name.as_str(), Duration::from_secs(10))
+        .lock_timeout(run.name.as_str(), Duration::from_secs(10))
         .await
         .expect("victim acquires");
-    let _ = resource.hold_section(&guard, sleep(SECTION)).await;
+    let _ = run.resource.hold_section(&guard, sleep(SECTION)).await;
     let hold = sleep(plan.ttl / 2);
-    let mut waiter = queue_up(target, &name, client, &resource, hold, plan, &mut notes).await;
+    let mut waiter = run.queue_up(target, client, hold, plan).await;
     link.set_mode(ProxyMode::DropNextReply);
     let released_at = Instant::now();
-    notes.push(format!("victim's release: {:?}", guard.release().await));
+    run.notes
+        .push(format!("victim's release: {:?}", guard.release().await));
     link.heal();
-    let granted = waiter.granted("the waiter", &mut stalled).await;
+    let granted = waiter.granted("the waiter", &mut run.stalled).await;
     if waiter.finish().await.is_some_and(|held| !held.through) {
-        notes.push("the waiter's hold did not survive the victim's release".into());
+        run.notes
+            .push("the waiter's hold did not survive the victim's release".into());
     }
-    let recovery = recover(target, &name, plan).await;
-    let mut out = report(scenario, target, &resource, recovery, notes);
-    out.takeover = granted.map(|at| at.saturating_duration_since(released_at));
-    out.stalled_waiters = stalled;
-    out
+    run.report(target, plan, released_at, granted).await
 }
 
 /// A waiter's connections are reset just before the holder releases (a missed pub/sub
@@ -74,21 +149,12 @@ pub async fn waiter_connection_reset(
     target: &dyn ChaosTarget,
     plan: Plan,
 ) -> ScenarioReport {
-    let name = unique_name(scenario);
-    let resource = FencedResource::new();
-    let (mut notes, mut stalled) = (Vec::new(), Vec::new());
+    let mut run = Waiting::new(scenario);
     let holder = target.client(options(plan.ttl)).await;
     let (client, link) = target.linked_client(options(plan.ttl)).await;
-    let guard = holder
-        .lock_timeout(name.as_str(), Duration::from_secs(10))
-        .await
-        .expect("holder acquires");
-    let section = resource
-        .begin(guard.fencing_token())
-        .expect("the first token is never stale");
-    let seen = section.read();
+    let (guard, section, seen) = run.hold(holder.as_ref()).await;
     let hold = sleep(SECTION);
-    let mut waiter = queue_up(target, &name, client, &resource, hold, plan, &mut notes).await;
+    let mut waiter = run.queue_up(target, client, hold, plan).await;
     link.set_mode(ProxyMode::Reset);
     sleep(SECTION).await;
     section.finish(seen + 1, &guard);
@@ -96,13 +162,9 @@ pub async fn waiter_connection_reset(
     let _ = guard.release().await;
     sleep(Duration::from_millis(50)).await;
     link.heal();
-    let granted = waiter.granted("the waiter", &mut stalled).await;
+    let granted = waiter.granted("the waiter", &mut run.stalled).await;
     waiter.finish().await;
-    let recovery = recover(target, &name, plan).await;
-    let mut out = report(scenario, target, &resource, recovery, notes);
-    out.takeover = granted.map(|at| at.saturating_duration_since(released_at));
-    out.stalled_waiters = stalled;
-    out
+    run.report(target, plan, released_at, granted).await
 }
 
 /// Waiter A's connections stay reset (every connect refused) for longer than a waiter's
@@ -116,37 +178,19 @@ pub async fn waiter_long_connection_reset(
     target: &dyn ChaosTarget,
     plan: Plan,
 ) -> ScenarioReport {
-    let name = unique_name(scenario);
-    let resource = FencedResource::new();
-    let (mut notes, mut stalled) = (Vec::new(), Vec::new());
+    let mut run = Waiting::new(scenario);
     let options = options(plan.ttl);
     let outage = options.recheck * 2 + options.request_timeout + plan.ttl;
     let holder = target.client(options.clone()).await;
     let (first, link) = target.linked_client(options.clone()).await;
     let second = target.client(options.clone()).await;
-    let guard = holder
-        .lock_timeout(name.as_str(), Duration::from_secs(10))
-        .await
-        .expect("holder acquires");
-    let section = resource
-        .begin(guard.fencing_token())
-        .expect("the first token is never stale");
-    let seen = section.read();
-    let mut first = queue_up(
-        target,
-        &name,
-        first,
-        &resource,
-        sleep(SECTION),
-        plan,
-        &mut notes,
-    )
-    .await;
+    let (guard, section, seen) = run.hold(holder.as_ref()).await;
+    let mut first = run.queue_up(target, first, sleep(SECTION), plan).await;
     let (let_go, hold) = oneshot::channel::<()>();
     let hold = async move {
         let _ = hold.await;
     };
-    let mut second = queue_up(target, &name, second, &resource, hold, plan, &mut notes).await;
+    let mut second = run.queue_up(target, second, hold, plan).await;
     link.set_mode(ProxyMode::Reset);
     let reset_at = Instant::now();
     sleep(SECTION).await;
@@ -154,15 +198,15 @@ pub async fn waiter_long_connection_reset(
     let released_at = Instant::now();
     let _ = guard.release().await;
     let granted = second
-        .granted("waiter B, behind the unreachable A", &mut stalled)
+        .granted("waiter B, behind the unreachable A", &mut run.stalled)
         .await;
     sleep_until(reset_at + outage).await;
-    let before = target.leftovers(std::slice::from_ref(&name)).await;
+    let before = target.leftovers(std::slice::from_ref(&run.name)).await;
     link.heal();
     // Let A come back and queue again behind B before B lets go.
     shows_change(
         target,
-        &name,
+        &run.name,
         &before,
         options.recheck + options.request_timeout,
     )
@@ -171,21 +215,17 @@ pub async fn waiter_long_connection_reset(
     let _ = let_go.send(());
     let let_go_at = second.finish().await.map(|held| held.released);
     let back = first
-        .granted("waiter A, back after the reset", &mut stalled)
+        .granted("waiter A, back after the reset", &mut run.stalled)
         .await;
     if let (Some(back), Some(let_go_at)) = (back, let_go_at) {
-        notes.push(format!(
+        run.notes.push(format!(
             "waiter A, unreachable for {} ms, got the lock {} ms after B let go",
             ms(outage),
             ms(back.saturating_duration_since(let_go_at))
         ));
     }
     first.finish().await;
-    let recovery = recover(target, &name, plan).await;
-    let mut out = report(scenario, target, &resource, recovery, notes);
-    out.takeover = granted.map(|at| at.saturating_duration_since(released_at));
-    out.stalled_waiters = stalled;
-    out
+    run.report(target, plan, released_at, granted).await
 }
 
 /// A holder has the lock; waiter A queues, then B behind it; A's client crashes (its link
@@ -198,56 +238,26 @@ pub async fn crashed_head_waiter(
     target: &dyn ChaosTarget,
     plan: Plan,
 ) -> ScenarioReport {
-    let name = unique_name(scenario);
-    let resource = FencedResource::new();
-    let (mut notes, mut stalled) = (Vec::new(), Vec::new());
+    let mut run = Waiting::new(scenario);
     let holder = target.client(options(plan.ttl)).await;
     let (head, link) = target.linked_client(options(plan.ttl)).await;
     let behind = target.client(options(plan.ttl)).await;
-    let guard = holder
-        .lock_timeout(name.as_str(), Duration::from_secs(10))
-        .await
-        .expect("holder acquires");
     // The holder's section spans the queueing: a waiter granted meanwhile overlaps it.
-    let section = resource
-        .begin(guard.fencing_token())
-        .expect("the first token is never stale");
-    let seen = section.read();
-    let crashed = queue_up(
-        target,
-        &name,
-        head,
-        &resource,
-        sleep(SECTION),
-        plan,
-        &mut notes,
-    )
-    .await;
-    let mut next = queue_up(
-        target,
-        &name,
-        behind,
-        &resource,
-        sleep(SECTION),
-        plan,
-        &mut notes,
-    )
-    .await;
+    let (guard, section, seen) = run.hold(holder.as_ref()).await;
+    let crashed = run.queue_up(target, head, sleep(SECTION), plan).await;
+    let mut next = run.queue_up(target, behind, sleep(SECTION), plan).await;
     link.crash().await;
     sleep(SECTION).await;
     section.finish(seen + 1, &guard);
     let released_at = Instant::now();
     let _ = guard.release().await;
     let granted = next
-        .granted("waiter B, behind the crashed A", &mut stalled)
+        .granted("waiter B, behind the crashed A", &mut run.stalled)
         .await;
     next.finish().await;
-    let recovery = recover(target, &name, plan).await;
+    let out = run.report(target, plan, released_at, granted).await;
     // The crashed client never comes back; its acquire is dropped only now.
     drop(crashed);
-    let mut out = report(scenario, target, &resource, recovery, notes);
-    out.takeover = granted.map(|at| at.saturating_duration_since(released_at));
-    out.stalled_waiters = stalled;
     out
 }
 
@@ -335,34 +345,6 @@ impl Drop for Waiter {
             task.abort();
         }
     }
-}
-
-/// Spawns `client`'s wait for `name` ([`Waiter`]) and returns once the server shows it
-/// waiting (the target's leftovers for `name` change), so that the next waiter queues
-/// behind it. Notes a wait the server did not show within 2 x TTL.
-async fn queue_up<F>(
-    target: &dyn ChaosTarget,
-    name: &LockName,
-    client: Arc<dyn DistributedLock>,
-    resource: &FencedResource,
-    hold: F,
-    plan: Plan,
-    notes: &mut Vec<String>,
-) -> Waiter
-where
-    F: Future<Output = ()> + Send + 'static,
-{
-    let before = target.leftovers(std::slice::from_ref(name)).await;
-    let waiter = Waiter::spawn(client, name, resource, hold);
-    let bound = plan.ttl * 2;
-    if !shows_change(target, name, &before, bound).await {
-        notes.push(format!(
-            "a waiter was not seen waiting on the server within {} ms",
-            ms(bound)
-        ));
-    }
-    sleep(SETTLE).await;
-    waiter
 }
 
 /// Polls the target's leftovers for `name` until they differ from `before`, for up to

@@ -55,24 +55,17 @@ impl EtcdOptions {
         self
     }
 
-    /// Sets [`members`](Self::members).
-    pub fn members(mut self, n: usize) -> Self {
-        self.members = n;
-        self
-    }
-
-    /// Sets [`ready_timeout`](Self::ready_timeout).
-    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
-        self.ready_timeout = timeout;
-        self
-    }
-
     /// Appends one command-line argument to [`extra_args`](Self::extra_args).
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.extra_args.push(arg.into());
         self
     }
 }
+
+setters!(EtcdOptions {
+    members: usize,
+    ready_timeout: Duration,
+});
 
 /// What `POST /v3/maintenance/status` says about a member.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

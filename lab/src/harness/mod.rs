@@ -50,6 +50,22 @@
 //! # }
 //! ```
 
+/// Builder setters of an options struct, one per field named: `fn field(self, value) ->
+/// Self`, documented as setting that field.
+macro_rules! setters {
+    ($options:ty { $($field:ident: $ty:ty),* $(,)? }) => {
+        impl $options {
+            $(
+                #[doc = concat!("Sets [`", stringify!($field), "`](Self::", stringify!($field), ").")]
+                pub fn $field(mut self, value: $ty) -> Self {
+                    self.$field = value;
+                    self
+                }
+            )*
+        }
+    };
+}
+
 mod clock;
 mod cluster;
 mod error;

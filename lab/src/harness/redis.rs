@@ -60,33 +60,9 @@ impl Default for RedisOptions {
 }
 
 impl RedisOptions {
-    /// Sets [`persistence`](Self::persistence).
-    pub fn persistence(mut self, on: bool) -> Self {
-        self.persistence = on;
-        self
-    }
-
-    /// Sets [`ready_timeout`](Self::ready_timeout).
-    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
-        self.ready_timeout = timeout;
-        self
-    }
-
-    /// Sets [`members`](Self::members).
-    pub fn members(mut self, n: usize) -> Self {
-        self.members = n;
-        self
-    }
-
     /// Sets [`tls`](Self::tls).
     pub fn tls(mut self, certificates: impl Into<PathBuf>) -> Self {
         self.tls = Some(certificates.into());
-        self
-    }
-
-    /// Sets [`movable_clock`](Self::movable_clock).
-    pub fn movable_clock(mut self, on: bool) -> Self {
-        self.movable_clock = on;
         self
     }
 
@@ -96,6 +72,13 @@ impl RedisOptions {
         self
     }
 }
+
+setters!(RedisOptions {
+    persistence: bool,
+    ready_timeout: Duration,
+    members: usize,
+    movable_clock: bool,
+});
 
 /// One redis-server on a free loopback port, in a temp dir. Killed on drop.
 pub type RedisServer = Server<Redis>;
@@ -123,7 +106,6 @@ impl ServerKind for Redis {
     const CLUSTER_SCHEME: &'static str = "redlock";
     /// The client port and the TLS port (used with [`RedisOptions::tls`] only).
     const PORTS: usize = 2;
-    const ELECTS_LEADER: bool = false;
     /// libfaketime cannot run Debian's redis-server (jemalloc): the harness's own library.
     const CLOCK_HOOK: ClockHook = ClockHook::Own;
 

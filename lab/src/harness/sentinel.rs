@@ -76,18 +76,6 @@ impl Default for SentinelOptions {
 }
 
 impl SentinelOptions {
-    /// Sets [`replicas`](Self::replicas).
-    pub fn replicas(mut self, n: usize) -> Self {
-        self.replicas = n;
-        self
-    }
-
-    /// Sets [`partitionable`](Self::partitionable).
-    pub fn partitionable(mut self, on: bool) -> Self {
-        self.partitionable = on;
-        self
-    }
-
     /// Appends one line to the data servers' `redis.conf`.
     pub fn redis_config_line(mut self, line: impl Into<String>) -> Self {
         self.redis = self.redis.config_line(line);
@@ -98,6 +86,11 @@ impl SentinelOptions {
         self.sentinels / 2 + 1
     }
 }
+
+setters!(SentinelOptions {
+    replicas: usize,
+    partitionable: bool,
+});
 
 /// A Sentinel process (`redis-server --sentinel`).
 #[derive(Debug)]
@@ -116,7 +109,6 @@ impl ServerKind for Sentinel {
     const CLUSTER_SCHEME: &'static str = "redis+sentinel";
     /// The client port and the TLS port (used with TLS data servers only).
     const PORTS: usize = 2;
-    const ELECTS_LEADER: bool = false;
 
     fn find() -> Result<PathBuf, HarnessError> {
         find_binary("redis-server", "REDIS_SERVER_BIN", HINT)

@@ -74,8 +74,8 @@ pub trait ServerKind: fmt::Debug + Send + Sync + Sized + 'static {
     const CLUSTER_SCHEME: &'static str;
     /// Ports one member listens on (the client port first).
     const PORTS: usize;
-    /// Whether a group elects a leader (and a start waits for one).
-    const ELECTS_LEADER: bool;
+    /// Whether a group elects a leader (and a start waits for one). Default: it does not.
+    const ELECTS_LEADER: bool = false;
     /// How a preloaded library reaches this kind's wall clock (see
     /// [`clock`](super::clock)). Default: it does not.
     const CLOCK_HOOK: ClockHook =

@@ -60,28 +60,46 @@ fn assert_victim_lost_and_refused(report: &ScenarioReport, side_ok: fn(LostReaso
     );
 }
 
+/// Runs `scenario` with its faults on `sides` of `dual` (skipped when `dual` could not
+/// start) and asserts that the victim lost the lock by a reason `side_ok` accepts and
+/// that the fence refused it ([`assert_victim_lost_and_refused`]).
+async fn victim_lost_and_refused<O: SideFactory, N: SideFactory>(
+    dual: Option<DualFactory<O, N>>,
+    sides: Sides,
+    scenario: &str,
+    side_ok: fn(LostReason) -> bool,
+) {
+    let Some(dual) = dual else {
+        return;
+    };
+    let report = run_safe(scenario, &dual.faults(sides)).await;
+    assert_victim_lost_and_refused(&report, side_ok);
+}
+
 /// The holder's link to the old side (ZooKeeper) is cut for 2 x TTL: its guard turns
 /// Lost on the old side, another dual client takes over after the old side's session
 /// ends, and the fence refuses the old holder's late write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_side_partitioned() {
-    let Some(dual) = zk_redis().await else {
-        return;
-    };
-    let dual = dual.faults(Sides::Old);
-    let report = run_safe("holder_partitioned", &dual).await;
-    assert_victim_lost_and_refused(&report, lost_on_old_side);
+    victim_lost_and_refused(
+        zk_redis().await,
+        Sides::Old,
+        "holder_partitioned",
+        lost_on_old_side,
+    )
+    .await;
 }
 
 /// The same on etcd -> Redis: the holder's etcd lease ends while it is cut off.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn old_side_partitioned_etcd() {
-    let Some(dual) = etcd_redis().await else {
-        return;
-    };
-    let dual = dual.faults(Sides::Old);
-    let report = run_safe("holder_partitioned", &dual).await;
-    assert_victim_lost_and_refused(&report, lost_on_old_side);
+    victim_lost_and_refused(
+        etcd_redis().await,
+        Sides::Old,
+        "holder_partitioned",
+        lost_on_old_side,
+    )
+    .await;
 }
 
 /// The new side (a single Redis) is killed and restarted without data while a dual fleet
@@ -89,12 +107,13 @@ async fn old_side_partitioned_etcd() {
 /// and no token goes back although the new side's counter is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_side_restarted_without_data() {
-    let Some(dual) = zk_redis().await else {
-        return;
-    };
-    let dual = dual.faults(Sides::New);
-    let report = run_safe("server_restart_without_data", &dual).await;
-    assert_victim_lost_and_refused(&report, lost_on_new_side);
+    victim_lost_and_refused(
+        zk_redis().await,
+        Sides::New,
+        "server_restart_without_data",
+        lost_on_new_side,
+    )
+    .await;
 }
 
 /// A dual hold after the new side lost its counter takes the old hold's token (the czxid
@@ -174,11 +193,13 @@ async fn new_side_wipe_after_a_new_only_grant_takes_tokens_back() {
 /// after both sides let go, and the fence refuses the late write.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn holder_paused_beyond_ttl() {
-    let Some(dual) = zk_redis().await else {
-        return;
-    };
-    let report = run_safe("holder_paused_beyond_ttl", &dual.faults(Sides::Both)).await;
-    assert_victim_lost_and_refused(&report, |_| true);
+    victim_lost_and_refused(
+        zk_redis().await,
+        Sides::Both,
+        "holder_paused_beyond_ttl",
+        |_| true,
+    )
+    .await;
 }
 
 /// A dual hold lost on its new side (its key removed behind its back) lets go of its old

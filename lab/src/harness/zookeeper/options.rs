@@ -58,46 +58,10 @@ impl Default for ZkOptions {
 }
 
 impl ZkOptions {
-    /// Sets [`tick_time`](Self::tick_time).
-    pub fn tick_time(mut self, tick: Duration) -> Self {
-        self.tick_time = tick;
-        self
-    }
-
-    /// Sets [`sync_limit`](Self::sync_limit).
-    pub fn sync_limit(mut self, ticks: u32) -> Self {
-        self.sync_limit = ticks;
-        self
-    }
-
-    /// Sets [`peer_links`](Self::peer_links).
-    pub fn peer_links(mut self, on: bool) -> Self {
-        self.peer_links = on;
-        self
-    }
-
     /// Sets the session timeout bounds.
     pub fn session_timeouts(mut self, min: Duration, max: Duration) -> Self {
         self.min_session_timeout = min;
         self.max_session_timeout = max;
-        self
-    }
-
-    /// Sets [`members`](Self::members).
-    pub fn members(mut self, n: usize) -> Self {
-        self.members = n;
-        self
-    }
-
-    /// Sets [`ready_timeout`](Self::ready_timeout).
-    pub fn ready_timeout(mut self, timeout: Duration) -> Self {
-        self.ready_timeout = timeout;
-        self
-    }
-
-    /// Sets [`movable_clock`](Self::movable_clock).
-    pub fn movable_clock(mut self, on: bool) -> Self {
-        self.movable_clock = on;
         self
     }
 
@@ -107,6 +71,15 @@ impl ZkOptions {
         self
     }
 }
+
+setters!(ZkOptions {
+    tick_time: Duration,
+    sync_limit: u32,
+    peer_links: bool,
+    members: usize,
+    ready_timeout: Duration,
+    movable_clock: bool,
+});
 
 /// Certificates for a ZooKeeper serving TLS ([`ZkOptions::tls`]): a throwaway CA, a
 /// server certificate and a client certificate it signed (see
