@@ -22,7 +22,7 @@ use tokio::time::{sleep, sleep_until, Instant};
 use super::workload::{
     contend_until, first_other_start, options, recover, signed_ms, watch_lost, LostAt,
 };
-use super::{ChaosTarget, Plan, ScenarioReport};
+use super::{ChaosTarget, Plan, ScenarioReport, Scene};
 use conformance::fence::{FencedResource, SectionHandle};
 use conformance::rules::unique_name;
 
@@ -213,7 +213,12 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(scenario: &'static str, target: &'a dyn ChaosTarget, plan: Plan) -> Self {
+    fn new(scene: Scene<'a>) -> Self {
+        let Scene {
+            scenario,
+            target,
+            plan,
+        } = scene;
         Self {
             scenario,
             target,
@@ -316,15 +321,11 @@ impl<'a> Run<'a> {
 /// replica survives (its renewal finds it on the new primary); one whose key did not is
 /// granted again and its guard turns Lost at its next renewal. The old primary restarts
 /// and rejoins as a replica.
-pub async fn primary_killed_while_holding(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> Option<ScenarioReport> {
-    let run = Run::new(scenario, target, plan);
-    let primary = target.primary(&run.name).await?;
+pub async fn primary_killed_while_holding(scene: Scene<'_>) -> Option<ScenarioReport> {
+    let run = Run::new(scene);
+    let primary = run.target.primary(&run.name).await?;
     let (victim, contention) = run.held_and_contended().await;
-    let (fault_at, promotion) = kill_and_promote(target, &run.name, primary, &run.notes).await;
+    let (fault_at, promotion) = kill_and_promote(run.target, &run.name, primary, &run.notes).await;
     let mut report = run.report(promotion);
     // The victim's next renewal reaches the new primary: Held if its key is there, Lost
     // (the key is gone or another's) otherwise.
@@ -340,15 +341,11 @@ pub async fn primary_killed_while_holding(
 /// watchers and the clients still reach it); the victim acquires during the cut, so its
 /// grant lives on the primary alone (unless the deployment waits for replicas, which
 /// then refuses it); then the primary is killed and a replica promoted.
-pub async fn primary_partitioned_from_replicas(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> Option<ScenarioReport> {
-    let run = Run::new(scenario, target, plan);
-    let primary = target.primary(&run.name).await?;
-    let link = target.replication_link(primary)?;
-    let client = target.client(options(run.ttl)).await;
+pub async fn primary_partitioned_from_replicas(scene: Scene<'_>) -> Option<ScenarioReport> {
+    let run = Run::new(scene);
+    let primary = run.target.primary(&run.name).await?;
+    let link = run.target.replication_link(primary)?;
+    let client = run.target.client(options(run.ttl)).await;
     link.cut();
     let victim = run
         .victim(&*client)
@@ -367,7 +364,7 @@ pub async fn primary_partitioned_from_replicas(
         &run.notes,
         format!("{granted} sections began during the cut"),
     );
-    let (fault_at, promotion) = kill_and_promote(target, &run.name, primary, &run.notes).await;
+    let (fault_at, promotion) = kill_and_promote(run.target, &run.name, primary, &run.notes).await;
     link.heal();
     let mut report = run.report(promotion);
     if let Some(victim) = &victim {
@@ -384,15 +381,11 @@ pub async fn primary_partitioned_from_replicas(
 /// promote a replica, contenders follow and are granted the name there, while the old
 /// primary goes on renewing the victim's hold. After the partition heals the watchers
 /// demote the old primary and the victim's guard must turn Lost.
-pub async fn sentinel_split_brain(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> Option<ScenarioReport> {
-    let run = Run::new(scenario, target, plan);
-    let primary = target.primary(&run.name).await?;
-    let isolation = target.isolation_link(primary)?;
-    let (client, _own_path) = target.linked_client(options(run.ttl)).await;
+pub async fn sentinel_split_brain(scene: Scene<'_>) -> Option<ScenarioReport> {
+    let run = Run::new(scene);
+    let primary = run.target.primary(&run.name).await?;
+    let isolation = run.target.isolation_link(primary)?;
+    let (client, _own_path) = run.target.linked_client(options(run.ttl)).await;
     let victim = run
         .victim(&*client)
         .await
@@ -400,7 +393,7 @@ pub async fn sentinel_split_brain(
     let contention = run.contention().await;
     let fault_at = Instant::now();
     isolation.cut();
-    let promotion = promote(target, &run.name, primary, fault_at, &run.notes).await;
+    let promotion = promote(run.target, &run.name, primary, fault_at, &run.notes).await;
     let mut report = run.report(promotion);
     // Both primaries grant: the contenders on the new one once the victim's key expired
     // there (its renewals stopped reaching the replica at the cut), while the old one
@@ -430,15 +423,11 @@ pub async fn sentinel_split_brain(
 /// that renewals and attempts meet each step (`ASK`, then `MOVED`). A move is not a
 /// failover: nothing is lost, the victim stays Held throughout, and the next holder is
 /// granted only after its release.
-pub async fn slot_migration_while_held(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> Option<ScenarioReport> {
-    let run = Run::new(scenario, target, plan);
+pub async fn slot_migration_while_held(scene: Scene<'_>) -> Option<ScenarioReport> {
+    let run = Run::new(scene);
     let (victim, contention) = run.held_and_contended().await;
     let fault_at = Instant::now();
-    match target.migrate(&run.name, run.ttl / 3).await? {
+    match run.target.migrate(&run.name, run.ttl / 3).await? {
         Ok(moved) => note(&run.notes, moved),
         Err(err) => note(&run.notes, format!("the move failed: {err}")),
     }

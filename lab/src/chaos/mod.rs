@@ -23,6 +23,7 @@
 //! (the random fault mix), `workload` (contenders, recovery, crashes shared by all),
 //! `report` (what a run found and how the reliability report stores it).
 
+use std::fmt;
 use std::time::Duration;
 
 mod expect;
@@ -145,7 +146,11 @@ macro_rules! scenario_table {
             }
             match scenario {
                 $(stringify!($scenario) => {
-                    Option::from($scenario(stringify!($scenario), target, plan).await)
+                    Option::from($scenario(Scene {
+                        scenario: stringify!($scenario),
+                        target,
+                        plan,
+                    }).await)
                 })*
                 _ => None,
             }
@@ -154,6 +159,27 @@ macro_rules! scenario_table {
 }
 
 crate::chaos_scenarios!(scenario_table! {});
+
+/// One run of a scenario: what every scenario function takes.
+#[derive(Clone, Copy)]
+pub struct Scene<'a> {
+    /// The scenario's name (from [`SCENARIOS`]): its lock name and report carry it.
+    pub scenario: &'static str,
+    /// The deployment it breaks.
+    pub target: &'a dyn ChaosTarget,
+    /// Its timing.
+    pub plan: Plan,
+}
+
+impl fmt::Debug for Scene<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scene")
+            .field("scenario", &self.scenario)
+            .field("target", &self.target.label())
+            .field("plan", &self.plan)
+            .finish()
+    }
+}
 
 /// Timing of a scenario run.
 #[derive(Debug, Clone, Copy)]

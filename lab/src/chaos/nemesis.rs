@@ -3,7 +3,7 @@
 use std::sync::{Arc, Mutex};
 
 use super::workload::{contend, crash_members, options, recover, report};
-use super::{ChaosTarget, Link, Plan, ScenarioReport, Topology};
+use super::{Link, ScenarioReport, Scene, Topology};
 use crate::proxy::ProxyMode;
 use conformance::fence::FencedResource;
 use conformance::rules::unique_name;
@@ -12,13 +12,10 @@ use tokio::time::{sleep, Instant};
 /// A seeded random mix of faults for `plan.nemesis` while linked contenders keep
 /// cycling: link partitions, delays and resets, server pauses, and crashes with restart
 /// (of a minority of members on clusters and RedLock, of the server otherwise).
-pub async fn nemesis(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
+pub async fn nemesis(scene: Scene<'_>) -> ScenarioReport {
+    let (target, plan) = (scene.target, scene.plan);
     use rand::{rngs::StdRng, Rng, SeedableRng};
-    let name = unique_name(scenario);
+    let name = unique_name(scene.scenario);
     let resource = FencedResource::new();
     let notes = Arc::new(Mutex::new(Vec::new()));
     let mut clients = Vec::new();
@@ -119,5 +116,5 @@ pub async fn nemesis(
         started.elapsed(),
         faults.join(", ")
     ));
-    report(scenario, target, &resource, recovery, notes)
+    report(scene.scenario, target, &resource, recovery, notes)
 }

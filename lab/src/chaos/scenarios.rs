@@ -10,7 +10,7 @@ use lock_core::{DistributedLockExt, LockState};
 use tokio::time::{sleep, timeout, Instant};
 
 use super::workload::{contend, first_other_start, options, recover, report, SECTION};
-use super::{ChaosTarget, Plan, ScenarioReport};
+use super::{ScenarioReport, Scene};
 use crate::proxy::ProxyMode;
 use conformance::fence::FencedResource;
 use conformance::rules::unique_name;
@@ -19,12 +19,9 @@ use conformance::rules::unique_name;
 /// (a backup restore, a failover to a lagging replica): the lock and the fencing counter
 /// go back, yet the next holder's token is above every earlier one and the victim's
 /// write is refused.
-pub async fn stale_counter_restore(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let name = unique_name(scenario);
+pub async fn stale_counter_restore(scene: Scene<'_>) -> ScenarioReport {
+    let (target, plan) = (scene.target, scene.plan);
+    let name = unique_name(scene.scenario);
     let resource = FencedResource::new();
     let notes = Arc::new(Mutex::new(Vec::new()));
     let note = |text: String| notes.lock().expect("notes").push(text);
@@ -100,7 +97,7 @@ pub async fn stale_counter_restore(
     let _ = victim.release().await;
     let recovery = recover(target, &name, plan).await;
     let notes = notes.lock().expect("notes").clone();
-    let mut out = report(scenario, target, &resource, recovery, notes);
+    let mut out = report(scene.scenario, target, &resource, recovery, notes);
     out.fence.tokens_backwards.extend(backwards);
     out.victim_write_accepted = victim_write_accepted;
     out.victim_lost = victim_lost;
@@ -110,12 +107,9 @@ pub async fn stale_counter_restore(
 
 /// The victim's acquire travels over a link slower than the TTL: whatever it gets must
 /// not overlap a healthy holder.
-pub async fn acquire_reply_delayed(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let name = unique_name(scenario);
+pub async fn acquire_reply_delayed(scene: Scene<'_>) -> ScenarioReport {
+    let (target, plan) = (scene.target, scene.plan);
+    let name = unique_name(scene.scenario);
     let resource = FencedResource::new();
     let notes = Arc::new(Mutex::new(Vec::new()));
     let (victim, link) = target.linked_client(options(plan.ttl)).await;
@@ -165,18 +159,15 @@ pub async fn acquire_reply_delayed(
     }
     let recovery = recover(target, &name, plan).await;
     let notes = notes.lock().expect("notes").clone();
-    report(scenario, target, &resource, recovery, notes)
+    report(scene.scenario, target, &resource, recovery, notes)
 }
 
 /// Acquires with random short timeouts race grants while connections are reset: nothing
 /// stays queued or held, and the lock is free right after.
-pub async fn cancellation_under_faults(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
+pub async fn cancellation_under_faults(scene: Scene<'_>) -> ScenarioReport {
+    let (target, plan) = (scene.target, scene.plan);
     use rand::Rng;
-    let name = unique_name(scenario);
+    let name = unique_name(scene.scenario);
     let resource = FencedResource::new();
     let mut notes = Vec::new();
     let mut links = Vec::new();
@@ -222,17 +213,14 @@ pub async fn cancellation_under_faults(
     } else {
         None
     };
-    report(scenario, target, &resource, recovery, notes)
+    report(scene.scenario, target, &resource, recovery, notes)
 }
 
 /// A majority of servers is killed while the lock is held: no one else may acquire
 /// meanwhile (an error, never a second grant); after restart the lock works again.
-pub async fn majority_loss(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let name = unique_name(scenario);
+pub async fn majority_loss(scene: Scene<'_>) -> ScenarioReport {
+    let (target, plan) = (scene.target, scene.plan);
+    let name = unique_name(scene.scenario);
     let resource = FencedResource::new();
     let mut notes = Vec::new();
     let holder = target.client(options(plan.ttl)).await;
@@ -285,5 +273,5 @@ pub async fn majority_loss(
     }
     let _ = guard.release().await;
     let recovery = recover(target, &name, plan).await;
-    report(scenario, target, &resource, recovery, notes)
+    report(scene.scenario, target, &resource, recovery, notes)
 }

@@ -11,7 +11,7 @@ use tokio::time::{sleep, Instant};
 use super::workload::{
     contend, crash_members, first_other_start, options, recover, report, signed_ms, watch_lost,
 };
-use super::{ChaosTarget, Link, Plan, ScenarioReport};
+use super::{ChaosTarget, Link, Plan, ScenarioReport, Scene};
 use crate::harness::ClockJump;
 use crate::proxy::ProxyMode;
 use conformance::fence::FencedResource;
@@ -70,12 +70,12 @@ pub const CLOCK_STEP: Duration = Duration::from_secs(600);
 /// A victim holds the lock and sits in a critical section (read done, write pending)
 /// while `fault` strikes; healthy contenders keep going; then the victim writes anyway
 /// (as a paused process would) and the fence decides.
-async fn victim_scenario(
-    target: &dyn ChaosTarget,
-    scenario: &'static str,
-    plan: Plan,
-    fault: Fault<'_>,
-) -> ScenarioReport {
+async fn victim_scenario(scene: Scene<'_>, fault: Fault<'_>) -> ScenarioReport {
+    let Scene {
+        scenario,
+        target,
+        plan,
+    } = scene;
     let name = unique_name(scenario);
     let resource = FencedResource::new();
     let notes = Arc::new(Mutex::new(Vec::new()));
@@ -223,94 +223,60 @@ async fn token_after(
 
 /// The victim's link is cut for 2 x TTL: its lease ends, others take over, its late write
 /// is refused.
-pub async fn holder_partitioned(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    victim_scenario(target, scenario, plan, Fault::Partition(plan.ttl * 2)).await
+pub async fn holder_partitioned(scene: Scene<'_>) -> ScenarioReport {
+    victim_scenario(scene, Fault::Partition(scene.plan.ttl * 2)).await
 }
 
 /// The victim reaches one follower only, and that follower is cut off from its peers for
 /// 2 x TTL: it answers the victim for a while on its own (ZooKeeper: `syncLimit` ticks)
 /// while the others end the victim's session or lease and take over. `None` where the
 /// target cannot pin a client to a follower.
-pub async fn follower_partition(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> Option<ScenarioReport> {
-    let pinned = target.follower_link(options(plan.ttl)).await?;
+pub async fn follower_partition(scene: Scene<'_>) -> Option<ScenarioReport> {
+    let pinned = scene.target.follower_link(options(scene.plan.ttl)).await?;
     let fault = Fault::Pinned {
         pinned,
-        duration: plan.ttl * 2,
+        duration: scene.plan.ttl * 2,
     };
-    Some(victim_scenario(target, scenario, plan, fault).await)
+    Some(victim_scenario(scene, fault).await)
 }
 
 /// The victim stops for 2 x TTL mid-section (renewals included, as with SIGSTOP of its
 /// process), then writes without looking.
-pub async fn holder_paused_beyond_ttl(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
+pub async fn holder_paused_beyond_ttl(scene: Scene<'_>) -> ScenarioReport {
     // From the servers' side a stopped process and a cut link look the same: silence.
-    victim_scenario(target, scenario, plan, Fault::Partition(plan.ttl * 2)).await
+    victim_scenario(scene, Fault::Partition(scene.plan.ttl * 2)).await
 }
 
 /// The victim's traffic is delayed by more than the TTL for 2 x TTL.
-pub async fn long_network_delay(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
+pub async fn long_network_delay(scene: Scene<'_>) -> ScenarioReport {
     victim_scenario(
-        target,
-        scenario,
-        plan,
+        scene,
         Fault::Delay {
-            delay: plan.ttl + plan.ttl / 2,
-            duration: plan.ttl * 2,
+            delay: scene.plan.ttl + scene.plan.ttl / 2,
+            duration: scene.plan.ttl * 2,
         },
     )
     .await
 }
 
 /// Every server is stopped (SIGSTOP) for 2 x TTL, then continued.
-pub async fn stuck_server(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    victim_scenario(target, scenario, plan, Fault::StuckServer(plan.ttl * 2)).await
+pub async fn stuck_server(scene: Scene<'_>) -> ScenarioReport {
+    victim_scenario(scene, Fault::StuckServer(scene.plan.ttl * 2)).await
 }
 
 /// Every server is killed (SIGKILL) and restarted with its data.
-pub async fn server_crash_restart(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    victim_scenario(target, scenario, plan, Fault::server_crash(plan, false)).await
+pub async fn server_crash_restart(scene: Scene<'_>) -> ScenarioReport {
+    victim_scenario(scene, Fault::server_crash(scene.plan, false)).await
 }
 
 /// Every server is killed and restarted with its data wiped.
-pub async fn server_restart_without_data(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    victim_scenario(target, scenario, plan, Fault::server_crash(plan, true)).await
+pub async fn server_restart_without_data(scene: Scene<'_>) -> ScenarioReport {
+    victim_scenario(scene, Fault::server_crash(scene.plan, true)).await
 }
 
 /// The lock is removed behind the victim's back (operator, server clock jump).
-pub async fn early_key_expiry(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    victim_scenario(target, scenario, plan, Fault::Steal(target)).await
+pub async fn early_key_expiry(scene: Scene<'_>) -> ScenarioReport {
+    victim_scenario(scene, Fault::Steal(scene.target)).await
 }
 
 /// Every server's wall clock steps ahead by [`CLOCK_STEP`] (far past the TTL) while the
@@ -319,64 +285,38 @@ pub async fn early_key_expiry(
 /// at once, while the victim's guard, timed on the client's monotonic clock, vouches
 /// until its next renewal finds the key gone: only the fence turns the victim away. A
 /// server that times sessions and leases on a monotonic clock (ZooKeeper) is not moved.
-pub async fn server_clock_jump_forward(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    victim_scenario(
-        target,
-        scenario,
-        plan,
-        Fault::clock_step(ClockJump::Forward),
-    )
-    .await
+pub async fn server_clock_jump_forward(scene: Scene<'_>) -> ScenarioReport {
+    victim_scenario(scene, Fault::clock_step(ClockJump::Forward)).await
 }
 
 /// Every server's wall clock steps back by [`CLOCK_STEP`] while the victim holds the lock
 /// and contenders wait for it: holds last no shorter, and fencing tokens never go back
 /// (Redis seeds them from its clock, but never below the counter + 1): a grant after
 /// the run must carry a token above every one before.
-pub async fn server_clock_jump_back(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    victim_scenario(target, scenario, plan, Fault::clock_step(ClockJump::Back)).await
+pub async fn server_clock_jump_back(scene: Scene<'_>) -> ScenarioReport {
+    victim_scenario(scene, Fault::clock_step(ClockJump::Back)).await
 }
 
 /// One member (the leader, where there is one) is killed while the lock is held and
 /// restarted after 2 x TTL.
-pub async fn member_crash(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let which = vec![target.leader().await.unwrap_or(0)];
+pub async fn member_crash(scene: Scene<'_>) -> ScenarioReport {
+    let which = vec![scene.target.leader().await.unwrap_or(0)];
     victim_scenario(
-        target,
-        scenario,
-        plan,
+        scene,
         Fault::Members {
             which,
             wipe: false,
-            down: plan.ttl * 2,
+            down: scene.plan.ttl * 2,
         },
     )
     .await
 }
 
 /// RedLock: a majority of nodes crash and restart at once, empty.
-pub async fn redlock_restart_immediate(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let n = target.servers().len();
+pub async fn redlock_restart_immediate(scene: Scene<'_>) -> ScenarioReport {
+    let n = scene.target.servers().len();
     victim_scenario(
-        target,
-        scenario,
-        plan,
+        scene,
         Fault::Members {
             which: (0..n / 2 + 1).collect(),
             wipe: true,
@@ -388,20 +328,14 @@ pub async fn redlock_restart_immediate(
 
 /// RedLock: a minority of nodes crash and restart empty only after the TTL (the
 /// documented operating rule).
-pub async fn redlock_restart_delayed(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let n = target.servers().len();
+pub async fn redlock_restart_delayed(scene: Scene<'_>) -> ScenarioReport {
+    let n = scene.target.servers().len();
     victim_scenario(
-        target,
-        scenario,
-        plan,
+        scene,
         Fault::Members {
             which: (0..n.saturating_sub(1) / 2).collect(),
             wipe: true,
-            down: plan.ttl + plan.ttl / 2,
+            down: scene.plan.ttl + scene.plan.ttl / 2,
         },
     )
     .await

@@ -18,7 +18,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::workload::{options, recover, report, SECTION};
-use super::{ChaosTarget, Plan, ScenarioReport};
+use super::{ChaosTarget, Plan, ScenarioReport, Scene};
 use crate::proxy::ProxyMode;
 use conformance::factory::Crash;
 use conformance::fence::{FencedResource, SectionHandle};
@@ -114,12 +114,9 @@ impl Waiting {
 
 /// The reply to the victim's release is lost: the release is ambiguous to the victim, yet
 /// a waiter gets the lock and nothing the victim does afterwards touches it.
-pub async fn release_reply_lost(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let mut run = Waiting::new(scenario);
+pub async fn release_reply_lost(scene: Scene<'_>) -> ScenarioReport {
+    let (target, plan) = (scene.target, scene.plan);
+    let mut run = Waiting::new(scene.scenario);
     let (victim, link) = target.linked_client(options(plan.ttl)).await;
     let client = target.client(options(plan.ttl)).await;
     let guard = victim
@@ -144,12 +141,9 @@ pub async fn release_reply_lost(
 
 /// A waiter's connections are reset just before the holder releases (a missed pub/sub
 /// message or watch event): the waiter must still get the lock, within its re-check bound.
-pub async fn waiter_connection_reset(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let mut run = Waiting::new(scenario);
+pub async fn waiter_connection_reset(scene: Scene<'_>) -> ScenarioReport {
+    let (target, plan) = (scene.target, scene.plan);
+    let mut run = Waiting::new(scene.scenario);
     let holder = target.client(options(plan.ttl)).await;
     let (client, link) = target.linked_client(options(plan.ttl)).await;
     let (guard, section, seen) = run.hold(holder.as_ref()).await;
@@ -173,12 +167,9 @@ pub async fn waiter_connection_reset(
 /// the holder releases. B must get the lock while A is still unreachable (A's link heals
 /// only after B's grant); A, whose entry may be gone meanwhile, must queue again and get
 /// the lock after B (not hang). Takeover: the holder's release → B's grant.
-pub async fn waiter_long_connection_reset(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let mut run = Waiting::new(scenario);
+pub async fn waiter_long_connection_reset(scene: Scene<'_>) -> ScenarioReport {
+    let (target, plan) = (scene.target, scene.plan);
+    let mut run = Waiting::new(scene.scenario);
     let options = options(plan.ttl);
     let outage = options.recheck * 2 + options.request_timeout + plan.ttl;
     let holder = target.client(options.clone()).await;
@@ -233,12 +224,9 @@ pub async fn waiter_long_connection_reset(
 /// must get the lock: the backend clears the dead head within its own bound (a queue's
 /// hand-off window, A's session timeout or lease TTL, a re-check). Takeover: the holder's
 /// release → B's grant.
-pub async fn crashed_head_waiter(
-    scenario: &'static str,
-    target: &dyn ChaosTarget,
-    plan: Plan,
-) -> ScenarioReport {
-    let mut run = Waiting::new(scenario);
+pub async fn crashed_head_waiter(scene: Scene<'_>) -> ScenarioReport {
+    let (target, plan) = (scene.target, scene.plan);
+    let mut run = Waiting::new(scene.scenario);
     let holder = target.client(options(plan.ttl)).await;
     let (head, link) = target.linked_client(options(plan.ttl)).await;
     let behind = target.client(options(plan.ttl)).await;

@@ -116,14 +116,23 @@ async fn new_side_restarted_without_data() {
     .await;
 }
 
+/// Restarts the servers the faults of `dual` hit, without their data.
+async fn restart_wiped(dual: &dyn ChaosTarget) {
+    for server in dual.servers() {
+        server
+            .restart_wiped()
+            .await
+            .expect("new side restarts empty");
+    }
+}
+
 /// A dual hold after the new side lost its counter takes the old hold's token (the czxid
 /// of its ZooKeeper node), never a clock seed, and so stays above every earlier token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn token_after_new_side_wipe_is_the_old_token() {
-    let Some(dual) = zk_redis().await else {
+    let Some(dual) = zk_redis().await.map(|dual| dual.faults(Sides::New)) else {
         return;
     };
-    let dual = dual.faults(Sides::New);
     let name = unique_name("dual-wipe");
     let client = dual.client(with_ttl(dual.short_ttl())).await;
     let mut last = None;
@@ -145,12 +154,7 @@ async fn token_after_new_side_wipe_is_the_old_token() {
         assert!(Some(token) > last, "round {round}: {token} after {last:?}");
         last = Some(token);
         guard.release().await.expect("release");
-        for server in dual.servers() {
-            server
-                .restart_wiped()
-                .await
-                .expect("new side restarts empty");
-        }
+        restart_wiped(&dual).await;
     }
 }
 
@@ -162,21 +166,15 @@ async fn token_after_new_side_wipe_is_the_old_token() {
 /// migration) rests on a measured fact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn new_side_wipe_after_a_new_only_grant_takes_tokens_back() {
-    let Some(dual) = zk_redis().await else {
+    let Some(dual) = zk_redis().await.map(|dual| dual.faults(Sides::New)) else {
         return;
     };
-    let dual = dual.faults(Sides::New);
     let name = unique_name("dual-wipe-new-only");
     let new_only = dual.new_side().client(with_ttl(dual.short_ttl())).await;
     let guard = lock_patiently(&*new_only, &name, Duration::from_secs(30)).await;
     let new_only_token = guard.fencing_token();
     guard.release().await.expect("release");
-    for server in dual.servers() {
-        server
-            .restart_wiped()
-            .await
-            .expect("new side restarts empty");
-    }
+    restart_wiped(&dual).await;
     let client = dual.client(with_ttl(dual.short_ttl())).await;
     let guard = lock_patiently(&*client, &name, Duration::from_secs(30)).await;
     assert!(
@@ -381,37 +379,38 @@ async fn cancel_at_every_await_point<O: SideFactory, N: SideFactory>(
     );
 }
 
-/// Cancellation of a dual acquire on ZooKeeper -> Redis at every await point.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn cancellation_at_every_await_point() {
+/// [`cancel_at_every_await_point`] with each blocker in turn, each on a deployment that
+/// `start` makes afresh (skipped when it could not start).
+async fn cancel_with_every_blocker<O, N, F>(start: impl Fn() -> F)
+where
+    O: SideFactory,
+    N: SideFactory,
+    F: Future<Output = Option<DualFactory<O, N>>>,
+{
     for blocker in [Blocker::Free, Blocker::OldOnly, Blocker::NewOnly] {
-        let Some(dual) = zk_redis().await else {
+        let Some(dual) = start().await else {
             return;
         };
         cancel_at_every_await_point(dual, blocker).await;
     }
+}
+
+/// Cancellation of a dual acquire on ZooKeeper -> Redis at every await point.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_at_every_await_point() {
+    cancel_with_every_blocker(zk_redis).await;
 }
 
 /// The same on ZooKeeper -> RedLock (3 nodes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancellation_at_every_await_point_redlock() {
-    for blocker in [Blocker::Free, Blocker::OldOnly, Blocker::NewOnly] {
-        let Some(dual) = zk_redlock().await else {
-            return;
-        };
-        cancel_at_every_await_point(dual, blocker).await;
-    }
+    cancel_with_every_blocker(zk_redlock).await;
 }
 
 /// The same on etcd -> Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancellation_at_every_await_point_etcd() {
-    for blocker in [Blocker::Free, Blocker::OldOnly, Blocker::NewOnly] {
-        let Some(dual) = etcd_redis().await else {
-            return;
-        };
-        cancel_at_every_await_point(dual, blocker).await;
-    }
+    cancel_with_every_blocker(etcd_redis).await;
 }
 
 /// A loss reported on the old side.
