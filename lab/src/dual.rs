@@ -15,6 +15,8 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::{DistributedLock, LockName, LockOptions};
 
+pub use crate::chaos::Sides;
+
 use crate::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use conformance::factory::{connect_patiently, Crash, Factory};
 
@@ -30,27 +32,6 @@ pub trait SideFactory: ChaosTarget {
     /// [`Factory::leftovers`].
     async fn side_leftovers(&self, names: &[LockName]) -> Vec<String> {
         self.leftovers(names).await
-    }
-}
-
-/// Which sides of a dual deployment a hook or a fault touches.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Sides {
-    /// The old backend only.
-    Old,
-    /// The new backend only.
-    New,
-    /// Both backends.
-    Both,
-}
-
-impl Sides {
-    fn has_old(self) -> bool {
-        matches!(self, Sides::Old | Sides::Both)
-    }
-
-    fn has_new(self) -> bool {
-        matches!(self, Sides::New | Sides::Both)
     }
 }
 

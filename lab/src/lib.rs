@@ -3,7 +3,8 @@
 //!
 //! - [`harness`]: redis-server, ZooKeeper and etcd started as child processes on free
 //!   127.0.0.1 ports, single or clustered, with kill, pause, restart and clock jumps.
-//! - [`proxy`]: a TCP fault proxy between a client and a server (delay, cut, blackhole).
+//! - [`proxy`]: a TCP fault proxy between a client and a server (delays, blackholes,
+//!   resets, a lost reply).
 //! - [`chaos`]: fault scenarios around a lock guarding a fenced resource, what each
 //!   deployment promises under them, and the reliability report's rows;
 //!   [`chaos_suite!`] expands them into tests for a [`chaos::ChaosTarget`].

@@ -2,7 +2,7 @@
 //! after it, that [`expectation`](super::expectation) dispatches to through [`promise`],
 //! which also derives a dual deployment's promise from its sides'.
 
-use crate::dual::Sides;
+use super::Sides;
 
 use super::Topology::{self, Dual, InProcess, Independent, Quorum, Replicated, Single};
 

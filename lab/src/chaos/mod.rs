@@ -46,7 +46,7 @@ pub use report::{record_row, ReportRow, ScenarioReport};
 pub use scenarios::{
     acquire_reply_delayed, cancellation_under_faults, majority_loss, stale_counter_restore,
 };
-pub use topology::{ChaosTarget, Link, ServerControl, Switch, Topology};
+pub use topology::{ChaosTarget, Link, ServerControl, Sides, Switch, Topology};
 
 use crate::harness::WallClock;
 pub use victim::{

@@ -10,10 +10,30 @@ use async_trait::async_trait;
 use lock_core::memory::MemoryLock;
 use lock_core::{DistributedLock, LockName, LockOptions};
 
-use crate::dual::Sides;
 pub use crate::harness::ServerControl;
 use crate::proxy::{FaultProxy, ProxyMode};
 use conformance::factory::{Crash, Factory};
+
+/// Which sides of a dual deployment a hook or a fault touches.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sides {
+    /// The old backend only.
+    Old,
+    /// The new backend only.
+    New,
+    /// Both backends.
+    Both,
+}
+
+impl Sides {
+    pub(crate) fn has_old(self) -> bool {
+        matches!(self, Sides::Old | Sides::Both)
+    }
+
+    pub(crate) fn has_new(self) -> bool {
+        matches!(self, Sides::New | Sides::Both)
+    }
+}
 
 /// How a backend is deployed; selects the scenarios that apply.
 #[derive(Debug, Clone, PartialEq, Eq)]
