@@ -8,7 +8,7 @@
 //! runs. Every worker writes a fenced counter with its fencing token; at the end the
 //! counter's history shows no two holders inside at once and no token going back.
 //!
-//! The servers are throwaway ones on free 127.0.0.1 ports (the conformance harness), as
+//! The servers are throwaway ones on free 127.0.0.1 ports (the lab's harness), as
 //! for the tests and lockbench. The processes are `fleet_member`s (built next to this
 //! program): each knows only its lock URL. docs/migration.md is the runbook this follows.
 //!
