@@ -37,9 +37,9 @@ CHAOS_ENV = CHAOS_LONG=1 CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED)
 	CHAOS_REPORT_DIR=$(CURDIR)/chaos-report LOCK_TEST_STRICT=1
 chaos: deps
 	rm -rf chaos-report && mkdir -p chaos-report
-	$(CHAOS_ENV) $(CARGO) test --release -p conformance -p lock-redis -p lock-zookeeper \
+	$(CHAOS_ENV) $(CARGO) test --release -p lab -p lock-redis -p lock-zookeeper \
 		-p lock-etcd --test chaos -- --test-threads 2
-	$(CHAOS_ENV) $(CARGO) test --release -p conformance --test dual_chaos -- --test-threads 2
+	$(CHAOS_ENV) $(CARGO) test --release -p lab --test dual_chaos -- --test-threads 2
 	CHAOS_REPORT_DIR=$(CURDIR)/chaos-report LOCK_TEST_STRICT=1 \
 		$(CARGO) test --release -p lockctl --test signals
 	$(CARGO) run --quiet --release -p examples --bin chaos_report -- chaos-report

@@ -1,20 +1,21 @@
-//! The distlock conformance suite, real-server harness, TCP fault proxy and
-//! fenced-resource checker.
+//! The distlock conformance suite: what a backend author needs to prove a backend.
 //!
-//! A backend proves itself by implementing [`Factory`] and expanding
-//! [`conformance_suite!`] in one of its test files: one `#[tokio::test]` per rule of
-//! the contract, each named after the rule in [`rules`].
+//! - [`Factory`]: how the suite makes clients of your backend, crashes one, steals a lock
+//!   behind its holder's back and lists what is left on the server.
+//! - [`conformance_suite!`]: expanded in one of your test files, one `#[tokio::test]` per
+//!   rule of the contract, each named after its function in [`rules`].
+//! - [`FencedResource`] and [`FenceServer`]: the fenced resource the rules write through,
+//!   which turns away stale fencing tokens and reports overlapping sections.
+//! - [`inspection`]: `Backend::inspect` checked the same way on every backend that queues.
+//! - [`memory::MemoryFactory`]: the reference backend, which passes the whole suite.
+//!
+//! Real servers, the fault proxy and the fault scenarios are the `lab` crate's, not this
+//! one's: a backend needs none of them to run the suite.
 
-pub mod chaos;
-pub mod curator;
-pub mod dual;
 pub mod factory;
 pub mod fence;
-pub mod harness;
 pub mod inspection;
-pub mod interleavings;
 pub mod memory;
-pub mod proxy;
 pub mod rules;
 
 pub use factory::{connect_patiently, lock_patiently, with_ttl, Crash, Factory};
@@ -77,69 +78,6 @@ macro_rules! conformance_suite {
                     return;
                 };
                 $crate::rules::$rule(&factory).await;
-            }
-        )*
-    };
-}
-
-/// Expands to one `#[tokio::test]` per fault scenario of [`chaos::SCENARIOS`] for a
-/// [`chaos::ChaosTarget`]; each asserts what [`chaos::target_expectation`] promises
-/// for the target and says loudly when a scenario does not apply. The tests follow
-/// the one list of scenarios, [`chaos_scenarios!`].
-///
-/// With `short:` a [`chaos::ShortRun`], only some scenarios run in the short plan (`make
-/// test`), the others only in the long one (`CHAOS_LONG=1`, `make chaos`): see
-/// [`chaos::runs_now`]. With `scenarios: [a, b]`, only those scenarios, in both plans (a
-/// deployment that exists for them, e.g. servers on a movable clock).
-#[macro_export]
-macro_rules! chaos_suite {
-    ($target:expr, short: $short:expr) => {
-        $crate::chaos_scenarios!($crate::chaos_suite! { @scenarios $target; $short; });
-    };
-    ($target:expr) => {
-        $crate::chaos_suite!($target, short: $crate::chaos::ShortRun::All);
-    };
-    ($target:expr, scenarios: [$($scenario:ident),* $(,)?]) => {
-        $crate::chaos_suite! { @scenarios $target; $crate::chaos::ShortRun::All; $($scenario),* }
-    };
-    (@scenarios $target:expr; $short:expr; $($scenario:ident),* $(,)?) => {
-        $(
-            #[doc = concat!("Fault scenario [`conformance::chaos::", stringify!($scenario), "`].")]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $scenario() {
-                if !$crate::chaos::runs_now(stringify!($scenario), $short) {
-                    return;
-                }
-                let Some(target) = $crate::factory::StartedFactory::started($target.await) else {
-                    return;
-                };
-                $crate::chaos::check(stringify!($scenario), &target).await;
-            }
-        )*
-    };
-}
-
-/// Expands to one `#[tokio::test]` per interleaving of [`interleavings`] that needs only a
-/// [`chaos::ChaosTarget`] (the ones that wrap a backend's protocol half are written per
-/// backend, since each opens its backend in its own way).
-#[macro_export]
-macro_rules! interleavings_suite {
-    ($target:expr) => {
-        $crate::interleavings_suite!(@checks $target;
-            extend_for_keeps_an_auto_renewed_hold,
-            ended_hold_released_despite_a_broken_link,
-            waiter_outlives_its_session,
-        );
-    };
-    (@checks $target:expr; $($check:ident),* $(,)?) => {
-        $(
-            #[doc = concat!("Interleaving [`conformance::interleavings::", stringify!($check), "`].")]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $check() {
-                let Some(target) = $crate::factory::StartedFactory::started($target.await) else {
-                    return;
-                };
-                $crate::interleavings::$check(&target).await;
             }
         )*
     };

@@ -7,7 +7,6 @@ use async_trait::async_trait;
 use lock_core::memory::{MemoryBackend, MemoryLock, MemorySpace};
 use lock_core::{DistributedLock, LockName, LockOptions};
 
-use crate::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use crate::factory::{Crash, Factory};
 
 /// Clients of one private memory space.
@@ -27,7 +26,8 @@ impl MemoryFactory {
         }
     }
 
-    fn make(&self, options: LockOptions) -> Arc<MemoryLock> {
+    /// A new client of this factory's space, as its concrete type.
+    pub fn memory_lock(&self, options: LockOptions) -> Arc<MemoryLock> {
         Arc::new(
             MemoryBackend::client(Arc::clone(&self.space), options)
                 .expect("suite options are valid"),
@@ -67,14 +67,14 @@ impl Factory for MemoryFactory {
     }
 
     async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
-        self.make(options)
+        self.memory_lock(options)
     }
 
     async fn crashable_client(
         &self,
         options: LockOptions,
     ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
-        let client = self.make(options);
+        let client = self.memory_lock(options);
         (client.clone(), Box::new(MemoryCrash(client)))
     }
 
@@ -94,21 +94,5 @@ impl Factory for MemoryFactory {
             }
         }
         left
-    }
-}
-
-#[async_trait]
-impl ChaosTarget for MemoryFactory {
-    fn topology(&self) -> Topology {
-        Topology::InProcess
-    }
-
-    async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
-        let client = self.make(options);
-        (client.clone(), Link::Memory(client))
-    }
-
-    fn servers(&self) -> Vec<&dyn ServerControl> {
-        Vec::new()
     }
 }

@@ -1,5 +1,3 @@
 //! The whole conformance suite on `memory://`, the reference backend.
 
 conformance::conformance_suite!(async { conformance::memory::MemoryFactory::new() });
-
-conformance::interleavings_suite!(async { conformance::memory::MemoryFactory::new() });

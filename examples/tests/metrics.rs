@@ -16,8 +16,8 @@ use std::net::SocketAddr;
 use std::process::Stdio;
 use std::time::Duration;
 
-use conformance::harness::{or_skip, EtcdServer, RedisServer, ZkServer};
 use distlock::LockName;
+use lab::harness::{or_skip, EtcdServer, RedisServer, ZkServer};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::process::{Child, ChildStdin, Command};

@@ -6,9 +6,9 @@ mod common;
 use std::time::Duration;
 
 use common::{keys_under, with_ttl, EtcdFactory};
-use conformance::chaos::ChaosTarget;
 use conformance::rules::unique_name;
 use conformance::Factory;
+use lab::chaos::ChaosTarget;
 use lock_core::DistributedLockExt;
 use tokio::time::{sleep, Instant};
 

@@ -1,32 +1,32 @@
 //! The fault scenarios on etcd: a single member and a 3-member cluster. Each asserts the
-//! guarantee `conformance::chaos::expectation` states for the topology.
+//! guarantee `lab::chaos::expectation` states for the topology.
 
 mod common;
 
 /// Scenarios on a single member.
 mod single {
     use super::common::EtcdFactory;
-    conformance::chaos_suite!(
+    lab::chaos_suite!(
         async { EtcdFactory::start().await },
-        short: conformance::chaos::ShortRun::Except(conformance::chaos::OWN_DEPLOYMENT_SCENARIOS)
+        short: lab::chaos::ShortRun::Except(lab::chaos::OWN_DEPLOYMENT_SCENARIOS)
     );
 }
 
 /// Scenarios on a 3-member cluster.
 mod cluster {
     use super::common::EtcdFactory;
-    conformance::chaos_suite!(
+    lab::chaos_suite!(
         async { EtcdFactory::start_cluster().await },
-        short: conformance::chaos::ShortRun::Except(conformance::chaos::OWN_DEPLOYMENT_SCENARIOS)
+        short: lab::chaos::ShortRun::Except(lab::chaos::OWN_DEPLOYMENT_SCENARIOS)
     );
 }
 
 /// The server clock jumps do not apply to etcd, and the suite records why: a Go program
 /// reads the clock without the C library, so no preloaded library moves it (see
-/// `conformance::harness::ClockHook`).
+/// `lab::harness::ClockHook`).
 mod clock {
     use super::common::EtcdFactory;
-    conformance::chaos_suite!(
+    lab::chaos_suite!(
         async { EtcdFactory::start().await },
         scenarios: [server_clock_jump_forward, server_clock_jump_back]
     );

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{client, cluster, raw_client, trace, with_ttl};
-use conformance::harness::EtcdCluster;
+use lab::harness::EtcdCluster;
 use lock_core::{DistributedLockExt, ErrorKind, LockState, ReleaseOutcome};
 use lock_etcd::EtcdLock;
 use tokio::time::{sleep, timeout, Instant};

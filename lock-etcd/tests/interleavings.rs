@@ -1,5 +1,5 @@
 //! Interleavings opened deterministically around this backend (see
-//! `conformance::interleavings`): the ones that wrap its protocol half, then the shared
+//! `lab::interleavings`): the ones that wrap its protocol half, then the shared
 //! ones. Every acquire attempt is distinguishable on the server, so the late cleanup of
 //! a failed attempt never removes what a retry of the same acquisition took.
 
@@ -8,8 +8,8 @@ mod common;
 use std::time::Duration;
 
 use common::{config, with_ttl, EtcdFactory};
-use conformance::interleavings::{retry_survives_late_cleanup, LateCleanup};
 use conformance::Factory;
+use lab::interleavings::{retry_survives_late_cleanup, LateCleanup};
 use lock_core::raw::Connect;
 use lock_etcd::EtcdBackend;
 
@@ -30,4 +30,4 @@ async fn retry_survives_late_cleanup_on_etcd() {
     retry_survives_late_cleanup(flaky, options, other, &name).await;
 }
 
-conformance::interleavings_suite!(EtcdFactory::start());
+lab::interleavings_suite!(EtcdFactory::start());

@@ -13,11 +13,11 @@ use common::{
     client, config, enable_auth, go_key, go_lease, keys_under, plain_client, raw_client, single,
     with_ttl, EtcdFactory, EtcdctlLock, GoKey, PREFIX,
 };
-use conformance::chaos::ChaosTarget;
 use conformance::inspection::{inspect_until, release, wait_for};
-use conformance::proxy::ProxyMode;
 use conformance::rules::{eventually_empty, unique_name};
 use etcd_client::{Client, ConnectOptions, PutOptions};
+use lab::chaos::ChaosTarget;
+use lab::proxy::ProxyMode;
 use lock_core::{
     DistributedLock, DistributedLockExt, ErrorKind, FencingToken, LockGuard, LockName, LockOptions,
     LostReason, Participant, ReleaseOutcome, RenewalMode,

@@ -7,8 +7,8 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::Duration;
 
-use conformance::harness::free_ports;
-use conformance::harness::tls::make_certificates;
+use lab::harness::free_ports;
+use lab::harness::tls::make_certificates;
 use lock_core::{DistributedLockExt, ErrorKind, ReleaseOutcome};
 use tokio::process::{Child, Command};
 use tokio::time::{sleep, Instant};

@@ -1,6 +1,6 @@
 //! The fault scenarios on Redis: one server without persistence, RedLock over five
 //! independent servers, a primary with two replicas behind three Sentinels (with and
-//! without `wait_replicas`), and a cluster of three primaries with a replica each. Each asserts the guarantee `conformance::chaos::expectation`
+//! without `wait_replicas`), and a cluster of three primaries with a replica each. Each asserts the guarantee `lab::chaos::expectation`
 //! states for the topology: where Redis cannot keep mutual exclusion (data loss, early
 //! expiry, RedLock nodes restarted at once), the fence must still turn the stale writer
 //! away and the lock must work again afterwards.
@@ -9,17 +9,17 @@ mod common;
 
 /// Scenarios on one server.
 mod single {
-    conformance::chaos_suite!(
+    lab::chaos_suite!(
         async { crate::common::RedisFactory::single().await },
-        short: conformance::chaos::ShortRun::Except(conformance::chaos::OWN_DEPLOYMENT_SCENARIOS)
+        short: lab::chaos::ShortRun::Except(lab::chaos::OWN_DEPLOYMENT_SCENARIOS)
     );
 }
 
 /// The server clock jumps, on one server whose wall clock the harness moves (see
-/// `conformance::harness::ClockHook`), in `make test` and `make chaos` alike.
+/// `lab::harness::ClockHook`), in `make test` and `make chaos` alike.
 mod clock {
-    use conformance::harness::RedisOptions;
-    conformance::chaos_suite!(
+    use lab::harness::RedisOptions;
+    lab::chaos_suite!(
         async {
             let options = RedisOptions::default().movable_clock(true);
             crate::common::RedisFactory::single_with(options).await
@@ -30,9 +30,9 @@ mod clock {
 
 /// Scenarios on RedLock with five servers.
 mod redlock {
-    conformance::chaos_suite!(
+    lab::chaos_suite!(
         async { crate::common::RedisFactory::redlock(5).await },
-        short: conformance::chaos::ShortRun::Except(conformance::chaos::OWN_DEPLOYMENT_SCENARIOS)
+        short: lab::chaos::ShortRun::Except(lab::chaos::OWN_DEPLOYMENT_SCENARIOS)
     );
 }
 
@@ -40,9 +40,9 @@ mod redlock {
 /// the replicas and the split brain run in `make test` (`tests/sentinel.rs` kills the
 /// primary there too), the others in `make chaos`.
 mod sentinel {
-    conformance::chaos_suite!(
+    lab::chaos_suite!(
         async { crate::common::SentinelFactory::chaos(0).await },
-        short: conformance::chaos::ShortRun::Only(&[
+        short: lab::chaos::ShortRun::Only(&[
             "primary_partitioned_from_replicas",
             "sentinel_split_brain",
         ])
@@ -52,9 +52,9 @@ mod sentinel {
 /// The same deployment, with grants acknowledged by a replica (`wait_replicas=1`); the
 /// partition from the replicas runs in `make test`, the others in `make chaos`.
 mod sentinel_wait {
-    conformance::chaos_suite!(
+    lab::chaos_suite!(
         async { crate::common::SentinelFactory::chaos(1).await },
-        short: conformance::chaos::ShortRun::Only(&["primary_partitioned_from_replicas"])
+        short: lab::chaos::ShortRun::Only(&["primary_partitioned_from_replicas"])
     );
 }
 
@@ -69,8 +69,8 @@ mod sentinel_wait {
 mod cluster {
     use std::time::Duration;
 
-    use conformance::chaos::{check, runs_now, ChaosTarget, ShortRun};
     use conformance::Factory;
+    use lab::chaos::{check, runs_now, ChaosTarget, ShortRun};
     use lock_core::{DistributedLockExt, LockState};
     use tokio::time::{sleep, Instant};
 
@@ -132,7 +132,7 @@ mod cluster {
 
     macro_rules! on_a_cluster {
         ($($scenario:ident),* $(,)?) => {$(
-            #[doc = concat!("Fault scenario [`conformance::chaos::", stringify!($scenario), "`].")]
+            #[doc = concat!("Fault scenario [`lab::chaos::", stringify!($scenario), "`].")]
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn $scenario() {
                 on_a_cluster(stringify!($scenario)).await;

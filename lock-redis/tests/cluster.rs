@@ -16,9 +16,9 @@ use std::time::Duration;
 use common::{
     end_holds, fenced_waiter, hold_sections, raw, unique_name as name, with_ttl, ClusterFactory,
 };
-use conformance::harness::RedisServer;
 use conformance::{lock_patiently, Factory, FencedResource};
 use futures::future::join_all;
+use lab::harness::RedisServer;
 use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState, ReleaseOutcome};
 use lock_redis::{KeyLayout, RedisLock, DEFAULT_PREFIX};
 use tokio::time::{sleep, timeout, Instant};
@@ -818,7 +818,7 @@ async fn a_stopped_primary_delays_only_its_own_holds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_seeds_are_typed_errors() {
     lock_core::raw::register::<lock_redis::RedisBackend>();
-    let port = conformance::harness::free_port().expect("a free port");
+    let port = lab::harness::free_port().expect("a free port");
     let started = Instant::now();
     let err = lock_core::connect(&format!(
         "redis+cluster://127.0.0.1:{port}?request_timeout=500ms"
@@ -832,7 +832,7 @@ async fn bad_seeds_are_typed_errors() {
         started.elapsed()
     );
 
-    let Some(plain) = conformance::harness::or_skip(RedisServer::start().await) else {
+    let Some(plain) = lab::harness::or_skip(RedisServer::start().await) else {
         return;
     };
     let started = Instant::now();

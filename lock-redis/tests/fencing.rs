@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use common::{config_for, unique_name as name, with_ttl, RedisFactory};
 use conformance::fence::SectionHandle;
-use conformance::harness::RedisOptions;
-use conformance::proxy::{FaultProxy, ProxyMode};
 use conformance::FencedResource;
+use lab::harness::RedisOptions;
+use lab::proxy::{FaultProxy, ProxyMode};
 use lock_core::raw::Connect;
 use lock_core::raw::{AcquireRequest, Backend};
 use lock_core::{DistributedLockExt, LockGuard, LockName, LockOptions, OwnerToken};

@@ -1,5 +1,5 @@
 //! Interleavings opened deterministically around this backend (see
-//! `conformance::interleavings`): the ones that wrap its protocol half, then the shared
+//! `lab::interleavings`): the ones that wrap its protocol half, then the shared
 //! ones. Every acquire attempt is distinguishable on the server, so the late cleanup of
 //! a failed attempt never removes what a retry of the same acquisition took.
 
@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{config_for, with_ttl, RedisFactory};
-use conformance::interleavings::{
+use lab::interleavings::{
     last_applied_extension_wins, retry_survives_late_cleanup, LateCleanup, SlowRenewalReply,
 };
 use lock_core::raw::Connect;
@@ -64,4 +64,4 @@ async fn last_applied_extension_wins_on_redis() {
     last_applied_extension_wins(slow, options, other, &name).await;
 }
 
-conformance::interleavings_suite!(RedisFactory::single());
+lab::interleavings_suite!(RedisFactory::single());

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{config_for, unique_name as name, with_ttl, RedisFactory};
-use conformance::proxy::{FaultProxy, ProxyMode};
+use lab::proxy::{FaultProxy, ProxyMode};
 use lock_core::raw::{AcquireRequest, Backend, Connect};
 use lock_core::{FencingToken, LockName, LockOptions, Occupancy, OwnerToken};
 use lock_redis::{KeyLayout, RedisBackend, RedisHold, DEFAULT_PREFIX};

@@ -7,8 +7,8 @@ mod common;
 use std::time::Duration;
 
 use common::raw;
-use conformance::harness::tls::make_certificates;
-use conformance::harness::{free_port, or_skip, RedisOptions, RedisServer};
+use lab::harness::tls::make_certificates;
+use lab::harness::{free_port, or_skip, RedisOptions, RedisServer};
 use lock_core::{DistributedLockExt, ErrorKind, ReleaseOutcome};
 
 const USER_PASSWORD: &str = "l0ck-Pa55-user";

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{command_calls, raw, unique_name as name, with_ttl, RedisFactory};
-use conformance::harness::{or_skip, RedisOptions, RedisServer};
+use lab::harness::{or_skip, RedisOptions, RedisServer};
 use lock_core::{DistributedLockExt, LockName, LockState, LostReason, ReleaseOutcome};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
@@ -301,7 +301,7 @@ async fn renewal_is_one_call_per_interval_for_all_holds() {
 /// with the wrong request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lost_replies_are_cleaned_up_and_recovered_from() {
-    use conformance::proxy::{FaultProxy, ProxyMode};
+    use lab::proxy::{FaultProxy, ProxyMode};
     use lock_core::ErrorKind;
 
     let Some(server) = or_skip(RedisServer::start().await) else {

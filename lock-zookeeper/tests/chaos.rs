@@ -1,15 +1,15 @@
 //! The fault scenarios on ZooKeeper: a standalone server, the same over mutual TLS
 //! (`zks://`), and a 3-member ensemble. Each
-//! asserts the guarantee `conformance::chaos::expectation` states for the topology.
+//! asserts the guarantee `lab::chaos::expectation` states for the topology.
 
 mod common;
 
 /// Scenarios on a standalone server.
 mod standalone {
     use super::common::ZkFactory;
-    conformance::chaos_suite!(
+    lab::chaos_suite!(
         async { ZkFactory::start().await },
-        short: conformance::chaos::ShortRun::Except(conformance::chaos::OWN_DEPLOYMENT_SCENARIOS)
+        short: lab::chaos::ShortRun::Except(lab::chaos::OWN_DEPLOYMENT_SCENARIOS)
     );
 }
 
@@ -19,10 +19,10 @@ mod clock {
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
     use super::common::{create_persistent, ZkFactory, BASE};
-    use conformance::harness::{ClockHook, ClockJump, ZkOptions};
+    use lab::harness::{ClockHook, ClockJump, ZkOptions};
     use zookeeper_client as zk;
 
-    conformance::chaos_suite!(
+    lab::chaos_suite!(
         async { ZkFactory::start_with(ZkOptions::default().movable_clock(true)).await },
         scenarios: [server_clock_jump_forward, server_clock_jump_back]
     );
@@ -83,9 +83,9 @@ mod clock {
 /// Scenarios on a 3-member ensemble (a follower can be cut off from its peers).
 mod ensemble {
     use super::common::ZkFactory;
-    conformance::chaos_suite!(
+    lab::chaos_suite!(
         async { ZkFactory::start_partitionable_ensemble().await },
-        short: conformance::chaos::ShortRun::Except(conformance::chaos::OWN_DEPLOYMENT_SCENARIOS)
+        short: lab::chaos::ShortRun::Except(lab::chaos::OWN_DEPLOYMENT_SCENARIOS)
     );
 }
 
@@ -94,12 +94,12 @@ mod ensemble {
 /// a crash with restart (a new TLS session) in `make test`, the others in `make chaos`.
 mod tls {
     use super::common::ZkFactory;
-    use conformance::harness::ZkTls;
-    conformance::chaos_suite!(
+    use lab::harness::ZkTls;
+    lab::chaos_suite!(
         async {
             let tls = ZkTls::make().await.expect("certificates").client_auth(true);
             ZkFactory::start_tls(tls).await
         },
-        short: conformance::chaos::ShortRun::Only(&["holder_partitioned", "server_crash_restart"])
+        short: lab::chaos::ShortRun::Only(&["holder_partitioned", "server_crash_restart"])
     );
 }

@@ -19,7 +19,7 @@ mod ensemble {
 /// Every rule over TLS (`zks://`) with a client certificate the server requires.
 mod tls {
     use super::common::ZkFactory;
-    use conformance::harness::ZkTls;
+    use lab::harness::ZkTls;
     conformance::conformance_suite!(async {
         let tls = ZkTls::make().await.expect("certificates").client_auth(true);
         ZkFactory::start_tls(tls).await

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{queue, record_states, seen, unique_name, with_ttl, ZkFactory};
-use conformance::harness::{ZkEnsemble, ZkServer, ZkTls};
-use conformance::proxy::ProxyMode;
+use lab::harness::{ZkEnsemble, ZkServer, ZkTls};
+use lab::proxy::ProxyMode;
 use lock_core::{
     DistributedLockExt, ErrorKind, LockGuard, LockName, LockState, LostReason, ReleaseOutcome,
 };

@@ -1,5 +1,5 @@
 //! Interleavings opened deterministically around this backend (see
-//! `conformance::interleavings`): the ones that wrap its protocol half, then the shared
+//! `lab::interleavings`): the ones that wrap its protocol half, then the shared
 //! ones. Every acquire attempt is distinguishable on the server, so the late cleanup of
 //! a failed attempt never removes what a retry of the same acquisition took; an acquire
 //! dropped while its first requests are in flight leaves no node.
@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{config, create_persistent, queue, unique_name, with_ttl, ZkFactory, BASE};
-use conformance::interleavings::{retry_survives_late_cleanup, Cleanup, LateCleanup};
 use conformance::Factory;
+use lab::interleavings::{retry_survives_late_cleanup, Cleanup, LateCleanup};
 use lock_core::raw::Connect;
 use lock_core::DistributedLockExt;
 use lock_zookeeper::{lock_dir, queue_order, ZkBackend, ZkHold};
@@ -141,4 +141,4 @@ async fn acquire_dropped_with_its_requests_in_flight_leaves_no_node() {
     guard.release().await.expect("release");
 }
 
-conformance::interleavings_suite!(ZkFactory::start());
+lab::interleavings_suite!(ZkFactory::start());

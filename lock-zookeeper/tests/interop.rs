@@ -3,7 +3,7 @@
 //! holds the mutex on the same path as our lock. Both exclude each other and mixed
 //! waiters are served in sequence order.
 //!
-//! The Java program is [`conformance::curator`]'s. Without java, javac or the Curator jars
+//! The Java program is [`lab::curator`]'s. Without java, javac or the Curator jars
 //! the tests print a loud notice and pass, unless `LOCK_TEST_STRICT=1`, where they fail.
 
 mod common;

@@ -13,8 +13,8 @@ use std::time::Duration;
 use common::{
     config, create_persistent, queue, raw_client, record_states, seen, unique_name, with_ttl, BASE,
 };
-use conformance::harness::{or_skip, ZkEnsemble, ZkOptions};
-use conformance::proxy::{FaultProxy, ProxyMode};
+use lab::harness::{or_skip, ZkEnsemble, ZkOptions};
+use lab::proxy::{FaultProxy, ProxyMode};
 use lock_core::{DistributedLockExt, ReleaseOutcome};
 use lock_zookeeper::{lock_dir, ZkLock};
 use tokio::time::{sleep, timeout, Instant};

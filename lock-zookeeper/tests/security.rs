@@ -8,7 +8,7 @@ mod common;
 use std::time::Duration;
 
 use common::{create_persistent, hand_over, queue, unique_name, with_ttl, ZkFactory, BASE};
-use conformance::harness::{or_skip, ZkOptions, ZkServer, ZkTls};
+use lab::harness::{or_skip, ZkOptions, ZkServer, ZkTls};
 use lock_core::{DistributedLockExt, ErrorKind, ReleaseOutcome};
 use lock_zookeeper::lock_dir;
 use tokio::time::Instant;
@@ -184,7 +184,7 @@ async fn chroot_scopes_every_path() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_errors_hide_the_password() {
     lock_core::raw::register::<lock_zookeeper::ZkBackend>();
-    let port = conformance::harness::free_port().expect("free port");
+    let port = lab::harness::free_port().expect("free port");
     let url = format!("zk://app:{PASSWORD}@127.0.0.1:{port}/x?connect_timeout=1s");
     let started = tokio::time::Instant::now();
     let err = lock_core::connect(&url)
@@ -317,7 +317,7 @@ async fn zks_certificate_files_are_checked() {
     let other = ZkTls::make().await.expect("another CA");
     let key = key_material(&tls.key_file());
     // Nothing listens: every refusal below comes before a connection.
-    let port = conformance::harness::free_port().expect("free port");
+    let port = lab::harness::free_port().expect("free port");
     let (ca, cert, key_file) = (tls.ca_file(), tls.cert_file(), tls.key_file());
     let (ca, cert, key_file) = (ca.display(), cert.display(), key_file.display());
     let other_key = other.key_file();

@@ -7,8 +7,8 @@ mod common;
 
 use std::process::Output;
 
-use conformance::harness::{or_skip, RedisServer, ZkServer};
 use distlock::DistributedLockExt;
+use lab::harness::{or_skip, RedisServer, ZkServer};
 
 use common::{lockctl, text};
 

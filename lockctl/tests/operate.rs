@@ -11,8 +11,8 @@ use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::harness::{or_skip, EtcdServer, RedisNodes, RedisServer, ZkServer};
 use distlock::{DistributedLock, DistributedLockExt, LockState, LostReason, ReleaseOutcome};
+use lab::harness::{or_skip, EtcdServer, RedisNodes, RedisServer, ZkServer};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;

@@ -10,9 +10,9 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use conformance::harness::{or_skip, EtcdServer, RedisServer, ZkServer};
 use conformance::{FenceServer, FencedResource};
 use distlock::DistributedLockExt;
+use lab::harness::{or_skip, EtcdServer, RedisServer, ZkServer};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::time::{sleep, timeout, Instant};

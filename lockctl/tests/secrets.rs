@@ -4,7 +4,7 @@
 
 use std::net::SocketAddr;
 
-use conformance::harness::{or_skip, RedisServer};
+use lab::harness::{or_skip, RedisServer};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 

@@ -9,7 +9,7 @@
 use std::process::Stdio;
 use std::time::Duration;
 
-use conformance::harness::{or_skip, ZkServer};
+use lab::harness::{or_skip, ZkServer};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::{Child, Command};

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::time::Duration;
 
-use conformance::chaos::ReportRow;
-use conformance::harness::{or_skip, RedisServer};
-use conformance::proxy::{FaultProxy, ProxyMode};
+use lab::chaos::ReportRow;
+use lab::harness::{or_skip, RedisServer};
+use lab::proxy::{FaultProxy, ProxyMode};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use tokio::process::Child;
@@ -207,7 +207,7 @@ async fn after_fault(
 /// graded as the scenarios are (an overlap of the two commands is a violation).
 fn record(scenario: &str, outcome: &Outcome, url: &str) {
     let overlapped = !no_overlap(&outcome.lines);
-    conformance::chaos::record_row(&ReportRow {
+    lab::chaos::record_row(&ReportRow {
         scenario: scenario.to_owned(),
         target: format!("redis {}", url.trim_start_matches("redis://")),
         topology: "Single { durable: false }".to_owned(),

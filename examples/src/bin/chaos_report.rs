@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use conformance::chaos::{ReportRow, SCENARIOS};
+use lab::chaos::{ReportRow, SCENARIOS};
 
 /// Deployments in report order.
 const DEPLOYMENTS: &[&str] = &[

@@ -7,8 +7,8 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use conformance::harness::{or_skip, RedisServer, ZkServer};
 use conformance::{FenceReport, FenceServer, FencedResource};
+use lab::harness::{or_skip, RedisServer, ZkServer};
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -127,7 +127,7 @@ impl Fleet {
     /// Compiles the Curator holder once; `None` (after a loud notice) without java.
     pub(crate) async fn with_curator(&mut self) -> bool {
         if self.classpath.is_none() {
-            self.classpath = conformance::curator::compile(self.dir.path()).await;
+            self.classpath = lab::curator::compile(self.dir.path()).await;
         }
         self.classpath.is_some()
     }

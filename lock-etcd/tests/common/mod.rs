@@ -11,10 +11,10 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{or_skip, Deployment, Etcd, EtcdCluster, EtcdServer};
 use conformance::{connect_patiently, Crash, Factory};
 use etcd_client::{Client, GetOptions, PutOptions};
+use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
+use lab::harness::{or_skip, Deployment, Etcd, EtcdCluster, EtcdServer};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_etcd::{EtcdConfig, EtcdLock};
 use nix::sys::signal::{kill, Signal};

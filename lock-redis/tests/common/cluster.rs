@@ -6,9 +6,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::chaos::{ChaosTarget, Link, ServerControl, Switch, Topology};
-use conformance::harness::{or_skip, RedisCluster};
 use conformance::{connect_patiently, Crash, Factory};
+use lab::chaos::{ChaosTarget, Link, ServerControl, Switch, Topology};
+use lab::harness::{or_skip, RedisCluster};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
@@ -39,7 +39,7 @@ impl ClusterFactory {
         Self::with(RedisCluster::start_for_failover().await)
     }
 
-    fn with(cluster: Result<RedisCluster, conformance::harness::HarnessError>) -> Option<Self> {
+    fn with(cluster: Result<RedisCluster, lab::harness::HarnessError>) -> Option<Self> {
         lock_core::raw::register::<lock_redis::RedisBackend>();
         let cluster = or_skip(cluster)?;
         Some(ClusterFactory {
@@ -288,7 +288,7 @@ impl ChaosTarget for ClusterFactory {
             let keys = self.cluster.move_keys(&moving).await?;
             tokio::time::sleep(pause).await;
             self.cluster.finish_move(&moving).await?;
-            Ok::<_, conformance::harness::HarnessError>(format!(
+            Ok::<_, lab::harness::HarnessError>(format!(
                 "slot {slot} moved from server {from} to server {to} with {keys} keys"
             ))
         };

@@ -11,11 +11,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{or_skip, Deployment, Redis, RedisNodes, RedisOptions, RedisServer};
 #[allow(unused_imports)] // not every test file uses it
 pub(crate) use conformance::with_ttl;
 use conformance::{connect_patiently, lock_patiently, Crash, Factory, FencedResource};
+use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
+use lab::harness::{or_skip, Deployment, Redis, RedisNodes, RedisOptions, RedisServer};
 use lock_core::{DistributedLock, FencingToken, LockGuard, LockName, LockOptions, LockState};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;

@@ -7,11 +7,9 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use std::time::Duration;
 
-use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{
-    or_skip, Cluster, HarnessError, RedisSentinel, Sentinel, SentinelOptions,
-};
 use conformance::{connect_patiently, Crash, Factory};
+use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
+use lab::harness::{or_skip, Cluster, HarnessError, RedisSentinel, Sentinel, SentinelOptions};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;

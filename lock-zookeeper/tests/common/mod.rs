@@ -8,12 +8,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::harness::{
-    or_skip, Deployment, ZkEnsemble, ZkOptions, ZkServer, ZkTls, ZooKeeper,
-};
-use conformance::proxy::FaultProxy;
 use conformance::{connect_patiently, Crash, Factory};
+use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
+use lab::harness::{or_skip, Deployment, ZkEnsemble, ZkOptions, ZkServer, ZkTls, ZooKeeper};
+use lab::proxy::FaultProxy;
 use lock_core::{
     DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions, LockState,
     ReleaseOutcome,
@@ -288,7 +286,7 @@ impl CuratorSetup {
     /// java, the Curator jars or ZooKeeper are missing and strict mode is off.
     pub async fn start(tag: &str) -> Option<Self> {
         let classes = tempfile::tempdir().expect("temp dir");
-        let classpath = conformance::curator::compile(classes.path()).await?;
+        let classpath = lab::curator::compile(classes.path()).await?;
         let factory = ZkFactory::start().await?;
         let name = LockName::new(format!("curator-{tag}-{}", uuid::Uuid::new_v4().simple()))
             .expect("valid");
@@ -303,9 +301,9 @@ impl CuratorSetup {
     }
 
     /// A Curator process on the lock's path, ready.
-    pub async fn curator(&self) -> conformance::curator::Curator {
+    pub async fn curator(&self) -> lab::curator::Curator {
         let connect = self.factory.servers.hosts().join(",");
-        conformance::curator::Curator::start(&self.classpath, &connect, &self.path)
+        lab::curator::Curator::start(&self.classpath, &connect, &self.path)
             .await
             .expect("curator starts")
     }

@@ -78,7 +78,7 @@ struct Cli {
     /// Pause after each release.
     #[arg(long, default_value = "0ms", value_parser = parse_duration)]
     pause: Duration,
-    /// `curator`: class path of the compiled holder (`conformance::curator::compile`).
+    /// `curator`: class path of the compiled holder (`lab::curator::compile`).
     #[arg(long)]
     classpath: Option<String>,
 }

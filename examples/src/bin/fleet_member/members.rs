@@ -4,11 +4,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use conformance::curator::Curator;
 use distlock::raw::LockUrl;
 use distlock::redis::{KeyLayout, RedisConfig};
 use distlock::zookeeper::{lock_dir, ZkConfig};
 use distlock::{AcquireOptions, DistributedLock, LockGuard, LockName, ReleaseOutcome};
+use lab::curator::Curator;
 use tokio::time::{sleep, timeout, Instant};
 
 use crate::{BoxError, Cli, Kind};

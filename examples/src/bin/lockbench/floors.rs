@@ -1,10 +1,16 @@
-//! The raw protocol floors: what a lock costs on each server with no library on top.
+//! The raw protocol floors: what a lock costs on each server with no library on top, and
+//! what a hand-off costs when a raw waiter is woken by the server's own push.
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+use etcd_client::{
+    Compare, CompareOp, EventType, PutOptions, Txn, TxnOp, WatchFilterType, WatchOptions,
+};
+use futures::StreamExt;
+use tokio::sync::OnceCell;
+use tokio::time::{timeout, Instant};
 use zookeeper_client as zk;
 
 use crate::targets::BoxError;
@@ -36,6 +42,13 @@ pub(crate) trait RawFloor: Send + Sync {
     async fn acquire(&self, name: &str) -> Result<RawHold, BoxError>;
     /// Gives it back.
     async fn release(&self, hold: RawHold) -> Result<(), BoxError>;
+
+    /// One raw hand-off on `name`: a raw waiter queues behind a raw hold and waits for the
+    /// server's push (a message, a watch); the time from the holder's release sent until
+    /// the waiter holds. `None` where the floor has no push of its own to wait on.
+    async fn handoff(&self, _name: &str) -> Result<Option<Duration>, BoxError> {
+        Ok(None)
+    }
 }
 
 /// Where a backend's floor connects. Each measurement opens its own floor client on its
@@ -125,7 +138,7 @@ impl FloorSpec {
                 Box::new(ZkFloor::connect(connect_string, None).await?)
             }
             FloorSpec::ZooKeeperTls(connect_string, ca_file) => {
-                Box::new(ZkFloor::connect(connect_string, Some(ca_file)).await?)
+                Box::new(ZkFloor::connect(connect_string, Some(ca_file.clone())).await?)
             }
             FloorSpec::Etcd(endpoints) => Box::new(EtcdFloor::connect(endpoints).await?),
         })
@@ -139,12 +152,22 @@ const RAW_TTL: Duration = Duration::from_secs(30);
 const WAIT_LIMIT_MS: u64 = 100;
 /// Bound on opening a floor client.
 const CONNECT_LIMIT: Duration = Duration::from_secs(30);
+/// Bound on a raw waiter's wait for the server's push.
+const PUSH_LIMIT: Duration = Duration::from_secs(10);
+
+/// A hand-off floor's "released" wait timed out or the stream ended.
+fn no_push(what: &str) -> BoxError {
+    format!("raw waiter: no {what} within {PUSH_LIMIT:?}").into()
+}
 
 /// Redis: `SET key token NX PX ttl` (then `WAIT replicas`, when set), then a
-/// compare-and-delete script by EVALSHA.
+/// compare-and-delete script by EVALSHA. Its hand-off: the release script also publishes
+/// on the key's channel, where the waiter (its own connection) is subscribed.
 struct RedisFloor {
+    client: redis::Client,
     conn: redis::aio::MultiplexedConnection,
     release: redis::Script,
+    release_and_publish: redis::Script,
     wait: Option<u32>,
 }
 
@@ -155,9 +178,15 @@ impl RedisFloor {
         let release = redis::Script::new(
             "if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) else return 0 end",
         );
+        let release_and_publish = redis::Script::new(
+            "if redis.call('get', KEYS[1]) == ARGV[1] then redis.call('del', KEYS[1]) \
+             redis.call('publish', ARGV[2], 'released') return 1 else return 0 end",
+        );
         Ok(RedisFloor {
+            client,
             conn,
             release,
+            release_and_publish,
             wait,
         })
     }
@@ -206,18 +235,80 @@ impl RawFloor for RedisFloor {
         }
         Ok(())
     }
+
+    async fn handoff(&self, name: &str) -> Result<Option<Duration>, BoxError> {
+        let channel = format!("{name}/released");
+        let mut pubsub = self.client.get_async_pubsub().await?;
+        pubsub.subscribe(&channel).await?;
+        let mut messages = pubsub.into_on_message();
+        let mut waiter = self.client.get_multiplexed_async_connection().await?;
+        let hold = self.acquire(name).await?;
+        let token = uuid::Uuid::new_v4().to_string();
+        let set_nx = |conn: &mut redis::aio::MultiplexedConnection| {
+            let mut conn = conn.clone();
+            let (name, token) = (name.to_owned(), token.clone());
+            async move {
+                redis::cmd("SET")
+                    .arg(name)
+                    .arg(token)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(u64::try_from(RAW_TTL.as_millis()).unwrap_or(u64::MAX))
+                    .query_async::<Option<String>>(&mut conn)
+                    .await
+            }
+        };
+        if set_nx(&mut waiter).await?.is_some() {
+            return Err("raw waiter took a held key".into());
+        }
+        let started = Instant::now();
+        let mut conn = self.conn.clone();
+        let _: i64 = self
+            .release_and_publish
+            .key(name)
+            .arg(&hold.token)
+            .arg(&channel)
+            .invoke_async(&mut conn)
+            .await?;
+        loop {
+            timeout(PUSH_LIMIT, messages.next())
+                .await
+                .map_err(|_| no_push("release message"))?
+                .ok_or_else(|| no_push("release message"))?;
+            if set_nx(&mut waiter).await?.is_some() {
+                break;
+            }
+        }
+        let took = started.elapsed();
+        self.release(RawHold::new(name.to_owned(), token)).await?;
+        Ok(Some(took))
+    }
 }
 
-/// ZooKeeper: create an ephemeral sequential node, then delete it.
+/// ZooKeeper: create an ephemeral sequential node, then delete it. Its hand-off: a waiter
+/// (a session of its own, opened at the first hand-off) queues its node behind the
+/// holder's and watches it; once it fires, the waiter's listing shows its node first.
 struct ZkFloor {
     client: zk::Client,
+    connect_string: String,
+    ca_file: Option<PathBuf>,
+    waiter: OnceCell<zk::Client>,
 }
 
 impl ZkFloor {
+    async fn connect(connect_string: &str, ca_file: Option<PathBuf>) -> Result<Self, BoxError> {
+        Ok(ZkFloor {
+            client: Self::session(connect_string, ca_file.as_deref()).await?,
+            connect_string: connect_string.to_owned(),
+            ca_file,
+            waiter: OnceCell::new(),
+        })
+    }
+
     /// Over TLS when `ca_file` is given (the server asks for no client certificate).
-    async fn connect(connect_string: &str, ca_file: Option<&Path>) -> Result<Self, BoxError> {
+    async fn session(connect_string: &str, ca_file: Option<&Path>) -> Result<zk::Client, BoxError> {
         let connector = zk::Client::connector().with_session_timeout(RAW_TTL);
-        let client = match ca_file {
+        Ok(match ca_file {
             Some(ca_file) => {
                 let ca = tokio::fs::read_to_string(ca_file).await?;
                 connector
@@ -226,8 +317,7 @@ impl ZkFloor {
                     .await?
             }
             None => connector.connect(connect_string).await?,
-        };
-        Ok(ZkFloor { client })
+        })
     }
 }
 
@@ -257,6 +347,36 @@ impl RawFloor for ZkFloor {
     async fn release(&self, hold: RawHold) -> Result<(), BoxError> {
         self.client.delete(&hold.name, None).await?;
         Ok(())
+    }
+
+    async fn handoff(&self, name: &str) -> Result<Option<Duration>, BoxError> {
+        let waiter = self
+            .waiter
+            .get_or_try_init(|| Self::session(&self.connect_string, self.ca_file.as_deref()))
+            .await?;
+        let hold = self.acquire(name).await?;
+        let (dir, _) = hold
+            .name
+            .rsplit_once('/')
+            .ok_or("a raw node without its dir")?;
+        let options = zk::CreateMode::EphemeralSequential.with_acls(zk::Acls::anyone_all());
+        let (_, sequence) = waiter
+            .create(&format!("{dir}/lock-"), &[], &options)
+            .await?;
+        let queued = format!("lock-{sequence}");
+        let (_, _, watch) = waiter.get_and_watch_data(&hold.name).await?;
+        let started = Instant::now();
+        self.client.delete(&hold.name, None).await?;
+        timeout(PUSH_LIMIT, watch.changed())
+            .await
+            .map_err(|_| no_push("watch event"))?;
+        let children = waiter.list_children(dir).await?;
+        let took = started.elapsed();
+        if children.iter().min() != Some(&queued) {
+            return Err(format!("raw waiter is not first in {dir}: {children:?}").into());
+        }
+        waiter.delete(&format!("{dir}/{queued}"), None).await?;
+        Ok(Some(took))
     }
 }
 
@@ -297,6 +417,36 @@ impl RawFloor for EtcdFloor {
         self.client.kv_client().delete(hold.name, None).await?;
         Ok(())
     }
+
+    /// The waiter watches the holder's key for its delete, then takes the name.
+    async fn handoff(&self, name: &str) -> Result<Option<Duration>, BoxError> {
+        let hold = self.acquire(name).await?;
+        let deletes = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let mut watch = self
+            .client
+            .watch_client()
+            .watch(hold.name.as_str(), Some(deletes))
+            .await?;
+        let started = Instant::now();
+        self.client
+            .kv_client()
+            .delete(hold.name.as_str(), None)
+            .await?;
+        loop {
+            let answer = timeout(PUSH_LIMIT, watch.message())
+                .await
+                .map_err(|_| no_push("watch event"))??
+                .ok_or_else(|| no_push("watch event"))?;
+            let events = answer.events();
+            if events.iter().any(|e| e.event_type() == EventType::Delete) {
+                break;
+            }
+        }
+        let next = self.acquire(name).await?;
+        let took = started.elapsed();
+        self.release(next).await?;
+        Ok(Some(took))
+    }
 }
 
 /// Redis Cluster's floor: the raw Redis floor on one primary per name, the name's key
@@ -307,14 +457,22 @@ struct ClusterFloor {
     nodes: Vec<(String, RedisFloor)>,
 }
 
-#[async_trait]
-impl RawFloor for ClusterFloor {
-    async fn acquire(&self, name: &str) -> Result<RawHold, BoxError> {
+impl ClusterFloor {
+    /// The hash tag and floor of the primary that serves `name`.
+    fn shard(&self, name: &str) -> Result<(&str, &RedisFloor), BoxError> {
         use std::hash::{Hash, Hasher};
         let mut hasher = std::collections::hash_map::DefaultHasher::new();
         name.hash(&mut hasher);
         let shard = usize::try_from(hasher.finish() % u64::try_from(self.nodes.len())?)?;
         let (tag, node) = &self.nodes[shard];
+        Ok((tag, node))
+    }
+}
+
+#[async_trait]
+impl RawFloor for ClusterFloor {
+    async fn acquire(&self, name: &str) -> Result<RawHold, BoxError> {
+        let (tag, node) = self.shard(name)?;
         node.acquire(&format!("{tag}{name}")).await
     }
 
@@ -325,6 +483,11 @@ impl RawFloor for ClusterFloor {
             .find(|(tag, _)| hold.name.starts_with(tag.as_str()))
             .ok_or("a cluster raw hold without its shard's tag")?;
         node.release(hold).await
+    }
+
+    async fn handoff(&self, name: &str) -> Result<Option<Duration>, BoxError> {
+        let (tag, node) = self.shard(name)?;
+        node.handoff(&format!("{tag}{name}")).await
     }
 }
 

@@ -298,6 +298,10 @@ fn measure_run(
         Ok(latencies) => out.handoff = latencies.summary(),
         Err(e) => note("hand-off", e),
     }
+    match runtime.block_on(workloads::handoff_floor(target, plan)) {
+        Ok(latencies) => out.handoff_floor = latencies.and_then(|l| l.summary()),
+        Err(e) => note("raw hand-off", e),
+    }
     bar.inc(1);
     for &(clients, locks) in shapes {
         bar.set_message(format!("{label} {tag}: {clients} clients on {locks} names"));

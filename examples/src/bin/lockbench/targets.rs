@@ -7,7 +7,7 @@ use std::time::Duration;
 use std::net::SocketAddr;
 
 use async_trait::async_trait;
-use conformance::harness::{
+use lab::harness::{
     EtcdServer, HarnessError, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer,
     ZkEnsemble, ZkOptions, ZkServer, ZkTls,
 };

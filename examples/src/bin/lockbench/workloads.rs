@@ -201,6 +201,35 @@ pub(crate) async fn handoff(
     Ok(latencies)
 }
 
+/// The floor of workload 2: raw hand-offs on the target's floor, each a raw waiter woken by
+/// the server's push ([`RawFloor::handoff`]), for `plan.duration` after `plan.warmup`.
+/// `None` for a backend whose floor has no push of its own (or no floor).
+pub(crate) async fn handoff_floor(
+    target: &Target,
+    plan: Plan,
+) -> Result<Option<Latencies>, BoxError> {
+    let Some(spec) = &target.floor else {
+        return Ok(None);
+    };
+    let floor = spec.connect().await?;
+    let name = bench_name("handoff-floor");
+    let warm_until = Instant::now() + plan.warmup;
+    let end = warm_until + plan.duration;
+    let mut latencies = Latencies::new();
+    let mut iterations = 0;
+    while Instant::now() < end && iterations < MAX_ITERATIONS {
+        let measuring = Instant::now() >= warm_until;
+        let Some(took) = timeout(WAIT_LIMIT, floor.handoff(&name)).await?? else {
+            return Ok(None);
+        };
+        if measuring {
+            latencies.record(took);
+            iterations += 1;
+        }
+    }
+    Ok(Some(latencies))
+}
+
 /// Workload 4 results.
 #[derive(Debug, Clone, Serialize)]
 pub(crate) struct Takeover {

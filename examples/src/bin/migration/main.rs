@@ -8,7 +8,7 @@
 //! runs. Every worker writes a fenced counter with its fencing token; at the end the
 //! counter's history shows no two holders inside at once and no token going back.
 //!
-//! The servers are throwaway ones on free 127.0.0.1 ports (the conformance harness), as
+//! The servers are throwaway ones on free 127.0.0.1 ports (the lab's harness), as
 //! for the tests and lockbench. The processes are `fleet_member`s (built next to this
 //! program): each knows only its lock URL. docs/migration.md is the runbook this follows.
 //!
@@ -23,9 +23,9 @@ mod fleet;
 use std::time::Duration;
 
 use clap::Parser;
-use conformance::harness::{RedisServer, ZkServer};
 use conformance::{FenceServer, FencedResource};
 use distlock::migration::CheckReport;
+use lab::harness::{RedisServer, ZkServer};
 use tokio::time::sleep;
 
 use crate::fleet::{Done, Fleet, Phase, Urls};

@@ -1,3 +1,0 @@
-//! The fault scenarios that apply to `memory://` (no servers, no network).
-
-conformance::chaos_suite!(async { conformance::memory::MemoryFactory::new() });

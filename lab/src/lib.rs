@@ -1,0 +1,95 @@
+//! distlock's lab: what puts a backend through real servers and real faults, beyond
+//! the contract's rules (those are the `conformance` crate's).
+//!
+//! - [`harness`]: redis-server, ZooKeeper and etcd started as child processes on free
+//!   127.0.0.1 ports, single or clustered, with kill, pause, restart and clock jumps.
+//! - [`proxy`]: a TCP fault proxy between a client and a server (delays, blackholes,
+//!   resets, a lost reply).
+//! - [`chaos`]: fault scenarios around a lock guarding a fenced resource, what each
+//!   deployment promises under them, and the reliability report's rows;
+//!   [`chaos_suite!`] expands them into tests for a [`chaos::ChaosTarget`].
+//! - [`interleavings`]: rare interleavings of the lease machinery, opened on purpose;
+//!   [`interleavings_suite!`] expands the ones that need only a target.
+//! - [`dual`]: dual deployments (`dual:<old>|<new>`) built from two backends' factories.
+//! - [`curator`]: Apache Curator holders, to check a ZooKeeper lock against Curator's.
+//!
+//! Backends use the lab as a dev-dependency only; tools that start servers (the
+//! benchmark, the demos) use it as a normal one.
+
+pub mod chaos;
+pub mod curator;
+pub mod dual;
+pub mod harness;
+pub mod interleavings;
+mod memory;
+pub mod proxy;
+
+/// What the lab's macros name from the conformance crate, so that their callers need not
+/// depend on it by name.
+#[doc(hidden)]
+pub mod __private {
+    pub use conformance::factory::StartedFactory;
+}
+
+/// Expands to one `#[tokio::test]` per fault scenario of [`chaos::SCENARIOS`] for a
+/// [`chaos::ChaosTarget`]; each asserts what [`chaos::target_expectation`] promises
+/// for the target and says loudly when a scenario does not apply. The tests follow
+/// the one list of scenarios, [`chaos_scenarios!`].
+///
+/// With `short:` a [`chaos::ShortRun`], only some scenarios run in the short plan (`make
+/// test`), the others only in the long one (`CHAOS_LONG=1`, `make chaos`): see
+/// [`chaos::runs_now`]. With `scenarios: [a, b]`, only those scenarios, in both plans (a
+/// deployment that exists for them, e.g. servers on a movable clock).
+#[macro_export]
+macro_rules! chaos_suite {
+    ($target:expr, short: $short:expr) => {
+        $crate::chaos_scenarios!($crate::chaos_suite! { @scenarios $target; $short; });
+    };
+    ($target:expr) => {
+        $crate::chaos_suite!($target, short: $crate::chaos::ShortRun::All);
+    };
+    ($target:expr, scenarios: [$($scenario:ident),* $(,)?]) => {
+        $crate::chaos_suite! { @scenarios $target; $crate::chaos::ShortRun::All; $($scenario),* }
+    };
+    (@scenarios $target:expr; $short:expr; $($scenario:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("Fault scenario [`lab::chaos::", stringify!($scenario), "`].")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $scenario() {
+                if !$crate::chaos::runs_now(stringify!($scenario), $short) {
+                    return;
+                }
+                let Some(target) = $crate::__private::StartedFactory::started($target.await) else {
+                    return;
+                };
+                $crate::chaos::check(stringify!($scenario), &target).await;
+            }
+        )*
+    };
+}
+
+/// Expands to one `#[tokio::test]` per interleaving of [`interleavings`] that needs only a
+/// [`chaos::ChaosTarget`] (the ones that wrap a backend's protocol half are written per
+/// backend, since each opens its backend in its own way).
+#[macro_export]
+macro_rules! interleavings_suite {
+    ($target:expr) => {
+        $crate::interleavings_suite!(@checks $target;
+            extend_for_keeps_an_auto_renewed_hold,
+            ended_hold_released_despite_a_broken_link,
+            waiter_outlives_its_session,
+        );
+    };
+    (@checks $target:expr; $($check:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("Interleaving [`lab::interleavings::", stringify!($check), "`].")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $check() {
+                let Some(target) = $crate::__private::StartedFactory::started($target.await) else {
+                    return;
+                };
+                $crate::interleavings::$check(&target).await;
+            }
+        )*
+    };
+}

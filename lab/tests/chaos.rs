@@ -1,0 +1,3 @@
+//! The fault scenarios that apply to `memory://` (no servers, no network).
+
+lab::chaos_suite!(async { conformance::memory::MemoryFactory::new() });

@@ -1,0 +1,53 @@
+//! The dual lock (`dual:<old>|<new>`) against real servers: the whole conformance suite on
+//! ZooKeeper -> Redis, ZooKeeper -> RedLock (3 nodes) and etcd -> Redis, the fault
+//! scenarios with faults on either side (`faults`), and the attempts that end before a
+//! grant (`retries`). Each test starts its own servers.
+//!
+//! The sides are the backends' own test factories (their `tests/common`, compiled in here),
+//! so the dual deployments steal, crash and list leftovers exactly as each backend's suite
+//! does; this crate's library stays free of backend crates.
+
+#[path = "../../lock-etcd/tests/common/mod.rs"]
+mod etcd_common;
+#[path = "../../lock-redis/tests/common/mod.rs"]
+mod redis_common;
+#[path = "../../lock-zookeeper/tests/common/mod.rs"]
+mod zk_common;
+
+#[path = "dual/faults.rs"]
+mod faults;
+
+#[path = "dual/retries.rs"]
+mod retries;
+
+#[path = "dual/deployments.rs"]
+mod deployments;
+
+use deployments::{etcd_redis, zk_redis, zk_redlock};
+use zk_common::ZkFactory;
+
+/// Every rule on ZooKeeper -> Redis; the suite's steal removes the new side's key.
+mod zk_to_redis {
+    conformance::conformance_suite!(async { crate::zk_redis().await });
+}
+
+/// The rules that steal, with the steal on the old side (the ZooKeeper node).
+mod zk_to_redis_old_side_stolen {
+    use lab::dual::Sides;
+    conformance::conformance_suite!(@rules
+        async { crate::zk_redis().await.map(|dual| dual.steal_on(Sides::Old)) };
+        lost_signal_on_steal,
+        reentrant_release_reports_loss,
+        scoped_run_cancels_on_loss,
+    );
+}
+
+/// Every rule on ZooKeeper -> RedLock over 3 nodes.
+mod zk_to_redlock {
+    conformance::conformance_suite!(async { crate::zk_redlock().await });
+}
+
+/// Every rule on etcd -> Redis.
+mod etcd_to_redis {
+    conformance::conformance_suite!(async { crate::etcd_redis().await });
+}
