@@ -57,7 +57,7 @@ impl Connect for EtcdBackend {
     }
 
     fn validate(config: &EtcdConfig) -> Result<()> {
-        config.check()
+        config.validate()
     }
 
     fn lock_options(config: &EtcdConfig) -> &LockOptions {

@@ -130,6 +130,8 @@ impl EtcdConfig {
     /// option value, or a password without a user; never quoting the password.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
         let config = Self::parse_url(url)?;
+        config.options.validate()?;
+        config.validate()?;
         Ok(config)
     }
 
@@ -182,22 +184,15 @@ impl EtcdConfig {
                 }
             }
         }
-        config.validate()?;
         Ok(config)
     }
 
-    /// Checks the parts that can be checked without a server.
+    /// Checks what the lock options do not cover (those are [`LockOptions::validate`]'s):
+    /// the parts that can be checked without a server.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the problem.
     pub fn validate(&self) -> Result<()> {
-        self.options.validate()?;
-        self.check()
-    }
-
-    /// The checks of [`validate`](Self::validate) beyond the lock options, which the
-    /// driver checks itself.
-    pub(crate) fn check(&self) -> Result<()> {
         if self.endpoints.is_empty() {
             return Err(Error::config("etcd needs at least one endpoint"));
         }

@@ -171,7 +171,7 @@ impl Connect for RedisBackend {
     }
 
     fn validate(config: &RedisConfig) -> Result<()> {
-        config.check()
+        config.validate()
     }
 
     fn lock_options(config: &RedisConfig) -> &LockOptions {

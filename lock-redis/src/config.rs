@@ -266,6 +266,8 @@ impl RedisConfig {
     /// contain the password.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
         let config = Self::parse_url(url)?;
+        config.options.validate()?;
+        config.validate()?;
         Ok(config)
     }
 
@@ -390,22 +392,15 @@ impl RedisConfig {
                 }
             }
         }
-        config.validate()?;
         Ok(config)
     }
 
-    /// Checks the configuration for consistency.
+    /// Checks what the lock options do not cover (those are [`LockOptions::validate`]'s):
+    /// the parts that can be checked without a server.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] describing the first problem.
+    /// [`Error::InvalidConfig`] naming the problem.
     pub fn validate(&self) -> Result<()> {
-        self.options.validate()?;
-        self.check()
-    }
-
-    /// The checks of [`validate`](Self::validate) beyond the lock options, which the
-    /// driver checks itself.
-    pub(crate) fn check(&self) -> Result<()> {
         if self.endpoints.is_empty() {
             return Err(Error::config(
                 "a Redis configuration needs at least one node",

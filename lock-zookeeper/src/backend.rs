@@ -44,7 +44,7 @@ impl Connect for ZkBackend {
     }
 
     fn validate(config: &ZkConfig) -> Result<()> {
-        config.check()
+        config.validate()
     }
 
     fn lock_options(config: &ZkConfig) -> &LockOptions {

@@ -153,6 +153,8 @@ impl ZkConfig {
     /// [`Error::InvalidConfig`] naming the problem (never the password).
     pub fn from_url(url: &LockUrl) -> Result<Self> {
         let config = Self::parse_url(url)?;
+        config.options.validate()?;
+        config.validate()?;
         Ok(config)
     }
 
@@ -222,22 +224,15 @@ impl ZkConfig {
                 }
             }
         }
-        config.validate()?;
         Ok(config)
     }
 
-    /// Checks every field.
+    /// Checks what the lock options do not cover (those are [`LockOptions::validate`]'s):
+    /// the parts that can be checked without a server.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] naming the field.
+    /// [`Error::InvalidConfig`] naming the problem.
     pub fn validate(&self) -> Result<()> {
-        self.options.validate()?;
-        self.check()
-    }
-
-    /// The checks of [`validate`](Self::validate) beyond the lock options, which the
-    /// driver checks itself.
-    pub(crate) fn check(&self) -> Result<()> {
         if self.endpoints.is_empty()
             || self
                 .endpoints
