@@ -23,9 +23,46 @@ pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 /// Default of [`RedisConfig::wait_timeout`].
 const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// Shortest hand-off window of a woken head of the queue.
+const MIN_WINDOW: Duration = Duration::from_millis(20);
+
 /// Query keys this backend reads besides the common ones of [`LockOptions`].
 const BACKEND_KEYS: &str = "prefix, queue, node_timeout, tls, ca_file (or tls_ca), \
      wait_replicas, wait_timeout, sentinel_username, sentinel_password";
+
+/// Which topology a configuration asks for: one per variant of
+/// [`Topology`](crate::topology::Topology), named by the URL scheme (or the serde flags).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// One server (`redis://`, `rediss://`).
+    Single,
+    /// The primary that Sentinels name (`redis+sentinel://`, `rediss+sentinel://`).
+    Sentinel,
+    /// Redis Cluster (`redis+cluster://`, `rediss+cluster://`).
+    Cluster,
+    /// RedLock over independent servers (`redlock://`).
+    RedLock,
+}
+
+/// The times of the waiter queue, from the client's options.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct QueueTimes {
+    /// How long an entry stays without its waiter showing up: two rechecks and a
+    /// request timeout (a live waiter shows up every recheck).
+    pub(crate) stay: Duration,
+    /// How long a woken head has to take the lock: a quarter of the recheck interval,
+    /// at least 20 ms and at most the request timeout.
+    pub(crate) window: Duration,
+}
+
+impl QueueTimes {
+    pub(crate) fn new(recheck: Duration, request_timeout: Duration) -> Self {
+        QueueTimes {
+            stay: recheck.saturating_mul(2).saturating_add(request_timeout),
+            window: (recheck / 4).max(MIN_WINDOW).min(request_timeout),
+        }
+    }
+}
 
 /// One Redis server.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -503,11 +540,29 @@ impl RedisConfig {
     /// How many servers must agree: a majority on RedLock, else the one server (behind
     /// Sentinels: the primary).
     pub fn quorum(&self) -> usize {
-        if self.redlock {
-            self.endpoints.len() / 2 + 1
-        } else {
-            1
+        match self.mode() {
+            Mode::RedLock => self.endpoints.len() / 2 + 1,
+            Mode::Single | Mode::Sentinel | Mode::Cluster => 1,
         }
+    }
+
+    /// The topology this configuration asks for (RedLock, Cluster and Sentinel exclude
+    /// each other, see [`RedisConfig::validate`]).
+    pub(crate) fn mode(&self) -> Mode {
+        if self.redlock {
+            Mode::RedLock
+        } else if self.cluster {
+            Mode::Cluster
+        } else if self.sentinel_master.is_some() {
+            Mode::Sentinel
+        } else {
+            Mode::Single
+        }
+    }
+
+    /// The times of the waiter queue under these options.
+    pub(crate) fn queue_times(&self) -> QueueTimes {
+        QueueTimes::new(self.options.recheck, self.options.request_timeout)
     }
 
     /// The per-node acquire deadline for a hold of `ttl` (RedLock).
@@ -519,14 +574,14 @@ impl RedisConfig {
 
     /// The endpoint for messages: scheme and servers, never credentials.
     pub(crate) fn endpoint(&self) -> String {
-        let scheme = match (self.redlock, self.sentinel_master.is_some(), self.tls) {
-            (true, _, _) => "redlock",
-            _ if self.cluster && self.tls => "rediss+cluster",
-            _ if self.cluster => "redis+cluster",
-            (false, true, true) => "rediss+sentinel",
-            (false, true, false) => "redis+sentinel",
-            (false, false, true) => "rediss",
-            (false, false, false) => "redis",
+        let scheme = match (self.mode(), self.tls) {
+            (Mode::RedLock, _) => "redlock",
+            (Mode::Cluster, true) => "rediss+cluster",
+            (Mode::Cluster, false) => "redis+cluster",
+            (Mode::Sentinel, true) => "rediss+sentinel",
+            (Mode::Sentinel, false) => "redis+sentinel",
+            (Mode::Single, true) => "rediss",
+            (Mode::Single, false) => "redis",
         };
         let hosts: Vec<String> = self.endpoints.iter().map(ToString::to_string).collect();
         let mut text = format!("{scheme}://{}", hosts.join(","));
@@ -740,6 +795,17 @@ mod tests {
             serde_json::from_str(r#"{"endpoints":[{"host":"h"}],"ca_file":"/ca.pem"}"#).unwrap();
         assert_eq!(renamed.endpoints, partial.endpoints);
         assert_eq!(renamed.ca_file, Some(PathBuf::from("/ca.pem")));
+    }
+
+    #[test]
+    fn queue_times_follow_the_options() {
+        let times = QueueTimes::new(Duration::from_secs(1), Duration::from_secs(5));
+        assert_eq!(times.stay, Duration::from_secs(7));
+        assert_eq!(times.window, Duration::from_millis(250));
+        let fast = QueueTimes::new(Duration::from_millis(40), Duration::from_millis(15));
+        assert_eq!(fast.window, Duration::from_millis(15));
+        let slow = QueueTimes::new(Duration::from_millis(40), Duration::from_secs(5));
+        assert_eq!(slow.window, MIN_WINDOW);
     }
 
     #[test]

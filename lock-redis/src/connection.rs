@@ -333,26 +333,6 @@ impl Node {
         self.no_answer(what, limit.max(Duration::from_millis(1)))
     }
 
-    /// Runs a script as [`Route::script`] does, on this server.
-    pub(crate) async fn script<T: FromRedisValue + Send>(
-        &self,
-        what: &str,
-        deadline: Instant,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<T> {
-        Route::Node(self).script(what, deadline, invocation).await
-    }
-
-    /// Runs a command as [`Route::command`] does, on this server.
-    pub(crate) async fn command<T: FromRedisValue + Send>(
-        &self,
-        what: &str,
-        deadline: Instant,
-        cmd: &redis::Cmd,
-    ) -> Result<T> {
-        Route::Node(self).command(what, deadline, cmd).await
-    }
-
     /// Sends a request (`send` on a connection) with a deadline.
     ///
     /// A connection that turns out broken (the server restarted, the network reset it) or

@@ -8,6 +8,7 @@
 // `connection/cluster.rs` (routing by hash slot on Redis Cluster),
 // `redlock.rs` (the RedLock quorum rounds) and `scripts/` (the Lua scripts).
 
+mod attempt;
 mod backend;
 mod config;
 mod connection;
@@ -17,6 +18,8 @@ mod layout;
 mod operator;
 mod queue;
 mod redlock;
+mod scripts;
+mod topology;
 
 use lock_core::raw::LeaseClient;
 

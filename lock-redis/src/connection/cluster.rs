@@ -28,7 +28,7 @@ use lock_core::{Error, Result};
 use redis::{ErrorKind, ProtocolVersion, ServerErrorKind, Value};
 use tokio::time::{sleep, Instant};
 
-use super::{client_for, Conn, Failure, Node, Target};
+use super::{client_for, Conn, Failure, Node, Route, Target};
 use crate::config::{RedisConfig, RedisNode};
 use crate::error;
 
@@ -266,7 +266,7 @@ impl Shards {
         let mut asks: FuturesUnordered<_> = nodes
             .iter()
             .map(|node| async move {
-                let reply = node
+                let reply = Route::Node(node)
                     .command::<Value>(
                         "CLUSTER SLOTS",
                         deadline,
