@@ -3,7 +3,9 @@
 //! per key), release (compare-and-DEL plus a wake-up of the head of the queue, or a publish
 //! to the name's channel without the queue) and how a majority of answers decides each.
 //! Both read the break mark of a key that is no longer theirs, to tell a force release
-//! (`Broken`) from a key taken or gone.
+//! (`Broken`) from a key taken or gone. Renewal on Redis Cluster is in `hold/cluster.rs`.
+
+mod cluster;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -14,7 +16,7 @@ use lock_core::{FencingToken, LockName, LostReason, OwnerToken, Result};
 use redis::ScriptInvocation;
 use tokio::time::Instant;
 
-use crate::connection::{group_by_shard, slot_of, Node, Route, Shards};
+use crate::connection::{slot_of, Route};
 use crate::error;
 use crate::layout;
 use crate::topology::{Servers, Topology};
@@ -228,7 +230,7 @@ pub(crate) async fn renew(
         return Ok(Vec::new());
     }
     let nodes = match &servers.topology {
-        Topology::Cluster(shards) => return renew_cluster(servers, shards, items).await,
+        Topology::Cluster(shards) => return cluster::renew(servers, shards, items).await,
         topology => topology.nodes(),
     };
     let n = nodes.len();
@@ -314,167 +316,6 @@ pub(crate) fn renewal_group(topology: &Topology, hold: &RedisHold) -> u64 {
         .owner_index(slot_of(hold.keys.key.as_bytes()))
         .and_then(|i| u64::try_from(i).ok())
         .unwrap_or(u64::MAX)
-}
-
-/// Renews `items` on Redis Cluster: one script call per primary (per [`RENEW_CHUNK`]
-/// keys) for the holds of every slot it serves, the keys passed as arguments to the
-/// renew script (flagged `allow-cross-slot-keys` on a cluster). When a primary does not
-/// answer or no longer serves some holds, the slot map is reloaded once and the holds
-/// whose slot has another primary now are renewed there, again one call per primary.
-/// A hold its primary still serves but answers "elsewhere" for (its slot is moving and
-/// its key went ahead) is sent again on its own, routed by its lock key so that the
-/// cluster's `ASK` is followed.
-///
-/// # Errors
-/// Only when the slot map cannot be loaded at all: a primary that does not answer
-/// leaves its holds undecided.
-async fn renew_cluster(
-    servers: &Servers,
-    shards: &Shards,
-    items: &[RenewItem<'_, RedisHold>],
-) -> Result<Vec<RenewOutcome>> {
-    let deadline = servers.request_deadline();
-    let primaries = shards.primaries(deadline).await?;
-    let seen = shards.version();
-    let mut statuses: Vec<Option<i64>> = vec![None; items.len()];
-    let slot = |i: usize| slot_of(items[i].hold.keys.key.as_bytes());
-    let all: Vec<usize> = (0..items.len()).collect();
-    let pending = renew_batches(
-        servers,
-        &primaries,
-        shards,
-        items,
-        &all,
-        &mut statuses,
-        deadline,
-    )
-    .await;
-    let mut alone = Vec::new();
-    if !pending.is_empty() {
-        let asked: Vec<Option<usize>> = pending
-            .iter()
-            .map(|(i, _)| shards.owner_index(slot(*i)))
-            .collect();
-        let reloaded = shards.reload(seen, deadline).await.is_ok();
-        let mut moved = Vec::new();
-        for ((i, elsewhere), asked) in pending.into_iter().zip(asked) {
-            if reloaded && (asked.is_none() || shards.owner_index(slot(i)) != asked) {
-                moved.push(i);
-            } else if elsewhere {
-                alone.push(i);
-            }
-            // Else its primary did not answer and still serves it: undecided.
-        }
-        if !moved.is_empty() {
-            let primaries = shards.primaries(deadline).await?;
-            let pending = renew_batches(
-                servers,
-                &primaries,
-                shards,
-                items,
-                &moved,
-                &mut statuses,
-                deadline,
-            )
-            .await;
-            alone.extend(pending.into_iter().filter(|(_, e)| *e).map(|(i, _)| i));
-        }
-    }
-    let retries = join_all(alone.iter().map(|&i| {
-        let mut invocation = cluster_renew_invocation(servers, [&items[i]]);
-        // Declared as well, so that the request is routed (and redirected) by it.
-        invocation.key(&items[i].hold.keys.key);
-        async move {
-            let route = Route::Slot(shards, slot(i));
-            route
-                .script::<Vec<i64>>("renew", deadline, &invocation)
-                .await
-        }
-    }))
-    .await;
-    for (&i, reply) in alone.iter().zip(retries) {
-        if let Ok(reply) = reply {
-            statuses[i] = reply.first().copied().filter(|s| *s != status::ELSEWHERE);
-        }
-    }
-    Ok(items
-        .iter()
-        .zip(statuses)
-        .map(|(item, status)| match status {
-            Some(status::DONE) => RenewOutcome::Renewed {
-                lease: Duration::from_millis(ttl_millis(item.ttl)),
-            },
-            Some(status) => RenewOutcome::Lost(lost_reason(std::iter::once(status))),
-            None => RenewOutcome::Undecided,
-        })
-        .collect())
-}
-
-/// Renews the holds `which` (indices into `items`) on the `primaries` that serve them
-/// in the slot map as it is: one script call per primary (per [`RENEW_CHUNK`] keys),
-/// the answers put in `statuses`. Returns the holds left without a status, each with
-/// whether its primary answered "elsewhere" (else it did not answer, or no primary
-/// serves its slot).
-async fn renew_batches(
-    servers: &Servers,
-    primaries: &[Arc<Node>],
-    shards: &Shards,
-    items: &[RenewItem<'_, RedisHold>],
-    which: &[usize],
-    statuses: &mut [Option<i64>],
-    deadline: Instant,
-) -> Vec<(usize, bool)> {
-    let (groups, orphans) = group_by_shard(
-        shards,
-        primaries,
-        which.iter().map(|&i| items[i].hold.keys.key.as_str()),
-    );
-    let mut pending: Vec<(usize, bool)> = orphans.iter().map(|&at| (which[at], false)).collect();
-    let batches = groups.iter().zip(primaries).flat_map(|(group, node)| {
-        group.chunks(RENEW_CHUNK).map(move |chunk| async move {
-            let invocation =
-                cluster_renew_invocation(servers, chunk.iter().map(|&at| &items[which[at]]));
-            let reply = Route::Node(node)
-                .script::<Vec<i64>>("renew", deadline, &invocation)
-                .await;
-            (chunk, reply)
-        })
-    });
-    for (chunk, reply) in join_all(batches).await {
-        match reply {
-            Ok(replies) if replies.len() == chunk.len() => {
-                for (&at, status) in chunk.iter().zip(replies) {
-                    if status == status::ELSEWHERE {
-                        pending.push((which[at], true));
-                    } else {
-                        statuses[which[at]] = Some(status);
-                    }
-                }
-            }
-            Ok(_) | Err(_) => pending.extend(chunk.iter().map(|&at| (which[at], false))),
-        }
-    }
-    pending
-}
-
-/// The renew script for `items` on Redis Cluster, their keys passed as arguments
-/// (lock key and break mark of each), then the owner token and TTL of each.
-fn cluster_renew_invocation<'s, 'a, 'h: 'a>(
-    servers: &'s Servers,
-    items: impl IntoIterator<Item = &'a RenewItem<'h, RedisHold>> + Clone,
-) -> ScriptInvocation<'s> {
-    let mut invocation = servers.scripts.renew.prepare_invoke();
-    for item in items.clone() {
-        invocation
-            .arg(&item.hold.keys.key)
-            .arg(&item.hold.keys.broken);
-    }
-    for item in items {
-        invocation
-            .arg(item.hold.token.as_str())
-            .arg(ttl_millis(item.ttl));
-    }
-    invocation
 }
 
 /// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held
