@@ -1,6 +1,7 @@
 //! One acquire attempt where one server decides (one server, the primary Sentinels name,
-//! a Redis Cluster primary): the plain script or the queue's, and what an attempt may
-//! leave on the servers ([`Dirty`]). RedLock's rounds over several servers are in
+//! a Redis Cluster primary), and what an attempt may leave on the servers ([`Dirty`]).
+//!
+//! The plain script or the queue's; RedLock's rounds over several servers are in
 //! `redlock.rs`.
 
 use std::time::Duration;

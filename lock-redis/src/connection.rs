@@ -1,3 +1,6 @@
+//! Connections to the servers: one multiplexed connection per server, and the routes
+//! requests take ([`Route`]).
+//!
 //! Connections to the servers: one multiplexed connection per server, with a deadline on
 //! every call and reconnection with backoff; the client's wake-up subscriptions are in
 //! [`wakeups`], finding the primary through Sentinels in [`sentinel`], routing by hash

@@ -1,7 +1,10 @@
-//! Holds and the server-side hold protocol: batched renewal (one script call per server,
-//! on Redis Cluster per primary, renews every hold of the client there, compare-and-PEXPIRE
-//! per key), release (compare-and-DEL plus a wake-up of the head of the queue, or a publish
-//! to the name's channel without the queue) and how a majority of answers decides each.
+//! The hold ([`RedisHold`]) and its server side: renewal and release, each decided by a
+//! majority of answers.
+//!
+//! Renewal is batched (one script call per server, on Redis Cluster per primary, renews
+//! every hold of the client there, compare-and-PEXPIRE per key); release is
+//! compare-and-DEL plus a wake-up of the head of the queue, or a publish to the name's
+//! channel without the queue.
 //! Both read the break mark of a key that is no longer theirs, to tell a force release
 //! (`Broken`) from a key taken or gone. Renewal on Redis Cluster is in `hold/cluster.rs`.
 

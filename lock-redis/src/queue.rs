@@ -1,3 +1,5 @@
+//! The FIFO waiter queue: the queued acquire's script call and reply, and a waiter's naps.
+//!
 //! The waiter queue on one server: waiters take a ticket in a sorted set beside the lock
 //! key (`acquire_q.lua`), a free key goes only to the head, and a release wakes the head
 //! alone on its client's channel (`release_q.lua`).

@@ -1,3 +1,6 @@
+//! What both wake-up transports share: the registry of channels and bells, and the
+//! subscriber task.
+//!
 //! What both wake-up transports share: the registry of channels and bells, the
 //! subscriptions waiters hold, and the subscriber task that keeps one connection per
 //! server (Redis Cluster: per node) alive with a transport's session.
