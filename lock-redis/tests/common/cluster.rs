@@ -15,7 +15,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::sync::mpsc;
 use tokio::time::{sleep, Instant};
 
-use super::{raw, unique_name};
+use super::{leftovers_on, raw, unique_name};
 
 /// Makes clients of one Redis Cluster.
 pub(crate) struct ClusterFactory {

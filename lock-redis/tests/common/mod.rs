@@ -5,7 +5,8 @@
 
 /// Implements [`Factory`](conformance::Factory) for a Redis factory from its inherent
 /// `deployment_url`, `make`, `crashable` and `owners` (raw connections to the servers
-/// that keep a key): a steal deletes the lock key there, leftovers are looked for there.
+/// that keep a key): a steal deletes the lock key there, leftovers are looked for there
+/// (with [`leftovers_on`], which the calling module must have in scope).
 macro_rules! redis_factory {
     ($factory:ty) => {
         #[::async_trait::async_trait]
@@ -51,7 +52,7 @@ macro_rules! redis_factory {
                 let mut left = Vec::new();
                 for name in names {
                     let conns = self.owners(&keys.lock_key(name)).await;
-                    let found = crate::common::leftovers_on(conns, std::slice::from_ref(name));
+                    let found = leftovers_on(conns, std::slice::from_ref(name));
                     left.extend(found.await);
                 }
                 left

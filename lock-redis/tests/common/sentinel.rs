@@ -16,7 +16,7 @@ use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{RedisConfig, RedisLock, RedisNode};
 use redis::aio::MultiplexedConnection;
 
-use super::raw;
+use super::{leftovers_on, raw};
 
 /// Makes clients of one Sentinel deployment.
 pub(crate) struct SentinelFactory {
