@@ -1,9 +1,5 @@
-//! What both wake-up transports share: the registry of channels and bells, and the
-//! subscriber task.
-//!
-//! What both wake-up transports share: the registry of channels and bells, the
-//! subscriptions waiters hold, and the subscriber task that keeps one connection per
-//! server (Redis Cluster: per node) alive with a transport's session.
+//! What both wake-up transports share: the registry of channels and bells, the waiters'
+//! subscriptions, and the subscriber task that runs a transport's session per server.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
