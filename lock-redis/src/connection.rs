@@ -1,3 +1,6 @@
+//! Connections to the servers: one multiplexed connection per server, and the routes
+//! requests take ([`Route`]).
+//!
 //! Connections to the servers: one multiplexed connection per server, with a deadline on
 //! every call and reconnection with backoff; the client's wake-up subscriptions are in
 //! [`wakeups`], finding the primary through Sentinels in [`sentinel`], routing by hash
@@ -331,26 +334,6 @@ impl Node {
     fn deadline_error(&self, what: &str, deadline: Instant) -> Error {
         let limit = deadline.saturating_duration_since(Instant::now());
         self.no_answer(what, limit.max(Duration::from_millis(1)))
-    }
-
-    /// Runs a script as [`Route::script`] does, on this server.
-    pub(crate) async fn script<T: FromRedisValue + Send>(
-        &self,
-        what: &str,
-        deadline: Instant,
-        invocation: &ScriptInvocation<'_>,
-    ) -> Result<T> {
-        Route::Node(self).script(what, deadline, invocation).await
-    }
-
-    /// Runs a command as [`Route::command`] does, on this server.
-    pub(crate) async fn command<T: FromRedisValue + Send>(
-        &self,
-        what: &str,
-        deadline: Instant,
-        cmd: &redis::Cmd,
-    ) -> Result<T> {
-        Route::Node(self).command(what, deadline, cmd).await
     }
 
     /// Sends a request (`send` on a connection) with a deadline.

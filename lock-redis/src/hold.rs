@@ -1,22 +1,28 @@
-//! Holds and the server-side hold protocol: batched renewal (one script call per server,
-//! on Redis Cluster per primary, renews every hold of the client there, compare-and-PEXPIRE
-//! per key), release (compare-and-DEL plus a wake-up of the head of the queue, or a publish
-//! to the name's channel without the queue) and how a majority of answers decides each.
+//! The hold ([`RedisHold`]) and its server side: renewal and release, each decided by a
+//! majority of answers.
+//!
+//! Renewal is batched (one script call per server, on Redis Cluster per primary, renews
+//! every hold of the client there, compare-and-PEXPIRE per key); release is
+//! compare-and-DEL plus a wake-up of the head of the queue, or a publish to the name's
+//! channel without the queue.
 //! Both read the break mark of a key that is no longer theirs, to tell a force release
-//! (`Broken`) from a key taken or gone.
+//! (`Broken`) from a key taken or gone. Renewal on Redis Cluster is in `hold/cluster.rs`.
+
+mod cluster;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{BackendRelease, RenewItem, RenewOutcome};
+use lock_core::raw::{AcquireRequest, BackendRelease, RenewItem, RenewOutcome};
 use lock_core::{FencingToken, LockName, LostReason, OwnerToken, Result};
 use redis::ScriptInvocation;
 use tokio::time::Instant;
 
-use crate::backend::Inner;
-use crate::connection::{group_by_shard, slot_of, Node, Route, Shards};
+use crate::connection::{slot_of, Route};
 use crate::error;
+use crate::layout;
+use crate::topology::{Servers, Topology};
 
 /// Keys per renewal script call; bigger batches are split into several calls sent
 /// together on the same connection.
@@ -57,6 +63,32 @@ pub(crate) enum WakeKeys {
 }
 
 impl RedisHold {
+    /// The hold `request` would take, with its keys under `servers`' layout and, with the
+    /// queue, its waiter id `<client id>/<owner token>`.
+    pub(crate) fn new(servers: &Servers, request: &AcquireRequest<'_>) -> RedisHold {
+        let keys = &servers.keys;
+        let key = keys.lock_key(request.name);
+        let wake = if servers.config.queue {
+            WakeKeys::Queue {
+                queue: keys.side_key(&key, layout::QUEUE),
+                live: keys.side_key(&key, layout::QUEUE_LIVE),
+                waiter: format!("{}/{}", servers.client_id, request.token),
+            }
+        } else {
+            WakeKeys::Channel(keys.side_key(&key, layout::RELEASED))
+        };
+        RedisHold {
+            name: request.name.clone(),
+            keys: Arc::new(HoldKeys {
+                fence_key: keys.side_key(&key, layout::FENCE),
+                broken: keys.side_key(&key, layout::BROKEN),
+                key,
+                wake,
+            }),
+            token: request.token.clone(),
+        }
+    }
+
     /// The lock name.
     pub fn name(&self) -> &LockName {
         &self.name
@@ -143,365 +175,263 @@ pub(crate) fn floor_arg(floor: Option<FencingToken>) -> String {
         .unwrap_or_default()
 }
 
-impl Inner {
-    /// Renews `items` on every server: one script call per server (per [`RENEW_CHUNK`] keys).
-    /// Each hold gets its own outcome: renewed when a majority of servers (the one server, on
-    /// `redis://`) renewed it, lost when a majority can no longer confirm it, and undecided
-    /// when the servers that did not answer could still tip it either way.
-    ///
-    /// # Errors
-    /// When fewer than a majority of servers answered: then no hold can be decided.
-    pub(crate) async fn renew(
-        &self,
-        items: &[RenewItem<'_, RedisHold>],
-    ) -> Result<Vec<RenewOutcome>> {
-        if items.is_empty() {
-            return Ok(Vec::new());
-        }
-        if let Some(shards) = &self.shards {
-            return self.renew_cluster(shards, items).await;
-        }
-        let n = self.nodes.len();
-        let shortest = items.iter().map(|i| i.ttl).min().unwrap_or_default();
-        let limit = if self.config.redlock {
-            // A slow server must not hold up the others' verdict past a third of the lease,
-            // nor past the caller's bound on the whole renewal (`request_timeout`, counted from
-            // a little earlier): the replies that did come must still be counted.
-            let request_timeout = self.config.options.request_timeout;
-            self.config
-                .node_timeout_for(shortest)
-                .min(shortest / 3)
-                .min(request_timeout - request_timeout / 5)
-        } else {
-            self.config.options.request_timeout
-        };
-        let deadline = Instant::now() + limit;
-        let per_node = join_all(self.nodes.iter().map(|node| async move {
-            let calls = items.chunks(RENEW_CHUNK).map(|chunk| {
-                let mut invocation = self.scripts.renew.prepare_invoke();
-                for item in chunk {
-                    invocation
-                        .key(&item.hold.keys.key)
-                        .key(&item.hold.keys.broken)
-                        .arg(item.hold.token.as_str())
-                        .arg(ttl_millis(item.ttl));
-                }
-                async move {
-                    node.script::<Vec<i64>>("renew", deadline, &invocation)
-                        .await
-                }
-            });
-            let mut statuses = Vec::with_capacity(items.len());
-            for chunk in join_all(calls).await {
-                statuses.extend(chunk?);
-            }
-            if statuses.len() != items.len() {
-                return Err(error::protocol(
-                    self.backend,
-                    format!(
-                        "renewal of {} locks on {} returned {} statuses",
-                        items.len(),
-                        node.label,
-                        statuses.len()
-                    ),
-                ));
-            }
-            Ok(statuses)
-        }))
-        .await;
-        let answers = error::majority(self.backend, self.quorum, per_node, "the renewal")?;
-        let silent = n - answers.len();
-        let mut outcomes = Vec::with_capacity(items.len());
-        for (i, item) in items.iter().enumerate() {
-            let renewed = answers.iter().filter(|(_, a)| a[i] == status::DONE).count();
-            if renewed >= self.quorum {
-                outcomes.push(RenewOutcome::Renewed {
-                    lease: Duration::from_millis(ttl_millis(item.ttl)),
-                });
-            } else if renewed + silent >= self.quorum {
-                // The servers that did not answer may still hold it: this hold alone is
-                // undecided (Suspect, retried soon).
-                outcomes.push(RenewOutcome::Undecided);
-            } else {
-                let reason = lost_reason(answers.iter().map(|(_, a)| a[i]));
-                outcomes.push(RenewOutcome::Lost(reason));
-            }
-        }
-        Ok(outcomes)
+/// How long to wait before retrying a lock whose holder's key expires in `pttl` ms.
+pub(crate) fn pttl_wait(pttl: i64) -> Duration {
+    match u64::try_from(pttl) {
+        // Wait until just past the expiry.
+        Ok(ms) => Duration::from_millis(ms.saturating_add(1)),
+        // -1: a key without expiry (written by someone else); -2: gone already.
+        Err(_) if pttl == -1 => Duration::MAX,
+        Err(_) => Duration::ZERO,
     }
+}
 
-    /// See [`Backend::renewal_group`](lock_core::raw::Backend::renewal_group): on Redis
-    /// Cluster the index of the primary that serves `hold`'s slot, `u64::MAX` for a slot
-    /// without one (the renewal finds its primary); 0 elsewhere.
-    pub(crate) fn renewal_group(&self, hold: &RedisHold) -> u64 {
-        let Some(shards) = &self.shards else {
-            return 0;
-        };
-        shards
-            .owner_index(slot_of(hold.keys.key.as_bytes()))
-            .and_then(|i| u64::try_from(i).ok())
-            .unwrap_or(u64::MAX)
+/// `script` for `hold`, with the keys of `queue.lua` and the owner token as first argument.
+pub(crate) fn queue_invocation<'a>(
+    script: &'a redis::Script,
+    hold: &RedisHold,
+) -> ScriptInvocation<'a> {
+    let mut invocation = script.prepare_invoke();
+    invocation.key(&hold.keys.key).key(&hold.keys.fence_key);
+    if let WakeKeys::Queue { queue, live, .. } = &hold.keys.wake {
+        invocation.key(queue).key(live);
     }
+    invocation.arg(hold.token.as_str());
+    invocation
+}
 
-    /// Renews `items` on Redis Cluster: one script call per primary (per [`RENEW_CHUNK`]
-    /// keys) for the holds of every slot it serves, the keys passed as arguments to the
-    /// renew script (flagged `allow-cross-slot-keys` on a cluster). When a primary does not
-    /// answer or no longer serves some holds, the slot map is reloaded once and the holds
-    /// whose slot has another primary now are renewed there, again one call per primary.
-    /// A hold its primary still serves but answers "elsewhere" for (its slot is moving and
-    /// its key went ahead) is sent again on its own, routed by its lock key so that the
-    /// cluster's `ASK` is followed.
-    ///
-    /// # Errors
-    /// Only when the slot map cannot be loaded at all: a primary that does not answer
-    /// leaves its holds undecided.
-    async fn renew_cluster(
-        &self,
-        shards: &Shards,
-        items: &[RenewItem<'_, RedisHold>],
-    ) -> Result<Vec<RenewOutcome>> {
-        let deadline = Instant::now() + self.config.options.request_timeout;
-        let primaries = shards.primaries(deadline).await?;
-        let seen = shards.version();
-        let mut statuses: Vec<Option<i64>> = vec![None; items.len()];
-        let slot = |i: usize| slot_of(items[i].hold.keys.key.as_bytes());
-        let all: Vec<usize> = (0..items.len()).collect();
-        let pending = self
-            .renew_batches(&primaries, shards, items, &all, &mut statuses, deadline)
-            .await;
-        let mut alone = Vec::new();
-        if !pending.is_empty() {
-            let asked: Vec<Option<usize>> = pending
-                .iter()
-                .map(|(i, _)| shards.owner_index(slot(*i)))
-                .collect();
-            let reloaded = shards.reload(seen, deadline).await.is_ok();
-            let mut moved = Vec::new();
-            for ((i, elsewhere), asked) in pending.into_iter().zip(asked) {
-                if reloaded && (asked.is_none() || shards.owner_index(slot(i)) != asked) {
-                    moved.push(i);
-                } else if elsewhere {
-                    alone.push(i);
-                }
-                // Else its primary did not answer and still serves it: undecided.
+/// The queue's release of `hold` (see `release_q.lua`); with `leave`, its waiter also
+/// leaves the queue. On Redis Cluster, a release refused while the slot migrates
+/// (`TRYAGAIN`: the queue's keys are not all on one node) falls back to the plain release
+/// of the lock key alone (see [`release_each`]).
+fn release_q_invocation<'s>(
+    servers: &'s Servers,
+    hold: &RedisHold,
+    leave: bool,
+) -> ScriptInvocation<'s> {
+    let mut invocation = queue_invocation(&servers.scripts.release_q, hold);
+    invocation
+        .arg(if leave { hold.waiter() } else { "" })
+        .arg(servers.channel_prefix_for(&hold.keys.key))
+        .arg(ttl_millis(servers.queue_times.window));
+    servers.pass_break_mark(&mut invocation, &hold.keys.broken);
+    invocation
+}
+
+/// Renews `items` on every server: one script call per server (per [`RENEW_CHUNK`] keys).
+/// Each hold gets its own outcome: renewed when a majority of servers (the one server, on
+/// `redis://`) renewed it, lost when a majority can no longer confirm it, and undecided
+/// when the servers that did not answer could still tip it either way.
+///
+/// # Errors
+/// When fewer than a majority of servers answered: then no hold can be decided.
+pub(crate) async fn renew(
+    servers: &Servers,
+    items: &[RenewItem<'_, RedisHold>],
+) -> Result<Vec<RenewOutcome>> {
+    if items.is_empty() {
+        return Ok(Vec::new());
+    }
+    let nodes = match &servers.topology {
+        Topology::Cluster(shards) => return cluster::renew(servers, shards, items).await,
+        topology => topology.nodes(),
+    };
+    let n = nodes.len();
+    let quorum = servers.quorum();
+    let config = &servers.config;
+    let shortest = items.iter().map(|i| i.ttl).min().unwrap_or_default();
+    let limit = if servers.topology.is_redlock() {
+        // A slow server must not hold up the others' verdict past a third of the lease,
+        // nor past the caller's bound on the whole renewal (`request_timeout`, counted from
+        // a little earlier): the replies that did come must still be counted.
+        let request_timeout = config.options.request_timeout;
+        config
+            .node_timeout_for(shortest)
+            .min(shortest / 3)
+            .min(request_timeout - request_timeout / 5)
+    } else {
+        config.options.request_timeout
+    };
+    let deadline = Instant::now() + limit;
+    let per_node = join_all(nodes.iter().map(|node| async move {
+        let calls = items.chunks(RENEW_CHUNK).map(|chunk| {
+            let mut invocation = servers.scripts.renew.prepare_invoke();
+            for item in chunk {
+                invocation
+                    .key(&item.hold.keys.key)
+                    .key(&item.hold.keys.broken)
+                    .arg(item.hold.token.as_str())
+                    .arg(ttl_millis(item.ttl));
             }
-            if !moved.is_empty() {
-                let primaries = shards.primaries(deadline).await?;
-                let pending = self
-                    .renew_batches(&primaries, shards, items, &moved, &mut statuses, deadline)
-                    .await;
-                alone.extend(pending.into_iter().filter(|(_, e)| *e).map(|(i, _)| i));
-            }
-        }
-        let retries = join_all(alone.iter().map(|&i| {
-            let mut invocation = self.cluster_renew_invocation([&items[i]]);
-            // Declared as well, so that the request is routed (and redirected) by it.
-            invocation.key(&items[i].hold.keys.key);
             async move {
-                let route = Route::Slot(shards, slot(i));
-                route
+                Route::Node(node)
                     .script::<Vec<i64>>("renew", deadline, &invocation)
                     .await
             }
-        }))
-        .await;
-        for (&i, reply) in alone.iter().zip(retries) {
-            if let Ok(reply) = reply {
-                statuses[i] = reply.first().copied().filter(|s| *s != status::ELSEWHERE);
-            }
-        }
-        Ok(items
-            .iter()
-            .zip(statuses)
-            .map(|(item, status)| match status {
-                Some(status::DONE) => RenewOutcome::Renewed {
-                    lease: Duration::from_millis(ttl_millis(item.ttl)),
-                },
-                Some(status) => RenewOutcome::Lost(lost_reason(std::iter::once(status))),
-                None => RenewOutcome::Undecided,
-            })
-            .collect())
-    }
-
-    /// Renews the holds `which` (indices into `items`) on the `primaries` that serve them
-    /// in the slot map as it is: one script call per primary (per [`RENEW_CHUNK`] keys),
-    /// the answers put in `statuses`. Returns the holds left without a status, each with
-    /// whether its primary answered "elsewhere" (else it did not answer, or no primary
-    /// serves its slot).
-    async fn renew_batches(
-        &self,
-        primaries: &[Arc<Node>],
-        shards: &Shards,
-        items: &[RenewItem<'_, RedisHold>],
-        which: &[usize],
-        statuses: &mut [Option<i64>],
-        deadline: Instant,
-    ) -> Vec<(usize, bool)> {
-        let (groups, orphans) = group_by_shard(
-            shards,
-            primaries,
-            which.iter().map(|&i| items[i].hold.keys.key.as_str()),
-        );
-        let mut pending: Vec<(usize, bool)> =
-            orphans.iter().map(|&at| (which[at], false)).collect();
-        let batches = groups.iter().zip(primaries).flat_map(|(group, node)| {
-            group.chunks(RENEW_CHUNK).map(move |chunk| async move {
-                let invocation =
-                    self.cluster_renew_invocation(chunk.iter().map(|&at| &items[which[at]]));
-                let reply = node
-                    .script::<Vec<i64>>("renew", deadline, &invocation)
-                    .await;
-                (chunk, reply)
-            })
         });
-        for (chunk, reply) in join_all(batches).await {
-            match reply {
-                Ok(replies) if replies.len() == chunk.len() => {
-                    for (&at, status) in chunk.iter().zip(replies) {
-                        if status == status::ELSEWHERE {
-                            pending.push((which[at], true));
-                        } else {
-                            statuses[which[at]] = Some(status);
-                        }
-                    }
-                }
-                Ok(_) | Err(_) => pending.extend(chunk.iter().map(|&at| (which[at], false))),
-            }
+        let mut statuses = Vec::with_capacity(items.len());
+        for chunk in join_all(calls).await {
+            statuses.extend(chunk?);
         }
-        pending
-    }
-
-    /// The renew script for `items` on Redis Cluster, their keys passed as arguments
-    /// (lock key and break mark of each), then the owner token and TTL of each.
-    fn cluster_renew_invocation<'a, 'h: 'a>(
-        &self,
-        items: impl IntoIterator<Item = &'a RenewItem<'h, RedisHold>> + Clone,
-    ) -> ScriptInvocation<'_> {
-        let mut invocation = self.scripts.renew.prepare_invoke();
-        for item in items.clone() {
-            invocation
-                .arg(&item.hold.keys.key)
-                .arg(&item.hold.keys.broken);
-        }
-        for item in items {
-            invocation
-                .arg(item.hold.token.as_str())
-                .arg(ttl_millis(item.ttl));
-        }
-        invocation
-    }
-
-    /// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held
-    /// by another owner, -2 broken (see [`status`]). With `leave`, a queued waiter of the
-    /// acquisition is also taken out of the queue. With `only`, just the servers it marks
-    /// (the others are left out of the result).
-    pub(crate) async fn release_each(
-        &self,
-        hold: &RedisHold,
-        leave: bool,
-        only: Option<&[bool]>,
-        deadline: Instant,
-    ) -> Vec<Result<i64>> {
-        // With the queue, the server that orders the waiters (the only one on `redis://`)
-        // runs the queue's release, which wakes the head; the others a plain release.
-        let (queued, channel) = match &hold.keys.wake {
-            WakeKeys::Queue { .. } => (Some(self.release_q_invocation(hold, leave)), ""),
-            WakeKeys::Channel(channel) => (None, channel.as_str()),
-        };
-        let routes = self.routes(&hold.keys.key);
-        // On Redis Cluster the plain release is also the queue's release's fallback.
-        let plain = (queued.is_none() || routes.len() > 1 || self.shards.is_some()).then(|| {
-            let mut invocation = self.scripts.release.prepare_invoke();
-            invocation.key(&hold.keys.key);
-            invocation.arg(hold.token.as_str()).arg(channel);
-            self.pass_break_mark(&mut invocation, hold);
-            invocation
-        });
-        let selected = |i: &usize| only.is_none_or(|only| only[*i]);
-        join_all((0..routes.len()).filter(selected).map(|i| {
-            let route = routes[i];
-            let (invocation, fallback) = match (&queued, &plain) {
-                (Some(queued), plain) if i == self.arbiter => (queued, plain.as_ref()),
-                (_, Some(plain)) => (plain, None),
-                (Some(queued), None) => (queued, None),
-                (None, None) => unreachable!("a release without a script"),
-            };
-            async move {
-                match (route, fallback) {
-                    // Exclusion rests on the lock key alone: while the slot migrates, its
-                    // compare-and-DEL; the queued head is woken when its subscription
-                    // moves with the slot, or at its recheck.
-                    (Route::Slot(shards, slot), Some(fallback)) => {
-                        match shards
-                            .script_unless_busy::<i64>(slot, "release", deadline, invocation)
-                            .await?
-                        {
-                            Some(status) => Ok(status),
-                            None => route.script("release", deadline, fallback).await,
-                        }
-                    }
-                    _ => route.script::<i64>("release", deadline, invocation).await,
-                }
-            }
-        }))
-        .await
-    }
-
-    /// Adds `hold`'s break mark to a release: a key (`KEYS[2]`, after the lock key, or
-    /// `KEYS[5]` after the queue's) on one server or RedLock, the last argument on Redis
-    /// Cluster, where the script then declares no key that is hardly ever there (see
-    /// `release.lua`).
-    pub(crate) fn pass_break_mark(&self, invocation: &mut ScriptInvocation<'_>, hold: &RedisHold) {
-        if self.shards.is_some() {
-            invocation.arg(&hold.keys.broken);
-        } else {
-            invocation.key(&hold.keys.broken);
-        }
-    }
-
-    /// Releases `hold` on every server (compare-and-delete, then a wake-up); with `leave`,
-    /// also takes the acquisition's waiter out of the queue.
-    pub(crate) async fn release_all(
-        &self,
-        hold: &RedisHold,
-        leave: bool,
-        deadline: Instant,
-    ) -> Result<BackendRelease> {
-        let servers = self.routes(&hold.keys.key).len();
-        let mut statuses = Vec::with_capacity(servers);
-        let mut first_error = None;
-        for reply in self.release_each(hold, leave, None, deadline).await {
-            match reply {
-                Ok(status) => statuses.push(status),
-                Err(err) => {
-                    first_error.get_or_insert(err);
-                }
-            }
-        }
-        let released = statuses.iter().filter(|s| **s == status::DONE).count();
-        let answered = statuses.len();
-        if released >= self.quorum {
-            Ok(BackendRelease::Released)
-        } else if answered >= self.quorum {
-            Ok(BackendRelease::NotOwner(lost_reason(statuses.into_iter())))
-        } else if servers == 1 {
-            Err(first_error.unwrap_or_else(|| error::protocol(self.backend, "no reply".into())))
-        } else {
-            Err(error::no_majority(
-                self.backend,
+        if statuses.len() != items.len() {
+            return Err(error::protocol(
+                servers.backend,
                 format!(
-                    "only {answered} of {servers} servers answered the release of `{}`",
-                    hold.name
+                    "renewal of {} locks on {} returned {} statuses",
+                    items.len(),
+                    node.label,
+                    statuses.len()
                 ),
-                first_error,
-            ))
+            ));
         }
+        Ok(statuses)
+    }))
+    .await;
+    let answers = error::majority(servers.backend, quorum, per_node, "the renewal")?;
+    let silent = n - answers.len();
+    let mut outcomes = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let renewed = answers.iter().filter(|(_, a)| a[i] == status::DONE).count();
+        if renewed >= quorum {
+            outcomes.push(RenewOutcome::Renewed {
+                lease: Duration::from_millis(ttl_millis(item.ttl)),
+            });
+        } else if renewed + silent >= quorum {
+            // The servers that did not answer may still hold it: this hold alone is
+            // undecided (Suspect, retried soon).
+            outcomes.push(RenewOutcome::Undecided);
+        } else {
+            let reason = lost_reason(answers.iter().map(|(_, a)| a[i]));
+            outcomes.push(RenewOutcome::Lost(reason));
+        }
+    }
+    Ok(outcomes)
+}
+
+/// See [`Backend::renewal_group`](lock_core::raw::Backend::renewal_group): on Redis
+/// Cluster the index of the primary that serves `hold`'s slot, `u64::MAX` for a slot
+/// without one (the renewal finds its primary); 0 elsewhere.
+pub(crate) fn renewal_group(topology: &Topology, hold: &RedisHold) -> u64 {
+    let Some(shards) = topology.shards() else {
+        return 0;
+    };
+    shards
+        .owner_index(slot_of(hold.keys.key.as_bytes()))
+        .and_then(|i| u64::try_from(i).ok())
+        .unwrap_or(u64::MAX)
+}
+
+/// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held
+/// by another owner, -2 broken (see [`status`]). With `leave`, a queued waiter of the
+/// acquisition is also taken out of the queue. With `only`, just the servers it marks
+/// (the others are left out of the result).
+pub(crate) async fn release_each(
+    servers: &Servers,
+    hold: &RedisHold,
+    leave: bool,
+    only: Option<&[bool]>,
+    deadline: Instant,
+) -> Vec<Result<i64>> {
+    // With the queue, the server that orders the waiters (the only one on `redis://`)
+    // runs the queue's release, which wakes the head; the others a plain release.
+    let (queued, channel) = match &hold.keys.wake {
+        WakeKeys::Queue { .. } => (Some(release_q_invocation(servers, hold, leave)), ""),
+        WakeKeys::Channel(channel) => (None, channel.as_str()),
+    };
+    let routes = servers.routes(&hold.keys.key);
+    let cluster = servers.topology.shards().is_some();
+    // On Redis Cluster the plain release is also the queue's release's fallback.
+    let plain = (queued.is_none() || routes.len() > 1 || cluster).then(|| {
+        let mut invocation = servers.scripts.release.prepare_invoke();
+        invocation.key(&hold.keys.key);
+        invocation.arg(hold.token.as_str()).arg(channel);
+        servers.pass_break_mark(&mut invocation, &hold.keys.broken);
+        invocation
+    });
+    let arbiter = servers.topology.arbiter();
+    let selected = |i: &usize| only.is_none_or(|only| only[*i]);
+    join_all((0..routes.len()).filter(selected).map(|i| {
+        let route = routes[i];
+        let (invocation, fallback) = match (&queued, &plain) {
+            (Some(queued), plain) if i == arbiter => (queued, plain.as_ref()),
+            (_, Some(plain)) => (plain, None),
+            (Some(queued), None) => (queued, None),
+            (None, None) => unreachable!("a release without a script"),
+        };
+        async move {
+            match (route, fallback) {
+                // Exclusion rests on the lock key alone: while the slot migrates, its
+                // compare-and-DEL; the queued head is woken when its subscription
+                // moves with the slot, or at its recheck.
+                (Route::Slot(shards, slot), Some(fallback)) => {
+                    match shards
+                        .script_unless_busy::<i64>(slot, "release", deadline, invocation)
+                        .await?
+                    {
+                        Some(status) => Ok(status),
+                        None => route.script("release", deadline, fallback).await,
+                    }
+                }
+                _ => route.script::<i64>("release", deadline, invocation).await,
+            }
+        }
+    }))
+    .await
+}
+
+/// Releases `hold` on every server (compare-and-delete, then a wake-up); with `leave`,
+/// also takes the acquisition's waiter out of the queue.
+pub(crate) async fn release_all(
+    servers: &Servers,
+    hold: &RedisHold,
+    leave: bool,
+    deadline: Instant,
+) -> Result<BackendRelease> {
+    let quorum = servers.quorum();
+    let backend = servers.backend;
+    let servers_n = servers.routes(&hold.keys.key).len();
+    let mut statuses = Vec::with_capacity(servers_n);
+    let mut first_error = None;
+    for reply in release_each(servers, hold, leave, None, deadline).await {
+        match reply {
+            Ok(status) => statuses.push(status),
+            Err(err) => {
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    let released = statuses.iter().filter(|s| **s == status::DONE).count();
+    let answered = statuses.len();
+    if released >= quorum {
+        Ok(BackendRelease::Released)
+    } else if answered >= quorum {
+        Ok(BackendRelease::NotOwner(lost_reason(statuses.into_iter())))
+    } else if servers_n == 1 {
+        Err(first_error.unwrap_or_else(|| error::protocol(backend, "no reply".into())))
+    } else {
+        Err(error::no_majority(
+            backend,
+            format!(
+                "only {answered} of {servers_n} servers answered the release of `{}`",
+                hold.name
+            ),
+            first_error,
+        ))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn waits_follow_the_holders_expiry() {
+        assert_eq!(pttl_wait(250), Duration::from_millis(251));
+        assert_eq!(pttl_wait(-1), Duration::MAX);
+        assert_eq!(pttl_wait(-2), Duration::ZERO);
+        assert_eq!(ttl_millis(Duration::from_micros(1500)), 1);
+        assert_eq!(ttl_millis(Duration::from_nanos(1)), 1);
+    }
 
     #[test]
     fn round_suffixes_come_off_the_shown_owner_token() {

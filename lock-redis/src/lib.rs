@@ -1,13 +1,22 @@
 #![doc = include_str!("../README.md")]
 
-// The same files as every backend crate: `config.rs`, `error.rs`, `backend.rs` (the
-// `Backend` and `Connect` impls), `hold.rs` (holds, renewal, release), `connection.rs`
-// (connections, wake-up subscriptions), `layout.rs` (key names), `queue.rs` (the waiter
-// queue), `operator.rs` (who holds and who waits, which names are held, breaking a hold);
-// and, for Redis alone, `connection/sentinel.rs` (finding the primary through Sentinels),
-// `connection/cluster.rs` (routing by hash slot on Redis Cluster),
-// `redlock.rs` (the RedLock quorum rounds) and `scripts/` (the Lua scripts).
+// The same files as every backend crate: `config.rs` (the configuration; `config/url.rs`
+// reads it from a URL), `error.rs`, `backend.rs` (the `Backend` and `Connect` impls),
+// `hold.rs` (holds, renewal, release; `hold/cluster.rs` renewal on Redis Cluster),
+// `connection.rs` (connections, wake-up subscriptions), `layout.rs` (key names),
+// `queue.rs` (the waiter queue), `operator.rs` (who holds and who waits, which names are
+// held, breaking a hold); and, for Redis alone, `topology.rs` (one server, Sentinel,
+// Redis Cluster or RedLock, chosen once at open, and the routes the protocol pieces
+// take), `attempt.rs` (one acquire attempt where one server decides), `redlock.rs` (the
+// RedLock quorum rounds), `scripts.rs` with `scripts/` (the Lua scripts),
+// `connection/sentinel.rs` (finding the primary through Sentinels),
+// `connection/cluster.rs` (routing by hash slot on Redis Cluster) and
+// `connection/wakeups/` (the pub/sub and sharded wake-up transports).
+//
+// Imports flow one way: backend -> redlock, attempt -> queue -> hold -> topology ->
+// connection, with config, error, layout and scripts at the bottom.
 
+mod attempt;
 mod backend;
 mod config;
 mod connection;
@@ -17,6 +26,8 @@ mod layout;
 mod operator;
 mod queue;
 mod redlock;
+mod scripts;
+mod topology;
 
 use lock_core::raw::LeaseClient;
 

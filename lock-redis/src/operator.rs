@@ -1,3 +1,5 @@
+//! What an operator asks and does: inspecting a name, listing held names, breaking a hold.
+//!
 //! What an operator asks: who holds and who waits for a name as the servers show it
 //! (`inspect.lua`, one call per server, changing nothing; also the dual lock's advance
 //! check), which names are held (`SCAN` over the lock keys), and breaking a hold
@@ -9,11 +11,11 @@ use std::time::Duration;
 use futures::future::join_all;
 use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
 
-use crate::backend::Inner;
-use crate::connection::Node;
+use crate::connection::{Node, Route};
 use crate::error;
 use crate::hold::{acquisition_token, ttl_millis};
 use crate::layout::{self, BROKEN_KEPT, BROKEN_STAY};
+use crate::topology::{Servers, Topology};
 
 /// Keys a `SCAN` call looks at (and the most lock keys one reply carries).
 const SCAN_COUNT: u32 = 1000;
@@ -22,68 +24,73 @@ const SCAN_COUNT: u32 = 1000;
 /// the live waiter ids in ticket order.
 type View = (Option<String>, i64, Option<u64>, Vec<String>);
 
-impl Inner {
-    /// Who holds and who waits for `name`; see [`merge`] for how several servers' views
-    /// combine.
-    ///
-    /// # Errors
-    /// When fewer than a majority of servers answered (the one server, on `redis://`).
-    pub(crate) async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
-        let mut invocation = self.scripts.inspect.prepare_invoke();
-        let key = self.queue_keys(&mut invocation, name);
-        let deadline = self.request_deadline();
-        let replies = join_all(self.routes(&key).into_iter().map(|route| {
-            let invocation = &invocation;
-            async move { route.script::<View>("inspect", deadline, invocation).await }
-        }))
-        .await;
-        let what = format_args!("the inspection of `{name}`");
-        let views = error::majority(self.backend, self.quorum, replies, what)?;
-        let mut seen = merge(&views, self.arbiter, self.quorum);
-        seen.holder = seen.holder.map(|holder| self.shown(holder));
-        Ok(seen)
-    }
+/// Who holds and who waits for `name`; see [`merge`] for how several servers' views
+/// combine.
+///
+/// # Errors
+/// When fewer than a majority of servers answered (the one server, on `redis://`).
+pub(crate) async fn inspect(servers: &Servers, name: &LockName) -> Result<Occupancy> {
+    let mut invocation = servers.scripts.inspect.prepare_invoke();
+    let key = queue_keys(servers, &mut invocation, name);
+    let deadline = servers.request_deadline();
+    let replies = join_all(servers.routes(&key).into_iter().map(|route| {
+        let invocation = &invocation;
+        async move { route.script::<View>("inspect", deadline, invocation).await }
+    }))
+    .await;
+    let what = format_args!("the inspection of `{name}`");
+    let quorum = servers.quorum();
+    let views = error::majority(servers.backend, quorum, replies, what)?;
+    let mut seen = merge(&views, servers.topology.arbiter(), quorum);
+    seen.holder = seen.holder.map(|holder| shown(servers, holder));
+    Ok(seen)
+}
 
-    /// `holder` as the caller sees it: on RedLock, with the owner token of its acquisition
-    /// (as its guard shows it), not the round's.
-    fn shown(&self, mut holder: Participant) -> Participant {
-        if self.config.redlock {
-            holder.owner_token = holder
-                .owner_token
-                .map(|value| acquisition_token(&value).to_owned());
-        }
-        holder
+/// `holder` as the caller sees it: on RedLock, with the owner token of its acquisition
+/// (as its guard shows it), not the round's.
+fn shown(servers: &Servers, mut holder: Participant) -> Participant {
+    if servers.topology.is_redlock() {
+        holder.owner_token = holder
+            .owner_token
+            .map(|value| acquisition_token(&value).to_owned());
     }
+    holder
+}
 
-    /// Adds the keys of `queue.lua` for `name` (lock, fencing counter, queue, liveness)
-    /// to `invocation`, and returns the lock key.
-    fn queue_keys(&self, invocation: &mut redis::ScriptInvocation<'_>, name: &LockName) -> String {
-        let key = self.keys.lock_key(name);
-        invocation.key(&key);
-        for suffix in [layout::FENCE, layout::QUEUE, layout::QUEUE_LIVE] {
-            invocation.key(self.keys.side_key(&key, suffix));
-        }
-        key
+/// Adds the keys of `queue.lua` for `name` (lock, fencing counter, queue, liveness)
+/// to `invocation`, and returns the lock key.
+fn queue_keys(
+    servers: &Servers,
+    invocation: &mut redis::ScriptInvocation<'_>,
+    name: &LockName,
+) -> String {
+    let key = servers.keys.lock_key(name);
+    invocation.key(&key);
+    for suffix in [layout::FENCE, layout::QUEUE, layout::QUEUE_LIVE] {
+        invocation.key(servers.keys.side_key(&key, suffix));
     }
+    key
+}
 
-    /// The names that start with `prefix` whose lock key holds a value on a majority of
-    /// the servers (the one server, on `redis://`), sorted. Each server is walked with
-    /// `SCAN` (string keys matching the escaped prefix, [`SCAN_COUNT`] at a time, each
-    /// call within `request_timeout`; Redis 6 or later), never `KEYS`; side keys and keys
-    /// that are no lock key of this prefix are left out.
-    ///
-    /// # Errors
-    /// When fewer than a majority of servers answered.
-    pub(crate) async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
-        let pattern = self.keys.match_pattern(prefix);
-        if let Some(shards) = &self.shards {
+/// The names that start with `prefix` whose lock key holds a value on a majority of
+/// the servers (the one server, on `redis://`), sorted. Each server is walked with
+/// `SCAN` (string keys matching the escaped prefix, [`SCAN_COUNT`] at a time, each
+/// call within `request_timeout`; Redis 6 or later), never `KEYS`; side keys and keys
+/// that are no lock key of this prefix are left out.
+///
+/// # Errors
+/// When fewer than a majority of servers answered.
+pub(crate) async fn list(servers: &Servers, prefix: &str) -> Result<Vec<LockName>> {
+    let pattern = servers.keys.match_pattern(prefix);
+    let nodes = match &servers.topology {
+        Topology::Cluster(shards) => {
             // Each name lives on one primary: the union of theirs.
-            let primaries = shards.primaries(self.request_deadline()).await?;
+            let primaries = shards.primaries(servers.request_deadline()).await?;
             let mut names = Vec::new();
             for listing in join_all(
                 primaries
                     .iter()
-                    .map(|node| self.held_on(node, &pattern, prefix)),
+                    .map(|node| held_on(servers, node, &pattern, prefix)),
             )
             .await
             {
@@ -93,105 +100,117 @@ impl Inner {
             names.dedup();
             return Ok(names);
         }
-        let replies = join_all(
-            self.nodes
+        topology => topology.nodes(),
+    };
+    let replies = join_all(
+        nodes
+            .iter()
+            .map(|node| held_on(servers, node, &pattern, prefix)),
+    )
+    .await;
+    let what = format_args!("the listing of `{prefix}`");
+    let quorum = servers.quorum();
+    let listings = error::majority(servers.backend, quorum, replies, what)?;
+    let mut servers: HashMap<LockName, usize> = HashMap::new();
+    for name in listings.into_iter().flat_map(|(_, names)| names) {
+        *servers.entry(name).or_default() += 1;
+    }
+    let mut names: Vec<LockName> = servers
+        .into_iter()
+        .filter(|(_, on)| *on >= quorum)
+        .map(|(name, _)| name)
+        .collect();
+    names.sort();
+    Ok(names)
+}
+
+/// The names that start with `prefix` held on `node`, found with `SCAN MATCH
+/// pattern`. The walk ends when the cursor comes back to 0, as `SCAN` guarantees
+/// after a full pass; the caller bounds it in time.
+async fn held_on(
+    servers: &Servers,
+    node: &Node,
+    pattern: &str,
+    prefix: &str,
+) -> Result<HashSet<LockName>> {
+    let mut names = HashSet::new();
+    let mut cursor = 0u64;
+    loop {
+        let mut scan = redis::cmd("SCAN");
+        scan.arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(SCAN_COUNT)
+            .arg("TYPE")
+            .arg("string");
+        let (next, keys): (u64, Vec<Vec<u8>>) = Route::Node(node)
+            .command("list", servers.request_deadline(), &scan)
+            .await?;
+        names.extend(
+            keys.iter()
+                .filter_map(|key| servers.keys.name_of(std::str::from_utf8(key).ok()?))
+                .filter(|name| name.as_str().starts_with(prefix)),
+        );
+        if next == 0 {
+            return Ok(names);
+        }
+        cursor = next;
+    }
+}
+
+/// Breaks `name` on every server (`break.lua`): deletes its lock key whoever holds
+/// it, adds the owner token removed to the break mark (kept at least [`BROKEN_STAY`]
+/// or three TTLs) and wakes the waiters as a release does. Returns the holder removed
+/// as [`merge`] shows a holder (RedLock: the value removed from the most servers),
+/// `None` when the key was free everywhere.
+///
+/// # Errors
+/// When fewer than a majority of servers answered (the hold may be removed from
+/// some).
+pub(crate) async fn force_release(
+    servers: &Servers,
+    name: &LockName,
+) -> Result<Option<Participant>> {
+    let mut invocation = servers.scripts.force_release.prepare_invoke();
+    let key = queue_keys(servers, &mut invocation, name);
+    let stay = BROKEN_STAY.max(servers.config.options.ttl.saturating_mul(3));
+    invocation
+        .key(servers.keys.side_key(&key, layout::BROKEN))
+        .arg(ttl_millis(stay))
+        .arg(BROKEN_KEPT)
+        .arg(servers.channel_prefix_for(&key))
+        .arg(ttl_millis(servers.queue_times.window))
+        .arg(servers.keys.side_key(&key, layout::RELEASED));
+    let deadline = servers.request_deadline();
+    let replies = join_all(servers.routes(&key).into_iter().map(|route| {
+        let invocation = &invocation;
+        async move {
+            route
+                .script::<(Option<String>, i64)>("force release", deadline, invocation)
+                .await
+        }
+    }))
+    .await;
+    let what = format_args!("the force release of `{name}`");
+    let quorum = servers.quorum();
+    let removed = error::majority(servers.backend, quorum, replies, what)?;
+    let views: Vec<(usize, View)> = removed
+        .into_iter()
+        .map(|(i, (holder, pttl))| (i, (holder, pttl, None, Vec::new())))
+        .collect();
+    // A value removed from fewer servers than a majority was no hold (an acquire under
+    // way or being undone on RedLock): removed, but not reported as a broken holder.
+    let holder = merge(&views, servers.topology.arbiter(), quorum)
+        .holder
+        .filter(|holder| {
+            let on = views
                 .iter()
-                .map(|node| self.held_on(node, &pattern, prefix)),
-        )
-        .await;
-        let what = format_args!("the listing of `{prefix}`");
-        let listings = error::majority(self.backend, self.quorum, replies, what)?;
-        let mut servers: HashMap<LockName, usize> = HashMap::new();
-        for name in listings.into_iter().flat_map(|(_, names)| names) {
-            *servers.entry(name).or_default() += 1;
-        }
-        let mut names: Vec<LockName> = servers
-            .into_iter()
-            .filter(|(_, on)| *on >= self.quorum)
-            .map(|(name, _)| name)
-            .collect();
-        names.sort();
-        Ok(names)
-    }
-
-    /// The names that start with `prefix` held on `node`, found with `SCAN MATCH
-    /// pattern`. The walk ends when the cursor comes back to 0, as `SCAN` guarantees
-    /// after a full pass; the caller bounds it in time.
-    async fn held_on(&self, node: &Node, pattern: &str, prefix: &str) -> Result<HashSet<LockName>> {
-        let mut names = HashSet::new();
-        let mut cursor = 0u64;
-        loop {
-            let mut scan = redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(pattern)
-                .arg("COUNT")
-                .arg(SCAN_COUNT)
-                .arg("TYPE")
-                .arg("string");
-            let (next, keys): (u64, Vec<Vec<u8>>) =
-                node.command("list", self.request_deadline(), &scan).await?;
-            names.extend(
-                keys.iter()
-                    .filter_map(|key| self.keys.name_of(std::str::from_utf8(key).ok()?))
-                    .filter(|name| name.as_str().starts_with(prefix)),
-            );
-            if next == 0 {
-                return Ok(names);
-            }
-            cursor = next;
-        }
-    }
-
-    /// Breaks `name` on every server (`break.lua`): deletes its lock key whoever holds
-    /// it, adds the owner token removed to the break mark (kept at least [`BROKEN_STAY`]
-    /// or three TTLs) and wakes the waiters as a release does. Returns the holder removed
-    /// as [`merge`] shows a holder (RedLock: the value removed from the most servers),
-    /// `None` when the key was free everywhere.
-    ///
-    /// # Errors
-    /// When fewer than a majority of servers answered (the hold may be removed from
-    /// some).
-    pub(crate) async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
-        let mut invocation = self.scripts.force_release.prepare_invoke();
-        let key = self.queue_keys(&mut invocation, name);
-        let stay = BROKEN_STAY.max(self.config.options.ttl.saturating_mul(3));
-        invocation
-            .key(self.keys.side_key(&key, layout::BROKEN))
-            .arg(ttl_millis(stay))
-            .arg(BROKEN_KEPT)
-            .arg(self.channel_prefix_for(&key))
-            .arg(ttl_millis(self.queue_times.window))
-            .arg(self.keys.side_key(&key, layout::RELEASED));
-        let deadline = self.request_deadline();
-        let replies = join_all(self.routes(&key).into_iter().map(|route| {
-            let invocation = &invocation;
-            async move {
-                route
-                    .script::<(Option<String>, i64)>("force release", deadline, invocation)
-                    .await
-            }
-        }))
-        .await;
-        let what = format_args!("the force release of `{name}`");
-        let removed = error::majority(self.backend, self.quorum, replies, what)?;
-        let views: Vec<(usize, View)> = removed
-            .into_iter()
-            .map(|(i, (holder, pttl))| (i, (holder, pttl, None, Vec::new())))
-            .collect();
-        // A value removed from fewer servers than a majority was no hold (an acquire under
-        // way or being undone on RedLock): removed, but not reported as a broken holder.
-        let holder = merge(&views, self.arbiter, self.quorum)
-            .holder
-            .filter(|holder| {
-                let on = views
-                    .iter()
-                    .filter(|(_, (value, ..))| *value == holder.owner_token)
-                    .count();
-                on >= self.quorum
-            });
-        Ok(holder.map(|holder| self.shown(holder)))
-    }
+                .filter(|(_, (value, ..))| *value == holder.owner_token)
+                .count();
+            on >= quorum
+        });
+    Ok(holder.map(|holder| shown(servers, holder)))
 }
 
 /// The occupancy shown by the servers that answered (`(server index, view)`, in server

@@ -1,3 +1,5 @@
+//! RedLock: an acquire's quorum rounds over several independent servers.
+//!
 //! RedLock: the quorum rounds of an acquire over several independent servers (acquire
 //! with a fencing reading, then the fencing write-back), each decided by a majority; and
 //! the check that no server is listed twice (it would cast several votes).
@@ -14,15 +16,17 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use lock_core::raw::{validity_deadline, AcquireRequest, Acquired, CleanupOnDrop};
+use lock_core::raw::{validity_deadline, AcquireRequest, Acquired};
 use lock_core::{Error, FencingToken, Result};
 use tokio::time::{timeout_at, Instant};
 
-use crate::backend::{pttl_wait, Abandoned, Attempt, Inner};
+use crate::attempt::{acquire_invocation, Attempt, Dirty};
 use crate::config::{twice_listed, RedisNode};
+use crate::connection::{Node, Route};
 use crate::error;
-use crate::hold::WakeKeys;
-use crate::hold::{ttl_millis, RedisHold};
+use crate::hold::{pttl_wait, release_each, ttl_millis, RedisHold, WakeKeys};
+use crate::queue::{acquire_q_invocation, queued_nap};
+use crate::topology::Servers;
 
 /// Rejects RedLock servers that resolve to a common address (`localhost:6379` and
 /// `127.0.0.1:6379` are one server, which would cast several votes). A name that does not
@@ -59,232 +63,251 @@ pub(crate) async fn reject_aliases(nodes: &[RedisNode], deadline: Instant) -> Re
     Ok(())
 }
 
-impl Inner {
-    /// One RedLock round, in two parallel round trips:
-    /// 1. acquire on every server; each reply also carries that server's reading
-    ///    `max(fencing counter, server clock in µs)`, taken in the same atomic script as
-    ///    the `SET`;
-    /// 2. once a majority granted, write back the maximum reading + 1 on every server
-    ///    (set if greater, only where the lock is still ours) and wait for a majority.
-    ///
-    /// The lock is granted when both rounds reached a majority and the validity, counted
-    /// from before round 1, is still positive; otherwise everything this round took is
-    /// undone before returning.
-    ///
-    /// Why the tokens strictly increase across successive holders: any two majorities
-    /// intersect. The previous holder stored its token on a majority, each time while its
-    /// key was on that server (fence_write.lua checks); this round's grants form another
-    /// majority, and each grant read the counter atomically with the `SET` that found the
-    /// key free, so after the previous holder's key had left that server (released, or
-    /// expired, which under the bounded-drift assumption is after its validity ended). At
-    /// least one server is in both majorities, and its reading already holds the previous
-    /// token: max + 1 is above it. Readings of servers that refused (held by another) only
-    /// raise the maximum. Where the shared servers lost that token (restored stale,
-    /// restarted empty), the clock in their readings keeps max + 1 above it, as long as
-    /// the servers' clocks do not go back and agree to within the time between grants.
-    ///
-    /// With a floor (`fence_at_least`), readings leave the clock out and the token is
-    /// `max(max reading + 1, floor)`, the floor itself where no server has a counter; the
-    /// same intersection argument holds (the floor only raises it), but a counter lost on
-    /// the shared servers is covered by the floor alone, not by the clock.
-    pub(crate) async fn attempt_redlock(
-        &self,
-        hold: &RedisHold,
-        request: &AcquireRequest<'_>,
-        pending: &mut CleanupOnDrop<Abandoned>,
-    ) -> Result<Attempt> {
-        let n = self.nodes.len();
-        let (ttl, wait, floor) = (request.ttl, request.wait, request.fence_at_least);
-        let ttl_ms = ttl_millis(ttl);
-        let lease = Duration::from_millis(ttl_ms);
-        let node_timeout = self.config.node_timeout_for(ttl);
-        let plain = self.acquire_invocation(hold, ttl_ms, false, floor);
-        let queued = matches!(hold.keys.wake, WakeKeys::Queue { .. });
-        let ordered = queued.then(|| self.acquire_q_invocation(hold, ttl_ms, false, wait, floor));
-        // The validity is counted from here, before round 1, so it covers both rounds.
-        let requested_at = Instant::now();
-        let deadline = requested_at + node_timeout;
-        // From here until the grant (or the undo below), a drop of this future leaves the
-        // cleanup of every server to a background task.
-        pending.state_mut().arm(hold);
-        // Round 1. Once a majority granted, other slower servers are not waited for (whatever
-        // they do with this token later is covered by renewal and release on every
-        // server); the granting majority's readings are all the fence needs.
-        let quorum = self.quorum;
-        let calls = self.nodes.iter().enumerate().map(|(i, node)| {
-            let invocation = match &ordered {
-                Some(ordered) if i == self.arbiter => ordered,
-                _ => &plain,
-            };
-            async move {
-                let reply = node
-                    .script::<Vec<i64>>("acquire", deadline, invocation)
-                    .await;
-                (i, reply.and_then(|r| NodeReply::parse(self.backend, &r)))
+/// RedLock round `round` of the acquisition of `first`, in two parallel round trips:
+/// 1. acquire on every server; each reply also carries that server's reading
+///    `max(fencing counter, server clock in µs)`, taken in the same atomic script as
+///    the `SET`;
+/// 2. once a majority granted, write back the maximum reading + 1 on every server
+///    (set if greater, only where the lock is still ours) and wait for a majority.
+///
+/// The lock is granted when both rounds reached a majority and the validity, counted
+/// from before round 1, is still positive; otherwise everything this round took is
+/// undone before returning.
+///
+/// Why the tokens strictly increase across successive holders: any two majorities
+/// intersect. The previous holder stored its token on a majority, each time while its
+/// key was on that server (fence_write.lua checks); this round's grants form another
+/// majority, and each grant read the counter atomically with the `SET` that found the
+/// key free, so after the previous holder's key had left that server (released, or
+/// expired, which under the bounded-drift assumption is after its validity ended). At
+/// least one server is in both majorities, and its reading already holds the previous
+/// token: max + 1 is above it. Readings of servers that refused (held by another) only
+/// raise the maximum. Where the shared servers lost that token (restored stale,
+/// restarted empty), the clock in their readings keeps max + 1 above it, as long as
+/// the servers' clocks do not go back and agree to within the time between grants.
+///
+/// With a floor (`fence_at_least`), readings leave the clock out and the token is
+/// `max(max reading + 1, floor)`, the floor itself where no server has a counter; the
+/// same intersection argument holds (the floor only raises it), but a counter lost on
+/// the shared servers is covered by the floor alone, not by the clock.
+pub(crate) async fn attempt(
+    servers: &Servers,
+    first: &RedisHold,
+    round: u64,
+    request: &AcquireRequest<'_>,
+    dirty: &mut Dirty,
+) -> Result<Attempt> {
+    // Each round has its own owner token, so that a late undo of an earlier round can
+    // never remove what a later round took.
+    let hold = &first.for_round(round);
+    let nodes = servers.topology.nodes();
+    let backend = servers.backend;
+    let arbiter = servers.topology.arbiter();
+    let n = nodes.len();
+    let (ttl, wait, floor) = (request.ttl, request.wait, request.fence_at_least);
+    let ttl_ms = ttl_millis(ttl);
+    let lease = Duration::from_millis(ttl_ms);
+    let node_timeout = servers.config.node_timeout_for(ttl);
+    let plain = acquire_invocation(servers, hold, ttl_ms, false, floor);
+    let queued = matches!(hold.keys.wake, WakeKeys::Queue { .. });
+    let ordered = queued.then(|| acquire_q_invocation(servers, hold, ttl_ms, false, wait, floor));
+    // The validity is counted from here, before round 1, so it covers both rounds.
+    let requested_at = Instant::now();
+    let deadline = requested_at + node_timeout;
+    // From here until the grant (or the undo below), a drop of this future leaves the
+    // cleanup of every server to a background task.
+    dirty.arm(hold);
+    // Round 1. Once a majority granted, other slower servers are not waited for (whatever
+    // they do with this token later is covered by renewal and release on every
+    // server); the granting majority's readings are all the fence needs.
+    let quorum = servers.quorum();
+    let calls = nodes.iter().enumerate().map(|(i, node)| {
+        let invocation = match &ordered {
+            Some(ordered) if i == arbiter => ordered,
+            _ => &plain,
+        };
+        async move { (i, ask(backend, node, deadline, invocation).await) }
+    });
+    // With the queue, the server that orders the waiters is always waited for (within
+    // the node timeout): its refusal decides, below.
+    let replies = gather(calls, |replies| {
+        replies
+            .iter()
+            .filter(|(_, r)| matches!(r, Ok(r) if r.won))
+            .count()
+            >= quorum
+            && (!queued || replies.iter().any(|(i, _)| *i == arbiter))
+    })
+    .await;
+    let mut tally = Tally::new(n);
+    for (i, reply) in replies {
+        tally.count(i, reply);
+    }
+    if queued && tally.granted[arbiter] {
+        // The server that orders the waiters granted: the others' refusals are
+        // contenders that lost it and are undoing their round, or the tail of the
+        // previous holder's release; ask them again.
+        // The first ask again goes out at once: the tail of a release sent to every
+        // server at the same time as the one that woke us is then already there.
+        let pause = requested_at.elapsed().max(Duration::from_millis(1));
+        for retry in 0..ARBITER_RETRIES {
+            let wait = if retry == 0 { Duration::ZERO } else { pause };
+            if tally.won() >= quorum
+                || validity_deadline(requested_at, lease) <= Instant::now() + wait
+            {
+                break;
             }
-        });
-        // With the queue, the server that orders the waiters is always waited for (within
-        // the node timeout): its refusal decides, below.
-        let arbiter = self.arbiter;
-        let replies = gather(calls, |replies| {
-            replies
-                .iter()
-                .filter(|(_, r)| matches!(r, Ok(r) if r.won))
-                .count()
-                >= quorum
-                && (!queued || replies.iter().any(|(i, _)| *i == arbiter))
-        })
-        .await;
-        let mut tally = Tally::new(n);
-        for (i, reply) in replies {
-            tally.count(i, reply);
-        }
-        if queued && tally.granted[self.arbiter] {
-            // The server that orders the waiters granted: the others' refusals are
-            // contenders that lost it and are undoing their round, or the tail of the
-            // previous holder's release; ask them again.
-            // The first ask again goes out at once: the tail of a release sent to every
-            // server at the same time as the one that woke us is then already there.
-            let pause = requested_at.elapsed().max(Duration::from_millis(1));
-            for retry in 0..ARBITER_RETRIES {
-                let wait = if retry == 0 { Duration::ZERO } else { pause };
-                if tally.won() >= quorum
-                    || validity_deadline(requested_at, lease) <= Instant::now() + wait
-                {
-                    break;
-                }
-                if retry > 0 {
-                    tokio::time::sleep(wait).await;
-                }
-                let deadline = Instant::now() + node_timeout;
-                let missing = (0..n).filter(|&i| !tally.granted[i]);
-                let plain = &plain;
-                let replies = futures::future::join_all(missing.map(|i| {
-                    let node = &self.nodes[i];
-                    async move {
-                        let reply = node.script::<Vec<i64>>("acquire", deadline, plain).await;
-                        (i, reply.and_then(|r| NodeReply::parse(self.backend, &r)))
-                    }
-                }))
-                .await;
-                for (i, reply) in replies {
-                    tally.count(i, reply);
-                }
+            if retry > 0 {
+                tokio::time::sleep(wait).await;
             }
-        }
-        // While the server that orders the waiters answers, its refusal decides: the lock
-        // goes to the head of its queue, not to whoever reaches a majority first.
-        let arbiter_refused = queued && tally.refused[self.arbiter];
-        let mut outcome = None;
-        if tally.won() >= quorum && !arbiter_refused {
-            // Round 2.
-            let next = tally.highest_reading.saturating_add(1);
-            let fence = floor.map_or(next, |floor| next.max(floor.get()));
-            match self.write_fence(hold, fence, node_timeout).await {
-                Ok(true) if validity_deadline(requested_at, lease) > Instant::now() => {
-                    outcome = Some(Ok(Attempt::Won(Acquired {
-                        hold: hold.clone(),
-                        fencing_token: FencingToken(fence),
-                        requested_at,
-                        lease,
-                        session: 0,
-                    })));
-                }
-                Ok(true) if !wait => {
-                    outcome = Some(Err(Error::Unavailable {
-                        backend: self.backend,
-                        message: format!(
-                            "the servers answered too slowly: the {lease:?} lease on `{}` ran out \
-                             while it was being acquired",
-                            hold.name
-                        ),
-                        source: None,
-                    }));
-                }
-                Ok(_) => outcome = Some(Ok(Attempt::Held(Duration::ZERO))),
-                Err(err) => outcome = Some(Err(err)),
-            }
-        } else if tally.answered < quorum {
-            outcome = Some(Err(error::no_majority(
-                self.backend,
-                format!(
-                    "only {} of {n} servers answered the acquire of `{}`; RedLock needs {quorum}",
-                    tally.answered, hold.name
-                ),
-                tally.first_error,
-            )));
-        }
-        if let Some(Ok(Attempt::Won(acquired))) = outcome {
-            return Ok(Attempt::Won(acquired));
-        }
-        // Not granted: undo what this round took on every server (what cannot be undone
-        // now is retried in the background when the acquire ends; the next round uses a
-        // new token). A place in the queue is kept. Servers that refused hold nothing of
-        // this round and are left alone.
-        let taken: Vec<bool> = tally.refused.iter().map(|refused| !refused).collect();
-        let undo = self
-            .release_each(hold, false, Some(&taken), Instant::now() + node_timeout)
+            let deadline = Instant::now() + node_timeout;
+            let missing = (0..n).filter(|&i| !tally.granted[i]);
+            let plain = &plain;
+            let replies = futures::future::join_all(
+                missing.map(|i| async move { (i, ask(backend, &nodes[i], deadline, plain).await) }),
+            )
             .await;
-        if undo.iter().all(Result::is_ok) {
-            pending.state_mut().disarm(hold);
-        }
-        if tally.place.is_some() && wait {
-            // Queued: leaving the queue is the cleanup's job until the acquire ends.
-            pending.state_mut().arm(&hold.for_round(0));
-        }
-        match outcome {
-            Some(result) => result,
-            None => Ok(match tally.place {
-                Some(place) => Attempt::Queued(self.queued_nap(Some(place), tally.queue_pttl)),
-                None => Attempt::Held(tally.held_for.unwrap_or(Duration::ZERO)),
-            }),
+            for (i, reply) in replies {
+                tally.count(i, reply);
+            }
         }
     }
+    // While the server that orders the waiters answers, its refusal decides: the lock
+    // goes to the head of its queue, not to whoever reaches a majority first.
+    let arbiter_refused = queued && tally.refused[arbiter];
+    let mut outcome = None;
+    if tally.won() >= quorum && !arbiter_refused {
+        // Round 2.
+        let next = tally.highest_reading.saturating_add(1);
+        let fence = floor.map_or(next, |floor| next.max(floor.get()));
+        match write_fence(servers, hold, fence, node_timeout).await {
+            Ok(true) if validity_deadline(requested_at, lease) > Instant::now() => {
+                outcome = Some(Ok(Attempt::Won(Acquired {
+                    hold: hold.clone(),
+                    fencing_token: FencingToken(fence),
+                    requested_at,
+                    lease,
+                    session: 0,
+                })));
+            }
+            Ok(true) if !wait => {
+                outcome = Some(Err(Error::Unavailable {
+                    backend,
+                    message: format!(
+                        "the servers answered too slowly: the {lease:?} lease on `{}` ran out \
+                         while it was being acquired",
+                        hold.name
+                    ),
+                    source: None,
+                }));
+            }
+            Ok(_) => outcome = Some(Ok(Attempt::Held(Duration::ZERO))),
+            Err(err) => outcome = Some(Err(err)),
+        }
+    } else if tally.answered < quorum {
+        outcome = Some(Err(error::no_majority(
+            backend,
+            format!(
+                "only {} of {n} servers answered the acquire of `{}`; RedLock needs {quorum}",
+                tally.answered, hold.name
+            ),
+            tally.first_error,
+        )));
+    }
+    if let Some(Ok(Attempt::Won(acquired))) = outcome {
+        return Ok(Attempt::Won(acquired));
+    }
+    // Not granted: undo what this round took on every server (what cannot be undone
+    // now is retried in the background when the acquire ends; the next round uses a
+    // new token). A place in the queue is kept. Servers that refused hold nothing of
+    // this round and are left alone.
+    let taken: Vec<bool> = tally.refused.iter().map(|refused| !refused).collect();
+    let undo = release_each(
+        servers,
+        hold,
+        false,
+        Some(&taken),
+        Instant::now() + node_timeout,
+    )
+    .await;
+    if undo.iter().all(Result::is_ok) {
+        dirty.disarm(hold);
+    }
+    if tally.place.is_some() && wait {
+        // Queued: leaving the queue is the cleanup's job until the acquire ends.
+        dirty.arm(&hold.for_round(0));
+    }
+    match outcome {
+        Some(result) => result,
+        None => Ok(match tally.place {
+            Some(place) => Attempt::Queued(queued_nap(servers, Some(place), tally.queue_pttl)),
+            None => Attempt::Held(tally.held_for.unwrap_or(Duration::ZERO)),
+        }),
+    }
+}
 
-    /// RedLock round 2: stores fencing token `fence` on every server where the lock is
-    /// still ours and the counter is below it (set if greater), and returns once a
-    /// majority stored it. `Ok(false)`: a majority answered but refused (the lock was lost
-    /// meanwhile).
-    async fn write_fence(
-        &self,
-        hold: &RedisHold,
-        fence: u64,
-        node_timeout: Duration,
-    ) -> Result<bool> {
-        let n = self.nodes.len();
-        let quorum = self.quorum;
-        let mut write = self.scripts.fence_write.prepare_invoke();
-        write
-            .key(&hold.keys.key)
-            .key(&hold.keys.fence_key)
-            .arg(hold.token.as_str())
-            .arg(fence);
-        let deadline = Instant::now() + node_timeout;
-        let acks = gather(
-            self.nodes
-                .iter()
-                .map(|node| node.script::<i64>("write the fencing counter", deadline, &write)),
-            |acks| acks.iter().filter(|a| matches!(a, Ok(1))).count() >= quorum,
-        )
-        .await;
-        let stored = acks.iter().filter(|a| matches!(a, Ok(1))).count();
-        let answered = acks.iter().filter(|a| a.is_ok()).count();
-        if stored >= quorum {
-            Ok(true)
-        } else if answered >= quorum {
-            Ok(false)
-        } else {
-            let first_error = acks.into_iter().find_map(Result::err);
-            Err(error::no_majority(
-                self.backend,
-                format!(
-                    "only {answered} of {n} servers answered the fencing write of `{}`; RedLock needs {quorum}",
-                    hold.name
-                ),
-                first_error,
-            ))
-        }
+/// RedLock round 2: stores fencing token `fence` on every server where the lock is
+/// still ours and the counter is below it (set if greater), and returns once a
+/// majority stored it. `Ok(false)`: a majority answered but refused (the lock was lost
+/// meanwhile).
+async fn write_fence(
+    servers: &Servers,
+    hold: &RedisHold,
+    fence: u64,
+    node_timeout: Duration,
+) -> Result<bool> {
+    let nodes = servers.topology.nodes();
+    let n = nodes.len();
+    let quorum = servers.quorum();
+    let mut write = servers.scripts.fence_write.prepare_invoke();
+    write
+        .key(&hold.keys.key)
+        .key(&hold.keys.fence_key)
+        .arg(hold.token.as_str())
+        .arg(fence);
+    let deadline = Instant::now() + node_timeout;
+    let acks = gather(
+        nodes.iter().map(|node| {
+            let write = &write;
+            async move {
+                Route::Node(node)
+                    .script::<i64>("write the fencing counter", deadline, write)
+                    .await
+            }
+        }),
+        |acks| acks.iter().filter(|a| matches!(a, Ok(1))).count() >= quorum,
+    )
+    .await;
+    let stored = acks.iter().filter(|a| matches!(a, Ok(1))).count();
+    let answered = acks.iter().filter(|a| a.is_ok()).count();
+    if stored >= quorum {
+        Ok(true)
+    } else if answered >= quorum {
+        Ok(false)
+    } else {
+        let first_error = acks.into_iter().find_map(Result::err);
+        Err(error::no_majority(
+            servers.backend,
+            format!(
+                "only {answered} of {n} servers answered the fencing write of `{}`; RedLock needs {quorum}",
+                hold.name
+            ),
+            first_error,
+        ))
     }
+}
+
+/// Server `node`'s answer to a RedLock acquire `invocation`.
+async fn ask(
+    backend: &'static str,
+    node: &Node,
+    deadline: Instant,
+    invocation: &redis::ScriptInvocation<'_>,
+) -> Result<NodeReply> {
+    let reply = Route::Node(node)
+        .script::<Vec<i64>>("acquire", deadline, invocation)
+        .await?;
+    NodeReply::parse(backend, &reply)
 }
 
 /// How often the holder of the server that orders the waiters asks the servers that

@@ -8,9 +8,10 @@ mod common;
 use std::time::Duration;
 
 use common::{
-    end_holds, fenced_waiter, hold_sections, raw, unique_name as name, with_ttl, SentinelFactory,
+    across_failover, cut_replicas, end_holds, kill_primary, raw, unique_name as name, with_ttl,
+    SentinelFactory,
 };
-use conformance::{lock_patiently, FencedResource};
+use conformance::lock_patiently;
 use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState};
 use lock_redis::{KeyLayout, DEFAULT_PREFIX};
 use tokio::time::{sleep, timeout, Instant};
@@ -64,14 +65,7 @@ async fn a_failover_is_followed_and_fencing_tokens_never_go_back() {
     for replica in [1, 2] {
         factory.deployment.server(replica).pause().expect("pause");
     }
-    let mut primary_conn = raw(factory.deployment.server(0).addr()).await;
-    let _: i64 = redis::cmd("CLIENT")
-        .arg("KILL")
-        .arg("TYPE")
-        .arg("replica")
-        .query_async(&mut primary_conn)
-        .await
-        .expect("CLIENT KILL TYPE replica");
+    cut_replicas(factory.deployment.server(0).addr()).await;
     let dropped_guard = holder
         .lock(dropped.as_str())
         .await
@@ -80,24 +74,16 @@ async fn a_failover_is_followed_and_fencing_tokens_never_go_back() {
     let dropped_owner = dropped_guard.owner_token().as_str().to_owned();
 
     // The holder works on both resources across the failover; the waiter waits for both.
-    let (kept_fence, dropped_fence) = (FencedResource::new(), FencedResource::new());
-    let kept_watch = kept_guard.watch();
-    let mut dropped_watch = dropped_guard.watch();
-    let holding = hold_sections(
+    let mut run = across_failover(
+        &waiter,
         (kept_guard, dropped_guard),
-        (kept_fence.clone(), dropped_fence.clone()),
+        (&kept, &dropped),
         Duration::from_secs(12),
-    );
-    let kept_waiter = fenced_waiter(&waiter, &kept, &kept_fence, FAILOVER * 2);
-    let dropped_waiter = fenced_waiter(&waiter, &dropped, &dropped_fence, FAILOVER * 2);
-    sleep(Duration::from_millis(300)).await;
+        FAILOVER * 2,
+    )
+    .await;
 
-    factory
-        .deployment
-        .server(0)
-        .kill9()
-        .await
-        .expect("kill the primary");
+    kill_primary(factory.deployment.server(0)).await;
     let killed = Instant::now();
     for replica in [1, 2] {
         factory.deployment.server(replica).resume().expect("resume");
@@ -127,14 +113,8 @@ async fn a_failover_is_followed_and_fencing_tokens_never_go_back() {
 
     // The hold whose key was lost turns Lost at its next renewal, and its waiter takes
     // the name with a higher token.
-    let reason = timeout(ttl, dropped_watch.lost())
-        .await
-        .expect("the hold of a lost key turns Lost by its next renewal");
-    let lost_after = killed.elapsed();
-    let dropped_next = timeout(FAILOVER, dropped_waiter)
-        .await
-        .expect("the waiter of the lost key is granted")
-        .expect("waiter task");
+    let (reason, lost_at, dropped_next) = run.dropped_lost(ttl, FAILOVER).await;
+    let lost_after = lost_at - killed;
     assert!(
         dropped_next.fencing_token() > dropped_token,
         "token {} after {dropped_token} on the promoted replica",
@@ -143,12 +123,12 @@ async fn a_failover_is_followed_and_fencing_tokens_never_go_back() {
 
     // The replicated hold: Held with its key on the new primary, or Lost; its waiter
     // gets the name only after the release.
-    let kept_state = kept_watch.state();
+    let kept_state = run.kept_watch.state();
     if kept_state != LockState::Held && !kept_state.is_lost() {
         // Suspect: renewal has not reached the new primary yet; it must settle.
         sleep(ttl / 2).await;
     }
-    let kept_state = kept_watch.state();
+    let kept_state = run.kept_watch.state();
     let owner = key_on(&factory, primary, &kept).await;
     println!(
         "failover: promoted server {primary} {promoted:?} after the kill, a fresh name granted \
@@ -156,19 +136,11 @@ async fn a_failover_is_followed_and_fencing_tokens_never_go_back() {
          replicated hold is {kept_state:?} (key on the new primary: {})",
         owner.is_some()
     );
-    let kept_next = end_holds(
-        holding,
-        kept_state,
-        owner,
-        kept_waiter,
-        kept_token,
-        FAILOVER,
-    )
-    .await;
+    let kept_next = end_holds(&mut run, kept_state, owner, kept_token, FAILOVER).await;
 
-    let kept_report = kept_fence.check();
+    let kept_report = run.kept_fence.check();
     assert!(kept_report.is_safe(), "kept: {kept_report:?}");
-    let dropped_report = dropped_fence.check();
+    let dropped_report = run.dropped_fence.check();
     assert!(
         dropped_report.tokens_backwards.is_empty() && dropped_report.lost_updates() == 0,
         "the fence keeps the resource consistent: {dropped_report:?}"
@@ -391,11 +363,7 @@ async fn rediss_sentinel_locks_over_tls_only_and_follows_a_failover() {
     let token = before.fencing_token();
     before.release().await.expect("release");
 
-    deployment
-        .server(0)
-        .kill9()
-        .await
-        .expect("kill the primary");
+    kill_primary(deployment.server(0)).await;
     let promoted = deployment
         .wait_for_new_primary(0, FAILOVER)
         .await

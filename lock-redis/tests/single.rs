@@ -7,7 +7,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{command_calls, raw, unique_name as name, with_ttl, RedisFactory};
+use common::{assert_released, command_calls, raw, unique_name as name, with_ttl, RedisFactory};
 use lab::harness::{or_skip, RedisOptions, RedisServer};
 use lock_core::{DistributedLockExt, LockName, LockState, LostReason, ReleaseOutcome};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, DEFAULT_PREFIX};
@@ -64,10 +64,7 @@ async fn restart_without_persistence_loses_the_lock_and_signals_it() {
         guard.release().await.expect("release"),
         ReleaseOutcome::AlreadyLost(LostReason::Vanished)
     ));
-    assert_eq!(
-        next.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    assert_released(next).await;
 }
 
 /// With `appendonly yes` + `appendfsync always`, a restart keeps the lock: the holder stays
@@ -89,10 +86,20 @@ async fn restart_with_persistence_keeps_the_lock() {
     sleep(ttl * 2 / 3 + Duration::from_millis(300)).await;
     assert!(other.try_lock(lock.as_str()).await.expect("try").is_none());
     assert_eq!(guard.state(), LockState::Held);
-    assert_eq!(
-        guard.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    assert_released(guard).await;
+}
+
+/// `SET key their-token NX PX 800`, as another Redis lock library takes a lock: the reply.
+async fn their_set(conn: &mut MultiplexedConnection, key: &str) -> Option<String> {
+    redis::cmd("SET")
+        .arg(key)
+        .arg("their-token")
+        .arg("NX")
+        .arg("PX")
+        .arg(800)
+        .query_async(conn)
+        .await
+        .expect("SET")
 }
 
 /// A plain `SET key token NX PX` holder (as redis-py's `Lock` writes it) excludes us,
@@ -109,15 +116,7 @@ async fn plain_set_nx_holders_and_ours_exclude_each_other() {
     assert_eq!(key, lock.as_str(), "plain names map to the bare key");
 
     // Theirs blocks ours.
-    let set: Option<String> = redis::cmd("SET")
-        .arg(&key)
-        .arg("their-token")
-        .arg("NX")
-        .arg("PX")
-        .arg(800)
-        .query_async(&mut conn)
-        .await
-        .expect("SET");
+    let set = their_set(&mut conn, &key).await;
     assert_eq!(set.as_deref(), Some("OK"));
     assert!(ours.try_lock(lock.as_str()).await.expect("try").is_none());
     // A waiter gets it once their key expires (PTTL-bounded wait, no release message).
@@ -145,29 +144,10 @@ async fn plain_set_nx_holders_and_ours_exclude_each_other() {
         .await
         .expect("PTTL");
     assert!(pttl > 0 && pttl <= 5000, "{pttl}");
-    let set: Option<String> = redis::cmd("SET")
-        .arg(&key)
-        .arg("their-token")
-        .arg("NX")
-        .arg("PX")
-        .arg(800)
-        .query_async(&mut conn)
-        .await
-        .expect("SET");
+    let set = their_set(&mut conn, &key).await;
     assert_eq!(set, None, "our hold must block a plain SET NX");
-    assert_eq!(
-        guard.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
-    let set: Option<String> = redis::cmd("SET")
-        .arg(&key)
-        .arg("their-token")
-        .arg("NX")
-        .arg("PX")
-        .arg(800)
-        .query_async(&mut conn)
-        .await
-        .expect("SET");
+    assert_released(guard).await;
+    let set = their_set(&mut conn, &key).await;
     assert_eq!(set.as_deref(), Some("OK"), "free after our release");
 }
 
@@ -288,10 +268,7 @@ async fn renewal_is_one_call_per_interval_for_all_holds() {
         assert_eq!(guard.state(), LockState::Held);
     }
     for guard in guards {
-        assert_eq!(
-            guard.release().await.expect("release"),
-            ReleaseOutcome::Released
-        );
+        assert_released(guard).await;
     }
 }
 
@@ -359,8 +336,5 @@ async fn lost_replies_are_cleaned_up_and_recovered_from() {
         .expect("next renewal");
     assert_eq!(state, LockState::Held);
     assert!(other.try_lock(lock.as_str()).await.expect("try").is_none());
-    assert_eq!(
-        guard.release().await.expect("release"),
-        ReleaseOutcome::Released
-    );
+    assert_released(guard).await;
 }

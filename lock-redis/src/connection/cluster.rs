@@ -1,3 +1,5 @@
+//! Redis Cluster's slot map and the routing of requests by hash slot.
+//!
 //! Redis Cluster (`redis+cluster://`): the slot map, learnt with `CLUSTER SLOTS` from the
 //! seed nodes or any primary known, one [`Node`] per primary, and requests routed by the
 //! hash slot of their lock key. A `MOVED` reply updates the map and the request goes to
@@ -28,7 +30,7 @@ use lock_core::{Error, Result};
 use redis::{ErrorKind, ProtocolVersion, ServerErrorKind, Value};
 use tokio::time::{sleep, Instant};
 
-use super::{client_for, Conn, Failure, Node, Target};
+use super::{client_for, Conn, Failure, Node, Route, Target};
 use crate::config::{RedisConfig, RedisNode};
 use crate::error;
 
@@ -266,7 +268,7 @@ impl Shards {
         let mut asks: FuturesUnordered<_> = nodes
             .iter()
             .map(|node| async move {
-                let reply = node
+                let reply = Route::Node(node)
                     .command::<Value>(
                         "CLUSTER SLOTS",
                         deadline,

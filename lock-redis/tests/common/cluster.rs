@@ -6,15 +6,16 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::{connect_patiently, Crash, Factory};
+use conformance::{connect_patiently, Crash};
 use lab::chaos::{ChaosTarget, Link, ServerControl, Switch, Topology};
 use lab::harness::{or_skip, RedisCluster};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
 use tokio::sync::mpsc;
+use tokio::time::{sleep, Instant};
 
-use super::{leftovers_on, raw};
+use super::{leftovers_on, raw, unique_name};
 
 /// Makes clients of one Redis Cluster.
 pub(crate) struct ClusterFactory {
@@ -190,24 +191,14 @@ impl Switch for AclSwitch {
     }
 }
 
-#[async_trait]
-impl Factory for ClusterFactory {
-    fn label(&self) -> String {
-        self.url()
-    }
+redis_factory!(ClusterFactory);
 
-    fn url(&self) -> String {
+impl ClusterFactory {
+    fn deployment_url(&self) -> String {
         self.cluster.url()
     }
 
-    async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
-        self.make(options).await
-    }
-
-    async fn crashable_client(
-        &self,
-        options: LockOptions,
-    ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
+    async fn crashable(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
         let (client, user) = self.client_of_its_own(options).await;
         let crash = AclCrash {
             cluster: Arc::clone(&self.cluster),
@@ -216,24 +207,9 @@ impl Factory for ClusterFactory {
         (client, Box::new(crash))
     }
 
-    async fn steal(&self, name: &LockName) {
-        let key = KeyLayout::new(DEFAULT_PREFIX).lock_key(name);
-        let mut conn = self.raw_owner(&key).await;
-        let _: i64 = redis::cmd("DEL")
-            .arg(&key)
-            .query_async(&mut conn)
-            .await
-            .expect("DEL");
-    }
-
-    async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
-        let keys = KeyLayout::new(DEFAULT_PREFIX);
-        let mut left = Vec::new();
-        for name in names {
-            let conn = self.raw_owner(&keys.lock_key(name)).await;
-            left.extend(leftovers_on(vec![conn], std::slice::from_ref(name)).await);
-        }
-        left
+    /// The primary that serves the key's slot keeps it.
+    async fn owners(&self, key: &str) -> Vec<MultiplexedConnection> {
+        vec![self.raw_owner(key).await]
     }
 }
 
@@ -294,4 +270,78 @@ impl ChaosTarget for ClusterFactory {
         };
         Some(moved.await.map_err(|e| e.to_string()))
     }
+}
+
+/// The lock key of `name`.
+pub(crate) fn key(name: &LockName) -> String {
+    KeyLayout::new(DEFAULT_PREFIX).lock_key(name)
+}
+
+/// A fresh name for `test` whose lock key server `owner` serves.
+pub(crate) async fn name_on(factory: &ClusterFactory, test: &str, owner: usize) -> LockName {
+    for _ in 0..1000 {
+        let candidate = unique_name(test);
+        if factory
+            .cluster
+            .owner_of_key(&key(&candidate))
+            .await
+            .expect("owner")
+            == owner
+        {
+            return candidate;
+        }
+    }
+    panic!("no name of server {owner} in 1000 tries");
+}
+
+/// `key`'s value and PTTL on server `i` (`None` when it is not there).
+pub(crate) async fn key_on(factory: &ClusterFactory, i: usize, key: &str) -> (Option<String>, i64) {
+    let mut conn = raw(factory.cluster.server(i).addr()).await;
+    let mut pipe = redis::pipe();
+    pipe.cmd("GET").arg(key).cmd("PTTL").arg(key);
+    // A node that does not serve the key answers MOVED: then it is not there.
+    pipe.query_async(&mut conn).await.unwrap_or((None, -2))
+}
+
+/// The sharded channels of `name` (its wake-up channels, `<prefix>{<lock key>}:*`) that
+/// server `i` has subscribers for.
+pub(crate) async fn shard_channels(
+    factory: &ClusterFactory,
+    i: usize,
+    name: &LockName,
+) -> Vec<String> {
+    let mut conn = raw(factory.cluster.server(i).addr()).await;
+    redis::cmd("PUBSUB")
+        .arg("SHARDCHANNELS")
+        .arg(format!("{DEFAULT_PREFIX}{{{}}}:*", key(name)))
+        .query_async(&mut conn)
+        .await
+        .expect("PUBSUB SHARDCHANNELS")
+}
+
+/// Polls until server `i` has `want` sharded channels of `name` subscribed, for at most
+/// 2 s: how long it took.
+pub(crate) async fn await_shard_channels(
+    factory: &ClusterFactory,
+    i: usize,
+    name: &LockName,
+    want: usize,
+) -> Duration {
+    let started = Instant::now();
+    loop {
+        let seen = shard_channels(factory, i, name).await;
+        if seen.len() == want {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "server {i}: sharded channels of {name}: {seen:?}, want {want}"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// `ASKING` calls on server `i` (`INFO commandstats`).
+pub(crate) async fn asking_calls(factory: &ClusterFactory, i: usize) -> u64 {
+    factory.cluster.command_calls(i, "asking").await
 }

@@ -3,6 +3,64 @@
 
 #![allow(dead_code)]
 
+/// Implements [`Factory`](conformance::Factory) for a Redis factory from its inherent
+/// `deployment_url`, `make`, `crashable` and `owners` (raw connections to the servers
+/// that keep a key): a steal deletes the lock key there, leftovers are looked for there
+/// (with [`leftovers_on`], which the calling module must have in scope).
+macro_rules! redis_factory {
+    ($factory:ty) => {
+        #[::async_trait::async_trait]
+        impl ::conformance::Factory for $factory {
+            fn label(&self) -> String {
+                self.deployment_url()
+            }
+
+            fn url(&self) -> String {
+                self.deployment_url()
+            }
+
+            async fn client(
+                &self,
+                options: ::lock_core::LockOptions,
+            ) -> ::std::sync::Arc<dyn ::lock_core::DistributedLock> {
+                self.make(options).await
+            }
+
+            async fn crashable_client(
+                &self,
+                options: ::lock_core::LockOptions,
+            ) -> (
+                ::std::sync::Arc<dyn ::lock_core::DistributedLock>,
+                Box<dyn ::conformance::Crash>,
+            ) {
+                self.crashable(options).await
+            }
+
+            async fn steal(&self, name: &::lock_core::LockName) {
+                let key = ::lock_redis::KeyLayout::new(::lock_redis::DEFAULT_PREFIX).lock_key(name);
+                for mut conn in self.owners(&key).await {
+                    let _: i64 = redis::cmd("DEL")
+                        .arg(&key)
+                        .query_async(&mut conn)
+                        .await
+                        .expect("DEL");
+                }
+            }
+
+            async fn leftovers(&self, names: &[::lock_core::LockName]) -> Vec<String> {
+                let keys = ::lock_redis::KeyLayout::new(::lock_redis::DEFAULT_PREFIX);
+                let mut left = Vec::new();
+                for name in names {
+                    let conns = self.owners(&keys.lock_key(name)).await;
+                    let found = leftovers_on(conns, std::slice::from_ref(name));
+                    left.extend(found.await);
+                }
+                left
+            }
+        }
+    };
+}
+
 mod cluster;
 mod sentinel;
 
@@ -16,14 +74,19 @@ pub(crate) use conformance::with_ttl;
 use conformance::{connect_patiently, lock_patiently, Crash, Factory, FencedResource};
 use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use lab::harness::{or_skip, Deployment, Redis, RedisNodes, RedisOptions, RedisServer};
-use lock_core::{DistributedLock, FencingToken, LockGuard, LockName, LockOptions, LockState};
+use lock_core::{
+    DistributedLock, FencingToken, LockGuard, LockName, LockOptions, LockState, LockWatch,
+    LostReason, ReleaseOutcome,
+};
 use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
-use tokio::time::sleep;
+use tokio::time::{sleep, Instant};
 
 #[allow(unused_imports)] // not every test file uses it
-pub(crate) use cluster::ClusterFactory;
+pub(crate) use cluster::{
+    asking_calls, await_shard_channels, key, key_on, name_on, shard_channels, ClusterFactory,
+};
 #[allow(unused_imports)] // not every test file uses it
 pub(crate) use sentinel::SentinelFactory;
 
@@ -99,19 +162,118 @@ pub(crate) fn fenced_waiter(
     })
 }
 
-/// Ends the holds of [`hold_sections`] after a failover: the first (replicated) hold,
-/// seen `kept_state`, is Held with its key's value `owner` on the new primary, or Lost;
-/// the second is dropped, the first released, and its waiter (`kept_waiter`) must then be
+/// Closes the replication links of the primary at `primary` (`CLIENT KILL TYPE replica`):
+/// with its replicas paused, nothing it writes from now on reaches them.
+pub(crate) async fn cut_replicas(primary: SocketAddr) {
+    let mut conn = raw(primary).await;
+    let _: i64 = redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("replica")
+        .query_async(&mut conn)
+        .await
+        .expect("CLIENT KILL TYPE replica");
+}
+
+/// Kills `primary` (SIGKILL): the failover of a test.
+pub(crate) async fn kill_primary(primary: &RedisServer) {
+    primary.kill9().await.expect("kill the primary");
+}
+
+/// Releases `guard`, which must still be held.
+pub(crate) async fn assert_released(guard: LockGuard) {
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+}
+
+/// Releases `guard` of `lock` and checks that nothing of `lock` is left on the servers.
+pub(crate) async fn release_leaving_nothing(
+    factory: &dyn Factory,
+    guard: LockGuard,
+    lock: &LockName,
+) {
+    guard.release().await.expect("release");
+    assert!(factory
+        .leftovers(std::slice::from_ref(lock))
+        .await
+        .is_empty());
+}
+
+/// A holder and a waiter across a failover (see [`across_failover`]).
+pub(crate) struct AcrossFailover {
+    pub(crate) kept_fence: FencedResource,
+    pub(crate) dropped_fence: FencedResource,
+    pub(crate) kept_watch: LockWatch,
+    pub(crate) dropped_watch: LockWatch,
+    /// The holder's sections ([`hold_sections`]).
+    pub(crate) holding: JoinHandle<(LockGuard, LockGuard)>,
+    /// The waiters ([`fenced_waiter`]).
+    pub(crate) kept_waiter: JoinHandle<LockGuard>,
+    pub(crate) dropped_waiter: JoinHandle<LockGuard>,
+}
+
+impl AcrossFailover {
+    /// After the failover: waits (at most `lost_within`) for the second hold, whose key was
+    /// lost, to turn Lost, then (at most `granted_within`) for its waiter to be granted.
+    /// The reason, when the hold turned Lost, and the waiter's guard.
+    pub(crate) async fn dropped_lost(
+        &mut self,
+        lost_within: Duration,
+        granted_within: Duration,
+    ) -> (LostReason, Instant, LockGuard) {
+        let reason = tokio::time::timeout(lost_within, self.dropped_watch.lost())
+            .await
+            .expect("the hold of a lost key turns Lost by its next renewal");
+        let lost_at = Instant::now();
+        let next = tokio::time::timeout(granted_within, &mut self.dropped_waiter)
+            .await
+            .expect("the waiter of the lost key is granted")
+            .expect("waiter task");
+        (reason, lost_at, next)
+    }
+}
+
+/// The holder works on a resource of each of `names` under `guards` (sections `work`
+/// long) while `waiter` waits for both (within `patience`); returns once they have been at
+/// it for 300 ms, ready for the failover.
+pub(crate) async fn across_failover(
+    waiter: &Arc<RedisLock>,
+    guards: (LockGuard, LockGuard),
+    names: (&LockName, &LockName),
+    work: Duration,
+    patience: Duration,
+) -> AcrossFailover {
+    let (kept_fence, dropped_fence) = (FencedResource::new(), FencedResource::new());
+    let (kept_watch, dropped_watch) = (guards.0.watch(), guards.1.watch());
+    let holding = hold_sections(guards, (kept_fence.clone(), dropped_fence.clone()), work);
+    let kept_waiter = fenced_waiter(waiter, names.0, &kept_fence, patience);
+    let dropped_waiter = fenced_waiter(waiter, names.1, &dropped_fence, patience);
+    sleep(Duration::from_millis(300)).await;
+    AcrossFailover {
+        kept_fence,
+        dropped_fence,
+        kept_watch,
+        dropped_watch,
+        holding,
+        kept_waiter,
+        dropped_waiter,
+    }
+}
+
+/// Ends the holds of `run` (see [`across_failover`]) after a failover: the first
+/// (replicated) hold, seen `kept_state`, is Held with its key's value `owner` on the new
+/// primary, or Lost; the second is dropped, the first released, and its waiter must then be
 /// granted within `bound` with a token above `kept_token`: its guard.
 pub(crate) async fn end_holds(
-    holding: JoinHandle<(LockGuard, LockGuard)>,
+    run: &mut AcrossFailover,
     kept_state: LockState,
     owner: Option<String>,
-    kept_waiter: JoinHandle<LockGuard>,
     kept_token: FencingToken,
     bound: Duration,
 ) -> LockGuard {
-    let (kept_guard, dropped_guard) = holding.await.expect("holder task");
+    let (kept_guard, dropped_guard) = (&mut run.holding).await.expect("holder task");
     if kept_state == LockState::Held {
         assert_eq!(owner.as_deref(), Some(kept_guard.owner_token().as_str()));
     } else {
@@ -119,7 +281,7 @@ pub(crate) async fn end_holds(
     }
     drop(dropped_guard);
     let _ = kept_guard.release().await;
-    let kept_next = tokio::time::timeout(bound, kept_waiter)
+    let kept_next = tokio::time::timeout(bound, &mut run.kept_waiter)
         .await
         .expect("the waiter of the kept name is granted")
         .expect("waiter task");
@@ -233,35 +395,21 @@ impl RedisFactory {
     }
 }
 
-#[async_trait]
-impl Factory for RedisFactory {
-    fn label(&self) -> String {
-        self.url()
-    }
+redis_factory!(RedisFactory);
 
-    fn url(&self) -> String {
+impl RedisFactory {
+    fn deployment_url(&self) -> String {
         self.servers.url()
     }
 
-    async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
-        self.make(options).await
-    }
-
-    async fn crashable_client(
-        &self,
-        options: LockOptions,
-    ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
+    async fn crashable(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
         let (client, link) = self.linked_client(options).await;
         (client, Box::new(link))
     }
 
-    async fn steal(&self, name: &LockName) {
-        self.delete_everywhere(&KeyLayout::new(DEFAULT_PREFIX).lock_key(name))
-            .await;
-    }
-
-    async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
-        leftovers_on(self.raw_all().await, names).await
+    /// Every server keeps every key (one server, or each of RedLock's).
+    async fn owners(&self, _key: &str) -> Vec<MultiplexedConnection> {
+        self.raw_all().await
     }
 }
 

@@ -7,11 +7,11 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use std::time::Duration;
 
-use conformance::{connect_patiently, Crash, Factory};
+use conformance::{connect_patiently, Crash};
 use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use lab::harness::{or_skip, Cluster, HarnessError, RedisSentinel, Sentinel, SentinelOptions};
 use lock_core::{DistributedLock, LockName, LockOptions};
-use lock_redis::{KeyLayout, RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
+use lock_redis::{RedisConfig, RedisLock, RedisNode};
 use redis::aio::MultiplexedConnection;
 
 use super::{leftovers_on, raw};
@@ -103,39 +103,21 @@ impl SentinelFactory {
     }
 }
 
-#[async_trait]
-impl Factory for SentinelFactory {
-    fn label(&self) -> String {
-        self.url()
-    }
+redis_factory!(SentinelFactory);
 
-    fn url(&self) -> String {
+impl SentinelFactory {
+    fn deployment_url(&self) -> String {
         self.deployment.url()
     }
 
-    async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
-        self.make(options).await
-    }
-
-    async fn crashable_client(
-        &self,
-        options: LockOptions,
-    ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
+    async fn crashable(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
         let (client, link) = self.linked_client(options).await;
         (client, Box::new(link))
     }
 
-    async fn steal(&self, name: &LockName) {
-        let mut conn = self.raw_primary().await;
-        let _: i64 = redis::cmd("DEL")
-            .arg(KeyLayout::new(DEFAULT_PREFIX).lock_key(name))
-            .query_async(&mut conn)
-            .await
-            .expect("DEL");
-    }
-
-    async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
-        leftovers_on(vec![self.raw_primary().await], names).await
+    /// The primary of the moment keeps every key.
+    async fn owners(&self, _key: &str) -> Vec<MultiplexedConnection> {
+        vec![self.raw_primary().await]
     }
 }
 

@@ -1,0 +1,65 @@
+//! The Lua scripts of the protocol (in `scripts/`), in the flavour a topology needs: one
+//! server, Sentinel and RedLock publish wake-ups with `PUBLISH`, Redis Cluster with `SPUBLISH`.
+
+use redis::Script;
+
+/// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`). Shared helpers are
+/// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts, the
+/// inspection and the force release, `broken.lua` to renewal and release; and to every
+/// script that may wake waiters, the command it publishes with (`PUBLISH`).
+pub(crate) struct Scripts {
+    pub(crate) acquire: Script,
+    pub(crate) release: Script,
+    pub(crate) acquire_q: Script,
+    pub(crate) release_q: Script,
+    pub(crate) renew: Script,
+    pub(crate) fence_write: Script,
+    pub(crate) inspect: Script,
+    pub(crate) force_release: Script,
+}
+
+impl Scripts {
+    /// The scripts for one server or RedLock, or for Redis Cluster (`cluster`): there every
+    /// wake-up is published on the shard of its name (`SPUBLISH`, to a channel in the
+    /// name's hash slot), and renewal covers the holds of many slots in one call
+    /// (`allow-cross-slot-keys`).
+    pub(crate) fn new(cluster: bool) -> Self {
+        let publish = if cluster {
+            "local PUBLISH = 'SPUBLISH'\n"
+        } else {
+            "local PUBLISH = 'PUBLISH'\n"
+        };
+        let script = |parts: &[&str]| Script::new(&parts.concat());
+        let tokens = include_str!("scripts/tokens.lua");
+        let queue = include_str!("scripts/queue.lua");
+        let broken = include_str!("scripts/broken.lua");
+        Scripts {
+            acquire: script(&[tokens, include_str!("scripts/acquire.lua")]),
+            release: script(&[publish, broken, include_str!("scripts/release.lua")]),
+            acquire_q: script(&[
+                publish,
+                tokens,
+                queue,
+                include_str!("scripts/acquire_q.lua"),
+            ]),
+            release_q: script(&[
+                publish,
+                queue,
+                broken,
+                include_str!("scripts/release_q.lua"),
+            ]),
+            renew: script(&[
+                if cluster {
+                    "#!lua flags=allow-cross-slot-keys\n"
+                } else {
+                    ""
+                },
+                broken,
+                include_str!("scripts/renew.lua"),
+            ]),
+            fence_write: script(&[include_str!("scripts/fence_write.lua")]),
+            inspect: script(&[publish, queue, include_str!("scripts/inspect.lua")]),
+            force_release: script(&[publish, queue, include_str!("scripts/break.lua")]),
+        }
+    }
+}
