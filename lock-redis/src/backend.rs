@@ -15,14 +15,14 @@ use lock_core::raw::{
     LockUrl, RenewItem, RenewOutcome,
 };
 use lock_core::{
-    Capabilities, Error, FencingSource, LockName, LockOptions, Occupancy, Participant, Result,
+    Capabilities, FencingSource, LockName, LockOptions, Occupancy, Participant, Result,
 };
 use rand::Rng;
 use tokio::time::{sleep, Instant};
 
 use crate::attempt::{self, Attempt, Dirty};
 use crate::config::{Mode, RedisConfig};
-use crate::connection::{reconnect_backoff, Subscription, Wakeups};
+use crate::connection::{read_ca, reconnect_backoff, Subscription, Wakeups};
 use crate::hold::{self, RedisHold, WakeKeys};
 use crate::layout::KeyLayout;
 use crate::operator;
@@ -68,16 +68,17 @@ impl fmt::Display for RedisBackend {
     }
 }
 
-/// A single server (behind Sentinels: the primary a Sentinel names, checked with `ROLE`)
-/// must answer at open; RedLock needs a majority of its servers to answer then (the
-/// others are retried in the background of each call). Open fails with
-/// [`Error::InvalidConfig`] for a bad configuration, RedLock servers that resolve to the
-/// same address (checked before any connection is opened), an unreadable CA file or
-/// rejected credentials; [`Error::Connection`] when the server (or every Sentinel) does
-/// not answer; [`Error::Unavailable`] when fewer than a majority of RedLock servers answer,
-/// when no Sentinel knows the master name, or when the server named is not a primary. On
-/// Redis Cluster a seed must answer `CLUSTER SLOTS` at open (one that is no cluster node
-/// is [`Error::InvalidConfig`]).
+/// A single server (behind Sentinels: the primary a Sentinel names, checked with `ROLE`) must
+/// answer at open; RedLock needs a majority of its servers to answer then (the others are
+/// retried in the background of each call). Open fails with
+/// [`Error::InvalidConfig`](lock_core::Error::InvalidConfig) for a bad configuration, RedLock
+/// servers that resolve to the same address (checked before any connection is opened), an
+/// unreadable CA file or rejected credentials;
+/// [`Error::Connection`](lock_core::Error::Connection) when the server (or every Sentinel) does
+/// not answer; [`Error::Unavailable`](lock_core::Error::Unavailable) when fewer than a majority
+/// of RedLock servers answer, when no Sentinel knows the master name, or when the server named
+/// is not a primary. On Redis Cluster a seed must answer `CLUSTER SLOTS` at open (one that is
+/// no cluster node is [`Error::InvalidConfig`](lock_core::Error::InvalidConfig)).
 #[async_trait]
 impl Connect for RedisBackend {
     const SCHEMES: &'static [&'static str] = crate::SCHEMES;
@@ -105,19 +106,7 @@ impl Connect for RedisBackend {
             Mode::RedLock => "redlock",
             Mode::Single | Mode::Sentinel | Mode::Cluster => "redis",
         };
-        let ca = match &config.ca_file {
-            Some(path) => {
-                Some(
-                    tokio::fs::read(path)
-                        .await
-                        .map_err(|err| Error::InvalidConfig {
-                            message: format!("cannot read the TLS CA file {}", path.display()),
-                            source: Some(Box::new(err)),
-                        })?,
-                )
-            }
-            None => None,
-        };
+        let ca = read_ca(&config).await?;
         let topology = Topology::new(backend, &config, ca.as_deref())?;
         let servers = Servers::new(backend, topology, config);
         let wakeups = Wakeups::new(

@@ -1,10 +1,8 @@
-//! Connections to the servers: one multiplexed connection per server, and the routes
-//! requests take ([`Route`]).
-//!
 //! Connections to the servers: one multiplexed connection per server, with a deadline on
-//! every call and reconnection with backoff; the client's wake-up subscriptions are in
-//! [`wakeups`], finding the primary through Sentinels in [`sentinel`], routing by hash
-//! slot on Redis Cluster in [`cluster`].
+//! every call and reconnection with backoff, and the routes requests take ([`Route`]).
+//! TLS lives here too (the CA file, the client library's TLS client). The client's
+//! wake-up subscriptions are in [`wakeups`], finding the primary through Sentinels in
+//! [`sentinel`], routing by hash slot on Redis Cluster in [`cluster`].
 
 mod cluster;
 mod sentinel;
@@ -40,6 +38,20 @@ const MAX_BACKOFF: Duration = Duration::from_secs(1);
 /// between the tries of an abandoned acquire's cleanup.
 pub(crate) fn reconnect_backoff() -> Backoff {
     Backoff::new(MIN_BACKOFF, MAX_BACKOFF)
+}
+
+/// The CA certificates (PEM) of `config`'s `ca_file`, if it names one.
+pub(crate) async fn read_ca(config: &RedisConfig) -> lock_core::Result<Option<Vec<u8>>> {
+    let Some(path) = &config.ca_file else {
+        return Ok(None);
+    };
+    let pem = tokio::fs::read(path)
+        .await
+        .map_err(|err| lock_core::Error::InvalidConfig {
+            message: format!("cannot read the TLS CA file {}", path.display()),
+            source: Some(Box::new(err)),
+        })?;
+    Ok(Some(pem))
 }
 
 /// The client library's client for `node` as `config` says (TLS, credentials, database),
