@@ -57,6 +57,18 @@ pub trait Connect: Backend + Sized {
     /// [`Error::InvalidConfig`] for a configuration the service rejects (credentials, TLS);
     /// [`Error::Connection`] or [`Error::Unavailable`] when it does not answer.
     async fn open(config: Self::Config) -> Result<Self>;
+
+    /// The configuration a connect to `url` opens: parsed, and checked as the driver
+    /// checks it before opening.
+    ///
+    /// # Errors
+    /// As [`LockUrl::parse`], [`Connect::config_from_url`] and [`Connect::validate`], and
+    /// [`Error::InvalidConfig`] for lock options out of range.
+    fn config_from_str(url: &str) -> Result<Self::Config> {
+        let config = Self::config_from_url(&LockUrl::parse(url)?)?;
+        check_config::<Self>(&config)?;
+        Ok(config)
+    }
 }
 
 impl<B: Connect> LeaseClient<B> {
@@ -88,10 +100,15 @@ impl<B: Connect> LeaseClient<B> {
 /// Opens `B` with `config`, refusing a bad configuration before a connection is opened:
 /// the one place where a configuration is checked.
 async fn open_config<B: Connect>(config: B::Config) -> Result<(B, LockOptions)> {
+    check_config::<B>(&config)?;
     let options = B::lock_options(&config).clone();
-    options.validate()?;
-    B::validate(&config)?;
     Ok((B::open(config).await?, options))
+}
+
+/// Checks `config` once: its lock options, then the backend's own part.
+fn check_config<B: Connect>(config: &B::Config) -> Result<()> {
+    B::lock_options(config).validate()?;
+    B::validate(config)
 }
 
 /// Opens backend `B` for `url` without a lease client around it (a side of a dual lock).

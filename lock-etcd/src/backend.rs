@@ -53,7 +53,7 @@ impl Connect for EtcdBackend {
     type Config = EtcdConfig;
 
     fn config_from_url(url: &LockUrl) -> Result<EtcdConfig> {
-        EtcdConfig::parse_url(url)
+        EtcdConfig::from_url(url)
     }
 
     fn validate(config: &EtcdConfig) -> Result<()> {

@@ -125,19 +125,13 @@ impl EtcdConfig {
 
     /// Reads `etcd://…` or `etcds://…`.
     ///
+    /// Only parses: a connect checks the values once before it opens the backend, and
+    /// [`EtcdBackend::config_from_str`](crate::EtcdBackend) gives a checked configuration.
+    ///
     /// # Errors
     /// [`Error::InvalidConfig`] for another scheme, no host, an unknown query key, a bad
     /// option value, or a password without a user; never quoting the password.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        let config = Self::parse_url(url)?;
-        config.options.validate()?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Reads a URL without checking the values, for the driver, which checks them once
-    /// before it opens the backend.
-    pub(crate) fn parse_url(url: &LockUrl) -> Result<Self> {
         let tls = match url.scheme.as_str() {
             "etcd" => false,
             "etcds" => true,
@@ -288,15 +282,15 @@ mod tests {
     use lock_core::ErrorKind;
 
     use super::*;
-
-    fn parse(url: &str) -> Result<EtcdConfig> {
-        EtcdConfig::from_url(&LockUrl::parse(url)?)
-    }
+    use crate::EtcdBackend;
+    use lock_core::raw::Connect;
 
     #[test]
     fn urls_give_endpoints_prefix_credentials_and_options() {
-        let c = parse("etcd://u:s3cret@10.0.0.1,10.0.0.2:3379/locks/?ttl=10s&recheck=250ms")
-            .expect("valid");
+        let c = EtcdBackend::config_from_str(
+            "etcd://u:s3cret@10.0.0.1,10.0.0.2:3379/locks/?ttl=10s&recheck=250ms",
+        )
+        .expect("valid");
         assert_eq!(c.endpoints, ["10.0.0.1:2379", "10.0.0.2:3379"]);
         assert_eq!(c.prefix, "locks");
         assert_eq!(c.username.as_deref(), Some("u"));
@@ -310,19 +304,22 @@ mod tests {
         let shown = format!("{c:?}");
         assert!(!shown.contains("s3cret"), "{shown}");
 
-        let c = parse("etcds://h//abs?ca_file=/ca.pem&tls_domain=etcd.local").expect("valid");
+        let c =
+            EtcdBackend::config_from_str("etcds://h//abs?ca_file=/ca.pem&tls_domain=etcd.local")
+                .expect("valid");
         assert!(c.tls);
         assert_eq!(c.prefix, "/abs");
         assert_eq!(c.endpoint_urls()[0], "https://h:2379");
         assert_eq!(c.tls_domain.as_deref(), Some("etcd.local"));
 
-        let c = parse("etcd://h?mark_ttl=3s").expect("valid");
+        let c = EtcdBackend::config_from_str("etcd://h?mark_ttl=3s").expect("valid");
         assert_eq!(c.prefix, "");
         assert_eq!(c.mark_ttl, Duration::from_secs(3));
 
         // `user` and the common name `username` both set the user name.
         for key in ["user", "username"] {
-            let c = parse(&format!("etcd://h?{key}=u&password=p")).expect("valid");
+            let c = EtcdBackend::config_from_str(&format!("etcd://h?{key}=u&password=p"))
+                .expect("valid");
             assert_eq!(c.username.as_deref(), Some("u"), "{key}");
         }
     }
@@ -340,7 +337,7 @@ mod tests {
             ("etcd://h?mark_ttl=500ms", "mark_ttl must be at least 1s"),
             ("etcd://h?mark_ttl=soon", "mark_ttl"),
         ] {
-            let err = parse(url).expect_err(url);
+            let err = EtcdBackend::config_from_str(url).expect_err(url);
             assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
             assert!(err.to_string().contains(needle), "{url}: {err}");
             assert!(!err.to_string().contains("s3cret"));

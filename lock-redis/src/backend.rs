@@ -85,7 +85,7 @@ impl Connect for RedisBackend {
     type Config = RedisConfig;
 
     fn config_from_url(url: &LockUrl) -> Result<RedisConfig> {
-        RedisConfig::parse_url(url)
+        RedisConfig::from_url(url)
     }
 
     fn validate(config: &RedisConfig) -> Result<()> {

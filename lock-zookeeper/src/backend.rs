@@ -40,7 +40,7 @@ impl Connect for ZkBackend {
     type Config = ZkConfig;
 
     fn config_from_url(url: &LockUrl) -> Result<ZkConfig> {
-        ZkConfig::parse_url(url)
+        ZkConfig::from_url(url)
     }
 
     fn validate(config: &ZkConfig) -> Result<()> {

@@ -149,18 +149,12 @@ impl ZkConfig {
 
     /// Parses a `zk://` or `zks://` URL.
     ///
+    /// Only parses: a connect checks the values once before it opens the backend, and
+    /// [`ZkBackend::config_from_str`](crate::ZkBackend) gives a checked configuration.
+    ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the problem (never the password).
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        let config = Self::parse_url(url)?;
-        config.options.validate()?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Reads a URL without checking the values, for the driver, which checks them once
-    /// before it opens the backend.
-    pub(crate) fn parse_url(url: &LockUrl) -> Result<Self> {
         let tls = match url.scheme.as_str() {
             "zk" => false,
             "zks" => true,
@@ -330,15 +324,13 @@ fn check_path(field: &str, path: &str) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ZkBackend;
+    use lock_core::raw::Connect;
     use lock_core::ErrorKind;
-
-    fn parse(text: &str) -> Result<ZkConfig> {
-        ZkConfig::from_url(&LockUrl::parse(text)?)
-    }
 
     #[test]
     fn parses_endpoints_prefix_credentials_and_options() {
-        let config = parse(
+        let config = ZkBackend::config_from_str(
             "zk://app:s%3Acret@10.0.0.1,10.0.0.2:2182/svc/locks?ttl=8s&chroot=/prod&acl=creator&connect_timeout=3s",
         )
         .unwrap();
@@ -357,7 +349,7 @@ mod tests {
 
     #[test]
     fn zks_urls_take_certificate_files() {
-        let config = parse(
+        let config = ZkBackend::config_from_str(
             "zks://app:s3cret@zk1:2281,zk2:2281/locks?ca_file=/etc/zk/ca.pem&cert_file=/etc/zk/c.pem&key_file=/etc/zk/c.key",
         )
         .unwrap();
@@ -371,14 +363,14 @@ mod tests {
             shown.contains("c.key") && !shown.contains("s3cret"),
             "{shown}"
         );
-        assert!(!parse("zk://h/locks").unwrap().tls);
+        assert!(!ZkBackend::config_from_str("zk://h/locks").unwrap().tls);
         let json = serde_json::to_string(&config).unwrap();
         assert_eq!(serde_json::from_str::<ZkConfig>(&json).unwrap(), config);
     }
 
     #[test]
     fn defaults_apply_without_path() {
-        let config = parse("zk://127.0.0.1:2181").unwrap();
+        let config = ZkBackend::config_from_str("zk://127.0.0.1:2181").unwrap();
         assert_eq!(config.prefix, DEFAULT_PREFIX);
         assert_eq!(config.acl, ZkAcl::Open);
         assert_eq!(config.chroot, None);
@@ -386,9 +378,9 @@ mod tests {
 
     #[test]
     fn prefix_option_and_old_field_names_are_accepted() {
-        let config = parse("zk://h?prefix=/svc/locks").unwrap();
+        let config = ZkBackend::config_from_str("zk://h?prefix=/svc/locks").unwrap();
         assert_eq!(config.prefix, "/svc/locks");
-        let err = parse("zk://h/locks?prefix=/other").unwrap_err();
+        let err = ZkBackend::config_from_str("zk://h/locks?prefix=/other").unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
         let old: ZkConfig = serde_json::from_str(r#"{"hosts": ["a:1"], "base": "/x"}"#).unwrap();
         assert_eq!(
@@ -420,7 +412,7 @@ mod tests {
             ("zkss://h/locks", "zks://"),
         ];
         for (url, needle) in cases {
-            let err = parse(url).unwrap_err();
+            let err = ZkBackend::config_from_str(url).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
             assert!(err.to_string().contains(needle), "{url}: {err}");
         }
@@ -428,7 +420,7 @@ mod tests {
 
     #[test]
     fn serde_config_round_trips() {
-        let config = parse("zk://a:1,b:2/x?ttl=5s").unwrap();
+        let config = ZkBackend::config_from_str("zk://a:1,b:2/x?ttl=5s").unwrap();
         let json = serde_json::to_string(&config).unwrap();
         let back: ZkConfig = serde_json::from_str(&json).unwrap();
         assert_eq!(back, config);

@@ -18,20 +18,14 @@ impl RedisConfig {
     /// `rediss+sentinel://`, `redis+cluster://` or `rediss+cluster://` URLs (see
     /// [`RedisConfig`]).
     ///
+    /// Only parses: a connect checks the values once before it opens the backend, and
+    /// [`RedisBackend::config_from_str`](crate::RedisBackend) gives a checked configuration.
+    ///
     /// # Errors
     /// [`Error::InvalidConfig`] for another scheme, a wrong number of hosts, a path that
     /// is not a database number, an unknown query key or a bad value. Messages never
     /// contain the password.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        let config = Self::parse_url(url)?;
-        config.options.validate()?;
-        config.validate()?;
-        Ok(config)
-    }
-
-    /// Reads a URL without checking the values, for the driver, which checks them once
-    /// before it opens the backend.
-    pub(crate) fn parse_url(url: &LockUrl) -> Result<Self> {
         let mut config = RedisConfig::default();
         match url.scheme.as_str() {
             "redis" => {}
@@ -183,15 +177,15 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+    use crate::RedisBackend;
+    use lock_core::raw::Connect;
     use lock_core::ErrorKind;
-
-    fn parse(text: &str) -> Result<RedisConfig> {
-        RedisConfig::from_url(&LockUrl::parse(text)?)
-    }
 
     #[test]
     fn urls_parse_into_configs() {
-        let c = parse("redis://u:s3cret@10.0.0.1:7000/3?prefix=app:&ttl=5s").unwrap();
+        let c =
+            RedisBackend::config_from_str("redis://u:s3cret@10.0.0.1:7000/3?prefix=app:&ttl=5s")
+                .unwrap();
         assert_eq!(c.endpoints, vec![RedisNode::new("10.0.0.1", 7000)]);
         assert_eq!(
             (c.username.as_deref(), c.password.as_deref()),
@@ -201,27 +195,35 @@ mod tests {
         assert_eq!(c.options.ttl, Duration::from_secs(5));
         assert!(!c.tls && !c.redlock);
 
-        let c = parse("rediss://h?tls_ca=/etc/ca.pem").unwrap();
+        let c = RedisBackend::config_from_str("rediss://h?tls_ca=/etc/ca.pem").unwrap();
         assert!(c.tls);
         assert_eq!(c.endpoints[0].port, DEFAULT_PORT);
         assert_eq!(c.ca_file, Some(PathBuf::from("/etc/ca.pem")));
-        let c = parse("rediss://h?ca_file=/etc/ca.pem").unwrap();
+        let c = RedisBackend::config_from_str("rediss://h?ca_file=/etc/ca.pem").unwrap();
         assert_eq!(c.ca_file, Some(PathBuf::from("/etc/ca.pem")));
 
-        let c = parse("redlock://a:1,b:2,c:3,d:4,e:5?node_timeout=20ms&prefix=").unwrap();
+        let c = RedisBackend::config_from_str(
+            "redlock://a:1,b:2,c:3,d:4,e:5?node_timeout=20ms&prefix=",
+        )
+        .unwrap();
         assert!(c.redlock);
         assert_eq!((c.endpoints.len(), c.quorum()), (5, 3));
         assert_eq!(c.node_timeout, Some(Duration::from_millis(20)));
         assert_eq!(c.prefix, "");
         assert_eq!(c.endpoint(), "redlock://a:1,b:2,c:3,d:4,e:5");
 
-        assert_eq!(parse("redis://").unwrap().endpoints[0].host, "127.0.0.1");
+        assert_eq!(
+            RedisBackend::config_from_str("redis://").unwrap().endpoints[0].host,
+            "127.0.0.1"
+        );
     }
 
     #[test]
     fn cluster_urls_name_the_seed_nodes() {
-        let c =
-            parse("redis+cluster://u:s3cret@a:7000,b,c:7002?prefix=p:&wait_replicas=1").unwrap();
+        let c = RedisBackend::config_from_str(
+            "redis+cluster://u:s3cret@a:7000,b,c:7002?prefix=p:&wait_replicas=1",
+        )
+        .unwrap();
         assert!(c.cluster && !c.tls && !c.redlock);
         assert_eq!(
             c.endpoints,
@@ -237,14 +239,14 @@ mod tests {
         );
         assert_eq!(c.endpoint(), "redis+cluster://a:7000,b:6379,c:7002");
         assert!(!format!("{c:?}").contains("s3cret"));
-        let c = parse("rediss+cluster://a?ca_file=/ca.pem").unwrap();
+        let c = RedisBackend::config_from_str("rediss+cluster://a?ca_file=/ca.pem").unwrap();
         assert!(c.cluster && c.tls);
         assert_eq!(c.endpoint(), "rediss+cluster://a:6379");
     }
 
     #[test]
     fn sentinel_urls_name_the_sentinels_and_the_master() {
-        let c = parse(
+        let c = RedisBackend::config_from_str(
             "redis+sentinel://u:s3cret@s1,s2:5000,s3/prod/2?sentinel_password=t0p&wait_replicas=1&wait_timeout=50ms",
         )
         .unwrap();
@@ -274,10 +276,10 @@ mod tests {
             "{shown}"
         );
 
-        let c = parse("rediss+sentinel://s1/prod?ca_file=/ca.pem").unwrap();
+        let c = RedisBackend::config_from_str("rediss+sentinel://s1/prod?ca_file=/ca.pem").unwrap();
         assert!(c.tls);
         assert_eq!((c.db, c.wait_replicas), (0, 0));
-        let c = parse("redis://h?wait_replicas=2").unwrap();
+        let c = RedisBackend::config_from_str("redis://h?wait_replicas=2").unwrap();
         assert_eq!(c.wait_replicas, 2);
     }
 
@@ -328,7 +330,7 @@ mod tests {
                 "sentinel_password",
             ),
         ] {
-            let err = parse(url).unwrap_err();
+            let err = RedisBackend::config_from_str(url).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{url}: {err}");
             let text = format!("{err} {err:?}");
             assert!(text.contains(needle), "{url}: {text}");
