@@ -118,15 +118,23 @@ pub async fn fifo_when_fair(factory: &dyn Factory) {
     let mut tasks = Vec::new();
     for i in 0..WAITERS {
         let client = factory.client(LockOptions::default()).await;
-        let (name, order) = (name.clone(), Arc::clone(&order));
+        let (lock, order) = (name.clone(), Arc::clone(&order));
         tasks.push(tokio::spawn(async move {
-            let guard = client.lock(name.as_str()).await.expect("waiter acquires");
+            let guard = client.lock(lock.as_str()).await.expect("waiter acquires");
             order.lock().expect("order").push(i);
             sleep(Duration::from_millis(20)).await;
             guard.release().await.expect("release");
         }));
-        // Let this waiter reach the queue before the next one arrives.
-        sleep(Duration::from_millis(250)).await;
+        // Let this waiter reach the queue before the next one arrives: wait until the
+        // queue shows it (a fair backend reports its waiters), at most a few seconds.
+        let queued_by = Instant::now() + Duration::from_secs(5);
+        loop {
+            sleep(Duration::from_millis(20)).await;
+            let queued = holder.inspect(&name).await.map_or(0, |o| o.waiters.len());
+            if queued > i || Instant::now() >= queued_by {
+                break;
+            }
+        }
     }
     guard.release().await.expect("release");
     for task in tasks {
