@@ -116,13 +116,8 @@ impl Registry {
     /// Opens the backend of `url` without a lease client, for a part of a composed URL.
     ///
     /// # Errors
-    /// As [`Registry::connect`]; [`Error::InvalidConfig`] for a composed URL.
+    /// As [`Registry::connect`].
     pub(crate) async fn open(&self, url: &str) -> Result<Opened> {
-        if self.composer(url).is_some() {
-            return Err(Error::config(
-                "a composed URL cannot be opened as one backend",
-            ));
-        }
         let parsed = LockUrl::parse(url)?;
         let driver = self.driver(&parsed.scheme)?;
         driver.open(parsed).await

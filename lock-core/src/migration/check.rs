@@ -276,7 +276,7 @@ impl Registry {
         if options.interval.is_zero() {
             return Err(Error::config("the check's interval must be above zero"));
         }
-        let (old, new) = tokio::try_join!(self.open(&config.old), self.open(&config.new))?;
+        let (old, new) = config.open_sides(self).await?;
         let mut report = CheckReport {
             step,
             names: names.iter().map(|name| name.to_string()).collect(),

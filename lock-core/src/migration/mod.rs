@@ -37,6 +37,7 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::erased::Opened;
 use crate::error::{Error, Result};
 use crate::lease::LeaseClient;
 use crate::lock::DistributedLock;
@@ -84,6 +85,20 @@ impl DualConfig {
     /// `dual:<old>|<new>`.
     pub fn url(&self) -> String {
         format!("{DUAL_PREFIX}{}{SEPARATOR}{}", self.old, self.new)
+    }
+
+    /// Opens both sides through `registry`, each without a lease client.
+    ///
+    /// # Errors
+    /// As [`Registry::connect`] for either side; [`Error::InvalidConfig`] for a side that
+    /// is itself a dual lock.
+    pub(crate) async fn open_sides(&self, registry: &Registry) -> Result<(Opened, Opened)> {
+        for side in [&self.old, &self.new] {
+            if DualConfig::from_url(side)?.is_some() {
+                return Err(Error::config("a side of a dual lock cannot be a dual lock"));
+            }
+        }
+        tokio::try_join!(registry.open(&self.old), registry.open(&self.new))
     }
 
     /// Reads a `dual:<old url>|<new url>` URL; `Ok(None)` for any other URL.
@@ -142,12 +157,7 @@ impl Registry {
     /// URLs give different lock options, [`Error::Unsupported`] for a new side whose
     /// fencing tokens cannot be raised.
     pub async fn connect_dual(&self, config: &DualConfig) -> Result<Arc<dyn DistributedLock>> {
-        for side in [&config.old, &config.new] {
-            if DualConfig::from_url(side)?.is_some() {
-                return Err(Error::config("a side of a dual lock cannot be a dual lock"));
-            }
-        }
-        let (old, new) = tokio::try_join!(self.open(&config.old), self.open(&config.new))?;
+        let (old, new) = config.open_sides(self).await?;
         let options = agreed_options(&old.options, &new.options)?;
         let backend = DualBackend::new(old.backend, new.backend, options.request_timeout)?;
         Ok(Arc::new(LeaseClient::new(backend, options)?))
