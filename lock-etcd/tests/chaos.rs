@@ -12,12 +12,13 @@ mod single {
     );
 }
 
-/// Scenarios on a 3-member cluster.
+/// Scenarios on a 3-member cluster: the replication scenarios in `make test`, the others
+/// in `make chaos` (the single member runs them in both).
 mod cluster {
     use super::common::EtcdFactory;
     lab::chaos_suite!(
         async { EtcdFactory::start_cluster().await },
-        short: lab::chaos::ShortRun::Except(lab::chaos::OWN_DEPLOYMENT_SCENARIOS)
+        short: lab::chaos::ShortRun::Only(lab::chaos::REPLICATION_SCENARIOS)
     );
 }
 

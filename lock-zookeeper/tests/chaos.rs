@@ -81,11 +81,13 @@ mod clock {
 }
 
 /// Scenarios on a 3-member ensemble (a follower can be cut off from its peers).
+/// The replication scenarios in `make test`, the others in `make chaos` (the standalone
+/// server runs them in both).
 mod ensemble {
     use super::common::ZkFactory;
     lab::chaos_suite!(
         async { ZkFactory::start_partitionable_ensemble().await },
-        short: lab::chaos::ShortRun::Except(lab::chaos::OWN_DEPLOYMENT_SCENARIOS)
+        short: lab::chaos::ShortRun::Only(lab::chaos::REPLICATION_SCENARIOS)
     );
 }
 

@@ -263,6 +263,11 @@ pub const OWN_DEPLOYMENT_SCENARIOS: &[&str] = &[
     "server_clock_jump_back",
 ];
 
+/// The scenarios about replication: a follower cut off, a member crashed, a majority
+/// lost. A replicated deployment runs only these in the short plan; the others are the
+/// same client paths as on a single server, which runs them there.
+pub const REPLICATION_SCENARIOS: &[&str] = &["follower_partition", "member_crash", "majority_loss"];
+
 /// The scenarios that step the servers' wall clocks: they apply only where every server
 /// runs on a clock the harness moves ([`WallClock::Movable`]).
 pub const CLOCK_SCENARIOS: &[&str] = &["server_clock_jump_forward", "server_clock_jump_back"];
