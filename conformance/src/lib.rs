@@ -49,6 +49,12 @@ macro_rules! conformance_rules {
             scoped_run_cancels_on_loss,
             operator_inspects_lists_and_breaks,
             close_frees_everything,
+            election_one_leader_at_a_time,
+            election_value_and_proclaim,
+            election_resign_hands_over,
+            election_cut_off_leader_is_replaced,
+            election_observers_see_terms_in_order,
+            election_cancellation_leaves_nothing,
         }
     };
 }

@@ -11,11 +11,22 @@ use tokio::sync::watch;
 use tokio::time::Instant;
 
 use crate::capabilities::Capabilities;
+use crate::changes::ChangeFeed;
 use crate::error::Result;
+pub use crate::kind::HoldKind;
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::state::LostReason;
 use crate::token::{FencingToken, OwnerToken};
+
+/// What a proclaim found on the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proclaimed {
+    /// The hold was ours and carries the new value.
+    Done,
+    /// The hold was already gone or owned by someone else; nothing was touched.
+    NotOwner(LostReason),
+}
 
 /// One acquisition asked of a backend.
 #[derive(Debug, Clone, Copy)]
@@ -36,6 +47,8 @@ pub struct AcquireRequest<'a> {
     /// dual lock, on backends whose [`Capabilities::fence_at_least`] is true; others
     /// ignore it.
     pub fence_at_least: Option<FencingToken>,
+    /// The kind of hold.
+    pub kind: &'a HoldKind,
 }
 
 /// A successful acquisition.
@@ -201,6 +214,33 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
             self.capabilities().backend,
             format!("breaking `{name}`"),
         ))
+    }
+
+    /// Stores `value` as the value of `hold`, a [`HoldKind::Candidate`] hold, if it is
+    /// still this acquisition's (an owner-checked write, like `release`), and tells the
+    /// observers of its name.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend without elections
+    /// (the default); connection errors, after which the value may or may not be stored.
+    async fn proclaim(&self, hold: &Self::Hold, value: &[u8]) -> Result<Proclaimed> {
+        let _ = (hold, value);
+        Err(crate::Error::unsupported(
+            self.capabilities().backend,
+            "proclaiming a leader's value",
+        ))
+    }
+
+    /// A feed of changes to `name` (a grant, a release, an expiry, a proclaim), pushed by
+    /// the server, from now on. It may fire for nothing and may miss changes across a
+    /// reconnect: its readers re-read at least every `recheck`. Default: a feed that never
+    /// fires (readers then only re-read).
+    ///
+    /// # Errors
+    /// Connection errors of subscribing.
+    async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
+        let _ = name;
+        Ok(ChangeFeed::never())
     }
 
     /// Session health changes, for backends whose holds live and die with a session.

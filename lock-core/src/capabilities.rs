@@ -38,11 +38,15 @@ pub struct Capabilities {
     /// grant a fencing token no lower than one given, so it can be the new side of a
     /// dual (migration) lock.
     pub fence_at_least: bool,
+    /// Grants [`HoldKind::Candidate`](crate::raw::HoldKind) holds, stores their values
+    /// and shows them in inspections: leader elections
+    /// ([`Election`](crate::Election)) work on it.
+    pub election: bool,
 }
 
 impl Capabilities {
     /// Capabilities with conservative defaults: unfair, per-lock TTL of at least 1 ms,
-    /// push wake-up, not durable, counter fencing, no fence floor.
+    /// push wake-up, not durable, counter fencing, no fence floor, no elections.
     pub const fn new(backend: &'static str) -> Self {
         Capabilities {
             backend,
@@ -53,6 +57,7 @@ impl Capabilities {
             durable: false,
             fencing: FencingSource::Counter,
             fence_at_least: false,
+            election: false,
         }
     }
 
@@ -89,6 +94,12 @@ impl Capabilities {
     /// Sets [`Capabilities::fencing`].
     pub const fn fencing(mut self, fencing: FencingSource) -> Self {
         self.fencing = fencing;
+        self
+    }
+
+    /// Sets [`Capabilities::election`].
+    pub const fn election(mut self, election: bool) -> Self {
+        self.election = election;
         self
     }
 

@@ -9,9 +9,11 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionStatus,
+    AcquireRequest, Acquired, Backend, BackendRelease, Proclaimed, RenewItem, RenewOutcome,
+    SessionStatus,
 };
 use crate::capabilities::Capabilities;
+use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
@@ -36,6 +38,8 @@ pub(crate) trait AnyBackend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     async fn inspect(&self, name: &LockName) -> Result<Occupancy>;
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>>;
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>>;
+    async fn proclaim(&self, hold: &AnyHold, value: &[u8]) -> Result<Proclaimed>;
+    async fn changes(&self, name: &LockName) -> Result<ChangeFeed>;
     fn session(&self) -> Option<watch::Receiver<SessionStatus>>;
     async fn close(&self) -> Result<()>;
 }
@@ -83,6 +87,14 @@ impl<B: Backend> AnyBackend for B {
 
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         Backend::force_release(self, name).await
+    }
+
+    async fn proclaim(&self, hold: &AnyHold, value: &[u8]) -> Result<Proclaimed> {
+        Backend::proclaim(self, own_hold::<B>(hold)?, value).await
+    }
+
+    async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
+        Backend::changes(self, name).await
     }
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {

@@ -131,11 +131,21 @@ where
     T: Send,
 {
     let name = LockName::new(name)?;
-    let Some(guard) = lock.acquire(&name, options).await? else {
-        return Ok(RunOutcome::NotAcquired);
-    };
+    match lock.acquire(&name, options).await? {
+        Some(guard) => run_held(guard, work).await,
+        None => Ok(RunOutcome::NotAcquired),
+    }
+}
+
+/// Runs `work` while `guard` holds, then releases; cancels `work` if the hold is lost.
+pub(crate) async fn run_held<F, Fut, T>(guard: LockGuard, work: F) -> Result<RunOutcome<T>>
+where
+    F: FnOnce(LockContext) -> Fut + Send,
+    Fut: Future<Output = T> + Send,
+    T: Send,
+{
     let context = LockContext {
-        name,
+        name: guard.name().clone(),
         fencing_token: guard.fencing_token(),
         watch: guard.watch(),
     };

@@ -175,6 +175,8 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub(crate) trait HoldOps: Send + Sync + fmt::Debug {
     fn extend(&self, id: u64, ttl: Option<Duration>) -> BoxFuture<'_, Result<Instant>>;
     fn release(&self, id: u64) -> BoxFuture<'_, Result<ReleaseOutcome>>;
+    /// Stores `value` as the hold's value (a candidate's, see [`crate::raw::HoldKind`]).
+    fn proclaim<'a>(&'a self, id: u64, value: &'a [u8]) -> BoxFuture<'a, Result<()>>;
     /// Never blocks: hands the release to the background.
     fn release_in_background(&self, id: u64);
 }
@@ -281,6 +283,12 @@ impl LockGuard {
     /// backend cannot honour.
     pub async fn extend_for(&self, ttl: Duration) -> Result<Instant> {
         self.ops.extend(self.info.id, Some(ttl)).await
+    }
+
+    /// Stores `value` as this hold's value, if the hold is still ours (see
+    /// [`crate::Leadership::proclaim`]).
+    pub(crate) async fn proclaim(&self, value: &[u8]) -> Result<()> {
+        self.ops.proclaim(self.info.id, value).await
     }
 
     /// Releases the lock and reports what happened.

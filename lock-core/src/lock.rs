@@ -6,6 +6,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 
 use crate::capabilities::Capabilities;
+use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
 use crate::name::LockName;
@@ -58,6 +59,19 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// - a closed client frees what it held and queued at once, though its runtime ends right
 ///   after ([`close_frees_everything`]).
 ///
+/// Where [`Capabilities::election`] is set, leader elections ([`crate::Election`]) too:
+/// - one leader at a time, fenced on terms that strictly increase
+///   ([`election_one_leader_at_a_time`]).
+/// - the leader's value and term are readable; a proclaim keeps the term
+///   ([`election_value_and_proclaim`]).
+/// - a resign hands over at once; a stolen leadership is Lost
+///   ([`election_resign_hands_over`]).
+/// - a leader cut off is Lost before the next one leads, within TTL and a bound
+///   ([`election_cut_off_leader_is_replaced`]).
+/// - observers see every leader, proclaim and vacancy in order
+///   ([`election_observers_see_terms_in_order`]).
+/// - abandoned campaigns leave no candidate ([`election_cancellation_leaves_nothing`]).
+///
 /// [`try_on_held_is_not_acquired`]: ../conformance/rules/fn.try_on_held_is_not_acquired.html
 /// [`mutual_exclusion`]: ../conformance/rules/fn.mutual_exclusion.html
 /// [`fencing_tokens_increase`]: ../conformance/rules/fn.fencing_tokens_increase.html
@@ -78,6 +92,12 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`scoped_run_cancels_on_loss`]: ../conformance/rules/fn.scoped_run_cancels_on_loss.html
 /// [`operator_inspects_lists_and_breaks`]: ../conformance/rules/fn.operator_inspects_lists_and_breaks.html
 /// [`close_frees_everything`]: ../conformance/rules/fn.close_frees_everything.html
+/// [`election_one_leader_at_a_time`]: ../conformance/rules/fn.election_one_leader_at_a_time.html
+/// [`election_value_and_proclaim`]: ../conformance/rules/fn.election_value_and_proclaim.html
+/// [`election_resign_hands_over`]: ../conformance/rules/fn.election_resign_hands_over.html
+/// [`election_cut_off_leader_is_replaced`]: ../conformance/rules/fn.election_cut_off_leader_is_replaced.html
+/// [`election_observers_see_terms_in_order`]: ../conformance/rules/fn.election_observers_see_terms_in_order.html
+/// [`election_cancellation_leaves_nothing`]: ../conformance/rules/fn.election_cancellation_leaves_nothing.html
 ///
 /// # Cancellation
 /// Dropping an acquire future at any await point leaves nothing queued or held on the
@@ -153,6 +173,19 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
         ))
     }
 
+    /// A feed of server-side changes to `name` from now on (grants, releases, expiries,
+    /// proclaimed values), for readers that follow it, as an election's observers do. A
+    /// hint to read again, not the state: it may fire for nothing, and may miss changes
+    /// across a reconnect, so readers re-read every `recheck` as well. Default: a feed that
+    /// never fires.
+    ///
+    /// # Errors
+    /// Connection errors of subscribing.
+    async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
+        let _ = name;
+        Ok(ChangeFeed::never())
+    }
+
     /// Closes the client, as Curator's `close()` or etcd's `Session.Close()`: releases
     /// what it still holds (its guards turn Lost with `Released`), waits for the releases
     /// and the cleanups of abandoned acquires under way (at most the request timeout),
@@ -199,6 +232,10 @@ macro_rules! forward_impl {
 
             async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
                 (**self).force_release(name).await
+            }
+
+            async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
+                (**self).changes(name).await
             }
 
             async fn close(&self) -> Result<()> {

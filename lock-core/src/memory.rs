@@ -14,8 +14,12 @@ use async_trait::async_trait;
 use tokio::sync::{watch, Notify};
 use tokio::time::{sleep_until, Instant};
 
-use crate::backend::{AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome};
+use crate::backend::{
+    AcquireRequest, Acquired, Backend, BackendRelease, HoldKind, Proclaimed, RenewItem,
+    RenewOutcome,
+};
 use crate::capabilities::{Capabilities, FencingSource};
+use crate::changes::ChangeFeed;
 use crate::driver::Connect;
 use crate::error::{Error, Result};
 use crate::lease::LeaseClient;
@@ -44,6 +48,8 @@ pub struct MemorySpace {
     name: String,
     slots: Mutex<HashMap<LockName, Slot>>,
     next_waiter: AtomicU64,
+    /// Bumped by every write to the space: the change feed of every name.
+    changed: watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -62,6 +68,8 @@ struct Holder {
     token: OwnerToken,
     expires_at: Instant,
     since: SystemTime,
+    /// A candidate's value.
+    value: Option<Vec<u8>>,
 }
 
 struct Waiter {
@@ -69,6 +77,7 @@ struct Waiter {
     token: OwnerToken,
     ttl: Duration,
     fence_at_least: Option<FencingToken>,
+    value: Option<Vec<u8>>,
     grant: Mutex<Option<(FencingToken, Instant)>>,
     notify: Notify,
 }
@@ -81,7 +90,13 @@ impl Slot {
         }
         if self.holder.is_none() {
             if let Some(waiter) = self.queue.pop_front() {
-                let fence = self.grant(&waiter.token, waiter.ttl, waiter.fence_at_least, now);
+                let fence = self.grant(
+                    &waiter.token,
+                    waiter.ttl,
+                    waiter.fence_at_least,
+                    waiter.value.clone(),
+                    now,
+                );
                 *lock_unpoisoned(&waiter.grant) = Some((fence, now));
                 waiter.notify.notify_one();
             }
@@ -93,6 +108,7 @@ impl Slot {
         token: &OwnerToken,
         ttl: Duration,
         fence_at_least: Option<FencingToken>,
+        value: Option<Vec<u8>>,
         now: Instant,
     ) -> FencingToken {
         self.fence = (self.fence + 1).max(fence_at_least.map_or(0, FencingToken::get));
@@ -100,6 +116,7 @@ impl Slot {
             token: token.clone(),
             expires_at: now + ttl,
             since: SystemTime::now(),
+            value,
         });
         FencingToken(self.fence)
     }
@@ -120,6 +137,14 @@ impl Slot {
     }
 }
 
+/// The value a hold of `kind` stores: a candidate's.
+fn candidate_value(kind: &HoldKind) -> Option<Vec<u8>> {
+    match kind {
+        HoldKind::Candidate { value } => Some(value.clone()),
+        HoldKind::Mutex => None,
+    }
+}
+
 impl Holder {
     /// The holder as an inspection shows it, `fence` being its fencing token.
     fn participant(&self, fence: u64, now: Instant) -> Participant {
@@ -127,6 +152,7 @@ impl Holder {
             .fencing_token(Some(FencingToken(fence)))
             .lease_left(Some(self.expires_at.saturating_duration_since(now)))
             .since(Some(self.since))
+            .value(self.value.clone())
     }
 }
 
@@ -143,6 +169,7 @@ impl MemorySpace {
             name: name.to_owned(),
             slots: Mutex::new(HashMap::new()),
             next_waiter: AtomicU64::new(1),
+            changed: watch::Sender::new(0),
         });
         spaces.insert(name.to_owned(), Arc::downgrade(&space));
         space
@@ -150,6 +177,11 @@ impl MemorySpace {
 
     fn slots(&self) -> MutexGuard<'_, HashMap<LockName, Slot>> {
         lock_unpoisoned(&self.slots)
+    }
+
+    /// Tells the change feeds that the space was written.
+    fn touch(&self) {
+        self.changed.send_modify(|version| *version += 1);
     }
 
     /// Removes the holder of `name` behind its back (as an operator or a clock jump
@@ -161,6 +193,8 @@ impl MemorySpace {
         };
         let had = slot.holder.take().is_some();
         slot.settle(Instant::now());
+        drop(slots);
+        self.touch();
         had
     }
 
@@ -178,6 +212,8 @@ impl MemorySpace {
         }
         slot.broken.push_back(holder.token.clone());
         slot.settle(now);
+        drop(slots);
+        self.touch();
         Some(holder.participant(fence, now))
     }
 
@@ -228,8 +264,38 @@ impl MemorySpace {
         let mut slots = self.slots();
         let slot = slots.entry(request.name.clone()).or_default();
         slot.settle(now);
-        (slot.holder.is_none() && slot.queue.is_empty())
-            .then(|| slot.grant(request.token, request.ttl, request.fence_at_least, now))
+        let fence = (slot.holder.is_none() && slot.queue.is_empty()).then(|| {
+            slot.grant(
+                request.token,
+                request.ttl,
+                request.fence_at_least,
+                candidate_value(request.kind),
+                now,
+            )
+        });
+        drop(slots);
+        if fence.is_some() {
+            self.touch();
+        }
+        fence
+    }
+
+    /// Stores `value` as the value of `hold`, if it still holds.
+    fn proclaim(&self, hold: &MemoryHold, value: &[u8]) -> Proclaimed {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let Some(slot) = slots.get_mut(&hold.name) else {
+            return Proclaimed::NotOwner(LostReason::Vanished);
+        };
+        if let Some(reason) = slot.not_owner(&hold.token, now) {
+            return Proclaimed::NotOwner(reason);
+        }
+        if let Some(holder) = slot.holder.as_mut() {
+            holder.value = Some(value.to_vec());
+        }
+        drop(slots);
+        self.touch();
+        Proclaimed::Done
     }
 
     /// The holder and waiters of `name`; the token floor is the counter.
@@ -271,6 +337,8 @@ impl MemorySpace {
         if slot.is_idle() && slot.fence == 0 {
             slots.remove(name);
         }
+        drop(slots);
+        self.touch();
     }
 }
 
@@ -429,6 +497,7 @@ impl Backend for MemoryBackend {
     fn capabilities(&self) -> Capabilities {
         Capabilities::new("memory")
             .fair(true)
+            .election(true)
             .fencing(FencingSource::Counter)
             .fence_at_least(true)
     }
@@ -446,6 +515,22 @@ impl Backend for MemoryBackend {
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         self.reachable().await;
         Ok(self.space.force_release(name))
+    }
+
+    async fn proclaim(&self, hold: &MemoryHold, value: &[u8]) -> Result<Proclaimed> {
+        self.reachable().await;
+        Ok(self.space.proclaim(hold, value))
+    }
+
+    /// Every write to the space fires the feed of every name.
+    async fn changes(&self, _name: &LockName) -> Result<ChangeFeed> {
+        self.reachable().await;
+        let changed = self.space.changed.subscribe();
+        let stream = futures::stream::unfold(changed, |mut changed| async move {
+            changed.changed().await.ok()?;
+            Some(((), changed))
+        });
+        Ok(ChangeFeed::from_stream(Box::pin(stream)))
     }
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<MemoryHold>>> {
@@ -472,6 +557,7 @@ impl Backend for MemoryBackend {
             token: request.token.clone(),
             ttl: request.ttl,
             fence_at_least: request.fence_at_least,
+            value: candidate_value(request.kind),
             grant: Mutex::new(None),
             notify: Notify::new(),
         });
@@ -487,6 +573,7 @@ impl Backend for MemoryBackend {
             slot.queue.push_back(Arc::clone(&waiter));
             slot.settle(Instant::now());
         }
+        self.space.touch();
         loop {
             let recheck_at = {
                 let now = Instant::now();
@@ -551,6 +638,8 @@ impl Backend for MemoryBackend {
             }
         };
         slot.settle(now);
+        drop(slots);
+        self.space.touch();
         Ok(outcome)
     }
 }

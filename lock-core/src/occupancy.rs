@@ -60,6 +60,10 @@ pub struct Participant {
     /// Since when it holds or waits, on the server's wall clock, where the server records
     /// it (a ZooKeeper node's creation time).
     pub since: Option<SystemTime>,
+    /// The value it stored, where it is an election's candidate (the leader's value, for
+    /// the holder): a distlock candidate's value, a Curator `LeaderLatch` participant's
+    /// id, an etcd `Election` proposal.
+    pub value: Option<Vec<u8>>,
 }
 
 impl Participant {
@@ -71,6 +75,7 @@ impl Participant {
             lease_left: None,
             session: None,
             since: None,
+            value: None,
         }
     }
 
@@ -89,6 +94,12 @@ impl Participant {
     /// Sets [`Participant::since`].
     pub fn since(mut self, since: Option<SystemTime>) -> Self {
         self.since = since;
+        self
+    }
+
+    /// Sets [`Participant::value`].
+    pub fn value(mut self, value: Option<Vec<u8>>) -> Self {
+        self.value = value;
         self
     }
 

@@ -5,6 +5,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::kind::HoldKind;
 use crate::token::OwnerId;
 
 /// Default server-side lease of a hold: 30 s.
@@ -284,6 +285,9 @@ pub struct AcquireOptions {
     pub max_hold: Option<Duration>,
     /// Reentrancy: acquisitions with the same owner id on the same client share one hold.
     pub owner: Option<OwnerId>,
+    /// The kind of hold: a mutex unless a front end ([`Election`](crate::Election)) asks
+    /// for another.
+    pub kind: HoldKind,
 }
 
 impl AcquireOptions {

@@ -10,9 +10,10 @@
 //! [`Error::no_answer`](crate::Error::no_answer).
 
 pub use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionHealth,
-    SessionStatus,
+    AcquireRequest, Acquired, Backend, BackendRelease, HoldKind, Proclaimed, RenewItem,
+    RenewOutcome, SessionHealth, SessionStatus,
 };
+pub use crate::changes::ChangeFeed;
 pub use crate::driver::{Connect, ConnectFuture, Driver};
 pub use crate::error::BoxError;
 pub use crate::global::{register, registry};

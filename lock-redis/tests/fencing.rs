@@ -15,7 +15,7 @@ use conformance::FencedResource;
 use lab::harness::RedisOptions;
 use lab::proxy::{FaultProxy, ProxyMode};
 use lock_core::raw::Connect;
-use lock_core::raw::{AcquireRequest, Backend};
+use lock_core::raw::{AcquireRequest, Backend, HoldKind};
 use lock_core::{DistributedLockExt, LockGuard, LockName, LockOptions, OwnerToken};
 use lock_redis::{KeyLayout, RedisBackend, RedisLock, DEFAULT_PREFIX};
 
@@ -198,6 +198,7 @@ async fn counter_deleted_while_the_lock_key_survived() {
             ttl: Duration::from_secs(5),
             wait: false,
             fence_at_least: None,
+            kind: &HoldKind::Mutex,
         };
         let first = backend
             .acquire(request)

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{config_for, unique_name as name, with_ttl, RedisFactory};
 use lab::proxy::{FaultProxy, ProxyMode};
-use lock_core::raw::{AcquireRequest, Backend, Connect};
+use lock_core::raw::{AcquireRequest, Backend, Connect, HoldKind};
 use lock_core::{FencingToken, LockName, LockOptions, Occupancy, OwnerToken};
 use lock_redis::{KeyLayout, RedisBackend, RedisHold, DEFAULT_PREFIX};
 
@@ -71,6 +71,7 @@ impl Setup {
                 ttl: TTL,
                 wait: false,
                 fence_at_least: floor.map(FencingToken),
+                kind: &HoldKind::Mutex,
             })
             .await
             .expect("acquire")
@@ -279,6 +280,7 @@ async fn inspect_shows_the_holder_and_the_queue_in_order() {
                     ttl: TTL,
                     wait: true,
                     fence_at_least: None,
+                    kind: &HoldKind::Mutex,
                 };
                 backend.acquire(request).await.map(|a| a.is_some())
             }));

@@ -16,6 +16,7 @@ use tokio::time::{sleep, Instant};
 use crate::factory::Factory;
 use crate::with_ttl;
 
+mod election;
 mod exclusion;
 mod names;
 mod operations;
@@ -24,6 +25,11 @@ mod renewal;
 mod shutdown;
 mod waiting;
 
+pub use election::{
+    election_cancellation_leaves_nothing, election_cut_off_leader_is_replaced,
+    election_observers_see_terms_in_order, election_one_leader_at_a_time,
+    election_resign_hands_over, election_value_and_proclaim,
+};
 pub use exclusion::{
     crashed_holder_blocks_at_most_ttl, fencing_tokens_increase, mutual_exclusion,
     try_on_held_is_not_acquired,

@@ -54,6 +54,7 @@ impl<B: Backend> Keeper<B> {
             check_duration("max_hold", cap)?;
         }
         check_wait(options.wait)?;
+        self.check_kind(options)?;
         if self.is_closed() {
             return Err(self.closed_error());
         }
@@ -76,6 +77,22 @@ impl<B: Backend> Keeper<B> {
             gates.remove(&key);
         }
         result
+    }
+
+    /// Refuses a kind of hold the backend does not grant, and a reentrant candidate (a
+    /// campaign is one candidate's, never shared).
+    fn check_kind(&self, options: &AcquireOptions) -> Result<()> {
+        match &options.kind {
+            HoldKind::Mutex => Ok(()),
+            HoldKind::Candidate { .. } if !self.capabilities.election => Err(Error::unsupported(
+                self.capabilities.backend,
+                "leader elections",
+            )),
+            HoldKind::Candidate { .. } if options.owner.is_some() => Err(Error::config(
+                "a campaign cannot be reentrant: leave AcquireOptions::owner unset",
+            )),
+            HoldKind::Candidate { .. } => Ok(()),
+        }
     }
 
     /// A new guard on an existing hold of the same (name, owner), if any.
@@ -120,6 +137,7 @@ impl<B: Backend> Keeper<B> {
                 ttl,
                 wait,
                 fence_at_least: None,
+                kind: &options.kind,
             };
             // The span is entered while the backend works (a boxed future: cheap to wrap).
             let attempt = self.backend.acquire(request).instrument(call.span.clone());

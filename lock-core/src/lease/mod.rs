@@ -18,10 +18,11 @@ use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 use tracing::{Instrument, Span};
 
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionHealth,
-    SessionStatus,
+    AcquireRequest, Acquired, Backend, BackendRelease, HoldKind, Proclaimed, RenewItem,
+    RenewOutcome, SessionHealth, SessionStatus,
 };
 use crate::capabilities::Capabilities;
+use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
 use crate::guard::{AtomicInstant, HoldInfo, HoldObserver, HoldOps, LockGuard, StateSlot};
 use crate::lock::{check_wait, DistributedLock};
@@ -184,6 +185,12 @@ impl<B: Backend> DistributedLock for LeaseClient<B> {
             .await
     }
 
+    async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
+        self.keeper
+            .deadline("subscribe to changes", 1, self.keeper.backend.changes(name))
+            .await
+    }
+
     async fn close(&self) -> Result<()> {
         self.keeper.close().await
     }
@@ -330,6 +337,10 @@ impl<B: Backend> HoldOps for Keeper<B> {
             }
             result
         })
+    }
+
+    fn proclaim<'a>(&'a self, id: u64, value: &'a [u8]) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.proclaim_hold(id, value))
     }
 
     fn release_in_background(&self, id: u64) {

@@ -461,3 +461,41 @@ impl<B: Backend> Drop for Renewing<'_, B> {
         self.keeper.wake();
     }
 }
+
+impl<B: Backend> Keeper<B> {
+    /// Stores `value` as the value of hold `id` on the server (an owner-checked write). A
+    /// hold the server no longer gives us turns Lost, and the caller learns why.
+    pub(super) async fn proclaim_hold(&self, id: u64, value: &[u8]) -> Result<()> {
+        let (hold, info) = {
+            let table = self.table();
+            let entry = table.holds.get(&id).ok_or_else(|| Error::NotHeld {
+                name: String::new(),
+                message: "the hold was already released".into(),
+            })?;
+            if let Some(err) = entry.lost_error() {
+                return Err(err);
+            }
+            (Arc::clone(&entry.hold), Arc::clone(&entry.info))
+        };
+        let span = tracing::info_span!(
+            "distlock.proclaim",
+            backend = self.capabilities.backend,
+            lock = %info.name,
+            fencing_token = info.fencing_token.0,
+        );
+        let proclaimed = self
+            .deadline("proclaim", 1, self.backend.proclaim(&hold, value))
+            .instrument(span)
+            .await?;
+        match proclaimed {
+            Proclaimed::Done => Ok(()),
+            Proclaimed::NotOwner(reason) => {
+                info.transition(LockState::Lost(reason));
+                Err(Error::Lost {
+                    name: info.name.to_string(),
+                    reason,
+                })
+            }
+        }
+    }
+}

@@ -12,10 +12,11 @@ use tokio::time::{sleep_until, Instant};
 
 use super::DUAL_TOKEN_PREFIX;
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionHealth,
-    SessionStatus,
+    AcquireRequest, Acquired, Backend, BackendRelease, Proclaimed, RenewItem, RenewOutcome,
+    SessionHealth, SessionStatus,
 };
 use crate::capabilities::Capabilities;
+use crate::changes::ChangeFeed;
 use crate::erased::{AnyBackend, AnyHold};
 use crate::error::{Error, Result};
 use crate::lease::{release_patiently, validity_deadline, ServerEnd};
@@ -103,6 +104,7 @@ impl DualBackend {
             .min_ttl(o.min_ttl.max(n.min_ttl))
             .push_wakeup(o.push_wakeup && n.push_wakeup)
             .durable(o.durable && n.durable)
+            .election(o.election && n.election)
             .fencing(n.fencing);
         Ok(DualBackend {
             background: Background::new(),
@@ -457,12 +459,20 @@ impl Backend for DualBackend {
         })
     }
 
-    /// The old side's holder (dual and old-only holders show there), else the new side's
-    /// (a new-only holder); the old side's waiters, then the new side's; the new side's
-    /// token floor, which every later dual or new-only token exceeds.
+    /// The holder: a dual holder as the new side shows it (its fencing token is the dual
+    /// guard's, and an election's term), else the old side's (an old-only holder), else
+    /// the new side's (a new-only holder); the old side's waiters, then the new side's; the
+    /// new side's token floor, which every later dual or new-only token exceeds.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         let (old, new) = tokio::try_join!(self.old.inspect(name), self.new.inspect(name))?;
-        let holder = old.holder.or(new.holder);
+        let holder = match (old.holder, new.holder) {
+            (Some(old), Some(new))
+                if old.owner_token.is_some() && old.owner_token == new.owner_token =>
+            {
+                Some(new)
+            }
+            (old, new) => old.or(new),
+        };
         let waiters = old.waiters.into_iter().chain(new.waiters).collect();
         Ok(Occupancy::new(holder, waiters).token_floor(new.token_floor))
     }
@@ -480,6 +490,24 @@ impl Backend for DualBackend {
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         let (old, new) = tokio::join!(self.old.force_release(name), self.new.force_release(name));
         Ok(old?.or(new?))
+    }
+
+    /// The value goes to the old side first, then the new one, as the acquire went: a
+    /// side that is no longer ours ends the proclaim (the hold is lost).
+    async fn proclaim(&self, hold: &DualHold, value: &[u8]) -> Result<Proclaimed> {
+        for side in [Side::Old, Side::New] {
+            let proclaimed = self.side(side).proclaim(hold.side(side), value).await?;
+            if let Proclaimed::NotOwner(reason) = proclaimed {
+                return Ok(Proclaimed::NotOwner(LostReason::on_side(side, reason)));
+            }
+        }
+        Ok(Proclaimed::Done)
+    }
+
+    /// The changes of either side.
+    async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
+        let (old, new) = tokio::try_join!(self.old.changes(name), self.new.changes(name))?;
+        Ok(old.merge(new))
     }
 
     /// Waits (at most the request timeout) for the side releases left to the background,

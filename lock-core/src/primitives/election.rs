@@ -1,0 +1,383 @@
+//! Leader election: a campaign is an acquire of a [`HoldKind::Candidate`] hold, so the
+//! leader's guard has every guarantee of a lock guard (renewal, Held / Suspect / Lost,
+//! validity deadline, drop-release, cancellation-safe campaign), and its term is the
+//! hold's fencing token. Reading and following the leader are reads of the name's
+//! occupancy, woken by the backend's change feed.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::time::{timeout, Instant};
+
+use crate::changes::ChangeFeed;
+use crate::error::{Error, Result};
+use crate::ext::{run_held, LockContext, RunOutcome};
+use crate::guard::{LockGuard, LockWatch};
+use crate::kind::HoldKind;
+use crate::lock::DistributedLock;
+use crate::name::LockName;
+use crate::occupancy::{Occupancy, Participant};
+use crate::options::AcquireOptions;
+use crate::plumbing::Backoff;
+use crate::state::{LockState, LostReason, ReleaseOutcome};
+use crate::token::FencingToken;
+
+/// The leader election `name` on a lock service: campaign, read and follow its leader.
+///
+/// ZooKeeper keeps Curator `LeaderLatch`'s layout and etcd the Go client's
+/// `concurrency.Election`'s, so those clients and distlock take part in one election;
+/// Redis keeps its own (docs/election.md).
+#[derive(Clone)]
+pub struct Election {
+    lock: Arc<dyn DistributedLock>,
+    name: LockName,
+}
+
+impl Election {
+    /// The election `name` on `lock`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] for a bad name; [`Error::Unsupported`] for a lock service
+    /// without elections.
+    pub fn new(lock: Arc<dyn DistributedLock>, name: &str) -> Result<Self> {
+        let name = LockName::new(name)?;
+        let capabilities = lock.capabilities();
+        if !capabilities.election {
+            return Err(Error::unsupported(capabilities.backend, "leader elections"));
+        }
+        Ok(Election { lock, name })
+    }
+
+    /// The election's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// Campaigns with `value` (the candidate's identity or address, as the leader's
+    /// readers will see it) and returns once this candidate leads, as `options.wait` says
+    /// (`Ok(None)`: a [`Wait::Try`](crate::Wait::Try) found another leader).
+    ///
+    /// Candidates lead in the order they campaigned. Dropping the future withdraws the
+    /// candidacy, wherever it was.
+    ///
+    /// # Errors
+    /// As [`DistributedLock::acquire`]; [`Error::InvalidConfig`] for a reentrant
+    /// campaign (`options.owner` set).
+    pub async fn campaign(
+        &self,
+        value: impl Into<Vec<u8>>,
+        options: &AcquireOptions,
+    ) -> Result<Option<Leadership>> {
+        let value = value.into();
+        let options = AcquireOptions {
+            kind: HoldKind::Candidate {
+                value: value.clone(),
+            },
+            ..options.clone()
+        };
+        let guard = self.lock.acquire(&self.name, &options).await?;
+        Ok(guard.map(|guard| Leadership { guard, value }))
+    }
+
+    /// The current leader, or `None` when nobody leads, as the server shows it now.
+    ///
+    /// # Errors
+    /// Connection errors; [`Error::Protocol`] for a leader entry without a term.
+    pub async fn leader(&self) -> Result<Option<Leader>> {
+        let occupancy = self.lock.inspect(&self.name).await?;
+        leader_of(&self.name, occupancy)
+    }
+
+    /// Follows the leader: see [`LeaderObserver`].
+    pub fn observe(&self) -> LeaderObserver {
+        LeaderObserver {
+            election: self.clone(),
+            feed: None,
+            last: None,
+            last_term: None,
+            vacant_reported: false,
+            backoff: Backoff::new(OBSERVE_FIRST_PAUSE, OBSERVE_LONGEST_PAUSE),
+        }
+    }
+
+    /// Campaigns with `value`, runs `work` while leading, then resigns, in the spirit of
+    /// Curator's `LeaderSelector`: when leadership is lost, `work` is dropped (cancelled
+    /// at its next await point) before anyone else can lead (as long as it does not block
+    /// its thread), and the outcome says why. `work`'s context carries the term as its
+    /// fencing token.
+    ///
+    /// # Errors
+    /// As [`Election::campaign`].
+    pub async fn lead<F, Fut, T>(
+        &self,
+        value: impl Into<Vec<u8>>,
+        options: &AcquireOptions,
+        work: F,
+    ) -> Result<RunOutcome<T>>
+    where
+        F: FnOnce(LockContext) -> Fut + Send,
+        Fut: Future<Output = T> + Send,
+        T: Send,
+    {
+        match self.campaign(value, options).await? {
+            Some(leadership) => run_held(leadership.guard, work).await,
+            None => Ok(RunOutcome::NotAcquired),
+        }
+    }
+}
+
+impl fmt::Debug for Election {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Election")
+            .field("lock", &format_args!("{}", self.lock))
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+/// The leader of an election, as a reader sees it.
+#[non_exhaustive]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leader {
+    /// What the leader proclaimed.
+    pub value: Vec<u8>,
+    /// Its term: the fencing token of its leadership, strictly greater than every earlier
+    /// leader's.
+    pub term: FencingToken,
+    /// Since when it leads or campaigned, on the server's wall clock, where the server
+    /// records it.
+    pub since: Option<SystemTime>,
+    /// The leader's entry as the server shows it (owner token, session, lease left).
+    pub participant: Participant,
+}
+
+impl Leader {
+    /// The value as text, with invalid UTF-8 replaced.
+    pub fn value_text(&self) -> String {
+        String::from_utf8_lossy(&self.value).into_owned()
+    }
+}
+
+/// The leader in `occupancy`, the occupancy of election `name`.
+fn leader_of(name: &LockName, occupancy: Occupancy) -> Result<Option<Leader>> {
+    let Some(holder) = occupancy.holder else {
+        return Ok(None);
+    };
+    let term = holder.fencing_token.ok_or_else(|| Error::Protocol {
+        backend: "distlock",
+        message: format!("the leader of `{name}` shows no term"),
+        source: None,
+    })?;
+    Ok(Some(Leader {
+        value: holder.value.clone().unwrap_or_default(),
+        term,
+        since: holder.since,
+        participant: holder,
+    }))
+}
+
+/// This candidate's leadership: a lock guard whose fencing token is the term.
+///
+/// Dropping it resigns in the background, as dropping a [`LockGuard`] releases.
+#[must_use = "dropping a leadership resigns in the background"]
+pub struct Leadership {
+    guard: LockGuard,
+    value: Vec<u8>,
+}
+
+impl Leadership {
+    /// The term: pass it to the resources the leader writes to, as a fencing token.
+    pub fn term(&self) -> FencingToken {
+        self.guard.fencing_token()
+    }
+
+    /// The value this leader proclaims.
+    pub fn value(&self) -> &[u8] {
+        &self.value
+    }
+
+    /// Whether this candidate still leads: Held, before its validity deadline.
+    pub fn is_leader(&self) -> bool {
+        self.guard.is_held()
+    }
+
+    /// Until when leadership is guaranteed, on the monotonic clock.
+    pub fn valid_until(&self) -> Instant {
+        self.guard.valid_until()
+    }
+
+    /// The state of the leadership's hold.
+    pub fn state(&self) -> LockState {
+        self.guard.state()
+    }
+
+    /// A watch of the leadership's state.
+    pub fn watch(&self) -> LockWatch {
+        self.guard.watch()
+    }
+
+    /// Resolves when leadership is lost, with the reason.
+    pub fn lost(&self) -> impl Future<Output = LostReason> + Send + 'static {
+        self.guard.lost()
+    }
+
+    /// The underlying lock guard.
+    pub fn guard(&self) -> &LockGuard {
+        &self.guard
+    }
+
+    /// Changes the value readers see, keeping the term.
+    ///
+    /// # Errors
+    /// [`Error::Lost`] if this candidate no longer leads (the leadership turns Lost);
+    /// connection errors, after which the value may or may not have changed.
+    pub async fn proclaim(&mut self, value: impl Into<Vec<u8>>) -> Result<()> {
+        let value = value.into();
+        self.guard.proclaim(&value).await?;
+        self.value = value;
+        Ok(())
+    }
+
+    /// Steps down: the next candidate leads at once.
+    ///
+    /// # Errors
+    /// As [`LockGuard::release`].
+    pub async fn resign(self) -> Result<ReleaseOutcome> {
+        self.guard.release().await
+    }
+}
+
+impl fmt::Debug for Leadership {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leadership")
+            .field("name", self.guard.name())
+            .field("term", &self.term())
+            .field("value", &String::from_utf8_lossy(&self.value))
+            .field("state", &self.state())
+            .finish()
+    }
+}
+
+/// First pause after a failed read of the leader.
+const OBSERVE_FIRST_PAUSE: Duration = Duration::from_millis(100);
+/// Longest pause between failed reads.
+const OBSERVE_LONGEST_PAUSE: Duration = Duration::from_secs(2);
+
+/// Follows an election's leader: [`LeaderObserver::next`] returns each change.
+///
+/// - A new leader is reported once, with a term greater than every term reported
+///   before: an older term is never reported after a newer one (a read from a lagging
+///   server is skipped).
+/// - A proclaimed value is reported with the same term.
+/// - `None` is reported once when the leader is gone and nobody leads yet.
+/// - Changes are pushed by the server where it can ([`DistributedLock::changes`]) and
+///   re-read every `recheck` anyway, through reconnects and errors: once the election
+///   settles, the last change reported is its current leader. Changes between two reads
+///   may be folded into one (a leader that came and went unseen is not reported).
+pub struct LeaderObserver {
+    election: Election,
+    feed: Option<ChangeFeed>,
+    last: Option<Leader>,
+    last_term: Option<FencingToken>,
+    vacant_reported: bool,
+    backoff: Backoff,
+}
+
+impl LeaderObserver {
+    /// The next change: the new leader, or `None` when nobody leads any more. The first
+    /// call returns the current state at once.
+    ///
+    /// Transient errors (a lost connection, no quorum) are retried with backoff, for as
+    /// long as the observer is polled; cancelling `next` loses nothing.
+    ///
+    /// # Errors
+    /// Errors that retrying cannot cure (a closed client, a protocol error).
+    pub async fn next(&mut self) -> Result<Option<Leader>> {
+        let recheck = self.election.lock.options().recheck;
+        let first_read = self.last_term.is_none() && !self.vacant_reported;
+        loop {
+            if self.feed.is_none() {
+                // Subscribed before the read, so no change after the read goes unseen.
+                match self.election.lock.changes(&self.election.name).await {
+                    Ok(feed) => self.feed = Some(feed),
+                    Err(err) if err.is_retryable() => {
+                        tracing::debug!(election = %self.election.name, error = %err,
+                            "subscribing to leader changes failed; re-reading instead");
+                    }
+                    Err(err) => return Err(err),
+                }
+            }
+            match self.election.leader().await {
+                Ok(read) => {
+                    self.backoff.reset();
+                    if let Some(change) = self.change(read) {
+                        return Ok(change);
+                    }
+                    if first_read {
+                        // Nobody leads, and this is the first call: say so.
+                        self.vacant_reported = true;
+                        return Ok(None);
+                    }
+                    let wait = async {
+                        match &mut self.feed {
+                            Some(feed) => feed.next().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    // A change, or the recheck: read again either way.
+                    let _ = timeout(recheck, wait).await;
+                }
+                Err(err) if err.is_retryable() => {
+                    // The subscription may have died with the connection: renew it.
+                    self.feed = None;
+                    tracing::debug!(election = %self.election.name, error = %err,
+                        "reading the leader failed; retrying");
+                    tokio::time::sleep(self.backoff.next_pause()).await;
+                }
+                Err(err) => return Err(err),
+            }
+        }
+    }
+
+    /// What `read` changes for a reader that saw `self.last`: `Some(change)` to report.
+    fn change(&mut self, read: Option<Leader>) -> Option<Option<Leader>> {
+        match read {
+            Some(leader) => {
+                let newer = self.last_term.is_none_or(|last| leader.term > last);
+                let proclaimed = self
+                    .last
+                    .as_ref()
+                    .is_some_and(|last| last.term == leader.term && last.value != leader.value);
+                if !(newer || proclaimed) {
+                    return None;
+                }
+                self.last_term = Some(leader.term);
+                self.last = Some(leader.clone());
+                self.vacant_reported = false;
+                Some(Some(leader))
+            }
+            None if self.last.is_some() => {
+                self.last = None;
+                self.vacant_reported = true;
+                Some(None)
+            }
+            None => None,
+        }
+    }
+
+    /// The last leader reported, if it still leads as far as this observer knows.
+    pub fn current(&self) -> Option<&Leader> {
+        self.last.as_ref()
+    }
+}
+
+impl fmt::Debug for LeaderObserver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderObserver")
+            .field("election", &self.election.name)
+            .field("last_term", &self.last_term)
+            .finish_non_exhaustive()
+    }
+}
