@@ -27,6 +27,7 @@ use crate::guard::{HoldObserver, LockGuard};
 use crate::name::LockName;
 use crate::plumbing::lock_unpoisoned;
 use crate::state::LostReason;
+use crate::token::FencingToken;
 
 /// Acquire calls.
 pub const ACQUIRE_ATTEMPTS: &str = "distlock_acquire_attempts_total";
@@ -54,6 +55,12 @@ pub const LOSSES: &str = "distlock_losses_total";
 pub const HELD: &str = "distlock_held_locks";
 /// Blocking acquire calls in progress.
 pub const WAITERS: &str = "distlock_waiters";
+/// Elections this client leads now.
+pub const LEADERSHIPS: &str = "distlock_leaderships";
+/// Elections won: each a new term.
+pub const TERMS_WON: &str = "distlock_terms_won_total";
+/// The term of the leadership won last.
+pub const LEADER_TERM: &str = "distlock_leader_term";
 
 /// Label: the backend (`memory`, `redis`, `zookeeper`, `etcd`, `dual`, …).
 pub const BACKEND: &str = "backend";
@@ -187,6 +194,25 @@ pub const METRICS: &[Metric] = &[
         help: "Blocking acquire calls in progress: queued, or with their request in flight \
                (tries not included).",
     },
+    Metric {
+        name: LEADERSHIPS,
+        kind: MetricKind::Gauge,
+        labels: &[BACKEND, LOCK],
+        help: "Elections this client leads now (held or suspect leaderships; also counted in \
+               distlock_held_locks).",
+    },
+    Metric {
+        name: TERMS_WON,
+        kind: MetricKind::Counter,
+        labels: &[BACKEND, LOCK],
+        help: "Elections won by this client: each is a new term.",
+    },
+    Metric {
+        name: LEADER_TERM,
+        kind: MetricKind::Gauge,
+        labels: &[BACKEND, LOCK],
+        help: "The term (fencing token) of the leadership this client won last.",
+    },
 ];
 
 /// Histogram buckets (seconds) suited to every histogram of [`METRICS`], from half a
@@ -244,6 +270,9 @@ pub(crate) struct Series {
     hold: Histogram,
     held: Gauge,
     waiters: Gauge,
+    leaderships: Gauge,
+    terms_won: Counter,
+    leader_term: Gauge,
     renewed: Counter,
     renewal_lost: Counter,
     renewal_failed: Counter,
@@ -267,6 +296,9 @@ impl Series {
             hold: ::metrics::histogram!(HOLD_DURATION, labels.iter()),
             held: ::metrics::gauge!(HELD, labels.iter()),
             waiters: ::metrics::gauge!(WAITERS, labels.iter()),
+            leaderships: ::metrics::gauge!(LEADERSHIPS, labels.iter()),
+            terms_won: ::metrics::counter!(TERMS_WON, labels.iter()),
+            leader_term: ::metrics::gauge!(LEADER_TERM, labels.iter()),
             renewed: ::metrics::counter!(RENEWALS, with(OUTCOME, "renewed")),
             renewal_lost: ::metrics::counter!(RENEWALS, with(OUTCOME, "lost")),
             renewal_failed: ::metrics::counter!(RENEWALS, with(OUTCOME, "failed")),
@@ -404,6 +436,8 @@ impl Drop for Waiting<'_> {
 pub(crate) struct HoldMetrics {
     series: Arc<Series>,
     granted: Instant,
+    /// The term, for a leadership (a candidate's hold).
+    term: Option<FencingToken>,
     /// [`PHASE_NEW`], [`PHASE_HELD`] or [`PHASE_ENDED`].
     phase: AtomicU8,
 }
@@ -416,11 +450,12 @@ const PHASE_HELD: u8 = 1;
 const PHASE_ENDED: u8 = 2;
 
 impl HoldMetrics {
-    /// A hold granted at `granted`, not counted yet.
-    pub(crate) fn new(series: Arc<Series>, granted: Instant) -> Self {
+    /// A hold granted at `granted`, not counted yet; a leadership of term `term`.
+    pub(crate) fn new(series: Arc<Series>, granted: Instant, term: Option<FencingToken>) -> Self {
         HoldMetrics {
             series,
             granted,
+            term,
             phase: AtomicU8::new(PHASE_NEW),
         }
     }
@@ -440,6 +475,13 @@ impl HoldMetrics {
     pub(crate) fn start(&self) {
         if self.advance(PHASE_NEW, PHASE_HELD) {
             self.series.held.increment(1.0);
+            if let Some(term) = self.term {
+                self.series.leaderships.increment(1.0);
+                self.series.terms_won.increment(1);
+                // A gauge is a float: exact up to 2^53, past any real term.
+                #[allow(clippy::cast_precision_loss)]
+                self.series.leader_term.set(term.get() as f64);
+            }
         }
     }
 
@@ -449,6 +491,9 @@ impl HoldMetrics {
     pub(crate) fn end(&self, reason: LostReason) {
         if self.advance(PHASE_HELD, PHASE_ENDED) {
             self.series.held.decrement(1.0);
+            if self.term.is_some() {
+                self.series.leaderships.decrement(1.0);
+            }
             self.series.hold.record(self.granted.elapsed());
             self.series.lost(reason);
         }

@@ -469,3 +469,47 @@ fn the_documented_table_is_the_list_in_code() {
         .collect();
     assert_eq!(documented, declared, "docs/metrics.md");
 }
+
+/// A leadership counts in the leaderships gauge while held and once in the terms won, and
+/// the leader term gauge shows its term; a mutex hold counts in neither.
+#[tokio::test]
+async fn leaderships_count_terms_and_end() {
+    let (mut seen, _local, space) = recording();
+    let ttl = Duration::from_millis(300);
+    let a: Arc<dyn DistributedLock> = client(&space, options(ttl));
+    let election = lock_core::Election::new(Arc::clone(&a), "jobs/leader").expect("election");
+    let mutex = a.lock("jobs/plain").await.expect("a mutex");
+    let first = election
+        .campaign("a", &AcquireOptions::try_once())
+        .await
+        .expect("campaign")
+        .expect("leads");
+    seen.read();
+    assert_eq!(seen.gauge(metrics::LEADERSHIPS), 1.0);
+    assert_eq!(seen.counter(metrics::TERMS_WON, &[]), 1);
+    #[allow(clippy::cast_precision_loss)]
+    let term = first.term().get() as f64;
+    assert_eq!(seen.gauge(metrics::LEADER_TERM), term);
+    assert_eq!(
+        seen.gauge(metrics::HELD),
+        2.0,
+        "the mutex and the leadership"
+    );
+    first.resign().await.expect("resign");
+    let second = election
+        .campaign("a", &AcquireOptions::try_once())
+        .await
+        .expect("campaign")
+        .expect("leads again");
+    drop(second);
+    mutex.release().await.expect("release");
+    sleep(Duration::from_millis(50)).await;
+    seen.read();
+    assert_eq!(
+        seen.gauge(metrics::LEADERSHIPS),
+        0.0,
+        "every leadership ended"
+    );
+    assert_eq!(seen.counter(metrics::TERMS_WON, &[]), 2);
+    assert_eq!(seen.gauge(metrics::HELD), 0.0);
+}

@@ -7,8 +7,9 @@
 //! ```
 //!
 //! `run` holds a lock while a command runs and stops the command if the lock is lost
-//! ([`run`] says how); `status`, `list` and `break` are what an operator needs during an
-//! incident ([`operate`]); `migration check` tells whether a step of a move between
+//! ([`run`] says how), and `elect` runs it while leader of an election, under the same
+//! rules; `status`, `list`, `break`, `leader` and `observe` are what an operator needs
+//! during an incident ([`operate`]); `migration check` tells whether a step of a move between
 //! backends is safe (see docs/migration.md). The exit codes are in [`EXIT_CODES`].
 
 mod migration;
@@ -34,18 +35,19 @@ const EXIT_USAGE: u8 = 2;
 /// Every exit code, as `--help` prints it.
 const EXIT_CODES: &str = "\
 Exit codes:
-  0        done: the command exited 0; status: held; break: a hold was removed
+  0        done: the command exited 0; status: held; break: a hold was removed;
+           leader: someone leads; observe: stopped by a signal
   1        an error (bad URL, unreachable service, bad name; the message says which)
   2        a usage error; break without --force
-  3        status: nobody holds the name; break: nothing to break;
-           migration check: the step is not clear
-  75       run, hold, try: the lock was not acquired (-n, -w), unless -E says otherwise;
-           run, hold: the lock was lost while held
-  N        run: the command's own exit status (also when the release failed after
-           the command ended within the lease: lockctl warns on stderr)
-  126/127  run: the command could not be executed / was not found
-  128+N    run: the command died of signal N; run, hold: lockctl got signal N while
-           waiting for the lock";
+  3        status: nobody holds the name; break: nothing to break; leader: nobody
+           leads; migration check: the step is not clear
+  75       run, elect, hold, try: the lock (leadership) was not acquired (-n, -w),
+           unless -E says otherwise; run, elect, hold: it was lost while held
+  N        run, elect: the command's own exit status (also when the release failed
+           after the command ended within the lease: lockctl warns on stderr)
+  126/127  run, elect: the command could not be executed / was not found
+  128+N    run, elect: the command died of signal N; run, elect, hold: lockctl got
+           signal N while waiting for the lock";
 
 #[derive(Debug, Parser)]
 #[command(
@@ -121,6 +123,63 @@ enum Command {
             required_unless_present = "shell"
         )]
         command: Vec<std::ffi::OsString>,
+    },
+    /// Run a command while leader of an election; stop it before another can lead.
+    ///
+    /// Campaigns for NAME with --value (candidates lead in the order they campaigned),
+    /// then runs the command as `run` does, with the same stop rules: the command is
+    /// stopped (SIGTERM, SIGKILL after --grace) before the leadership's lease can end, so
+    /// no other leader can be elected while it runs. The command also gets
+    /// DISTLOCK_LEADER_TERM, the term (a fencing token: pass it to every resource it
+    /// writes). Compatible with Curator's LeaderLatch on ZooKeeper and `etcdctl elect` on
+    /// etcd.
+    #[command(after_help = EXIT_CODES)]
+    Elect {
+        #[command(flatten)]
+        acquire: AcquireArgs,
+        /// The value readers see while this candidate leads (its identity or address).
+        /// Default: HOSTNAME:PID.
+        #[arg(long)]
+        value: Option<String>,
+        /// Time the command gets to end after a forwarded signal or a lost leadership,
+        /// before SIGKILL (as for run).
+        #[arg(long, value_parser = parse_duration)]
+        grace: Option<Duration>,
+        /// Run this shell command line with `sh -c`.
+        #[arg(
+            short = 'c',
+            long = "command",
+            value_name = "COMMAND LINE",
+            conflicts_with = "command"
+        )]
+        shell: Option<String>,
+        /// Election name.
+        name: String,
+        /// The command and its arguments (after the name, or after `--`).
+        #[arg(
+            trailing_var_arg = true,
+            allow_hyphen_values = true,
+            required_unless_present = "shell"
+        )]
+        command: Vec<std::ffi::OsString>,
+    },
+    /// The current leader of an election: its value, term and since when; exit 3 if
+    /// nobody leads.
+    Leader {
+        /// Election name.
+        name: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Follow an election: a line per change (a new leader, a proclaimed value, nobody
+    /// leading), the current state first, until interrupted. Terms never go back.
+    Observe {
+        /// Election name.
+        name: String,
+        /// Print one JSON object per line.
+        #[arg(long)]
+        json: bool,
     },
     /// Take a lock and hold it for a while (or until a signal), printing its state.
     #[command(after_help = EXIT_CODES)]
@@ -269,8 +328,26 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
                 Some(line) => vec!["sh".into(), "-c".into(), line.into()],
                 None => command,
             };
-            run::run(&url_or_memory(url), &acquire, &name, &command, grace).await
+            run::run(&url_or_memory(url), &acquire, &name, &command, grace, None).await
         }
+        Command::Elect {
+            acquire,
+            value,
+            grace,
+            shell,
+            name,
+            command,
+        } => {
+            let command = match shell {
+                Some(line) => vec!["sh".into(), "-c".into(), line.into()],
+                None => command,
+            };
+            let value = value.unwrap_or_else(run::default_candidate_value);
+            let url = url_or_memory(url);
+            run::run(&url, &acquire, &name, &command, grace, Some(value)).await
+        }
+        Command::Leader { name, json } => operate::leader(&shared_url(url)?, &name, json).await,
+        Command::Observe { name, json } => operate::observe(&shared_url(url)?, &name, json).await,
         Command::Hold {
             acquire,
             name,

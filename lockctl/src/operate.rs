@@ -1,15 +1,106 @@
-//! `status`, `list` and `break`: who holds a lock, which locks are held, and removing a
-//! wedged hold, in words for people and in JSON for scripts.
+//! `status`, `list`, `break`, `leader` and `observe`: who holds a lock (or leads an
+//! election), which locks are held, removing a wedged hold, following an election, in
+//! words for people and in JSON for scripts. An election's name is a lock name whose
+//! holder is the leader and whose waiters are the other candidates, each with its value.
 
 use std::fmt::Write as _;
 use std::process::ExitCode;
 use std::time::{Duration, SystemTime};
 
-use distlock::{DistributedLock, LockName, Occupancy, Participant};
+use distlock::{DistributedLock, Election, Leader, LockName, Occupancy, Participant};
 use futures::stream::{self, StreamExt, TryStreamExt};
 use serde_json::{json, Value};
 
 use crate::{closing, BoxError, EXIT_NO, EXIT_USAGE};
+
+/// `lockctl leader NAME`: exit 0 if someone leads, 3 if nobody does.
+pub(crate) async fn leader(url: &str, name: &str, json: bool) -> Result<ExitCode, BoxError> {
+    let locks = distlock::connect(url).await?;
+    closing(locks.as_ref(), async {
+        let election = Election::new(std::sync::Arc::clone(&locks), name)?;
+        let leader = election.leader().await?;
+        if json {
+            println!("{:#}", leader_json(election.name(), leader.as_ref()));
+        } else {
+            println!(
+                "{}",
+                leader_text(election.name(), leader.as_ref(), SystemTime::now())
+            );
+        }
+        Ok(if leader.is_some() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(EXIT_NO)
+        })
+    })
+    .await
+}
+
+/// `lockctl observe NAME`: a line per change until SIGINT, SIGTERM or SIGHUP (exit 0).
+pub(crate) async fn observe(url: &str, name: &str, json: bool) -> Result<ExitCode, BoxError> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let locks = distlock::connect(url).await?;
+    closing(locks.as_ref(), async {
+        let election = Election::new(std::sync::Arc::clone(&locks), name)?;
+        let mut observer = election.observe();
+        let (mut term, mut int, mut hup) = (
+            signal(SignalKind::terminate())?,
+            signal(SignalKind::interrupt())?,
+            signal(SignalKind::hangup())?,
+        );
+        loop {
+            let change = tokio::select! {
+                change = observer.next() => change?,
+                _ = term.recv() => return Ok(ExitCode::SUCCESS),
+                _ = int.recv() => return Ok(ExitCode::SUCCESS),
+                _ = hup.recv() => return Ok(ExitCode::SUCCESS),
+            };
+            let line = if json {
+                leader_json(election.name(), change.as_ref()).to_string()
+            } else {
+                leader_text(election.name(), change.as_ref(), SystemTime::now())
+            };
+            // A reader of a pipe sees each change as it happens.
+            use std::io::Write as _;
+            let mut out = std::io::stdout().lock();
+            writeln!(out, "{line}")?;
+            out.flush()?;
+        }
+    })
+    .await
+}
+
+fn leader_json(name: &LockName, leader: Option<&Leader>) -> Value {
+    json!({
+        "name": name.as_str(),
+        "leader": leader.map(|leader| json!({
+            "value": leader.value_text(),
+            "term": leader.term.get(),
+            "since": leader.since.map(|at| humantime::format_rfc3339_millis(at).to_string()),
+            "since_unix_ms": leader.since.and_then(unix_ms),
+            "owner_token": leader.participant.owner_token,
+            "session": leader.participant.session,
+        })),
+    })
+}
+
+fn leader_text(name: &LockName, leader: Option<&Leader>, now: SystemTime) -> String {
+    let Some(leader) = leader else {
+        return format!("{name}: no leader");
+    };
+    let mut text = format!(
+        "{name}: leader {:?}, term {}",
+        leader.value_text(),
+        leader.term
+    );
+    if let Some(since) = leader.since {
+        let _ = write!(text, ", since {}", humantime::format_rfc3339_millis(since));
+        if let Ok(ago) = now.duration_since(since) {
+            let _ = write!(text, " ({} ago)", short_duration(ago));
+        }
+    }
+    text
+}
 
 /// How many names `list --long` inspects at once.
 const LIST_CONCURRENCY: usize = 16;
@@ -150,6 +241,7 @@ fn participant_json(participant: &Participant) -> Value {
         "session": participant.session,
         "since": participant.since.map(|at| humantime::format_rfc3339_millis(at).to_string()),
         "since_unix_ms": participant.since.and_then(unix_ms),
+        "value": participant.value.as_ref().map(|value| String::from_utf8_lossy(value)),
     })
 }
 
@@ -183,6 +275,9 @@ fn participant_text(participant: &Participant, now: SystemTime) -> String {
         Some(owner) => format!("owner {owner}"),
         None => "owner not recorded".to_owned(),
     };
+    if let Some(value) = &participant.value {
+        let _ = write!(text, ", value {:?}", String::from_utf8_lossy(value));
+    }
     if let Some(token) = participant.fencing_token {
         let _ = write!(text, ", fencing token {token}");
     }

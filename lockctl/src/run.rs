@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::migration::DualConfig;
+use distlock::raw::HoldKind;
 use distlock::{
     AcquireOptions, DistributedLock, LockGuard, LockName, LockState, ReleaseOutcome, Wait,
 };
@@ -124,16 +125,31 @@ impl AcquireArgs {
     }
 }
 
-/// `lockctl run`.
+/// A candidate's value when `elect` is given none: `HOSTNAME:PID`.
+pub(crate) fn default_candidate_value() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned());
+    format!("{host}:{}", std::process::id())
+}
+
+/// `lockctl run`, and `lockctl elect` with the candidate's `value`.
 pub(crate) async fn run(
     url: &str,
     acquire: &AcquireArgs,
     name: &str,
     command: &[OsString],
     grace: Option<Duration>,
+    candidate: Option<String>,
 ) -> Result<ExitCode, BoxError> {
     let name = LockName::new(name)?;
     let locks = connect(url, acquire).await?;
+    let kind = match candidate {
+        Some(value) => HoldKind::Candidate {
+            value: value.into_bytes(),
+        },
+        None => HoldKind::Mutex,
+    };
     closing(locks.as_ref(), async {
         let grace = match grace_within(grace, locks.options().ttl) {
             Ok(grace) => grace,
@@ -143,8 +159,9 @@ pub(crate) async fn run(
             }
         };
         let mut signals = Signals::catch()?;
-        match take(locks.as_ref(), &name, acquire, &mut signals).await? {
-            Ok(guard) => run_command(guard, command, grace, &mut signals).await,
+        let leader = matches!(kind, HoldKind::Candidate { .. });
+        match take(locks.as_ref(), &name, acquire, kind, &mut signals).await? {
+            Ok(guard) => run_command(guard, command, grace, leader, &mut signals).await,
             Err(code) => Ok(code),
         }
     })
@@ -175,7 +192,7 @@ async fn hold_with(
     duration: Duration,
 ) -> Result<ExitCode, BoxError> {
     let mut signals = Signals::catch()?;
-    let guard = match take(locks, name, acquire, &mut signals).await? {
+    let guard = match take(locks, name, acquire, HoldKind::Mutex, &mut signals).await? {
         Ok(guard) => guard,
         Err(code) => return Ok(code),
     };
@@ -230,15 +247,18 @@ pub(crate) async fn try_once(
     .await
 }
 
-/// Acquires `name` as `acquire` says, unless a signal comes first: the guard, or the exit
-/// code that ends lockctl instead (not acquired: the conflict code; signal N: 128 + N).
+/// Acquires `name` (a hold of `kind`) as `acquire` says, unless a signal comes first: the
+/// guard, or the exit code that ends lockctl instead (not acquired: the conflict code;
+/// signal N: 128 + N).
 async fn take(
     locks: &dyn DistributedLock,
     name: &LockName,
     acquire: &AcquireArgs,
+    kind: HoldKind,
     signals: &mut Signals,
 ) -> Result<Result<LockGuard, ExitCode>, BoxError> {
-    let options = AcquireOptions::default().with_wait(acquire.wait());
+    let mut options = AcquireOptions::default().with_wait(acquire.wait());
+    options.kind = kind;
     let conflict = Err(ExitCode::from(acquire.conflict_exit_code));
     match signals.or_signal(locks.acquire(name, &options)).await {
         Ok(Ok(Some(guard))) => Ok(Ok(guard)),
@@ -367,24 +387,30 @@ impl StopPlan {
     }
 }
 
-/// Runs `command` under `guard` until it ends, then releases the lock.
+/// Runs `command` under `guard` (a `leader`'s: the command learns its term) until it
+/// ends, then releases the lock.
 async fn run_command(
     guard: LockGuard,
     command: &[OsString],
     grace: Duration,
+    leader: bool,
     signals: &mut Signals,
 ) -> Result<ExitCode, BoxError> {
     // Called from `block_on` on the main thread (see `main`): the trampoline's parent is
     // a thread that lives as long as lockctl.
-    let mut child = tokio::process::Command::new("/proc/self/exe")
+    let mut child = tokio::process::Command::new("/proc/self/exe");
+    child
         .arg0("lockctl")
         .arg(TRAMPOLINE)
         .arg(std::process::id().to_string())
         .args(command)
         .env("DISTLOCK_LOCK_NAME", guard.name().as_str())
         .env("DISTLOCK_FENCING_TOKEN", guard.fencing_token().to_string())
-        .kill_on_drop(true)
-        .spawn()?;
+        .kill_on_drop(true);
+    if leader {
+        child.env("DISTLOCK_LEADER_TERM", guard.fencing_token().to_string());
+    }
+    let mut child = child.spawn()?;
     let pid = Pid::from_raw(i32::try_from(child.id().ok_or("the command is gone")?)?);
     let lost = guard.lost();
     tokio::pin!(lost);

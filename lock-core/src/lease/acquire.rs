@@ -195,7 +195,9 @@ impl<B: Backend> Keeper<B> {
         let cap = options.max_hold.or(self.options.max_hold);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let planned = acquired.requested_at + ttl / 3;
-        let metrics = Arc::new(HoldMetrics::new(Arc::clone(series), now));
+        let term =
+            matches!(options.kind, HoldKind::Candidate { .. }).then_some(acquired.fencing_token);
+        let metrics = Arc::new(HoldMetrics::new(Arc::clone(series), now, term));
         let info = Arc::new(HoldInfo {
             id,
             name: name.clone(),
