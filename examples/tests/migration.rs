@@ -121,8 +121,20 @@ async fn roll(
     url: &str,
     ended: &mut Vec<Summary>,
 ) {
+    let next = spec("distlock", url.to_owned(), UNTIL_STOPPED);
+    roll_kind(fleet, members, label, &next, ended).await;
+}
+
+/// [`roll`], each successor started as `next` says.
+async fn roll_kind(
+    fleet: &Fleet,
+    members: &mut [Member],
+    label: &str,
+    next: &Spec,
+    ended: &mut Vec<Summary>,
+) {
     for member in members.iter_mut() {
-        let mut next = fleet.spawn(label, &spec("distlock", url.to_owned(), UNTIL_STOPPED));
+        let mut next = fleet.spawn(label, next);
         next.ready().await;
         let previous = std::mem::replace(member, next);
         ended.push(previous.stop().await);
@@ -194,6 +206,41 @@ async fn rolling_migration_forward_and_back() {
     }
     let longest = ended.iter().map(|s| s.max_wait_ms).max();
     eprintln!("{} processes, longest acquire {longest:?} ms", ended.len());
+    fleet.assert_safe(&ended);
+}
+
+/// A rolling migration of an elected job: four candidate processes (each cycle a term:
+/// campaign, a fenced write with the term as token, resign) restart one by one from old
+/// only into dual, into new only and back into dual, with the check before each step
+/// covering the election's name. Never two leaders (no overlapping sections), no term going
+/// back, every campaign within its bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_migration_of_an_elected_job() {
+    let Some(fleet) = Fleet::start("elected").await else {
+        return;
+    };
+    let (old, dual, new) = (fleet.old(), fleet.dual(), fleet.new_only());
+    let elect = |url: &str| spec("elect", url.to_owned(), UNTIL_STOPPED);
+    let mut members: Vec<Member> = (0..4).map(|_| fleet.spawn("old", &elect(&old))).collect();
+    for member in &mut members {
+        member.ready().await;
+    }
+    fleet.go();
+    let mut ended = Vec::new();
+    assert!(check(&fleet, Step::OldToDual).await.is_clear());
+    roll_kind(&fleet, &mut members, "dual", &elect(&dual), &mut ended).await;
+    assert!(check(&fleet, Step::DualToNew).await.is_clear());
+    roll_kind(&fleet, &mut members, "new", &elect(&new), &mut ended).await;
+    assert!(check(&fleet, Step::NewToDual).await.is_clear());
+    roll_kind(&fleet, &mut members, "dual", &elect(&dual), &mut ended).await;
+    for member in members {
+        ended.push(member.stop().await);
+    }
+    let longest = ended.iter().map(|s| s.max_wait_ms).max();
+    eprintln!(
+        "{} candidates, longest campaign {longest:?} ms",
+        ended.len()
+    );
     fleet.assert_safe(&ended);
 }
 

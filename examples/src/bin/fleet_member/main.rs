@@ -10,7 +10,8 @@
 //! ```
 //!
 //! `--kind distlock` (the default) takes any lock URL (`zk://` old only, `dual:…`, `redis://`
-//! new only). The foreign kinds take the same names without distlock: `curator` is Apache
+//! new only); `--kind elect` is distlock too, as a candidate of the election of that name:
+//! each cycle campaigns, writes with its term as the token, and resigns. The foreign kinds take the same names without distlock: `curator` is Apache
 //! Curator's `InterProcessMutex` on the `zk://` URL's lock directory (token: its node's
 //! czxid), `set-nx` is a plain `SET key token NX PX ttl` and compare-and-delete on the
 //! `redis://` URL's lock key (token: `INCR` of the backend's fencing counter).
@@ -89,6 +90,8 @@ struct Cli {
 enum Kind {
     /// distlock on the URL.
     Distlock,
+    /// distlock's leader election on the URL: each cycle a term.
+    Elect,
     /// Curator's `InterProcessMutex` on the `zk://` URL's lock directory.
     Curator,
     /// Plain `SET NX PX` on the `redis://` URL's lock key.

@@ -1,10 +1,10 @@
-//! The three kinds of fleet member: distlock on any URL, Curator on ZooKeeper, plain
-//! `SET NX` on Redis.
+//! The kinds of fleet member: distlock on any URL (its lock, or its leader election),
+//! Curator on ZooKeeper, plain `SET NX` on Redis.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::raw::LockUrl;
+use distlock::raw::{HoldKind, LockUrl};
 use distlock::redis::{KeyLayout, RedisConfig};
 use distlock::zookeeper::{lock_dir, ZkConfig};
 use distlock::{AcquireOptions, DistributedLock, LockGuard, LockName, ReleaseOutcome};
@@ -23,6 +23,8 @@ pub(crate) enum Member {
     Distlock {
         locks: Arc<dyn DistributedLock>,
         name: LockName,
+        /// What each cycle takes: the lock, or leadership.
+        kind: HoldKind,
     },
     Curator(Curator),
     SetNx(SetNx),
@@ -64,9 +66,15 @@ impl Member {
     pub(crate) async fn connect(cli: &Cli) -> Result<Self, BoxError> {
         let name = LockName::new(cli.name.as_str())?;
         Ok(match cli.kind {
-            Kind::Distlock => Member::Distlock {
+            Kind::Distlock | Kind::Elect => Member::Distlock {
                 locks: distlock::connect(&cli.url).await?,
                 name,
+                kind: match cli.kind {
+                    Kind::Elect => HoldKind::Candidate {
+                        value: format!("fleet-member-{}", std::process::id()).into_bytes(),
+                    },
+                    _ => HoldKind::Mutex,
+                },
             },
             Kind::Curator => {
                 let config = ZkConfig::from_url(&LockUrl::parse(&cli.url)?)?;
@@ -90,8 +98,10 @@ impl Member {
     pub(crate) async fn acquire(&mut self, wait: Duration) -> Result<Hold, BoxError> {
         let not_granted = || format!("not granted within {wait:?}");
         match self {
-            Member::Distlock { locks, name } => {
-                let guard = locks.acquire(name, &AcquireOptions::timeout(wait)).await?;
+            Member::Distlock { locks, name, kind } => {
+                let mut options = AcquireOptions::timeout(wait);
+                options.kind = kind.clone();
+                let guard = locks.acquire(name, &options).await?;
                 Ok(Hold::Guard(guard.ok_or_else(not_granted)?))
             }
             Member::Curator(curator) => {
