@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use conformance::{Crash, Factory};
 use distlock::memory::{MemoryBackend, MemoryConfig, MemorySpace};
 use distlock::raw::{
-    lock_unpoisoned, AcquireRequest, Acquired, Backend, BackendRelease, Connect, LockUrl,
-    RenewItem, RenewOutcome,
+    lock_unpoisoned, AcquireRequest, Acquired, Backend, BackendRelease, ChangeFeed, Connect,
+    LockUrl, Proclaimed, RenewItem, RenewOutcome,
 };
 use distlock::{
     Capabilities, DistributedLock, LockName, LockOptions, Occupancy, Participant, Result,
@@ -70,6 +70,14 @@ impl Backend for Relay {
 
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         self.0.force_release(name).await
+    }
+
+    async fn proclaim(&self, hold: &Self::Hold, value: &[u8]) -> Result<Proclaimed> {
+        self.0.proclaim(hold, value).await
+    }
+
+    async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
+        self.0.changes(name).await
     }
 }
 
