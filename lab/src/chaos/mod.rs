@@ -26,6 +26,7 @@
 use std::fmt;
 use std::time::Duration;
 
+mod election;
 mod expect;
 mod failover;
 mod nemesis;
@@ -36,6 +37,7 @@ mod victim;
 mod waiters;
 mod workload;
 
+pub use election::{Elected, ELECTION_SHORT_SCENARIOS};
 pub use expect::Expect;
 pub use failover::{
     primary_killed_while_holding, primary_partitioned_from_replicas, sentinel_split_brain,
