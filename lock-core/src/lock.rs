@@ -16,7 +16,7 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// A distributed lock service: Redis, ZooKeeper, etcd or the in-memory reference.
 ///
 /// Used as `Arc<dyn DistributedLock>` (see [`crate::connect`]); the convenience methods
-/// live in [`DistributedLockExt`].
+/// live in [`DistributedLockExt`](crate::DistributedLockExt).
 ///
 /// # Contract
 /// Every implementation honours these rules, each checked against real servers by the

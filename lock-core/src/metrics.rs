@@ -72,7 +72,7 @@ pub const KIND: &str = "kind";
 pub const OUTCOME: &str = "outcome";
 /// Label: a [`LostReason::label`].
 pub const REASON: &str = "reason";
-/// Label: the side of a dual lock a loss happened on ([`Side::label`](crate::Side::label)).
+/// Label: the side of a dual lock a loss happened on ([`Side::label`](crate::migration::Side::label)).
 pub const SIDE: &str = "side";
 
 /// The kind of a metric.
