@@ -298,6 +298,10 @@ impl LeaderObserver {
         let recheck = self.election.lock.options().recheck;
         let first_read = self.last_term.is_none() && !self.vacant_reported;
         loop {
+            if self.feed.as_ref().is_some_and(|feed| !feed.is_live()) {
+                // The backend gave up on its subscription: make a new one.
+                self.feed = None;
+            }
             if self.feed.is_none() {
                 // Subscribed before the read, so no change after the read goes unseen.
                 match self.election.lock.changes(&self.election.name).await {
