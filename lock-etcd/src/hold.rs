@@ -1,7 +1,7 @@
 //! The hold: our key, its create revision and the lease it lives on; and the server side
-//! of holding: the owner-checked release and proclaim, and the renewal check (one list of the lease's
-//! keys, whatever the number of holds), both telling a hold broken by an operator (its
-//! mark is there, see [`crate::layout`]) from one that vanished.
+//! of holding: the owner-checked release and proclaim, and the renewal check (one list of
+//! the lease's keys, whatever the number of holds), all telling a hold broken by an
+//! operator (its mark is there, see [`crate::layout`]) from one that vanished.
 
 use std::collections::HashSet;
 use std::fmt;

@@ -6,8 +6,8 @@
 //! revision order (the first holds, the rest wait, as `concurrency.Mutex` orders them),
 //! and one `LeaseTimeToLive` (without keys) more for the holder's lease when the lock is
 //! held. Each participant shows its key's value ([`participant`]): an election's leader
-//! and candidates their proposals. No participant shows since when it is there ([`Participant::since`] is `None`):
-//! etcd records revisions for keys, no time.
+//! and candidates their proposals. No participant shows since when it is there
+//! ([`Participant::since`] is `None`): etcd records revisions for keys, no time.
 //!
 //! A listing reads keys only, page by page, all pages at the revision of the first, so
 //! it shows one moment. Breaking costs a read, a lease read, a lease grant and one
