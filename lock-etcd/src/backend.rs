@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Backend, BackendRelease, Background, Backoff, Cleanup, CleanupOnDrop,
-    Connect, LockUrl, RenewItem, RenewOutcome, SessionStatus,
+    AcquireRequest, Acquired, Backend, BackendRelease, Background, Backoff, ChangeFeed, Cleanup,
+    CleanupOnDrop, Connect, HoldKind, LockUrl, Proclaimed, RenewItem, RenewOutcome, SessionStatus,
 };
 use lock_core::{
     Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, LostReason, Occupancy,
@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
 use crate::config::EtcdConfig;
-use crate::connection::EtcdClient;
+use crate::connection::{change_feed, EtcdClient};
 use crate::error::{unexpected, BACKEND};
 use crate::hold::{self, EtcdHold, HoldCheck};
 use crate::layout::{broken_mark, lock_prefix};
@@ -193,6 +193,19 @@ impl PendingKey {
     }
 }
 
+/// What the key of `request` stores: a mutex's owner token (so that an inspection shows
+/// who queues), a candidate's proposal (as the Go client's `Election` stores it).
+fn stored_value<'a>(request: AcquireRequest<'a>) -> Result<&'a [u8]> {
+    match request.kind {
+        HoldKind::Mutex => Ok(request.token.as_str().as_bytes()),
+        HoldKind::Candidate { value } => Ok(value),
+        other => Err(Error::unsupported(
+            BACKEND,
+            format!("holds of kind {other:?}"),
+        )),
+    }
+}
+
 /// A cancelled acquire's delete that keeps failing is given up after this long; the
 /// lease ends the key then, at the client's end at the latest.
 const CLEANUP_GIVE_UP: Duration = Duration::from_secs(60);
@@ -209,10 +222,13 @@ impl Backend for EtcdBackend {
             .push_wakeup(true)
             .durable(true)
             .fencing(FencingSource::CreateRevision)
+            .election(true)
     }
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<EtcdHold>>> {
         let prefix = self.lock_prefix(request.name);
+        // The only difference between a mutex and a candidate is what the key stores.
+        let value = stored_value(request)?;
         // A key of its own for each acquisition under way: it queues on the server at
         // once, in FIFO order with every other client's.
         let slot = self.slots.take(request.name);
@@ -229,10 +245,7 @@ impl Backend for EtcdBackend {
             slot,
         })
         .tracked_by(&self.background);
-        let (revision, owner) = self
-            .queue
-            .enqueue(&prefix, &key, lease.id, request.token.as_str())
-            .await?;
+        let (revision, owner) = self.queue.enqueue(&prefix, &key, lease.id, value).await?;
         pending.state_mut().revision = Some(revision);
         if owner != Some(revision) {
             if !request.wait {
@@ -382,6 +395,25 @@ impl Backend for EtcdBackend {
             self.mark_ttl,
         )
         .await
+    }
+
+    /// Puts the value on the candidate's key if its create revision is still the hold's
+    /// (the Go client's `Election.Proclaim`); see *Leader election* in the crate docs.
+    async fn proclaim(&self, hold: &EtcdHold, value: &[u8]) -> Result<Proclaimed> {
+        hold::proclaim(&self.client, hold, value).await
+    }
+
+    /// A watch of the name's key range: every put (a campaign, a proclaim) and delete (a
+    /// resign, a release, an expiry) fires the feed. It is in place when this returns, and
+    /// dropping the feed cancels it.
+    async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
+        let prefix = self.lock_prefix(name);
+        let stream = self.client.watch_range(&prefix).await?;
+        Ok(ChangeFeed::from_stream(change_feed(
+            self.client.clone(),
+            prefix,
+            stream,
+        )))
     }
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {

@@ -1,6 +1,7 @@
 //! The connection to etcd: every request goes through [`EtcdClient`], which puts the
 //! request timeout on it, fails over between members and maps errors into
-//! [`lock_core::Error`]; watches of deletes wake waiters up. The client's lease and its
+//! [`lock_core::Error`]; watches of deletes wake waiters up, and watches of a name's
+//! range feed its observers ([`change_feed`]). The client's lease and its
 //! keep-alive are the session (`session.rs`), its TLS options come from `tls.rs`.
 
 use std::future::Future;
@@ -14,6 +15,8 @@ use etcd_client::{
     LeaseKeepAliveStream, LeaseKeeper, LeaseTimeToLiveOptions, LeaseTimeToLiveResponse, Txn, TxnOp,
     TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
+use futures::stream::{BoxStream, StreamExt};
+use lock_core::raw::Backoff;
 use lock_core::{Error, Result};
 use tokio::sync::OnceCell;
 use tokio::time::{timeout_at, Instant};
@@ -379,6 +382,117 @@ impl EtcdClient {
             }
         })
         .await
+    }
+}
+
+impl EtcdClient {
+    /// Watches every put and delete of the keys starting with `prefix` (a name's range)
+    /// from now on, and waits until etcd has created the watch: a write applied after this
+    /// returns comes on the stream (up to 100 ms late if the watcher started unsynced, see
+    /// [`EtcdClient::watch_delete`]). Dropping the stream ends the gRPC stream, and etcd
+    /// cancels its watcher with it.
+    pub(crate) async fn watch_range(&self, prefix: &str) -> Result<Box<WatchStream>> {
+        const WHAT: &str = "watching a name's changes";
+        let options = WatchOptions::new().with_prefix();
+        self.call(WHAT, |client| {
+            let options = options.clone();
+            async move {
+                let mut stream = client.watch_client().watch(prefix, Some(options)).await?;
+                let refused = |why: String| etcd_client::Error::WatchError(why);
+                // etcd answers the creation before any event of the watcher; events
+                // cannot come first.
+                let answer = stream
+                    .message()
+                    .await?
+                    .ok_or_else(|| refused("the watch ended before it was created".into()))?;
+                if !answer.created() || answer.canceled() {
+                    return Err(refused(format!(
+                        "the watch was not created ({})",
+                        answer.cancel_reason()
+                    )));
+                }
+                Ok(Box::new(stream))
+            }
+        })
+        .await
+    }
+}
+
+/// How many times in a row a change feed tries to watch again after its watch broke
+/// before it ends (its readers then re-read on their own timer, and subscribe again
+/// after a failed read).
+const REWATCH_TRIES: usize = 8;
+
+/// A change feed of the key range `prefix` on `stream` (made by
+/// [`EtcdClient::watch_range`]): it fires on every answer carrying events, once when the
+/// watch breaks (a change may have been missed), and once more when a new watch is in
+/// place (changes in between are not on it). Dropping it drops the watch.
+pub(crate) fn change_feed(
+    client: EtcdClient,
+    prefix: String,
+    stream: Box<WatchStream>,
+) -> BoxStream<'static, ()> {
+    let feed = Feed {
+        client,
+        prefix,
+        stream: Some(stream),
+    };
+    futures::stream::unfold(feed, |mut feed| async move {
+        feed.next().await.map(|()| ((), feed))
+    })
+    .boxed()
+}
+
+/// The state of a [`change_feed`].
+struct Feed {
+    client: EtcdClient,
+    prefix: String,
+    /// The watch, `None` once it broke.
+    stream: Option<Box<WatchStream>>,
+}
+
+impl Feed {
+    /// The next firing; `None` when the watch broke and could not be made again.
+    async fn next(&mut self) -> Option<()> {
+        if let Some(stream) = self.stream.as_mut() {
+            // Each turn awaits an answer from the server.
+            loop {
+                match stream.message().await {
+                    Ok(Some(answer)) if answer.canceled() || answer.compact_revision() != 0 => {
+                        tracing::debug!(
+                            prefix = self.prefix,
+                            reason = answer.cancel_reason(),
+                            "the change watch was cancelled"
+                        );
+                        break;
+                    }
+                    Ok(Some(answer)) if !answer.events().is_empty() => return Some(()),
+                    // Progress notes and the like: nothing changed.
+                    Ok(Some(_)) => {}
+                    Ok(None) => break,
+                    Err(err) => {
+                        tracing::debug!(prefix = self.prefix, error = %err, "the change watch broke");
+                        break;
+                    }
+                }
+            }
+            self.stream = None;
+            return Some(());
+        }
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+        for _ in 0..REWATCH_TRIES {
+            tokio::time::sleep(backoff.next_pause()).await;
+            match self.client.watch_range(&self.prefix).await {
+                Ok(stream) => {
+                    self.stream = Some(stream);
+                    return Some(());
+                }
+                Err(err) => {
+                    tracing::debug!(prefix = self.prefix, error = %err, "watching a name's changes again failed");
+                }
+            }
+        }
+        None
     }
 }
 

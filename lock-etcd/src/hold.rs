@@ -1,16 +1,16 @@
 //! The hold: our key, its create revision and the lease it lives on; and the server side
-//! of holding: the owner-checked release and the renewal check (one list of the lease's
-//! keys, whatever the number of holds), both telling a hold broken by an operator (its
-//! mark is there, see [`crate::layout`]) from one that vanished.
+//! of holding: the owner-checked release and proclaim, and the renewal check (one list of
+//! the lease's keys, whatever the number of holds), all telling a hold broken by an
+//! operator (its mark is there, see [`crate::layout`]) from one that vanished.
 
 use std::collections::HashSet;
 use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use futures::future::join_all;
-use lock_core::raw::{lock_unpoisoned, BackendRelease};
+use lock_core::raw::{lock_unpoisoned, BackendRelease, Proclaimed};
 use lock_core::{LostReason, Result};
 
 use crate::connection::{first_kv, EtcdClient, LeaseKeys};
@@ -75,16 +75,49 @@ pub(crate) async fn release(client: &EtcdClient, hold: &EtcdHold) -> Result<Back
     if response.succeeded() {
         return Ok(BackendRelease::Released);
     }
+    Ok(BackendRelease::NotOwner(why_gone(client, &response, hold)))
+}
+
+/// Proclaims `value` for `hold`, a candidate's: puts it on the hold's key, on the hold's
+/// lease, if the key's create revision is still the hold's (the Go client's
+/// `Election.Proclaim`); or else reads its mark, in the same transaction, as
+/// [`release`] does.
+pub(crate) async fn proclaim(
+    client: &EtcdClient,
+    hold: &EtcdHold,
+    value: &[u8],
+) -> Result<Proclaimed> {
+    let txn = Txn::new()
+        .when([Compare::create_revision(
+            &*hold.key,
+            CompareOp::Equal,
+            hold.revision,
+        )])
+        .and_then([TxnOp::put(
+            &*hold.key,
+            value,
+            Some(PutOptions::new().with_lease(hold.lease)),
+        )])
+        .or_else([TxnOp::get(&*hold.mark, None)]);
+    let response = client.txn("proclaim", txn).await?;
+    if response.succeeded() {
+        return Ok(Proclaimed::Done);
+    }
+    Ok(Proclaimed::NotOwner(why_gone(client, &response, hold)))
+}
+
+/// Why `hold`'s key was not there for a failed owner-checked transaction whose first
+/// else-operation read the hold's mark: broken if the mark names this hold (then the mark
+/// has served, and its lease is revoked in the background), vanished otherwise.
+fn why_gone(client: &EtcdClient, response: &TxnResponse, hold: &EtcdHold) -> LostReason {
     let ops = response.op_responses();
-    Ok(BackendRelease::NotOwner(
-        match ops.first().and_then(first_kv).filter(|kv| marks(kv, hold)) {
-            Some(mark) => {
-                client.revoke_in_background("revoking the mark of a broken hold", mark.lease());
-                LostReason::Broken
-            }
-            None => LostReason::Vanished,
-        },
-    ))
+    match ops.first().and_then(first_kv).filter(|kv| marks(kv, hold)) {
+        Some(mark) => {
+            client.revoke_in_background("revoking the mark of a broken hold", mark.lease());
+            LostReason::Broken
+        }
+        None => LostReason::Vanished,
+    }
 }
 
 /// Whether `mark` (read at `hold`'s mark key) says that this very hold was broken: its

@@ -4,8 +4,14 @@
 //! puts `<prefix>/<NAME>/<lease id in hex>` attached to its client's lease; the holder is
 //! the key with the lowest create revision, the rest queue in create revision order
 //! (FIFO). The create revision of the holder's key is its fencing token. The value of
-//! our keys is the acquisition's owner token (the Go client puts an empty value and
-//! never reads it), so that an inspection can tell who queues.
+//! our mutex keys is the acquisition's owner token (the Go client's `Mutex` puts an empty
+//! value and never reads it), so that an inspection can tell who queues.
+//!
+//! The Go client's `concurrency.Election` uses the very same layout, with the
+//! candidate's proposal as the value: so does an election's candidate here
+//! ([`HoldKind::Candidate`](lock_core::raw::HoldKind)). The leader is the key created
+//! first, its term that key's create revision, and a proclaim rewrites the value in
+//! place (same key, same create revision, same lease).
 //!
 //! Concurrent acquisitions of one name in one client each queue on the server at once,
 //! under a key of their own: the first under the plain `<lease id in hex>`, the others

@@ -5,8 +5,9 @@
 //! An inspection is one linearizable range read of the lock's key range, in create
 //! revision order (the first holds, the rest wait, as `concurrency.Mutex` orders them),
 //! and one `LeaseTimeToLive` (without keys) more for the holder's lease when the lock is
-//! held. No participant shows since when it is there ([`Participant::since`] is `None`):
-//! etcd records revisions for keys, no time.
+//! held. Each participant shows its key's value ([`participant`]): an election's leader
+//! and candidates their proposals. No participant shows since when it is there
+//! ([`Participant::since`] is `None`): etcd records revisions for keys, no time.
 //!
 //! A listing reads keys only, page by page, all pages at the revision of the first, so
 //! it shows one moment. Breaking costs a read, a lease read, a lease grant and one
@@ -24,6 +25,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse,
 };
+use lock_core::migration::DUAL_TOKEN_PREFIX;
 use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
 
 use crate::connection::{first_kv, header_revision, EtcdClient, LeaseTtl};
@@ -70,13 +72,33 @@ fn holder(kv: &KeyValue, lease: Option<LeaseTtl>) -> Result<Participant> {
         .lease_left(lease.map(|lease| lease.left)))
 }
 
-/// A queued key: its value is the owner token (ours; none from the Go client, which
-/// stores an empty value).
+/// A queued key. Its value is what its acquisition stored: our mutex's owner token, a
+/// candidate's proposal (ours or the Go client's `Election`'s), nothing from the Go
+/// client's `Mutex`. One key cannot tell which kind put it, so every non-empty value is
+/// shown as [`Participant::value`] (what an election's reader takes as the leader's
+/// value), and as the owner token too when it reads as one of ours.
 fn participant(kv: &KeyValue) -> Participant {
-    let value = String::from_utf8_lossy(kv.value());
+    let value = kv.value();
+    let owner_token = std::str::from_utf8(value)
+        .ok()
+        .filter(|text| reads_as_owner_token(text))
+        .map(str::to_owned);
     // The lease id, in the lowercase hex the key name carries.
     let session = (kv.lease() != 0).then(|| format!("{:x}", kv.lease()));
-    Participant::new(Some(value.into_owned()).filter(|token| !token.is_empty())).session(session)
+    Participant::new(owner_token)
+        .session(session)
+        .value((!value.is_empty()).then(|| value.to_vec()))
+}
+
+/// Whether `text` has the form of the owner tokens distlock stores: a lowercase hyphenated
+/// UUID, optionally after [`DUAL_TOKEN_PREFIX`] (a dual hold's).
+fn reads_as_owner_token(text: &str) -> bool {
+    let uuid = text.strip_prefix(DUAL_TOKEN_PREFIX).unwrap_or(text);
+    uuid.len() == 36
+        && uuid.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_digit() || ('a'..='f').contains(&c),
+        })
 }
 
 /// A revision as a fencing token (the lock grants its key's create revision).
@@ -222,6 +244,32 @@ pub(crate) async fn force_release(
                 revoke();
             }
             Err(err)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_token_shaped_values_read_as_owner_tokens() {
+        for token in [
+            "67e55044-10b1-426f-9247-bb680e5fe0c8",
+            "dual-67e55044-10b1-426f-9247-bb680e5fe0c8",
+        ] {
+            assert!(reads_as_owner_token(token), "{token}");
+        }
+        for value in [
+            "",
+            "10.0.0.1:8080",
+            "67E55044-10B1-426F-9247-BB680E5FE0C8",
+            "67e55044-10b1-426f-9247-bb680e5fe0c",
+            "67e55044x10b1-426f-9247-bb680e5fe0c8",
+            "dual-",
+            "x-67e55044-10b1-426f-9247-bb680e5fe0c8",
+        ] {
+            assert!(!reads_as_owner_token(value), "{value}");
         }
     }
 }

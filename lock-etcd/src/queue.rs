@@ -34,15 +34,15 @@ pub(crate) struct Queue {
 }
 
 impl Queue {
-    /// Puts our key in the queue of `prefix` (or finds it there), with the owner token
-    /// `token` as its value; returns its create revision and the create revision of the
-    /// current owner. One round trip.
+    /// Puts our key in the queue of `prefix` (or finds it there), with `value` (a mutex's
+    /// owner token, a candidate's proposal: see [`crate::layout`]); returns its create
+    /// revision and the create revision of the current owner. One round trip.
     pub(crate) async fn enqueue(
         &self,
         prefix: &str,
         key: &str,
         lease: i64,
-        token: &str,
+        value: &[u8],
     ) -> Result<(i64, Option<i64>)> {
         const WHAT: &str = "acquire";
         // A key of ours from an earlier, abandoned attempt is deleted and the put
@@ -52,7 +52,7 @@ impl Queue {
             let txn = Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, 0)])
                 .and_then([
-                    TxnOp::put(key, token, Some(PutOptions::new().with_lease(lease))),
+                    TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
                     owner(),
                 ])
                 .or_else([TxnOp::get(key, None), owner()]);

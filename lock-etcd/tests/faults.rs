@@ -1,14 +1,18 @@
 //! A 3-member cluster under failure: the leader dies while a lock is held; a majority
-//! dies.
+//! dies; an election's leader is partitioned away.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{client, cluster, raw_client, trace, with_ttl};
+use common::{client, cluster, raw_client, trace, with_ttl, EtcdFactory};
+use conformance::Factory;
+use lab::chaos::ChaosTarget;
 use lab::harness::EtcdCluster;
-use lock_core::{DistributedLockExt, ErrorKind, LockState, ReleaseOutcome};
+use lock_core::{
+    AcquireOptions, DistributedLockExt, Election, ErrorKind, LockState, LostReason, ReleaseOutcome,
+};
 use lock_etcd::EtcdLock;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -240,4 +244,118 @@ async fn a_waiter_rides_out_a_leader_election() {
         .expect("the waiter acquires after the election");
     assert!(next.fencing_token() > token);
     next.release().await.expect("release");
+}
+
+/// An election's leader partitioned from the cluster (its link blackholed) turns Lost
+/// before the waiting candidate leads, which happens once the leader's lease expires;
+/// an observer never reports an older term after a newer one, also after the partition
+/// heals; the old leader's proclaim then fails with Lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitioned_leader_turns_lost_before_the_next_leads() {
+    trace();
+    let ttl = Duration::from_secs(2);
+    let Some(factory) = EtcdFactory::start_cluster().await else {
+        return;
+    };
+    let name = format!("election-partition-{}", uuid::Uuid::new_v4().simple());
+    let (cut_off, link) = factory.linked_client(with_ttl(ttl)).await;
+    let other = factory.client(with_ttl(ttl)).await;
+    let watcher = factory.client(with_ttl(ttl)).await;
+    let on_cut_off = Election::new(cut_off, &name).expect("election");
+    let on_other = Election::new(other, &name).expect("election");
+    let mut observer = Election::new(watcher, &name).expect("election").observe();
+    let observed = tokio::spawn(async move {
+        let mut terms = Vec::new();
+        // Until the second leader is seen, or a generous bound.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while terms.len() < 2 && Instant::now() < deadline {
+            if let Ok(change) = timeout(Duration::from_secs(1), observer.next()).await {
+                if let Some(leader) = change.expect("observe") {
+                    terms.push(leader.term);
+                }
+            }
+        }
+        (terms, observer)
+    });
+
+    let mut first = on_cut_off
+        .campaign("partitioned", &AcquireOptions::forever())
+        .await
+        .expect("campaign")
+        .expect("leads");
+    let mut watch = first.watch();
+    let lost_at = tokio::spawn(async move {
+        let reason = watch.lost().await;
+        (reason, Instant::now())
+    });
+    let waiting = tokio::spawn(async move {
+        let leadership = on_other
+            .campaign(
+                "successor",
+                &AcquireOptions::timeout(Duration::from_secs(30)),
+            )
+            .await
+            .expect("campaign")
+            .expect("leads after the partitioned leader's lease expires");
+        (leadership, Instant::now())
+    });
+    sleep(Duration::from_millis(500)).await;
+    assert!(!waiting.is_finished(), "the successor waits for the leader");
+
+    link.cut();
+    let cut_at = Instant::now();
+    let (second, led_at) = timeout(ttl * 4 + Duration::from_secs(10), waiting)
+        .await
+        .expect("the successor leads within a few TTLs")
+        .expect("campaign task");
+    let (reason, lost_at) = timeout(Duration::from_secs(5), lost_at)
+        .await
+        .expect("the partitioned leader turns Lost")
+        .expect("watch task");
+    eprintln!(
+        "partitioned leader Lost ({reason:?}) {:?} after the cut; successor led {:?} after it",
+        lost_at - cut_at,
+        led_at - cut_at
+    );
+    assert!(
+        lost_at <= led_at,
+        "the partitioned leader turned Lost {:?} after its successor led",
+        lost_at - led_at
+    );
+    assert!(
+        matches!(
+            reason.without_side(),
+            LostReason::Expired | LostReason::SessionExpired
+        ),
+        "unexpected reason {reason:?}"
+    );
+    assert!(
+        second.term() > first.term(),
+        "terms increase across leaders"
+    );
+    assert!(!first.is_leader());
+
+    let (terms, mut observer) = observed.await.expect("observer task");
+    assert_eq!(
+        terms,
+        vec![first.term(), second.term()],
+        "the observer sees both leaders, in order"
+    );
+    // Healed: the old leader's client is back, but its lease is gone and so is its key;
+    // no reader ever goes back to its term.
+    link.heal();
+    let proclaimed = first.proclaim("still here?").await;
+    assert!(
+        matches!(proclaimed, Err(lock_core::Error::Lost { .. })),
+        "a partitioned leader's proclaim must fail with Lost, got {proclaimed:?}"
+    );
+    if let Ok(change) = timeout(Duration::from_secs(2), observer.next()).await {
+        let change = change.expect("observe");
+        assert!(
+            change.is_none_or(|leader| leader.term >= second.term()),
+            "the observer went back to an older term"
+        );
+    }
+    drop(first);
+    second.resign().await.expect("resign");
 }

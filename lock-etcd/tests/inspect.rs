@@ -114,3 +114,71 @@ async fn unreadable_lock_range() {
     assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{err}");
     assert!(!err.is_retryable());
 }
+
+/// An election's inspection: the leader as holder with its proposal as value and its
+/// term as fencing token, the other candidate as a waiter with its value (no owner token:
+/// the key stores the proposal); `list` names the election, the factory's leftover check
+/// sees its keys, and `force_release` returns the leader with its value, after which the
+/// leader turns Lost (broken) and the waiting candidate leads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_candidates_show_their_values() {
+    use conformance::Factory;
+    use lock_core::{AcquireOptions, Election, LostReason};
+
+    let Some(factory) = EtcdFactory::start().await else {
+        return;
+    };
+    let clients = clients(&factory, 2).await;
+    let name = unique_name("inspect_election");
+    let on_a = Election::new(clients[0].clone(), name.as_str()).expect("election");
+    let on_b = Election::new(clients[1].clone(), name.as_str()).expect("election");
+    let leader = on_a
+        .campaign("10.0.0.1:8080", &AcquireOptions::try_once())
+        .await
+        .expect("campaign")
+        .expect("leads");
+    let waiting = tokio::spawn(async move {
+        on_b.campaign(
+            "10.0.0.2:8080",
+            &AcquireOptions::timeout(Duration::from_secs(30)),
+        )
+        .await
+        .expect("campaign")
+        .expect("leads after the break")
+    });
+    let seen = inspect_until(clients[0].as_ref(), &name, 2).await;
+    let holder = seen.holder.expect("the leader holds");
+    assert_eq!(holder.value.as_deref(), Some(&b"10.0.0.1:8080"[..]));
+    assert_eq!(holder.fencing_token, Some(leader.term()));
+    assert_eq!(holder.owner_token, None, "a proposal is no owner token");
+    assert_eq!(
+        seen.waiters[0].value.as_deref(),
+        Some(&b"10.0.0.2:8080"[..])
+    );
+    let listed = clients[1].backend().list("").await.expect("list");
+    assert!(listed.contains(&name), "{listed:?}");
+    // (These clients are not the factory's, so their leases show as leftovers too.)
+    let left = factory.leftovers(std::slice::from_ref(&name)).await;
+    let keys = left.iter().filter(|left| left.contains(": key ")).count();
+    assert_eq!(keys, 2, "both candidates' keys are leftovers: {left:?}");
+
+    let broken = clients[1]
+        .backend()
+        .force_release(&name)
+        .await
+        .expect("break")
+        .expect("a leader to break");
+    assert_eq!(broken.value.as_deref(), Some(&b"10.0.0.1:8080"[..]));
+    assert_eq!(broken.fencing_token, Some(leader.term()));
+    let next = tokio::time::timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting candidate leads after the break")
+        .expect("campaign task");
+    assert!(next.term() > leader.term());
+    let reason = tokio::time::timeout(Duration::from_secs(15), leader.lost())
+        .await
+        .expect("the broken leader turns Lost");
+    assert_eq!(reason, LostReason::Broken);
+    next.resign().await.expect("resign");
+    drop(leader);
+}

@@ -239,9 +239,9 @@ fn participant_json(participant: &Participant) -> Value {
         "fencing_token": participant.fencing_token.map(|t| t.get()),
         "lease_left_ms": participant.lease_left.map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
         "session": participant.session,
+        "value": participant.value.as_deref().map(String::from_utf8_lossy),
         "since": participant.since.map(|at| humantime::format_rfc3339_millis(at).to_string()),
         "since_unix_ms": participant.since.and_then(unix_ms),
-        "value": participant.value.as_ref().map(|value| String::from_utf8_lossy(value)),
     })
 }
 
@@ -275,8 +275,8 @@ fn participant_text(participant: &Participant, now: SystemTime) -> String {
         Some(owner) => format!("owner {owner}"),
         None => "owner not recorded".to_owned(),
     };
-    if let Some(value) = &participant.value {
-        let _ = write!(text, ", value {:?}", String::from_utf8_lossy(value));
+    if let Some(value) = shown_value(participant) {
+        let _ = write!(text, ", value {value:?}");
     }
     if let Some(token) = participant.fencing_token {
         let _ = write!(text, ", fencing token {token}");
@@ -294,6 +294,17 @@ fn participant_text(participant: &Participant, now: SystemTime) -> String {
         let _ = write!(text, ", session {session}");
     }
     text
+}
+
+/// The value a participant stored (an election candidate's), unless it only repeats its
+/// owner token (a layout that stores one value per entry shows it as both).
+fn shown_value(participant: &Participant) -> Option<std::borrow::Cow<'_, str>> {
+    let value = participant.value.as_deref()?;
+    let repeats_owner = participant
+        .owner_token
+        .as_ref()
+        .is_some_and(|owner| owner.as_bytes() == value);
+    (!repeats_owner).then(|| String::from_utf8_lossy(value))
 }
 
 fn occupancy_text(name: &LockName, occupancy: &Occupancy, now: SystemTime) -> String {
@@ -348,5 +359,25 @@ mod tests {
         assert_eq!(short_duration(Duration::from_millis(12_340)), "12.3s");
         assert_eq!(short_duration(Duration::from_secs(245)), "4m05s");
         assert_eq!(short_duration(Duration::from_secs(7380)), "2h03m");
+    }
+
+    #[test]
+    fn values_show_unless_they_repeat_the_owner() {
+        let now = SystemTime::now();
+        let candidate = Participant::new(None).value(Some(b"10.0.0.1:8080".to_vec()));
+        assert_eq!(
+            participant_text(&candidate, now),
+            "owner not recorded, value \"10.0.0.1:8080\""
+        );
+        let mutex = Participant::new(Some("t".into())).value(Some(b"t".to_vec()));
+        assert_eq!(participant_text(&mutex, now), "owner t");
+        assert_eq!(
+            participant_json(&candidate)["value"],
+            Value::from("10.0.0.1:8080")
+        );
+        assert_eq!(
+            participant_json(&Participant::new(None))["value"],
+            Value::Null
+        );
     }
 }

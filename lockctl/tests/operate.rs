@@ -230,6 +230,77 @@ async fn status_list_and_break_on_etcd() {
     operate(&format!("{}/locks", server.url())).await;
 }
 
+/// An election on etcd: `status`, `list -l` and `break` show the leader's and the
+/// waiting candidate's values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_values_on_etcd() {
+    let Some(server) = or_skip(EtcdServer::start().await) else {
+        return;
+    };
+    let url = format!("{}/locks", server.url());
+    let client = distlock::connect(&format!("{url}?ttl={TTL}"))
+        .await
+        .expect("connect a client");
+    let other = distlock::connect(&format!("{url}?ttl={TTL}"))
+        .await
+        .expect("connect a client");
+    let prefix = format!("ops/{}/", uuid::Uuid::new_v4().simple());
+    let name = format!("{prefix}scheduler");
+    let on_leader = distlock::Election::new(client, &name).expect("election");
+    let on_other = distlock::Election::new(other, &name).expect("election");
+    let leadership = on_leader
+        .campaign("10.0.0.1:8080", &distlock::AcquireOptions::try_once())
+        .await
+        .expect("campaign")
+        .expect("leads");
+    let waiting = tokio::spawn(async move {
+        on_other
+            .campaign("10.0.0.2:8080", &distlock::AcquireOptions::timeout(WAIT))
+            .await
+    });
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let seen = loop {
+        let seen = json(&lockctl(&url, &["status", &name, "--json"]).await, 0);
+        if seen["waiters"].as_array().is_some_and(|w| w.len() == 1) || Instant::now() > deadline {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(seen["holder"]["value"], "10.0.0.1:8080", "{seen}");
+    assert_eq!(
+        seen["holder"]["fencing_token"].as_u64(),
+        Some(leadership.term().get()),
+        "{seen}"
+    );
+    assert_eq!(seen["waiters"][0]["value"], "10.0.0.2:8080", "{seen}");
+    let human = lockctl(&url, &["status", &name]).await;
+    let stdout = String::from_utf8_lossy(&human.stdout);
+    assert!(stdout.contains(r#"value "10.0.0.1:8080""#), "{stdout}");
+    assert!(stdout.contains(r#"value "10.0.0.2:8080""#), "{stdout}");
+    let long = lockctl(&url, &["list", "-l", &prefix]).await;
+    let stdout = String::from_utf8_lossy(&long.stdout);
+    assert!(
+        stdout.starts_with(&name) && stdout.contains(r#"value "10.0.0.1:8080""#),
+        "{}",
+        text(&long)
+    );
+    let broken = json(
+        &lockctl(&url, &["break", &name, "--force", "--json"]).await,
+        0,
+    );
+    assert_eq!(broken["broken"]["value"], "10.0.0.1:8080", "{broken}");
+    let next = timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiting candidate leads after the break")
+        .expect("campaign task")
+        .expect("campaign")
+        .expect("leads");
+    let seen = json(&lockctl(&url, &["status", &name, "--json"]).await, 0);
+    assert_eq!(seen["holder"]["value"], "10.0.0.2:8080", "{seen}");
+    next.resign().await.expect("resign");
+    drop(leadership);
+}
+
 /// `run`'s flock conventions, on a real Redis.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn run_follows_flock_conventions() {

@@ -168,6 +168,75 @@ impl EtcdctlLock {
     }
 }
 
+/// `etcdctl elect` as a child process (the Go client's `concurrency.Election` on a 60 s
+/// session): a campaign, or with `-l` an observer; killed on drop.
+pub struct EtcdctlElect {
+    child: Child,
+    lines: Lines<BufReader<ChildStdout>>,
+}
+
+impl EtcdctlElect {
+    /// `etcdctl elect NAME PROPOSAL`: campaigns, prints its key and value once elected.
+    pub fn campaign(addr: SocketAddr, name: &str, proposal: &str) -> Self {
+        Self::spawn(addr, &[name, proposal])
+    }
+
+    /// `etcdctl elect -l NAME`: prints the key and value of each leader it observes.
+    pub fn listen(addr: SocketAddr, name: &str) -> Self {
+        Self::spawn(addr, &["-l", name])
+    }
+
+    fn spawn(addr: SocketAddr, args: &[&str]) -> Self {
+        let mut child = Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints=http://{addr}"))
+            .arg("elect")
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("etcdctl (Debian etcd-client) is needed for this test");
+        let stdout = child.stdout.take().expect("piped stdout");
+        EtcdctlElect {
+            child,
+            lines: BufReader::new(stdout).lines(),
+        }
+    }
+
+    /// The next (key, value) etcdctl prints, if it does within `limit`: for a campaign,
+    /// its own key and proposal once elected; for an observer, the next leader or value.
+    pub async fn next_leader(&mut self, limit: Duration) -> Option<(String, String)> {
+        timeout(limit, async {
+            let mut pair = Vec::with_capacity(2);
+            while pair.len() < 2 {
+                match self.lines.next_line().await {
+                    Ok(Some(line)) => pair.push(line),
+                    Ok(None) => panic!("etcdctl elect exited early, after {pair:?}"),
+                    Err(err) => panic!("reading etcdctl output: {err}"),
+                }
+            }
+            let value = pair.pop().expect("two lines");
+            (pair.pop().expect("two lines"), value)
+        })
+        .await
+        .ok()
+    }
+
+    /// Interrupts etcdctl (an elected one resigns, a campaigning one withdraws, and it
+    /// closes its session) and reaps it.
+    pub async fn interrupt(mut self) {
+        let pid = self.child.id().expect("etcdctl runs");
+        let pid = i32::try_from(pid).expect("pid fits");
+        kill(Pid::from_raw(pid), Signal::SIGINT).expect("SIGINT etcdctl");
+        timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .expect("etcdctl exits after SIGINT")
+            .expect("wait for etcdctl");
+    }
+}
+
 /// A lock client with no key prefix: lock `NAME` is exactly `etcdctl lock NAME`.
 pub async fn plain_client(addr: SocketAddr) -> EtcdLock {
     let config = EtcdConfig::new([addr.to_string()]).with_options(with_ttl(Duration::from_secs(5)));
