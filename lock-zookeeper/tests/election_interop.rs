@@ -179,3 +179,99 @@ async fn distlock_leads_then_curator_latch() {
     assert!(queue(factory.admin(), name).await.is_empty());
     curator.exit().await;
 }
+
+/// Mixed candidates (Curator, distlock, Curator, distlock) lead one at a time in the
+/// order they queued, each reading the current leader alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mixed_candidates_lead_in_sequence_order() {
+    let Some(setup) = CuratorSetup::start("latch-fifo").await else {
+        return;
+    };
+    let (factory, name) = (&setup.factory, &setup.name);
+    let first = election(&setup).await;
+    let leadership = first
+        .campaign("distlock-0", &AcquireOptions::try_once())
+        .await
+        .expect("campaign")
+        .expect("leads");
+    let mut c1 = setup.curator().await;
+    let mut c3 = setup.curator().await;
+    c1.latch("curator-1").await.expect("latch");
+    queue_len_reaches(factory, name, 2).await;
+    let mut campaigns = Vec::new();
+    for (queued, value) in [(3, "distlock-2"), (5, "distlock-4")] {
+        let ours = election(&setup).await;
+        campaigns.push(tokio::spawn(async move {
+            let leadership = ours
+                .campaign(value, &AcquireOptions::timeout(Duration::from_secs(60)))
+                .await
+                .expect("campaign")
+                .expect("leads");
+            (ours, leadership)
+        }));
+        queue_len_reaches(factory, name, queued).await;
+        if value == "distlock-2" {
+            c3.latch("curator-3").await.expect("latch");
+            queue_len_reaches(factory, name, 4).await;
+        }
+    }
+    let mut d4 = campaigns.pop().expect("distlock-4");
+    let mut d2 = campaigns.pop().expect("distlock-2");
+    let mut term = leadership.term();
+
+    // distlock-0 -> curator-1
+    leadership.resign().await.expect("resign");
+    term = term.max(FencingToken(
+        c1.leads(PROMPT).await.expect("curator-1 leads"),
+    ));
+    assert_eq!(
+        first
+            .leader()
+            .await
+            .expect("read")
+            .expect("leader")
+            .value_text(),
+        "curator-1"
+    );
+    assert!(!d2.is_finished() && !d4.is_finished());
+    assert!(!c3.has_leadership().await.expect("has"));
+
+    // curator-1 -> distlock-2
+    c1.close_latch().await.expect("close");
+    let (on_d2, led) = timeout(PROMPT, &mut d2)
+        .await
+        .expect("distlock-2 leads after curator-1")
+        .expect("campaign task");
+    assert!(led.term() > term, "terms increase");
+    term = led.term();
+    assert_eq!(c3.leader_id().await.expect("leader"), "distlock-2");
+    assert!(!c3.has_leadership().await.expect("has") && !d4.is_finished());
+
+    // distlock-2 -> curator-3
+    led.resign().await.expect("resign");
+    let c3_term = FencingToken(c3.leads(PROMPT).await.expect("curator-3 leads"));
+    assert!(c3_term > term, "terms increase");
+    assert_eq!(
+        on_d2
+            .leader()
+            .await
+            .expect("read")
+            .expect("leader")
+            .value_text(),
+        "curator-3"
+    );
+    sleep(Duration::from_millis(300)).await;
+    assert!(!d4.is_finished(), "distlock-4 led while curator-3 leads");
+
+    // curator-3 -> distlock-4
+    c3.close_latch().await.expect("close");
+    let (_, led) = timeout(PROMPT, &mut d4)
+        .await
+        .expect("distlock-4 leads after curator-3")
+        .expect("campaign task");
+    assert!(led.term() > c3_term, "terms increase");
+    led.resign().await.expect("resign");
+    assert!(queue(factory.admin(), name).await.is_empty());
+    c1.exit().await;
+    c3.exit().await;
+}
