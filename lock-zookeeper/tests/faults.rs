@@ -11,8 +11,8 @@ use common::{queue, queue_len_reaches, record_states, seen, unique_name, with_tt
 use lab::harness::{ZkEnsemble, ZkServer, ZkTls};
 use lab::proxy::ProxyMode;
 use lock_core::{
-    AcquireOptions, DistributedLockExt, Election, ErrorKind, LockGuard, LockName, LockState,
-    LostReason, ReleaseOutcome,
+    AcquireOptions, DistributedLock, DistributedLockExt, Election, ErrorKind, LockGuard, LockName,
+    LockState, LostReason, ReleaseOutcome,
 };
 use lock_zookeeper::ZkLock;
 use tokio::time::{sleep, timeout, Instant};
@@ -569,4 +569,57 @@ async fn expired_leader_never_leads_through_an_old_session() {
     again.resign().await.expect("resign");
     assert!(queue(factory.admin(), &lock).await.is_empty());
     drop(first);
+}
+
+/// A change feed outlives a session expiry (it watches again on the next session and
+/// fires at a change made there), and ends, without firing forever or panicking, when
+/// its client closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_feed_follows_a_new_session_and_ends_with_the_client() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(2);
+    let (cut, proxies) = factory.proxied_client(with_ttl(ttl)).await;
+    let other = factory.zk_client(with_ttl(ttl)).await;
+    let lock = name("feed-expiry");
+    let mut feed = cut.changes(&lock).await.expect("subscribe");
+    for proxy in proxies.iter() {
+        proxy.set_mode(ProxyMode::Blackhole);
+    }
+    sleep(ttl * 2).await;
+    for proxy in proxies.iter() {
+        proxy.set_mode(ProxyMode::Pass);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cut.backend().session_epoch() < 2 || cut.backend().session_id().is_none() {
+        assert!(Instant::now() < deadline, "no new session after healing");
+        sleep(Duration::from_millis(100)).await;
+    }
+    // Fires for the expiry and the new watch (spurious, allowed): drain them.
+    while timeout(Duration::from_millis(500), feed.next())
+        .await
+        .is_ok()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the feed keeps firing for nothing"
+        );
+    }
+    let guard = other.lock(lock.as_str()).await.expect("acquire");
+    timeout(Duration::from_secs(2), feed.next())
+        .await
+        .expect("the feed fires at a change on the new session");
+    guard.release().await.expect("release");
+    timeout(Duration::from_secs(2), feed.next())
+        .await
+        .expect("and at the next");
+
+    cut.close().await.expect("close");
+    // Closed: at most the close itself fires, then the feed ends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while feed.is_live() {
+        assert!(Instant::now() < deadline, "the feed ends with its client");
+        let _ = timeout(Duration::from_millis(200), feed.next()).await;
+    }
 }
