@@ -7,10 +7,14 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{queue_len_reaches, unique_name, with_ttl, Servers, ZkFactory};
+use common::{config, queue_len_reaches, unique_name, with_ttl, Servers, ZkFactory};
+use lock_core::migration::{is_dual_token, DUAL_TOKEN_PREFIX};
+use lock_core::raw::{AcquireRequest, Backend, Connect, HoldKind};
 use lock_core::{
-    AcquireOptions, DistributedLock, Election, LockName, LockOptions, LostReason, ReleaseOutcome,
+    AcquireOptions, DistributedLock, Election, LockName, LockOptions, LostReason, OwnerToken,
+    ReleaseOutcome,
 };
+use lock_zookeeper::ZkBackend;
 use tokio::runtime::Handle;
 use tokio::time::{sleep, timeout, Instant};
 
@@ -236,4 +240,61 @@ async fn operators_see_and_break_an_election() {
         .expect("campaign")
         .expect("leads");
     last.resign().await.expect("resign");
+}
+
+/// A dual (migration) campaign's node carries the dual lock's `dual-` owner token in its
+/// protected id (`_c_dual-<uuid>-latch-<seq>`), which inspect shows beside the value, so
+/// the advance check sights dual candidates as it sights dual lock holders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dual_candidate_is_marked_like_a_dual_holder() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let backend = ZkBackend::open(config(factory.servers.hosts(), push_only()))
+        .await
+        .expect("connect");
+    let name = unique_name("election/dual");
+    let dual = OwnerToken::from_string(format!("{DUAL_TOKEN_PREFIX}{}", OwnerToken::generate()));
+    let plain = OwnerToken::generate();
+    let kind = |value: &str| HoldKind::Candidate {
+        value: value.as_bytes().to_vec(),
+    };
+    let (dual_kind, plain_kind) = (kind("dual"), kind("plain"));
+    let request = |token, kind, wait| AcquireRequest {
+        name: &name,
+        token,
+        ttl: Duration::from_secs(10),
+        wait,
+        fence_at_least: None,
+        kind,
+    };
+    let leader = backend
+        .acquire(request(&dual, &dual_kind, false))
+        .await
+        .expect("campaign")
+        .expect("leads");
+    assert!(
+        leader.hold.path().contains("/_c_dual-"),
+        "{}",
+        leader.hold.path()
+    );
+    assert!(
+        leader.hold.path().contains("-latch-"),
+        "{}",
+        leader.hold.path()
+    );
+    assert!(backend
+        .acquire(request(&plain, &plain_kind, false))
+        .await
+        .expect("try")
+        .is_none());
+    let occupancy = backend.inspect(&name).await.expect("inspect");
+    let holder = occupancy.holder.expect("a leader");
+    let owner = holder.owner_token.as_deref().expect("an owner token");
+    assert!(is_dual_token(owner), "{owner}");
+    assert_eq!(owner, dual.as_str());
+    assert_eq!(holder.value.as_deref(), Some(&b"dual"[..]));
+    assert_eq!(holder.fencing_token, Some(leader.fencing_token));
+    backend.release(&leader.hold).await.expect("release");
+    backend.close().await.expect("close");
 }
