@@ -1,11 +1,19 @@
 //! A foreign ZooKeeper client for interoperability tests: Apache Curator's
-//! `InterProcessMutex` (Debian package `libcurator-recipes-java`) in a tiny Java program,
-//! compiled with `javac` at test time and driven line by line over its stdin.
+//! `InterProcessMutex` and `LeaderLatch` (Debian package `libcurator-recipes-java`) in a
+//! tiny Java program, compiled with `javac` at test time and driven line by line over its
+//! stdin.
 //!
-//! Commands: `acquire` (waits at most 60 s, then prints `ACQUIRED <czxid>`, the czxid of
-//! the node it holds, which is the fencing token a `zk://` holder of that node gets, or
-//! `FAILED acquire`), `release` (prints `RELEASED`), `hold MS` (acquire, print, sleep MS,
-//! release, print), `exit`. It prints `READY` once connected.
+//! Mutex commands: `acquire` (waits at most 60 s, then prints `ACQUIRED <czxid>`, the
+//! czxid of the node it holds, which is the fencing token a `zk://` holder of that node
+//! gets, or `FAILED acquire`), `release` (prints `RELEASED`), `hold MS` (acquire, print,
+//! sleep MS, release, print).
+//! Leader latch commands: `latch ID` (starts a `LeaderLatch` with participant id `ID` on
+//! the path, prints `STARTED`; later, whenever it gains leadership, `LEADER <czxid>`, the
+//! czxid of its node, which is the term a `zk://` reader sees, and whenever it loses it,
+//! `NOTLEADER`), `leader` (prints `LEADERID <id>`, Curator's `getLeader().getId()`: the
+//! data of the first node, empty if none), `has` (prints `HAS true|false`,
+//! `hasLeadership()`), `close` (closes the latch, deleting its node; prints `CLOSED`).
+//! `exit` ends the program. It prints `READY` once connected.
 //!
 //! Without java, javac or the Curator jars, [`compile`] prints a loud notice and returns
 //! `None`, unless [`strict`](crate::harness::strict) mode is on, where it panics.
@@ -229,6 +237,70 @@ impl Curator {
     pub async fn release(&mut self) -> Result<(), CuratorError> {
         self.send("release").await?;
         self.expect_line("RELEASED", Duration::from_secs(10))
+            .await
+            .map(drop)
+    }
+
+    /// Starts a `LeaderLatch` with participant id `id`; it has queued its node once it
+    /// said `STARTED` (its `LEADER <czxid>` comes later, see [`Curator::leads`]).
+    ///
+    /// # Errors
+    /// If Curator did not confirm within 10 s.
+    pub async fn latch(&mut self, id: &str) -> Result<(), CuratorError> {
+        self.send(&format!("latch {id}")).await?;
+        self.expect_line("STARTED", Duration::from_secs(10))
+            .await
+            .map(drop)
+    }
+
+    /// Waits (at most `within`) for the latch's `LEADER <czxid>`; returns the czxid.
+    ///
+    /// # Errors
+    /// On another line, an exit, or nothing within `within`.
+    pub async fn leads(&mut self, within: Duration) -> Result<u64, CuratorError> {
+        let line = self.expect_line("LEADER ", within).await?;
+        line.split_whitespace()
+            .nth(1)
+            .and_then(|czxid| czxid.parse().ok())
+            .ok_or(CuratorError::Unexpected {
+                expected: "LEADER <czxid>".to_owned(),
+                said: line,
+            })
+    }
+
+    /// Curator's view of the leader's id (`getLeader().getId()`, empty if none).
+    ///
+    /// # Errors
+    /// If Curator did not answer within 10 s.
+    pub async fn leader_id(&mut self) -> Result<String, CuratorError> {
+        self.send("leader").await?;
+        let line = self
+            .expect_line("LEADERID", Duration::from_secs(10))
+            .await?;
+        Ok(line
+            .strip_prefix("LEADERID")
+            .unwrap_or_default()
+            .trim_start_matches(' ')
+            .to_owned())
+    }
+
+    /// Whether the latch says it has leadership (`hasLeadership()`).
+    ///
+    /// # Errors
+    /// If Curator did not answer within 10 s.
+    pub async fn has_leadership(&mut self) -> Result<bool, CuratorError> {
+        self.send("has").await?;
+        let line = self.expect_line("HAS", Duration::from_secs(10)).await?;
+        Ok(line.ends_with("true"))
+    }
+
+    /// Closes the latch (its node is deleted).
+    ///
+    /// # Errors
+    /// If Curator did not confirm within 10 s.
+    pub async fn close_latch(&mut self) -> Result<(), CuratorError> {
+        self.send("close").await?;
+        self.expect_line("CLOSED", Duration::from_secs(10))
             .await
             .map(drop)
     }

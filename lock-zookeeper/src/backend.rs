@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Backend, BackendRelease, CleanupOnDrop, Connect, LockUrl, RenewItem,
-    RenewOutcome, SessionStatus,
+    AcquireRequest, Acquired, Backend, BackendRelease, ChangeFeed, CleanupOnDrop, Connect, LockUrl,
+    Proclaimed, RenewItem, RenewOutcome, SessionStatus,
 };
 use lock_core::{
     Capabilities, FencingSource, LockName, LockOptions, Occupancy, Participant, Result,
@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use crate::config::ZkConfig;
 use crate::error::BACKEND;
 use crate::hold::{self, ZkHold};
-use crate::layout::{lock_dir, node_marker};
+use crate::layout::{lock_dir, node_marker, NodeKind};
 use crate::operator;
 use crate::queue::{Queue, QueuedNode, Step};
 use crate::session::Session;
@@ -113,11 +113,12 @@ impl Backend for ZkBackend {
             .min_ttl(Duration::from_secs(1))
             .durable(true)
             .fencing(FencingSource::CreateRevision)
+            .election(true)
     }
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<ZkHold>>> {
         let dir = self.lock_dir(request.name);
-        let marker = node_marker(request.token);
+        let marker = node_marker(request.token, NodeKind::of(request.kind)?);
         let mut restarts = 0;
         loop {
             let outcome = match self.session.live() {
@@ -171,6 +172,16 @@ impl Backend for ZkBackend {
     /// Deletes the first lock node and marks its owner broken (crate docs, *Operating*).
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         operator::force_release(&self.session, &self.lock_dir(name)).await
+    }
+
+    /// Writes the candidate node's data (crate docs, *Leader election*).
+    async fn proclaim(&self, hold: &ZkHold, value: &[u8]) -> Result<Proclaimed> {
+        hold::proclaim(&self.session, hold, value).await
+    }
+
+    /// A persistent recursive watch on the name's directory, followed by a task.
+    async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
+        operator::changes(&self.session, self.lock_dir(name)).await
     }
 
     fn session(&self) -> Option<watch::Receiver<SessionStatus>> {

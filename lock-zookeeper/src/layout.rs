@@ -1,5 +1,8 @@
 //! Where locks live on the server: lock `NAME` is the directory `<prefix>/<escaped NAME>`,
-//! each acquisition a node `_c_<token>-lock-<sequence>` in it (Curator's layout).
+//! each acquisition a node `_c_<token>-lock-<sequence>` in it (Curator's
+//! `InterProcessMutex` layout), each election candidate a node
+//! `_c_<token>-latch-<sequence>` whose data is its value (Curator's `LeaderLatch`
+//! layout; see [`NodeKind`]).
 //!
 //! # Broken marks
 //! Breaking a hold ([`lock_core::DistributedLock::force_release`]) deletes the holder's
@@ -19,12 +22,60 @@
 //! Owner tokens are unique per acquisition, so one list serves every name. Being
 //! persistent, the node keeps a container prefix from being reaped.
 
-use lock_core::LockName;
+use lock_core::raw::HoldKind;
+use lock_core::{Error, LockName, Result};
 
-/// What Curator's InterProcessMutex names its nodes after the protection prefix.
-const LOCK_NODE: &str = "lock-";
+use crate::error::BACKEND;
+
 /// Curator's protection prefix.
 const PROTECTED: &str = "_c_";
+/// The digits ZooKeeper appends to a sequential node's name.
+const SEQUENCE_DIGITS: usize = 10;
+
+/// The kind of node an acquisition queues, by the word before its sequence.
+///
+/// Both kinds queue in one order, by sequence (one counter per directory): a mutex and an
+/// election on one name exclude each other. Curator sorts by the text after the last
+/// `lock-` (`InterProcessMutex`, `LeaderSelector`) or `latch-` (`LeaderLatch`), so its
+/// recipes agree with this order on directories of their own kind only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeKind {
+    /// `_c_<token>-lock-<seq>`, no data: a mutex hold (Curator's `InterProcessMutex`).
+    Lock,
+    /// `_c_<token>-latch-<seq>`, the candidate's value as data: an election candidate
+    /// (Curator's `LeaderLatch`, whose participant id is the UTF-8 data).
+    Latch,
+}
+
+impl NodeKind {
+    /// The kind of node that holds `kind`.
+    ///
+    /// # Errors
+    /// [`Error::Unsupported`] for a kind of hold this backend does not grant.
+    pub(crate) fn of(kind: &HoldKind) -> Result<Self> {
+        match kind {
+            HoldKind::Mutex => Ok(NodeKind::Lock),
+            HoldKind::Candidate { .. } => Ok(NodeKind::Latch),
+            _ => Err(Error::unsupported(BACKEND, "this kind of hold")),
+        }
+    }
+
+    /// The word Curator puts before the sequence.
+    const fn word(self) -> &'static str {
+        match self {
+            NodeKind::Lock => "lock-",
+            NodeKind::Latch => "latch-",
+        }
+    }
+}
+
+/// The data a node of an acquisition of `kind` carries: a candidate's value, else none.
+pub(crate) fn node_data(kind: &HoldKind) -> &[u8] {
+    match kind {
+        HoldKind::Candidate { value } => value,
+        _ => &[],
+    }
+}
 
 /// Escapes a lock name into one ZooKeeper path segment.
 ///
@@ -53,26 +104,34 @@ pub fn lock_dir(prefix: &str, name: &LockName) -> String {
     format!("{prefix}/{}", escape_segment(name.as_str()))
 }
 
-/// The name start of the nodes of acquisitions with owner token `token`:
-/// `_c_<token>-lock-`; ZooKeeper appends the sequence.
-pub(crate) fn node_marker(token: impl std::fmt::Display) -> String {
-    format!("{PROTECTED}{token}-{LOCK_NODE}")
+/// The name start of the nodes of acquisitions with owner token `token` of kind `kind`:
+/// `_c_<token>-lock-` or `_c_<token>-latch-`; ZooKeeper appends the sequence.
+pub(crate) fn node_marker(token: impl std::fmt::Display, kind: NodeKind) -> String {
+    format!("{PROTECTED}{token}-{}", kind.word())
 }
 
 /// The owner token in the name of lock node `node`: the text between the protection
-/// prefix `_c_` and the last `-lock-` (our owner token, or the protection id of a Curator
-/// node); `None` for a node without the prefix (e.g. a bare `lock-<sequence>`).
+/// prefix `_c_` and the `-lock-` or `-latch-` before the sequence (our owner token, or
+/// the protection id of a Curator node); `None` for a node without the prefix (e.g. a
+/// bare `lock-<sequence>`).
 pub(crate) fn owner_token(node: &str) -> Option<&str> {
     let rest = node.strip_prefix(PROTECTED)?;
-    rest[..rest.rfind(LOCK_NODE)?].strip_suffix('-')
+    let (kind, _) = split_node(rest)?;
+    rest[..rest.len() - SEQUENCE_DIGITS - kind.word().len()].strip_suffix('-')
+}
+
+/// The kind of lock node `node`: by the word before its sequence.
+pub fn node_kind(node: &str) -> Option<NodeKind> {
+    split_node(node).map(|(kind, _)| kind)
 }
 
 /// The lock nodes among the `children` of a lock directory, in queue order: the names
-/// that end in `lock-` and the ten digits ZooKeeper appends to a sequential node (ours
-/// and Curator's `_c_<uuid>-lock-<seq>`), ordered by those digits as Curator orders
-/// them. Any other child is no lock node and has no place in the queue, whatever its
-/// name sorts like (Curator does not skip it, but can only be blocked by it: it grants
-/// the lock to the first child alone, which is then our first lock node too or none).
+/// that end in `lock-` or `latch-` and the ten digits ZooKeeper appends to a sequential
+/// node (ours and Curator's `_c_<uuid>-lock-<seq>` and `_c_<uuid>-latch-<seq>`), ordered
+/// by those digits as Curator orders them. Any other child is no lock node and has no
+/// place in the queue, whatever its name sorts like (Curator does not skip it, but can
+/// only be blocked by it: it grants the lock or leadership to the first child alone,
+/// which is then our first lock node too or none).
 pub fn queue_order(children: &[String]) -> Vec<&str> {
     let mut nodes: Vec<(&str, &str)> = children
         .iter()
@@ -122,10 +181,24 @@ pub(crate) fn parent(path: &str) -> &str {
     path.rfind('/').map_or(path, |cut| &path[..cut.max(1)])
 }
 
-/// The sequence of a lock node: the ten digits after its last `lock-`.
+/// The sequence of a lock node: the ten digits after its last `lock-` or `latch-`.
 fn sequence(child: &str) -> Option<&str> {
-    let digits = &child[child.rfind(LOCK_NODE)? + LOCK_NODE.len()..];
-    (digits.len() == 10 && digits.bytes().all(|b| b.is_ascii_digit())).then_some(digits)
+    split_node(child).map(|(_, digits)| digits)
+}
+
+/// The kind and sequence of a lock node: a name ending in `lock-` or `latch-` and ten
+/// digits.
+fn split_node(child: &str) -> Option<(NodeKind, &str)> {
+    let cut = child.len().checked_sub(SEQUENCE_DIGITS)?;
+    let digits = child.get(cut..)?;
+    if !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let head = &child[..cut];
+    [NodeKind::Lock, NodeKind::Latch]
+        .into_iter()
+        .find(|kind| head.ends_with(kind.word()))
+        .map(|kind| (kind, digits))
 }
 
 /// Characters ZooKeeper rejects in a path (besides `/` as a separator).
@@ -289,9 +362,48 @@ mod tests {
     }
 
     #[test]
+    fn latch_and_lock_nodes_queue_together_by_sequence() {
+        let children = [
+            "_c_b-latch-0000000004",
+            "_c_a-lock-0000000002",
+            "latch-0000000003",
+            "_c_c-latch-000000001",
+            "_c_d-latch-0000000001x",
+            "_c_e-clutch-0000000000",
+        ]
+        .map(String::from);
+        assert_eq!(
+            queue_order(&children),
+            [
+                "_c_a-lock-0000000002",
+                "latch-0000000003",
+                "_c_b-latch-0000000004"
+            ]
+        );
+        assert_eq!(node_kind("_c_a-lock-0000000002"), Some(NodeKind::Lock));
+        assert_eq!(node_kind("latch-0000000003"), Some(NodeKind::Latch));
+        assert_eq!(node_kind("_c_e-clutch-0000000000"), None);
+        assert_eq!(node_kind("é0000000000"), None);
+    }
+
+    #[test]
     fn owner_tokens_are_read_between_the_protection_prefix_and_lock() {
-        let ours = format!("{}0000000007", node_marker("dual-9e1b-lock-x"));
+        let ours = format!(
+            "{}0000000007",
+            node_marker("dual-9e1b-lock-x", NodeKind::Lock)
+        );
         assert_eq!(owner_token(&ours), Some("dual-9e1b-lock-x"));
+        let ours = format!(
+            "{}0000000007",
+            node_marker("dual-9e1b-latch-x", NodeKind::Latch)
+        );
+        assert_eq!(owner_token(&ours), Some("dual-9e1b-latch-x"));
+        assert_eq!(node_kind(&ours), Some(NodeKind::Latch));
+        assert_eq!(
+            owner_token("_c_53345f98-9423-4e0c-a7b5-9f819e3ec2e1-latch-0000000003"),
+            Some("53345f98-9423-4e0c-a7b5-9f819e3ec2e1")
+        );
+        assert_eq!(owner_token("latch-0000000000"), None);
         assert_eq!(
             owner_token("_c_c2a0e1f4-5b6d-4c3e-8f9a-0b1c2d3e4f50-lock-0000000001"),
             Some("c2a0e1f4-5b6d-4c3e-8f9a-0b1c2d3e4f50")

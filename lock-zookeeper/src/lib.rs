@@ -13,7 +13,7 @@ mod tls;
 pub use backend::ZkBackend;
 pub use config::{ZkAcl, ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_PREFIX};
 pub use hold::ZkHold;
-pub use layout::{broken_node, escape_segment, lock_dir, queue_order};
+pub use layout::{broken_node, escape_segment, lock_dir, node_kind, queue_order, NodeKind};
 
 /// The URL schemes of this backend.
 pub const SCHEMES: &[&str] = &["zk", "zks"];

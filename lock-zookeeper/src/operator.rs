@@ -1,14 +1,16 @@
 //! What an operator asks and does: what a lock directory shows ([`inspect`]: its lock
-//! nodes in queue order (the first holds, the rest wait), their owner tokens, sessions
-//! and creation times, the holder's fencing token, and the token floor), which
-//! directories of a namespace have a holder ([`list`]), and breaking a hold
-//! ([`force_release`]).
+//! nodes in queue order (the first holds or leads, the rest wait), their owner tokens,
+//! sessions, creation times and, for election candidates (`latch-` nodes), values, the
+//! holder's fencing token (a leader's term), and the token floor), a feed of its changes
+//! ([`changes`]), which directories of a namespace have a holder ([`list`]), and breaking
+//! a hold ([`force_release`]).
 //!
-//! An inspection takes two round trips at most, each under the request timeout: a barrier, the listing
-//! of the directory (with its stat) and the stats of its ancestors, sent together; then
-//! the stats of the lock nodes listed, sent together (`exists` needs no READ on the node,
-//! so nodes with a creator-only ACL are read as well). An empty or missing directory
-//! costs the first round trip only.
+//! An inspection takes two round trips at most, each under the request timeout: a
+//! barrier, the listing of the directory (with its stat) and the stats of its ancestors,
+//! sent together; then the stats of the lock nodes listed, sent together (`exists` needs
+//! no READ on the node, so nodes with a creator-only ACL are read as well; a candidate's
+//! node is read with its data, its value). An empty or missing directory costs the first
+//! round trip only.
 //!
 //! # Token floor
 //! The directory's `pzxid` (the zxid of its last child change, its own create at the
@@ -19,17 +21,22 @@
 //! that ancestor's children (or a deeper one's, since deleted), so the floor is also at
 //! least every token the name was ever granted.
 
+use std::sync::{Arc, Weak};
 use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::join_all;
 use futures::{stream, StreamExt, TryStreamExt};
-use lock_core::raw::Backoff;
+use lock_core::raw::{Backoff, ChangeFeed};
 use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
+use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout};
 use zookeeper_client as zk;
 
 use crate::error::{from_client, read_found, BACKEND};
-use crate::layout::{broken_node, mark_broken, owner_token, parent, queue_order, unescape_segment};
+use crate::layout::{
+    broken_node, mark_broken, node_kind, owner_token, parent, queue_order, unescape_segment,
+    NodeKind,
+};
 use crate::queue::{fencing, Step};
 use crate::session::{Live, Session};
 
@@ -42,6 +49,9 @@ const BREAK_TIMEOUTS: u32 = 8;
 /// First pause before such an attempt.
 const BREAK_PAUSE: Duration = Duration::from_millis(10);
 const LIST: &str = "list lock directories";
+const WATCH: &str = "watch lock directory";
+/// Pause between attempts to watch a lock directory on a new session.
+const REWATCH_PAUSE: Duration = Duration::from_millis(200);
 /// Directories read per `multiRead` of a listing.
 const LIST_CHUNK: usize = 500;
 /// `multiRead` requests of one listing in flight at once.
@@ -82,32 +92,50 @@ pub(crate) async fn inspect(session: &Session, dir: &str) -> Result<Occupancy> {
     };
     let queue = queue_order(&children);
     let nodes: Vec<String> = queue.iter().map(|node| format!("{dir}/{node}")).collect();
-    let stats = session
-        .call(
-            WHAT,
-            join_all(nodes.iter().map(|path| live.client.check_stat(path))),
-        )
-        .await?;
+    let reads = nodes
+        .iter()
+        .zip(&queue)
+        .map(|(path, node)| read_node(&live, path, node_kind(node)));
+    let stats = session.call(WHAT, join_all(reads)).await?;
     // A node gone since the listing left the queue; the first one left holds.
     let mut present = Vec::with_capacity(queue.len());
-    for (node, stat) in queue.into_iter().zip(stats) {
-        if let Some(stat) = stat.map_err(|err| from_client(WHAT, err))? {
-            present.push((node, stat));
+    for (node, read) in queue.into_iter().zip(stats) {
+        if let Some((stat, value)) = read.map_err(|err| from_client(WHAT, err))? {
+            present.push((node, stat, value));
         }
     }
     let mut floor = token(stat.pzxid)?;
-    if let Some((_, second)) = present.get(1) {
+    if let Some((_, second, _)) = present.get(1) {
         floor = floor.min(FencingToken(token(second.czxid)?.0.saturating_sub(1)));
     }
     let mut participants = present.into_iter();
     let holder = participants
         .next()
-        .map(|(node, stat)| holder(node, &stat))
+        .map(|(node, stat, value)| holder(node, &stat).map(|holder| holder.value(value)))
         .transpose()?;
     let waiters = participants
-        .map(|(node, stat)| participant(node, &stat))
+        .map(|(node, stat, value)| participant(node, &stat).value(value))
         .collect();
     Ok(Occupancy::new(holder, waiters).token_floor(Some(floor)))
+}
+
+/// The stat of lock node `path` (`None`: gone) and, for a candidate's node, its data (the
+/// candidate's value, `None` where the node refuses READ). `exists` for the others: it
+/// needs no READ.
+async fn read_node(
+    live: &Live,
+    path: &str,
+    kind: Option<NodeKind>,
+) -> Result<Option<(zk::Stat, Option<Vec<u8>>)>, zk::Error> {
+    if kind == Some(NodeKind::Latch) {
+        match live.client.get_data(path).await {
+            Ok((data, stat)) => return Ok(Some((stat, Some(data)))),
+            Err(zk::Error::NoNode) => return Ok(None),
+            Err(zk::Error::NoAuth) => {}
+            Err(err) => return Err(err),
+        }
+    }
+    Ok(live.client.check_stat(path).await?.map(|stat| (stat, None)))
 }
 
 /// Lock node `node` with stat `stat` as a participant: its owner token, session and
@@ -127,6 +155,135 @@ fn participant(node: &str, stat: &zk::Stat) -> Participant {
 /// Lock node `node` with stat `stat` as the holder: a participant with its fencing token.
 pub(crate) fn holder(node: &str, stat: &zk::Stat) -> Result<Participant> {
     Ok(participant(node, stat).fencing_token(Some(token(stat.czxid)?)))
+}
+
+/// A feed of the changes under lock directory `dir`: nodes created and deleted (a grant,
+/// a release, an expiry, a waiter), data changed (a proclaim).
+///
+/// One persistent recursive watch on `dir` (ZooKeeper 3.6+ `addWatch`), added before
+/// this returns, so every change after it fires the feed. A task follows it: it fires
+/// the feed at each event and at each reconnect (events may be lost while disconnected,
+/// ZOOKEEPER-4698), and after a session expiry watches again on the next session. The
+/// task ends, its watch removed, when the feed is dropped or the lock client closed.
+/// A server without `addWatch` (before 3.6) gives a feed that never fires: readers re-read
+/// every `recheck`.
+///
+/// # Errors
+/// Connection errors of adding the watch, [`Error::Unavailable`] while no session is
+/// established.
+pub(crate) async fn changes(session: &Arc<Session>, dir: String) -> Result<ChangeFeed> {
+    let live = session.live()?;
+    let watcher = match session
+        .call(
+            WATCH,
+            live.client
+                .watch(&dir, zk::AddWatchMode::PersistentRecursive),
+        )
+        .await?
+    {
+        Ok(watcher) => watcher,
+        Err(zk::Error::Unimplemented) => {
+            tracing::debug!(%dir, "the server has no persistent watches; the feed never fires");
+            return Ok(ChangeFeed::never());
+        }
+        Err(err) => return Err(from_client(WATCH, err)),
+    };
+    // One pending fire is enough: the reader re-reads everything.
+    let (fire, fired) = mpsc::channel(1);
+    let follower = Follower {
+        session: Arc::downgrade(session),
+        dir,
+        epoch: live.epoch,
+    };
+    drop(live);
+    tokio::spawn(async move {
+        tokio::select! {
+            () = follower.follow(watcher, &fire) => {}
+            () = fire.closed() => {}
+        }
+    });
+    let stream = stream::unfold(fired, |mut fired| async move {
+        fired.recv().await?;
+        Some(((), fired))
+    });
+    Ok(ChangeFeed::from_stream(stream.boxed()))
+}
+
+/// The task behind a change feed: its lock directory and the session epoch it watches on.
+struct Follower {
+    /// Weak: the feed never keeps a closed lock client's session.
+    session: Weak<Session>,
+    dir: String,
+    epoch: u64,
+}
+
+impl Follower {
+    /// Fires `fire` at each event of `watcher`, and watches again on each new session.
+    /// Returns once the lock client is closed or gone.
+    async fn follow(mut self, mut watcher: zk::PersistentWatcher, fire: &mpsc::Sender<()>) {
+        loop {
+            let event = watcher.changed().await;
+            let terminal =
+                event.event_type == zk::EventType::Session && event.session_state.is_terminated();
+            let disconnected = event.event_type == zk::EventType::Session
+                && event.session_state == zk::SessionState::Disconnected;
+            if !disconnected {
+                // Full: a fire is pending already.
+                let _ = fire.try_send(());
+            }
+            if terminal {
+                // The watcher says no more after a terminal event.
+                drop(watcher);
+                match self.rewatch().await {
+                    Some(next) => {
+                        watcher = next;
+                        let _ = fire.try_send(());
+                    }
+                    None => return,
+                }
+            }
+        }
+    }
+
+    /// Watches the directory on the next session: one try per new session (each request
+    /// under the request timeout), [`REWATCH_PAUSE`] apart; `None` once the lock client is
+    /// closed or gone.
+    async fn rewatch(&mut self) -> Option<zk::PersistentWatcher> {
+        loop {
+            let session = self.session.upgrade()?;
+            if session.is_closed() {
+                return None;
+            }
+            session
+                .wait_usable(self.epoch, session.config().connect_timeout)
+                .await;
+            if let Ok(live) = session.live() {
+                if live.epoch > self.epoch {
+                    let watched = session
+                        .call(
+                            WATCH,
+                            live.client
+                                .watch(&self.dir, zk::AddWatchMode::PersistentRecursive),
+                        )
+                        .await;
+                    match watched {
+                        Ok(Ok(watcher)) => {
+                            self.epoch = live.epoch;
+                            return Some(watcher);
+                        }
+                        Ok(Err(err)) => {
+                            tracing::debug!(dir = %self.dir, error = %err, "watching again failed; retrying");
+                        }
+                        Err(err) => {
+                            tracing::debug!(dir = %self.dir, error = %err, "watching again failed; retrying");
+                        }
+                    }
+                }
+            }
+            drop(session);
+            sleep(REWATCH_PAUSE).await;
+        }
+    }
 }
 
 /// The names under namespace root `root` that start with `prefix` and whose directory has

@@ -13,7 +13,7 @@ use zookeeper_client as zk;
 use crate::config::ZkConfig;
 use crate::error::{from_client, is_connection_loss, is_session_gone, BACKEND};
 use crate::hold::{delete_in_epoch, lease_of, ZkHold};
-use crate::layout::queue_order;
+use crate::layout::{node_data, queue_order};
 use crate::session::{Live, Session};
 
 mod create;
@@ -147,7 +147,9 @@ impl<'a> Queue<'a> {
             czxid,
             ordered_at,
             children,
-        } = self.create(live, dir, marker, pending).await?;
+        } = self
+            .create(live, dir, marker, node_data(request.kind), pending)
+            .await?;
         let path = format!("{dir}/{name}");
         let mut losses = 0;
         // The create (or the barrier of the search) was ordered by the leader after
@@ -191,6 +193,10 @@ impl<'a> Queue<'a> {
                 }));
             };
             if index == 0 {
+                // First: the lock is ours, or we lead. The node is this session's (created
+                // on it, or found by its marker and its `ephemeralOwner` checked: never
+                // one left by an older session, CURATOR-696), and the listing came on the
+                // same session, whose expiry fails every later request.
                 pending.state_mut().armed = false;
                 let hold = ZkHold::new(live, path);
                 return Ok(Some(Acquired {

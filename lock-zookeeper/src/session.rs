@@ -244,7 +244,7 @@ impl Session {
         Some(epoch)
     }
 
-    fn is_closed(&self) -> bool {
+    pub(crate) fn is_closed(&self) -> bool {
         lock_unpoisoned(&self.current).closed
     }
 }

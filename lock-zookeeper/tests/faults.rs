@@ -1,17 +1,18 @@
 //! ZooKeeper-specific fault behaviour: ensemble members dying under a held lock, the
-//! client cut off from the servers (shorter and longer than the session timeout), and a
-//! connection lost in the middle of the create.
+//! client cut off from the servers (shorter and longer than the session timeout), a
+//! connection lost in the middle of the create, and a leader whose session expires.
 
 mod common;
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{queue, record_states, seen, unique_name, with_ttl, ZkFactory};
+use common::{queue, queue_len_reaches, record_states, seen, unique_name, with_ttl, ZkFactory};
 use lab::harness::{ZkEnsemble, ZkServer, ZkTls};
 use lab::proxy::ProxyMode;
 use lock_core::{
-    DistributedLockExt, ErrorKind, LockGuard, LockName, LockState, LostReason, ReleaseOutcome,
+    AcquireOptions, DistributedLock, DistributedLockExt, Election, ErrorKind, LockGuard, LockName,
+    LockState, LostReason, ReleaseOutcome,
 };
 use lock_zookeeper::ZkLock;
 use tokio::time::{sleep, timeout, Instant};
@@ -437,5 +438,188 @@ async fn connection_loss_during_create_adopts_own_node() {
             ReleaseOutcome::Released
         );
         assert!(queue(factory.admin(), &lock).await.is_empty());
+    }
+}
+
+/// A leader cut off longer than the session timeout turns Lost before the next candidate
+/// leads; its client's campaigns never lead through a node of the expired session
+/// (CURATOR-696): a campaign that waited across the expiry, and a new one, lead only
+/// after the new leader resigns, with a greater term, through a node of the new session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_leader_never_leads_through_an_old_session() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(2);
+    let (cut, proxies) = factory.proxied_client(with_ttl(ttl)).await;
+    let other = factory.zk_client(with_ttl(ttl)).await;
+    let lock = name("election-expiry");
+    let on_cut = Election::new(cut.clone(), lock.as_str()).expect("election");
+    let on_other = Election::new(other.clone(), lock.as_str()).expect("election");
+    let old_sid = cut.backend().session_id().expect("connected");
+
+    let first = on_cut
+        .campaign("cut-1", &AcquireOptions::try_once())
+        .await
+        .expect("campaign")
+        .expect("leads");
+    let states = record_states(first.guard());
+    // A second candidate of the same client, queued on the old session.
+    let waiting_cut = tokio::spawn({
+        let on_cut = Election::new(cut.clone(), lock.as_str()).expect("election");
+        async move {
+            let led = on_cut
+                .campaign("cut-2", &AcquireOptions::timeout(Duration::from_secs(60)))
+                .await;
+            (led, Instant::now())
+        }
+    });
+    queue_len_reaches(&factory, &lock, 2).await;
+    let waiting_other = tokio::spawn(async move {
+        let led = on_other
+            .campaign("other", &AcquireOptions::timeout(Duration::from_secs(60)))
+            .await;
+        (on_other, led, Instant::now())
+    });
+    queue_len_reaches(&factory, &lock, 3).await;
+
+    for proxy in proxies.iter() {
+        proxy.set_mode(ProxyMode::Blackhole);
+    }
+    let (on_other, second, other_led_at) = timeout(ttl * 6, waiting_other)
+        .await
+        .expect("the other candidate leads once the cut-off session expired")
+        .expect("campaign task");
+    let second = second.expect("campaign").expect("leads");
+    let log = states.lock().expect("log").clone();
+    let lost_at = log
+        .iter()
+        .find(|(_, s)| s.is_lost())
+        .map(|(at, _)| *at)
+        .unwrap_or_else(|| panic!("not lost when the next candidate led: {log:?}"));
+    assert!(
+        lost_at <= other_led_at,
+        "lost after the next one led: {log:?}"
+    );
+    assert!(second.term() > first.term(), "terms increase");
+
+    // Heal: the client gets a new session; the expired one's nodes are gone.
+    for proxy in proxies.iter() {
+        proxy.set_mode(ProxyMode::Pass);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cut.backend().session_epoch() < 2 || cut.backend().session_id().is_none() {
+        assert!(Instant::now() < deadline, "no new session after healing");
+        sleep(Duration::from_millis(100)).await;
+    }
+    let new_sid = cut.backend().session_id().expect("connected");
+    assert_ne!(new_sid, old_sid, "a new session");
+    assert!(
+        on_cut
+            .campaign("cut-3", &AcquireOptions::try_once())
+            .await
+            .expect("try")
+            .is_none(),
+        "led on the new session while another leads"
+    );
+    let leader = on_cut.leader().await.expect("read").expect("a leader");
+    assert_eq!(
+        leader.value_text(),
+        "other",
+        "the other candidate still leads"
+    );
+    let other_term = second.term();
+    let resigned_at = Instant::now();
+    assert_eq!(
+        second.resign().await.expect("resign"),
+        ReleaseOutcome::Released
+    );
+    drop(on_other);
+
+    // The candidate that waited across the expiry starts over on the new session (or gives
+    // up); if it leads, it is through a node of the new session, with a greater term.
+    let (led, led_at) = timeout(Duration::from_secs(30), waiting_cut)
+        .await
+        .expect("the waiting campaign ends")
+        .expect("campaign task");
+    match led {
+        Ok(Some(leadership)) => {
+            assert!(led_at > resigned_at, "led while the other candidate led");
+            assert!(leadership.term() > other_term, "terms increase");
+            let leader = on_cut.leader().await.expect("read").expect("a leader");
+            assert_eq!(leader.term, leadership.term());
+            assert_eq!(
+                leader.participant.session,
+                Some(format!("0x{new_sid:x}")),
+                "led through a node of the new session"
+            );
+            leadership.resign().await.expect("resign");
+        }
+        Ok(None) => panic!("a waiting campaign never ends in `None`"),
+        Err(err) => eprintln!("the campaign that waited across the expiry gave up: {err}"),
+    }
+    let again = on_cut
+        .campaign("cut-4", &AcquireOptions::timeout(Duration::from_secs(10)))
+        .await
+        .expect("campaign")
+        .expect("leads on the new session");
+    assert!(again.term() > other_term, "terms increase");
+    let leader = on_cut.leader().await.expect("read").expect("a leader");
+    assert_eq!(leader.participant.session, Some(format!("0x{new_sid:x}")));
+    again.resign().await.expect("resign");
+    assert!(queue(factory.admin(), &lock).await.is_empty());
+    drop(first);
+}
+
+/// A change feed outlives a session expiry (it watches again on the next session and
+/// fires at a change made there), and ends, without firing forever or panicking, when
+/// its client closes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_feed_follows_a_new_session_and_ends_with_the_client() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(2);
+    let (cut, proxies) = factory.proxied_client(with_ttl(ttl)).await;
+    let other = factory.zk_client(with_ttl(ttl)).await;
+    let lock = name("feed-expiry");
+    let mut feed = cut.changes(&lock).await.expect("subscribe");
+    for proxy in proxies.iter() {
+        proxy.set_mode(ProxyMode::Blackhole);
+    }
+    sleep(ttl * 2).await;
+    for proxy in proxies.iter() {
+        proxy.set_mode(ProxyMode::Pass);
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while cut.backend().session_epoch() < 2 || cut.backend().session_id().is_none() {
+        assert!(Instant::now() < deadline, "no new session after healing");
+        sleep(Duration::from_millis(100)).await;
+    }
+    // Fires for the expiry and the new watch (spurious, allowed): drain them.
+    while timeout(Duration::from_millis(500), feed.next())
+        .await
+        .is_ok()
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the feed keeps firing for nothing"
+        );
+    }
+    let guard = other.lock(lock.as_str()).await.expect("acquire");
+    timeout(Duration::from_secs(2), feed.next())
+        .await
+        .expect("the feed fires at a change on the new session");
+    guard.release().await.expect("release");
+    timeout(Duration::from_secs(2), feed.next())
+        .await
+        .expect("and at the next");
+
+    cut.close().await.expect("close");
+    // Closed: at most the close itself fires, then the feed ends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while feed.is_live() {
+        assert!(Instant::now() < deadline, "the feed ends with its client");
+        let _ = timeout(Duration::from_millis(200), feed.next()).await;
     }
 }

@@ -1,9 +1,14 @@
-// A Curator InterProcessMutex on one path, driven line by line over stdin (see curator.rs).
+// A Curator InterProcessMutex and LeaderLatch on one path, driven line by line over stdin
+// (see curator.rs).
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
+import java.util.concurrent.ExecutorService;
+import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
 import org.apache.curator.framework.CuratorFramework;
 import org.apache.curator.framework.CuratorFrameworkFactory;
+import org.apache.curator.framework.recipes.leader.LeaderLatch;
+import org.apache.curator.framework.recipes.leader.LeaderLatchListener;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
 import org.apache.curator.retry.RetryNTimes;
 
@@ -29,6 +34,10 @@ public class CuratorHolder {
             return;
         }
         Mutex mutex = new Mutex(client, args[1]);
+        // Leadership changes are printed from a thread of their own: the listener runs on
+        // Curator's event thread, where a blocking read would never be answered.
+        ExecutorService printer = Executors.newSingleThreadExecutor();
+        LeaderLatch latch = null;
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
         System.out.println("READY");
         String line;
@@ -50,10 +59,40 @@ public class CuratorHolder {
             } else if (cmd[0].equals("release")) {
                 mutex.release();
                 System.out.println("RELEASED");
+            } else if (cmd[0].equals("latch")) {
+                final LeaderLatch started = new LeaderLatch(client, args[1], cmd.length > 1 ? cmd[1] : "");
+                started.addListener(new LeaderLatchListener() {
+                    public void isLeader() {
+                        try {
+                            // The czxid of its node: the term a zk:// reader sees for it.
+                            long czxid = client.checkExists().forPath(started.getOurPath()).getCzxid();
+                            System.out.println("LEADER " + czxid);
+                        } catch (Exception e) {
+                            System.out.println("LEADER ?");
+                        }
+                    }
+
+                    public void notLeader() {
+                        System.out.println("NOTLEADER");
+                    }
+                }, printer);
+                started.start();
+                latch = started;
+                System.out.println("STARTED");
+            } else if (cmd[0].equals("leader")) {
+                // Curator's view: the id (UTF-8 data) of the first node, "" if none.
+                System.out.println("LEADERID " + latch.getLeader().getId());
+            } else if (cmd[0].equals("has")) {
+                System.out.println("HAS " + latch.hasLeadership());
+            } else if (cmd[0].equals("close")) {
+                latch.close();
+                latch = null;
+                System.out.println("CLOSED");
             } else if (cmd[0].equals("exit")) {
                 break;
             }
         }
+        printer.shutdownNow();
         client.close();
     }
 }

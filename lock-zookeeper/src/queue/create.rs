@@ -42,13 +42,15 @@ enum Created {
 }
 
 impl Queue<'_> {
-    /// Creates the ephemeral sequential node `<dir>/<marker><seq>`; after a connection
-    /// loss, finds it by its marker (owned by this session) instead of creating another.
+    /// Creates the ephemeral sequential node `<dir>/<marker><seq>` with data `data`; after
+    /// a connection loss, finds it by its marker (owned by this session) instead of
+    /// creating another.
     pub(super) async fn create(
         &self,
         live: &Live,
         dir: &str,
         marker: &str,
+        data: &[u8],
         pending: &mut CleanupOnDrop<QueuedNode>,
     ) -> Result<Queued, Step> {
         let prefix = format!("{dir}/{marker}");
@@ -61,9 +63,10 @@ impl Queue<'_> {
             pending.state_mut().armed = true;
             let sent_at = Instant::now();
             let created = if self.session.counts_children() {
-                self.create_counted(live, dir, &prefix, &options).await?
+                self.create_counted(live, dir, &prefix, data, &options)
+                    .await?
             } else {
-                self.create_listed(live, dir, &prefix, &options).await
+                self.create_listed(live, dir, &prefix, data, &options).await
             };
             let lost = match created {
                 Created::Node {
@@ -128,11 +131,12 @@ impl Queue<'_> {
         live: &Live,
         dir: &str,
         prefix: &str,
+        data: &[u8],
         options: &zk::CreateOptions<'_>,
     ) -> Result<Created, Step> {
         let mut writer = live.client.new_multi_writer();
         let commit = writer
-            .add_create(prefix, &[], options)
+            .add_create(prefix, data, options)
             .and_then(|()| writer.add_set_data(dir, &[], None))
             .map(|()| writer.commit())
             .map_err(|err| step(err, "create lock node"))?;
@@ -178,9 +182,10 @@ impl Queue<'_> {
         live: &Live,
         dir: &str,
         prefix: &str,
+        data: &[u8],
         options: &zk::CreateOptions<'_>,
     ) -> Created {
-        let created = live.client.create(prefix, &[], options);
+        let created = live.client.create(prefix, data, options);
         let listed = live.client.list_children(dir);
         let (created, listed) = tokio::join!(
             self.session.call("create lock node", created),
