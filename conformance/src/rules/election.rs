@@ -293,7 +293,8 @@ pub async fn election_cut_off_leader_is_replaced(factory: &dyn Factory) {
 }
 
 /// Observers see each leader once, in increasing terms, see a proclaimed value with the
-/// same term, see the vacancy, and end at the current leader.
+/// same term, see the vacancy, and end at the current leader; each change reaches them by
+/// a push (their recheck is 20 s) before the next change is made.
 pub async fn election_observers_see_terms_in_order(factory: &dyn Factory) {
     const LEADERS: usize = 4;
     let rule = "election_observers_see_terms_in_order";
@@ -311,18 +312,16 @@ pub async fn election_observers_see_terms_in_order(factory: &dyn Factory) {
         None,
         "nobody leads yet"
     );
-    let seen = tokio::spawn(async move {
-        let mut seen = Vec::new();
-        // Each leader, its proclaim, the vacancy after it: 3 changes per leader.
-        while seen.len() < LEADERS * 3 {
-            match timeout(Duration::from_secs(30), observer.next()).await {
-                Ok(change) => seen.push(change.expect("observe")),
-                Err(_) => break,
+    let (tell, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let observing = tokio::spawn(async move {
+        loop {
+            let change = observer.next().await.expect("observe");
+            let change = change.map(|leader| (leader.value_text(), leader.term));
+            if tell.send(change).is_err() {
+                return;
             }
         }
-        seen
     });
-    let mut terms = Vec::new();
     for round in 0..LEADERS {
         let client = factory.client(LockOptions::default()).await;
         let on = Election::new(client, name.as_str()).expect("election");
@@ -331,33 +330,43 @@ pub async fn election_observers_see_terms_in_order(factory: &dyn Factory) {
             .await
             .expect("campaign")
             .expect("leads");
-        terms.push(leadership.term());
-        // Each change stays long enough for a pushed read to see it.
-        sleep(Duration::from_millis(300)).await;
+        let term = leadership.term();
+        next_is(
+            &mut seen,
+            Some((format!("leader-{round}"), term)),
+            format!("leader {round}"),
+        )
+        .await;
         leadership
             .proclaim(format!("leader-{round}-moved"))
             .await
             .expect("proclaim");
-        sleep(Duration::from_millis(300)).await;
+        let moved = format!("leader-{round}-moved");
+        next_is(
+            &mut seen,
+            Some((moved, term)),
+            format!("leader {round}'s proclaim"),
+        )
+        .await;
         leadership.resign().await.expect("resign");
-        sleep(Duration::from_millis(300)).await;
+        next_is(&mut seen, None, format!("the vacancy after leader {round}")).await;
     }
-    let seen = seen.await.expect("observer task");
-    let mut expected = Vec::new();
-    for (round, term) in terms.iter().enumerate() {
-        expected.push(Some((format!("leader-{round}"), *term)));
-        expected.push(Some((format!("leader-{round}-moved"), *term)));
-        expected.push(None);
-    }
-    let seen: Vec<Option<(String, lock_core::FencingToken)>> = seen
-        .into_iter()
-        .map(|change| change.map(|leader| (leader.value_text(), leader.term)))
-        .collect();
-    assert_eq!(
-        seen, expected,
-        "observers see every leader, proclaim and vacancy in order (pushed: the recheck is 20 s)"
-    );
+    observing.abort();
     eventually_empty(factory, &[name], rule).await;
+}
+
+/// The next change an observer reported (on `seen`), which must be `expected`, within
+/// [`PROMPT`].
+async fn next_is(
+    seen: &mut tokio::sync::mpsc::UnboundedReceiver<Option<(String, lock_core::FencingToken)>>,
+    expected: Option<(String, lock_core::FencingToken)>,
+    what: String,
+) {
+    let change = timeout(PROMPT, seen.recv())
+        .await
+        .unwrap_or_else(|_| panic!("observers not told of {what} within {PROMPT:?}"))
+        .expect("observer task");
+    assert_eq!(change, expected, "observers see {what}, in order");
 }
 
 /// A campaign dropped while it waits, or given up by its timeout, leaves no candidate
