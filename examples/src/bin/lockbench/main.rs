@@ -1,6 +1,8 @@
 //! lockbench: the same lock workloads on every backend in one run, each next to its raw
-//! protocol floor on the same server. Every workload but takeover and renewal is repeated
-//! `--runs` times and reported as medians; writes a Markdown + JSON + SVG report.
+//! protocol floor on the same server, and the leader-election workloads (uncontended
+//! campaign, failover after a killed leader, observer notification) where the backend
+//! grants elections. Every workload but the takeovers and renewal is repeated `--runs`
+//! times and reported as medians; writes a Markdown + JSON + SVG report.
 //!
 //! ```text
 //! lockbench --backends memory,redis,redlock,zookeeper,etcd --duration 2s --runs 3
@@ -13,6 +15,7 @@
 //! so that "the same run" of two backends is close in time on a noisy shared machine.
 
 mod contention;
+mod election;
 mod floors;
 mod goals;
 mod report;
@@ -47,7 +50,8 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Internal: hold a lock until killed (the takeover workload's holder process).
+    /// Internal: hold a lock, or lead an election, until killed (the holder process of
+    /// the takeover and election failover workloads).
     Hold {
         /// Lock service URL.
         #[arg(long)]
@@ -55,6 +59,9 @@ enum Command {
         /// Lock name.
         #[arg(long)]
         name: String,
+        /// Campaign in the election `name` with this value instead of taking the lock.
+        #[arg(long)]
+        campaign: Option<String>,
     },
 }
 
@@ -95,9 +102,14 @@ struct RunArgs {
     /// TTL of the renewal workload.
     #[arg(long, default_value = "1500ms", value_parser = parse_duration)]
     renewal_ttl: Duration,
-    /// Holder processes killed in the takeover workload.
+    /// Holder processes killed in the takeover workload, and leaders killed in the
+    /// election failover workload.
     #[arg(long, default_value_t = 3)]
     takeover_rounds: usize,
+    /// Observers following the election in the observer notification workload, each on a
+    /// client of its own.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
+    observers: u16,
     /// Directory for report.md, report.json, latency.svg and queue-sweep.svg.
     #[arg(long, default_value = "lockbench-report")]
     out: PathBuf,
@@ -172,9 +184,15 @@ fn main() -> Result<(), BoxError> {
     let cli = Cli::parse();
     let runtime = Flavour::MultiThread.runtime()?;
     match cli.command {
-        Some(Command::Hold { url, name }) => {
-            runtime.block_on(workloads::hold_until_killed(&url, &name))
-        }
+        Some(Command::Hold {
+            url,
+            name,
+            campaign,
+        }) => runtime.block_on(workloads::hold_until_killed(
+            &url,
+            &name,
+            campaign.as_deref(),
+        )),
         None => run(&runtime, &cli.run),
     }
 }
@@ -187,7 +205,9 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
     };
     let runs = usize::from(args.runs);
     let shapes = args.contention_shapes();
-    let steps_per_backend = runs * (Flavour::ALL.len() + 1 + shapes.len()) + 1 + args.held.len();
+    // Per run: the uncontended flavours, hand-off, the contended shapes, campaign and
+    // observers; once: takeover, election failover and renewal.
+    let steps_per_backend = runs * (Flavour::ALL.len() + 3 + shapes.len()) + 2 + args.held.len();
     let bar = ProgressBar::new((steps_per_backend * args.backends.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -199,7 +219,15 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
     for backend in &args.backends {
         bar.set_message(format!("{backend}: starting servers"));
         match runtime.block_on(targets::start(backend)) {
-            Ok(target) => targets.push(target),
+            Ok(mut target) => {
+                if let Err(why) = runtime.block_on(target.check_elections()) {
+                    bar.println(format!("lockbench: {backend}: capabilities: {why}"));
+                }
+                if !target.elections {
+                    bar.println(format!("lockbench: {}: {NO_ELECTIONS}", target.label));
+                }
+                targets.push(target);
+            }
             Err(why) => {
                 bar.println(format!("lockbench: SKIPPING {backend}: {why}"));
                 skipped.push((backend.clone(), why));
@@ -213,6 +241,13 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
             backend: t.label.clone(),
             floor: t.floor.as_ref().map(floors::FloorSpec::describe),
             handoff_waiters: args.waiters,
+            elections: t.elections,
+            observers: usize::from(args.observers),
+            notes: if t.elections {
+                Vec::new()
+            } else {
+                vec![NO_ELECTIONS.into()]
+            },
             ..BackendReport::default()
         })
         .collect();
@@ -254,6 +289,10 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
     );
     Ok(())
 }
+
+/// The note of a backend whose clients grant no election candidates.
+const NO_ELECTIONS: &str =
+    "no elections (capabilities().election is false): election workloads skipped";
 
 /// One run of the repeated workloads on `target`, and the failures to note.
 fn measure_run(
@@ -311,10 +350,27 @@ fn measure_run(
         }
         bar.inc(1);
     }
+    if target.elections {
+        bar.set_message(format!("{label} {tag}: uncontended campaign"));
+        match runtime.block_on(election::campaign(target, plan)) {
+            Ok(row) => out.campaign = Some(row),
+            Err(e) => note("uncontended campaign", e),
+        }
+        bar.inc(1);
+        bar.set_message(format!("{label} {tag}: observer notification"));
+        let observers = usize::from(args.observers);
+        match runtime.block_on(election::notify(target, observers, plan)) {
+            Ok(row) => out.notify = Some(row),
+            Err(e) => note("observer notification", e),
+        }
+        bar.inc(1);
+    } else {
+        bar.inc(2);
+    }
     (out, failures)
 }
 
-/// The workloads measured once: takeover and renewal.
+/// The workloads measured once: takeover, election failover and renewal.
 fn measure_once(
     runtime: &Runtime,
     target: &Target,
@@ -338,6 +394,14 @@ fn measure_once(
     } else {
         out.notes
             .push("takeover not measured: in-process backend, no holder process to kill".into());
+    }
+    bar.inc(1);
+    bar.set_message(format!("{label}: election failover"));
+    if target.elections {
+        match runtime.block_on(election::failover(target, args.takeover_rounds)) {
+            Ok(t) => out.failover = Some(t),
+            Err(e) => note("election failover", e),
+        }
     }
     bar.inc(1);
     for &held in &args.held {

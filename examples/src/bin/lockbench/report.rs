@@ -7,6 +7,7 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::contention::ContentionRow;
+use crate::election::{CampaignRun, NotifyRun};
 use crate::goals::GoalRow;
 use crate::stats::{fmt_count, fmt_us, median, median_summary, Summary};
 use crate::workloads::{RenewalRow, Takeover};
@@ -45,6 +46,10 @@ pub(crate) struct RunReport {
     /// The throughput grid and the queue-length sweep; a (C, L) pair both ask for is
     /// measured once.
     pub(crate) contention: Vec<ContentionRow>,
+    /// The uncontended campaign (none without elections).
+    pub(crate) campaign: Option<CampaignRun>,
+    /// Observers following hand-overs of leadership (none without elections).
+    pub(crate) notify: Option<NotifyRun>,
 }
 
 impl RunReport {
@@ -75,6 +80,15 @@ impl RunReport {
                     .handoff_floor_us()?,
         )
     }
+
+    /// Campaign + resign p50 against the uncontended lock's acquire + release p50 of this
+    /// run (both on the multi-thread runtime).
+    pub(crate) fn campaign_ratio(&self) -> Option<f64> {
+        Some(
+            self.campaign.as_ref()?.cycle?.p50_us
+                / self.uncontended_on(Flavour::MultiThread)?.library?.p50_us,
+        )
+    }
 }
 
 /// Everything measured for one backend.
@@ -89,6 +103,12 @@ pub(crate) struct BackendReport {
     pub(crate) takeover: Option<Takeover>,
     /// Measured once.
     pub(crate) renewal: Vec<RenewalRow>,
+    /// Whether the backend grants election candidates; without, the election rows say so.
+    pub(crate) elections: bool,
+    /// Observers of the notification workload.
+    pub(crate) observers: usize,
+    /// Failover after a killed leader, measured once (its rounds are listed one by one).
+    pub(crate) failover: Option<Takeover>,
     pub(crate) notes: Vec<String>,
 }
 
@@ -185,7 +205,8 @@ impl Report {
              runs in brackets where it helps). A ratio is computed **within each run** — the \
              library against the raw floor measured in the same run on the same runtime, \
              one backend against another in the same pass — and then its median is taken. \
-             Takeover and renewal are measured once. report.json keeps every run.\n",
+             Takeover, election failover and renewal are measured once. report.json keeps \
+             every run.\n",
             self.machine,
             self.started,
             self.elapsed_s,
@@ -208,6 +229,7 @@ impl Report {
         self.dual_md(&mut md);
         self.errors_md(&mut md);
         self.once_md(&mut md);
+        self.election_md(&mut md);
         let notes: Vec<String> = self
             .backends
             .iter()
@@ -459,6 +481,129 @@ impl Report {
                     row.held_locks
                 );
             }
+        }
+    }
+
+    /// The leader-election workloads, a row per backend ("no elections" where its clients
+    /// grant no candidates).
+    fn election_md(&self, md: &mut String) {
+        let _ = writeln!(md, "\n## Leader election\n");
+        let _ = writeln!(
+            md,
+            "### Uncontended campaign (one client campaigns and resigns on one election)\n\n\
+             Each campaign is a try, as the lock cycle's acquire is. The lock cycle is the \
+             uncontended acquire + release of the same run (multi-thread runtime).\n"
+        );
+        let _ = writeln!(
+            md,
+            "| backend | campaign p50 | campaign p99 | campaign + resign p50 | cycles/s (runs) | lock acquire + release p50 | campaign + resign ÷ lock cycle (runs) |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+        for b in &self.backends {
+            if !b.elections {
+                let _ = writeln!(md, "| {} | no elections | – | – | – | – | – |", b.backend);
+                continue;
+            }
+            let campaign = b.summary_of(|r| r.campaign.as_ref()?.campaign);
+            let cycle = b.summary_of(|r| r.campaign.as_ref()?.cycle);
+            let lock = b.summary_of(|r| r.uncontended_on(Flavour::MultiThread)?.library);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                b.backend,
+                cell(campaign, |s| s.p50_us),
+                cell(campaign, |s| s.p99_us),
+                cell(cycle, |s| s.p50_us),
+                b.spread(|r| Some(r.campaign.as_ref()?.cycles_per_sec))
+                    .show(fmt_count),
+                cell(lock, |s| s.p50_us),
+                b.spread(RunReport::campaign_ratio).show(fmt_ratio),
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\n### Failover after the leader is killed\n\n\
+             The leader is a holder process killed with SIGKILL (in-process backends: its \
+             client cut off from the space), a second candidate waiting; from the kill until \
+             that candidate leads. Measured once.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| backend | TTL | failover per round | median | max | median ÷ TTL |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|");
+        for b in &self.backends {
+            if !b.elections {
+                let _ = writeln!(md, "| {} | no elections | – | – | – | – |", b.backend);
+                continue;
+            }
+            let Some(t) = &b.failover else {
+                let _ = writeln!(md, "| {} | – | not measured | – | – | – |", b.backend);
+                continue;
+            };
+            let rounds: Vec<String> = t
+                .takeover_ms
+                .iter()
+                .map(|ms| format!("{ms:.0} ms"))
+                .collect();
+            let mid = median(t.takeover_ms.iter().copied());
+            let max = t.takeover_ms.iter().copied().reduce(f64::max);
+            let ms = |v: Option<f64>| v.map_or_else(|| "–".into(), |v| format!("{v:.0} ms"));
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} ms | {} | {} | {} | {} |",
+                b.backend,
+                t.ttl_ms,
+                rounds.join(", "),
+                ms(mid),
+                ms(max),
+                mid.map_or_else(|| "–".into(), |m| fmt_ratio(m / t.ttl_ms)),
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\n### Observer notification: a new leader reaches every observer\n\n\
+             Observers follow one election, each on a client of its own that re-reads only \
+             every 60 s, so what they report came by push. A leader resigns once the other \
+             candidate is queued; per hand-over, from the new leader's grant (its campaign \
+             returned; 0 when every observer was faster) and from the resign sent, until \
+             the last observer reported the new term. A hand-over some observer had not \
+             reported within 2 s is a missed push.\n"
+        );
+        let _ = writeln!(
+            md,
+            "| backend | observers | hand-overs (runs) | grant → all observers p50 | p99 | max | resign → all observers p50 | p99 | missed pushes (all runs) |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
+        for b in &self.backends {
+            if !b.elections {
+                let _ = writeln!(
+                    md,
+                    "| {} | no elections | – | – | – | – | – | – | – |",
+                    b.backend
+                );
+                continue;
+            }
+            let grant = b.summary_of(|r| r.notify.as_ref()?.from_grant);
+            let resign = b.summary_of(|r| r.notify.as_ref()?.from_resign);
+            let missed: u64 = b
+                .runs
+                .iter()
+                .filter_map(|r| Some(r.notify.as_ref()?.missed))
+                .sum();
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {missed} |",
+                b.backend,
+                b.observers,
+                b.spread(|r| Some(r.notify.as_ref()?.rounds as f64))
+                    .show(fmt_count),
+                cell(grant, |s| s.p50_us),
+                cell(grant, |s| s.p99_us),
+                cell(grant, |s| s.max_us),
+                cell(resign, |s| s.p50_us),
+                cell(resign, |s| s.p99_us),
+            );
         }
     }
 

@@ -26,8 +26,11 @@ pub(crate) struct Target {
     pub(crate) floor: Option<FloorSpec>,
     /// Whether a holder in another process can be killed (not for in-process backends).
     pub(crate) cross_process: bool,
-    /// Shortest TTL for the takeover workload.
+    /// Shortest TTL for the takeover workloads (the mutex's and the election's).
     pub(crate) takeover_ttl: Duration,
+    /// Whether the backend grants election candidates (`Capabilities::election`), as a
+    /// client says once the servers are up ([`Target::check_elections`]).
+    pub(crate) elections: bool,
     /// The servers' request counter, for the renewal workload.
     pub(crate) requests: Option<Box<dyn RequestCounter>>,
     /// Servers kept alive for the run.
@@ -59,7 +62,24 @@ impl Target {
             None => format!("{}?{query}", self.url),
         }
     }
+
+    /// The space of an in-process (`memory://`) target, whose clients lockbench can also
+    /// open itself to cut them off.
+    pub(crate) fn memory_space(&self) -> Option<&str> {
+        self.url.strip_prefix(MEMORY_PREFIX)
+    }
+
+    /// Asks a client whether this backend grants election candidates, and records it.
+    pub(crate) async fn check_elections(&mut self) -> Result<(), BoxError> {
+        let client =
+            tokio::time::timeout(Duration::from_secs(30), distlock::connect(&self.url)).await??;
+        self.elections = client.capabilities().election;
+        Ok(())
+    }
 }
+
+/// The prefix of an in-process target's URL: `memory://<space>`.
+const MEMORY_PREFIX: &str = "memory://";
 
 /// The backends lockbench knows, in report order. Measured only when asked for:
 /// `redis-cluster` (three primaries with a replica each, `redis+cluster://`),
@@ -234,6 +254,7 @@ fn networked(
         floor: Some(floor),
         cross_process: true,
         takeover_ttl: TAKEOVER_TTL,
+        elections: false,
         requests: Some(requests),
         servers: Vec::new(),
     }
@@ -305,10 +326,11 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
     match backend {
         "memory" => Ok(Target {
             label: "memory".into(),
-            url: format!("memory://lockbench-{}", uuid::Uuid::new_v4().simple()),
+            url: format!("{MEMORY_PREFIX}lockbench-{}", uuid::Uuid::new_v4().simple()),
             floor: None,
             cross_process: false,
             takeover_ttl: Duration::from_secs(1),
+            elections: false,
             requests: None,
             servers: Vec::new(),
         }),
@@ -419,6 +441,7 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
                 },
                 cross_process: true,
                 takeover_ttl: TAKEOVER_TTL,
+                elections: false,
                 requests: Some(Box::new(SumCounter(
                     counters.into_iter().flatten().collect(),
                 ))),

@@ -242,14 +242,63 @@ pub(crate) struct Takeover {
 /// the lock, against the TTL.
 pub(crate) async fn takeover(target: &Target, rounds: usize) -> Result<Takeover, BoxError> {
     let ttl = target.takeover_ttl;
-    let query = format!("ttl={}", distlock::raw::format_duration(ttl));
+    let query = takeover_query(ttl);
     let url = target.url_with(&query);
     let waiter_client = connect(target, &query).await?;
     let mut takeover_ms = Vec::new();
     for _ in 0..rounds {
         let name = bench_name("takeover");
-        let mut child = tokio::process::Command::new(std::env::current_exe()?)
-            .args(["hold", "--url", &url, "--name", &name])
+        let holder = HolderProcess::spawn(&url, &name, None).await?;
+        let waiter = {
+            let (client, name) = (Arc::clone(&waiter_client), name.clone());
+            tokio::spawn(async move {
+                let guard = client.lock_timeout(&name, ttl * 4 + WAIT_LIMIT).await?;
+                let acquired = Instant::now();
+                guard.release().await?;
+                Ok::<_, BoxError>(acquired)
+            })
+        };
+        sleep(QUEUE_UP).await;
+        let killed = holder.kill().await?;
+        let acquired = waiter.await??;
+        takeover_ms.push((acquired - killed).as_secs_f64() * 1000.0);
+    }
+    Ok(Takeover {
+        ttl_ms: ttl.as_secs_f64() * 1000.0,
+        takeover_ms,
+    })
+}
+
+/// The query of the clients of a takeover: the target's takeover TTL.
+pub(crate) fn takeover_query(ttl: Duration) -> String {
+    format!("ttl={}", distlock::raw::format_duration(ttl))
+}
+
+/// How long a waiter gets to queue up behind a holder before the holder is killed.
+pub(crate) const QUEUE_UP: Duration = Duration::from_millis(200);
+
+/// A `lockbench hold` child process that holds a lock, or leads an election, until it is
+/// killed (the crashed holder of the takeover workloads).
+#[derive(Debug)]
+pub(crate) struct HolderProcess {
+    child: tokio::process::Child,
+    pid: nix::unistd::Pid,
+}
+
+impl HolderProcess {
+    /// Starts a holder of `name` on `url` (with `campaign`: a candidate with that value
+    /// in the election `name`) and returns once it holds (leads).
+    pub(crate) async fn spawn(
+        url: &str,
+        name: &str,
+        campaign: Option<&str>,
+    ) -> Result<Self, BoxError> {
+        let mut command = tokio::process::Command::new(std::env::current_exe()?);
+        command.args(["hold", "--url", url, "--name", name]);
+        if let Some(value) = campaign {
+            command.args(["--campaign", value]);
+        }
+        let mut child = command
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
@@ -261,38 +310,47 @@ pub(crate) async fn takeover(target: &Target, rounds: usize) -> Result<Takeover,
         if line.as_deref() != Some("HELD") {
             return Err(format!("holder process said {line:?} instead of HELD").into());
         }
-        let waiter = {
-            let (client, name) = (Arc::clone(&waiter_client), name.clone());
-            tokio::spawn(async move {
-                let guard = client.lock_timeout(&name, ttl * 4 + WAIT_LIMIT).await?;
-                let acquired = Instant::now();
-                guard.release().await?;
-                Ok::<_, BoxError>(acquired)
-            })
-        };
-        // Let the waiter queue up behind the holder before the crash.
-        sleep(Duration::from_millis(200)).await;
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(pid)?);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL)?;
-        let killed = Instant::now();
-        let _ = child.wait().await;
-        let acquired = waiter.await??;
-        takeover_ms.push((acquired - killed).as_secs_f64() * 1000.0);
+        Ok(HolderProcess {
+            child,
+            pid: nix::unistd::Pid::from_raw(i32::try_from(pid)?),
+        })
     }
-    Ok(Takeover {
-        ttl_ms: ttl.as_secs_f64() * 1000.0,
-        takeover_ms,
-    })
+
+    /// Kills the holder with SIGKILL; returns when the signal was sent, once it is gone.
+    pub(crate) async fn kill(mut self) -> Result<Instant, BoxError> {
+        nix::sys::signal::kill(self.pid, nix::sys::signal::Signal::SIGKILL)?;
+        let killed = Instant::now();
+        let _ = self.child.wait().await;
+        Ok(killed)
+    }
 }
 
-/// The child side of workload 4: take the lock, say `HELD`, and wait to be killed.
-pub(crate) async fn hold_until_killed(url: &str, name: &str) -> Result<(), BoxError> {
+/// The child side of workload 4 and of the election failover: take the lock (or, with
+/// `campaign`, lead the election `name` with that value), say `HELD`, and wait to be
+/// killed.
+pub(crate) async fn hold_until_killed(
+    url: &str,
+    name: &str,
+    campaign: Option<&str>,
+) -> Result<(), BoxError> {
     let client = distlock::connect(url).await?;
-    let guard = client.lock_timeout(name, WAIT_LIMIT).await?;
+    let held: Box<dyn std::any::Any + Send> = match campaign {
+        None => Box::new(client.lock_timeout(name, WAIT_LIMIT).await?),
+        Some(value) => {
+            let election = distlock::Election::new(Arc::clone(&client), name)?;
+            let options = distlock::AcquireOptions::timeout(WAIT_LIMIT);
+            Box::new(
+                election
+                    .campaign(value, &options)
+                    .await?
+                    .ok_or("another candidate led")?,
+            )
+        }
+    };
     println!("HELD");
     // Bounded: a holder nobody kills gives up after ten minutes.
     sleep(Duration::from_secs(600)).await;
-    drop(guard);
+    drop(held);
     Ok(())
 }
 
