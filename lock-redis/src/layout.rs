@@ -20,7 +20,7 @@ pub(crate) const RELEASED: &str = "released";
 /// client id follows).
 pub(crate) const CLIENT: &str = "client:";
 /// Suffix of the leader entry of an election: a hash with the leader's owner token, term,
-/// value and value version.
+/// value, value version and grant time.
 pub(crate) const LEADER: &str = "leader";
 /// Suffix of the change channel of an election: grants, releases, breaks and proclaims of
 /// candidates are published on it.
@@ -53,8 +53,8 @@ pub(crate) const BROKEN_STAY: Duration = Duration::from_secs(60);
 /// - leader entry (elections): `<prefix>{<lock key>}:leader`, a hash written with a
 ///   candidate's grant in the same script and with the lock key's TTL (renewed, released
 ///   and broken with it): `owner` (the owner token in the lock key), `term` (the fencing
-///   token of the grant), `value` (the candidate's value) and `version` (0 at the grant,
-///   raised by each proclaim). Readers trust it only while `owner` is the lock key's value;
+///   token of the grant), `value` (the candidate's value), `version` (0 at the grant,
+///   raised by each proclaim) and `since` (the server time of the grant, in ms). Readers trust it only while `owner` is the lock key's value;
 /// - change channel (elections): `<prefix>{<lock key>}:changed`, on which a candidate's
 ///   grant (`elected`), release or break (`resigned`) and proclaim (`proclaimed`) are
 ///   published;
@@ -129,7 +129,7 @@ impl KeyLayout {
         self.side_key(&self.lock_key(name), BROKEN)
     }
 
-    /// The leader entry of election `name` (owner token, term, value, version).
+    /// The leader entry of election `name` (owner token, term, value, version, since).
     pub fn leader_key(&self, name: &LockName) -> String {
         self.side_key(&self.lock_key(name), LEADER)
     }

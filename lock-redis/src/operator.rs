@@ -6,7 +6,7 @@
 //! (`break.lua`, one call per server).
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::join_all;
 use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
@@ -25,8 +25,14 @@ const SCAN_COUNT: u32 = 1000;
 type View = (Option<String>, i64, Option<u64>, Vec<String>, LeaderView);
 
 /// What one server shows of a name's leader entry (see `leader.lua`): owner token, term,
-/// value, version; each `None` where absent.
-type LeaderView = (Option<String>, Option<u64>, Option<Vec<u8>>, Option<u64>);
+/// value, version, since when (server time in ms); each `None` where absent.
+type LeaderView = (
+    Option<String>,
+    Option<u64>,
+    Option<Vec<u8>>,
+    Option<u64>,
+    Option<u64>,
+);
 
 /// Who holds and who waits for `name`; see [`merge`] for how several servers' views
 /// combine.
@@ -213,7 +219,7 @@ pub(crate) async fn force_release(
             let owner = (term.is_some() || value.is_some())
                 .then(|| holder.clone())
                 .flatten();
-            let entry = (owner, term, value, None);
+            let entry = (owner, term, value, None, None);
             (i, (holder, pttl, None, Vec::new(), entry))
         })
         .collect();
@@ -319,13 +325,20 @@ fn leader(views: &[(usize, View)], value: &str, holder: Participant) -> Option<P
     let term = entries.iter().filter_map(|(_, term, ..)| *term).max()?;
     let shown = entries
         .iter()
-        .filter(|(_, _, value, _)| value.is_some())
-        .max_by_key(|(.., version)| version.unwrap_or(0))
-        .and_then(|(_, _, value, _)| value.clone());
+        .filter(|(_, _, value, ..)| value.is_some())
+        .max_by_key(|(_, _, _, version, _)| version.unwrap_or(0))
+        .and_then(|(_, _, value, ..)| value.clone());
+    // Each server records its own clock at the grant: the earliest.
+    let since = entries
+        .iter()
+        .filter_map(|(.., since)| *since)
+        .min()
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
     Some(
         holder
             .fencing_token(Some(FencingToken(term)))
-            .value(Some(shown.unwrap_or_default())),
+            .value(Some(shown.unwrap_or_default()))
+            .since(since),
     )
 }
 
@@ -335,7 +348,7 @@ mod tests {
 
     fn view(holder: Option<&str>, pttl: i64, counter: Option<u64>, ids: &[&str]) -> View {
         let ids = ids.iter().map(|id| (*id).to_owned()).collect();
-        let entry = (None, None, None, None);
+        let entry = (None, None, None, None, None);
         (holder.map(str::to_owned), pttl, counter, ids, entry)
     }
 
@@ -363,7 +376,8 @@ mod tests {
     fn a_leader_shows_its_term_and_newest_value() {
         let entry = |owner: &str, term: Option<u64>, value: &str, version: u64| {
             let owner = Some(owner.to_owned());
-            (owner, term, Some(value.as_bytes().to_vec()), Some(version))
+            let value = Some(value.as_bytes().to_vec());
+            (owner, term, value, Some(version), Some(1_000))
         };
         let with = |mut view: View, leader: LeaderView| {
             view.4 = leader;
@@ -396,6 +410,7 @@ mod tests {
         let holder = merge(&views, 0, 2).holder.expect("c leads");
         assert_eq!(holder.fencing_token, Some(FencingToken(7)));
         assert_eq!(holder.value.as_deref(), Some(&b"v1"[..]));
+        assert_eq!(holder.since, Some(UNIX_EPOCH + Duration::from_secs(1)));
         // No term anywhere yet: RedLock's first round, nobody leads.
         let under_way = [
             (

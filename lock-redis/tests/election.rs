@@ -111,6 +111,11 @@ async fn entry_follows_the_hold(redlock: bool) {
         (leader.term, leader.value.as_slice()),
         (FencingToken(term), &b"node-1"[..])
     );
+    let since = leader.since.expect("the grant's server time");
+    let ago = std::time::SystemTime::now()
+        .duration_since(since)
+        .unwrap_or_default();
+    assert!(ago < Duration::from_secs(30), "led since {ago:?}");
     leadership.proclaim("node-1b").await.expect("proclaim");
     leadership.proclaim("node-1c").await.expect("proclaim");
     for mut conn in factory.raw_all().await {
