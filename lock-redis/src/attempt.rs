@@ -51,7 +51,7 @@ impl Dirty {
 /// grant, `max(counter + 1, server clock in µs)`, and stores it (one server); without, it
 /// only reads `max(counter, server clock in µs)` (RedLock, which writes the token back
 /// through a majority). With a `floor`, the floor takes the place of the clock (see
-/// `tokens.lua`).
+/// `tokens.lua`). A candidate's grant also stores its entry (see `leader.lua`).
 pub(crate) fn acquire_invocation<'s>(
     servers: &'s Servers,
     hold: &RedisHold,
@@ -67,6 +67,12 @@ pub(crate) fn acquire_invocation<'s>(
         .arg(ttl_ms)
         .arg(u8::from(count))
         .arg(floor_arg(floor));
+    if let Some(candidate) = &hold.keys.candidate {
+        invocation
+            .key(&candidate.leader)
+            .arg(candidate.value.as_slice())
+            .arg(&candidate.changed);
+    }
     invocation
 }
 

@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Backend, BackendRelease, Background, Cleanup, CleanupOnDrop, Connect,
-    LockUrl, RenewItem, RenewOutcome,
+    AcquireRequest, Acquired, Backend, BackendRelease, Background, ChangeFeed, Cleanup,
+    CleanupOnDrop, Connect, LockUrl, Proclaimed, RenewItem, RenewOutcome,
 };
 use lock_core::{
     Capabilities, FencingSource, LockName, LockOptions, Occupancy, Participant, Result,
@@ -247,7 +247,8 @@ impl Backend for RedisBackend {
             .fair(servers.config.queue)
             .push_wakeup(true)
             .durable(false)
-            .fence_at_least(true);
+            .fence_at_least(true)
+            .election(true);
         match servers.topology {
             Topology::RedLock { .. } => base
                 .min_ttl(MIN_TTL_REDLOCK)
@@ -368,6 +369,37 @@ impl Backend for RedisBackend {
     /// some of them.
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         operator::force_release(&self.servers, name).await
+    }
+
+    /// One owner-checked script call per server (RedLock: done on a majority): the value
+    /// goes into the hold's leader entry with a version above the earlier proclaims', and
+    /// is published on the election's change channel.
+    ///
+    /// # Errors
+    /// When fewer than a majority of servers answered: the value may then be stored on
+    /// some of them.
+    async fn proclaim(&self, hold: &RedisHold, value: &[u8]) -> Result<Proclaimed> {
+        hold::proclaim(&self.servers, hold, value).await
+    }
+
+    /// The election's change channel (see [`KeyLayout`]), joined on the client's shared
+    /// wake-up subscription (on every server; on Redis Cluster sharded, on the primary of
+    /// the name's slot). Candidates' grants, releases, breaks and proclaims are published
+    /// on it; an expiry is not (Redis tells nobody without keyspace notifications), so
+    /// readers find it at their next `recheck`. The feed also fires each time the
+    /// subscription is made again after a reconnect (a change may have been missed). The
+    /// subscription is awaited (at most the request timeout) before this returns.
+    async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
+        let channel = self.servers.keys.changes_channel(name);
+        let mut subscription = self.wakeups.join(&channel);
+        // Its first ring says it is live: from then on nothing published is missed.
+        let limit = self.servers.config.options.request_timeout;
+        let _ = tokio::time::timeout(limit, subscription.rung()).await;
+        let stream = futures::stream::unfold(subscription, |mut subscription| async move {
+            subscription.rung().await;
+            Some(((), subscription))
+        });
+        Ok(ChangeFeed::from_stream(Box::pin(stream)))
     }
 
     /// Waits (at most the request timeout) for the cleanups of abandoned acquires: Redis

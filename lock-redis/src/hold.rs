@@ -10,11 +10,14 @@
 
 mod cluster;
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{AcquireRequest, BackendRelease, RenewItem, RenewOutcome};
+use lock_core::raw::{
+    AcquireRequest, BackendRelease, HoldKind, Proclaimed, RenewItem, RenewOutcome,
+};
 use lock_core::{FencingToken, LockName, LostReason, OwnerToken, Result};
 use redis::ScriptInvocation;
 use tokio::time::Instant;
@@ -45,6 +48,33 @@ pub(crate) struct HoldKeys {
     /// The break mark (see [`KeyLayout`](crate::KeyLayout)).
     pub(crate) broken: String,
     pub(crate) wake: WakeKeys,
+    /// A candidate of an election: its entry's keys and value.
+    pub(crate) candidate: Option<CandidateKeys>,
+}
+
+/// What a candidate's hold keeps beside the lock key (see `leader.lua`).
+#[derive(Debug)]
+pub(crate) struct CandidateKeys {
+    /// The leader hash.
+    pub(crate) leader: String,
+    /// The election's change channel.
+    pub(crate) changed: String,
+    /// The value stored with the grant.
+    pub(crate) value: Vec<u8>,
+    /// The version of the last proclaim sent (0: the value of the grant).
+    pub(crate) proclaims: AtomicU64,
+}
+
+impl HoldKeys {
+    /// The leader hash as the scripts that renew or release take it: "" for a mutex.
+    pub(crate) fn leader_arg(&self) -> &str {
+        self.candidate.as_ref().map_or("", |c| c.leader.as_str())
+    }
+
+    /// The change channel as the release scripts take it: "" for a mutex.
+    pub(crate) fn changed_arg(&self) -> &str {
+        self.candidate.as_ref().map_or("", |c| c.changed.as_str())
+    }
 }
 
 /// How the waiters of a name learn of its release.
@@ -77,6 +107,15 @@ impl RedisHold {
         } else {
             WakeKeys::Channel(keys.side_key(&key, layout::RELEASED))
         };
+        let candidate = match request.kind {
+            HoldKind::Candidate { value } => Some(CandidateKeys {
+                leader: keys.side_key(&key, layout::LEADER),
+                changed: keys.side_key(&key, layout::CHANGED),
+                value: value.clone(),
+                proclaims: AtomicU64::new(0),
+            }),
+            _ => None,
+        };
         RedisHold {
             name: request.name.clone(),
             keys: Arc::new(HoldKeys {
@@ -84,6 +123,7 @@ impl RedisHold {
                 broken: keys.side_key(&key, layout::BROKEN),
                 key,
                 wake,
+                candidate,
             }),
             token: request.token.clone(),
         }
@@ -213,7 +253,9 @@ fn release_q_invocation<'s>(
     invocation
         .arg(if leave { hold.waiter() } else { "" })
         .arg(servers.channel_prefix_for(&hold.keys.key))
-        .arg(ttl_millis(servers.queue_times.window));
+        .arg(ttl_millis(servers.queue_times.window))
+        .arg(hold.keys.leader_arg())
+        .arg(hold.keys.changed_arg());
     servers.pass_break_mark(&mut invocation, &hold.keys.broken);
     invocation
 }
@@ -261,7 +303,8 @@ pub(crate) async fn renew(
                     .key(&item.hold.keys.key)
                     .key(&item.hold.keys.broken)
                     .arg(item.hold.token.as_str())
-                    .arg(ttl_millis(item.ttl));
+                    .arg(ttl_millis(item.ttl))
+                    .arg(item.hold.keys.leader_arg());
             }
             async move {
                 Route::Node(node)
@@ -344,7 +387,11 @@ pub(crate) async fn release_each(
     let plain = (queued.is_none() || routes.len() > 1 || cluster).then(|| {
         let mut invocation = servers.scripts.release.prepare_invoke();
         invocation.key(&hold.keys.key);
-        invocation.arg(hold.token.as_str()).arg(channel);
+        invocation
+            .arg(hold.token.as_str())
+            .arg(channel)
+            .arg(hold.keys.leader_arg())
+            .arg(hold.keys.changed_arg());
         servers.pass_break_mark(&mut invocation, &hold.keys.broken);
         invocation
     });
@@ -420,6 +467,78 @@ pub(crate) async fn release_all(
     }
 }
 
+/// Proclaims `value` as the value of `hold`, a candidate's, on every server: an
+/// owner-checked write of its leader hash (see `proclaim.lua`), with a version above
+/// every earlier proclaim of the hold, so that readers of several servers take the
+/// newest value they see and a late retry never replaces a newer one. Done when a
+/// majority of servers (the one server, on `redis://`) found the hold theirs.
+///
+/// # Errors
+/// When fewer than a majority of servers answered: the value may then be stored on some.
+pub(crate) async fn proclaim(
+    servers: &Servers,
+    hold: &RedisHold,
+    value: &[u8],
+) -> Result<Proclaimed> {
+    let backend = servers.backend;
+    let Some(candidate) = &hold.keys.candidate else {
+        return Err(lock_core::Error::unsupported(
+            backend,
+            format!(
+                "proclaiming on `{}`, a hold that no campaign took",
+                hold.name
+            ),
+        ));
+    };
+    let version = candidate.proclaims.fetch_add(1, Ordering::AcqRel) + 1;
+    let mut invocation = servers.scripts.proclaim.prepare_invoke();
+    invocation
+        .key(&hold.keys.key)
+        .arg(hold.token.as_str())
+        .arg(&candidate.leader)
+        .arg(value)
+        .arg(version)
+        .arg(&candidate.changed);
+    servers.pass_break_mark(&mut invocation, &hold.keys.broken);
+    let deadline = servers.request_deadline();
+    let routes = servers.routes(&hold.keys.key);
+    let servers_n = routes.len();
+    let replies = join_all(routes.into_iter().map(|route| {
+        let invocation = &invocation;
+        async move { route.script::<i64>("proclaim", deadline, invocation).await }
+    }))
+    .await;
+    let mut statuses = Vec::with_capacity(servers_n);
+    let mut first_error = None;
+    for reply in replies {
+        match reply {
+            Ok(status) => statuses.push(status),
+            Err(err) => {
+                first_error.get_or_insert(err);
+            }
+        }
+    }
+    let quorum = servers.quorum();
+    let stored = statuses.iter().filter(|s| **s == status::DONE).count();
+    let answered = statuses.len();
+    if stored >= quorum {
+        Ok(Proclaimed::Done)
+    } else if answered >= quorum {
+        Ok(Proclaimed::NotOwner(lost_reason(statuses.into_iter())))
+    } else if servers_n == 1 {
+        Err(first_error.unwrap_or_else(|| error::protocol(backend, "no reply".into())))
+    } else {
+        Err(error::no_majority(
+            backend,
+            format!(
+                "only {answered} of {servers_n} servers answered the proclaim of `{}`",
+                hold.name
+            ),
+            first_error,
+        ))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -442,6 +561,7 @@ mod tests {
                 fence_key: "f".into(),
                 broken: "b".into(),
                 wake: WakeKeys::Channel("c".into()),
+                candidate: None,
             }),
             token: OwnerToken::from_string("a~b".into()),
         };

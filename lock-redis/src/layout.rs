@@ -19,6 +19,12 @@ pub(crate) const RELEASED: &str = "released";
 /// Suffix of the wake-up channels of a name's queued waiters on Redis Cluster (the
 /// client id follows).
 pub(crate) const CLIENT: &str = "client:";
+/// Suffix of the leader entry of an election: a hash with the leader's owner token, term,
+/// value, value version and grant time.
+pub(crate) const LEADER: &str = "leader";
+/// Suffix of the change channel of an election: grants, releases, breaks and proclaims of
+/// candidates are published on it.
+pub(crate) const CHANGED: &str = "changed";
 /// Suffix of the break mark: the owner tokens an operator's force release removed.
 pub(crate) const BROKEN: &str = "broken";
 /// How many removed owner tokens a break mark keeps.
@@ -44,6 +50,14 @@ pub(crate) const BROKEN_STAY: Duration = Duration::from_secs(60);
 ///   third of its TTL later; a release comes before its lease ends). Renewal and
 ///   release look at it only when the lock key is not theirs, to report the hold broken
 ///   rather than taken or gone;
+/// - leader entry (elections): `<prefix>{<lock key>}:leader`, a hash written with a
+///   candidate's grant in the same script and with the lock key's TTL (renewed, released
+///   and broken with it): `owner` (the owner token in the lock key), `term` (the fencing
+///   token of the grant), `value` (the candidate's value), `version` (0 at the grant,
+///   raised by each proclaim) and `since` (the server time of the grant, in ms). Readers trust it only while `owner` is the lock key's value;
+/// - change channel (elections): `<prefix>{<lock key>}:changed`, on which a candidate's
+///   grant (`elected`), release or break (`resigned`) and proclaim (`proclaimed`) are
+///   published;
 /// - wake-up channel of a client (queue mode): `<prefix>client:<client id>`, on which a
 ///   release names the queued waiter it wakes; on Redis Cluster, where a (sharded)
 ///   channel lives on the shard of its hash slot, one per name the client waits for:
@@ -115,6 +129,16 @@ impl KeyLayout {
         self.side_key(&self.lock_key(name), BROKEN)
     }
 
+    /// The leader entry of election `name` (owner token, term, value, version, since).
+    pub fn leader_key(&self, name: &LockName) -> String {
+        self.side_key(&self.lock_key(name), LEADER)
+    }
+
+    /// The channel on which changes of election `name`'s leader are published.
+    pub fn changes_channel(&self, name: &LockName) -> String {
+        self.side_key(&self.lock_key(name), CHANGED)
+    }
+
     /// The waiter queue of `name` (ids by arrival ticket).
     pub fn queue_key(&self, name: &LockName) -> String {
         self.side_key(&self.lock_key(name), QUEUE)
@@ -160,6 +184,14 @@ mod tests {
             keys.broken_key(&name),
             format!("distlock:{{{lock}}}:broken")
         );
+        assert_eq!(
+            keys.leader_key(&name),
+            format!("distlock:{{{lock}}}:leader")
+        );
+        assert_eq!(
+            keys.changes_channel(&name),
+            format!("distlock:{{{lock}}}:changed")
+        );
         let plain = KeyLayout::new("");
         assert_eq!(plain.lock_key(&LockName::new("jobs").unwrap()), "jobs");
         assert_ne!(
@@ -179,6 +211,7 @@ mod tests {
                 keys.queue_key(&name),
                 keys.queue_live_key(&name),
                 keys.broken_key(&name),
+                keys.leader_key(&name),
             ] {
                 assert_eq!(keys.name_of(&side), None, "{side}");
             }

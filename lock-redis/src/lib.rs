@@ -2,7 +2,8 @@
 
 // The same files as every backend crate: `config.rs` (the configuration; `config/url.rs`
 // reads it from a URL), `error.rs`, `backend.rs` (the `Backend` and `Connect` impls),
-// `hold.rs` (holds, renewal, release; `hold/cluster.rs` renewal on Redis Cluster),
+// `hold.rs` (holds, renewal, release, an election leader's proclaim; `hold/cluster.rs`
+// renewal on Redis Cluster),
 // `connection.rs` (connections, wake-up subscriptions), `layout.rs` (key names),
 // `queue.rs` (the waiter queue), `operator.rs` (who holds and who waits, which names are
 // held, breaking a hold); and, for Redis alone, `topology.rs` (one server, Sentinel,

@@ -6,7 +6,7 @@
 //! (`break.lua`, one call per server).
 
 use std::collections::{HashMap, HashSet};
-use std::time::Duration;
+use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::join_all;
 use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
@@ -21,8 +21,18 @@ use crate::topology::{Servers, Topology};
 const SCAN_COUNT: u32 = 1000;
 
 /// What one server shows of a name: the lock key's value and PTTL, the fencing counter,
-/// the live waiter ids in ticket order.
-type View = (Option<String>, i64, Option<u64>, Vec<String>);
+/// the live waiter ids in ticket order, the leader entry.
+type View = (Option<String>, i64, Option<u64>, Vec<String>, LeaderView);
+
+/// What one server shows of a name's leader entry (see `leader.lua`): owner token, term,
+/// value, version, since when (server time in ms); each `None` where absent.
+type LeaderView = (
+    Option<String>,
+    Option<u64>,
+    Option<Vec<u8>>,
+    Option<u64>,
+    Option<u64>,
+);
 
 /// Who holds and who waits for `name`; see [`merge`] for how several servers' views
 /// combine.
@@ -32,6 +42,7 @@ type View = (Option<String>, i64, Option<u64>, Vec<String>);
 pub(crate) async fn inspect(servers: &Servers, name: &LockName) -> Result<Occupancy> {
     let mut invocation = servers.scripts.inspect.prepare_invoke();
     let key = queue_keys(servers, &mut invocation, name);
+    invocation.key(servers.keys.side_key(&key, layout::LEADER));
     let deadline = servers.request_deadline();
     let replies = join_all(servers.routes(&key).into_iter().map(|route| {
         let invocation = &invocation;
@@ -177,17 +188,23 @@ pub(crate) async fn force_release(
     let stay = BROKEN_STAY.max(servers.config.options.ttl.saturating_mul(3));
     invocation
         .key(servers.keys.side_key(&key, layout::BROKEN))
+        .key(servers.keys.side_key(&key, layout::LEADER))
         .arg(ttl_millis(stay))
         .arg(BROKEN_KEPT)
         .arg(servers.channel_prefix_for(&key))
         .arg(ttl_millis(servers.queue_times.window))
-        .arg(servers.keys.side_key(&key, layout::RELEASED));
+        .arg(servers.keys.side_key(&key, layout::RELEASED))
+        .arg(servers.keys.side_key(&key, layout::CHANGED));
     let deadline = servers.request_deadline();
     let replies = join_all(servers.routes(&key).into_iter().map(|route| {
         let invocation = &invocation;
         async move {
             route
-                .script::<(Option<String>, i64)>("force release", deadline, invocation)
+                .script::<(Option<String>, i64, Option<u64>, Option<Vec<u8>>)>(
+                    "force release",
+                    deadline,
+                    invocation,
+                )
                 .await
         }
     }))
@@ -197,7 +214,14 @@ pub(crate) async fn force_release(
     let removed = error::majority(servers.backend, quorum, replies, what)?;
     let views: Vec<(usize, View)> = removed
         .into_iter()
-        .map(|(i, (holder, pttl))| (i, (holder, pttl, None, Vec::new())))
+        .map(|(i, (holder, pttl, term, value))| {
+            // The removed hold's entry, where it had one (a candidate's).
+            let owner = (term.is_some() || value.is_some())
+                .then(|| holder.clone())
+                .flatten();
+            let entry = (owner, term, value, None, None);
+            (i, (holder, pttl, None, Vec::new(), entry))
+        })
         .collect();
     // A value removed from fewer servers than a majority was no hold (an acquire under
     // way or being undone on RedLock): removed, but not reported as a broken holder.
@@ -222,13 +246,21 @@ pub(crate) async fn force_release(
 ///   where fewer hold it), `None` for a key without expiry. Its `fencing_token` is
 ///   `None`: the counter holds the last token granted, which need not be this holder's
 ///   (a plain `SET NX` holder has none).
+///   A candidate's holder (an election's leader) shows the term and value of its leader
+///   entry instead, from the servers that show its owner token in both the lock key and
+///   the entry: the term found there (written by the grant; on RedLock by its fencing
+///   write, which a grant needs on a majority, so any majority of answers meets it), the
+///   value of the highest version (each proclaim raises it, on a majority). A candidate
+///   without a term anywhere is still in RedLock's first round: nobody leads yet, and no
+///   holder is shown. One seen during its second round may still fail and be undone; its
+///   term is above every earlier leader's all the same.
 /// - waiters: the live queue entries of the server that orders the waiters (`arbiter`),
 ///   then those only other servers list, each in ticket order and once; the owner token
 ///   is the part of the waiter id `<client id>/<owner token>` after the first `/`.
 /// - token floor: the highest fencing counter (every later grant is above it).
 fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
     let mut held: Vec<(&str, Vec<i64>)> = Vec::new();
-    for (_, (value, pttl, _, _)) in views {
+    for (_, (value, pttl, ..)) in views {
         if let Some(value) = value {
             match held.iter_mut().find(|(v, _)| v == value) {
                 Some((_, pttls)) => pttls.push(*pttl),
@@ -248,16 +280,18 @@ fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
                 .collect();
             left.sort_unstable_by(|a, b| b.cmp(a));
             let kept = left[quorum.min(left.len()) - 1];
-            Participant::new(Some(value.to_owned()))
-                .lease_left((kept != u64::MAX).then(|| Duration::from_millis(kept)))
-        });
+            let holder = Participant::new(Some(value.to_owned()))
+                .lease_left((kept != u64::MAX).then(|| Duration::from_millis(kept)));
+            (value, holder)
+        })
+        .and_then(|(value, holder)| leader(views, value, holder));
     let mut seen = HashSet::new();
     let arbiter_first = views
         .iter()
         .filter(|(i, _)| *i == arbiter)
         .chain(views.iter().filter(|(i, _)| *i != arbiter));
     let waiters = arbiter_first
-        .flat_map(|(_, (_, _, _, ids))| ids)
+        .flat_map(|(_, (_, _, _, ids, _))| ids)
         .filter(|id| seen.insert(id.as_str()))
         .map(|id| match id.split_once('/') {
             Some((client, token)) => {
@@ -268,9 +302,44 @@ fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
         .collect();
     let floor = views
         .iter()
-        .filter_map(|(_, (_, _, counter, _))| *counter)
+        .filter_map(|(_, (_, _, counter, ..))| *counter)
         .max();
     Occupancy::new(holder, waiters).token_floor(floor.map(FencingToken))
+}
+
+/// `holder`, whose owner token is `value` in the lock key, as [`merge`] shows it: a
+/// mutex's holder as it is; a candidate's with its term and value, or `None` while no
+/// server stores its term.
+fn leader(views: &[(usize, View)], value: &str, holder: Participant) -> Option<Participant> {
+    let entries: Vec<&LeaderView> = views
+        .iter()
+        .filter(|(_, (key, .., entry))| {
+            key.as_deref() == Some(value) && entry.0.as_deref() == Some(value)
+        })
+        .map(|(_, (.., entry))| entry)
+        .collect();
+    if entries.is_empty() {
+        return Some(holder);
+    }
+    // One owner token has one term: every fencing write of its round carries the same.
+    let term = entries.iter().filter_map(|(_, term, ..)| *term).max()?;
+    let shown = entries
+        .iter()
+        .filter(|(_, _, value, ..)| value.is_some())
+        .max_by_key(|(_, _, _, version, _)| version.unwrap_or(0))
+        .and_then(|(_, _, value, ..)| value.clone());
+    // Each server records its own clock at the grant: the earliest.
+    let since = entries
+        .iter()
+        .filter_map(|(.., since)| *since)
+        .min()
+        .map(|ms| UNIX_EPOCH + Duration::from_millis(ms));
+    Some(
+        holder
+            .fencing_token(Some(FencingToken(term)))
+            .value(Some(shown.unwrap_or_default()))
+            .since(since),
+    )
 }
 
 #[cfg(test)]
@@ -279,7 +348,8 @@ mod tests {
 
     fn view(holder: Option<&str>, pttl: i64, counter: Option<u64>, ids: &[&str]) -> View {
         let ids = ids.iter().map(|id| (*id).to_owned()).collect();
-        (holder.map(str::to_owned), pttl, counter, ids)
+        let entry = (None, None, None, None, None);
+        (holder.map(str::to_owned), pttl, counter, ids, entry)
     }
 
     #[test]
@@ -300,5 +370,68 @@ mod tests {
         assert_eq!(free, Occupancy::default());
         let forever = merge(&[(0, view(Some("p"), -1, None, &[]))], 0, 1);
         assert_eq!(forever.holder.expect("held").lease_left, None);
+    }
+
+    #[test]
+    fn a_leader_shows_its_term_and_newest_value() {
+        let entry = |owner: &str, term: Option<u64>, value: &str, version: u64| {
+            let owner = Some(owner.to_owned());
+            let value = Some(value.as_bytes().to_vec());
+            (owner, term, value, Some(version), Some(1_000))
+        };
+        let with = |mut view: View, leader: LeaderView| {
+            view.4 = leader;
+            view
+        };
+        // RedLock: the term on two of three servers, a proclaim (version 1) on two.
+        let views = [
+            (
+                0,
+                with(
+                    view(Some("c"), 900, Some(7), &[]),
+                    entry("c", Some(7), "v1", 1),
+                ),
+            ),
+            (
+                1,
+                with(
+                    view(Some("c"), 900, Some(7), &[]),
+                    entry("c", None, "v1", 1),
+                ),
+            ),
+            (
+                2,
+                with(
+                    view(Some("c"), 900, Some(7), &[]),
+                    entry("c", Some(7), "v0", 0),
+                ),
+            ),
+        ];
+        let holder = merge(&views, 0, 2).holder.expect("c leads");
+        assert_eq!(holder.fencing_token, Some(FencingToken(7)));
+        assert_eq!(holder.value.as_deref(), Some(&b"v1"[..]));
+        assert_eq!(holder.since, Some(UNIX_EPOCH + Duration::from_secs(1)));
+        // No term anywhere yet: RedLock's first round, nobody leads.
+        let under_way = [
+            (
+                0,
+                with(view(Some("d"), 900, Some(7), &[]), entry("d", None, "x", 0)),
+            ),
+            (
+                1,
+                with(view(Some("d"), 900, Some(7), &[]), entry("d", None, "x", 0)),
+            ),
+        ];
+        assert_eq!(merge(&under_way, 0, 2).holder, None);
+        // A stale entry of another owner is not the holder's: shown as a plain holder.
+        let stale = [(
+            0,
+            with(
+                view(Some("e"), 900, Some(8), &[]),
+                entry("c", Some(7), "old", 0),
+            ),
+        )];
+        let holder = merge(&stale, 0, 1).holder.expect("e holds");
+        assert_eq!((holder.fencing_token, holder.value), (None, None));
     }
 }

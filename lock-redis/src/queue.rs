@@ -72,7 +72,7 @@ impl Reply {
 /// The queued acquire for `hold` (see `acquire_q.lua`): with `count` it takes the next
 /// fencing token on a grant (no lower than `floor`); with `wait` a refused waiter
 /// queues. One that finds the key free behind a head nobody woke wakes it, as a
-/// release does.
+/// release does. A candidate's grant also stores its entry (see `leader.lua`).
 pub(crate) fn acquire_q_invocation<'s>(
     servers: &'s Servers,
     hold: &RedisHold,
@@ -91,6 +91,12 @@ pub(crate) fn acquire_q_invocation<'s>(
         .arg(floor_arg(floor))
         .arg(servers.channel_prefix_for(&hold.keys.key))
         .arg(ttl_millis(servers.queue_times.window));
+    if let Some(candidate) = &hold.keys.candidate {
+        invocation
+            .key(&candidate.leader)
+            .arg(candidate.value.as_slice())
+            .arg(&candidate.changed);
+    }
     invocation
 }
 

@@ -265,6 +265,10 @@ async fn write_fence(
         .key(&hold.keys.fence_key)
         .arg(hold.token.as_str())
         .arg(fence);
+    if let Some(candidate) = &hold.keys.candidate {
+        // The candidate's entry, stored by round 1, gets its term.
+        write.key(&candidate.leader).arg(&candidate.changed);
+    }
     let deadline = Instant::now() + node_timeout;
     let acks = gather(
         nodes.iter().map(|node| {

@@ -5,8 +5,10 @@ use redis::Script;
 
 /// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`). Shared helpers are
 /// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts, the
-/// inspection and the force release, `broken.lua` to renewal and release; and to every
-/// script that may wake waiters, the command it publishes with (`PUBLISH`).
+/// inspection and the force release, `broken.lua` to renewal, release and proclaim,
+/// `leader.lua` (elections) to the scripts that grant, release or break; and to every
+/// script that may wake waiters or tell an election's observers, the command it publishes
+/// with (`PUBLISH`).
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
@@ -16,6 +18,7 @@ pub(crate) struct Scripts {
     pub(crate) fence_write: Script,
     pub(crate) inspect: Script,
     pub(crate) force_release: Script,
+    pub(crate) proclaim: Script,
 }
 
 impl Scripts {
@@ -33,19 +36,22 @@ impl Scripts {
         let tokens = include_str!("scripts/tokens.lua");
         let queue = include_str!("scripts/queue.lua");
         let broken = include_str!("scripts/broken.lua");
+        let leader = include_str!("scripts/leader.lua");
         Scripts {
-            acquire: script(&[tokens, include_str!("scripts/acquire.lua")]),
-            release: script(&[publish, broken, include_str!("scripts/release.lua")]),
+            acquire: script(&[publish, tokens, leader, include_str!("scripts/acquire.lua")]),
+            release: script(&[publish, broken, leader, include_str!("scripts/release.lua")]),
             acquire_q: script(&[
                 publish,
                 tokens,
                 queue,
+                leader,
                 include_str!("scripts/acquire_q.lua"),
             ]),
             release_q: script(&[
                 publish,
                 queue,
                 broken,
+                leader,
                 include_str!("scripts/release_q.lua"),
             ]),
             renew: script(&[
@@ -57,9 +63,10 @@ impl Scripts {
                 broken,
                 include_str!("scripts/renew.lua"),
             ]),
-            fence_write: script(&[include_str!("scripts/fence_write.lua")]),
+            fence_write: script(&[publish, include_str!("scripts/fence_write.lua")]),
             inspect: script(&[publish, queue, include_str!("scripts/inspect.lua")]),
-            force_release: script(&[publish, queue, include_str!("scripts/break.lua")]),
+            force_release: script(&[publish, queue, leader, include_str!("scripts/break.lua")]),
+            proclaim: script(&[publish, broken, include_str!("scripts/proclaim.lua")]),
         }
     }
 }

@@ -1,6 +1,6 @@
 //! Redis Cluster slot moves: a held and contended name whose slot migrates (renewal,
 //! acquire and release through `ASK`, then `MOVED`), releases and acquires while the slot
-//! is migrating.
+//! is migrating, and an election's leader whose entry moves with its slot.
 
 mod common;
 
@@ -335,4 +335,80 @@ async fn an_acquire_in_a_migrating_slot_waits_for_its_deadline() {
         .expect("granted after the move")
         .expect("free");
     release_leaving_nothing(&factory, guard, &lock).await;
+}
+
+/// A leader whose slot moves to another primary keeps leading with its entry: the
+/// entry moves with the lock key (same hash slot), renewal keeps both alive on the new
+/// primary, the observers' change channel is subscribed there again, and a proclaim and
+/// the resign reach them by push; nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_keeps_its_entry_when_its_slot_moves() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    let ttl = Duration::from_millis(1500);
+    let leader_client: Arc<dyn lock_core::DistributedLock> = factory.make(with_ttl(ttl)).await;
+    let mut push_only = with_ttl(ttl);
+    push_only.recheck = Duration::from_secs(20);
+    let watcher: Arc<dyn lock_core::DistributedLock> = factory.make(push_only).await;
+    let name = name_on(&factory, "leader_moves", 0).await;
+    let on_leader = lock_core::Election::new(leader_client, name.as_str()).expect("election");
+    let watched = lock_core::Election::new(watcher, name.as_str()).expect("election");
+    let mut leadership = on_leader
+        .campaign("node-a", &lock_core::AcquireOptions::try_once())
+        .await
+        .expect("campaign")
+        .expect("leads");
+    let mut observer = watched.observe();
+    let seen = observer.next().await.expect("observe").expect("a leader");
+    assert_eq!(seen.term, leadership.term());
+    await_shard_channels(&factory, 0, &name, 1).await;
+
+    let slot = factory.cluster.slot_of(&key(&name)).await.expect("slot");
+    let moving = factory.cluster.begin_move(slot, 1).await.expect("begin");
+    let moved = factory.cluster.move_keys(&moving).await.expect("move");
+    assert!(
+        moved >= 3,
+        "the lock key, its fencing counter and the leader entry move: {moved}"
+    );
+    factory.cluster.finish_move(&moving).await.expect("finish");
+    await_shard_channels(&factory, 1, &name, 1).await;
+    sleep(ttl).await;
+    assert!(leadership.is_leader(), "renewed after the move");
+    let leader_key = lock_redis::KeyLayout::new(lock_redis::DEFAULT_PREFIX).leader_key(&name);
+    let mut conn = raw(factory.cluster.server(1).addr()).await;
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg(&leader_key)
+        .query_async(&mut conn)
+        .await
+        .expect("PTTL");
+    assert!(
+        pttl > 0 && u64::try_from(pttl).expect("ms") <= 1500,
+        "the entry lives on the new primary with the lock's TTL: PTTL {pttl}"
+    );
+
+    leadership.proclaim("node-a2").await.expect("proclaim");
+    let seen = timeout(Duration::from_secs(3), observer.next())
+        .await
+        .expect("the proclaim is pushed from the new primary")
+        .expect("observe")
+        .expect("a leader");
+    assert_eq!(
+        (seen.value_text(), seen.term),
+        ("node-a2".to_owned(), leadership.term())
+    );
+    leadership.resign().await.expect("resign");
+    let seen = timeout(Duration::from_secs(3), observer.next())
+        .await
+        .expect("the resign is pushed")
+        .expect("observe");
+    assert_eq!(seen, None);
+    drop(observer);
+    await_shard_channels(&factory, 1, &name, 0).await;
+    let exists: i64 = redis::cmd("EXISTS")
+        .arg(&leader_key)
+        .query_async(&mut conn)
+        .await
+        .expect("EXISTS");
+    assert_eq!(exists, 0, "the entry goes with the hold");
 }

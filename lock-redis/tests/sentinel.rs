@@ -1,10 +1,11 @@
 //! Redis behind Sentinel (`redis+sentinel://`), what the conformance suite cannot show: a
 //! failover while locks are held and contended, replica-acknowledged grants
-//! (`wait_replicas`) with a replica paused, discovery with Sentinels paused, and writes
-//! sent to a replica.
+//! (`wait_replicas`) with a replica paused, discovery with Sentinels paused, writes
+//! sent to a replica, and an election whose leader a failover forgets.
 
 mod common;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
@@ -12,7 +13,10 @@ use common::{
     SentinelFactory,
 };
 use conformance::lock_patiently;
-use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState};
+use lock_core::{
+    AcquireOptions, DistributedLock, DistributedLockExt, Election, ErrorKind, LockName, LockState,
+    LostReason,
+};
 use lock_redis::{KeyLayout, DEFAULT_PREFIX};
 use tokio::time::{sleep, timeout, Instant};
 
@@ -372,4 +376,88 @@ async fn rediss_sentinel_locks_over_tls_only_and_follows_a_failover() {
     assert!(after.fencing_token() > token);
     println!("failover to server {promoted}, followed over TLS");
     after.release().await.expect("release");
+}
+
+/// A leader whose grant never reached the replicas is forgotten by a failover: the
+/// waiting candidate leads on the promoted replica with a greater term (the clock floor
+/// of the token), the old leader turns Lost (`Vanished`) at its next renewal, and an
+/// observer that saw the old leader follows to the new one, never reporting an older term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forgotten_leader_is_followed_by_a_greater_term() {
+    let Some(factory) = SentinelFactory::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(3);
+    let lock = name("leader_failover");
+    let mut elections = Vec::new();
+    for _ in 0..3 {
+        let client: Arc<dyn DistributedLock> = factory.make(with_ttl(ttl)).await;
+        elections.push(Election::new(client, lock.as_str()).expect("election"));
+    }
+    let watched = elections.pop().expect("watcher");
+    let on_b = elections.pop().expect("b");
+    let on_a = elections.pop().expect("a");
+    for replica in [1, 2] {
+        factory.deployment.server(replica).pause().expect("pause");
+    }
+    cut_replicas(factory.deployment.server(0).addr()).await;
+    let first = on_a
+        .campaign("a", &AcquireOptions::try_once())
+        .await
+        .expect("campaign")
+        .expect("a leads");
+    let mut observer = watched.observe();
+    let seen = observer.next().await.expect("observe").expect("a leads");
+    assert_eq!(
+        (seen.value_text(), seen.term),
+        ("a".to_owned(), first.term())
+    );
+    let waiting = tokio::spawn(async move {
+        on_b.campaign("b", &AcquireOptions::timeout(FAILOVER * 2))
+            .await
+    });
+
+    kill_primary(factory.deployment.server(0)).await;
+    for replica in [1, 2] {
+        factory.deployment.server(replica).resume().expect("resume");
+    }
+    factory
+        .deployment
+        .wait_for_new_primary(0, FAILOVER)
+        .await
+        .expect("the Sentinels promote a replica");
+    let second = waiting
+        .await
+        .expect("candidate task")
+        .expect("campaign")
+        .expect("b leads on the promoted replica");
+    assert!(
+        second.term() > first.term(),
+        "terms never go back: {} after {}",
+        second.term(),
+        first.term()
+    );
+    let reason = timeout(ttl + FOLLOW, first.lost())
+        .await
+        .expect("the forgotten leader turns Lost");
+    assert_eq!(reason, LostReason::Vanished);
+    // The observer ends at b; whatever it reports on the way never goes back.
+    let mut last = seen.term;
+    loop {
+        let change = timeout(FOLLOW + ttl, observer.next())
+            .await
+            .expect("the observer follows the failover")
+            .expect("observe");
+        let Some(leader) = change else {
+            continue;
+        };
+        assert!(leader.term > last, "an older term after a newer one");
+        last = leader.term;
+        if leader.value_text() == "b" {
+            assert_eq!(leader.term, second.term());
+            break;
+        }
+    }
+    second.resign().await.expect("resign");
+    drop(first);
 }

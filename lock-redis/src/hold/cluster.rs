@@ -159,7 +159,8 @@ async fn renew_batches(
 }
 
 /// The renew script for `items` on Redis Cluster, their keys passed as arguments
-/// (lock key and break mark of each), then the owner token and TTL of each.
+/// (lock key and break mark of each), then the owner token, TTL and leader hash ("" for
+/// a mutex) of each.
 fn cluster_renew_invocation<'s, 'a, 'h: 'a>(
     servers: &'s Servers,
     items: impl IntoIterator<Item = &'a RenewItem<'h, RedisHold>> + Clone,
@@ -173,7 +174,8 @@ fn cluster_renew_invocation<'s, 'a, 'h: 'a>(
     for item in items {
         invocation
             .arg(item.hold.token.as_str())
-            .arg(ttl_millis(item.ttl));
+            .arg(ttl_millis(item.ttl))
+            .arg(item.hold.keys.leader_arg());
     }
     invocation
 }

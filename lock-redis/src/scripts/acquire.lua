@@ -5,6 +5,8 @@
 -- ARGV[1]: owner token; ARGV[2]: TTL in milliseconds
 -- ARGV[3]: "1" to take the next fencing token (single server), "0" not to (RedLock)
 -- ARGV[4]: the floor of the fencing token, "" for none (see tokens.lua)
+-- A candidate of an election also passes KEYS[3]: its leader hash; ARGV[5]: its value;
+-- ARGV[6]: the election's change channel (see leader.lua).
 -- Single server: returns {1, fencing token} when the lock is ours, {0, PTTL of the
 -- holder} when it is not.
 -- RedLock: returns {1, 0, reading} when the lock is ours, {0, PTTL of the holder, reading}
@@ -13,7 +15,8 @@
 -- majority + 1, or the floor if higher, with fence_write.lua);
 -- taken in the same atomic step as the SET, it covers every token a previous holder
 -- stored here while its key was here.
--- The token helpers (clock, next_token, reading) come from tokens.lua.
+-- The token helpers (clock, next_token, reading) come from tokens.lua, elect from
+-- leader.lua.
 
 local holder = redis.call('GET', KEYS[1])
 if holder == false then
@@ -28,6 +31,9 @@ else
   return {0, redis.call('PTTL', KEYS[1]), reading(ARGV[4])}
 end
 if ARGV[3] == '1' then
-  return {1, next_token(ARGV[4])}
+  local token = next_token(ARGV[4])
+  elect(KEYS[3], ARGV[1], ARGV[5], token, ARGV[2], ARGV[6])
+  return {1, token}
 end
+elect(KEYS[3], ARGV[1], ARGV[5], nil, ARGV[2], ARGV[6])
 return {1, 0, reading(ARGV[4])}

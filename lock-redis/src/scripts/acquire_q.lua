@@ -9,19 +9,29 @@
 -- ARGV[7]: the floor of the fencing token, "" for none (see tokens.lua)
 -- ARGV[8]: channel prefix of the clients' wake-up channels
 -- ARGV[9]: how long (ms) a woken head has to take the lock
+-- A candidate of an election also passes KEYS[5]: its leader hash; ARGV[10]: its value;
+-- ARGV[11]: the election's change channel (see leader.lua).
 -- Returns {1, fencing token, 0} (single server) or {1, 0, reading} (RedLock) when the
 -- lock is ours; {0, PTTL of the holder (-2 when the key is free but others are ahead),
 -- reading or 0, place in the queue (0 = head; -1 not queued)} when it is not.
 -- A re-sent request (its reply was lost) finds the lock ours or keeps its ticket.
--- The helpers come from tokens.lua and queue.lua.
+-- The helpers come from tokens.lua, queue.lua and leader.lua.
+
+-- The reply of a grant, with the candidate's entry stored.
+local function granted()
+  if ARGV[3] == '1' then
+    local token = next_token(ARGV[7])
+    elect(KEYS[5], ARGV[1], ARGV[10], token, ARGV[2], ARGV[11])
+    return {1, token, 0}
+  end
+  elect(KEYS[5], ARGV[1], ARGV[10], nil, ARGV[2], ARGV[11])
+  return {1, 0, reading(ARGV[7])}
+end
 
 -- While nobody queues, a free key is granted at once: the uncontended path, as cheap as
 -- acquire.lua (the full path below would find nothing to drop and nobody ahead).
 if redis.call('EXISTS', QUEUE) == 0 and redis.call('SET', LOCK, ARGV[1], 'NX', 'PX', ARGV[2]) then
-  if ARGV[3] == '1' then
-    return {1, next_token(ARGV[7]), 0}
-  end
-  return {1, 0, reading(ARGV[7])}
+  return granted()
 end
 local now = now_ms()
 evict(now)
@@ -44,10 +54,7 @@ elseif holder == false then
 end
 if mine then
   leave(me)
-  if ARGV[3] == '1' then
-    return {1, next_token(ARGV[7]), 0}
-  end
-  return {1, 0, reading(ARGV[7])}
+  return granted()
 end
 local read = 0
 if ARGV[3] ~= '1' then

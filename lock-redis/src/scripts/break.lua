@@ -2,21 +2,29 @@
 -- the owner token removed in the break mark, and wakes the waiters as a release does:
 -- the head of the queue, and the listeners of the name's channel (clients without the
 -- queue). A free key changes nothing.
--- KEYS: as in queue.lua (lock, fencing counter, queue, liveness); KEYS[5]: the break mark
+-- KEYS: as in queue.lua (lock, fencing counter, queue, liveness); KEYS[5]: the break mark;
+-- KEYS[6]: the leader hash of the name as an election
 -- ARGV[1]: how long (ms) the mark stays at least (it stays three times the removed hold's
 -- remaining lease when that is longer); ARGV[2]: how many owner tokens it keeps
 -- ARGV[3]: channel prefix of the clients' wake-up channels
 -- ARGV[4]: how long (ms) a woken head has to take the lock
 -- ARGV[5]: the wake-up channel of the name (without the queue)
--- Returns {owner token removed, its PTTL (-1: no expiry)}, or {nil, -2} when the key was
--- free.
--- The helpers come from queue.lua.
+-- ARGV[6]: the change channel of the name as an election
+-- Returns {owner token removed, its PTTL (-1: no expiry), its term, its value} (the last
+-- two nil unless a candidate held it), or {nil, -2} when the key was free.
+-- The helpers come from queue.lua and leader.lua.
 
 local holder = redis.call('GET', LOCK)
 if holder == false then
-  return {false, -2}
+  return {false, -2, false, false}
 end
 local pttl = redis.call('PTTL', LOCK)
+local term, value = false, false
+if redis.call('HGET', KEYS[6], 'owner') == holder then
+  term = redis.call('HGET', KEYS[6], 'term')
+  value = redis.call('HGET', KEYS[6], 'value')
+end
+resign(KEYS[6], holder, ARGV[6], true)
 redis.call('DEL', LOCK)
 local mark = KEYS[5]
 redis.call('RPUSH', mark, holder)
@@ -28,4 +36,4 @@ if redis.call('EXISTS', QUEUE) == 1 then
   wake_head(ARGV[3], tonumber(ARGV[4]), now, false)
 end
 redis.call(PUBLISH, ARGV[5], 'released')
-return {holder, pttl}
+return {holder, pttl, term, value}

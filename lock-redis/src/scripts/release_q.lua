@@ -2,17 +2,20 @@
 -- that gave up or was cancelled; also releases a grant it did not learn of), and, when
 -- the key is then free, wakes the head of the queue.
 -- KEYS: as in queue.lua (lock, fencing counter, queue, liveness); KEYS[5]: the break mark
--- (on Redis Cluster ARGV[5] instead, as in release.lua)
+-- (on Redis Cluster ARGV[7] instead, as in release.lua)
 -- ARGV[1]: owner token; ARGV[2]: the id of a waiter to take out of the queue, or ""
 -- ARGV[3]: channel prefix of the clients' wake-up channels
 -- ARGV[4]: how long (ms) a woken head has to take the lock
+-- ARGV[5]: a candidate's leader hash, "" for a mutex; ARGV[6]: the election's change
+-- channel (as in release.lua)
 -- Returns 1 when released, 0 when the key is gone, -1 when another owner holds it, -2
 -- when a force release removed it (the break mark is read only for a key that is not
 -- ours).
--- The helpers come from queue.lua and broken.lua.
+-- The helpers come from queue.lua, broken.lua and leader.lua.
 
-local mark = KEYS[5] or ARGV[5]
+local mark = KEYS[5] or ARGV[7]
 local holder = redis.call('GET', LOCK)
+resign(ARGV[5], ARGV[1], ARGV[6], holder == ARGV[1])
 local status = -1
 if holder == ARGV[1] then
   redis.call('DEL', LOCK)

@@ -1,26 +1,31 @@
 -- Renews many locks of one client in one call.
--- KEYS: the lock key and the break mark of each hold, in pairs; ARGV: owner token and TTL
--- in milliseconds of each hold, in pairs.
+-- KEYS: the lock key and the break mark of each hold, in pairs; ARGV: owner token, TTL
+-- in milliseconds and leader hash ("" for a mutex; a candidate's entry is renewed with
+-- its hold, see leader.lua) of each hold, in triples.
 -- On Redis Cluster, where one call covers the holds of many hash slots (the script then
 -- runs flagged allow-cross-slot-keys), the keys come first in ARGV instead (the lock key
--- and break mark of each hold, in pairs, then the tokens and TTLs), and KEYS holds at
--- most the lock key of a single hold, to route it through a redirection.
+-- and break mark of each hold, in pairs, then the triples), and KEYS holds at most the
+-- lock key of a single hold, to route it through a redirection.
 -- Returns one status per hold: 1 renewed, 0 gone, -1 held by another owner, -2 removed
 -- by a force release (the break mark is read only for a key that is not ours), -3 not
 -- served by this cluster node (its slot moved or is moving: the client asks its owner).
 -- The helper comes from broken.lua.
 local keys, at = KEYS, 0
 if #KEYS < 2 then
-  keys, at = ARGV, #ARGV / 2
+  keys, at = ARGV, #ARGV / 5 * 2
 end
 local out = {}
-for i = 1, (#ARGV - at) / 2 do
-  local key, token = keys[2 * i - 1], ARGV[at + 2 * i - 1]
+for i = 1, (#ARGV - at) / 3 do
+  local key, token = keys[2 * i - 1], ARGV[at + 3 * i - 2]
   local holder = redis.pcall('GET', key)
   if type(holder) == 'table' and not string.find(holder.err or '', 'WRONGTYPE', 1, true) then
     out[i] = -3
   elseif holder == token then
-    redis.call('PEXPIRE', key, ARGV[at + 2 * i])
+    redis.call('PEXPIRE', key, ARGV[at + 3 * i - 1])
+    local leader = ARGV[at + 3 * i]
+    if leader ~= '' then
+      redis.pcall('PEXPIRE', leader, ARGV[at + 3 * i - 1])
+    end
     out[i] = 1
   elseif was_broken(keys[2 * i], token) then
     out[i] = -2

@@ -447,17 +447,27 @@ pub(crate) async fn leftovers_on(
                     ));
                 }
             }
-            let channel = keys.wakeup_channel(name);
-            let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
-                .arg("NUMSUB")
-                .arg(&channel)
+            let leader = keys.leader_key(name);
+            let exists: i64 = redis::cmd("EXISTS")
+                .arg(&leader)
                 .query_async(&mut conn)
                 .await
-                .expect("PUBSUB NUMSUB");
-            if subscribers > 0 {
-                left.push(format!(
-                    "server {i}: {subscribers} subscribers on {channel:?}"
-                ));
+                .expect("EXISTS");
+            if exists > 0 {
+                left.push(format!("server {i}: leader entry {leader:?} exists"));
+            }
+            for channel in [keys.wakeup_channel(name), keys.changes_channel(name)] {
+                let (_, subscribers): (String, i64) = redis::cmd("PUBSUB")
+                    .arg("NUMSUB")
+                    .arg(&channel)
+                    .query_async(&mut conn)
+                    .await
+                    .expect("PUBSUB NUMSUB");
+                if subscribers > 0 {
+                    left.push(format!(
+                        "server {i}: {subscribers} subscribers on {channel:?}"
+                    ));
+                }
             }
         }
     }

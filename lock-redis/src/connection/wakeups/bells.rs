@@ -51,7 +51,7 @@ impl Bell {
     }
 
     /// Waits for a ring after the last one seen (wake-ups before stand-by notices).
-    async fn rung(&mut self) -> Ring {
+    pub(super) async fn rung(&mut self) -> Ring {
         loop {
             let now = *self.bell.borrow_and_update();
             let seen = std::mem::replace(&mut self.seen, now);

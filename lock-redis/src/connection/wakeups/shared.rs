@@ -529,6 +529,12 @@ impl Subscription {
     pub(crate) async fn wait(&mut self, nap: Duration, window: Duration) {
         self.bell.wait(nap, window).await;
     }
+
+    /// Waits for the next ring: a message on the channel, its subscription made live
+    /// (first, or again after a reconnect: a message may have been missed meanwhile).
+    pub(crate) async fn rung(&mut self) {
+        self.bell.rung().await;
+    }
 }
 
 impl Drop for Subscription {
