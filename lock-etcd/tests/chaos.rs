@@ -22,6 +22,27 @@ mod cluster {
     );
 }
 
+/// Leader elections on a single member and on a 3-member cluster: every client campaigns
+/// where the scenarios lock (`lab::chaos::Elected`). The short plan runs a few scenarios
+/// on the single member; `make chaos` runs them all on both.
+mod election {
+    mod single {
+        use crate::common::EtcdFactory;
+        lab::chaos_suite!(
+            async { lab::chaos::Elected::of(EtcdFactory::start().await) },
+            short: lab::chaos::ShortRun::Only(lab::chaos::ELECTION_SHORT_SCENARIOS)
+        );
+    }
+
+    mod cluster {
+        use crate::common::EtcdFactory;
+        lab::chaos_suite!(
+            async { lab::chaos::Elected::of(EtcdFactory::start_cluster().await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+}
+
 /// The server clock jumps do not apply to etcd, and the suite records why: a Go program
 /// reads the clock without the C library, so no preloaded library moves it (see
 /// `lab::harness::ClockHook`).

@@ -15,6 +15,32 @@ mod single {
     );
 }
 
+/// Leader elections: every client campaigns where the scenarios lock
+/// (`lab::chaos::Elected`). The short plan runs a few scenarios on one server; `make
+/// chaos` runs them all there, on RedLock and behind Sentinel (its failovers).
+mod election {
+    mod single {
+        lab::chaos_suite!(
+            async { lab::chaos::Elected::of(crate::common::RedisFactory::single().await) },
+            short: lab::chaos::ShortRun::Only(lab::chaos::ELECTION_SHORT_SCENARIOS)
+        );
+    }
+
+    mod redlock {
+        lab::chaos_suite!(
+            async { lab::chaos::Elected::of(crate::common::RedisFactory::redlock(5).await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+
+    mod sentinel {
+        lab::chaos_suite!(
+            async { lab::chaos::Elected::of(crate::common::SentinelFactory::chaos(0).await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+}
+
 /// The server clock jumps, on one server whose wall clock the harness moves (see
 /// `lab::harness::ClockHook`), in `make test` and `make chaos` alike.
 mod clock {

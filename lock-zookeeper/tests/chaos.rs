@@ -13,6 +13,27 @@ mod standalone {
     );
 }
 
+/// Leader elections on a standalone server and on a 3-member ensemble: every client
+/// campaigns where the scenarios lock (`lab::chaos::Elected`). The short plan runs a few
+/// scenarios on the standalone server; `make chaos` runs them all on both.
+mod election {
+    mod standalone {
+        use crate::common::ZkFactory;
+        lab::chaos_suite!(
+            async { lab::chaos::Elected::of(ZkFactory::start().await) },
+            short: lab::chaos::ShortRun::Only(lab::chaos::ELECTION_SHORT_SCENARIOS)
+        );
+    }
+
+    mod ensemble {
+        use crate::common::ZkFactory;
+        lab::chaos_suite!(
+            async { lab::chaos::Elected::of(ZkFactory::start_partitionable_ensemble().await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+}
+
 /// The server clock jumps, on a standalone server whose wall clock the harness moves
 /// (libfaketime), in `make test` and `make chaos` alike.
 mod clock {

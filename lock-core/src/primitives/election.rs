@@ -349,7 +349,11 @@ impl LeaderObserver {
     fn change(&mut self, read: Option<Leader>) -> Option<Option<Leader>> {
         match read {
             Some(leader) => {
-                let newer = self.last_term.is_none_or(|last| leader.term > last);
+                // After a vacancy, the leader of the last term reported is news again (a
+                // read that missed it, on a backend whose view lags): never an older one.
+                let newer = self.last_term.is_none_or(|last| {
+                    leader.term > last || (self.last.is_none() && leader.term == last)
+                });
                 let proclaimed = self
                     .last
                     .as_ref()
@@ -383,5 +387,65 @@ impl fmt::Debug for LeaderObserver {
             .field("election", &self.election.name)
             .field("last_term", &self.last_term)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn leader(value: &str, term: u64) -> Leader {
+        Leader {
+            value: value.as_bytes().to_vec(),
+            term: FencingToken(term),
+            since: None,
+            participant: Participant::new(None),
+        }
+    }
+
+    fn observer() -> LeaderObserver {
+        let lock: Arc<dyn DistributedLock> = Arc::new(
+            crate::memory::MemoryBackend::client(
+                crate::memory::MemorySpace::named("observer-unit"),
+                crate::LockOptions::default(),
+            )
+            .expect("a memory client"),
+        );
+        Election::new(lock, "unit").expect("an election").observe()
+    }
+
+    /// Terms never go back; a proclaim is news with the same term; a vacancy is reported
+    /// once; after a vacancy the last term's leader is news again (a read that missed it),
+    /// an older one never.
+    #[test]
+    fn changes_are_reported_once_and_never_go_back() {
+        let mut seen = observer();
+        assert_eq!(
+            seen.change(Some(leader("a", 5))),
+            Some(Some(leader("a", 5)))
+        );
+        assert_eq!(seen.change(Some(leader("a", 5))), None, "no change");
+        assert_eq!(seen.change(Some(leader("old", 4))), None, "an older term");
+        assert_eq!(
+            seen.change(Some(leader("b", 5))),
+            Some(Some(leader("b", 5))),
+            "proclaimed"
+        );
+        assert_eq!(seen.change(None), Some(None), "the vacancy");
+        assert_eq!(seen.change(None), None, "reported once");
+        assert_eq!(
+            seen.change(Some(leader("old", 4))),
+            None,
+            "still never older"
+        );
+        assert_eq!(
+            seen.change(Some(leader("b", 5))),
+            Some(Some(leader("b", 5))),
+            "missed"
+        );
+        assert_eq!(
+            seen.change(Some(leader("c", 6))),
+            Some(Some(leader("c", 6)))
+        );
     }
 }
