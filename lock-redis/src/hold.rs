@@ -434,12 +434,31 @@ pub(crate) async fn release_all(
     leave: bool,
     deadline: Instant,
 ) -> Result<BackendRelease> {
-    let quorum = servers.quorum();
-    let backend = servers.backend;
-    let servers_n = servers.routes(&hold.keys.key).len();
+    let replies = release_each(servers, hold, leave, None, deadline).await;
+    Ok(
+        match owner_checked(servers, replies, "release", &hold.name)? {
+            None => BackendRelease::Released,
+            Some(reason) => BackendRelease::NotOwner(reason),
+        },
+    )
+}
+
+/// What the servers' `replies` to an owner-checked write (`what`: the release or the
+/// proclaim of `name`) decide: `None` when it was done on a majority (the one server, on
+/// `redis://`), why the hold is not ours when a majority answered otherwise.
+///
+/// # Errors
+/// When fewer than a majority answered: the write may then be done on some.
+fn owner_checked(
+    servers: &Servers,
+    replies: Vec<Result<i64>>,
+    what: &str,
+    name: &LockName,
+) -> Result<Option<LostReason>> {
+    let (quorum, backend, servers_n) = (servers.quorum(), servers.backend, replies.len());
     let mut statuses = Vec::with_capacity(servers_n);
     let mut first_error = None;
-    for reply in release_each(servers, hold, leave, None, deadline).await {
+    for reply in replies {
         match reply {
             Ok(status) => statuses.push(status),
             Err(err) => {
@@ -447,21 +466,18 @@ pub(crate) async fn release_all(
             }
         }
     }
-    let released = statuses.iter().filter(|s| **s == status::DONE).count();
+    let done = statuses.iter().filter(|s| **s == status::DONE).count();
     let answered = statuses.len();
-    if released >= quorum {
-        Ok(BackendRelease::Released)
+    if done >= quorum {
+        Ok(None)
     } else if answered >= quorum {
-        Ok(BackendRelease::NotOwner(lost_reason(statuses.into_iter())))
+        Ok(Some(lost_reason(statuses.into_iter())))
     } else if servers_n == 1 {
         Err(first_error.unwrap_or_else(|| error::protocol(backend, "no reply".into())))
     } else {
         Err(error::no_majority(
             backend,
-            format!(
-                "only {answered} of {servers_n} servers answered the release of `{}`",
-                hold.name
-            ),
+            format!("only {answered} of {servers_n} servers answered the {what} of `{name}`"),
             first_error,
         ))
     }
@@ -502,41 +518,17 @@ pub(crate) async fn proclaim(
     servers.pass_break_mark(&mut invocation, &hold.keys.broken);
     let deadline = servers.request_deadline();
     let routes = servers.routes(&hold.keys.key);
-    let servers_n = routes.len();
     let replies = join_all(routes.into_iter().map(|route| {
         let invocation = &invocation;
         async move { route.script::<i64>("proclaim", deadline, invocation).await }
     }))
     .await;
-    let mut statuses = Vec::with_capacity(servers_n);
-    let mut first_error = None;
-    for reply in replies {
-        match reply {
-            Ok(status) => statuses.push(status),
-            Err(err) => {
-                first_error.get_or_insert(err);
-            }
-        }
-    }
-    let quorum = servers.quorum();
-    let stored = statuses.iter().filter(|s| **s == status::DONE).count();
-    let answered = statuses.len();
-    if stored >= quorum {
-        Ok(Proclaimed::Done)
-    } else if answered >= quorum {
-        Ok(Proclaimed::NotOwner(lost_reason(statuses.into_iter())))
-    } else if servers_n == 1 {
-        Err(first_error.unwrap_or_else(|| error::protocol(backend, "no reply".into())))
-    } else {
-        Err(error::no_majority(
-            backend,
-            format!(
-                "only {answered} of {servers_n} servers answered the proclaim of `{}`",
-                hold.name
-            ),
-            first_error,
-        ))
-    }
+    Ok(
+        match owner_checked(servers, replies, "proclaim", &hold.name)? {
+            None => Proclaimed::Done,
+            Some(reason) => Proclaimed::NotOwner(reason),
+        },
+    )
 }
 
 #[cfg(test)]

@@ -86,6 +86,43 @@ struct AcquireArgs {
     ttl: Option<Duration>,
 }
 
+/// The command `run` and `elect` run, and the name they take.
+#[derive(Debug, Args)]
+struct CommandArgs {
+    /// Time the command gets to end after a forwarded signal or a lost lock (or
+    /// leadership), before SIGKILL. At most half the TTL less 100ms (the command is
+    /// stopped before the lease can end). Default: 5s, or that limit if lower.
+    #[arg(long, value_parser = parse_duration)]
+    grace: Option<Duration>,
+    /// Run this shell command line with `sh -c` (flock -c).
+    #[arg(
+        short = 'c',
+        long = "command",
+        value_name = "COMMAND LINE",
+        conflicts_with = "command"
+    )]
+    shell: Option<String>,
+    /// Lock (or election) name.
+    name: String,
+    /// The command and its arguments (after the name, or after `--`).
+    #[arg(
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        required_unless_present = "shell"
+    )]
+    command: Vec<std::ffi::OsString>,
+}
+
+impl CommandArgs {
+    /// The program and its arguments: `sh -c LINE` for `-c`.
+    fn argv(self) -> Vec<std::ffi::OsString> {
+        match self.shell {
+            Some(line) => vec!["sh".into(), "-c".into(), line.into()],
+            None => self.command,
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a command while holding a lock; stop it if the lock is lost.
@@ -101,28 +138,8 @@ enum Command {
     Run {
         #[command(flatten)]
         acquire: AcquireArgs,
-        /// Time the command gets to end after a forwarded signal or a lost lock, before
-        /// SIGKILL. At most half the TTL less 100ms (the command is stopped before the
-        /// lease can end). Default: 5s, or that limit if lower.
-        #[arg(long, value_parser = parse_duration)]
-        grace: Option<Duration>,
-        /// Run this shell command line with `sh -c` (flock -c).
-        #[arg(
-            short = 'c',
-            long = "command",
-            value_name = "COMMAND LINE",
-            conflicts_with = "command"
-        )]
-        shell: Option<String>,
-        /// Lock name.
-        name: String,
-        /// The command and its arguments (after the name, or after `--`).
-        #[arg(
-            trailing_var_arg = true,
-            allow_hyphen_values = true,
-            required_unless_present = "shell"
-        )]
-        command: Vec<std::ffi::OsString>,
+        #[command(flatten)]
+        command: CommandArgs,
     },
     /// Run a command while leader of an election; stop it before another can lead.
     ///
@@ -141,27 +158,8 @@ enum Command {
         /// Default: HOSTNAME:PID.
         #[arg(long)]
         value: Option<String>,
-        /// Time the command gets to end after a forwarded signal or a lost leadership,
-        /// before SIGKILL (as for run).
-        #[arg(long, value_parser = parse_duration)]
-        grace: Option<Duration>,
-        /// Run this shell command line with `sh -c`.
-        #[arg(
-            short = 'c',
-            long = "command",
-            value_name = "COMMAND LINE",
-            conflicts_with = "command"
-        )]
-        shell: Option<String>,
-        /// Election name.
-        name: String,
-        /// The command and its arguments (after the name, or after `--`).
-        #[arg(
-            trailing_var_arg = true,
-            allow_hyphen_values = true,
-            required_unless_present = "shell"
-        )]
-        command: Vec<std::ffi::OsString>,
+        #[command(flatten)]
+        command: CommandArgs,
     },
     /// The current leader of an election: its value, term and since when; exit 3 if
     /// nobody leads.
@@ -317,34 +315,20 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
     let url = cli.url;
     match cli.command {
         Command::Migration(command) => migration::run(&shared_url(url)?, command).await,
-        Command::Run {
-            acquire,
-            grace,
-            shell,
-            name,
-            command,
-        } => {
-            let command = match shell {
-                Some(line) => vec!["sh".into(), "-c".into(), line.into()],
-                None => command,
-            };
-            run::run(&url_or_memory(url), &acquire, &name, &command, grace, None).await
+        Command::Run { acquire, command } => {
+            let (name, grace) = (command.name.clone(), command.grace);
+            let url = url_or_memory(url);
+            run::run(&url, &acquire, &name, &command.argv(), grace, None).await
         }
         Command::Elect {
             acquire,
             value,
-            grace,
-            shell,
-            name,
             command,
         } => {
-            let command = match shell {
-                Some(line) => vec!["sh".into(), "-c".into(), line.into()],
-                None => command,
-            };
+            let (name, grace) = (command.name.clone(), command.grace);
             let value = value.unwrap_or_else(run::default_candidate_value);
             let url = url_or_memory(url);
-            run::run(&url, &acquire, &name, &command, grace, Some(value)).await
+            run::run(&url, &acquire, &name, &command.argv(), grace, Some(value)).await
         }
         Command::Leader { name, json } => operate::leader(&shared_url(url)?, &name, json).await,
         Command::Observe { name, json } => operate::observe(&shared_url(url)?, &name, json).await,
