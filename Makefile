@@ -29,8 +29,10 @@ demo: deps
 		--backends memory,redis,redlock,zookeeper,etcd
 
 ## Longer seeded fault schedules on every backend and on dual deployments (the dual
-## lock, faults on either side; not in `make test`), then the reliability report in
-## chaos-report/ (CHAOS_SECONDS per nemesis run, CHAOS_SEED for its schedule).
+## lock, faults on either side; not in `make test`), every conformance rule on the
+## deployments that run a short form in `make test` (TLS, RedLock as a new side), then
+## the reliability report in chaos-report/ (CHAOS_SECONDS per nemesis run, CHAOS_SEED for
+## its schedule).
 CHAOS_SECONDS ?= 60
 CHAOS_SEED ?= 1
 CHAOS_ENV = CHAOS_LONG=1 CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) \
@@ -40,6 +42,8 @@ chaos: deps
 	$(CHAOS_ENV) $(CARGO) test --release -p lab -p lock-redis -p lock-zookeeper \
 		-p lock-etcd --test chaos -- --test-threads 2
 	$(CHAOS_ENV) $(CARGO) test --release -p lab --test dual_chaos -- --test-threads 2
+	$(CHAOS_ENV) $(CARGO) test --release -p lab --test dual -p lock-redis -p lock-zookeeper \
+		--test conformance -- --test-threads 2
 	CHAOS_REPORT_DIR=$(CURDIR)/chaos-report LOCK_TEST_STRICT=1 \
 		$(CARGO) test --release -p lockctl --test signals
 	$(CARGO) run --quiet --release -p examples --bin chaos_report -- chaos-report

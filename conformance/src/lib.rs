@@ -21,6 +21,49 @@ pub mod rules;
 pub use factory::{connect_patiently, lock_patiently, with_ttl, Crash, Factory};
 pub use fence::{FenceClient, FenceReport, FenceServer, FencedResource, Section, StaleToken};
 
+/// Whether the long plan runs (`CHAOS_LONG=1`, as `make chaos` sets it): every rule and
+/// every fault scenario on every deployment, where `make test` runs a short form.
+pub fn long_plan() -> bool {
+    std::env::var("CHAOS_LONG").is_ok_and(|v| v.trim() == "1")
+}
+
+/// Whether `rule` runs now on a deployment whose short form is `short`: always in the
+/// long plan, in `make test` only if listed. Says so when it does not.
+///
+/// # Panics
+/// If `short` names a rule that is not in [`rules::RULES`].
+pub fn runs_now(rule: &str, short: &[&str]) -> bool {
+    if let Some(unknown) = short.iter().find(|s| !rules::RULES.contains(s)) {
+        panic!("no conformance rule is called {unknown:?}");
+    }
+    let runs = long_plan() || short.contains(&rule);
+    if !runs {
+        eprintln!(
+            "[conformance] {rule} runs on this deployment in `make chaos` only (CHAOS_LONG=1)"
+        );
+    }
+    runs
+}
+
+/// The short form of the suite on a deployment that repeats another's paths (TLS over the
+/// same servers, a second new side of a dual lock): the rules that exercise the
+/// connection, the session and the pushes; the others are client-side logic the first
+/// deployment proves.
+pub const CONNECTION_RULES: &[&str] = &[
+    "try_on_held_is_not_acquired",
+    "mutual_exclusion",
+    "fencing_tokens_increase",
+    "crashed_holder_blocks_at_most_ttl",
+    "lost_signal_on_steal",
+    "cancellation_leaves_nothing",
+    "drop_releases_promptly",
+    "operator_inspects_lists_and_breaks",
+    "close_frees_everything",
+    "election_resign_hands_over",
+    "election_cut_off_leader_is_replaced",
+    "election_observers_see_terms_in_order",
+];
+
 /// The one list of conformance rules, in report order: calls `$callback! { $args... rule,
 /// rule, ... }`. [`rules::RULES`], the tests of [`conformance_suite!`] and the checks of the
 /// documented lists (the trait's `# Contract`, the README's table) follow it.
@@ -70,10 +113,32 @@ macro_rules! conformance_rules {
 /// ```text
 /// conformance::conformance_suite!(async { conformance::memory::MemoryFactory::new() });
 /// ```
+///
+/// A deployment that repeats another one's paths (the same servers over TLS, say) may run
+/// only some rules in `make test` and the rest in `make chaos`, where every rule runs
+/// ([`long_plan`]): `conformance_suite!(factory, short: &["mutual_exclusion", ...])`.
 #[macro_export]
 macro_rules! conformance_suite {
     ($factory:expr) => {
         $crate::conformance_rules!($crate::conformance_suite! { @rules $factory; });
+    };
+    ($factory:expr, short: $short:expr) => {
+        $crate::conformance_rules!($crate::conformance_suite! { @short $factory; $short; });
+    };
+    (@short $factory:expr; $short:expr; $($rule:ident),* $(,)?) => {
+        $(
+            #[doc = concat!("Conformance rule [`conformance::rules::", stringify!($rule), "`].")]
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn $rule() {
+                if !$crate::runs_now(stringify!($rule), $short) {
+                    return;
+                }
+                let Some(factory) = $crate::factory::StartedFactory::started($factory.await) else {
+                    return;
+                };
+                $crate::rules::$rule(&factory).await;
+            }
+        )*
     };
     (@rules $factory:expr; $($rule:ident),* $(,)?) => {
         $(

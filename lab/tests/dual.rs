@@ -42,9 +42,13 @@ mod zk_to_redis_old_side_stolen {
     );
 }
 
-/// Every rule on ZooKeeper -> RedLock over 3 nodes.
+/// Every rule on ZooKeeper -> RedLock over 3 nodes: the rules of the connection in `make
+/// test` (the dual logic is ZooKeeper -> Redis's), all in `make chaos`.
 mod zk_to_redlock {
-    conformance::conformance_suite!(async { crate::zk_redlock().await });
+    conformance::conformance_suite!(
+        async { crate::zk_redlock().await },
+        short: conformance::CONNECTION_RULES
+    );
 }
 
 /// Every rule on etcd -> Redis.

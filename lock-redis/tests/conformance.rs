@@ -22,6 +22,10 @@ mod sentinel {
 
 /// `rediss+sentinel://`: the same deployment with the Sentinels and the data servers on TLS
 /// (clients know only the TLS ports).
+/// The rules of the connection in `make test` (TLS changes nothing else), all in `make chaos`.
 mod sentinel_tls {
-    conformance::conformance_suite!(async { crate::common::SentinelFactory::start_tls().await });
+    conformance::conformance_suite!(
+        async { crate::common::SentinelFactory::start_tls().await },
+        short: conformance::CONNECTION_RULES
+    );
 }

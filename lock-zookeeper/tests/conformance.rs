@@ -16,12 +16,16 @@ mod ensemble {
     conformance::conformance_suite!(async { ZkFactory::start_ensemble().await });
 }
 
-/// Every rule over TLS (`zks://`) with a client certificate the server requires.
+/// Over TLS (`zks://`) with a client certificate the server requires: the rules of the
+/// connection in `make test` (TLS changes nothing else), every rule in `make chaos`.
 mod tls {
     use super::common::ZkFactory;
     use lab::harness::ZkTls;
-    conformance::conformance_suite!(async {
-        let tls = ZkTls::make().await.expect("certificates").client_auth(true);
-        ZkFactory::start_tls(tls).await
-    });
+    conformance::conformance_suite!(
+        async {
+            let tls = ZkTls::make().await.expect("certificates").client_auth(true);
+            ZkFactory::start_tls(tls).await
+        },
+        short: conformance::CONNECTION_RULES
+    );
 }

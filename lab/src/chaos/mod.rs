@@ -236,7 +236,7 @@ impl Plan {
 }
 
 fn long() -> bool {
-    std::env::var("CHAOS_LONG").is_ok_and(|v| v.trim() == "1")
+    conformance::long_plan()
 }
 
 /// Which scenarios of a [`chaos_suite!`](crate::chaos_suite) run in the short plan (`make
