@@ -28,7 +28,7 @@ use crate::token::FencingToken;
 ///
 /// ZooKeeper keeps Curator `LeaderLatch`'s layout and etcd the Go client's
 /// `concurrency.Election`'s, so those clients and distlock take part in one election;
-/// Redis keeps its own (docs/election.md).
+/// Redis keeps its own (lock-redis's README, "Leader election").
 #[derive(Clone)]
 pub struct Election {
     lock: Arc<dyn DistributedLock>,
