@@ -28,6 +28,17 @@ fn election(client: &Arc<dyn DistributedLock>, name: &str, rule: &str) -> Option
     Some(Election::new(Arc::clone(client), name).expect("an election on a capable backend"))
 }
 
+/// The election `name` on each of `clients`, or `None` (said loudly) when the backend has
+/// none.
+fn elections(
+    clients: [&Arc<dyn DistributedLock>; 2],
+    name: &str,
+    rule: &str,
+) -> Option<[Election; 2]> {
+    let [a, b] = clients;
+    Some([election(a, name, rule)?, election(b, name, rule)?])
+}
+
 /// Waits (up to [`PROMPT`]) until `election`'s leader satisfies `wanted`; returns it.
 async fn leader_until(
     election: &Election,
@@ -125,10 +136,7 @@ pub async fn election_value_and_proclaim(factory: &dyn Factory) {
     let name = unique_name(rule);
     let a = factory.client(LockOptions::default()).await;
     let b = factory.client(LockOptions::default()).await;
-    let (Some(on_a), Some(on_b)) = (
-        election(&a, name.as_str(), rule),
-        election(&b, name.as_str(), rule),
-    ) else {
+    let Some([on_a, on_b]) = elections([&a, &b], name.as_str(), rule) else {
         return;
     };
     assert_eq!(on_b.leader().await.expect("read"), None, "nobody leads yet");
@@ -178,10 +186,7 @@ pub async fn election_resign_hands_over(factory: &dyn Factory) {
     options.ttl = factory.short_ttl();
     let a = factory.client(options.clone()).await;
     let b = factory.client(options).await;
-    let (Some(on_a), Some(on_b)) = (
-        election(&a, name.as_str(), rule),
-        election(&b, name.as_str(), rule),
-    ) else {
+    let Some([on_a, on_b]) = elections([&a, &b], name.as_str(), rule) else {
         return;
     };
     let first = on_a
@@ -239,10 +244,7 @@ pub async fn election_cut_off_leader_is_replaced(factory: &dyn Factory) {
     let ttl = factory.short_ttl();
     let (a, crash) = factory.crashable_client(with_ttl(ttl)).await;
     let b = factory.client(with_ttl(ttl)).await;
-    let (Some(on_a), Some(on_b)) = (
-        election(&a, name.as_str(), rule),
-        election(&b, name.as_str(), rule),
-    ) else {
+    let Some([on_a, on_b]) = elections([&a, &b], name.as_str(), rule) else {
         return;
     };
     let first = on_a
@@ -377,10 +379,7 @@ pub async fn election_cancellation_leaves_nothing(factory: &dyn Factory) {
     let name = unique_name(rule);
     let a = factory.client(LockOptions::default()).await;
     let b = factory.client(LockOptions::default()).await;
-    let (Some(on_a), Some(on_b)) = (
-        election(&a, name.as_str(), rule),
-        election(&b, name.as_str(), rule),
-    ) else {
+    let Some([on_a, on_b]) = elections([&a, &b], name.as_str(), rule) else {
         return;
     };
     let leadership = on_a
