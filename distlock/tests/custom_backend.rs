@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use conformance::{Crash, Factory};
 use distlock::memory::{MemoryBackend, MemoryConfig, MemorySpace};
 use distlock::raw::{
-    lock_unpoisoned, AcquireRequest, Acquired, Backend, BackendRelease, ChangeFeed, Connect,
-    LockUrl, Proclaimed, RenewItem, RenewOutcome,
+    lock_unpoisoned, AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease,
+    ChangeFeed, Connect, LockUrl, RenewItem, RenewOutcome,
 };
 use distlock::{
     Capabilities, DistributedLock, LockName, LockOptions, Occupancy, Participant, Result,
@@ -72,8 +72,8 @@ impl Backend for Relay {
         self.0.force_release(name).await
     }
 
-    async fn proclaim(&self, hold: &Self::Hold, value: &[u8]) -> Result<Proclaimed> {
-        self.0.proclaim(hold, value).await
+    async fn amend(&self, hold: &Self::Hold, amendment: Amendment<'_>) -> Result<Amended> {
+        self.0.amend(hold, amendment).await
     }
 
     async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {

@@ -19,10 +19,38 @@ use crate::occupancy::{Occupancy, Participant};
 use crate::state::LostReason;
 use crate::token::{FencingToken, OwnerToken};
 
-/// What a proclaim found on the server.
+/// A write on one's own hold ([`Backend::amend`]), owner-checked like a release.
+#[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Proclaimed {
-    /// The hold was ours and carries the new value.
+pub enum Amendment<'a> {
+    /// A [`HoldKind::Candidate`] hold's new value: an election's proclaim. The observers
+    /// of its name are told.
+    Proclaim(&'a [u8]),
+    /// A [`HoldKind::Write`] hold becomes a `Read` hold in its place in the queue, with
+    /// no moment between in which it holds neither: readers queued behind it may then be
+    /// granted, writers still wait.
+    Downgrade,
+}
+
+impl Amendment<'_> {
+    /// What the amendment does, for errors and spans (`proclaim`, `downgrade`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Amendment::Proclaim(_) => "proclaim",
+            Amendment::Downgrade => "downgrade",
+        }
+    }
+
+    /// The error of a backend that cannot make this amendment.
+    pub fn unsupported(&self, backend: &'static str) -> crate::Error {
+        crate::Error::unsupported(backend, format!("amending a hold ({})", self.label()))
+    }
+}
+
+/// What an amendment found on the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Amended {
+    /// The hold was ours and is amended.
     Done,
     /// The hold was already gone or owned by someone else; nothing was touched.
     NotOwner(LostReason),
@@ -216,19 +244,16 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
         ))
     }
 
-    /// Stores `value` as the value of `hold`, a [`HoldKind::Candidate`] hold, if it is
-    /// still this acquisition's (an owner-checked write, like `release`), and tells the
-    /// observers of its name.
+    /// Amends `hold` as `amendment` says, if it is still this acquisition's (an
+    /// owner-checked write, like `release`).
     ///
     /// # Errors
-    /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend without elections
-    /// (the default); connection errors, after which the value may or may not be stored.
-    async fn proclaim(&self, hold: &Self::Hold, value: &[u8]) -> Result<Proclaimed> {
-        let _ = (hold, value);
-        Err(crate::Error::unsupported(
-            self.capabilities().backend,
-            "proclaiming a leader's value",
-        ))
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for an amendment the backend
+    /// cannot make (the default: none); connection errors, after which the amendment may
+    /// or may not be made.
+    async fn amend(&self, hold: &Self::Hold, amendment: Amendment<'_>) -> Result<Amended> {
+        let _ = hold;
+        Err(amendment.unsupported(self.capabilities().backend))
     }
 
     /// A feed of changes to `name` (a grant, a release, an expiry, a proclaim), pushed by

@@ -42,11 +42,19 @@ pub struct Capabilities {
     /// and shows them in inspections: leader elections
     /// ([`Election`](crate::Election)) work on it.
     pub election: bool,
+    /// Grants [`HoldKind::Permit`](crate::raw::HoldKind) holds: semaphores
+    /// ([`Semaphore`](crate::Semaphore)) work on it.
+    pub semaphore: bool,
+    /// Grants [`HoldKind::Read`](crate::raw::HoldKind) and `Write` holds and downgrades a
+    /// write to a read ([`Backend::downgrade`](crate::raw::Backend::downgrade)):
+    /// read-write locks ([`RwLock`](crate::RwLock)) work on it.
+    pub rwlock: bool,
 }
 
 impl Capabilities {
     /// Capabilities with conservative defaults: unfair, per-lock TTL of at least 1 ms,
-    /// push wake-up, not durable, counter fencing, no fence floor, no elections.
+    /// push wake-up, not durable, counter fencing, no fence floor, no elections, no
+    /// semaphores, no read-write locks.
     pub const fn new(backend: &'static str) -> Self {
         Capabilities {
             backend,
@@ -58,6 +66,8 @@ impl Capabilities {
             fencing: FencingSource::Counter,
             fence_at_least: false,
             election: false,
+            semaphore: false,
+            rwlock: false,
         }
     }
 
@@ -100,6 +110,18 @@ impl Capabilities {
     /// Sets [`Capabilities::election`].
     pub const fn election(mut self, election: bool) -> Self {
         self.election = election;
+        self
+    }
+
+    /// Sets [`Capabilities::semaphore`].
+    pub const fn semaphore(mut self, semaphore: bool) -> Self {
+        self.semaphore = semaphore;
+        self
+    }
+
+    /// Sets [`Capabilities::rwlock`].
+    pub const fn rwlock(mut self, rwlock: bool) -> Self {
+        self.rwlock = rwlock;
         self
     }
 

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendRelease, Proclaimed, RenewItem, RenewOutcome,
+    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, RenewItem, RenewOutcome,
     SessionStatus,
 };
 use crate::capabilities::Capabilities;
@@ -38,7 +38,7 @@ pub(crate) trait AnyBackend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     async fn inspect(&self, name: &LockName) -> Result<Occupancy>;
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>>;
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>>;
-    async fn proclaim(&self, hold: &AnyHold, value: &[u8]) -> Result<Proclaimed>;
+    async fn amend(&self, hold: &AnyHold, amendment: Amendment<'_>) -> Result<Amended>;
     async fn changes(&self, name: &LockName) -> Result<ChangeFeed>;
     fn session(&self) -> Option<watch::Receiver<SessionStatus>>;
     async fn close(&self) -> Result<()>;
@@ -89,8 +89,8 @@ impl<B: Backend> AnyBackend for B {
         Backend::force_release(self, name).await
     }
 
-    async fn proclaim(&self, hold: &AnyHold, value: &[u8]) -> Result<Proclaimed> {
-        Backend::proclaim(self, own_hold::<B>(hold)?, value).await
+    async fn amend(&self, hold: &AnyHold, amendment: Amendment<'_>) -> Result<Amended> {
+        Backend::amend(self, own_hold::<B>(hold)?, amendment).await
     }
 
     async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {

@@ -100,6 +100,17 @@ pub enum Error {
         /// What was asked for.
         operation: String,
     },
+    /// The participants of one name disagree on what it is: a semaphore's number of
+    /// permits, or a name used as two kinds of lock. Nothing was queued or taken.
+    #[error("`{name}` is in use as {theirs}; this acquire asked for {ours}")]
+    Conflict {
+        /// The lock name.
+        name: String,
+        /// What this acquire asked for (`a semaphore of 4 permits`).
+        ours: String,
+        /// What the name's other participants use it as.
+        theirs: String,
+    },
     /// The lock service answered something unexpected.
     #[error("{backend} protocol error: {message}")]
     Protocol {
@@ -135,6 +146,8 @@ pub enum ErrorKind {
     UnknownScheme,
     /// See [`Error::Unsupported`].
     Unsupported,
+    /// See [`Error::Conflict`].
+    Conflict,
     /// See [`Error::Protocol`].
     Protocol,
 }
@@ -153,6 +166,7 @@ impl ErrorKind {
             ErrorKind::InvalidConfig => "invalid_config",
             ErrorKind::UnknownScheme => "unknown_scheme",
             ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Conflict => "conflict",
             ErrorKind::Protocol => "protocol",
         }
     }
@@ -171,6 +185,7 @@ impl Error {
             Error::InvalidConfig { .. } => ErrorKind::InvalidConfig,
             Error::UnknownScheme { .. } => ErrorKind::UnknownScheme,
             Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::Conflict { .. } => ErrorKind::Conflict,
             Error::Protocol { .. } => ErrorKind::Protocol,
         }
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::backend::Amendment;
 use crate::error::Result;
 use crate::name::LockName;
 use crate::plumbing::lock_unpoisoned;
@@ -175,8 +176,8 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 pub(crate) trait HoldOps: Send + Sync + fmt::Debug {
     fn extend(&self, id: u64, ttl: Option<Duration>) -> BoxFuture<'_, Result<Instant>>;
     fn release(&self, id: u64) -> BoxFuture<'_, Result<ReleaseOutcome>>;
-    /// Stores `value` as the hold's value (a candidate's, see [`crate::raw::HoldKind`]).
-    fn proclaim<'a>(&'a self, id: u64, value: &'a [u8]) -> BoxFuture<'a, Result<()>>;
+    /// Amends the hold on the server (see [`Amendment`]).
+    fn amend<'a>(&'a self, id: u64, amendment: Amendment<'a>) -> BoxFuture<'a, Result<()>>;
     /// Never blocks: hands the release to the background.
     fn release_in_background(&self, id: u64);
 }
@@ -285,10 +286,10 @@ impl LockGuard {
         self.ops.extend(self.info.id, Some(ttl)).await
     }
 
-    /// Stores `value` as this hold's value, if the hold is still ours (see
-    /// [`crate::Leadership::proclaim`]).
-    pub(crate) async fn proclaim(&self, value: &[u8]) -> Result<()> {
-        self.ops.proclaim(self.info.id, value).await
+    /// Amends this hold on the server, if it is still ours (see
+    /// [`crate::Leadership::proclaim`], [`crate::WriteGuard::downgrade`]).
+    pub(crate) async fn amend(&self, amendment: Amendment<'_>) -> Result<()> {
+        self.ops.amend(self.info.id, amendment).await
     }
 
     /// Releases the lock and reports what happened.

@@ -1,4 +1,8 @@
-//! The kinds of hold a lock service grants: the mutex, and the primitives built on it.
+//! The kinds of hold a lock service grants: the mutex, and the primitives built on it,
+//! with the one grant rule every queueing backend applies to them.
+
+use crate::error::{Error, Result};
+use crate::name::LockName;
 
 /// The kind of hold an acquisition asks for. A backend grants the kinds its
 /// [`Capabilities`](crate::Capabilities) name; the lease client refuses the others before they reach it.
@@ -15,4 +19,131 @@ pub enum HoldKind {
         /// What the candidate proclaims; readers see it as the leader's value.
         value: Vec<u8>,
     },
+    /// One permit of a semaphore of `permits`: at most `permits` holders at a time.
+    Permit {
+        /// How many permits the semaphore has; every participant must say the same.
+        permits: u32,
+    },
+    /// The shared side of a read-write lock: readers hold together, beside no writer.
+    Read,
+    /// The exclusive side of a read-write lock: a writer holds alone.
+    Write,
+}
+
+impl HoldKind {
+    /// Whether a hold of this kind is granted behind `ahead`: the kinds of the entries
+    /// of its name that hold or queue before it, in queue order. The rule of every
+    /// queueing backend: a reader waits only for writers ahead (never overtaking one, so
+    /// writers are not starved), a permit for fewer than `permits` ahead, any other kind
+    /// for nobody ahead.
+    pub fn granted_behind<'a>(&self, ahead: impl IntoIterator<Item = &'a HoldKind>) -> bool {
+        let mut count: u64 = 0;
+        for other in ahead {
+            count += 1;
+            let shares = matches!(
+                (self, other),
+                (HoldKind::Read, HoldKind::Read)
+                    | (HoldKind::Permit { .. }, HoldKind::Permit { .. })
+            );
+            if !shares {
+                return false;
+            }
+        }
+        match self {
+            HoldKind::Permit { permits } => count < u64::from(*permits),
+            _ => true,
+        }
+    }
+
+    /// Refuses to queue this kind on `name` beside `other`, a kind already there, where
+    /// the two cannot be one primitive: semaphores whose participants disagree on the
+    /// number of permits (one of them would over-grant), or a name used as two kinds.
+    ///
+    /// # Errors
+    /// [`Error::Conflict`] naming both.
+    pub fn check_beside(&self, other: &HoldKind, name: &LockName) -> Result<()> {
+        let family = |kind: &HoldKind| match kind {
+            HoldKind::Mutex | HoldKind::Candidate { .. } => 0,
+            HoldKind::Permit { .. } => 1,
+            HoldKind::Read | HoldKind::Write => 2,
+        };
+        let agree = match (self, other) {
+            (HoldKind::Permit { permits: a }, HoldKind::Permit { permits: b }) => a == b,
+            _ => family(self) == family(other),
+        };
+        if agree {
+            return Ok(());
+        }
+        Err(Error::Conflict {
+            name: name.to_string(),
+            ours: self.describe(),
+            theirs: other.describe(),
+        })
+    }
+
+    /// Whether holds of this kind may be granted several at a time.
+    pub fn is_shared(&self) -> bool {
+        matches!(self, HoldKind::Read | HoldKind::Permit { .. })
+    }
+
+    /// The kind in words, for errors and operators (`a semaphore of 4 permits`).
+    pub fn describe(&self) -> String {
+        match self {
+            HoldKind::Mutex => "a mutex".into(),
+            HoldKind::Candidate { .. } => "an election".into(),
+            HoldKind::Permit { permits: 1 } => "a semaphore of 1 permit".into(),
+            HoldKind::Permit { permits } => format!("a semaphore of {permits} permits"),
+            HoldKind::Read => "a read-write lock (read)".into(),
+            HoldKind::Write => "a read-write lock (write)".into(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn permit(permits: u32) -> HoldKind {
+        HoldKind::Permit { permits }
+    }
+
+    #[test]
+    fn exclusive_kinds_need_nobody_ahead() {
+        for kind in [HoldKind::Mutex, HoldKind::Write] {
+            assert!(kind.granted_behind([]));
+            assert!(!kind.granted_behind([&HoldKind::Read]));
+            assert!(!kind.granted_behind([&HoldKind::Write]));
+        }
+    }
+
+    #[test]
+    fn readers_share_and_never_overtake_a_writer() {
+        assert!(HoldKind::Read.granted_behind([&HoldKind::Read, &HoldKind::Read]));
+        assert!(!HoldKind::Read.granted_behind([&HoldKind::Read, &HoldKind::Write]));
+        assert!(!HoldKind::Read.granted_behind([&HoldKind::Write, &HoldKind::Read]));
+    }
+
+    #[test]
+    fn permits_count_what_is_ahead() {
+        let two = permit(2);
+        assert!(two.granted_behind([]));
+        assert!(two.granted_behind([&two]));
+        assert!(!two.granted_behind([&two, &two]));
+        assert!(!permit(1).granted_behind([&permit(1)]));
+    }
+
+    #[test]
+    fn disagreements_are_conflicts() {
+        let name = LockName::new("jobs").expect("valid");
+        assert!(permit(3).check_beside(&permit(3), &name).is_ok());
+        let err = permit(3)
+            .check_beside(&permit(4), &name)
+            .expect_err("disagree");
+        assert_eq!(err.kind(), crate::ErrorKind::Conflict);
+        assert!(err.to_string().contains("4 permits"), "{err}");
+        assert!(HoldKind::Read.check_beside(&HoldKind::Write, &name).is_ok());
+        assert!(HoldKind::Mutex
+            .check_beside(&HoldKind::Read, &name)
+            .is_err());
+    }
 }

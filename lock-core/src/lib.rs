@@ -36,6 +36,9 @@ pub use lock::DistributedLock;
 pub use name::LockName;
 pub use occupancy::{Occupancy, Participant};
 pub use options::{AcquireOptions, LockOptions, RenewalMode, Wait};
-pub use primitives::{Election, Leader, LeaderObserver, Leadership};
+pub use primitives::{
+    Election, Leader, LeaderObserver, Leadership, MultiGuard, MultiLock, Permit, ReadGuard, RwLock,
+    Semaphore, WriteGuard,
+};
 pub use state::{LockState, LostReason, ReleaseOutcome};
 pub use token::{FencingToken, OwnerId, OwnerToken};

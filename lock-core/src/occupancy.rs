@@ -3,14 +3,18 @@
 
 use std::time::{Duration, SystemTime};
 
+use crate::kind::HoldKind;
 use crate::token::FencingToken;
 
 /// Who holds and who waits for one lock name, as the server showed it at one moment.
 #[non_exhaustive]
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Occupancy {
-    /// The current holder, if any.
+    /// The current holder, if any: the oldest, where a kind grants several at a time.
     pub holder: Option<Participant>,
+    /// The other holders, where a kind grants several at a time (a semaphore's permits, a
+    /// read-write lock's readers), oldest first.
+    pub co_holders: Vec<Participant>,
     /// The waiters the server knows of: in queue order where the backend queues, in no
     /// particular order otherwise. Backends whose waiters leave no trace on the server
     /// (Redis with `queue=off`) list none.
@@ -26,8 +30,24 @@ impl Occupancy {
         Occupancy {
             holder,
             waiters,
+            co_holders: Vec::new(),
             token_floor: None,
         }
+    }
+
+    /// An occupancy with several `holders` (oldest first) and `waiters`.
+    pub fn shared(holders: Vec<Participant>, waiters: Vec<Participant>) -> Self {
+        let mut holders = holders.into_iter();
+        Occupancy {
+            holder: holders.next(),
+            co_holders: holders.collect(),
+            ..Occupancy::new(None, waiters)
+        }
+    }
+
+    /// Every holder, oldest first.
+    pub fn holders(&self) -> impl Iterator<Item = &Participant> {
+        self.holder.iter().chain(&self.co_holders)
     }
 
     /// Sets [`Occupancy::token_floor`].
@@ -36,9 +56,9 @@ impl Occupancy {
         self
     }
 
-    /// The holder, then the waiters.
+    /// The holders, then the waiters.
     pub fn participants(&self) -> impl Iterator<Item = &Participant> {
-        self.holder.iter().chain(&self.waiters)
+        self.holders().chain(&self.waiters)
     }
 }
 
@@ -64,6 +84,9 @@ pub struct Participant {
     /// the holder): a distlock candidate's value, a Curator `LeaderLatch` participant's
     /// id, an etcd `Election` proposal.
     pub value: Option<Vec<u8>>,
+    /// What it holds or waits for, where the layout tells kinds apart (a permit, a
+    /// reader, a writer); `None` for a mutex or a candidate.
+    pub kind: Option<HoldKind>,
 }
 
 impl Participant {
@@ -76,7 +99,14 @@ impl Participant {
             session: None,
             since: None,
             value: None,
+            kind: None,
         }
+    }
+
+    /// Sets [`Participant::kind`].
+    pub fn kind(mut self, kind: Option<HoldKind>) -> Self {
+        self.kind = kind;
+        self
     }
 
     /// Sets [`Participant::fencing_token`].

@@ -10,7 +10,7 @@
 //! [`Error::no_answer`](crate::Error::no_answer).
 
 pub use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendRelease, HoldKind, Proclaimed, RenewItem,
+    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, HoldKind, RenewItem,
     RenewOutcome, SessionHealth, SessionStatus,
 };
 pub use crate::changes::ChangeFeed;

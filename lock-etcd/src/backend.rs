@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Backend, BackendRelease, Background, Backoff, ChangeFeed, Cleanup,
-    CleanupOnDrop, Connect, HoldKind, LockUrl, Proclaimed, RenewItem, RenewOutcome, SessionStatus,
+    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, Background, Backoff,
+    ChangeFeed, Cleanup, CleanupOnDrop, Connect, HoldKind, LockUrl, RenewItem, RenewOutcome,
+    SessionStatus,
 };
 use lock_core::{
     Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, LostReason, Occupancy,
@@ -399,8 +400,11 @@ impl Backend for EtcdBackend {
 
     /// Puts the value on the candidate's key if its create revision is still the hold's
     /// (the Go client's `Election.Proclaim`); see *Leader election* in the crate docs.
-    async fn proclaim(&self, hold: &EtcdHold, value: &[u8]) -> Result<Proclaimed> {
-        hold::proclaim(&self.client, hold, value).await
+    async fn amend(&self, hold: &EtcdHold, amendment: Amendment<'_>) -> Result<Amended> {
+        match amendment {
+            Amendment::Proclaim(value) => hold::proclaim(&self.client, hold, value).await,
+            other => Err(other.unsupported(self.capabilities().backend)),
+        }
     }
 
     /// A watch of the name's key range: every put (a campaign, a proclaim) and delete (a

@@ -10,7 +10,7 @@ use std::sync::Mutex;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use futures::future::join_all;
-use lock_core::raw::{lock_unpoisoned, BackendRelease, Proclaimed};
+use lock_core::raw::{lock_unpoisoned, Amended, BackendRelease};
 use lock_core::{LostReason, Result};
 
 use crate::connection::{first_kv, EtcdClient, LeaseKeys};
@@ -86,7 +86,7 @@ pub(crate) async fn proclaim(
     client: &EtcdClient,
     hold: &EtcdHold,
     value: &[u8],
-) -> Result<Proclaimed> {
+) -> Result<Amended> {
     let txn = Txn::new()
         .when([Compare::create_revision(
             &*hold.key,
@@ -101,9 +101,9 @@ pub(crate) async fn proclaim(
         .or_else([TxnOp::get(&*hold.mark, None)]);
     let response = client.txn("proclaim", txn).await?;
     if response.succeeded() {
-        return Ok(Proclaimed::Done);
+        return Ok(Amended::Done);
     }
-    Ok(Proclaimed::NotOwner(why_gone(client, &response, hold)))
+    Ok(Amended::NotOwner(why_gone(client, &response, hold)))
 }
 
 /// Why `hold`'s key was not there for a failed owner-checked transaction whose first

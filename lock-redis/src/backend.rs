@@ -11,8 +11,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Backend, BackendRelease, Background, ChangeFeed, Cleanup,
-    CleanupOnDrop, Connect, LockUrl, Proclaimed, RenewItem, RenewOutcome,
+    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, Background, ChangeFeed,
+    Cleanup, CleanupOnDrop, Connect, LockUrl, RenewItem, RenewOutcome,
 };
 use lock_core::{
     Capabilities, FencingSource, LockName, LockOptions, Occupancy, Participant, Result,
@@ -378,8 +378,11 @@ impl Backend for RedisBackend {
     /// # Errors
     /// When fewer than a majority of servers answered: the value may then be stored on
     /// some of them.
-    async fn proclaim(&self, hold: &RedisHold, value: &[u8]) -> Result<Proclaimed> {
-        hold::proclaim(&self.servers, hold, value).await
+    async fn amend(&self, hold: &RedisHold, amendment: Amendment<'_>) -> Result<Amended> {
+        match amendment {
+            Amendment::Proclaim(value) => hold::proclaim(&self.servers, hold, value).await,
+            other => Err(other.unsupported(self.capabilities().backend)),
+        }
     }
 
     /// The election's change channel (see [`KeyLayout`]), joined on the client's shared

@@ -15,9 +15,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{
-    AcquireRequest, BackendRelease, HoldKind, Proclaimed, RenewItem, RenewOutcome,
-};
+use lock_core::raw::{AcquireRequest, Amended, BackendRelease, HoldKind, RenewItem, RenewOutcome};
 use lock_core::{FencingToken, LockName, LostReason, OwnerToken, Result};
 use redis::ScriptInvocation;
 use tokio::time::Instant;
@@ -491,11 +489,7 @@ fn owner_checked(
 ///
 /// # Errors
 /// When fewer than a majority of servers answered: the value may then be stored on some.
-pub(crate) async fn proclaim(
-    servers: &Servers,
-    hold: &RedisHold,
-    value: &[u8],
-) -> Result<Proclaimed> {
+pub(crate) async fn proclaim(servers: &Servers, hold: &RedisHold, value: &[u8]) -> Result<Amended> {
     let backend = servers.backend;
     let Some(candidate) = &hold.keys.candidate else {
         return Err(lock_core::Error::unsupported(
@@ -525,8 +519,8 @@ pub(crate) async fn proclaim(
     .await;
     Ok(
         match owner_checked(servers, replies, "proclaim", &hold.name)? {
-            None => Proclaimed::Done,
-            Some(reason) => Proclaimed::NotOwner(reason),
+            None => Amended::Done,
+            Some(reason) => Amended::NotOwner(reason),
         },
     )
 }

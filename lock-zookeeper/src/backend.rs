@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Backend, BackendRelease, ChangeFeed, CleanupOnDrop, Connect, LockUrl,
-    Proclaimed, RenewItem, RenewOutcome, SessionStatus,
+    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
+    CleanupOnDrop, Connect, LockUrl, RenewItem, RenewOutcome, SessionStatus,
 };
 use lock_core::{
     Capabilities, FencingSource, LockName, LockOptions, Occupancy, Participant, Result,
@@ -175,8 +175,11 @@ impl Backend for ZkBackend {
     }
 
     /// Writes the candidate node's data (crate docs, *Leader election*).
-    async fn proclaim(&self, hold: &ZkHold, value: &[u8]) -> Result<Proclaimed> {
-        hold::proclaim(&self.session, hold, value).await
+    async fn amend(&self, hold: &ZkHold, amendment: Amendment<'_>) -> Result<Amended> {
+        match amendment {
+            Amendment::Proclaim(value) => hold::proclaim(&self.session, hold, value).await,
+            other => Err(other.unsupported(self.capabilities().backend)),
+        }
     }
 
     /// A persistent recursive watch on the name's directory, followed by a task.

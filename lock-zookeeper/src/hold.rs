@@ -25,7 +25,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{BackendRelease, Proclaimed, RenewItem, RenewOutcome};
+use lock_core::raw::{Amended, BackendRelease, RenewItem, RenewOutcome};
 use lock_core::{Error, LostReason, Result};
 use zookeeper_client as zk;
 
@@ -121,30 +121,30 @@ pub(crate) async fn release(session: &Session, hold: &ZkHold) -> Result<BackendR
 /// the node still belongs to the live session: a `setData` at any version on its path,
 /// which only this acquisition's session ever created (the owner token is in its name).
 /// ZooKeeper tells the watchers of the directory (the change feeds).
-pub(crate) async fn proclaim(session: &Session, hold: &ZkHold, value: &[u8]) -> Result<Proclaimed> {
+pub(crate) async fn proclaim(session: &Session, hold: &ZkHold, value: &[u8]) -> Result<Amended> {
     const WHAT: &str = "proclaim";
     let live = match session.live() {
         Ok(live) => live,
         Err(_) if hold.epoch <= session.epoch() => {
-            return Ok(Proclaimed::NotOwner(LostReason::SessionExpired));
+            return Ok(Amended::NotOwner(LostReason::SessionExpired));
         }
         Err(err) => return Err(err),
     };
     if live.epoch != hold.epoch || live.session_id() != hold.session_id {
-        return Ok(Proclaimed::NotOwner(LostReason::SessionExpired));
+        return Ok(Amended::NotOwner(LostReason::SessionExpired));
     }
     match session
         .call(WHAT, live.client.set_data(&hold.path, value, None))
         .await?
     {
-        Ok(_) => Ok(Proclaimed::Done),
+        Ok(_) => Ok(Amended::Done),
         Err(zk::Error::NoNode) => {
             let reasons = gone_reasons(session, &live, &[&hold.path]).await?;
-            Ok(Proclaimed::NotOwner(
+            Ok(Amended::NotOwner(
                 reasons.into_iter().next().unwrap_or(LostReason::Vanished),
             ))
         }
-        Err(zk::Error::SessionExpired) => Ok(Proclaimed::NotOwner(LostReason::SessionExpired)),
+        Err(zk::Error::SessionExpired) => Ok(Amended::NotOwner(LostReason::SessionExpired)),
         Err(err) => Err(from_client(WHAT, err)),
     }
 }

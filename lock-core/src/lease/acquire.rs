@@ -79,20 +79,29 @@ impl<B: Backend> Keeper<B> {
         result
     }
 
-    /// Refuses a kind of hold the backend does not grant, and a reentrant candidate (a
-    /// campaign is one candidate's, never shared).
+    /// Refuses a kind of hold the backend does not grant, a semaphore without permits,
+    /// and reentrancy for any kind but the mutex (a candidate, a permit, a reader or a
+    /// writer is one acquisition's own, never shared).
     fn check_kind(&self, options: &AcquireOptions) -> Result<()> {
-        match &options.kind {
-            HoldKind::Mutex => Ok(()),
-            HoldKind::Candidate { .. } if !self.capabilities.election => Err(Error::unsupported(
-                self.capabilities.backend,
-                "leader elections",
-            )),
-            HoldKind::Candidate { .. } if options.owner.is_some() => Err(Error::config(
-                "a campaign cannot be reentrant: leave AcquireOptions::owner unset",
-            )),
-            HoldKind::Candidate { .. } => Ok(()),
+        let (granted, what) = match &options.kind {
+            HoldKind::Mutex => return Ok(()),
+            HoldKind::Candidate { .. } => (self.capabilities.election, "leader elections"),
+            HoldKind::Permit { permits: 0 } => {
+                return Err(Error::config("a semaphore needs at least one permit"))
+            }
+            HoldKind::Permit { .. } => (self.capabilities.semaphore, "semaphores"),
+            HoldKind::Read | HoldKind::Write => (self.capabilities.rwlock, "read-write locks"),
+        };
+        if !granted {
+            return Err(Error::unsupported(self.capabilities.backend, what));
         }
+        if options.owner.is_some() {
+            return Err(Error::config(format!(
+                "an acquire of {} cannot be reentrant: leave AcquireOptions::owner unset",
+                options.kind.describe()
+            )));
+        }
+        Ok(())
     }
 
     /// A new guard on an existing hold of the same (name, owner), if any.

@@ -18,7 +18,7 @@ use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 use tracing::{Instrument, Span};
 
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendRelease, HoldKind, Proclaimed, RenewItem,
+    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, HoldKind, RenewItem,
     RenewOutcome, SessionHealth, SessionStatus,
 };
 use crate::capabilities::Capabilities;
@@ -339,8 +339,8 @@ impl<B: Backend> HoldOps for Keeper<B> {
         })
     }
 
-    fn proclaim<'a>(&'a self, id: u64, value: &'a [u8]) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.proclaim_hold(id, value))
+    fn amend<'a>(&'a self, id: u64, amendment: Amendment<'a>) -> BoxFuture<'a, Result<()>> {
+        Box::pin(self.amend_hold(id, amendment))
     }
 
     fn release_in_background(&self, id: u64) {

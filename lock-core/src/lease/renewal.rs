@@ -463,9 +463,9 @@ impl<B: Backend> Drop for Renewing<'_, B> {
 }
 
 impl<B: Backend> Keeper<B> {
-    /// Stores `value` as the value of hold `id` on the server (an owner-checked write). A
+    /// Amends hold `id` on the server (an owner-checked write: a proclaim, a downgrade). A
     /// hold the server no longer gives us turns Lost, and the caller learns why.
-    pub(super) async fn proclaim_hold(&self, id: u64, value: &[u8]) -> Result<()> {
+    pub(super) async fn amend_hold(&self, id: u64, amendment: Amendment<'_>) -> Result<()> {
         let (hold, info) = {
             let table = self.table();
             let entry = table.holds.get(&id).ok_or_else(|| Error::NotHeld {
@@ -478,18 +478,19 @@ impl<B: Backend> Keeper<B> {
             (Arc::clone(&entry.hold), Arc::clone(&entry.info))
         };
         let span = tracing::info_span!(
-            "distlock.proclaim",
+            "distlock.amend",
+            amendment = amendment.label(),
             backend = self.capabilities.backend,
             lock = %info.name,
             fencing_token = info.fencing_token.0,
         );
-        let proclaimed = self
-            .deadline("proclaim", 1, self.backend.proclaim(&hold, value))
+        let amended = self
+            .deadline(amendment.label(), 1, self.backend.amend(&hold, amendment))
             .instrument(span)
             .await?;
-        match proclaimed {
-            Proclaimed::Done => Ok(()),
-            Proclaimed::NotOwner(reason) => {
+        match amended {
+            Amended::Done => Ok(()),
+            Amended::NotOwner(reason) => {
                 info.transition(LockState::Lost(reason));
                 Err(Error::Lost {
                     name: info.name.to_string(),

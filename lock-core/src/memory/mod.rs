@@ -14,7 +14,7 @@ use tokio::sync::{watch, Notify};
 use tokio::time::{sleep_until, Instant};
 
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendRelease, Proclaimed, RenewItem, RenewOutcome,
+    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, RenewItem, RenewOutcome,
 };
 use crate::capabilities::{Capabilities, FencingSource};
 use crate::changes::ChangeFeed;
@@ -32,7 +32,7 @@ use crate::token::OwnerToken;
 mod space;
 
 pub use space::MemorySpace;
-use space::{candidate_value, Waiter};
+use space::Waiter;
 
 /// A lock client on the in-memory backend.
 pub type MemoryLock = LeaseClient<MemoryBackend>;
@@ -194,6 +194,8 @@ impl Backend for MemoryBackend {
         Capabilities::new("memory")
             .fair(true)
             .election(true)
+            .semaphore(true)
+            .rwlock(true)
             .fencing(FencingSource::Counter)
             .fence_at_least(true)
     }
@@ -213,9 +215,9 @@ impl Backend for MemoryBackend {
         Ok(self.space.force_release(name))
     }
 
-    async fn proclaim(&self, hold: &MemoryHold, value: &[u8]) -> Result<Proclaimed> {
+    async fn amend(&self, hold: &MemoryHold, amendment: Amendment<'_>) -> Result<Amended> {
         self.reachable().await;
-        Ok(self.space.proclaim(hold, value))
+        self.space.amend(hold, amendment)
     }
 
     /// Every write to the space fires the feed of every name.
@@ -236,7 +238,7 @@ impl Backend for MemoryBackend {
             name: request.name.clone(),
             token: request.token.clone(),
         };
-        if let Some(fence) = self.space.try_take(&request) {
+        if let Some(fence) = self.space.try_take(&request)? {
             return Ok(Some(Acquired {
                 hold: hold(),
                 fencing_token: fence,
@@ -251,9 +253,9 @@ impl Backend for MemoryBackend {
         let waiter = Arc::new(Waiter {
             id: self.space.next_waiter.fetch_add(1, Ordering::Relaxed),
             token: request.token.clone(),
+            kind: request.kind.clone(),
             ttl: request.ttl,
             fence_at_least: request.fence_at_least,
-            value: candidate_value(request.kind),
             grant: Mutex::new(None),
             notify: Notify::new(),
         });
@@ -266,6 +268,7 @@ impl Backend for MemoryBackend {
         {
             let mut slots = self.space.slots();
             let slot = slots.entry(request.name.clone()).or_default();
+            slot.check_kind(request.kind, request.name)?;
             slot.queue.push_back(Arc::clone(&waiter));
             slot.settle(Instant::now());
         }
@@ -286,7 +289,12 @@ impl Backend for MemoryBackend {
                         session: 0,
                     }));
                 }
-                let expiry = slot.holder.as_ref().map_or(now, |h| h.expires_at);
+                let expiry = slot
+                    .holders
+                    .iter()
+                    .map(|h| h.expires_at)
+                    .min()
+                    .unwrap_or(now);
                 expiry.min(now + self.recheck)
             };
             tokio::select! {
@@ -307,14 +315,16 @@ impl Backend for MemoryBackend {
                 let Some(slot) = slots.get_mut(&item.hold.name) else {
                     return RenewOutcome::Lost(LostReason::Vanished);
                 };
-                if let Some(reason) = slot.not_owner(&item.hold.token, now) {
-                    slot.settle(now);
-                    return RenewOutcome::Lost(reason);
+                match slot.own(&item.hold.token, now) {
+                    Ok(holder) => {
+                        holder.expires_at = now + item.ttl;
+                        RenewOutcome::Renewed { lease: item.ttl }
+                    }
+                    Err(reason) => {
+                        slot.settle(now);
+                        RenewOutcome::Lost(reason)
+                    }
                 }
-                if let Some(holder) = slot.holder.as_mut() {
-                    holder.expires_at = now + item.ttl;
-                }
-                RenewOutcome::Renewed { lease: item.ttl }
             })
             .collect())
     }
@@ -326,12 +336,12 @@ impl Backend for MemoryBackend {
         let Some(slot) = slots.get_mut(&hold.name) else {
             return Ok(BackendRelease::NotOwner(LostReason::Vanished));
         };
-        let outcome = match slot.not_owner(&hold.token, now) {
-            Some(reason) => BackendRelease::NotOwner(reason),
-            None => {
-                slot.holder = None;
+        let outcome = match slot.own(&hold.token, now) {
+            Ok(_) => {
+                slot.drop_hold(&hold.token);
                 BackendRelease::Released
             }
+            Err(reason) => BackendRelease::NotOwner(reason),
         };
         slot.settle(now);
         drop(slots);

@@ -1,4 +1,4 @@
-//! The shared state of a memory space: its slots (holder, fencing counter, FIFO queue,
+//! The shared state of a memory space: its slots (holders, fencing counter, FIFO queue,
 //! broken owners), the grant and hand-off rules, and the change feed's version.
 
 use std::collections::{HashMap, VecDeque};
@@ -10,7 +10,8 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use crate::backend::{AcquireRequest, HoldKind, Proclaimed};
+use crate::backend::{AcquireRequest, Amended, Amendment, HoldKind};
+use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::plumbing::lock_unpoisoned;
@@ -30,7 +31,8 @@ pub struct MemorySpace {
 
 #[derive(Default)]
 pub(super) struct Slot {
-    pub(super) holder: Option<Holder>,
+    /// The holders, oldest first: one, or several where the kind shares.
+    pub(super) holders: Vec<Holder>,
     pub(super) fence: u64,
     pub(super) queue: VecDeque<Arc<Waiter>>,
     /// The owner tokens of the last holders broken by an operator, newest last.
@@ -42,93 +44,132 @@ const BROKEN_REMEMBERED: usize = 8;
 
 pub(super) struct Holder {
     pub(super) token: OwnerToken,
+    pub(super) kind: HoldKind,
+    pub(super) fence: u64,
     pub(super) expires_at: Instant,
     pub(super) since: SystemTime,
-    /// A candidate's value.
-    pub(super) value: Option<Vec<u8>>,
 }
 
 pub(super) struct Waiter {
     pub(super) id: u64,
     pub(super) token: OwnerToken,
+    pub(super) kind: HoldKind,
     pub(super) ttl: Duration,
     pub(super) fence_at_least: Option<FencingToken>,
-    pub(super) value: Option<Vec<u8>>,
     pub(super) grant: Mutex<Option<(FencingToken, Instant)>>,
     pub(super) notify: Notify,
 }
 
 impl Slot {
-    /// Drops an expired holder and hands a free lock to the first waiter.
+    /// Drops expired holders and grants the waiters at the head of the queue that the
+    /// holders admit, in order ([`HoldKind::granted_behind`]).
     pub(super) fn settle(&mut self, now: Instant) {
-        if self.holder.as_ref().is_some_and(|h| h.expires_at <= now) {
-            self.holder = None;
-        }
-        if self.holder.is_none() {
-            if let Some(waiter) = self.queue.pop_front() {
-                let fence = self.grant(
-                    &waiter.token,
-                    waiter.ttl,
-                    waiter.fence_at_least,
-                    waiter.value.clone(),
-                    now,
-                );
-                *lock_unpoisoned(&waiter.grant) = Some((fence, now));
-                waiter.notify.notify_one();
+        self.holders.retain(|h| h.expires_at > now);
+        while let Some(waiter) = self.queue.front() {
+            if !waiter
+                .kind
+                .granted_behind(self.holders.iter().map(|h| &h.kind))
+            {
+                break;
             }
+            let Some(waiter) = self.queue.pop_front() else {
+                break;
+            };
+            let fence = self.grant(
+                &waiter.token,
+                &waiter.kind,
+                waiter.ttl,
+                waiter.fence_at_least,
+                now,
+            );
+            *lock_unpoisoned(&waiter.grant) = Some((fence, now));
+            waiter.notify.notify_one();
         }
+    }
+
+    /// Refuses `kind` beside the kinds already held or queued here.
+    pub(super) fn check_kind(&self, kind: &HoldKind, name: &LockName) -> Result<()> {
+        self.holders
+            .iter()
+            .map(|h| &h.kind)
+            .chain(self.queue.iter().map(|w| &w.kind))
+            .try_for_each(|other| kind.check_beside(other, name))
+    }
+
+    /// Whether `kind` would be granted now, with nobody queued before it.
+    pub(super) fn admits(&self, kind: &HoldKind) -> bool {
+        self.queue.is_empty() && kind.granted_behind(self.holders.iter().map(|h| &h.kind))
     }
 
     pub(super) fn grant(
         &mut self,
         token: &OwnerToken,
+        kind: &HoldKind,
         ttl: Duration,
         fence_at_least: Option<FencingToken>,
-        value: Option<Vec<u8>>,
         now: Instant,
     ) -> FencingToken {
         self.fence = (self.fence + 1).max(fence_at_least.map_or(0, FencingToken::get));
-        self.holder = Some(Holder {
+        self.holders.push(Holder {
             token: token.clone(),
+            kind: kind.clone(),
+            fence: self.fence,
             expires_at: now + ttl,
             since: SystemTime::now(),
-            value,
         });
         FencingToken(self.fence)
     }
 
-    /// Why `token` does not hold this slot, or `None` if it does.
-    pub(super) fn not_owner(&self, token: &OwnerToken, now: Instant) -> Option<LostReason> {
-        match &self.holder {
-            Some(h) if h.token == *token && h.expires_at > now => None,
-            Some(h) if h.token == *token => Some(LostReason::Expired),
-            _ if self.broken.contains(token) => Some(LostReason::Broken),
-            Some(_) => Some(LostReason::Taken),
-            None => Some(LostReason::Vanished),
-        }
+    /// The live hold of `token`, or why it has none.
+    pub(super) fn own(
+        &mut self,
+        token: &OwnerToken,
+        now: Instant,
+    ) -> Result<&mut Holder, LostReason> {
+        let reason = match self.holders.iter().find(|h| h.token == *token) {
+            Some(h) if h.expires_at <= now => LostReason::Expired,
+            Some(_) => {
+                return self
+                    .holders
+                    .iter_mut()
+                    .find(|h| h.token == *token)
+                    .ok_or(LostReason::Vanished)
+            }
+            None if self.broken.contains(token) => LostReason::Broken,
+            None if !self.holders.is_empty() => LostReason::Taken,
+            None => LostReason::Vanished,
+        };
+        Err(reason)
+    }
+
+    /// Removes the hold of `token`, if any.
+    pub(super) fn drop_hold(&mut self, token: &OwnerToken) {
+        self.holders.retain(|h| h.token != *token);
     }
 
     pub(super) fn is_idle(&self) -> bool {
-        self.holder.is_none() && self.queue.is_empty()
+        self.holders.is_empty() && self.queue.is_empty()
     }
 }
 
-/// The value a hold of `kind` stores: a candidate's.
-pub(super) fn candidate_value(kind: &HoldKind) -> Option<Vec<u8>> {
-    match kind {
-        HoldKind::Candidate { value } => Some(value.clone()),
-        HoldKind::Mutex => None,
-    }
+/// What an inspection says of a participant's kind: shared kinds only.
+fn shown_kind(kind: &HoldKind) -> Option<HoldKind> {
+    (kind.is_shared() || *kind == HoldKind::Write).then(|| kind.clone())
 }
 
 impl Holder {
-    /// The holder as an inspection shows it, `fence` being its fencing token.
-    pub(super) fn participant(&self, fence: u64, now: Instant) -> Participant {
+    /// The holder as an inspection shows it.
+    pub(super) fn participant(&self, now: Instant) -> Participant {
+        let value = match &self.kind {
+            HoldKind::Candidate { value } => Some(value.clone()),
+            _ => None,
+        };
         Participant::new(Some(self.token.to_string()))
-            .fencing_token(Some(FencingToken(fence)))
+            .fencing_token(Some(FencingToken(self.fence)))
             .lease_left(Some(self.expires_at.saturating_duration_since(now)))
             .since(Some(self.since))
-            .value(self.value.clone())
+            .value(value)
+            .kind(shown_kind(&self.kind))
     }
 }
 
@@ -167,22 +208,25 @@ impl MemorySpace {
         let Some(slot) = slots.get_mut(name) else {
             return false;
         };
-        let had = slot.holder.take().is_some();
+        let had = !slot.holders.is_empty();
+        slot.holders.clear();
         slot.settle(Instant::now());
         drop(slots);
         self.touch();
         had
     }
 
-    /// Removes the holder of `name` as an operator breaking it does, remembering its owner
-    /// token so that its renewal finds [`LostReason::Broken`].
+    /// Removes the (oldest) holder of `name` as an operator breaking it does, remembering
+    /// its owner token so that its renewal finds [`LostReason::Broken`].
     pub(super) fn force_release(&self, name: &LockName) -> Option<Participant> {
         let now = Instant::now();
         let mut slots = self.slots();
         let slot = slots.get_mut(name)?;
         slot.settle(now);
-        let fence = slot.fence;
-        let holder = slot.holder.take()?;
+        if slot.holders.is_empty() {
+            return None;
+        }
+        let holder = slot.holders.remove(0);
         if slot.broken.len() == BROKEN_REMEMBERED {
             slot.broken.pop_front();
         }
@@ -190,7 +234,7 @@ impl MemorySpace {
         slot.settle(now);
         drop(slots);
         self.touch();
-        Some(holder.participant(fence, now))
+        Some(holder.participant(now))
     }
 
     /// The held names that start with `prefix`, sorted.
@@ -202,19 +246,19 @@ impl MemorySpace {
             .filter(|(name, _)| name.as_str().starts_with(prefix))
             .filter_map(|(name, slot)| {
                 slot.settle(now);
-                slot.holder.is_some().then(|| name.clone())
+                (!slot.holders.is_empty()).then(|| name.clone())
             })
             .collect();
         names.sort();
         names
     }
 
-    /// The owner token currently holding `name`, if any.
+    /// The owner token currently holding `name` (the oldest holder), if any.
     pub fn holder(&self, name: &LockName) -> Option<OwnerToken> {
         let mut slots = self.slots();
         let slot = slots.get_mut(name)?;
         slot.settle(Instant::now());
-        slot.holder.as_ref().map(|h| h.token.clone())
+        slot.holders.first().map(|h| h.token.clone())
     }
 
     /// How many acquirers are queued on `name`.
@@ -235,17 +279,20 @@ impl MemorySpace {
             .collect()
     }
 
-    pub(super) fn try_take(&self, request: &AcquireRequest<'_>) -> Option<FencingToken> {
+    /// Grants `request` if nobody must go first; `Err` for a kind that conflicts with
+    /// the name's.
+    pub(super) fn try_take(&self, request: &AcquireRequest<'_>) -> Result<Option<FencingToken>> {
         let now = Instant::now();
         let mut slots = self.slots();
         let slot = slots.entry(request.name.clone()).or_default();
         slot.settle(now);
-        let fence = (slot.holder.is_none() && slot.queue.is_empty()).then(|| {
+        slot.check_kind(request.kind, request.name)?;
+        let fence = slot.admits(request.kind).then(|| {
             slot.grant(
                 request.token,
+                request.kind,
                 request.ttl,
                 request.fence_at_least,
-                candidate_value(request.kind),
                 now,
             )
         });
@@ -253,25 +300,40 @@ impl MemorySpace {
         if fence.is_some() {
             self.touch();
         }
-        fence
+        Ok(fence)
     }
 
-    /// Stores `value` as the value of `hold`, if it still holds.
-    pub(super) fn proclaim(&self, hold: &MemoryHold, value: &[u8]) -> Proclaimed {
+    /// Amends `hold`, if it still holds: stores a candidate's value, or turns a writer
+    /// into a reader in its place (the readers behind it may then be granted).
+    pub(super) fn amend(&self, hold: &MemoryHold, amendment: Amendment<'_>) -> Result<Amended> {
         let now = Instant::now();
         let mut slots = self.slots();
         let Some(slot) = slots.get_mut(&hold.name) else {
-            return Proclaimed::NotOwner(LostReason::Vanished);
+            return Ok(Amended::NotOwner(LostReason::Vanished));
         };
-        if let Some(reason) = slot.not_owner(&hold.token, now) {
-            return Proclaimed::NotOwner(reason);
+        let holder = match slot.own(&hold.token, now) {
+            Ok(holder) => holder,
+            Err(reason) => return Ok(Amended::NotOwner(reason)),
+        };
+        match (amendment, &holder.kind) {
+            (Amendment::Proclaim(value), HoldKind::Candidate { .. }) => {
+                holder.kind = HoldKind::Candidate {
+                    value: value.to_vec(),
+                }
+            }
+            (Amendment::Downgrade, HoldKind::Write) => holder.kind = HoldKind::Read,
+            (amendment, kind) => {
+                return Err(Error::config(format!(
+                    "cannot {} a hold of {}",
+                    amendment.label(),
+                    kind.describe()
+                )))
+            }
         }
-        if let Some(holder) = slot.holder.as_mut() {
-            holder.value = Some(value.to_vec());
-        }
+        slot.settle(now);
         drop(slots);
         self.touch();
-        Proclaimed::Done
+        Ok(Amended::Done)
     }
 
     /// The holder and waiters of `name`; the token floor is the counter.
@@ -282,16 +344,15 @@ impl MemorySpace {
             return Occupancy::new(None, Vec::new()).token_floor(Some(FencingToken(0)));
         };
         slot.settle(now);
-        let holder = slot
-            .holder
-            .as_ref()
-            .map(|holder| holder.participant(slot.fence, now));
+        let holders = slot.holders.iter().map(|h| h.participant(now)).collect();
         let waiters = slot
             .queue
             .iter()
-            .map(|waiter| Participant::new(Some(waiter.token.to_string())))
+            .map(|waiter| {
+                Participant::new(Some(waiter.token.to_string())).kind(shown_kind(&waiter.kind))
+            })
             .collect();
-        Occupancy::new(holder, waiters).token_floor(Some(FencingToken(slot.fence)))
+        Occupancy::shared(holders, waiters).token_floor(Some(FencingToken(slot.fence)))
     }
 
     /// Removes a waiter that gave up; releases the lock if it was granted meanwhile.
@@ -302,13 +363,7 @@ impl MemorySpace {
             return;
         };
         slot.queue.retain(|w| w.id != waiter.id);
-        if slot
-            .holder
-            .as_ref()
-            .is_some_and(|h| h.token == waiter.token)
-        {
-            slot.holder = None;
-        }
+        slot.drop_hold(&waiter.token);
         slot.settle(now);
         if slot.is_idle() && slot.fence == 0 {
             slots.remove(name);

@@ -12,7 +12,7 @@ use tokio::time::{sleep_until, Instant};
 
 use super::DUAL_TOKEN_PREFIX;
 use crate::backend::{
-    AcquireRequest, Acquired, Backend, BackendRelease, Proclaimed, RenewItem, RenewOutcome,
+    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, RenewItem, RenewOutcome,
     SessionHealth, SessionStatus,
 };
 use crate::capabilities::Capabilities;
@@ -105,6 +105,8 @@ impl DualBackend {
             .push_wakeup(o.push_wakeup && n.push_wakeup)
             .durable(o.durable && n.durable)
             .election(o.election && n.election)
+            .semaphore(o.semaphore && n.semaphore)
+            .rwlock(o.rwlock && n.rwlock)
             .fencing(n.fencing);
         Ok(DualBackend {
             background: Background::new(),
@@ -459,22 +461,33 @@ impl Backend for DualBackend {
         })
     }
 
-    /// The holder: a dual holder as the new side shows it (its fencing token is the dual
-    /// guard's, and an election's term), else the old side's (an old-only holder), else
-    /// the new side's (a new-only holder); the old side's waiters, then the new side's; the
-    /// new side's token floor, which every later dual or new-only token exceeds.
+    /// The holders: each dual holder as the new side shows it (its fencing token is the
+    /// dual guard's, and an election's term), the old-only holders, then the new-only
+    /// ones (a semaphore's permits and a lock's readers are several); the old side's
+    /// waiters, then the new side's; the new side's token floor, which every later dual
+    /// or new-only token exceeds.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
         let (old, new) = tokio::try_join!(self.old.inspect(name), self.new.inspect(name))?;
-        let holder = match (old.holder, new.holder) {
-            (Some(old), Some(new))
-                if old.owner_token.is_some() && old.owner_token == new.owner_token =>
-            {
-                Some(new)
-            }
-            (old, new) => old.or(new),
+        let new_holders: Vec<Participant> = new.holders().cloned().collect();
+        let is_dual = |holder: &Participant| {
+            holder.owner_token.is_some()
+                && new_holders
+                    .iter()
+                    .any(|n| n.owner_token == holder.owner_token)
         };
+        let (dual, old_only): (Vec<Participant>, Vec<Participant>) =
+            old.holders().cloned().partition(|holder| is_dual(holder));
+        let dual_tokens: Vec<_> = dual.iter().map(|d| d.owner_token.clone()).collect();
+        let (dual_new, new_only): (Vec<Participant>, Vec<Participant>) = new_holders
+            .into_iter()
+            .partition(|holder| dual_tokens.contains(&holder.owner_token));
+        let holders = dual_new
+            .into_iter()
+            .chain(old_only)
+            .chain(new_only)
+            .collect();
         let waiters = old.waiters.into_iter().chain(new.waiters).collect();
-        Ok(Occupancy::new(holder, waiters).token_floor(new.token_floor))
+        Ok(Occupancy::shared(holders, waiters).token_floor(new.token_floor))
     }
 
     /// The names held on either side.
@@ -492,16 +505,17 @@ impl Backend for DualBackend {
         Ok(old?.or(new?))
     }
 
-    /// The value goes to the old side first, then the new one, as the acquire went: a
-    /// side that is no longer ours ends the proclaim (the hold is lost).
-    async fn proclaim(&self, hold: &DualHold, value: &[u8]) -> Result<Proclaimed> {
+    /// The old side is amended first, then the new one, as the acquire went: a side that
+    /// is no longer ours ends the amendment (the hold is lost). A downgrade is safe in
+    /// either order: the holder reads only once both sides are done.
+    async fn amend(&self, hold: &DualHold, amendment: Amendment<'_>) -> Result<Amended> {
         for side in [Side::Old, Side::New] {
-            let proclaimed = self.side(side).proclaim(hold.side(side), value).await?;
-            if let Proclaimed::NotOwner(reason) = proclaimed {
-                return Ok(Proclaimed::NotOwner(LostReason::on_side(side, reason)));
+            let proclaimed = self.side(side).amend(hold.side(side), amendment).await?;
+            if let Amended::NotOwner(reason) = proclaimed {
+                return Ok(Amended::NotOwner(LostReason::on_side(side, reason)));
             }
         }
-        Ok(Proclaimed::Done)
+        Ok(Amended::Done)
     }
 
     /// The changes of either side.

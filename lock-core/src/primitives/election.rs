@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::{timeout, Instant};
 
+use crate::backend::Amendment;
 use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
 use crate::ext::{run_held, LockContext, RunOutcome};
@@ -235,7 +236,7 @@ impl Leadership {
     /// connection errors, after which the value may or may not have changed.
     pub async fn proclaim(&mut self, value: impl Into<Vec<u8>>) -> Result<()> {
         let value = value.into();
-        self.guard.proclaim(&value).await?;
+        self.guard.amend(Amendment::Proclaim(&value)).await?;
         self.value = value;
         Ok(())
     }

@@ -1,7 +1,87 @@
 //! The primitives built on the lease machinery: each is a kind of hold
 //! ([`HoldKind`](crate::raw::HoldKind)) and a typed front end over
-//! [`DistributedLock::acquire`](crate::DistributedLock::acquire).
+//! [`DistributedLock::acquire`](crate::DistributedLock::acquire); the multi-lock is
+//! several mutex holds taken in one fixed order.
 
 mod election;
+mod multi;
+mod rwlock;
+mod semaphore;
 
 pub use election::{Election, Leader, LeaderObserver, Leadership};
+pub use multi::{MultiGuard, MultiLock};
+pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use semaphore::{Permit, Semaphore};
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::kind::HoldKind;
+use crate::lock::DistributedLock;
+use crate::name::LockName;
+use crate::options::AcquireOptions;
+
+/// A typed guard over a [`LockGuard`](crate::LockGuard): every method of the guard
+/// through `Deref`, a consuming `release`, and the guard itself on request.
+macro_rules! hold_guard {
+    ($(#[$doc:meta])* $guard:ident) => {
+        $(#[$doc])*
+        #[must_use = "dropping the guard releases it in the background"]
+        #[derive(Debug)]
+        pub struct $guard(crate::guard::LockGuard);
+
+        impl $guard {
+            /// Releases the hold and reports what happened (see
+            /// [`LockGuard::release`](crate::LockGuard::release)).
+            ///
+            /// # Errors
+            /// As [`LockGuard::release`](crate::LockGuard::release).
+            pub async fn release(self) -> crate::error::Result<crate::state::ReleaseOutcome> {
+                self.0.release().await
+            }
+
+            /// The underlying lock guard.
+            pub fn into_guard(self) -> crate::guard::LockGuard {
+                self.0
+            }
+        }
+
+        impl std::ops::Deref for $guard {
+            type Target = crate::guard::LockGuard;
+            fn deref(&self) -> &crate::guard::LockGuard {
+                &self.0
+            }
+        }
+    };
+}
+pub(crate) use hold_guard;
+
+/// Checks that `lock` grants `kind` (`offered`, in words `what`) and acquires `name` as
+/// that kind: the one acquire path of the typed front ends.
+async fn acquire_kind(
+    lock: &Arc<dyn DistributedLock>,
+    name: &LockName,
+    kind: HoldKind,
+    options: &AcquireOptions,
+) -> Result<Option<crate::guard::LockGuard>> {
+    let options = AcquireOptions {
+        kind,
+        ..options.clone()
+    };
+    lock.acquire(name, &options).await
+}
+
+/// The name, checked, on a lock service that offers the primitive (`offered`, in words
+/// `what`).
+fn checked_name(
+    lock: &dyn DistributedLock,
+    name: &str,
+    offered: bool,
+    what: &str,
+) -> Result<LockName> {
+    let name = LockName::new(name)?;
+    if !offered {
+        return Err(Error::unsupported(lock.capabilities().backend, what));
+    }
+    Ok(name)
+}

@@ -1,0 +1,109 @@
+//! Read-write locks: a reader is a [`HoldKind::Read`] hold, a writer a
+//! [`HoldKind::Write`] hold, each with every guarantee of a lock guard. The queue is
+//! FIFO: a reader waits only for the writers before it, a writer for everyone before it,
+//! so a stream of readers never starves a writer.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::backend::Amendment;
+use crate::error::Result;
+use crate::kind::HoldKind;
+use crate::lock::DistributedLock;
+use crate::name::LockName;
+use crate::occupancy::Occupancy;
+use crate::options::AcquireOptions;
+
+use super::{acquire_kind, checked_name, hold_guard};
+
+/// The read-write lock `name` on a lock service: readers hold together, a writer alone.
+///
+/// ZooKeeper keeps Curator `InterProcessReadWriteLock`'s layout, so Curator and distlock
+/// share one lock; etcd and Redis keep their own (each backend's README).
+#[derive(Clone)]
+pub struct RwLock {
+    lock: Arc<dyn DistributedLock>,
+    name: LockName,
+}
+
+impl RwLock {
+    /// The read-write lock `name` on `lock`.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`](crate::Error::InvalidName) for a bad name;
+    /// [`Error::Unsupported`](crate::Error::Unsupported) for a lock service without
+    /// read-write locks.
+    pub fn new(lock: Arc<dyn DistributedLock>, name: &str) -> Result<Self> {
+        let offered = lock.capabilities().rwlock;
+        let name = checked_name(&*lock, name, offered, "read-write locks")?;
+        Ok(RwLock { lock, name })
+    }
+
+    /// The lock's name.
+    pub fn name(&self) -> &LockName {
+        &self.name
+    }
+
+    /// Takes the read side, as `options.wait` says (`Ok(None)`: a
+    /// [`Wait::Try`](crate::Wait::Try) found a writer holding or waiting).
+    ///
+    /// # Errors
+    /// As [`DistributedLock::acquire`].
+    pub async fn read(&self, options: &AcquireOptions) -> Result<Option<ReadGuard>> {
+        let guard = acquire_kind(&self.lock, &self.name, HoldKind::Read, options).await?;
+        Ok(guard.map(ReadGuard))
+    }
+
+    /// Takes the write side, as `options.wait` says (`Ok(None)`: a
+    /// [`Wait::Try`](crate::Wait::Try) found anyone holding or waiting).
+    ///
+    /// # Errors
+    /// As [`DistributedLock::acquire`].
+    pub async fn write(&self, options: &AcquireOptions) -> Result<Option<WriteGuard>> {
+        let guard = acquire_kind(&self.lock, &self.name, HoldKind::Write, options).await?;
+        Ok(guard.map(WriteGuard))
+    }
+
+    /// Who reads, who writes and who waits, as the server shows it now
+    /// ([`Participant::kind`](crate::Participant::kind) tells readers from writers).
+    ///
+    /// # Errors
+    /// As [`DistributedLock::inspect`].
+    pub async fn occupancy(&self) -> Result<Occupancy> {
+        self.lock.inspect(&self.name).await
+    }
+}
+
+impl fmt::Debug for RwLock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RwLock")
+            .field("lock", &format_args!("{}", self.lock))
+            .field("name", &self.name)
+            .finish()
+    }
+}
+
+hold_guard!(
+    /// The read side of a [`RwLock`], held beside other readers and no writer.
+    ReadGuard
+);
+
+hold_guard!(
+    /// The write side of a [`RwLock`], held alone.
+    WriteGuard
+);
+
+impl WriteGuard {
+    /// Turns this writer into a reader in its place in the queue, with no moment in
+    /// which it holds neither: the readers queued behind it may then be granted, writers
+    /// still wait. The fencing token and lease stay.
+    ///
+    /// # Errors
+    /// [`Error::Lost`](crate::Error::Lost) if the hold is no longer ours; connection
+    /// errors, after which it may or may not be downgraded. Either way the guard is
+    /// dropped, so the hold is released in the background.
+    pub async fn downgrade(self) -> Result<ReadGuard> {
+        self.0.amend(Amendment::Downgrade).await?;
+        Ok(ReadGuard(self.0))
+    }
+}
