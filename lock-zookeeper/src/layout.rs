@@ -45,6 +45,14 @@ pub enum NodeKind {
     /// `_c_<token>-latch-<seq>`, the candidate's value as data: an election candidate
     /// (Curator's `LeaderLatch`, whose participant id is the UTF-8 data).
     Latch,
+    /// `_c_<token>-lease-<seq>` in `<dir>/leases`: a semaphore permit (Curator's
+    /// `InterProcessSemaphoreV2`); ours carry [`permit_data`].
+    Lease,
+    /// `_c_<token>-__READ__<seq>`: a reader (Curator's `InterProcessReadWriteLock`).
+    Read,
+    /// `_c_<token>-__WRIT__<seq>`: a writer, or with [`DOWNGRADED`] as data a writer
+    /// that downgraded to a reader in its place.
+    Write,
 }
 
 impl NodeKind {
@@ -56,6 +64,9 @@ impl NodeKind {
         match kind {
             HoldKind::Mutex => Ok(NodeKind::Lock),
             HoldKind::Candidate { .. } => Ok(NodeKind::Latch),
+            HoldKind::Permit { .. } => Ok(NodeKind::Lease),
+            HoldKind::Read => Ok(NodeKind::Read),
+            HoldKind::Write => Ok(NodeKind::Write),
             _ => Err(Error::unsupported(BACKEND, "this kind of hold")),
         }
     }
@@ -65,15 +76,75 @@ impl NodeKind {
         match self {
             NodeKind::Lock => "lock-",
             NodeKind::Latch => "latch-",
+            NodeKind::Lease => "lease-",
+            NodeKind::Read => "__READ__",
+            NodeKind::Write => "__WRIT__",
+        }
+    }
+
+    /// The kind of hold a node of this kind with data `data` is (`None`: unread, or a
+    /// candidate's value that is not needed here): a writer's node marked [`DOWNGRADED`]
+    /// reads as a reader, a lease node as a permit of the count in its data (a Curator
+    /// lease, which carries no count, of `u32::MAX`).
+    pub fn hold_kind(self, data: Option<&[u8]>) -> HoldKind {
+        match self {
+            NodeKind::Lock => HoldKind::Mutex,
+            NodeKind::Latch => HoldKind::Candidate {
+                value: data.map(<[u8]>::to_vec).unwrap_or_default(),
+            },
+            NodeKind::Lease => HoldKind::Permit {
+                permits: data.and_then(permits_in).unwrap_or(u32::MAX),
+            },
+            NodeKind::Read => HoldKind::Read,
+            NodeKind::Write if data == Some(DOWNGRADED) => HoldKind::Read,
+            NodeKind::Write => HoldKind::Write,
         }
     }
 }
 
-/// The data a node of an acquisition of `kind` carries: a candidate's value, else none.
-pub(crate) fn node_data(kind: &HoldKind) -> &[u8] {
+/// The child of a semaphore's directory holding the mutex taken while acquiring a permit
+/// (Curator's `InterProcessSemaphoreV2`: an `InterProcessMutex` on `<path>/locks`).
+pub const SEMAPHORE_LOCKS: &str = "locks";
+/// The child of a semaphore's directory holding the lease nodes, one per permit held.
+pub const SEMAPHORE_LEASES: &str = "leases";
+
+/// The data of a writer's node that downgraded to a reader in its place: our readers
+/// treat the node as a reader, our writers and every Curator client still as a writer.
+pub const DOWNGRADED: &[u8] = b"distlock:downgraded";
+
+/// What our lease nodes carry before the number of permits.
+const PERMITS_DATA: &str = "distlock:permits=";
+
+/// The data of our lease node in a semaphore of `permits`: `distlock:permits=<n>`.
+pub fn permit_data(permits: u32) -> Vec<u8> {
+    format!("{PERMITS_DATA}{permits}").into_bytes()
+}
+
+/// The number of permits in lease node data `data`, if it is ours (a Curator lease node
+/// carries its client's address by default, or what its user chose).
+pub fn permits_in(data: &[u8]) -> Option<u32> {
+    std::str::from_utf8(data)
+        .ok()?
+        .strip_prefix(PERMITS_DATA)?
+        .parse()
+        .ok()
+}
+
+/// The `locks` and `leases` directories of the semaphore whose directory is `dir`.
+pub fn semaphore_dirs(dir: &str) -> (String, String) {
+    (
+        format!("{dir}/{SEMAPHORE_LOCKS}"),
+        format!("{dir}/{SEMAPHORE_LEASES}"),
+    )
+}
+
+/// The data a node of an acquisition of `kind` carries: a candidate's value, a permit's
+/// [`permit_data`], else none.
+pub(crate) fn node_data(kind: &HoldKind) -> std::borrow::Cow<'_, [u8]> {
     match kind {
-        HoldKind::Candidate { value } => value,
-        _ => &[],
+        HoldKind::Candidate { value } => value.as_slice().into(),
+        HoldKind::Permit { permits } => permit_data(*permits).into(),
+        _ => (&[][..]).into(),
     }
 }
 
@@ -171,6 +242,18 @@ pub(crate) fn is_marked_broken(data: &[u8], token: &str) -> bool {
     std::str::from_utf8(data).is_ok_and(|marks| marks.lines().any(|mark| mark == token))
 }
 
+/// The namespace root of the lock directory of the node at `path` (where its broken marks
+/// are): two levels up, three for a lease node (in `<dir>/leases`).
+pub(crate) fn root_of_node(path: &str) -> &str {
+    let dir = parent(path);
+    let is_lease = path
+        .rsplit('/')
+        .next()
+        .and_then(node_kind)
+        .is_some_and(|kind| kind == NodeKind::Lease);
+    parent(if is_lease { parent(dir) } else { dir })
+}
+
 /// The owner token of the node at `path` (a lock directory's child), if it has one.
 pub(crate) fn owner_token_of_path(path: &str) -> Option<&str> {
     owner_token(path.rsplit('/').next()?)
@@ -195,8 +278,14 @@ fn split_node(child: &str) -> Option<(NodeKind, &str)> {
         return None;
     }
     let head = &child[..cut];
-    [NodeKind::Lock, NodeKind::Latch]
-        .into_iter()
+    [
+        NodeKind::Lock,
+        NodeKind::Latch,
+        NodeKind::Lease,
+        NodeKind::Read,
+        NodeKind::Write,
+    ]
+    .into_iter()
         .find(|kind| head.ends_with(kind.word()))
         .map(|kind| (kind, digits))
 }
