@@ -286,8 +286,8 @@ fn split_node(child: &str) -> Option<(NodeKind, &str)> {
         NodeKind::Write,
     ]
     .into_iter()
-        .find(|kind| head.ends_with(kind.word()))
-        .map(|kind| (kind, digits))
+    .find(|kind| head.ends_with(kind.word()))
+    .map(|kind| (kind, digits))
 }
 
 /// Characters ZooKeeper rejects in a path (besides `/` as a separator).

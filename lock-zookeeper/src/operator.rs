@@ -138,12 +138,14 @@ fn occupancy(
     let mut kinds: Vec<HoldKind> = Vec::with_capacity(present.len());
     let (mut holders, mut waiters) = (Vec::new(), Vec::new());
     for (node, stat, value) in present {
-        let kind = adjust(node_kind(node).map_or(HoldKind::Mutex, |kind| {
-            kind.hold_kind(value.as_deref())
-        }));
+        let kind = adjust(
+            node_kind(node).map_or(HoldKind::Mutex, |kind| kind.hold_kind(value.as_deref())),
+        );
         let granted = waiters.is_empty() && kind.granted_behind(&kinds);
         let shown = (kind.is_shared() || kind == HoldKind::Write).then(|| kind.clone());
-        let value = matches!(kind, HoldKind::Candidate { .. }).then_some(value).flatten();
+        let value = matches!(kind, HoldKind::Candidate { .. })
+            .then_some(value)
+            .flatten();
         kinds.push(kind);
         if granted {
             holders.push(holder(node, &stat)?.value(value).kind(shown));
@@ -188,7 +190,10 @@ async fn inspect_semaphore(session: &Session, live: &Live, dir: &str) -> Result<
         .find_map(|(_, _, data)| data.as_deref().and_then(permits_in))
         .unwrap_or(u32::MAX);
     // An acquirer with a lease node shows once, by its lease node.
-    let leasing: Vec<&str> = present.iter().filter_map(|(node, _, _)| owner_token(node)).collect();
+    let leasing: Vec<&str> = present
+        .iter()
+        .filter_map(|(node, _, _)| owner_token(node))
+        .collect();
     let waiting = read_queue(session, live, &locks, &queued)
         .await?
         .into_iter()

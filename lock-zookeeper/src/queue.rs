@@ -197,7 +197,9 @@ impl<'a> Queue<'a> {
             wait: request.wait,
             name: request.name,
         };
-        let granted = self.queue_and_wait(live, dir, marker, &asked, pending).await?;
+        let granted = self
+            .queue_and_wait(live, dir, marker, &asked, pending)
+            .await?;
         Ok(granted.map(|granted| granted.acquired(live, request)))
     }
 

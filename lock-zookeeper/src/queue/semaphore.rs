@@ -58,7 +58,13 @@ impl Queue<'_> {
             ordered_at,
             ..
         } = self
-            .create(live, &leases, lease_marker, &permit_data(permits), &mut nodes.lease)
+            .create(
+                live,
+                &leases,
+                lease_marker,
+                &permit_data(permits),
+                &mut nodes.lease,
+            )
             .await?;
         let path = format!("{leases}/{name}");
         let granted = self
@@ -67,7 +73,10 @@ impl Queue<'_> {
         // Release the `locks` mutex: at once when possible, else by the cleanup.
         if let Ok(Ok(()) | Err(zk::Error::NoNode)) = self
             .session
-            .call("release semaphore mutex", live.client.delete(&taken.path, None))
+            .call(
+                "release semaphore mutex",
+                live.client.delete(&taken.path, None),
+            )
             .await
         {
             nodes.lock.state_mut().armed = false;
@@ -173,4 +182,3 @@ impl Queue<'_> {
         }
     }
 }
-
