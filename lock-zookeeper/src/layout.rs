@@ -501,4 +501,61 @@ mod tests {
         assert_eq!(owner_token("x-lock-0000000000"), None);
         assert_eq!(owner_token("_c_lock-0000000000"), None);
     }
+
+    #[test]
+    fn semaphore_and_read_write_nodes_are_curators() {
+        let read = "_c_5b1e-__READ__0000000001";
+        let write = "_c_77aa-__WRIT__0000000002";
+        let lease = "_c_9c3d-lease-0000000000";
+        assert_eq!(node_kind(read), Some(NodeKind::Read));
+        assert_eq!(node_kind(write), Some(NodeKind::Write));
+        assert_eq!(node_kind(lease), Some(NodeKind::Lease));
+        assert_eq!(owner_token(read), Some("5b1e"));
+        assert_eq!(owner_token(write), Some("77aa"));
+        assert_eq!(owner_token(lease), Some("9c3d"));
+        let children = [write, read, "__READ__", "_c_x-__READ__1"].map(String::from);
+        assert_eq!(queue_order(&children), [read, write]);
+        assert_eq!(
+            node_marker("t", NodeKind::of(&HoldKind::Read).unwrap()),
+            "_c_t-__READ__"
+        );
+        assert_eq!(
+            node_marker("t", NodeKind::of(&HoldKind::Write).unwrap()),
+            "_c_t-__WRIT__"
+        );
+        let permit = HoldKind::Permit { permits: 3 };
+        assert_eq!(
+            node_marker("t", NodeKind::of(&permit).unwrap()),
+            "_c_t-lease-"
+        );
+        assert_eq!(
+            NodeKind::Write.hold_kind(Some(DOWNGRADED)),
+            HoldKind::Read,
+            "a downgraded writer reads as a reader"
+        );
+        assert_eq!(NodeKind::Write.hold_kind(None), HoldKind::Write);
+        assert_eq!(
+            semaphore_dirs("/locks/s"),
+            ("/locks/s/locks".to_owned(), "/locks/s/leases".to_owned())
+        );
+    }
+
+    #[test]
+    fn lease_data_carries_the_permits() {
+        assert_eq!(permits_in(&permit_data(4)), Some(4));
+        assert_eq!(permits_in(b"10.0.0.1"), None, "Curator's default data");
+        assert_eq!(permits_in(b"distlock:permits=x"), None);
+        assert_eq!(permits_in(&[0xff]), None);
+        assert_eq!(
+            NodeKind::Lease.hold_kind(Some(b"10.0.0.1")),
+            HoldKind::Permit { permits: u32::MAX }
+        );
+    }
+
+    #[test]
+    fn broken_marks_of_lease_nodes_are_under_the_prefix() {
+        assert_eq!(root_of_node("/p/name/leases/_c_t-lease-0000000001"), "/p");
+        assert_eq!(root_of_node("/p/name/_c_t-__WRIT__0000000001"), "/p");
+        assert_eq!(root_of_node("/p/leases/_c_t-lock-0000000001"), "/p");
+    }
 }

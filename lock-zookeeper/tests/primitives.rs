@@ -8,14 +8,13 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{with_ttl, ZkFactory, BASE};
+use common::{children, children_reach, with_ttl, ZkFactory, BASE};
 use lock_core::raw::HoldKind;
 use lock_core::{
     AcquireOptions, DistributedLock, ErrorKind, LockName, ReleaseOutcome, RwLock, Semaphore,
 };
 use lock_zookeeper::{lock_dir, node_kind, permits_in, semaphore_dirs, NodeKind};
 use tokio::time::{sleep, timeout, Instant};
-use zookeeper_client as zk;
 
 /// How long a hand-over may take.
 const PROMPT: Duration = Duration::from_secs(5);
@@ -26,26 +25,6 @@ async fn client(factory: &ZkFactory) -> Arc<dyn DistributedLock> {
 
 fn fresh(tag: &str) -> LockName {
     LockName::new(format!("{tag}-{}", uuid::Uuid::new_v4().simple())).expect("valid")
-}
-
-async fn children(admin: &zk::Client, dir: &str) -> Vec<String> {
-    match admin.list_children(dir).await {
-        Ok(mut children) => {
-            children.sort_unstable();
-            children
-        }
-        Err(zk::Error::NoNode) => Vec::new(),
-        Err(err) => panic!("list {dir}: {err}"),
-    }
-}
-
-/// Waits (at most 20 s) until `dir` has `n` children.
-async fn children_reach(admin: &zk::Client, dir: &str, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while children(admin, dir).await.len() != n {
-        assert!(Instant::now() < deadline, "{dir} never had {n} children");
-        sleep(Duration::from_millis(20)).await;
-    }
 }
 
 /// A Curator-shaped protected node name: `_c_<id>-<word><ten digits>`.
@@ -334,7 +313,7 @@ async fn force_release_breaks_the_oldest_permit() {
     assert_eq!(broken.fencing_token, Some(first.fencing_token()));
     children_reach(factory.admin(), &leases, 1).await;
     let listed = operator.list(name.as_str()).await.expect("list");
-    assert_eq!(listed, [name.clone()]);
+    assert_eq!(listed, std::slice::from_ref(&name));
     assert!(matches!(
         first.release().await.expect("release"),
         ReleaseOutcome::AlreadyLost(_)
