@@ -13,7 +13,7 @@ use zookeeper_client as zk;
 use crate::config::ZkConfig;
 use crate::error::{from_client, is_connection_loss, is_session_gone, BACKEND};
 use crate::hold::{delete_in_epoch, lease_of, ZkHold};
-use crate::layout::{node_data, node_kind, queue_order, NodeKind, DOWNGRADED};
+use crate::layout::{node_data, node_kind, queue_order, NodeKind, DOWNGRADED, SEMAPHORE_LEASES};
 use crate::session::{Live, Session};
 
 mod create;
@@ -149,9 +149,22 @@ impl Granted {
 }
 
 /// Refuses to queue `asked` beside nodes of kinds that cannot be one primitive with it
-/// ([`HoldKind::check_beside`]): a read-write lock beside a mutex, say. Kinds are read
-/// from node names, so Curator's nodes count too.
-fn check_kinds(asked: &Ask<'_>, queue: &[&str], ours: &str) -> Result<(), Step> {
+/// ([`HoldKind::check_beside`]): a read-write lock beside a mutex, say, or anything in the
+/// directory of a semaphore (its `leases` child among `children`). Kinds are read from
+/// node names, so Curator's nodes count too.
+fn check_kinds(
+    asked: &Ask<'_>,
+    children: &[String],
+    queue: &[&str],
+    ours: &str,
+) -> Result<(), Step> {
+    if children.iter().any(|child| child == SEMAPHORE_LEASES) {
+        return Err(Step::Fail(Error::Conflict {
+            name: asked.name.to_string(),
+            ours: asked.kind.describe(),
+            theirs: "a semaphore".to_owned(),
+        }));
+    }
     queue
         .iter()
         .filter(|node| **node != ours)
@@ -263,7 +276,7 @@ impl<'a> Queue<'a> {
                     source: None,
                 }));
             };
-            check_kinds(asked, &queue, &name)?;
+            check_kinds(asked, &children, &queue, &name)?;
             let blocker = match self.blocker(live, dir, asked.kind, &queue[..index]).await {
                 Ok(blocker) => blocker,
                 Err(step) => {

@@ -11,7 +11,8 @@ use std::time::Duration;
 use common::{children, children_reach, with_ttl, ZkFactory, BASE};
 use lock_core::raw::HoldKind;
 use lock_core::{
-    AcquireOptions, DistributedLock, ErrorKind, LockName, ReleaseOutcome, RwLock, Semaphore,
+    AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, ReleaseOutcome,
+    RwLock, Semaphore,
 };
 use lock_zookeeper::{lock_dir, node_kind, permits_in, semaphore_dirs, NodeKind};
 use tokio::time::{sleep, timeout, Instant};
@@ -136,6 +137,16 @@ async fn permits_disagreement_is_a_conflict() {
             .expect_err("a disagreement is refused");
         assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
     }
+    // A mutex or a read-write lock in a semaphore's directory is refused too.
+    let other = client(&factory).await;
+    let err = other.try_lock(name.as_str()).await.expect_err("a mutex");
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    let rw = RwLock::new(other, name.as_str()).expect("rwlock");
+    let err = rw
+        .read(&AcquireOptions::try_once())
+        .await
+        .expect_err("a reader");
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
     children_reach(factory.admin(), &leases, 1).await;
     children_reach(factory.admin(), &locks, 0).await;
     held.release().await.expect("release");
