@@ -1,7 +1,8 @@
 //! What an operator asks and does: what a lock directory shows ([`inspect`]: its lock
-//! nodes in queue order (the first holds or leads, the rest wait), their owner tokens,
-//! sessions, creation times and, for election candidates (`latch-` nodes), values, the
-//! holder's fencing token (a leader's term), and the token floor), a feed of its changes
+//! nodes in queue order (those granted by [`HoldKind::granted_behind`] hold or lead, the
+//! rest wait; a semaphore's lease nodes up to its permits hold), their owner tokens,
+//! sessions, creation times, kinds and, for election candidates (`latch-` nodes), values,
+//! the holders' fencing tokens (a leader's term), and the token floor), a feed of its changes
 //! ([`changes`]), which directories of a namespace have a holder ([`list`]), and breaking
 //! a hold ([`force_release`]).
 //!
@@ -9,8 +10,9 @@
 //! barrier, the listing of the directory (with its stat) and the stats of its ancestors,
 //! sent together; then the stats of the lock nodes listed, sent together (`exists` needs
 //! no READ on the node, so nodes with a creator-only ACL are read as well; a candidate's
-//! node is read with its data, its value). An empty or missing directory costs the first
-//! round trip only.
+//! node is read with its data, its value, a writer's and a lease node with theirs: a
+//! downgrade mark, a number of permits). An empty or missing directory costs the first
+//! round trip only; a semaphore's directory one more (its `leases` and `locks` listed).
 //!
 //! # Token floor
 //! The directory's `pzxid` (the zxid of its last child change, its own create at the

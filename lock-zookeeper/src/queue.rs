@@ -1,6 +1,9 @@
 //! The waiting queue of one acquisition: create the ephemeral sequential node (in
-//! [`create`]), wait for it to be first by watching only its predecessor, and remove it
-//! in the background if the acquisition does not hand it over.
+//! [`create`]), wait for its kind to be granted behind the nodes ahead by watching only
+//! the node that must go first (the predecessor; for a reader the first writer ahead),
+//! and remove it in the background if the acquisition does not hand it over. A permit
+//! of a semaphore ([`semaphore`]) runs that queue on the semaphore's `locks` mutex, then
+//! waits for a lease.
 
 use std::sync::Arc;
 use std::time::Duration;
