@@ -127,6 +127,11 @@ pub(crate) struct Ask<'a> {
     pub(crate) wait: bool,
     /// The lock's name, for errors.
     pub(crate) name: &'a LockName,
+    /// Whether a grant must rest on a listing the leader ordered (behind a barrier):
+    /// every hold's does; a semaphore's `locks` mutex orders acquirers only (the lease
+    /// count behind the lease's create decides the grant), so its wake-ups save the
+    /// barrier's quorum write.
+    pub(crate) ordered: bool,
 }
 
 /// A node granted in its queue.
@@ -212,6 +217,7 @@ impl<'a> Queue<'a> {
             data: &node_data(request.kind),
             wait: request.wait,
             name: request.name,
+            ordered: true,
         };
         let granted = self
             .queue_and_wait(live, dir, marker, &asked, pending)
@@ -253,9 +259,15 @@ impl<'a> Queue<'a> {
                         .call("list lock nodes", live.client.list_children(dir))
                         .await,
                 ),
-                None => (
+                None if asked.ordered => (
                     Instant::now(),
                     ordered_children(self.session, live, &path, dir).await,
+                ),
+                None => (
+                    Instant::now(),
+                    self.session
+                        .call("list lock nodes", live.client.list_children(dir))
+                        .await,
                 ),
             };
             let children = match listed {

@@ -43,6 +43,7 @@ impl Queue<'_> {
             data: &[],
             wait: request.wait,
             name: request.name,
+            ordered: false,
         };
         let Some(taken) = self
             .queue_and_wait(live, &locks, lock_marker, &mutex, &mut nodes.lock)
@@ -52,23 +53,19 @@ impl Queue<'_> {
         };
         // Our mutex node stays until the lease is decided: removed if we are dropped.
         nodes.lock.state_mut().armed = true;
+        // Listed right behind the create: the names decide and are checked at once.
+        let data = permit_data(permits);
         let Queued {
             name,
             czxid,
             ordered_at,
-            ..
+            children,
         } = self
-            .create(
-                live,
-                &leases,
-                lease_marker,
-                &permit_data(permits),
-                &mut nodes.lease,
-            )
+            .create_node(live, &leases, lease_marker, &data, true, &mut nodes.lease)
             .await?;
         let path = format!("{leases}/{name}");
         let granted = self
-            .wait_for_lease(live, &leases, &name, permits, request, nodes)
+            .wait_for_lease(live, &leases, (&name, children), permits, request, nodes)
             .await?;
         // Release the `locks` mutex: at once when possible, else by the cleanup.
         if let Ok(Ok(()) | Err(zk::Error::NoNode)) = self
@@ -95,15 +92,16 @@ impl Queue<'_> {
         ))
     }
 
-    /// Waits (holding the `locks` mutex) until the children of `leases` are no more than
-    /// `permits`, our lease node `name` among them; `false`: not granted and not to wait
+    /// Waits (holding the `locks` mutex) until the children of `leases` (`first`: as
+    /// listed behind the create, if they were) are no more than `permits`, our lease node
+    /// `name` among them; `false`: not granted and not to wait
     /// (the lease node is deleted). Every other lease node is read once for its number
     /// of permits: ours disagreeing is [`lock_core::Error::Conflict`].
     async fn wait_for_lease(
         &self,
         live: &Live,
         leases: &str,
-        name: &str,
+        (name, mut first): (&str, Option<Vec<String>>),
         permits: u32,
         request: &AcquireRequest<'_>,
         nodes: &mut PermitNodes,
@@ -112,13 +110,19 @@ impl Queue<'_> {
         let mut checked: HashSet<String> = HashSet::new();
         let mut losses = 0;
         loop {
-            let listed = self
-                .session
-                .call(
-                    "list lease nodes",
-                    live.client.list_and_watch_children(leases),
-                )
-                .await;
+            // The listing behind the create first (no watch: the next listing sets one
+            // if this one does not grant).
+            let listed = match first.take() {
+                Some(children) => Ok(Ok((children, None))),
+                None => self
+                    .session
+                    .call(
+                        "list lease nodes",
+                        live.client.list_and_watch_children(leases),
+                    )
+                    .await
+                    .map(|listed| listed.map(|(children, watcher)| (children, Some(watcher)))),
+            };
             let (children, watcher) = match listed {
                 Ok(Ok(listed)) => listed,
                 Ok(Err(err)) => {
@@ -175,9 +179,11 @@ impl Queue<'_> {
                 self.withdraw(live, &path, &mut nodes.lease).await;
                 return Ok(false);
             }
-            tokio::select! {
-                _ = watcher.changed() => {}
-                () = tokio::time::sleep(self.recheck()) => {}
+            if let Some(watcher) = watcher {
+                tokio::select! {
+                    _ = watcher.changed() => {}
+                    () = tokio::time::sleep(self.recheck()) => {}
+                }
             }
         }
     }
