@@ -145,6 +145,27 @@ pub async fn queue(admin: &zk::Client, name: &LockName) -> Vec<String> {
         .collect()
 }
 
+/// The children of `dir`, sorted (none for a missing `dir`).
+pub async fn children(admin: &zk::Client, dir: &str) -> Vec<String> {
+    match admin.list_children(dir).await {
+        Ok(mut children) => {
+            children.sort_unstable();
+            children
+        }
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(err) => panic!("list {dir}: {err}"),
+    }
+}
+
+/// Waits (at most 20 s) until `dir` has `n` children.
+pub async fn children_reach(admin: &zk::Client, dir: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while children(admin, dir).await.len() != n {
+        assert!(Instant::now() < deadline, "{dir} never had {n} children");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits (at most 20 s) until `name`'s queue has `n` lock nodes.
 pub async fn queue_len_reaches(factory: &ZkFactory, name: &LockName, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
