@@ -12,8 +12,8 @@ use lock_core::raw::{
     ChangeFeed, Cleanup, CleanupOnDrop, Connect, LockUrl, RenewItem, RenewOutcome, SessionStatus,
 };
 use lock_core::{
-    Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, LostReason, Occupancy,
-    Participant, Result,
+    Capabilities, Error, ErrorKind, FencingSource, FencingToken, LockName, LockOptions, LostReason,
+    Occupancy, Participant, Result,
 };
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
@@ -24,7 +24,7 @@ use crate::error::{unexpected, BACKEND};
 use crate::hold::{self, EtcdHold, HoldCheck};
 use crate::layout::{broken_mark, entry_value, lock_prefix};
 use crate::operator;
-use crate::queue::{Place, Queue, Slot, Slots};
+use crate::queue::{admitted, Place, Queue, Slot, Slots};
 use crate::session::{KeepAlive, Session};
 
 /// The protocol half of an etcd lock client (see the crate docs).
@@ -201,6 +201,15 @@ fn stored_value(request: AcquireRequest<'_>) -> Result<Vec<u8>> {
         .ok_or_else(|| Error::unsupported(BACKEND, format!("holds of {}", request.kind.describe())))
 }
 
+/// Leaves the queue at once (a try that must wait, a conflict): deletes the pending key
+/// (created at `revision`) now, so nobody sees it after the acquire returns. On failure
+/// the pending guard, dropped, retries the delete in the background.
+async fn leave(client: &EtcdClient, pending: CleanupOnDrop<PendingKey>, key: &str, revision: i64) {
+    if client.delete_if_ours(key, Some(revision)).await.is_ok() {
+        drop(pending.disarm());
+    }
+}
+
 /// A cancelled acquire's delete that keeps failing is given up after this long; the
 /// lease ends the key then, at the client's end at the latest.
 const CLEANUP_GIVE_UP: Duration = Duration::from_secs(60);
@@ -249,32 +258,34 @@ impl Backend for EtcdBackend {
             slot,
         })
         .tracked_by(&self.background);
-        let (revision, granted) = self.queue.enqueue(&place, lease.id, &value).await?;
+        let (revision, ahead) = self.queue.enqueue(&place, lease.id, &value).await?;
         pending.state_mut().revision = Some(revision);
+        let granted = match admitted(&place, &ahead) {
+            Ok(granted) => granted,
+            Err(err) => {
+                // A conflict: leave no key behind for anyone to see after the error.
+                leave(&self.client, pending, &key, revision).await;
+                return Err(err);
+            }
+        };
         if !granted {
             if !request.wait {
-                // Like TryLock: leave the queue at once. On failure the pending guard
-                // retries the delete in the background.
-                if self
-                    .client
-                    .delete_if_ours(&key, Some(revision))
-                    .await
-                    .is_ok()
-                {
-                    drop(pending.disarm());
-                }
+                // Like TryLock: leave the queue at once.
+                leave(&self.client, pending, &key, revision).await;
                 return Ok(None);
             }
-            self.queue
-                .wait_turn(&place, revision, lease)
-                .await
-                .map_err(|err| match err {
+            if let Err(err) = self.queue.wait_turn(&place, revision, lease).await {
+                if err.kind() == ErrorKind::Conflict {
+                    leave(&self.client, pending, &key, revision).await;
+                }
+                return Err(match err {
                     Error::Lost { reason, .. } => Error::Lost {
                         name: request.name.to_string(),
                         reason,
                     },
                     other => other,
-                })?;
+                });
+            }
         }
         // The hold lives as long as the lease: measure it from the last keep-alive,
         // refreshed now if it is older than TTL/3.

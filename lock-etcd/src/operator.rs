@@ -14,9 +14,10 @@
 //! transaction. Every request is under the request timeout.
 //!
 //! # Token floor
-//! The revision the range was read at, lowered below the second key's create revision
-//! when there is one: every key put later has a greater create revision, and every waiter
-//! already queued is granted a token above the floor as well.
+//! The revision the range was read at, lowered below the first waiter's create revision
+//! when there is one (the second key's for a mutex; after every co-holder's for a
+//! semaphore or read-write lock): every key put later has a greater create revision, and
+//! every waiter already queued is granted a token above the floor as well.
 
 use std::collections::BTreeSet;
 use std::time::Duration;

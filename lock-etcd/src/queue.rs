@@ -62,9 +62,12 @@ pub(crate) struct Place<'a> {
 /// [`Error::Conflict`] when an entry ahead is of a kind ours cannot queue beside
 /// ([`HoldKind::check_beside`]: a semaphore of other permits, a name used as another
 /// primitive).
-pub(crate) fn admitted(place: &Place<'_>, ahead: &[&KeyValue]) -> Result<bool> {
+pub(crate) fn admitted<'a>(
+    place: &Place<'_>,
+    ahead: impl IntoIterator<Item = &'a KeyValue>,
+) -> Result<bool> {
     let kinds: Vec<HoldKind> = ahead
-        .iter()
+        .into_iter()
         .map(|kv| Entry::of_value(kv.value()).kind)
         .collect();
     for other in &kinds {
@@ -75,18 +78,15 @@ pub(crate) fn admitted(place: &Place<'_>, ahead: &[&KeyValue]) -> Result<bool> {
 
 impl Queue {
     /// Puts our key in the queue of `place` (or finds it there), with `value` (see
-    /// [`crate::layout`]); returns its create revision and whether it is granted at once
-    /// ([`admitted`], over the queue's head read in the same transaction). One round trip.
-    ///
-    /// # Errors
-    /// [`Error::Conflict`] from [`admitted`] (our key is then left for the caller's
-    /// cleanup); connection errors.
+    /// [`crate::layout`]); returns its create revision and the entries ahead of it in the
+    /// queue's head read in the same transaction ([`queue_head`]: enough for
+    /// [`admitted`] to tell whether it is granted at once). One round trip.
     pub(crate) async fn enqueue(
         &self,
         place: &Place<'_>,
         lease: i64,
         value: &[u8],
-    ) -> Result<(i64, bool)> {
+    ) -> Result<(i64, Vec<KeyValue>)> {
         const WHAT: &str = "acquire";
         let (prefix, key) = (place.prefix, place.key);
         // A key of ours from an earlier, abandoned attempt is deleted and the put
@@ -109,10 +109,11 @@ impl Queue {
                         .kvs()
                         .iter()
                         .filter(|kv| kv.create_revision() < revision)
-                        .collect::<Vec<_>>(),
+                        .cloned()
+                        .collect(),
                     _ => return Err(unexpected(WHAT, "an answer without the queue's head")),
                 };
-                return Ok((revision, admitted(place, &ahead)?));
+                return Ok((revision, ahead));
             }
             let Some(stale) = ops
                 .first()
@@ -327,7 +328,7 @@ impl Queue {
         };
         // In create order, whichever way the range was read.
         ahead.sort_by_key(|kv| kv.create_revision());
-        if admitted(place, &ahead)? {
+        if admitted(place, ahead.iter().copied())? {
             return Ok(Turn::Owner);
         }
         let blocker = match place.kind {
