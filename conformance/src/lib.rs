@@ -15,6 +15,7 @@
 pub mod factory;
 pub mod fence;
 pub mod inspection;
+pub mod limits;
 pub mod memory;
 pub mod rules;
 
@@ -98,6 +99,16 @@ macro_rules! conformance_rules {
             election_cut_off_leader_is_replaced,
             election_observers_see_terms_in_order,
             election_cancellation_leaves_nothing,
+            semaphore_never_exceeds_permits,
+            semaphore_fifo_with_push,
+            semaphore_permits_disagreement_refused,
+            semaphore_cut_off_holder_is_replaced,
+            rwlock_readers_share_writers_exclude,
+            rwlock_writer_not_starved,
+            rwlock_downgrade_without_window,
+            primitives_cancellation_leaves_nothing,
+            multilock_all_or_nothing_without_deadlock,
+            multilock_lost_part_and_cancellation,
         }
     };
 }

@@ -86,6 +86,18 @@ impl HoldKind {
         matches!(self, HoldKind::Read | HoldKind::Permit { .. })
     }
 
+    /// A stable short name: `mutex`, `candidate`, `permit`, `read` or `write` (the `kind`
+    /// field of acquire spans, the `kind` label of the by-kind metrics).
+    pub fn label(&self) -> &'static str {
+        match self {
+            HoldKind::Mutex => "mutex",
+            HoldKind::Candidate { .. } => "candidate",
+            HoldKind::Permit { .. } => "permit",
+            HoldKind::Read => "read",
+            HoldKind::Write => "write",
+        }
+    }
+
     /// The kind in words, for errors and operators (`a semaphore of 4 permits`).
     pub fn describe(&self) -> String {
         match self {

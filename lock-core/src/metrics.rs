@@ -21,7 +21,7 @@ use std::time::Duration;
 use ::metrics::{Counter, Gauge, Histogram, Label, Unit};
 use tokio::time::Instant;
 
-use crate::backend::RenewOutcome;
+use crate::backend::{HoldKind, RenewOutcome};
 use crate::error::{Error, ErrorKind};
 use crate::guard::{HoldObserver, LockGuard};
 use crate::name::LockName;
@@ -61,6 +61,10 @@ pub const LEADERSHIPS: &str = "distlock_leaderships";
 pub const TERMS_WON: &str = "distlock_terms_won_total";
 /// The term of the leadership won last.
 pub const LEADER_TERM: &str = "distlock_leader_term";
+/// Permits, read holds and write holds held now, by [`KIND`].
+pub const HOLDS_BY_KIND: &str = "distlock_holds_by_kind";
+/// Blocking acquires of permits, reads and writes in progress, by [`KIND`].
+pub const WAITERS_BY_KIND: &str = "distlock_waiters_by_kind";
 
 /// Label: the backend (`memory`, `redis`, `zookeeper`, `etcd`, `dual`, …).
 pub const BACKEND: &str = "backend";
@@ -213,6 +217,21 @@ pub const METRICS: &[Metric] = &[
         labels: &[BACKEND, LOCK],
         help: "The term (fencing token) of the leadership this client won last.",
     },
+    Metric {
+        name: HOLDS_BY_KIND,
+        kind: MetricKind::Gauge,
+        labels: &[BACKEND, LOCK, KIND],
+        help: "Semaphore permits (kind `permit`) and read-write lock holds (`read`, `write`) \
+               held or suspect now; also counted in distlock_held_locks. A downgrade moves a \
+               hold from `write` to `read`.",
+    },
+    Metric {
+        name: WAITERS_BY_KIND,
+        kind: MetricKind::Gauge,
+        labels: &[BACKEND, LOCK, KIND],
+        help: "Blocking acquires of permits, reads and writes in progress, by kind; also \
+               counted in distlock_waiters.",
+    },
 ];
 
 /// Histogram buckets (seconds) suited to every histogram of [`METRICS`], from half a
@@ -331,9 +350,23 @@ impl Series {
     /// Counts a blocking acquire call in [`WAITERS`] until the returned guard is dropped:
     /// from the call to its end, whether the backend queued it or its first request
     /// found the lock free.
-    pub(crate) fn waiting(&self) -> Waiting<'_> {
+    pub(crate) fn waiting(&self, kind: &HoldKind) -> Waiting<'_> {
         self.waiters.increment(1.0);
-        Waiting(&self.waiters)
+        let by_kind = self.by_kind(WAITERS_BY_KIND, kind);
+        if let Some(gauge) = &by_kind {
+            gauge.increment(1.0);
+        }
+        Waiting(&self.waiters, by_kind)
+    }
+
+    /// The gauge `metric` of `kind`, for the kinds counted by kind (permits, reads,
+    /// writes); looked up when used, so a client that uses none exports none.
+    fn by_kind(&self, metric: &'static str, kind: &HoldKind) -> Option<Gauge> {
+        let label = kind_label(kind)?;
+        Some(::metrics::gauge!(
+            metric,
+            extended(&self.labels, [(KIND, label)])
+        ))
     }
 
     /// Counts one hold's renewal, sent `lag` after it was planned (watchdog renewals).
@@ -422,11 +455,22 @@ impl ClientMetrics {
 
 /// An acquire counted in [`WAITERS`] until dropped (also when the acquire is cancelled).
 #[derive(Debug)]
-pub(crate) struct Waiting<'a>(&'a Gauge);
+pub(crate) struct Waiting<'a>(&'a Gauge, Option<Gauge>);
 
 impl Drop for Waiting<'_> {
     fn drop(&mut self) {
         self.0.decrement(1.0);
+        if let Some(by_kind) = &self.1 {
+            by_kind.decrement(1.0);
+        }
+    }
+}
+
+/// The [`KIND`] label of the kinds counted by kind.
+fn kind_label(kind: &HoldKind) -> Option<&'static str> {
+    match kind {
+        HoldKind::Permit { .. } | HoldKind::Read | HoldKind::Write => Some(kind.label()),
+        _ => None,
     }
 }
 
@@ -438,6 +482,8 @@ pub(crate) struct HoldMetrics {
     granted: Instant,
     /// The term, for a leadership (a candidate's hold).
     term: Option<FencingToken>,
+    /// The by-kind gauge of a permit, read or write hold (a downgrade replaces it).
+    by_kind: Mutex<Option<Gauge>>,
     /// [`PHASE_NEW`], [`PHASE_HELD`] or [`PHASE_ENDED`].
     phase: AtomicU8,
 }
@@ -450,9 +496,16 @@ const PHASE_HELD: u8 = 1;
 const PHASE_ENDED: u8 = 2;
 
 impl HoldMetrics {
-    /// A hold granted at `granted`, not counted yet; a leadership of term `term`.
-    pub(crate) fn new(series: Arc<Series>, granted: Instant, term: Option<FencingToken>) -> Self {
+    /// A hold of `kind` granted at `granted`, not counted yet; a leadership of term
+    /// `term`.
+    pub(crate) fn new(
+        series: Arc<Series>,
+        granted: Instant,
+        kind: &HoldKind,
+        term: Option<FencingToken>,
+    ) -> Self {
         HoldMetrics {
+            by_kind: Mutex::new(series.by_kind(HOLDS_BY_KIND, kind)),
             series,
             granted,
             term,
@@ -475,6 +528,9 @@ impl HoldMetrics {
     pub(crate) fn start(&self) {
         if self.advance(PHASE_NEW, PHASE_HELD) {
             self.series.held.increment(1.0);
+            if let Some(by_kind) = &*lock_unpoisoned(&self.by_kind) {
+                by_kind.increment(1.0);
+            }
             if let Some(term) = self.term {
                 self.series.leaderships.increment(1.0);
                 self.series.terms_won.increment(1);
@@ -491,11 +547,31 @@ impl HoldMetrics {
     pub(crate) fn end(&self, reason: LostReason) {
         if self.advance(PHASE_HELD, PHASE_ENDED) {
             self.series.held.decrement(1.0);
+            if let Some(by_kind) = &*lock_unpoisoned(&self.by_kind) {
+                by_kind.decrement(1.0);
+            }
             if self.term.is_some() {
                 self.series.leaderships.decrement(1.0);
             }
             self.series.hold.record(self.granted.elapsed());
             self.series.lost(reason);
+        }
+    }
+
+    /// Counts the hold as a `kind` hold from now on (a write downgraded to a read).
+    pub(crate) fn became(&self, kind: &HoldKind) {
+        let mut by_kind = lock_unpoisoned(&self.by_kind);
+        let counted = self.phase.load(Ordering::Acquire) == PHASE_HELD;
+        if counted {
+            if let Some(old) = &*by_kind {
+                old.decrement(1.0);
+            }
+        }
+        *by_kind = self.series.by_kind(HOLDS_BY_KIND, kind);
+        if counted {
+            if let Some(new) = &*by_kind {
+                new.increment(1.0);
+            }
         }
     }
 

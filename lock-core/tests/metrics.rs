@@ -89,8 +89,12 @@ impl Seen {
     }
 
     fn gauge(&self, name: &str) -> f64 {
+        self.gauge_of(name, &[])
+    }
+
+    fn gauge_of(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
         self.gauges
-            .get(&self.key(name, &[]))
+            .get(&self.key(name, labels))
             .copied()
             .unwrap_or(0.0)
     }
@@ -512,4 +516,66 @@ async fn leaderships_count_terms_and_end() {
     );
     assert_eq!(seen.counter(metrics::TERMS_WON, &[]), 2);
     assert_eq!(seen.gauge(metrics::HELD), 0.0);
+}
+
+/// Permits, reads and writes count in the by-kind gauges while held (and waiting), a
+/// downgrade moves a hold from `write` to `read`, and a mutex counts in none.
+#[tokio::test]
+async fn holds_and_waiters_count_by_kind() {
+    let (mut seen, _local, space) = recording();
+    let ttl = Duration::from_millis(500);
+    let a: Arc<dyn DistributedLock> = client(&space, options(ttl));
+    let b: Arc<dyn DistributedLock> = client(&space, options(ttl));
+    let by = |kind| [("kind", kind)];
+    let semaphore = lock_core::Semaphore::new(Arc::clone(&a), "jobs/pool", 1).expect("semaphore");
+    let rwlock = lock_core::RwLock::new(Arc::clone(&a), "jobs/table").expect("rwlock");
+    let _mutex = a.lock("jobs/plain").await.expect("a mutex");
+    let permit = semaphore
+        .acquire(&AcquireOptions::try_once())
+        .await
+        .expect("acquire");
+    let writing = rwlock
+        .write(&AcquireOptions::try_once())
+        .await
+        .expect("write")
+        .expect("free");
+    let on_b = lock_core::Semaphore::new(Arc::clone(&b), "jobs/pool", 1).expect("semaphore");
+    let waiting = tokio::spawn(async move { on_b.acquire(&AcquireOptions::forever()).await });
+    sleep(Duration::from_millis(50)).await;
+    seen.read();
+    assert_eq!(seen.gauge_of(metrics::HOLDS_BY_KIND, &by("permit")), 1.0);
+    assert_eq!(seen.gauge_of(metrics::HOLDS_BY_KIND, &by("write")), 1.0);
+    assert_eq!(seen.gauge_of(metrics::WAITERS_BY_KIND, &by("permit")), 1.0);
+    assert_eq!(
+        seen.gauge(metrics::HELD),
+        3.0,
+        "the mutex, the permit, the write"
+    );
+    let reading = writing.downgrade().await.expect("downgrade");
+    seen.read();
+    assert_eq!(seen.gauge_of(metrics::HOLDS_BY_KIND, &by("write")), 0.0);
+    assert_eq!(seen.gauge_of(metrics::HOLDS_BY_KIND, &by("read")), 1.0);
+    drop(permit);
+    let granted = timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter is served")
+        .expect("task")
+        .expect("acquire");
+    drop(granted);
+    reading.release().await.expect("release");
+    sleep(Duration::from_millis(50)).await;
+    seen.read();
+    for kind in ["permit", "read", "write"] {
+        assert_eq!(
+            seen.gauge_of(metrics::HOLDS_BY_KIND, &by(kind)),
+            0.0,
+            "{kind}"
+        );
+        assert_eq!(
+            seen.gauge_of(metrics::WAITERS_BY_KIND, &by(kind)),
+            0.0,
+            "{kind}"
+        );
+    }
+    assert_eq!(seen.gauge(metrics::HELD), 1.0, "the mutex");
 }

@@ -21,6 +21,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use distlock::raw::HoldKind;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -86,6 +87,36 @@ struct AcquireArgs {
     ttl: Option<Duration>,
 }
 
+/// What `run` takes of NAME: the lock (the default), one of N permits of the semaphore
+/// NAME, or a side of the read-write lock NAME.
+#[derive(Debug, Args)]
+#[group(multiple = false)]
+struct KindArgs {
+    /// Take one of N permits of the semaphore NAME (every process using NAME must give
+    /// the same N: another number fails with exit 1 and takes nothing).
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    permits: Option<u32>,
+    /// Take the read (shared) side of the read-write lock NAME, beside other readers
+    /// (flock -s). Readers queued behind a waiting writer wait for it.
+    #[arg(short = 's', long)]
+    shared: bool,
+    /// Take the write (exclusive) side of the read-write lock NAME (flock -x). Plain
+    /// `run NAME` takes the lock NAME, not a read-write lock.
+    #[arg(short = 'x', long)]
+    exclusive: bool,
+}
+
+impl KindArgs {
+    fn kind(&self) -> HoldKind {
+        match (self.permits, self.shared, self.exclusive) {
+            (Some(permits), _, _) => HoldKind::Permit { permits },
+            (None, true, _) => HoldKind::Read,
+            (None, false, true) => HoldKind::Write,
+            (None, false, false) => HoldKind::Mutex,
+        }
+    }
+}
+
 /// The command `run` and `elect` run, and the name they take.
 #[derive(Debug, Args)]
 struct CommandArgs {
@@ -134,10 +165,17 @@ enum Command {
     /// then SIGKILL after --grace and before the lease ends; exit 75. If lockctl dies, the
     /// kernel kills the command. A failed release after the command ended within the lease
     /// is a warning: lockctl exits as the command did.
+    ///
+    /// With --permits N, --shared or --exclusive it takes one of N permits of the
+    /// semaphore NAME or a side of the read-write lock NAME instead (Curator's
+    /// InterProcessSemaphoreV2 and InterProcessReadWriteLock on ZooKeeper), with the
+    /// same stop rules.
     #[command(after_help = EXIT_CODES)]
     Run {
         #[command(flatten)]
         acquire: AcquireArgs,
+        #[command(flatten)]
+        kind: KindArgs,
         #[command(flatten)]
         command: CommandArgs,
     },
@@ -315,10 +353,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
     let url = cli.url;
     match cli.command {
         Command::Migration(command) => migration::run(&shared_url(url)?, command).await,
-        Command::Run { acquire, command } => {
+        Command::Run {
+            acquire,
+            kind,
+            command,
+        } => {
             let (name, grace) = (command.name.clone(), command.grace);
             let url = url_or_memory(url);
-            run::run(&url, &acquire, &name, &command.argv(), grace, None).await
+            run::run(&url, &acquire, &name, &command.argv(), grace, kind.kind()).await
         }
         Command::Elect {
             acquire,
@@ -327,8 +369,11 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
         } => {
             let (name, grace) = (command.name.clone(), command.grace);
             let value = value.unwrap_or_else(run::default_candidate_value);
+            let kind = HoldKind::Candidate {
+                value: value.into_bytes(),
+            };
             let url = url_or_memory(url);
-            run::run(&url, &acquire, &name, &command.argv(), grace, Some(value)).await
+            run::run(&url, &acquire, &name, &command.argv(), grace, kind).await
         }
         Command::Leader { name, json } => operate::leader(&shared_url(url)?, &name, json).await,
         Command::Observe { name, json } => operate::observe(&shared_url(url)?, &name, json).await,

@@ -239,6 +239,11 @@ fn participant_json(participant: &Participant) -> Value {
         "fencing_token": participant.fencing_token.map(|t| t.get()),
         "lease_left_ms": participant.lease_left.map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX)),
         "session": participant.session,
+        "kind": participant.kind.as_ref().map(|kind| kind.label()),
+        "permits": match participant.kind {
+            Some(distlock::raw::HoldKind::Permit { permits }) => Some(permits),
+            _ => None,
+        },
         "value": participant.value.as_deref().map(String::from_utf8_lossy),
         "since": participant.since.map(|at| humantime::format_rfc3339_millis(at).to_string()),
         "since_unix_ms": participant.since.and_then(unix_ms),
@@ -250,6 +255,7 @@ fn occupancy_json(name: &LockName, occupancy: &Occupancy) -> Value {
         "name": name.as_str(),
         "held": occupancy.holder.is_some(),
         "holder": occupancy.holder.as_ref().map(participant_json),
+        "holders": occupancy.holders().map(participant_json).collect::<Vec<_>>(),
         "waiters": occupancy.waiters.iter().map(participant_json).collect::<Vec<_>>(),
         "token_floor": occupancy.token_floor.map(|t| t.get()),
     })
@@ -271,10 +277,16 @@ fn short_duration(value: Duration) -> String {
 
 /// One participant on one line: what the backend shows of it, `now` dating `since`.
 fn participant_text(participant: &Participant, now: SystemTime) -> String {
-    let mut text = match &participant.owner_token {
-        Some(owner) => format!("owner {owner}"),
-        None => "owner not recorded".to_owned(),
+    let mut text = match &participant.kind {
+        Some(kind) => format!("{} ", role(kind)),
+        None => String::new(),
     };
+    match &participant.owner_token {
+        Some(owner) => {
+            let _ = write!(text, "owner {owner}");
+        }
+        None => text.push_str("owner not recorded"),
+    }
     if let Some(value) = shown_value(participant) {
         let _ = write!(text, ", value {value:?}");
     }
@@ -296,6 +308,16 @@ fn participant_text(participant: &Participant, now: SystemTime) -> String {
     text
 }
 
+/// What a participant of a kind holds or waits for: `permit of 4`, `reader`, `writer`.
+fn role(kind: &distlock::raw::HoldKind) -> String {
+    match kind {
+        distlock::raw::HoldKind::Permit { permits } => format!("permit of {permits},"),
+        distlock::raw::HoldKind::Read => "reader,".to_owned(),
+        distlock::raw::HoldKind::Write => "writer,".to_owned(),
+        other => format!("{},", other.label()),
+    }
+}
+
 /// The value a participant stored (an election candidate's), unless it only repeats its
 /// owner token (a layout that stores one value per entry shows it as both).
 fn shown_value(participant: &Participant) -> Option<std::borrow::Cow<'_, str>> {
@@ -309,13 +331,21 @@ fn shown_value(participant: &Participant) -> Option<std::borrow::Cow<'_, str>> {
 
 fn occupancy_text(name: &LockName, occupancy: &Occupancy, now: SystemTime) -> String {
     let mut text = String::new();
-    match &occupancy.holder {
-        Some(holder) => {
-            let _ = writeln!(text, "{name}: held");
-            let _ = writeln!(text, "  holder: {}", participant_text(holder, now));
-        }
-        None => {
+    match occupancy.holders().count() {
+        0 => {
             let _ = writeln!(text, "{name}: free");
+        }
+        1 => {
+            let _ = writeln!(text, "{name}: held");
+            for holder in occupancy.holders() {
+                let _ = writeln!(text, "  holder: {}", participant_text(holder, now));
+            }
+        }
+        n => {
+            let _ = writeln!(text, "{name}: held by {n}, oldest first:");
+            for (i, holder) in occupancy.holders().enumerate() {
+                let _ = writeln!(text, "    {}. {}", i + 1, participant_text(holder, now));
+            }
         }
     }
     match occupancy.waiters.len() {
@@ -336,10 +366,13 @@ fn occupancy_text(name: &LockName, occupancy: &Occupancy, now: SystemTime) -> St
 fn list_text(looks: &[(LockName, Occupancy)], now: SystemTime) -> String {
     let mut text = String::new();
     for (name, occupancy) in looks {
-        let holder = occupancy
+        let mut holder = occupancy
             .holder
             .as_ref()
             .map_or_else(|| "free now".to_owned(), |h| participant_text(h, now));
+        if !occupancy.co_holders.is_empty() {
+            let _ = write!(holder, ", and {} more holding", occupancy.co_holders.len());
+        }
         let waiting = match occupancy.waiters.len() {
             0 => String::new(),
             n => format!(", {n} waiting"),
@@ -371,6 +404,11 @@ mod tests {
         );
         let mutex = Participant::new(Some("t".into())).value(Some(b"t".to_vec()));
         assert_eq!(participant_text(&mutex, now), "owner t");
+        let permit = Participant::new(Some("p".into()))
+            .kind(Some(distlock::raw::HoldKind::Permit { permits: 4 }));
+        assert_eq!(participant_text(&permit, now), "permit of 4, owner p");
+        assert_eq!(participant_json(&permit)["kind"], Value::from("permit"));
+        assert_eq!(participant_json(&permit)["permits"], Value::from(4));
         assert_eq!(
             participant_json(&candidate)["value"],
             Value::from("10.0.0.1:8080")

@@ -133,23 +133,18 @@ pub(crate) fn default_candidate_value() -> String {
     format!("{host}:{}", std::process::id())
 }
 
-/// `lockctl run`, and `lockctl elect` with the candidate's `value`.
+/// `lockctl run` (a hold of `kind`: the mutex, a permit, a read or a write), and
+/// `lockctl elect` (a candidate's).
 pub(crate) async fn run(
     url: &str,
     acquire: &AcquireArgs,
     name: &str,
     command: &[OsString],
     grace: Option<Duration>,
-    candidate: Option<String>,
+    kind: HoldKind,
 ) -> Result<ExitCode, BoxError> {
     let name = LockName::new(name)?;
     let locks = connect(url, acquire).await?;
-    let kind = match candidate {
-        Some(value) => HoldKind::Candidate {
-            value: value.into_bytes(),
-        },
-        None => HoldKind::Mutex,
-    };
     closing(locks.as_ref(), async {
         let grace = match grace_within(grace, locks.options().ttl) {
             Ok(grace) => grace,

@@ -6,12 +6,11 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use lock_core::{
-    AcquireOptions, DistributedLock, Election, Leader, LockOptions, LostReason, ReleaseOutcome,
-    Wait,
+    AcquireOptions, DistributedLock, Election, Leader, LockOptions, ReleaseOutcome, Wait,
 };
 use tokio::time::{sleep, timeout, Instant};
 
-use super::{eventually_empty, push_only_options, unique_name, PROMPT};
+use super::{cut_off_then_replaced, eventually_empty, push_only_options, unique_name, PROMPT};
 use crate::factory::Factory;
 use crate::fence::FencedResource;
 use crate::with_ttl;
@@ -252,40 +251,12 @@ pub async fn election_cut_off_leader_is_replaced(factory: &dyn Factory) {
         .await
         .expect("campaign")
         .expect("leads");
-    let mut watch = first.watch();
-    let lost_at = tokio::spawn(async move {
-        let reason = watch.lost().await;
-        (reason, Instant::now())
-    });
-    crash.crash().await;
-    let crashed_at = Instant::now();
-    let second = on_b
-        .campaign("b", &AcquireOptions::timeout(ttl * 4 + PROMPT))
+    let patience = AcquireOptions::timeout(ttl * 4 + PROMPT);
+    let next = on_b.campaign("b", &patience);
+    let second = cut_off_then_replaced(first.watch(), &*crash, ttl, next)
         .await
         .expect("another candidate leads after the TTL")
         .expect("leads");
-    let led_at = Instant::now();
-    let waited = led_at - crashed_at;
-    assert!(
-        waited <= ttl + PROMPT,
-        "the takeover took {waited:?}, more than TTL {ttl:?} + {PROMPT:?}"
-    );
-    let (reason, lost_at) = timeout(PROMPT, lost_at)
-        .await
-        .expect("the cut-off leader turns Lost")
-        .expect("watch task");
-    assert!(
-        lost_at <= led_at,
-        "the cut-off leader turned Lost {:?} after the next one led",
-        lost_at - led_at
-    );
-    assert!(
-        matches!(
-            reason.without_side(),
-            LostReason::Expired | LostReason::SessionExpired
-        ),
-        "unexpected reason {reason:?}"
-    );
     assert!(
         second.term() > first.term(),
         "terms increase across a takeover"

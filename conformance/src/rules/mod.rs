@@ -5,23 +5,29 @@
 //!
 //! By theme: `exclusion` (mutual exclusion, fencing, crashed holders), `renewal` (holds
 //! over time and their loss), `waiting` (timeouts, cancellation, release, fairness),
-//! `reentrancy`, `names` (names, many locks, bad URLs and options). Every rule is
+//! `reentrancy`, `names` (names, many locks, bad URLs and options), `election`,
+//! `semaphore`, `rwlock` (and the cancellation of every primitive), `multi`. Every rule is
 //! re-exported here: its path is `conformance::rules::<rule>`.
 
 use std::time::Duration;
 
-use lock_core::{LockName, LockOptions};
-use tokio::time::{sleep, Instant};
+use std::future::Future;
 
-use crate::factory::Factory;
+use lock_core::{DistributedLock, LockName, LockOptions, LockWatch, LostReason};
+use tokio::time::{sleep, timeout, Instant};
+
+use crate::factory::{Crash, Factory};
 use crate::with_ttl;
 
 mod election;
 mod exclusion;
+mod multi;
 mod names;
 mod operations;
 mod reentrancy;
 mod renewal;
+mod rwlock;
+mod semaphore;
 mod shutdown;
 mod waiting;
 
@@ -34,6 +40,7 @@ pub use exclusion::{
     crashed_holder_blocks_at_most_ttl, fencing_tokens_increase, mutual_exclusion,
     try_on_held_is_not_acquired,
 };
+pub use multi::{multilock_all_or_nothing_without_deadlock, multilock_lost_part_and_cancellation};
 pub use names::{
     bad_urls_and_options, names_are_independent_and_checked, thousand_locks_one_client,
 };
@@ -42,6 +49,14 @@ pub use reentrancy::{reentrancy_by_owner, reentrant_release_reports_loss};
 pub use renewal::{
     auto_renewal_keeps_lock, hold_cap_ends_renewal, lost_signal_on_steal, manual_mode,
     scoped_run_cancels_on_loss,
+};
+pub use rwlock::{
+    primitives_cancellation_leaves_nothing, rwlock_downgrade_without_window,
+    rwlock_readers_share_writers_exclude, rwlock_writer_not_starved,
+};
+pub use semaphore::{
+    semaphore_cut_off_holder_is_replaced, semaphore_fifo_with_push,
+    semaphore_never_exceeds_permits, semaphore_permits_disagreement_refused,
 };
 pub use shutdown::close_frees_everything;
 pub use waiting::{
@@ -90,4 +105,62 @@ pub async fn eventually_empty(factory: &dyn Factory, names: &[LockName], rule: &
         );
         sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Waits (at most 5 s) until `name` shows at least `n` waiters on `client`.
+pub(crate) async fn waiters_reach(client: &dyn DistributedLock, name: &LockName, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let waiting = client.inspect(name).await.map_or(0, |o| o.waiters.len());
+        if waiting >= n {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{name}: {n} waiters never showed ({waiting})"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Cuts off (`crash`) the holder whose guard `watch` follows, then takes its place with
+/// `next`: `next` must succeed within `ttl` plus [`PROMPT`], and the cut-off guard must
+/// have turned Lost (expired, or its session did) no later than that. Returns what `next`
+/// took.
+pub(crate) async fn cut_off_then_replaced<T>(
+    mut watch: LockWatch,
+    crash: &dyn Crash,
+    ttl: Duration,
+    next: impl Future<Output = T>,
+) -> T {
+    let lost_at = tokio::spawn(async move {
+        let reason = watch.lost().await;
+        (reason, Instant::now())
+    });
+    crash.crash().await;
+    let crashed_at = Instant::now();
+    let taken = next.await;
+    let taken_at = Instant::now();
+    let waited = taken_at - crashed_at;
+    assert!(
+        waited <= ttl + PROMPT,
+        "the takeover took {waited:?}, more than TTL {ttl:?} + {PROMPT:?}"
+    );
+    let (reason, lost_at) = timeout(PROMPT, lost_at)
+        .await
+        .expect("the cut-off holder turns Lost")
+        .expect("watch task");
+    assert!(
+        lost_at <= taken_at,
+        "the cut-off holder turned Lost {:?} after the next one took over",
+        lost_at - taken_at
+    );
+    assert!(
+        matches!(
+            reason.without_side(),
+            LostReason::Expired | LostReason::SessionExpired
+        ),
+        "unexpected reason {reason:?}"
+    );
+    taken
 }

@@ -17,13 +17,14 @@ impl<B: Backend> Keeper<B> {
                 "distlock.acquire",
                 backend = self.capabilities.backend,
                 lock = %name,
+                kind = options.kind.label(),
                 fencing_token = tracing::field::Empty,
             ),
         };
         call.series.attempt();
         let result = {
             // Counted as waiting until this block ends, or the acquire is dropped.
-            let _waiting = (options.wait != Wait::Try).then(|| call.series.waiting());
+            let _waiting = (options.wait != Wait::Try).then(|| call.series.waiting(&options.kind));
             self.acquire_checked(name, options, &call).await
         };
         call.series.acquired(&result, call.started);
@@ -206,7 +207,12 @@ impl<B: Backend> Keeper<B> {
         let planned = acquired.requested_at + ttl / 3;
         let term =
             matches!(options.kind, HoldKind::Candidate { .. }).then_some(acquired.fencing_token);
-        let metrics = Arc::new(HoldMetrics::new(Arc::clone(series), now, term));
+        let metrics = Arc::new(HoldMetrics::new(
+            Arc::clone(series),
+            now,
+            &options.kind,
+            term,
+        ));
         let info = Arc::new(HoldInfo {
             id,
             name: name.clone(),

@@ -466,7 +466,7 @@ impl<B: Backend> Keeper<B> {
     /// Amends hold `id` on the server (an owner-checked write: a proclaim, a downgrade). A
     /// hold the server no longer gives us turns Lost, and the caller learns why.
     pub(super) async fn amend_hold(&self, id: u64, amendment: Amendment<'_>) -> Result<()> {
-        let (hold, info) = {
+        let (hold, info, metrics) = {
             let table = self.table();
             let entry = table.holds.get(&id).ok_or_else(|| Error::NotHeld {
                 name: String::new(),
@@ -475,7 +475,11 @@ impl<B: Backend> Keeper<B> {
             if let Some(err) = entry.lost_error() {
                 return Err(err);
             }
-            (Arc::clone(&entry.hold), Arc::clone(&entry.info))
+            (
+                Arc::clone(&entry.hold),
+                Arc::clone(&entry.info),
+                Arc::clone(&entry.metrics),
+            )
         };
         let span = tracing::info_span!(
             "distlock.amend",
@@ -489,7 +493,12 @@ impl<B: Backend> Keeper<B> {
             .instrument(span)
             .await?;
         match amended {
-            Amended::Done => Ok(()),
+            Amended::Done => {
+                if amendment == Amendment::Downgrade {
+                    metrics.became(&HoldKind::Read);
+                }
+                Ok(())
+            }
             Amended::NotOwner(reason) => {
                 info.transition(LockState::Lost(reason));
                 Err(Error::Lost {

@@ -386,8 +386,8 @@ fn whole_millis(elapsed: Duration) -> Duration {
 }
 
 fn roles(occupancy: &Occupancy) -> impl Iterator<Item = (Role, &Participant)> {
-    let holder = occupancy.holder.iter().map(|holder| (Role::Holder, holder));
-    holder.chain(
+    let holders = occupancy.holders().map(|holder| (Role::Holder, holder));
+    holders.chain(
         occupancy
             .waiters
             .iter()

@@ -1,0 +1,117 @@
+//! A checker for primitives that grant several holds at once: a semaphore's permits, a
+//! read-write lock's readers. Each holder records the span it was inside, on the
+//! monotonic clock, while its guard vouched for its hold; [`HoldLog::check`] then finds
+//! the most holders inside at once and any writer (an exclusive hold) beside anyone.
+//!
+//! A fenced resource ([`crate::FencedResource`]) cannot judge these: holders of one
+//! semaphore hold side by side with different fencing tokens, so no single "highest
+//! token" orders their writes.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+
+use lock_core::LockGuard;
+use tokio::time::Instant;
+
+/// One holder's time inside.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Span {
+    /// Whether the hold was exclusive (a writer).
+    pub exclusive: bool,
+    /// When it went in.
+    pub start: Instant,
+    /// When it came out, or its validity deadline if that came first.
+    pub end: Instant,
+}
+
+/// What [`HoldLog::check`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitReport {
+    /// Spans recorded.
+    pub spans: usize,
+    /// The most holders inside at one moment.
+    pub most_at_once: usize,
+    /// Pairs of spans where an exclusive hold overlapped another hold.
+    pub exclusive_overlaps: Vec<(Span, Span)>,
+    /// Spans whose guard no longer vouched for the hold when it came out.
+    pub unvouched: usize,
+}
+
+/// The spans of every holder of one test, shared by its tasks.
+#[derive(Debug, Clone, Default)]
+pub struct HoldLog {
+    spans: Arc<Mutex<Vec<Span>>>,
+    unvouched: Arc<Mutex<Vec<Instant>>>,
+}
+
+impl HoldLog {
+    /// An empty log.
+    pub fn new() -> Self {
+        HoldLog::default()
+    }
+
+    /// Runs `work` inside, as the holder of `guard` (`exclusive` for a writer), and
+    /// records the span: from now until `work` ends, cut at the guard's validity deadline;
+    /// a guard that no longer vouches at the end is counted as unvouched.
+    pub async fn inside<T>(
+        &self,
+        guard: &LockGuard,
+        exclusive: bool,
+        work: impl Future<Output = T>,
+    ) -> T {
+        let start = Instant::now();
+        let out = work.await;
+        let end = Instant::now().min(guard.valid_until());
+        let vouched = guard.is_held();
+        let mut spans = self.spans.lock().unwrap_or_else(|p| p.into_inner());
+        spans.push(Span {
+            exclusive,
+            start,
+            // A guard that stopped vouching claims nothing past its start.
+            end: if vouched { end } else { start },
+        });
+        if !vouched {
+            self.unvouched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(start);
+        }
+        out
+    }
+
+    /// The most holders at once and every exclusive overlap.
+    pub fn check(&self) -> LimitReport {
+        let spans = self.spans.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut events: Vec<(Instant, i32)> = Vec::with_capacity(spans.len() * 2);
+        for span in &spans {
+            events.push((span.start, 1));
+            events.push((span.end, -1));
+        }
+        // Ends before starts at the same instant: touching spans do not overlap.
+        events.sort();
+        let (mut inside, mut most) = (0i32, 0i32);
+        for (_, step) in events {
+            inside += step;
+            most = most.max(inside);
+        }
+        let overlaps = |a: &Span, b: &Span| a.start < b.end && b.start < a.end;
+        let mut exclusive_overlaps = Vec::new();
+        for (i, a) in spans.iter().enumerate() {
+            for b in &spans[i + 1..] {
+                if (a.exclusive || b.exclusive) && overlaps(a, b) {
+                    exclusive_overlaps.push((*a, *b));
+                }
+            }
+        }
+        LimitReport {
+            spans: spans.len(),
+            most_at_once: usize::try_from(most).unwrap_or(0),
+            exclusive_overlaps,
+            unvouched: self
+                .unvouched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .len(),
+        }
+    }
+}
