@@ -22,6 +22,10 @@ end
 local now = now_ms()
 evict(now)
 purge(now)
+if redis.call('EXISTS', LOCK) == 0 and redis.call('EXISTS', QUEUE) == 0 then
+  -- Nobody holds or waits (the last holders expired): the name's kind goes with them.
+  redis.call('DEL', TABLE)
+end
 local theirs = redis.call('HGET', TABLE, 'kind')
 if not theirs and redis.call('EXISTS', QUEUE) == 1 then
   -- Waiters without a kind: a mutex's or an election's.
