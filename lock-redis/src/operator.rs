@@ -449,6 +449,26 @@ mod tests {
     }
 
     #[test]
+    fn shared_holders_show_kind_token_and_lease() {
+        let flat: Vec<String> = ["a", "P3:17", "900", "b", "W:18", "50", "c", "junk", "x"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let holders = shared_holders(&flat);
+        assert_eq!(holders.len(), 3);
+        assert_eq!(holders[0].kind, Some(HoldKind::Permit { permits: 3 }));
+        assert_eq!(holders[0].fencing_token, Some(FencingToken(17)));
+        assert_eq!(holders[0].lease_left, Some(Duration::from_millis(900)));
+        assert_eq!(holders[1].kind, Some(HoldKind::Write));
+        assert_eq!(
+            (holders[2].kind.clone(), holders[2].fencing_token),
+            (None, None)
+        );
+        assert_eq!(kind_of("R"), Some(HoldKind::Read));
+        assert_eq!(kind_of("P"), None);
+    }
+
+    #[test]
     fn servers_views_merge_into_one_occupancy() {
         let views = [
             (0, view(Some("a"), 900, Some(7), &["c/x"])),

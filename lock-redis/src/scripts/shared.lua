@@ -84,7 +84,8 @@ end
 
 -- Grants, in queue order, the waiters at the head of the queue that the holders admit
 -- (at most 64 per call), as the holds of their owner tokens, and wakes each: its next
--- call finds itself a holder. A waiter of unknown kind (a mutex's) stops the grants.
+-- call finds itself a holder. A waiter past its liveness deadline is dropped instead; one
+-- of unknown kind (a mutex's) stops the grants.
 local function settle(channel_prefix, changed, now)
   local ahead = holder_kinds()
   local granted = 0
@@ -94,16 +95,23 @@ local function settle(channel_prefix, changed, now)
     if not entry or not client then
       break
     end
-    local kind, ttl, floor = string.match(entry, '^([^:]*):(%d+):(.*)$')
-    if not kind or not granted_behind(kind, ahead) then
-      break
+    if tonumber(redis.call('ZSCORE', LIVE, id) or '0') <= now then
+      -- A waiter that stopped showing up is dropped, not granted (evict drops only 16
+      -- per call).
+      leave(id)
+      redis.call('HDEL', TABLE, 'q:' .. id)
+    else
+      local kind, ttl, floor = string.match(entry, '^([^:]*):(%d+):(.*)$')
+      if not kind or not granted_behind(kind, ahead) then
+        break
+      end
+      hold(owner, kind, tonumber(ttl), floor, now)
+      leave(id)
+      redis.call('HDEL', TABLE, 'q:' .. id)
+      redis.call(PUBLISH, channel_prefix .. client, 'wake ' .. owner)
+      ahead[#ahead + 1] = kind
+      granted = granted + 1
     end
-    hold(owner, kind, tonumber(ttl), floor, now)
-    leave(id)
-    redis.call('HDEL', TABLE, 'q:' .. id)
-    redis.call(PUBLISH, channel_prefix .. client, 'wake ' .. owner)
-    ahead[#ahead + 1] = kind
-    granted = granted + 1
   end
   if granted > 0 and changed ~= '' then
     redis.call(PUBLISH, changed, 'granted')
