@@ -244,6 +244,36 @@ async fn rolling_migration_of_an_elected_job() {
     fleet.assert_safe(&ended);
 }
 
+/// A fleet of semaphore holders (one permit) and one of writers roll old -> dual -> new ->
+/// dual as the elected job does: no two holders at once on the fenced resource, no token
+/// going back, and the check before each step is clear on the name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rolling_migration_of_permits_and_writers() {
+    for kind in ["permit", "write"] {
+        let Some(fleet) = Fleet::start(kind).await else {
+            return;
+        };
+        let (old, dual, new) = (fleet.old(), fleet.dual(), fleet.new_only());
+        let member = |url: &str| spec(kind, url.to_owned(), UNTIL_STOPPED);
+        let mut members: Vec<Member> = (0..3).map(|_| fleet.spawn("old", &member(&old))).collect();
+        for member in &mut members {
+            member.ready().await;
+        }
+        fleet.go();
+        let mut ended = Vec::new();
+        assert!(check(&fleet, Step::OldToDual).await.is_clear());
+        roll_kind(&fleet, &mut members, "dual", &member(&dual), &mut ended).await;
+        assert!(check(&fleet, Step::DualToNew).await.is_clear());
+        roll_kind(&fleet, &mut members, "new", &member(&new), &mut ended).await;
+        assert!(check(&fleet, Step::NewToDual).await.is_clear());
+        roll_kind(&fleet, &mut members, "dual", &member(&dual), &mut ended).await;
+        for member in members {
+            ended.push(member.stop().await);
+        }
+        fleet.assert_safe(&ended);
+    }
+}
+
 /// The ZooKeeper server's last zxid.
 async fn current_zxid(fleet: &Fleet) -> u64 {
     let srvr = fleet.zk.four_letter("srvr").await.expect("srvr");

@@ -46,7 +46,7 @@ pub struct Capabilities {
     /// ([`Semaphore`](crate::Semaphore)) work on it.
     pub semaphore: bool,
     /// Grants [`HoldKind::Read`](crate::raw::HoldKind) and `Write` holds and downgrades a
-    /// write to a read ([`Backend::downgrade`](crate::raw::Backend::downgrade)):
+    /// write to a read ([`Amendment::Downgrade`](crate::raw::Amendment)):
     /// read-write locks ([`RwLock`](crate::RwLock)) work on it.
     pub rwlock: bool,
 }

@@ -14,7 +14,7 @@ pub enum HoldKind {
     Mutex,
     /// A candidate of a leader election: exclusive like the mutex (the holder leads), and
     /// the candidate's `value` (its identity or address) is stored with its entry, where
-    /// [`Backend::inspect`](crate::raw::Backend::inspect) shows it and [`Backend::proclaim`](crate::raw::Backend::proclaim) changes it.
+    /// [`Backend::inspect`](crate::raw::Backend::inspect) shows it and an [`Amendment::Proclaim`](crate::raw::Amendment) changes it.
     Candidate {
         /// What the candidate proclaims; readers see it as the leader's value.
         value: Vec<u8>,

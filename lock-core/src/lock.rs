@@ -72,6 +72,26 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 ///   ([`election_observers_see_terms_in_order`]).
 /// - abandoned campaigns leave no candidate ([`election_cancellation_leaves_nothing`]).
 ///
+/// Where [`Capabilities::semaphore`] and [`Capabilities::rwlock`] are set, semaphores
+/// ([`crate::Semaphore`]) and read-write locks ([`crate::RwLock`]) too:
+/// - never more holders than permits, and all of them used under load
+///   ([`semaphore_never_exceeds_permits`]); FIFO by push where fair
+///   ([`semaphore_fifo_with_push`]).
+/// - a disagreement on the number of permits is `Error::Conflict` and leaves nothing
+///   ([`semaphore_permits_disagreement_refused`]).
+/// - a permit holder cut off is Lost before its permit is given again
+///   ([`semaphore_cut_off_holder_is_replaced`]).
+/// - readers together, never a writer beside anyone
+///   ([`rwlock_readers_share_writers_exclude`]); a waiting writer is not overtaken
+///   ([`rwlock_writer_not_starved`]); a downgrade has no window
+///   ([`rwlock_downgrade_without_window`]).
+/// - abandoned permits, reads and writes leave nothing
+///   ([`primitives_cancellation_leaves_nothing`]).
+///
+/// Multi-locks ([`crate::MultiLock`]) on every backend: no deadlock and all or nothing
+/// ([`multilock_all_or_nothing_without_deadlock`]); Lost with any part, nothing kept after a
+/// cancellation ([`multilock_lost_part_and_cancellation`]).
+///
 /// [`try_on_held_is_not_acquired`]: ../conformance/rules/fn.try_on_held_is_not_acquired.html
 /// [`mutual_exclusion`]: ../conformance/rules/fn.mutual_exclusion.html
 /// [`fencing_tokens_increase`]: ../conformance/rules/fn.fencing_tokens_increase.html
@@ -98,6 +118,16 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`election_cut_off_leader_is_replaced`]: ../conformance/rules/fn.election_cut_off_leader_is_replaced.html
 /// [`election_observers_see_terms_in_order`]: ../conformance/rules/fn.election_observers_see_terms_in_order.html
 /// [`election_cancellation_leaves_nothing`]: ../conformance/rules/fn.election_cancellation_leaves_nothing.html
+/// [`semaphore_never_exceeds_permits`]: ../conformance/rules/fn.semaphore_never_exceeds_permits.html
+/// [`semaphore_fifo_with_push`]: ../conformance/rules/fn.semaphore_fifo_with_push.html
+/// [`semaphore_permits_disagreement_refused`]: ../conformance/rules/fn.semaphore_permits_disagreement_refused.html
+/// [`semaphore_cut_off_holder_is_replaced`]: ../conformance/rules/fn.semaphore_cut_off_holder_is_replaced.html
+/// [`rwlock_readers_share_writers_exclude`]: ../conformance/rules/fn.rwlock_readers_share_writers_exclude.html
+/// [`rwlock_writer_not_starved`]: ../conformance/rules/fn.rwlock_writer_not_starved.html
+/// [`rwlock_downgrade_without_window`]: ../conformance/rules/fn.rwlock_downgrade_without_window.html
+/// [`primitives_cancellation_leaves_nothing`]: ../conformance/rules/fn.primitives_cancellation_leaves_nothing.html
+/// [`multilock_all_or_nothing_without_deadlock`]: ../conformance/rules/fn.multilock_all_or_nothing_without_deadlock.html
+/// [`multilock_lost_part_and_cancellation`]: ../conformance/rules/fn.multilock_lost_part_and_cancellation.html
 ///
 /// # Cancellation
 /// Dropping an acquire future at any await point leaves nothing queued or held on the

@@ -23,13 +23,13 @@ mod cluster {
 }
 
 /// Leader elections on a single member and on a 3-member cluster: every client campaigns
-/// where the scenarios lock (`lab::chaos::Elected`). The short plan runs a few scenarios
+/// where the scenarios lock (`lab::chaos::Kinded`). The short plan runs a few scenarios
 /// on the single member; `make chaos` runs them all on both.
 mod election {
     mod single {
         use crate::common::EtcdFactory;
         lab::chaos_suite!(
-            async { lab::chaos::Elected::of(EtcdFactory::start().await) },
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, EtcdFactory::start().await) },
             short: lab::chaos::ShortRun::Only(lab::chaos::ELECTION_SHORT_SCENARIOS)
         );
     }
@@ -37,7 +37,44 @@ mod election {
     mod cluster {
         use crate::common::EtcdFactory;
         lab::chaos_suite!(
-            async { lab::chaos::Elected::of(EtcdFactory::start_cluster().await) },
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, EtcdFactory::start_cluster().await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+}
+
+/// Semaphores of one permit: every client takes the permit where the scenarios lock
+/// (`lab::chaos::Kinded`). The short plan runs two scenarios on one server; `make chaos`
+/// runs them all on every deployment here.
+mod semaphore {
+    mod single {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::EtcdFactory::start().await) },
+            short: lab::chaos::ShortRun::Only(lab::chaos::PRIMITIVE_SHORT_SCENARIOS)
+        );
+    }
+
+    mod cluster {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::EtcdFactory::start_cluster().await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+}
+
+/// Read-write locks' writers: every client takes the write side where the scenarios lock.
+/// The short plan runs two scenarios on one server; `make chaos` runs them all.
+mod writer {
+    mod single {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::EtcdFactory::start().await) },
+            short: lab::chaos::ShortRun::Only(lab::chaos::PRIMITIVE_SHORT_SCENARIOS)
+        );
+    }
+
+    mod cluster {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::EtcdFactory::start_cluster().await) },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }

@@ -16,26 +16,77 @@ mod single {
 }
 
 /// Leader elections: every client campaigns where the scenarios lock
-/// (`lab::chaos::Elected`). The short plan runs a few scenarios on one server; `make
+/// (`lab::chaos::Kinded`). The short plan runs a few scenarios on one server; `make
 /// chaos` runs them all there, on RedLock and behind Sentinel (its failovers).
 mod election {
     mod single {
         lab::chaos_suite!(
-            async { lab::chaos::Elected::of(crate::common::RedisFactory::single().await) },
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, crate::common::RedisFactory::single().await) },
             short: lab::chaos::ShortRun::Only(lab::chaos::ELECTION_SHORT_SCENARIOS)
         );
     }
 
     mod redlock {
         lab::chaos_suite!(
-            async { lab::chaos::Elected::of(crate::common::RedisFactory::redlock(5).await) },
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, crate::common::RedisFactory::redlock(5).await) },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
 
     mod sentinel {
         lab::chaos_suite!(
-            async { lab::chaos::Elected::of(crate::common::SentinelFactory::chaos(0).await) },
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, crate::common::SentinelFactory::chaos(0).await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+}
+
+/// Semaphores of one permit: every client takes the permit where the scenarios lock
+/// (`lab::chaos::Kinded`). The short plan runs two scenarios on one server; `make chaos`
+/// runs them all on every deployment here.
+mod semaphore {
+    mod single {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::RedisFactory::single().await) },
+            short: lab::chaos::ShortRun::Only(lab::chaos::PRIMITIVE_SHORT_SCENARIOS)
+        );
+    }
+
+    mod redlock {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::RedisFactory::redlock(5).await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+
+    mod sentinel {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::SentinelFactory::chaos(0).await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+}
+
+/// Read-write locks' writers: every client takes the write side where the scenarios lock.
+/// The short plan runs two scenarios on one server; `make chaos` runs them all.
+mod writer {
+    mod single {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::RedisFactory::single().await) },
+            short: lab::chaos::ShortRun::Only(lab::chaos::PRIMITIVE_SHORT_SCENARIOS)
+        );
+    }
+
+    mod redlock {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::RedisFactory::redlock(5).await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+
+    mod sentinel {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::SentinelFactory::chaos(0).await) },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }

@@ -14,13 +14,13 @@ mod standalone {
 }
 
 /// Leader elections on a standalone server and on a 3-member ensemble: every client
-/// campaigns where the scenarios lock (`lab::chaos::Elected`). The short plan runs a few
+/// campaigns where the scenarios lock (`lab::chaos::Kinded`). The short plan runs a few
 /// scenarios on the standalone server; `make chaos` runs them all on both.
 mod election {
     mod standalone {
         use crate::common::ZkFactory;
         lab::chaos_suite!(
-            async { lab::chaos::Elected::of(ZkFactory::start().await) },
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, ZkFactory::start().await) },
             short: lab::chaos::ShortRun::Only(lab::chaos::ELECTION_SHORT_SCENARIOS)
         );
     }
@@ -28,7 +28,44 @@ mod election {
     mod ensemble {
         use crate::common::ZkFactory;
         lab::chaos_suite!(
-            async { lab::chaos::Elected::of(ZkFactory::start_partitionable_ensemble().await) },
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, ZkFactory::start_partitionable_ensemble().await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+}
+
+/// Semaphores of one permit: every client takes the permit where the scenarios lock
+/// (`lab::chaos::Kinded`). The short plan runs two scenarios on one server; `make chaos`
+/// runs them all on every deployment here.
+mod semaphore {
+    mod standalone {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::ZkFactory::start().await) },
+            short: lab::chaos::ShortRun::Only(lab::chaos::PRIMITIVE_SHORT_SCENARIOS)
+        );
+    }
+
+    mod ensemble {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::ZkFactory::start_partitionable_ensemble().await) },
+            short: lab::chaos::ShortRun::Only(&[])
+        );
+    }
+}
+
+/// Read-write locks' writers: every client takes the write side where the scenarios lock.
+/// The short plan runs two scenarios on one server; `make chaos` runs them all.
+mod writer {
+    mod standalone {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::ZkFactory::start().await) },
+            short: lab::chaos::ShortRun::Only(lab::chaos::PRIMITIVE_SHORT_SCENARIOS)
+        );
+    }
+
+    mod ensemble {
+        lab::chaos_suite!(
+            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::ZkFactory::start_partitionable_ensemble().await) },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }

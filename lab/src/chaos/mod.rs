@@ -26,10 +26,10 @@
 use std::fmt;
 use std::time::Duration;
 
-mod election;
 mod expect;
 mod failover;
 mod nemesis;
+mod primitives;
 mod report;
 mod scenarios;
 pub mod topology;
@@ -37,13 +37,13 @@ mod victim;
 mod waiters;
 mod workload;
 
-pub use election::{Elected, ELECTION_SHORT_SCENARIOS};
 pub use expect::Expect;
 pub use failover::{
     primary_killed_while_holding, primary_partitioned_from_replicas, sentinel_split_brain,
     slot_migration_while_held,
 };
 pub use nemesis::nemesis;
+pub use primitives::{Kinded, Primitive, ELECTION_SHORT_SCENARIOS, PRIMITIVE_SHORT_SCENARIOS};
 pub use report::{record_row, ReportRow, ScenarioReport};
 pub use scenarios::{
     acquire_reply_delayed, cancellation_under_faults, majority_loss, stale_counter_restore,

@@ -11,7 +11,9 @@
 //!
 //! `--kind distlock` (the default) takes any lock URL (`zk://` old only, `dual:…`, `redis://`
 //! new only); `--kind elect` is distlock too, as a candidate of the election of that name:
-//! each cycle campaigns, writes with its term as the token, and resigns. The foreign kinds take the same names without distlock: `curator` is Apache
+//! each cycle campaigns, writes with its term as the token, and resigns; `--kind permit`
+//! takes the one permit of a semaphore of one and `--kind write` a read-write lock's write
+//! side (both exclusive, so the fenced resource judges them as it judges the lock). The foreign kinds take the same names without distlock: `curator` is Apache
 //! Curator's `InterProcessMutex` on the `zk://` URL's lock directory (token: its node's
 //! czxid), `set-nx` is a plain `SET key token NX PX ttl` and compare-and-delete on the
 //! `redis://` URL's lock key (token: `INCR` of the backend's fencing counter).
@@ -92,6 +94,10 @@ enum Kind {
     Distlock,
     /// distlock's leader election on the URL: each cycle a term.
     Elect,
+    /// The one permit of distlock's semaphore of one permit on the URL.
+    Permit,
+    /// The write side of distlock's read-write lock on the URL.
+    Write,
     /// Curator's `InterProcessMutex` on the `zk://` URL's lock directory.
     Curator,
     /// Plain `SET NX PX` on the `redis://` URL's lock key.

@@ -1,4 +1,5 @@
-//! The kinds of fleet member: distlock on any URL (its lock, or its leader election),
+//! The kinds of fleet member: distlock on any URL (its lock, its leader election, the one
+//! permit of a semaphore of one, or a read-write lock's write side),
 //! Curator on ZooKeeper, plain `SET NX` on Redis.
 
 use std::sync::Arc;
@@ -66,13 +67,15 @@ impl Member {
     pub(crate) async fn connect(cli: &Cli) -> Result<Self, BoxError> {
         let name = LockName::new(cli.name.as_str())?;
         Ok(match cli.kind {
-            Kind::Distlock | Kind::Elect => Member::Distlock {
+            Kind::Distlock | Kind::Elect | Kind::Permit | Kind::Write => Member::Distlock {
                 locks: distlock::connect(&cli.url).await?,
                 name,
                 kind: match cli.kind {
                     Kind::Elect => HoldKind::Candidate {
                         value: format!("fleet-member-{}", std::process::id()).into_bytes(),
                     },
+                    Kind::Permit => HoldKind::Permit { permits: 1 },
+                    Kind::Write => HoldKind::Write,
                     _ => HoldKind::Mutex,
                 },
             },

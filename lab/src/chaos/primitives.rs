@@ -1,8 +1,11 @@
-//! The fault scenarios on leader elections: [`Elected`] turns a deployment into one whose
-//! clients campaign instead of locking. A campaign is an acquire of a candidate's hold and
-//! its leadership a guard whose fencing token is the term, so every scenario, its workload
-//! and its fenced checker apply unchanged: "two holders at once" is then "two leaders at
-//! once", and "a token going back" a term going back.
+//! The fault scenarios on the primitives: [`Kinded`] turns a deployment into one whose
+//! clients take another kind of hold where the scenarios lock: campaign in an election,
+//! take the one permit of a semaphore, or take a read-write lock's write side. Each is an
+//! exclusive hold with a guard and a fencing token (an election's term), so every
+//! scenario, its workload and its fenced checker apply unchanged: "two holders at once" is
+//! then two leaders, two permit holders of a semaphore of one, or two writers; "a token
+//! going back" a term going back. (Limits above one, and readers, are the conformance
+//! rules' to judge: a fenced resource orders one holder at a time.)
 
 use std::fmt;
 use std::sync::Arc;
@@ -18,65 +21,99 @@ use lock_core::{
 
 use super::topology::{ChaosTarget, Link, ServerControl, Topology};
 
-/// A deployment whose clients campaign for leadership where others take the lock.
-pub struct Elected<T> {
-    inner: T,
+/// Which primitive a [`Kinded`] deployment's clients use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Primitive {
+    /// Campaign in an election (each client with a value of its own).
+    Election,
+    /// Take the one permit of a semaphore of one.
+    Semaphore,
+    /// Take the write side of a read-write lock.
+    Writer,
 }
 
-impl<T: ChaosTarget> Elected<T> {
-    /// `started`'s deployment, its clients campaigning; `None` when it did not start
-    /// (a missing server binary, said loudly by the harness).
-    pub fn of(started: impl StartedFactory<Factory = T>) -> Option<Self> {
-        started.started().map(|inner| Elected { inner })
+impl Primitive {
+    /// The kind of hold a new client asks for.
+    fn kind(self) -> HoldKind {
+        match self {
+            Primitive::Election => HoldKind::Candidate {
+                value: format!("candidate-{}", uuid::Uuid::new_v4().simple()).into_bytes(),
+            },
+            Primitive::Semaphore => HoldKind::Permit { permits: 1 },
+            Primitive::Writer => HoldKind::Write,
+        }
+    }
+
+    /// What a report row calls it.
+    fn label(self) -> &'static str {
+        match self {
+            Primitive::Election => "election",
+            Primitive::Semaphore => "semaphore",
+            Primitive::Writer => "rwlock writer",
+        }
     }
 }
 
-impl<T: ChaosTarget> fmt::Debug for Elected<T> {
+/// A deployment whose clients take a primitive's hold where others take the lock.
+pub struct Kinded<T> {
+    inner: T,
+    primitive: Primitive,
+}
+
+impl<T: ChaosTarget> Kinded<T> {
+    /// `started`'s deployment, its clients using `primitive`; `None` when it did not
+    /// start (a missing server binary, said loudly by the harness).
+    pub fn of(primitive: Primitive, started: impl StartedFactory<Factory = T>) -> Option<Self> {
+        started.started().map(|inner| Kinded { inner, primitive })
+    }
+
+    fn wrap(&self, lock: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
+        Arc::new(KindedClient {
+            lock,
+            kind: self.primitive.kind(),
+        })
+    }
+}
+
+impl<T: ChaosTarget> fmt::Debug for Kinded<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Elected")
+        f.debug_struct("Kinded")
             .field("deployment", &self.inner.label())
+            .field("primitive", &self.primitive)
             .finish()
     }
 }
 
-/// A client that campaigns (with a value naming it) wherever it is asked to acquire.
-struct Candidate {
+/// A client that asks for its kind of hold wherever it is asked to acquire.
+struct KindedClient {
     lock: Arc<dyn DistributedLock>,
-    value: Vec<u8>,
+    kind: HoldKind,
 }
 
-impl Candidate {
-    fn wrap(lock: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
-        let value = format!("candidate-{}", uuid::Uuid::new_v4().simple()).into_bytes();
-        Arc::new(Candidate { lock, value })
-    }
-}
-
-impl fmt::Debug for Candidate {
+impl fmt::Debug for KindedClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Candidate")
+        f.debug_struct("KindedClient")
             .field("lock", &self.lock)
-            .finish_non_exhaustive()
+            .field("kind", &self.kind.label())
+            .finish()
     }
 }
 
-impl fmt::Display for Candidate {
+impl fmt::Display for KindedClient {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "candidate on {}", self.lock)
+        write!(f, "{} on {}", self.kind.label(), self.lock)
     }
 }
 
 #[async_trait]
-impl DistributedLock for Candidate {
+impl DistributedLock for KindedClient {
     async fn acquire(
         &self,
         name: &LockName,
         options: &AcquireOptions,
     ) -> Result<Option<LockGuard>> {
         let mut options = options.clone();
-        options.kind = HoldKind::Candidate {
-            value: self.value.clone(),
-        };
+        options.kind = self.kind.clone();
         self.lock.acquire(name, &options).await
     }
 
@@ -110,9 +147,9 @@ impl DistributedLock for Candidate {
 }
 
 #[async_trait]
-impl<T: ChaosTarget> Factory for Elected<T> {
+impl<T: ChaosTarget> Factory for Kinded<T> {
     fn label(&self) -> String {
-        format!("{} election", self.inner.label())
+        format!("{} {}", self.inner.label(), self.primitive.label())
     }
 
     fn url(&self) -> String {
@@ -124,7 +161,7 @@ impl<T: ChaosTarget> Factory for Elected<T> {
     }
 
     async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
-        Candidate::wrap(self.inner.client(options).await)
+        self.wrap(self.inner.client(options).await)
     }
 
     async fn crashable_client(
@@ -132,7 +169,7 @@ impl<T: ChaosTarget> Factory for Elected<T> {
         options: LockOptions,
     ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
         let (client, crash) = self.inner.crashable_client(options).await;
-        (Candidate::wrap(client), crash)
+        (self.wrap(client), crash)
     }
 
     async fn steal(&self, name: &LockName) {
@@ -145,14 +182,14 @@ impl<T: ChaosTarget> Factory for Elected<T> {
 }
 
 #[async_trait]
-impl<T: ChaosTarget> ChaosTarget for Elected<T> {
+impl<T: ChaosTarget> ChaosTarget for Kinded<T> {
     fn topology(&self) -> Topology {
         self.inner.topology()
     }
 
     async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
         let (client, link) = self.inner.linked_client(options).await;
-        (Candidate::wrap(client), link)
+        (self.wrap(client), link)
     }
 
     fn servers(&self) -> Vec<&dyn ServerControl> {
@@ -192,7 +229,7 @@ impl<T: ChaosTarget> ChaosTarget for Elected<T> {
         options: LockOptions,
     ) -> Option<(Arc<dyn DistributedLock>, Link)> {
         let (client, link) = self.inner.follower_link(options).await?;
-        Some((Candidate::wrap(client), link))
+        Some((self.wrap(client), link))
     }
 }
 
@@ -205,3 +242,8 @@ pub const ELECTION_SHORT_SCENARIOS: &[&str] = &[
     "server_crash_restart",
     "waiter_long_connection_reset",
 ];
+
+/// The scenarios a semaphore of one and a read-write lock's writers run in `make test` on
+/// a deployment that runs the mutex's (the others in `make chaos`): a holder cut off, and
+/// one paused past its lease that writes without looking.
+pub const PRIMITIVE_SHORT_SCENARIOS: &[&str] = &["holder_partitioned", "holder_paused_beyond_ttl"];
