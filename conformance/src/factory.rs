@@ -28,7 +28,9 @@ pub trait Factory: Send + Sync {
     /// A label for messages (`memory`, `redis 127.0.0.1:6379`, …).
     fn label(&self) -> String;
 
-    /// A URL that reaches this backend with default options, without query string.
+    /// A URL that reaches this backend with default options. Its query string, if it has
+    /// one, says only where the factory's locks live (a key prefix, the CA of a TLS
+    /// deployment); options go after it with [`with_query`].
     fn url(&self) -> String;
 
     /// The shortest TTL the timing rules use on this backend (small enough for fast tests,
@@ -77,6 +79,13 @@ impl<F: Factory> StartedFactory for Option<F> {
     fn started(self) -> Option<F> {
         self
     }
+}
+
+/// `url` with `query` (`key=value&...`) added to its query string: after `?`, or after `&`
+/// when it has one already.
+pub fn with_query(url: &str, query: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{query}")
 }
 
 /// Default options with `ttl`: the options most tests give their clients.

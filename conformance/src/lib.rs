@@ -19,7 +19,7 @@ pub mod limits;
 pub mod memory;
 pub mod rules;
 
-pub use factory::{connect_patiently, lock_patiently, with_ttl, Crash, Factory};
+pub use factory::{connect_patiently, lock_patiently, with_query, with_ttl, Crash, Factory};
 pub use fence::{FenceClient, FenceReport, FenceServer, FencedResource, Section, StaleToken};
 
 /// Whether the long plan runs (`CHAOS_LONG=1`, as `make chaos` sets it): every rule and

@@ -13,6 +13,12 @@
 //! `NOTLEADER`), `leader` (prints `LEADERID <id>`, Curator's `getLeader().getId()`: the
 //! data of the first node, empty if none), `has` (prints `HAS true|false`,
 //! `hasLeadership()`), `close` (closes the latch, deleting its node; prints `CLOSED`).
+//! Semaphore commands (`InterProcessSemaphoreV2` on the path): `semaphore N` (one more
+//! lease of a semaphore of `N` permits, waiting at most 60 s; prints `LEASED <node name>`
+//! or `FAILED semaphore`), `return` (returns the oldest lease held; prints `RETURNED`).
+//! Read-write lock commands (`InterProcessReadWriteLock` on the path): `read` and `write`
+//! (wait at most 60 s; print `READING` / `WRITING` or `FAILED read|write`), `unread` and
+//! `unwrite` (print `UNLOCKED`).
 //! `exit` ends the program. It prints `READY` once connected.
 //!
 //! Without java, javac or the Curator jars, [`compile`] prints a loud notice and returns
@@ -301,6 +307,48 @@ impl Curator {
     pub async fn close_latch(&mut self) -> Result<(), CuratorError> {
         self.send("close").await?;
         self.expect_line("CLOSED", Duration::from_secs(10))
+            .await
+            .map(drop)
+    }
+
+    /// Takes one more lease of the semaphore of `permits` on the path (a command that
+    /// blocks the program until granted, at most 60 s); returns the lease node's name.
+    ///
+    /// # Errors
+    /// If Curator did not lease or its answer cannot be read.
+    pub async fn lease(&mut self, permits: u32) -> Result<String, CuratorError> {
+        self.send(&format!("semaphore {permits}")).await?;
+        self.leased(READY_TIMEOUT + Duration::from_secs(5)).await
+    }
+
+    /// Waits (at most `within`) for the `LEASED <node>` of a `semaphore` command sent
+    /// before; returns the node's name.
+    ///
+    /// # Errors
+    /// On another line, an exit, or nothing within `within`.
+    pub async fn leased(&mut self, within: Duration) -> Result<String, CuratorError> {
+        let line = self.expect_line("LEASED ", within).await?;
+        Ok(line.trim_start_matches("LEASED ").to_owned())
+    }
+
+    /// Returns the oldest lease held.
+    ///
+    /// # Errors
+    /// If Curator did not confirm within 10 s.
+    pub async fn return_lease(&mut self) -> Result<(), CuratorError> {
+        self.send("return").await?;
+        self.expect_line("RETURNED", Duration::from_secs(10))
+            .await
+            .map(drop)
+    }
+
+    /// Releases the read (`write == false`) or write side of the read-write lock.
+    ///
+    /// # Errors
+    /// If Curator did not confirm within 10 s.
+    pub async fn unlock(&mut self, write: bool) -> Result<(), CuratorError> {
+        self.send(if write { "unwrite" } else { "unread" }).await?;
+        self.expect_line("UNLOCKED", Duration::from_secs(10))
             .await
             .map(drop)
     }

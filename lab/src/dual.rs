@@ -18,7 +18,7 @@ use lock_core::{DistributedLock, LockName, LockOptions};
 pub use crate::chaos::Sides;
 
 use crate::chaos::{ChaosTarget, Link, ServerControl, Topology};
-use conformance::factory::{connect_patiently, Crash, Factory};
+use conformance::factory::{connect_patiently, with_query, Crash, Factory};
 
 /// One side of a dual deployment: a backend's factory that can also say where its servers
 /// listen, so that a dual client can reach them through fault proxies.
@@ -100,9 +100,9 @@ impl<O: SideFactory, N: SideFactory> DualFactory<O, N> {
     fn url_at(&self, old: &[SocketAddr], new: &[SocketAddr], options: &LockOptions) -> String {
         let query = options.to_query();
         format!(
-            "dual:{}?{query}|{}?{query}",
-            with_hosts(&self.old.url(), old),
-            with_hosts(&self.new.url(), new)
+            "dual:{}|{}",
+            with_query(&with_hosts(&self.old.url(), old), &query),
+            with_query(&with_hosts(&self.new.url(), new), &query)
         )
     }
 

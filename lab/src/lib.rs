@@ -12,6 +12,8 @@
 //!   [`interleavings_suite!`] expands the ones that need only a target.
 //! - [`dual`]: dual deployments (`dual:<old>|<new>`) built from two backends' factories.
 //! - [`curator`]: Apache Curator holders, to check a ZooKeeper lock against Curator's.
+//! - [`shared`]: one deployment shared by the tests of a binary, each in a namespace of
+//!   its own.
 //!
 //! Backends use the lab as a dev-dependency only; tools that start servers (the
 //! benchmark, the demos) use it as a normal one.
@@ -23,6 +25,7 @@ pub mod harness;
 pub mod interleavings;
 mod memory;
 pub mod proxy;
+pub mod shared;
 
 /// What the lab's macros name from the conformance crate, so that their callers need not
 /// depend on it by name.

@@ -1,7 +1,9 @@
 //! The dual lock (`dual:<old>|<new>`) against real servers: the whole conformance suite on
 //! ZooKeeper -> Redis, ZooKeeper -> RedLock (3 nodes) and etcd -> Redis, the fault
 //! scenarios with faults on either side (`faults`), and the attempts that end before a
-//! grant (`retries`). Each test starts its own servers.
+//! grant (`retries`). The conformance suites share the binary's servers (one ZooKeeper,
+//! one Redis, RedLock's three, one etcd), each test under namespaces of its own; the
+//! fault scenarios and retries kill and pause servers, so each of those starts its own.
 //!
 //! The sides are the backends' own test factories (their `tests/common`, compiled in here),
 //! so the dual deployments steal, crash and list leftovers exactly as each backend's suite
@@ -23,19 +25,21 @@ mod retries;
 #[path = "dual/deployments.rs"]
 mod deployments;
 
-use deployments::{etcd_redis, zk_redis, zk_redlock};
+use deployments::{
+    etcd_redis, shared_etcd_redis, shared_zk_redis, shared_zk_redlock, zk_redis, zk_redlock,
+};
 use zk_common::ZkFactory;
 
 /// Every rule on ZooKeeper -> Redis; the suite's steal removes the new side's key.
 mod zk_to_redis {
-    conformance::conformance_suite!(async { crate::zk_redis().await });
+    conformance::conformance_suite!(async { crate::shared_zk_redis().await });
 }
 
 /// The rules that steal, with the steal on the old side (the ZooKeeper node).
 mod zk_to_redis_old_side_stolen {
     use lab::dual::Sides;
     conformance::conformance_suite!(@rules
-        async { crate::zk_redis().await.map(|dual| dual.steal_on(Sides::Old)) };
+        async { crate::shared_zk_redis().await.map(|dual| dual.steal_on(Sides::Old)) };
         lost_signal_on_steal,
         reentrant_release_reports_loss,
         scoped_run_cancels_on_loss,
@@ -46,12 +50,12 @@ mod zk_to_redis_old_side_stolen {
 /// test` (the dual logic is ZooKeeper -> Redis's), all in `make chaos`.
 mod zk_to_redlock {
     conformance::conformance_suite!(
-        async { crate::zk_redlock().await },
+        async { crate::shared_zk_redlock().await },
         short: conformance::CONNECTION_RULES
     );
 }
 
 /// Every rule on etcd -> Redis.
 mod etcd_to_redis {
-    conformance::conformance_suite!(async { crate::etcd_redis().await });
+    conformance::conformance_suite!(async { crate::shared_etcd_redis().await });
 }

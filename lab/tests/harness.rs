@@ -9,6 +9,7 @@ use lab::harness::{
     ZkEnsemble, ZkMode, ZkOptions, ZkServer,
 };
 use lab::require_server;
+use lab::shared::Shared;
 use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
@@ -194,6 +195,47 @@ async fn redis_serves_and_dies_with_its_handle() {
     );
     drop(server);
     assert_gone(pid);
+}
+
+/// A server shared between tests ([`lab::shared::Shared`]) outlives the runtime of the test
+/// that started it: it still serves from another runtime, and dropping the last handle
+/// there kills and reaps it (the pid is gone, not a zombie).
+#[test]
+fn shared_server_outlives_its_runtime_and_dies_with_the_last_handle() {
+    static SLOT: Shared<RedisServer> = Shared::new();
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .expect("runtime")
+    };
+    let start = || async { or_skip(RedisServer::start().await) };
+    let first = std::thread::spawn(move || runtime().block_on(SLOT.get_or_start(start)))
+        .join()
+        .expect("the starting runtime's thread");
+    let Some(first) = first else {
+        return;
+    };
+    let pid = first.pid().expect("running");
+    runtime().block_on(async {
+        let second = SLOT.get_or_start(start).await.expect("shared");
+        assert!(std::sync::Arc::ptr_eq(&first, &second), "one deployment");
+        assert_eq!(
+            redis(second.addr(), &["PING"], IO_TIMEOUT)
+                .await
+                .expect("PING after the starting runtime ended"),
+            "+PONG"
+        );
+        drop(first);
+        drop(second);
+    });
+    let raw = i32::try_from(pid).expect("pid fits i32");
+    assert_eq!(
+        kill(Pid::from_raw(raw), None),
+        Err(Errno::ESRCH),
+        "pid {pid} is killed and reaped when the last handle drops"
+    );
 }
 
 #[tokio::test]

@@ -9,12 +9,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::raw::{
     AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, Background, Backoff,
-    ChangeFeed, Cleanup, CleanupOnDrop, Connect, HoldKind, LockUrl, RenewItem, RenewOutcome,
-    SessionStatus,
+    ChangeFeed, Cleanup, CleanupOnDrop, Connect, LockUrl, RenewItem, RenewOutcome, SessionStatus,
 };
 use lock_core::{
-    Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, LostReason, Occupancy,
-    Participant, Result,
+    Capabilities, Error, ErrorKind, FencingSource, FencingToken, LockName, LockOptions, LostReason,
+    Occupancy, Participant, Result,
 };
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
@@ -23,9 +22,9 @@ use crate::config::EtcdConfig;
 use crate::connection::{change_feed, EtcdClient};
 use crate::error::{unexpected, BACKEND};
 use crate::hold::{self, EtcdHold, HoldCheck};
-use crate::layout::{broken_mark, lock_prefix};
+use crate::layout::{broken_mark, entry_value, lock_prefix};
 use crate::operator;
-use crate::queue::{Queue, Slot, Slots};
+use crate::queue::{admitted, Place, Queue, Slot, Slots};
 use crate::session::{KeepAlive, Session};
 
 /// The protocol half of an etcd lock client (see the crate docs).
@@ -194,16 +193,20 @@ impl PendingKey {
     }
 }
 
-/// What the key of `request` stores: a mutex's owner token (so that an inspection shows
-/// who queues), a candidate's proposal (as the Go client's `Election` stores it).
-fn stored_value<'a>(request: AcquireRequest<'a>) -> Result<&'a [u8]> {
-    match request.kind {
-        HoldKind::Mutex => Ok(request.token.as_str().as_bytes()),
-        HoldKind::Candidate { value } => Ok(value),
-        other => Err(Error::unsupported(
-            BACKEND,
-            format!("holds of kind {other:?}"),
-        )),
+/// What the key of `request` stores ([`entry_value`]): a mutex's owner token (so that an
+/// inspection shows who queues), a candidate's proposal (as the Go client's `Election`
+/// stores it), a permit's, reader's or writer's kind and owner token.
+fn stored_value(request: AcquireRequest<'_>) -> Result<Vec<u8>> {
+    entry_value(request.kind, request.token.as_str())
+        .ok_or_else(|| Error::unsupported(BACKEND, format!("holds of {}", request.kind.describe())))
+}
+
+/// Leaves the queue at once (a try that must wait, a conflict): deletes the pending key
+/// (created at `revision`) now, so nobody sees it after the acquire returns. On failure
+/// the pending guard, dropped, retries the delete in the background.
+async fn leave(client: &EtcdClient, pending: CleanupOnDrop<PendingKey>, key: &str, revision: i64) {
+    if client.delete_if_ours(key, Some(revision)).await.is_ok() {
+        drop(pending.disarm());
     }
 }
 
@@ -224,17 +227,26 @@ impl Backend for EtcdBackend {
             .durable(true)
             .fencing(FencingSource::CreateRevision)
             .election(true)
+            .semaphore(true)
+            .rwlock(true)
     }
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<EtcdHold>>> {
         let prefix = self.lock_prefix(request.name);
-        // The only difference between a mutex and a candidate is what the key stores.
+        // Every kind queues alike; what differs is what the key stores, and which
+        // entries ahead it is granted behind (see `crate::queue`).
         let value = stored_value(request)?;
         // A key of its own for each acquisition under way: it queues on the server at
         // once, in FIFO order with every other client's.
         let slot = self.slots.take(request.name);
         let lease = self.session.lease().await?;
         let key = slot.key(&prefix, lease.id);
+        let place = Place {
+            name: request.name,
+            prefix: &prefix,
+            key: &key,
+            kind: request.kind,
+        };
         let mut pending = CleanupOnDrop::new(PendingKey {
             client: self.client.clone(),
             session: Arc::clone(&self.session),
@@ -246,32 +258,34 @@ impl Backend for EtcdBackend {
             slot,
         })
         .tracked_by(&self.background);
-        let (revision, owner) = self.queue.enqueue(&prefix, &key, lease.id, value).await?;
+        let (revision, ahead) = self.queue.enqueue(&place, lease.id, &value).await?;
         pending.state_mut().revision = Some(revision);
-        if owner != Some(revision) {
+        let granted = match admitted(&place, &ahead) {
+            Ok(granted) => granted,
+            Err(err) => {
+                // A conflict: leave no key behind for anyone to see after the error.
+                leave(&self.client, pending, &key, revision).await;
+                return Err(err);
+            }
+        };
+        if !granted {
             if !request.wait {
-                // Like TryLock: leave the queue at once. On failure the pending guard
-                // retries the delete in the background.
-                if self
-                    .client
-                    .delete_if_ours(&key, Some(revision))
-                    .await
-                    .is_ok()
-                {
-                    drop(pending.disarm());
-                }
+                // Like TryLock: leave the queue at once.
+                leave(&self.client, pending, &key, revision).await;
                 return Ok(None);
             }
-            self.queue
-                .wait_turn(&prefix, &key, revision, lease)
-                .await
-                .map_err(|err| match err {
+            if let Err(err) = self.queue.wait_turn(&place, revision, lease).await {
+                if err.kind() == ErrorKind::Conflict {
+                    leave(&self.client, pending, &key, revision).await;
+                }
+                return Err(match err {
                     Error::Lost { reason, .. } => Error::Lost {
                         name: request.name.to_string(),
                         reason,
                     },
                     other => other,
-                })?;
+                });
+            }
         }
         // The hold lives as long as the lease: measure it from the last keep-alive,
         // refreshed now if it is older than TTL/3.
@@ -296,6 +310,8 @@ impl Backend for EtcdBackend {
                 key,
                 revision,
                 lease: lease.id,
+                owner: request.token.as_str().to_owned(),
+                kind: Mutex::new(request.kind.clone()),
                 slot: Mutex::new(Some(slot)),
             },
             fencing_token: FencingToken(fencing),
@@ -399,10 +415,12 @@ impl Backend for EtcdBackend {
     }
 
     /// Puts the value on the candidate's key if its create revision is still the hold's
-    /// (the Go client's `Election.Proclaim`); see *Leader election* in the crate docs.
+    /// (the Go client's `Election.Proclaim`; see *Leader election* in the crate docs), or
+    /// rewrites a writer's entry into a reader's in place (see *Read-write locks*).
     async fn amend(&self, hold: &EtcdHold, amendment: Amendment<'_>) -> Result<Amended> {
         match amendment {
             Amendment::Proclaim(value) => hold::proclaim(&self.client, hold, value).await,
+            Amendment::Downgrade => hold::downgrade(&self.client, hold).await,
             other => Err(other.unsupported(self.capabilities().backend)),
         }
     }

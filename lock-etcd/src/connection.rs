@@ -330,9 +330,16 @@ impl EtcdClient {
     /// under a steady write load). So [`DELETE_WATCHERS`] watchers of the same key are
     /// created on the one stream, one after the other: each has its own small chance,
     /// and the first delete from any of them counts.
-    pub(crate) async fn watch_delete(&self, key: &[u8]) -> Result<DeleteWatch> {
+    ///
+    /// With `puts`, a put of the key ends the wait as well (a writer ahead of a reader
+    /// downgrading to read), and the stream carries puts too.
+    pub(crate) async fn watch_delete(&self, key: &[u8], puts: bool) -> Result<DeleteWatch> {
         const WHAT: &str = "watching the predecessor";
-        let options = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        let options = if puts {
+            WatchOptions::new()
+        } else {
+            WatchOptions::new().with_filters([WatchFilterType::NoPut])
+        };
         self.call(WHAT, |client| {
             let options = options.clone();
             async move {
@@ -370,7 +377,7 @@ impl EtcdClient {
                             .filter(|&revision| revision > 0)
                             .unwrap_or(i64::MAX);
                         start = Some(start.map_or(at, |start: i64| start.min(at)));
-                    } else if ends_wait(&answer) {
+                    } else if ends_wait(&answer, puts) {
                         // The first watcher saw the delete before the next was created.
                         return Ok(DeleteWatch::Ended);
                     }
@@ -458,7 +465,7 @@ impl Feed {
             // Each turn awaits an answer from the server.
             loop {
                 match stream.message().await {
-                    Ok(Some(answer)) if answer.canceled() || answer.compact_revision() != 0 => {
+                    Ok(Some(answer)) if watch_ended(&answer) => {
                         tracing::debug!(
                             prefix = self.prefix,
                             reason = answer.cancel_reason(),
@@ -511,15 +518,20 @@ pub(crate) enum DeleteWatch {
     Ended,
 }
 
-/// True when a watch answer ends a wait on a delete: a delete, or the watcher is gone
-/// (cancelled, or behind a compaction).
-pub(crate) fn ends_wait(answer: &WatchResponse) -> bool {
-    answer.canceled()
-        || answer.compact_revision() != 0
+/// True when a watch answer ends a wait on a delete: a delete (or, with `puts`, any
+/// write), or the watcher is gone (cancelled, or behind a compaction).
+pub(crate) fn ends_wait(answer: &WatchResponse, puts: bool) -> bool {
+    watch_ended(answer)
         || answer
             .events()
             .iter()
-            .any(|event| event.event_type() == EventType::Delete)
+            .any(|event| puts || event.event_type() == EventType::Delete)
+}
+
+/// Whether `answer` ends a watch (cancelled, or behind a compaction): a change may have
+/// been missed.
+pub(crate) fn watch_ended(answer: &WatchResponse) -> bool {
+    answer.canceled() || answer.compact_revision() != 0
 }
 
 /// A lease's time to live, as etcd counts it (whole seconds).

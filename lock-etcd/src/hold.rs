@@ -10,11 +10,12 @@ use std::sync::Mutex;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use futures::future::join_all;
-use lock_core::raw::{lock_unpoisoned, Amended, BackendRelease};
-use lock_core::{LostReason, Result};
+use lock_core::raw::{lock_unpoisoned, Amended, BackendRelease, HoldKind};
+use lock_core::{Error, LostReason, Result};
 
 use crate::connection::{first_kv, EtcdClient, LeaseKeys};
 use crate::error::unexpected;
+use crate::layout::entry_value;
 use crate::queue::Slot;
 
 /// etcd's default `--max-txn-ops`: the most operations (or compares) in one transaction.
@@ -27,6 +28,10 @@ pub struct EtcdHold {
     pub(crate) mark: String,
     pub(crate) revision: i64,
     pub(crate) lease: i64,
+    /// The acquisition's owner token, as its entry stores it.
+    pub(crate) owner: String,
+    /// What the hold is; a writer's turns into a reader's when it downgrades.
+    pub(crate) kind: Mutex<HoldKind>,
     /// Keeps the key from other acquisitions of the same name in this client.
     pub(crate) slot: Mutex<Option<Slot>>,
 }
@@ -78,28 +83,60 @@ pub(crate) async fn release(client: &EtcdClient, hold: &EtcdHold) -> Result<Back
     Ok(BackendRelease::NotOwner(why_gone(client, &response, hold)))
 }
 
-/// Proclaims `value` for `hold`, a candidate's: puts it on the hold's key, on the hold's
-/// lease, if the key's create revision is still the hold's (the Go client's
-/// `Election.Proclaim`); or else reads its mark, in the same transaction, as
-/// [`release`] does.
+/// Proclaims `value` for `hold`, a candidate's (the Go client's `Election.Proclaim`):
+/// [`rewrite`]s the hold's key with it.
 pub(crate) async fn proclaim(
     client: &EtcdClient,
     hold: &EtcdHold,
     value: &[u8],
 ) -> Result<Amended> {
+    rewrite(client, hold, value, "proclaim").await
+}
+
+/// Turns `hold`, a writer's, into a reader's in its place: [`rewrite`]s its key's value
+/// from `write/<token>` to `read/<token>` (same key, create revision and lease, so its
+/// place in the queue stays, and the readers waiting on it see the put).
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a hold that is no writer's; connection errors.
+pub(crate) async fn downgrade(client: &EtcdClient, hold: &EtcdHold) -> Result<Amended> {
+    let kind = lock_unpoisoned(&hold.kind).clone();
+    if kind != HoldKind::Write {
+        return Err(Error::config(format!(
+            "cannot downgrade a hold of {}",
+            kind.describe()
+        )));
+    }
+    let value = entry_value(&HoldKind::Read, &hold.owner)
+        .ok_or_else(|| unexpected("downgrade", "no value for a reader"))?;
+    let amended = rewrite(client, hold, &value, "downgrade").await?;
+    if matches!(amended, Amended::Done) {
+        *lock_unpoisoned(&hold.kind) = HoldKind::Read;
+    }
+    Ok(amended)
+}
+
+/// Puts `value` on the hold's key, on the hold's lease, if the key's create revision and
+/// lease are still the hold's; or else reads its mark, in the same transaction, as
+/// [`release`] does.
+async fn rewrite(
+    client: &EtcdClient,
+    hold: &EtcdHold,
+    value: &[u8],
+    what: &str,
+) -> Result<Amended> {
     let txn = Txn::new()
-        .when([Compare::create_revision(
-            &*hold.key,
-            CompareOp::Equal,
-            hold.revision,
-        )])
+        .when([
+            Compare::create_revision(&*hold.key, CompareOp::Equal, hold.revision),
+            Compare::lease(&*hold.key, CompareOp::Equal, hold.lease),
+        ])
         .and_then([TxnOp::put(
             &*hold.key,
             value,
             Some(PutOptions::new().with_lease(hold.lease)),
         )])
         .or_else([TxnOp::get(&*hold.mark, None)]);
-    let response = client.txn("proclaim", txn).await?;
+    let response = client.txn(what, txn).await?;
     if response.succeeded() {
         return Ok(Amended::Done);
     }

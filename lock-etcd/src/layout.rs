@@ -20,6 +20,18 @@
 //! range by create revision, whatever its name, so the extra keys exclude `etcdctl lock`
 //! as well.
 //!
+//! # Semaphores and read-write locks
+//! A permit, a reader and a writer queue in the very same range, under the very same
+//! keys (`<lease id in hex>[_<n>]`, one per acquisition under way, so one client may hold
+//! several permits or reads of one name at once), ordered by create revision. Only the
+//! value differs: it says the kind of the entry and its owner token ([`entry_value`]):
+//! `permit/<permits>/<owner token>`, `read/<owner token>` or `write/<owner token>`. Any
+//! other value (a mutex's owner token, a candidate's proposal, the Go client's empty
+//! value) reads as a mutex's entry ([`Entry::of_value`]). An entry is granted when
+//! [`HoldKind::granted_behind`] admits it behind the entries created before it; a
+//! downgrade rewrites `write/<token>` to `read/<token>` in place (same key, same create
+//! revision, same lease), so the entry keeps its place.
+//!
 //! # Marks of broken holds
 //! Breaking a hold (an operator's forced release) deletes the holder's key and, in the
 //! same transaction, puts a *mark* `<prefix>/%broken/<escaped name>/<lease hex>[_<n>]`
@@ -34,7 +46,8 @@
 //! of ours maps to).
 
 use etcd_client::{GetOptions, SortOrder, SortTarget};
-use lock_core::raw::{escape, unescape};
+use lock_core::migration::DUAL_TOKEN_PREFIX;
+use lock_core::raw::{escape, unescape, HoldKind};
 use lock_core::LockName;
 
 /// The characters a name's segment escapes, besides `%`.
@@ -111,6 +124,124 @@ pub(crate) fn queue_key(prefix: &str, lease: i64, n: u32) -> String {
     match n {
         0 => format!("{prefix}{lease:x}"),
         n => format!("{prefix}{lease:x}_{n}"),
+    }
+}
+
+/// What the key of an acquisition of `kind` with owner token `token` stores (see the
+/// module docs): a mutex's owner token, a candidate's proposal, or the kind then the
+/// owner token for a permit, a reader or a writer.
+pub(crate) fn entry_value(kind: &HoldKind, token: &str) -> Option<Vec<u8>> {
+    let value = match kind {
+        HoldKind::Mutex => token.to_owned(),
+        HoldKind::Candidate { value } => return Some(value.clone()),
+        HoldKind::Permit { permits } => format!("{PERMIT}{permits}/{token}"),
+        HoldKind::Read => format!("{READ}{token}"),
+        HoldKind::Write => format!("{WRITE}{token}"),
+        _ => return None,
+    };
+    Some(value.into_bytes())
+}
+
+/// The value tag of a permit's entry (then the permits, `/` and the owner token).
+const PERMIT: &str = "permit/";
+/// The value tag of a reader's entry (then the owner token).
+const READ: &str = "read/";
+/// The value tag of a writer's entry (then the owner token).
+const WRITE: &str = "write/";
+
+/// What one queue key says of itself, read from its value.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// The kind of hold it asks for: [`HoldKind::Mutex`] for any value that is not a
+    /// permit's, a reader's or a writer's (a mutex's, a candidate's, the Go client's).
+    pub(crate) kind: HoldKind,
+    /// Its owner token, where the value holds one of ours.
+    pub(crate) owner: Option<String>,
+}
+
+impl Entry {
+    /// The entry whose key stores `value` ([`entry_value`]'s inverse). A tag followed by
+    /// anything but an owner token (and, for a permit, a number written plainly) is no
+    /// tag: such a value reads as a mutex's, never as a shared kind.
+    pub(crate) fn of_value(value: &[u8]) -> Entry {
+        let text = std::str::from_utf8(value).unwrap_or("");
+        let token = |rest: &str| reads_as_owner_token(rest).then(|| rest.to_owned());
+        let tagged = if let Some(rest) = text.strip_prefix(PERMIT) {
+            rest.split_once('/').and_then(|(permits, rest)| {
+                let n: u32 = permits.parse().ok()?;
+                let plain = n.to_string() == permits;
+                plain
+                    .then(|| token(rest))
+                    .flatten()
+                    .map(|owner| (HoldKind::Permit { permits: n }, owner))
+            })
+        } else if let Some(rest) = text.strip_prefix(READ) {
+            token(rest).map(|owner| (HoldKind::Read, owner))
+        } else if let Some(rest) = text.strip_prefix(WRITE) {
+            token(rest).map(|owner| (HoldKind::Write, owner))
+        } else {
+            None
+        };
+        match tagged {
+            Some((kind, owner)) => Entry {
+                kind,
+                owner: Some(owner),
+            },
+            None => Entry {
+                kind: HoldKind::Mutex,
+                owner: token(text),
+            },
+        }
+    }
+
+    /// Whether the value is the entry of a permit, a reader or a writer (nothing a
+    /// candidate proposed): inspections show no value for these.
+    pub(crate) fn is_tagged(&self) -> bool {
+        !matches!(self.kind, HoldKind::Mutex)
+    }
+}
+
+/// Whether `text` has the form of the owner tokens distlock stores: a lowercase hyphenated
+/// UUID, optionally after [`DUAL_TOKEN_PREFIX`] (a dual hold's).
+pub(crate) fn reads_as_owner_token(text: &str) -> bool {
+    let uuid = text.strip_prefix(DUAL_TOKEN_PREFIX).unwrap_or(text);
+    uuid.len() == 36
+        && uuid.char_indices().all(|(i, c)| match i {
+            8 | 13 | 18 | 23 => c == '-',
+            _ => c.is_ascii_digit() || ('a'..='f').contains(&c),
+        })
+}
+
+/// Range options for the head of a queue that an entry of `kind` reads beside its put
+/// (in create order, up to and including its own key): enough to tell whether it is
+/// granted at once. An exclusive kind reads the first key (the owner: granted when it is
+/// ours), a permit of `n` the first n + 1 (granted when ours is among them), a reader
+/// all of them (granted when no writer is before ours).
+pub(crate) fn queue_head(kind: &HoldKind) -> GetOptions {
+    let limit = match kind {
+        HoldKind::Permit { permits } => i64::from(*permits) + 1,
+        HoldKind::Read => 0,
+        _ => 1,
+    };
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(limit)
+}
+
+/// Range options for the entries ahead of ours (created at `revision`) that a waiter of
+/// `kind` re-checks: the one just before it for an exclusive kind (the mutex's
+/// predecessor), all of them for a permit or a reader.
+pub(crate) fn entries_ahead(kind: &HoldKind, revision: i64) -> GetOptions {
+    let ahead = GetOptions::new()
+        .with_prefix()
+        .with_max_create_revision(revision - 1);
+    if kind.is_shared() {
+        ahead.with_sort(SortTarget::Create, SortOrder::Ascend)
+    } else {
+        ahead
+            .with_sort(SortTarget::Create, SortOrder::Descend)
+            .with_limit(1)
     }
 }
 
@@ -252,6 +383,80 @@ mod tests {
         assert_eq!(range_end(b"p/a"), b"p/b");
         assert_eq!(range_end(b"a\xff"), b"b");
         assert_eq!(range_end(b""), b"\0");
+    }
+
+    #[test]
+    fn only_token_shaped_values_read_as_owner_tokens() {
+        for token in [
+            "67e55044-10b1-426f-9247-bb680e5fe0c8",
+            "dual-67e55044-10b1-426f-9247-bb680e5fe0c8",
+        ] {
+            assert!(reads_as_owner_token(token), "{token}");
+        }
+        for value in [
+            "",
+            "10.0.0.1:8080",
+            "67E55044-10B1-426F-9247-BB680E5FE0C8",
+            "67e55044-10b1-426f-9247-bb680e5fe0c",
+            "67e55044x10b1-426f-9247-bb680e5fe0c8",
+            "dual-",
+            "x-67e55044-10b1-426f-9247-bb680e5fe0c8",
+        ] {
+            assert!(!reads_as_owner_token(value), "{value}");
+        }
+    }
+
+    #[test]
+    fn entries_say_their_kind_and_owner() {
+        let token = "67e55044-10b1-426f-9247-bb680e5fe0c8";
+        let dual = format!("dual-{token}");
+        for kind in [
+            HoldKind::Mutex,
+            HoldKind::Permit { permits: 4 },
+            HoldKind::Read,
+            HoldKind::Write,
+        ] {
+            for owner in [token, dual.as_str()] {
+                let value = entry_value(&kind, owner).expect("a value");
+                let entry = Entry::of_value(&value);
+                assert_eq!(entry.kind, kind, "{}", String::from_utf8_lossy(&value));
+                assert_eq!(entry.owner.as_deref(), Some(owner));
+            }
+        }
+        assert_eq!(
+            entry_value(&HoldKind::Permit { permits: 4 }, token).expect("a value"),
+            format!("permit/4/{token}").into_bytes()
+        );
+        assert_eq!(
+            entry_value(&HoldKind::Write, token).expect("a value"),
+            format!("write/{token}").into_bytes()
+        );
+        // A candidate's proposal is stored as is, and reads as a mutex's entry.
+        let proposal = HoldKind::Candidate {
+            value: b"10.0.0.1:80".to_vec(),
+        };
+        assert_eq!(
+            entry_value(&proposal, token).expect("a value"),
+            b"10.0.0.1:80"
+        );
+        // Near misses are no tags: they read as a mutex's entry, never as a shared kind.
+        for value in [
+            String::new(),
+            "read/".into(),
+            "read/x".into(),
+            format!("permit/04/{token}"),
+            format!("permit/-1/{token}"),
+            format!("permit/4{token}"),
+            format!("permit//{token}"),
+            format!("READ/{token}"),
+            format!("write/{token}/"),
+            format!("reader/{token}"),
+        ] {
+            let entry = Entry::of_value(value.as_bytes());
+            assert_eq!(entry.kind, HoldKind::Mutex, "{value}");
+            assert!(!entry.is_tagged(), "{value}");
+        }
+        assert_eq!(Entry::of_value(b"\xff\xfe").kind, HoldKind::Mutex);
     }
 
     #[test]

@@ -14,9 +14,10 @@
 //! transaction. Every request is under the request timeout.
 //!
 //! # Token floor
-//! The revision the range was read at, lowered below the second key's create revision
-//! when there is one: every key put later has a greater create revision, and every waiter
-//! already queued is granted a token above the floor as well.
+//! The revision the range was read at, lowered below the first waiter's create revision
+//! when there is one (the second key's for a mutex; after every co-holder's for a
+//! semaphore or read-write lock): every key put later has a greater create revision, and
+//! every waiter already queued is granted a token above the floor as well.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -25,12 +26,12 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse,
 };
-use lock_core::migration::DUAL_TOKEN_PREFIX;
+use lock_core::raw::HoldKind;
 use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
 
 use crate::connection::{first_kv, header_revision, EtcdClient, LeaseTtl};
 use crate::error::{unexpected, BACKEND};
-use crate::layout::{broken_mark, first_created, lock_of_key, names_under, range_end};
+use crate::layout::{broken_mark, first_created, lock_of_key, names_under, range_end, Entry};
 use crate::session::ttl_seconds;
 
 const WHAT: &str = "inspecting a lock";
@@ -52,16 +53,36 @@ pub(crate) async fn inspect(client: &EtcdClient, prefix: &str) -> Result<Occupan
         return Err(unexpected(WHAT, "an answer without the range"));
     };
     let keys = range.kvs();
+    let held = holding(keys);
     let mut floor = read_at;
-    if let Some(second) = keys.get(1) {
-        floor = floor.min(second.create_revision() - 1);
+    if let Some(first_waiter) = keys.get(held) {
+        floor = floor.min(first_waiter.create_revision() - 1);
     }
-    let holder = match keys.first() {
-        Some(kv) => Some(holder(kv, lease_ttl(client, kv.lease()).await)?),
-        None => None,
-    };
-    let waiters = keys.iter().skip(1).map(participant).collect();
-    Ok(Occupancy::new(holder, waiters).token_floor(Some(token(floor)?)))
+    let mut holders = Vec::with_capacity(held);
+    for (i, kv) in keys.iter().take(held).enumerate() {
+        // What the lease has left, for the oldest holder (one request).
+        let lease = match i {
+            0 => lease_ttl(client, kv.lease()).await,
+            _ => None,
+        };
+        holders.push(holder(kv, lease)?);
+    }
+    let waiters = keys.iter().skip(held).map(participant).collect();
+    Ok(Occupancy::shared(holders, waiters).token_floor(Some(token(floor)?)))
+}
+
+/// How many of `keys` (a name's range in create order) hold: the longest head each of
+/// whose entries [`HoldKind::granted_behind`] admits behind the entries before it. The
+/// grant rule makes the holders a head of the queue: behind an entry not granted, none
+/// is.
+fn holding(keys: &[KeyValue]) -> usize {
+    let kinds: Vec<HoldKind> = keys
+        .iter()
+        .map(|kv| Entry::of_value(kv.value()).kind)
+        .collect();
+    (0..kinds.len())
+        .find(|&i| !kinds[i].granted_behind(&kinds[..i]))
+        .unwrap_or(kinds.len())
 }
 
 /// The holding key `kv` (whose lease shows `lease`): a participant with its create
@@ -72,33 +93,24 @@ fn holder(kv: &KeyValue, lease: Option<LeaseTtl>) -> Result<Participant> {
         .lease_left(lease.map(|lease| lease.left)))
 }
 
-/// A queued key. Its value is what its acquisition stored: our mutex's owner token, a
-/// candidate's proposal (ours or the Go client's `Election`'s), nothing from the Go
-/// client's `Mutex`. One key cannot tell which kind put it, so every non-empty value is
-/// shown as [`Participant::value`] (what an election's reader takes as the leader's
-/// value), and as the owner token too when it reads as one of ours.
+/// A queued key. Its value is what its acquisition stored ([`Entry`]): a permit's,
+/// reader's or writer's kind and owner token (shown as [`Participant::kind`] and the
+/// owner token), our mutex's owner token, a candidate's proposal (ours or the Go
+/// client's `Election`'s), nothing from the Go client's `Mutex`. One key cannot tell a
+/// mutex's from a candidate's, so every other non-empty value is shown as
+/// [`Participant::value`] (what an election's reader takes as the leader's value), and
+/// as the owner token too when it reads as one of ours.
 fn participant(kv: &KeyValue) -> Participant {
     let value = kv.value();
-    let owner_token = std::str::from_utf8(value)
-        .ok()
-        .filter(|text| reads_as_owner_token(text))
-        .map(str::to_owned);
+    let entry = Entry::of_value(value);
     // The lease id, in the lowercase hex the key name carries.
     let session = (kv.lease() != 0).then(|| format!("{:x}", kv.lease()));
-    Participant::new(owner_token)
+    let shown = (!value.is_empty() && !entry.is_tagged()).then(|| value.to_vec());
+    let kind = entry.is_tagged().then_some(entry.kind);
+    Participant::new(entry.owner)
         .session(session)
-        .value((!value.is_empty()).then(|| value.to_vec()))
-}
-
-/// Whether `text` has the form of the owner tokens distlock stores: a lowercase hyphenated
-/// UUID, optionally after [`DUAL_TOKEN_PREFIX`] (a dual hold's).
-fn reads_as_owner_token(text: &str) -> bool {
-    let uuid = text.strip_prefix(DUAL_TOKEN_PREFIX).unwrap_or(text);
-    uuid.len() == 36
-        && uuid.char_indices().all(|(i, c)| match i {
-            8 | 13 | 18 | 23 => c == '-',
-            _ => c.is_ascii_digit() || ('a'..='f').contains(&c),
-        })
+        .value(shown)
+        .kind(kind)
 }
 
 /// A revision as a fencing token (the lock grants its key's create revision).
@@ -244,32 +256,6 @@ pub(crate) async fn force_release(
                 revoke();
             }
             Err(err)
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn only_token_shaped_values_read_as_owner_tokens() {
-        for token in [
-            "67e55044-10b1-426f-9247-bb680e5fe0c8",
-            "dual-67e55044-10b1-426f-9247-bb680e5fe0c8",
-        ] {
-            assert!(reads_as_owner_token(token), "{token}");
-        }
-        for value in [
-            "",
-            "10.0.0.1:8080",
-            "67E55044-10B1-426F-9247-BB680E5FE0C8",
-            "67e55044-10b1-426f-9247-bb680e5fe0c",
-            "67e55044x10b1-426f-9247-bb680e5fe0c8",
-            "dual-",
-            "x-67e55044-10b1-426f-9247-bb680e5fe0c8",
-        ] {
-            assert!(!reads_as_owner_token(value), "{value}");
         }
     }
 }

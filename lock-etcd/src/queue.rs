@@ -1,24 +1,32 @@
-//! Waiting in a lock's queue on etcd: putting our key by one transaction, waiting on the
-//! delete of the key just before ours (with a periodic re-check), keeping the lease alive
-//! meanwhile; and the key slots that let several acquisitions of one name in one client
-//! queue at once (see [`crate::layout`]).
+//! Waiting in a lock's queue on etcd: putting our key by one transaction, deciding by
+//! [`HoldKind::granted_behind`] over the entries ahead whether it is granted, waiting on
+//! what must go before it (with a periodic re-check), keeping the lease alive meanwhile;
+//! and the key slots that let several acquisitions of one name in one client queue at
+//! once (see [`crate::layout`]).
+//!
+//! What a waiter watches depends on its kind: an exclusive entry (a mutex, a candidate,
+//! a writer) the delete of the entry just before it; a reader the last writer before it
+//! (its delete, or its rewrite when it downgrades to read); a permit the deletes among
+//! the entries before it, on one watch of the name's range that is in place before every
+//! re-check, counted until enough of them went for it to be granted.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    WatchStream,
+    Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp, WatchStream,
 };
-use lock_core::raw::lock_unpoisoned;
+use lock_core::raw::{lock_unpoisoned, HoldKind};
 use lock_core::{Error, LockName, LostReason, Result};
 use tokio::time::{sleep_until, Instant};
 
-use crate::connection::{ends_wait, first_kv, header_revision, DeleteWatch, EtcdClient};
+use crate::connection::{
+    ends_wait, first_kv, header_revision, watch_ended, DeleteWatch, EtcdClient,
+};
 use crate::error::unexpected;
-use crate::layout::{first_created, queue_key};
+use crate::layout::{entries_ahead, queue_head, queue_key, Entry};
 use crate::session::{KeepAlive, Lease, Session};
 
 /// Pause before a waiter retries a failed re-check.
@@ -33,35 +41,79 @@ pub(crate) struct Queue {
     pub(crate) recheck: Duration,
 }
 
+/// One acquisition's entry in the queue of a name.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Place<'a> {
+    pub(crate) name: &'a LockName,
+    /// The name's key range ([`crate::layout::lock_prefix`]).
+    pub(crate) prefix: &'a str,
+    /// Our key.
+    pub(crate) key: &'a str,
+    /// What our entry asks for.
+    pub(crate) kind: &'a HoldKind,
+}
+
+/// Whether an entry of `place.kind` created at `revision` is granted behind `ahead`, the
+/// entries created before it in create order (or the first of them: an entry with
+/// someone ahead is granted only where the rest could not change that, see
+/// [`queue_head`]).
+///
+/// # Errors
+/// [`Error::Conflict`] when an entry ahead is of a kind ours cannot queue beside
+/// ([`HoldKind::check_beside`]: a semaphore of other permits, a name used as another
+/// primitive).
+pub(crate) fn admitted<'a>(
+    place: &Place<'_>,
+    ahead: impl IntoIterator<Item = &'a KeyValue>,
+) -> Result<bool> {
+    let kinds: Vec<HoldKind> = ahead
+        .into_iter()
+        .map(|kv| Entry::of_value(kv.value()).kind)
+        .collect();
+    for other in &kinds {
+        place.kind.check_beside(other, place.name)?;
+    }
+    Ok(place.kind.granted_behind(&kinds))
+}
+
 impl Queue {
-    /// Puts our key in the queue of `prefix` (or finds it there), with `value` (a mutex's
-    /// owner token, a candidate's proposal: see [`crate::layout`]); returns its create
-    /// revision and the create revision of the current owner. One round trip.
+    /// Puts our key in the queue of `place` (or finds it there), with `value` (see
+    /// [`crate::layout`]); returns its create revision and the entries ahead of it in the
+    /// queue's head read in the same transaction ([`queue_head`]: enough for
+    /// [`admitted`] to tell whether it is granted at once). One round trip.
     pub(crate) async fn enqueue(
         &self,
-        prefix: &str,
-        key: &str,
+        place: &Place<'_>,
         lease: i64,
         value: &[u8],
-    ) -> Result<(i64, Option<i64>)> {
+    ) -> Result<(i64, Vec<KeyValue>)> {
         const WHAT: &str = "acquire";
+        let (prefix, key) = (place.prefix, place.key);
         // A key of ours from an earlier, abandoned attempt is deleted and the put
         // retried, so every acquisition gets a fresh create revision (fencing token).
         for _ in 0..3 {
-            let owner = || TxnOp::get(prefix, Some(first_created()));
+            let head = || TxnOp::get(prefix, Some(queue_head(place.kind)));
             let txn = Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, 0)])
                 .and_then([
                     TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease))),
-                    owner(),
+                    head(),
                 ])
-                .or_else([TxnOp::get(key, None), owner()]);
+                .or_else([TxnOp::get(key, None)]);
             let response = self.client.txn(WHAT, txn).await?;
             let ops = response.op_responses();
-            let owner = ops.get(1).and_then(first_kv).map(KeyValue::create_revision);
             if response.succeeded() {
                 let revision = header_revision(&response, WHAT)?;
-                return Ok((revision, owner));
+                let ahead = match ops.get(1) {
+                    Some(etcd_client::TxnOpResponse::Get(head)) => head
+                        .kvs()
+                        .iter()
+                        .filter(|kv| kv.create_revision() < revision)
+                        .cloned()
+                        .collect(),
+                    _ => return Err(unexpected(WHAT, "an answer without the queue's head")),
+                };
+                return Ok((revision, ahead));
             }
             let Some(stale) = ops
                 .first()
@@ -76,28 +128,45 @@ impl Queue {
         Err(unexpected(WHAT, "our queue key kept reappearing"))
     }
 
-    /// Waits until our key (created at `revision`) has the lowest create revision.
+    /// Waits until our key (created at `revision`) is granted: [`admitted`] behind the
+    /// entries created before it.
     ///
-    /// Watches the delete of the key just before ours, then re-checks with one read-only
-    /// transaction (our key still there + the next predecessor). Re-checks at least every
-    /// `recheck` even without an event, and keeps the lease alive meanwhile. Retryable
-    /// failures (an election, a member going away) are retried as long as the lease can
-    /// be kept alive.
+    /// Watches what must go first (see the module docs), then re-checks with one
+    /// read-only transaction (our key still there + the entries ahead that matter).
+    /// Re-checks at least every `recheck` even without an event, and keeps the lease
+    /// alive meanwhile. Retryable failures (an election, a member going away) are retried
+    /// as long as the lease can be kept alive.
     ///
-    /// No delete is missed: the watch carries every delete above its start revision
-    /// (see [`EtcdClient::watch_delete`]), and the predecessor was read alive at
-    /// `read_at`. When the watch starts after `read_at` (other writes in between), one
-    /// linearizable read after the watch exists confirms the predecessor is still there
-    /// (same create revision), so its delete, if any, comes after the watch's start.
+    /// No event is missed: a key watch carries every delete (and put) above its start
+    /// revision (see [`EtcdClient::watch_delete`]), and the watched entry was read alive
+    /// at `read_at`. When the watch starts after `read_at` (other writes in between), one
+    /// linearizable read after the watch exists confirms the entry is still there
+    /// unchanged (same create and mod revisions), so its change, if any, comes after the
+    /// watch's start. A permit's range watch is in place before each re-check's read, and
+    /// counts only deletes after that read.
+    ///
+    /// # Errors
+    /// [`Error::Lost`] when our key or lease is gone; [`Error::Conflict`] as
+    /// [`admitted`]; non-retryable request errors.
     pub(crate) async fn wait_turn(
         &self,
-        prefix: &str,
-        key: &str,
+        place: &Place<'_>,
         revision: i64,
         lease: Lease,
     ) -> Result<()> {
+        // A permit's watch of the name's range, kept across re-checks.
+        let mut range_watch = None;
         loop {
-            let turn = match self.check_turn(prefix, key, revision).await {
+            if matches!(place.kind, HoldKind::Permit { .. }) && range_watch.is_none() {
+                range_watch = match self.client.watch_range(place.prefix).await {
+                    Ok(stream) => Some(stream),
+                    Err(err) => {
+                        tracing::debug!(error = %err, "watching the range failed; re-checking on the timer");
+                        None
+                    }
+                };
+            }
+            let turn = match self.check_turn(place, revision).await {
                 Ok(turn) => turn,
                 Err(err) if err.is_retryable() => {
                     // A leader election or a member going away: ride it out while the
@@ -110,46 +179,37 @@ impl Queue {
                 }
                 Err(err) => return Err(err),
             };
-            let (predecessor, created, read_at) = match turn {
+            let (blocker, read_at) = match turn {
                 Turn::Owner => return Ok(()),
                 Turn::Vanished => {
                     return Err(Error::Lost {
-                        name: prefix.trim_end_matches('/').to_owned(),
+                        name: place.name.to_string(),
                         reason: LostReason::Vanished,
                     })
                 }
-                Turn::After {
-                    predecessor,
-                    created,
-                    read_at,
-                } => (predecessor, created, read_at),
+                Turn::After { blocker, read_at } => (blocker, read_at),
             };
             let mut recheck_at = Instant::now() + self.recheck;
-            let mut watch = match self.client.watch_delete(&predecessor).await {
-                Ok(DeleteWatch::Ended) => continue,
-                Ok(DeleteWatch::Watching { stream, start }) if start <= read_at => Some(stream),
-                Ok(DeleteWatch::Watching { stream, start }) => {
-                    // Writes landed between our read and the watch: a delete in
-                    // (read_at, start] would not be on the stream.
-                    match self.still_there(&predecessor, created).await {
-                        Ok(true) => Some(stream),
-                        Ok(false) => continue,
-                        Err(err) => {
-                            tracing::debug!(error = %err, start, read_at, "confirming the predecessor failed; re-checking soon");
+            let mut waiting = match blocker {
+                Blocker::Entry { kv, puts } => match self.watch_entry(&kv, puts, read_at).await {
+                    EntryWatch::Ended => continue,
+                    EntryWatch::Watching { stream, confirmed } => {
+                        if !confirmed {
                             recheck_at = Instant::now() + self.recheck.min(RETRY_PAUSE);
-                            Some(stream)
                         }
+                        Waiting::Entry { stream, puts }
                     }
-                }
-                Err(err) => {
-                    tracing::debug!(error = %err, "watch failed; re-checking on the timer");
-                    None
-                }
+                },
+                Blocker::Deletes { ahead, needed } => Waiting::Deletes {
+                    ahead,
+                    needed,
+                    after: read_at,
+                },
             };
             loop {
                 let refresh_at = self.keep_waiting(lease.id).await?;
                 tokio::select! {
-                    () = deleted(&mut watch) => break,
+                    () = waiting.over(&mut range_watch) => break,
                     () = sleep_until(recheck_at) => break,
                     () = sleep_until(refresh_at) => {}
                 }
@@ -157,17 +217,60 @@ impl Queue {
         }
     }
 
-    /// One linearizable read: does `key` still exist with create revision `created`?
-    async fn still_there(&self, key: &[u8], created: i64) -> Result<bool> {
-        const WHAT: &str = "confirming the predecessor";
-        let txn = Txn::new().and_then([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
+    /// Watches the entry `kv` (read at `read_at`) for its delete, or any write with
+    /// `puts`; confirms it unchanged when the watch starts after `read_at`.
+    async fn watch_entry(&self, kv: &KeyValue, puts: bool, read_at: i64) -> EntryWatch {
+        match self.client.watch_delete(kv.key(), puts).await {
+            Ok(DeleteWatch::Ended) => EntryWatch::Ended,
+            Ok(DeleteWatch::Watching { stream, start }) if start <= read_at => {
+                EntryWatch::Watching {
+                    stream: Some(stream),
+                    confirmed: true,
+                }
+            }
+            Ok(DeleteWatch::Watching { stream, start }) => {
+                // Writes landed between our read and the watch: a change in
+                // (read_at, start] would not be on the stream.
+                match self.unchanged(kv).await {
+                    Ok(true) => EntryWatch::Watching {
+                        stream: Some(stream),
+                        confirmed: true,
+                    },
+                    Ok(false) => EntryWatch::Ended,
+                    Err(err) => {
+                        tracing::debug!(error = %err, start, read_at, "confirming the entry ahead failed; re-checking soon");
+                        EntryWatch::Watching {
+                            stream: Some(stream),
+                            confirmed: false,
+                        }
+                    }
+                }
+            }
+            Err(err) => {
+                tracing::debug!(error = %err, "watch failed; re-checking on the timer");
+                EntryWatch::Watching {
+                    stream: None,
+                    confirmed: true,
+                }
+            }
+        }
+    }
+
+    /// One linearizable read: does the key of `kv` still exist, with its create and mod
+    /// revisions?
+    async fn unchanged(&self, kv: &KeyValue) -> Result<bool> {
+        const WHAT: &str = "confirming the entry ahead";
+        let txn = Txn::new().and_then([TxnOp::get(
+            kv.key(),
+            Some(GetOptions::new().with_keys_only()),
+        )]);
         let response = self.client.txn(WHAT, txn).await?;
         let found = response
             .op_responses()
             .first()
             .and_then(first_kv)
-            .map(KeyValue::create_revision);
-        Ok(found == Some(created))
+            .map(|now| (now.create_revision(), now.mod_revision()));
+        Ok(found == Some((kv.create_revision(), kv.mod_revision())))
     }
 
     /// Keeps the lease of a waiter alive when due; returns when to look again.
@@ -202,15 +305,13 @@ impl Queue {
         }
     }
 
-    /// One read-only transaction: is our key still there, and which key is just before it?
-    async fn check_turn(&self, prefix: &str, key: &str, revision: i64) -> Result<Turn> {
+    /// One read-only transaction: is our key still there, and what must go before it?
+    async fn check_turn(&self, place: &Place<'_>, revision: i64) -> Result<Turn> {
         const WHAT: &str = "re-checking the queue";
-        let before = GetOptions::new()
-            .with_prefix()
-            .with_max_create_revision(revision - 1)
-            .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1);
-        let txn = Txn::new().and_then([TxnOp::get(key, None), TxnOp::get(prefix, Some(before))]);
+        let txn = Txn::new().and_then([
+            TxnOp::get(place.key, None),
+            TxnOp::get(place.prefix, Some(entries_ahead(place.kind, revision))),
+        ]);
         let response = self.client.txn(WHAT, txn).await?;
         let read_at = header_revision(&response, WHAT)?;
         let ops = response.op_responses();
@@ -221,41 +322,154 @@ impl Queue {
         if mine != Some(revision) {
             return Ok(Turn::Vanished);
         }
-        match ops.get(1).and_then(first_kv) {
-            None => Ok(Turn::Owner),
-            Some(kv) => Ok(Turn::After {
-                predecessor: kv.key().to_vec(),
-                created: kv.create_revision(),
-                read_at,
-            }),
+        let mut ahead: Vec<&KeyValue> = match ops.get(1) {
+            Some(etcd_client::TxnOpResponse::Get(range)) => range.kvs().iter().collect(),
+            _ => return Err(unexpected(WHAT, "an answer without the entries ahead")),
+        };
+        // In create order, whichever way the range was read.
+        ahead.sort_by_key(|kv| kv.create_revision());
+        if admitted(place, ahead.iter().copied())? {
+            return Ok(Turn::Owner);
         }
+        let blocker = match place.kind {
+            HoldKind::Permit { permits } => Blocker::Deletes {
+                needed: ahead
+                    .len()
+                    .saturating_sub(usize::try_from(*permits).unwrap_or(usize::MAX))
+                    + 1,
+                ahead: ahead.iter().map(|kv| kv.key().to_vec()).collect(),
+            },
+            // A reader waits for the last writer ahead to go or to become a reader.
+            HoldKind::Read => {
+                let writer = ahead
+                    .iter()
+                    .rev()
+                    .find(|kv| Entry::of_value(kv.value()).kind == HoldKind::Write);
+                match writer.or(ahead.last()) {
+                    Some(kv) => Blocker::Entry {
+                        kv: (*kv).clone(),
+                        puts: true,
+                    },
+                    None => return Err(unexpected(WHAT, "not granted with nobody ahead")),
+                }
+            }
+            _ => match ahead.last() {
+                Some(kv) => Blocker::Entry {
+                    kv: (*kv).clone(),
+                    puts: false,
+                },
+                None => return Err(unexpected(WHAT, "not granted with nobody ahead")),
+            },
+        };
+        Ok(Turn::After { blocker, read_at })
     }
 }
 
 /// Where a waiter stands in its queue.
 enum Turn {
-    /// No key before ours: we hold the lock.
+    /// Granted behind the entries ahead: we hold.
     Owner,
     /// Our key is gone (deleted, or its lease expired).
     Vanished,
-    /// `predecessor` (created at revision `created`) is just before us, as read at
-    /// revision `read_at`.
-    After {
-        predecessor: Vec<u8>,
-        created: i64,
-        read_at: i64,
+    /// `blocker` must go first, as read at revision `read_at`.
+    After { blocker: Blocker, read_at: i64 },
+}
+
+/// What a waiter waits for.
+enum Blocker {
+    /// The delete of one entry ahead (or, with `puts`, any write of it).
+    Entry { kv: KeyValue, puts: bool },
+    /// `needed` deletes among the entries `ahead` (a permit's).
+    Deletes {
+        ahead: HashSet<Vec<u8>>,
+        needed: usize,
     },
 }
 
-/// Returns once the watched key is deleted, or the watch ends or breaks (a re-check
-/// follows); never returns without a watch (the re-check timer rules then).
-async fn deleted(watch: &mut Option<Box<WatchStream>>) {
+/// A watch of one entry ahead.
+enum EntryWatch {
+    /// The entry changed while the watch was set up: re-check at once.
+    Ended,
+    /// Watching (without a stream: the watch failed, the re-check timer rules); not
+    /// `confirmed`: the entry could not be confirmed unchanged, re-check soon.
+    Watching {
+        stream: Option<Box<WatchStream>>,
+        confirmed: bool,
+    },
+}
+
+/// A waiter's wait, until its next re-check.
+enum Waiting {
+    /// On one entry's watch.
+    Entry {
+        stream: Option<Box<WatchStream>>,
+        puts: bool,
+    },
+    /// On deletes among the entries ahead, after revision `after`, on the range watch.
+    Deletes {
+        ahead: HashSet<Vec<u8>>,
+        needed: usize,
+        after: i64,
+    },
+}
+
+impl Waiting {
+    /// Returns once a re-check is due: what was waited for happened, or the watch ended
+    /// or broke; never returns without a watch (the re-check timer rules then). What it
+    /// has counted stays counted when it is dropped before it returns.
+    async fn over(&mut self, range_watch: &mut Option<Box<WatchStream>>) {
+        match self {
+            Waiting::Entry { stream, puts } => changed(stream, *puts).await,
+            Waiting::Deletes {
+                ahead,
+                needed,
+                after,
+            } => deletes_among(range_watch, ahead, needed, *after).await,
+        }
+    }
+}
+
+/// Returns once the watched key is deleted (or written, with `puts`), or the watch ends
+/// or breaks (a re-check follows); never returns without a watch.
+async fn changed(watch: &mut Option<Box<WatchStream>>, puts: bool) {
     let Some(stream) = watch.as_mut() else {
         return std::future::pending().await;
     };
     while let Ok(Some(answer)) = stream.message().await {
-        if ends_wait(&answer) {
+        if ends_wait(&answer, puts) {
             break;
+        }
+    }
+    *watch = None;
+}
+
+/// Returns once `needed` of the keys `ahead` were deleted after revision `after`, or the
+/// range watch ends or breaks (it is dropped: the next round makes another); never
+/// returns without a watch.
+async fn deletes_among(
+    watch: &mut Option<Box<WatchStream>>,
+    ahead: &mut HashSet<Vec<u8>>,
+    needed: &mut usize,
+    after: i64,
+) {
+    let Some(stream) = watch.as_mut() else {
+        return std::future::pending().await;
+    };
+    while let Ok(Some(answer)) = stream.message().await {
+        if watch_ended(&answer) {
+            break;
+        }
+        for event in answer.events() {
+            let Some(kv) = event.kv() else { continue };
+            if event.event_type() == EventType::Delete
+                && kv.mod_revision() > after
+                && ahead.remove(kv.key())
+            {
+                *needed = needed.saturating_sub(1);
+                if *needed == 0 {
+                    return;
+                }
+            }
         }
     }
     *watch = None;

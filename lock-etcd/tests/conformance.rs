@@ -1,5 +1,8 @@
 //! The whole conformance suite on etcd: a single member and a 3-member cluster. Each test
-//! starts its own server(s), killed when the test ends.
+//! starts its own server(s), killed when the test ends: the rules check that no lease is
+//! leaked, and leases have no key prefix that would keep tests on a shared deployment apart
+//! (one test at a time on a shared member would: that ran the suite in 145 s, against 61 s
+//! with a member per test).
 
 mod common;
 

@@ -11,8 +11,9 @@ use lock_core::{Error, FencingToken, Result};
 use redis::ScriptInvocation;
 use tokio::time::Instant;
 
-use crate::hold::{floor_arg, pttl_wait, release_all, ttl_millis, RedisHold, WakeKeys};
-use crate::queue::{acquire_q_invocation, queued_nap, Reply};
+use crate::error;
+use crate::hold::{floor_arg, kind_named, pttl_wait, release_all, ttl_millis, RedisHold, WakeKeys};
+use crate::queue::{acquire_q_invocation, acquire_s_invocation, queued_nap, Reply};
 use crate::topology::Servers;
 
 /// The outcome of one acquire attempt.
@@ -126,7 +127,9 @@ pub(crate) async fn attempt(
     let ttl_ms = ttl_millis(request.ttl);
     let floor = request.fence_at_least;
     let queued = matches!(hold.keys.wake, WakeKeys::Queue { .. });
-    let invocation = if queued {
+    let invocation = if let Some(shared) = &hold.keys.shared {
+        acquire_s_invocation(servers, hold, shared, ttl_ms, request.wait, floor)
+    } else if queued {
         acquire_q_invocation(servers, hold, ttl_ms, true, request.wait, floor)
     } else {
         acquire_invocation(servers, hold, ttl_ms, true, floor)
@@ -154,6 +157,16 @@ pub(crate) async fn attempt(
         Reply::Refused { pttl, place: None } => {
             dirty.disarm(hold);
             Ok(Attempt::Held(pttl_wait(pttl)))
+        }
+        Reply::Conflict { theirs } => {
+            dirty.disarm(hold);
+            request
+                .kind
+                .check_beside(&kind_named(theirs), request.name)?;
+            Err(error::protocol(
+                servers.backend,
+                format!("`{}` was refused as another kind ({theirs})", request.name),
+            ))
         }
     }
 }

@@ -154,6 +154,14 @@ impl RedisBackend {
         self.wakeups.queued_waiters()
     }
 
+    /// Whether this client grants the shared kinds (permits, readers, writers): on the
+    /// waiter queue, where one server decides (one server, Sentinel, Redis Cluster); not on
+    /// RedLock (see the README: a semaphore there needs more than a majority) nor without
+    /// the queue.
+    fn grants_shared(&self) -> bool {
+        self.servers.config.queue && !self.servers.topology.is_redlock()
+    }
+
     /// One attempt of `request` for `first` (the hold of its first round), as the
     /// topology decides: RedLock's round `round` over every server, else the one server
     /// that owns the key.
@@ -248,7 +256,9 @@ impl Backend for RedisBackend {
             .push_wakeup(true)
             .durable(false)
             .fence_at_least(true)
-            .election(true);
+            .election(true)
+            .semaphore(self.grants_shared())
+            .rwlock(self.grants_shared());
         match servers.topology {
             Topology::RedLock { .. } => base
                 .min_ttl(MIN_TTL_REDLOCK)
@@ -268,6 +278,15 @@ impl Backend for RedisBackend {
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<RedisHold>>> {
         let servers = &self.servers;
         let first = RedisHold::new(servers, &request);
+        if first.keys.shared.is_some() && !self.grants_shared() {
+            return Err(lock_core::Error::unsupported(
+                servers.backend,
+                format!(
+                    "{} (RedLock and `queue=off` grant mutexes and elections only)",
+                    request.kind.describe()
+                ),
+            ));
+        }
         let mut pending = CleanupOnDrop::new(Abandoned {
             servers: Arc::clone(servers),
             dirty: Dirty::default(),
@@ -371,9 +390,11 @@ impl Backend for RedisBackend {
         operator::force_release(&self.servers, name).await
     }
 
-    /// One owner-checked script call per server (RedLock: done on a majority): the value
-    /// goes into the hold's leader entry with a version above the earlier proclaims', and
-    /// is published on the election's change channel.
+    /// One owner-checked script call per server (RedLock: done on a majority). A proclaim:
+    /// the value goes into the hold's leader entry with a version above the earlier
+    /// proclaims', and is published on the election's change channel. A downgrade
+    /// (`downgrade.lua`): the writer's entry in the holders' table becomes a reader's, and
+    /// the readers queued behind it are granted, in the same script.
     ///
     /// # Errors
     /// When fewer than a majority of servers answered: the value may then be stored on
@@ -381,6 +402,7 @@ impl Backend for RedisBackend {
     async fn amend(&self, hold: &RedisHold, amendment: Amendment<'_>) -> Result<Amended> {
         match amendment {
             Amendment::Proclaim(value) => hold::proclaim(&self.servers, hold, value).await,
+            Amendment::Downgrade => hold::downgrade(&self.servers, hold).await,
             other => Err(other.unsupported(self.capabilities().backend)),
         }
     }

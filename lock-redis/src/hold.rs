@@ -48,6 +48,41 @@ pub(crate) struct HoldKeys {
     pub(crate) wake: WakeKeys,
     /// A candidate of an election: its entry's keys and value.
     pub(crate) candidate: Option<CandidateKeys>,
+    /// A permit, a reader or a writer: the keys of the shared kinds (see `shared.lua`).
+    pub(crate) shared: Option<SharedKeys>,
+}
+
+/// What a hold of a shared kind (a permit, a reader, a writer) keeps beside its lock
+/// key, a sorted set of holders (see `shared.lua`).
+#[derive(Debug)]
+pub(crate) struct SharedKeys {
+    /// The holders' table.
+    pub(crate) table: String,
+    /// The name's change channel.
+    pub(crate) changed: String,
+    /// The hold's kind as the scripts spell it: `R`, `W` or `P<permits>`.
+    pub(crate) kind: String,
+}
+
+/// `kind` as the scripts of the shared kinds spell it (`R`, `W`, `P<permits>`); `None`
+/// for the exclusive kinds, which hold the plain lock key.
+pub(crate) fn shared_kind(kind: &HoldKind) -> Option<String> {
+    match kind {
+        HoldKind::Read => Some("R".into()),
+        HoldKind::Write => Some("W".into()),
+        HoldKind::Permit { permits } => Some(format!("P{permits}")),
+        _ => None,
+    }
+}
+
+/// The kind a conflict reply of `acquire_s.lua` names: its permits, 0 for a read-write
+/// lock, -1 for a mutex or an election.
+pub(crate) fn kind_named(code: i64) -> HoldKind {
+    match u32::try_from(code) {
+        Ok(0) => HoldKind::Read,
+        Ok(permits) => HoldKind::Permit { permits },
+        Err(_) => HoldKind::Mutex,
+    }
 }
 
 /// What a candidate's hold keeps beside the lock key (see `leader.lua`).
@@ -67,6 +102,15 @@ impl HoldKeys {
     /// The leader hash as the scripts that renew or release take it: "" for a mutex.
     pub(crate) fn leader_arg(&self) -> &str {
         self.candidate.as_ref().map_or("", |c| c.leader.as_str())
+    }
+
+    /// The third argument of a hold's renewal: the leader hash of a candidate, the
+    /// holders' table of a shared kind, "" for a mutex (see `renew.lua`).
+    pub(crate) fn renew_arg(&self) -> &str {
+        match &self.shared {
+            Some(shared) => &shared.table,
+            None => self.leader_arg(),
+        }
     }
 
     /// The change channel as the release scripts take it: "" for a mutex.
@@ -114,6 +158,11 @@ impl RedisHold {
             }),
             _ => None,
         };
+        let shared = shared_kind(request.kind).map(|kind| SharedKeys {
+            table: keys.side_key(&key, layout::HOLDERS),
+            changed: keys.side_key(&key, layout::CHANGED),
+            kind,
+        });
         RedisHold {
             name: request.name.clone(),
             keys: Arc::new(HoldKeys {
@@ -122,6 +171,7 @@ impl RedisHold {
                 key,
                 wake,
                 candidate,
+                shared,
             }),
             token: request.token.clone(),
         }
@@ -302,7 +352,7 @@ pub(crate) async fn renew(
                     .key(&item.hold.keys.broken)
                     .arg(item.hold.token.as_str())
                     .arg(ttl_millis(item.ttl))
-                    .arg(item.hold.keys.leader_arg());
+                    .arg(item.hold.keys.renew_arg());
             }
             async move {
                 Route::Node(node)
@@ -375,6 +425,9 @@ pub(crate) async fn release_each(
 ) -> Vec<Result<i64>> {
     // With the queue, the server that orders the waiters (the only one on `redis://`)
     // runs the queue's release, which wakes the head; the others a plain release.
+    if let Some(shared) = &hold.keys.shared {
+        return release_shared(servers, hold, shared, leave, deadline).await;
+    }
     let (queued, channel) = match &hold.keys.wake {
         WakeKeys::Queue { .. } => (Some(release_q_invocation(servers, hold, leave)), ""),
         WakeKeys::Channel(channel) => (None, channel.as_str()),
@@ -422,6 +475,85 @@ pub(crate) async fn release_each(
         }
     }))
     .await
+}
+
+/// The keys of the scripts of the shared kinds for `hold` (see `shared.lua`): lock,
+/// fencing counter, queue, liveness, holders' table, break mark; with its owner token
+/// as first argument.
+fn shared_invocation<'a>(
+    script: &'a redis::Script,
+    hold: &RedisHold,
+    shared: &SharedKeys,
+) -> ScriptInvocation<'a> {
+    let mut invocation = queue_invocation(script, hold);
+    invocation.key(&shared.table).key(&hold.keys.broken);
+    invocation
+}
+
+/// Runs a script of the shared kinds (`release_s.lua`, `downgrade.lua`) on the one
+/// server that serves `hold` (shared kinds are not granted on RedLock).
+async fn shared_call(
+    servers: &Servers,
+    hold: &RedisHold,
+    what: &str,
+    invocation: &ScriptInvocation<'_>,
+    deadline: Instant,
+) -> Vec<Result<i64>> {
+    join_all(
+        servers
+            .routes(&hold.keys.key)
+            .into_iter()
+            .map(|route| async move { route.script::<i64>(what, deadline, invocation).await }),
+    )
+    .await
+}
+
+/// The release of a hold of a shared kind (`release_s.lua`): removes it from the holders,
+/// with `leave` takes its waiter out of the queue, and grants the waiters the holders
+/// then admit.
+async fn release_shared(
+    servers: &Servers,
+    hold: &RedisHold,
+    shared: &SharedKeys,
+    leave: bool,
+    deadline: Instant,
+) -> Vec<Result<i64>> {
+    let mut invocation = shared_invocation(&servers.scripts.release_s, hold, shared);
+    invocation
+        .arg(if leave { hold.waiter() } else { "" })
+        .arg(servers.channel_prefix_for(&hold.keys.key))
+        .arg(&shared.changed);
+    shared_call(servers, hold, "release", &invocation, deadline).await
+}
+
+/// Downgrades `hold`, a writer's, to a reader's in its place (`downgrade.lua`), granting
+/// the readers queued behind it in the same step.
+///
+/// # Errors
+/// [`Error::InvalidConfig`](lock_core::Error::InvalidConfig) for a hold that is no
+/// writer's; connection errors, after which the downgrade may or may not be done.
+pub(crate) async fn downgrade(servers: &Servers, hold: &RedisHold) -> Result<Amended> {
+    let shared = match &hold.keys.shared {
+        Some(shared) if shared.kind == "W" => shared,
+        _ => {
+            return Err(lock_core::Error::config(format!(
+                "cannot downgrade `{}`: only a read-write lock's write hold downgrades",
+                hold.name
+            )))
+        }
+    };
+    let mut invocation = shared_invocation(&servers.scripts.downgrade, hold, shared);
+    invocation
+        .arg(servers.channel_prefix_for(&hold.keys.key))
+        .arg(&shared.changed);
+    let deadline = servers.request_deadline();
+    let replies = shared_call(servers, hold, "downgrade", &invocation, deadline).await;
+    Ok(
+        match owner_checked(servers, replies, "downgrade", &hold.name)? {
+            None => Amended::Done,
+            Some(reason) => Amended::NotOwner(reason),
+        },
+    )
 }
 
 /// Releases `hold` on every server (compare-and-delete, then a wake-up); with `leave`,
@@ -548,6 +680,7 @@ mod tests {
                 broken: "b".into(),
                 wake: WakeKeys::Channel("c".into()),
                 candidate: None,
+                shared: None,
             }),
             token: OwnerToken::from_string("a~b".into()),
         };

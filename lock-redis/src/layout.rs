@@ -25,6 +25,9 @@ pub(crate) const LEADER: &str = "leader";
 /// Suffix of the change channel of an election: grants, releases, breaks and proclaims of
 /// candidates are published on it.
 pub(crate) const CHANGED: &str = "changed";
+/// Suffix of the holders' table of a shared kind (a semaphore, a read-write lock): a hash
+/// of each holder's kind and fencing token, each queued waiter's kind, and the name's kind.
+pub(crate) const HOLDERS: &str = "holders";
 /// Suffix of the break mark: the owner tokens an operator's force release removed.
 pub(crate) const BROKEN: &str = "broken";
 /// How many removed owner tokens a break mark keeps.
@@ -58,6 +61,14 @@ pub(crate) const BROKEN_STAY: Duration = Duration::from_secs(60);
 /// - change channel (elections): `<prefix>{<lock key>}:changed`, on which a candidate's
 ///   grant (`elected`), release or break (`resigned`) and proclaim (`proclaimed`) are
 ///   published;
+/// - shared kinds (a semaphore's permits, a read-write lock's readers and writers): the
+///   lock key is a **sorted set** of the holders' owner tokens by the server time (ms) at
+///   which each hold expires (the key itself expires with the last), and
+///   `<prefix>{<lock key>}:holders` a hash: `<owner token>` -> `<kind>:<fencing token>`
+///   of each holder (`R`, `W` or `P<permits>`), `q:<waiter id>` -> `<kind>:<ttl ms>:<fence
+///   floor>` of each queued waiter, and `kind` -> the name's kind (`P<permits>` or `RW`),
+///   which every acquire compares with its own; grants, releases, breaks and downgrades are
+///   published on the change channel;
 /// - wake-up channel of a client (queue mode): `<prefix>client:<client id>`, on which a
 ///   release names the queued waiter it wakes; on Redis Cluster, where a (sharded)
 ///   channel lives on the shard of its hash slot, one per name the client waits for:
@@ -139,6 +150,12 @@ impl KeyLayout {
         self.side_key(&self.lock_key(name), CHANGED)
     }
 
+    /// The holders' table of `name` as a semaphore or read-write lock (kinds and fencing
+    /// tokens of the holders, kinds of the waiters, the name's kind).
+    pub fn holders_key(&self, name: &LockName) -> String {
+        self.side_key(&self.lock_key(name), HOLDERS)
+    }
+
     /// The waiter queue of `name` (ids by arrival ticket).
     pub fn queue_key(&self, name: &LockName) -> String {
         self.side_key(&self.lock_key(name), QUEUE)
@@ -192,6 +209,10 @@ mod tests {
             keys.changes_channel(&name),
             format!("distlock:{{{lock}}}:changed")
         );
+        assert_eq!(
+            keys.holders_key(&name),
+            format!("distlock:{{{lock}}}:holders")
+        );
         let plain = KeyLayout::new("");
         assert_eq!(plain.lock_key(&LockName::new("jobs").unwrap()), "jobs");
         assert_ne!(
@@ -212,6 +233,7 @@ mod tests {
                 keys.queue_live_key(&name),
                 keys.broken_key(&name),
                 keys.leader_key(&name),
+                keys.holders_key(&name),
             ] {
                 assert_eq!(keys.name_of(&side), None, "{side}");
             }

@@ -9,6 +9,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::join_all;
+use lock_core::raw::HoldKind;
 use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
 
 use crate::connection::{Node, Route};
@@ -21,8 +22,18 @@ use crate::topology::{Servers, Topology};
 const SCAN_COUNT: u32 = 1000;
 
 /// What one server shows of a name: the lock key's value and PTTL, the fencing counter,
-/// the live waiter ids in ticket order, the leader entry.
-type View = (Option<String>, i64, Option<u64>, Vec<String>, LeaderView);
+/// the live waiter ids in ticket order, the leader entry, the holders of a shared kind
+/// (owner token, `<kind>:<fencing token>`, ms left; flattened, oldest grant first) and
+/// the kind of each waiter listed ("" where unknown).
+type View = (
+    Option<String>,
+    i64,
+    Option<u64>,
+    Vec<String>,
+    LeaderView,
+    Vec<String>,
+    Vec<String>,
+);
 
 /// What one server shows of a name's leader entry (see `leader.lua`): owner token, term,
 /// value, version, since when (server time in ms); each `None` where absent.
@@ -42,7 +53,9 @@ type LeaderView = (
 pub(crate) async fn inspect(servers: &Servers, name: &LockName) -> Result<Occupancy> {
     let mut invocation = servers.scripts.inspect.prepare_invoke();
     let key = queue_keys(servers, &mut invocation, name);
-    invocation.key(servers.keys.side_key(&key, layout::LEADER));
+    invocation
+        .key(servers.keys.side_key(&key, layout::LEADER))
+        .key(servers.keys.side_key(&key, layout::HOLDERS));
     let deadline = servers.request_deadline();
     let replies = join_all(servers.routes(&key).into_iter().map(|route| {
         let invocation = &invocation;
@@ -145,6 +158,22 @@ async fn held_on(
     prefix: &str,
 ) -> Result<HashSet<LockName>> {
     let mut names = HashSet::new();
+    // Mutexes and elections hold a string, the shared kinds a sorted set of holders.
+    for kind in ["string", "zset"] {
+        held_of_type(servers, node, pattern, prefix, kind, &mut names).await?;
+    }
+    Ok(names)
+}
+
+/// Adds to `names` those of the lock keys of type `kind` matching `pattern` on `node`.
+async fn held_of_type(
+    servers: &Servers,
+    node: &Node,
+    pattern: &str,
+    prefix: &str,
+    kind: &str,
+    names: &mut HashSet<LockName>,
+) -> Result<()> {
     let mut cursor = 0u64;
     loop {
         let mut scan = redis::cmd("SCAN");
@@ -154,7 +183,7 @@ async fn held_on(
             .arg("COUNT")
             .arg(SCAN_COUNT)
             .arg("TYPE")
-            .arg("string");
+            .arg(kind);
         let (next, keys): (u64, Vec<Vec<u8>>) = Route::Node(node)
             .command("list", servers.request_deadline(), &scan)
             .await?;
@@ -164,7 +193,7 @@ async fn held_on(
                 .filter(|name| name.as_str().starts_with(prefix)),
         );
         if next == 0 {
-            return Ok(names);
+            return Ok(());
         }
         cursor = next;
     }
@@ -189,6 +218,7 @@ pub(crate) async fn force_release(
     invocation
         .key(servers.keys.side_key(&key, layout::BROKEN))
         .key(servers.keys.side_key(&key, layout::LEADER))
+        .key(servers.keys.side_key(&key, layout::HOLDERS))
         .arg(ttl_millis(stay))
         .arg(BROKEN_KEPT)
         .arg(servers.channel_prefix_for(&key))
@@ -200,11 +230,7 @@ pub(crate) async fn force_release(
         let invocation = &invocation;
         async move {
             route
-                .script::<(Option<String>, i64, Option<u64>, Option<Vec<u8>>)>(
-                    "force release",
-                    deadline,
-                    invocation,
-                )
+                .script::<Removed>("force release", deadline, invocation)
                 .await
         }
     }))
@@ -212,15 +238,31 @@ pub(crate) async fn force_release(
     let what = format_args!("the force release of `{name}`");
     let quorum = servers.quorum();
     let removed = error::majority(servers.backend, quorum, replies, what)?;
+    // A shared kind's holder (one server decides: shared kinds are not granted on RedLock).
+    if let Some((_, (Some(owner), pttl, _, _, Some(entry)))) = removed.first() {
+        let shared = vec![owner.clone(), entry.clone(), pttl.to_string()];
+        return Ok(shared_holders(&shared).into_iter().next());
+    }
     let views: Vec<(usize, View)> = removed
         .into_iter()
-        .map(|(i, (holder, pttl, term, value))| {
+        .map(|(i, (holder, pttl, term, value, _))| {
             // The removed hold's entry, where it had one (a candidate's).
             let owner = (term.is_some() || value.is_some())
                 .then(|| holder.clone())
                 .flatten();
             let entry = (owner, term, value, None, None);
-            (i, (holder, pttl, None, Vec::new(), entry))
+            (
+                i,
+                (
+                    holder,
+                    pttl,
+                    None,
+                    Vec::new(),
+                    entry,
+                    Vec::new(),
+                    Vec::new(),
+                ),
+            )
         })
         .collect();
     // A value removed from fewer servers than a majority was no hold (an acquire under
@@ -235,6 +277,43 @@ pub(crate) async fn force_release(
             on >= quorum
         });
     Ok(holder.map(|holder| shown(servers, holder)))
+}
+
+/// What `break.lua` returns: the owner token removed, its PTTL, a candidate's term and
+/// value, a shared kind's `<kind>:<fencing token>`.
+type Removed = (
+    Option<String>,
+    i64,
+    Option<u64>,
+    Option<Vec<u8>>,
+    Option<String>,
+);
+
+/// The holders of a shared kind in `flat` (owner token, `<kind>:<fencing token>`, ms
+/// left, repeated; see `inspect.lua`), each with its kind and fencing token.
+fn shared_holders(flat: &[String]) -> Vec<Participant> {
+    flat.chunks_exact(3)
+        .map(|holder| {
+            let (kind, fence) = holder[1].split_once(':').unwrap_or(("", ""));
+            let left = holder[2].parse::<u64>().ok().map(Duration::from_millis);
+            Participant::new(Some(holder[0].clone()))
+                .kind(kind_of(kind))
+                .fencing_token(fence.parse().ok().map(FencingToken))
+                .lease_left(left)
+        })
+        .collect()
+}
+
+/// A kind as the scripts of the shared kinds spell it (`R`, `W`, `P<permits>`).
+fn kind_of(spelled: &str) -> Option<HoldKind> {
+    match spelled {
+        "R" => Some(HoldKind::Read),
+        "W" => Some(HoldKind::Write),
+        _ => spelled
+            .strip_prefix('P')
+            .and_then(|permits| permits.parse().ok())
+            .map(|permits| HoldKind::Permit { permits }),
+    }
 }
 
 /// The occupancy shown by the servers that answered (`(server index, view)`, in server
@@ -290,8 +369,8 @@ fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
         .iter()
         .filter(|(i, _)| *i == arbiter)
         .chain(views.iter().filter(|(i, _)| *i != arbiter));
-    let waiters = arbiter_first
-        .flat_map(|(_, (_, _, _, ids, _))| ids)
+    let waiters: Vec<Participant> = arbiter_first
+        .flat_map(|(_, (_, _, _, ids, ..))| ids)
         .filter(|id| seen.insert(id.as_str()))
         .map(|id| match id.split_once('/') {
             Some((client, token)) => {
@@ -303,8 +382,24 @@ fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
     let floor = views
         .iter()
         .filter_map(|(_, (_, _, counter, ..))| *counter)
-        .max();
-    Occupancy::new(holder, waiters).token_floor(floor.map(FencingToken))
+        .max()
+        .map(FencingToken);
+    // A shared kind's holders (one server decides: shared kinds are not granted on
+    // RedLock), with the kinds of the waiters.
+    if let Some((_, (.., shared, kinds))) = views.iter().find(|(_, v)| !v.5.is_empty()) {
+        let waiters = waiters
+            .into_iter()
+            .zip(
+                kinds
+                    .iter()
+                    .map(String::as_str)
+                    .chain(std::iter::repeat("")),
+            )
+            .map(|(waiter, kind)| waiter.kind(kind_of(kind)))
+            .collect();
+        return Occupancy::shared(shared_holders(shared), waiters).token_floor(floor);
+    }
+    Occupancy::new(holder, waiters).token_floor(floor)
 }
 
 /// `holder`, whose owner token is `value` in the lock key, as [`merge`] shows it: a
@@ -313,10 +408,10 @@ fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
 fn leader(views: &[(usize, View)], value: &str, holder: Participant) -> Option<Participant> {
     let entries: Vec<&LeaderView> = views
         .iter()
-        .filter(|(_, (key, .., entry))| {
+        .filter(|(_, (key, _, _, _, entry, ..))| {
             key.as_deref() == Some(value) && entry.0.as_deref() == Some(value)
         })
-        .map(|(_, (.., entry))| entry)
+        .map(|(_, (_, _, _, _, entry, ..))| entry)
         .collect();
     if entries.is_empty() {
         return Some(holder);
@@ -349,7 +444,28 @@ mod tests {
     fn view(holder: Option<&str>, pttl: i64, counter: Option<u64>, ids: &[&str]) -> View {
         let ids = ids.iter().map(|id| (*id).to_owned()).collect();
         let entry = (None, None, None, None, None);
-        (holder.map(str::to_owned), pttl, counter, ids, entry)
+        let holder = holder.map(str::to_owned);
+        (holder, pttl, counter, ids, entry, Vec::new(), Vec::new())
+    }
+
+    #[test]
+    fn shared_holders_show_kind_token_and_lease() {
+        let flat: Vec<String> = ["a", "P3:17", "900", "b", "W:18", "50", "c", "junk", "x"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
+        let holders = shared_holders(&flat);
+        assert_eq!(holders.len(), 3);
+        assert_eq!(holders[0].kind, Some(HoldKind::Permit { permits: 3 }));
+        assert_eq!(holders[0].fencing_token, Some(FencingToken(17)));
+        assert_eq!(holders[0].lease_left, Some(Duration::from_millis(900)));
+        assert_eq!(holders[1].kind, Some(HoldKind::Write));
+        assert_eq!(
+            (holders[2].kind.clone(), holders[2].fencing_token),
+            (None, None)
+        );
+        assert_eq!(kind_of("R"), Some(HoldKind::Read));
+        assert_eq!(kind_of("P"), None);
     }
 
     #[test]

@@ -21,7 +21,7 @@ use lock_core::{FencingToken, Result};
 use redis::ScriptInvocation;
 
 use crate::error;
-use crate::hold::{floor_arg, pttl_wait, queue_invocation, ttl_millis, RedisHold};
+use crate::hold::{floor_arg, pttl_wait, queue_invocation, ttl_millis, RedisHold, SharedKeys};
 use crate::topology::Servers;
 
 /// A reply of `acquire_q.lua`, or of `acquire.lua` on one server (never queued).
@@ -33,6 +33,11 @@ pub(crate) enum Reply {
     Refused {
         pttl: i64,
         place: Option<u64>,
+    },
+    /// The name is another kind (`acquire_s.lua`): the code of what it is (see
+    /// [`kind_named`](crate::hold::kind_named)).
+    Conflict {
+        theirs: i64,
     },
 }
 
@@ -61,6 +66,7 @@ impl Reply {
                 pttl,
                 place: u64::try_from(place).ok(),
             }),
+            [-1, theirs] => Ok(Reply::Conflict { theirs }),
             _ => Err(error::protocol(
                 backend,
                 format!("unexpected reply of the queued acquire: {reply:?}"),
@@ -97,6 +103,32 @@ pub(crate) fn acquire_q_invocation<'s>(
             .arg(candidate.value.as_slice())
             .arg(&candidate.changed);
     }
+    invocation
+}
+
+/// The queued acquire of a hold of a shared kind, a permit, a reader or a writer (see
+/// `acquire_s.lua`): granted by the rule of
+/// [`HoldKind::granted_behind`](lock_core::raw::HoldKind::granted_behind), queued when
+/// refused and `wait`, refused with a conflict when the name is another kind.
+pub(crate) fn acquire_s_invocation<'s>(
+    servers: &'s Servers,
+    hold: &RedisHold,
+    shared: &SharedKeys,
+    ttl_ms: u64,
+    wait: bool,
+    floor: Option<FencingToken>,
+) -> ScriptInvocation<'s> {
+    let mut invocation = queue_invocation(&servers.scripts.acquire_s, hold);
+    invocation
+        .key(&shared.table)
+        .arg(ttl_ms)
+        .arg(hold.waiter())
+        .arg(ttl_millis(servers.queue_times.stay))
+        .arg(u8::from(wait))
+        .arg(floor_arg(floor))
+        .arg(servers.channel_prefix_for(&hold.keys.key))
+        .arg(&shared.kind)
+        .arg(&shared.changed);
     invocation
 }
 

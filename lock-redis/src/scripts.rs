@@ -6,7 +6,8 @@ use redis::Script;
 /// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`). Shared helpers are
 /// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts, the
 /// inspection and the force release, `broken.lua` to renewal, release and proclaim,
-/// `leader.lua` (elections) to the scripts that grant, release or break; and to every
+/// `leader.lua` (elections) to the scripts that grant, release or break, `shared.lua`
+/// (permits, readers and writers) to their scripts and the force release; and to every
 /// script that may wake waiters or tell an election's observers, the command it publishes
 /// with (`PUBLISH`).
 pub(crate) struct Scripts {
@@ -19,6 +20,10 @@ pub(crate) struct Scripts {
     pub(crate) inspect: Script,
     pub(crate) force_release: Script,
     pub(crate) proclaim: Script,
+    /// Shared kinds (permits, readers, writers): acquire, release and downgrade.
+    pub(crate) acquire_s: Script,
+    pub(crate) release_s: Script,
+    pub(crate) downgrade: Script,
 }
 
 impl Scripts {
@@ -37,6 +42,8 @@ impl Scripts {
         let queue = include_str!("scripts/queue.lua");
         let broken = include_str!("scripts/broken.lua");
         let leader = include_str!("scripts/leader.lua");
+        let shared = include_str!("scripts/shared.lua");
+        let shared_script = |body: &str| script(&[publish, tokens, queue, broken, shared, body]);
         Scripts {
             acquire: script(&[publish, tokens, leader, include_str!("scripts/acquire.lua")]),
             release: script(&[publish, broken, leader, include_str!("scripts/release.lua")]),
@@ -65,8 +72,19 @@ impl Scripts {
             ]),
             fence_write: script(&[publish, include_str!("scripts/fence_write.lua")]),
             inspect: script(&[publish, queue, include_str!("scripts/inspect.lua")]),
-            force_release: script(&[publish, queue, leader, include_str!("scripts/break.lua")]),
+            force_release: script(&[
+                publish,
+                tokens,
+                queue,
+                broken,
+                leader,
+                shared,
+                include_str!("scripts/break.lua"),
+            ]),
             proclaim: script(&[publish, broken, include_str!("scripts/proclaim.lua")]),
+            acquire_s: shared_script(include_str!("scripts/acquire_s.lua")),
+            release_s: shared_script(include_str!("scripts/release_s.lua")),
+            downgrade: shared_script(include_str!("scripts/downgrade.lua")),
         }
     }
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use lock_core::raw::{
     AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
-    CleanupOnDrop, Connect, LockUrl, RenewItem, RenewOutcome, SessionStatus,
+    CleanupOnDrop, Connect, HoldKind, LockUrl, RenewItem, RenewOutcome, SessionStatus,
 };
 use lock_core::{
     Capabilities, FencingSource, LockName, LockOptions, Occupancy, Participant, Result,
@@ -18,9 +18,9 @@ use tokio::sync::watch;
 use crate::config::ZkConfig;
 use crate::error::BACKEND;
 use crate::hold::{self, ZkHold};
-use crate::layout::{lock_dir, node_marker, NodeKind};
+use crate::layout::{lock_dir, node_marker, semaphore_dirs, NodeKind, DOWNGRADED};
 use crate::operator;
-use crate::queue::{Queue, QueuedNode, Step};
+use crate::queue::{PermitNodes, Queue, QueuedNode, Step};
 use crate::session::Session;
 
 /// New sessions an acquire waits through before failing.
@@ -114,25 +114,39 @@ impl Backend for ZkBackend {
             .durable(true)
             .fencing(FencingSource::CreateRevision)
             .election(true)
+            .semaphore(true)
+            .rwlock(true)
     }
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<ZkHold>>> {
         let dir = self.lock_dir(request.name);
         let marker = node_marker(request.token, NodeKind::of(request.kind)?);
+        let lock_marker = node_marker(request.token, NodeKind::Lock);
         let mut restarts = 0;
         loop {
             let outcome = match self.session.live() {
                 Ok(live) => {
-                    let mut pending = CleanupOnDrop::new(QueuedNode::new(
-                        &self.session,
-                        &dir,
-                        &marker,
-                        live.epoch,
-                    ))
-                    .tracked_by(self.session.background());
-                    Queue::new(&self.session)
-                        .attempt(&live, &dir, &marker, &request, &mut pending)
-                        .await
+                    let queue = Queue::new(&self.session);
+                    let pending = |dir: &str, marker: &str| {
+                        CleanupOnDrop::new(QueuedNode::new(&self.session, dir, marker, live.epoch))
+                            .tracked_by(self.session.background())
+                    };
+                    if let HoldKind::Permit { permits } = *request.kind {
+                        let (locks, leases) = semaphore_dirs(&dir);
+                        let mut nodes = PermitNodes {
+                            lock: pending(&locks, &lock_marker),
+                            lease: pending(&leases, &marker),
+                        };
+                        let markers = (lock_marker.as_str(), marker.as_str());
+                        queue
+                            .permit(&live, &dir, markers, permits, &request, &mut nodes)
+                            .await
+                    } else {
+                        let mut node = pending(&dir, &marker);
+                        queue
+                            .attempt(&live, &dir, &marker, &request, &mut node)
+                            .await
+                    }
                 }
                 Err(err) => Err(Step::Restart(err)),
             };
@@ -174,10 +188,14 @@ impl Backend for ZkBackend {
         operator::force_release(&self.session, &self.lock_dir(name)).await
     }
 
-    /// Writes the candidate node's data (crate docs, *Leader election*).
+    /// Writes the candidate node's data (crate docs, *Leader election*), or marks a
+    /// writer's node downgraded (crate docs, *Read-write lock*).
     async fn amend(&self, hold: &ZkHold, amendment: Amendment<'_>) -> Result<Amended> {
         match amendment {
-            Amendment::Proclaim(value) => hold::proclaim(&self.session, hold, value).await,
+            Amendment::Proclaim(value) => hold::set_data(&self.session, hold, value).await,
+            Amendment::Downgrade if hold.node_kind() == Some(NodeKind::Write) => {
+                hold::set_data(&self.session, hold, DOWNGRADED).await
+            }
             other => Err(other.unsupported(self.capabilities().backend)),
         }
     }

@@ -30,7 +30,9 @@ use lock_core::{Error, LostReason, Result};
 use zookeeper_client as zk;
 
 use crate::error::{from_client, is_session_gone, read_found, BACKEND};
-use crate::layout::{broken_node, is_marked_broken, owner_token_of_path, parent};
+use crate::layout::{
+    broken_node, is_marked_broken, node_kind, owner_token_of_path, root_of_node, NodeKind,
+};
 use crate::session::{Live, Session};
 
 /// Operations per `multiRead` request.
@@ -61,6 +63,11 @@ impl ZkHold {
     /// The full path of the lock node (relative to the chroot, if any).
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// The kind of its node.
+    pub fn node_kind(&self) -> Option<NodeKind> {
+        self.path.rsplit('/').next().and_then(node_kind)
     }
 
     /// The session epoch the hold belongs to.
@@ -117,12 +124,14 @@ pub(crate) async fn release(session: &Session, hold: &ZkHold) -> Result<BackendR
     }
 }
 
-/// Stores `value` as the data of `hold`'s node (a candidate's, whose data is its value) if
-/// the node still belongs to the live session: a `setData` at any version on its path,
-/// which only this acquisition's session ever created (the owner token is in its name).
-/// ZooKeeper tells the watchers of the directory (the change feeds).
-pub(crate) async fn proclaim(session: &Session, hold: &ZkHold, value: &[u8]) -> Result<Amended> {
-    const WHAT: &str = "proclaim";
+/// Stores `value` as the data of `hold`'s node (a candidate's value, or a writer's
+/// [`DOWNGRADED`](crate::layout::DOWNGRADED) mark) if the node still belongs to the live
+/// session: a `setData` at any version on its path, which only this acquisition's session
+/// ever created (the owner token is in its name; a node of an older session fails with
+/// `NoNode` or is refused by the epoch check). ZooKeeper tells the watchers of the
+/// directory (the change feeds) and of the node (readers waiting behind a writer).
+pub(crate) async fn set_data(session: &Session, hold: &ZkHold, value: &[u8]) -> Result<Amended> {
+    const WHAT: &str = "amend lock node";
     let live = match session.live() {
         Ok(live) => live,
         Err(_) if hold.epoch <= session.epoch() => {
@@ -284,7 +293,7 @@ async fn read_stats(session: &Session, live: &Live, paths: Vec<&str>) -> Result<
 /// A retryable [`Error::Unavailable`] when a marks node could not be read: the reason is
 /// unknown then, not a vanishing.
 async fn gone_reasons(session: &Session, live: &Live, paths: &[&str]) -> Result<Vec<LostReason>> {
-    let marks_node = |path: &str| broken_node(parent(parent(path)));
+    let marks_node = |path: &str| broken_node(root_of_node(path));
     let mut nodes: Vec<String> = paths.iter().map(|path| marks_node(path)).collect();
     nodes.sort_unstable();
     nodes.dedup();

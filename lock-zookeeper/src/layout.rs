@@ -45,6 +45,14 @@ pub enum NodeKind {
     /// `_c_<token>-latch-<seq>`, the candidate's value as data: an election candidate
     /// (Curator's `LeaderLatch`, whose participant id is the UTF-8 data).
     Latch,
+    /// `_c_<token>-lease-<seq>` in `<dir>/leases`: a semaphore permit (Curator's
+    /// `InterProcessSemaphoreV2`); ours carry [`permit_data`].
+    Lease,
+    /// `_c_<token>-__READ__<seq>`: a reader (Curator's `InterProcessReadWriteLock`).
+    Read,
+    /// `_c_<token>-__WRIT__<seq>`: a writer, or with [`DOWNGRADED`] as data a writer
+    /// that downgraded to a reader in its place.
+    Write,
 }
 
 impl NodeKind {
@@ -56,6 +64,9 @@ impl NodeKind {
         match kind {
             HoldKind::Mutex => Ok(NodeKind::Lock),
             HoldKind::Candidate { .. } => Ok(NodeKind::Latch),
+            HoldKind::Permit { .. } => Ok(NodeKind::Lease),
+            HoldKind::Read => Ok(NodeKind::Read),
+            HoldKind::Write => Ok(NodeKind::Write),
             _ => Err(Error::unsupported(BACKEND, "this kind of hold")),
         }
     }
@@ -65,15 +76,75 @@ impl NodeKind {
         match self {
             NodeKind::Lock => "lock-",
             NodeKind::Latch => "latch-",
+            NodeKind::Lease => "lease-",
+            NodeKind::Read => "__READ__",
+            NodeKind::Write => "__WRIT__",
+        }
+    }
+
+    /// The kind of hold a node of this kind with data `data` is (`None`: unread, or a
+    /// candidate's value that is not needed here): a writer's node marked [`DOWNGRADED`]
+    /// reads as a reader, a lease node as a permit of the count in its data (a Curator
+    /// lease, which carries no count, of `u32::MAX`).
+    pub fn hold_kind(self, data: Option<&[u8]>) -> HoldKind {
+        match self {
+            NodeKind::Lock => HoldKind::Mutex,
+            NodeKind::Latch => HoldKind::Candidate {
+                value: data.map(<[u8]>::to_vec).unwrap_or_default(),
+            },
+            NodeKind::Lease => HoldKind::Permit {
+                permits: data.and_then(permits_in).unwrap_or(u32::MAX),
+            },
+            NodeKind::Read => HoldKind::Read,
+            NodeKind::Write if data == Some(DOWNGRADED) => HoldKind::Read,
+            NodeKind::Write => HoldKind::Write,
         }
     }
 }
 
-/// The data a node of an acquisition of `kind` carries: a candidate's value, else none.
-pub(crate) fn node_data(kind: &HoldKind) -> &[u8] {
+/// The child of a semaphore's directory holding the mutex taken while acquiring a permit
+/// (Curator's `InterProcessSemaphoreV2`: an `InterProcessMutex` on `<path>/locks`).
+pub const SEMAPHORE_LOCKS: &str = "locks";
+/// The child of a semaphore's directory holding the lease nodes, one per permit held.
+pub const SEMAPHORE_LEASES: &str = "leases";
+
+/// The data of a writer's node that downgraded to a reader in its place: our readers
+/// treat the node as a reader, our writers and every Curator client still as a writer.
+pub const DOWNGRADED: &[u8] = b"distlock:downgraded";
+
+/// What our lease nodes carry before the number of permits.
+const PERMITS_DATA: &str = "distlock:permits=";
+
+/// The data of our lease node in a semaphore of `permits`: `distlock:permits=<n>`.
+pub fn permit_data(permits: u32) -> Vec<u8> {
+    format!("{PERMITS_DATA}{permits}").into_bytes()
+}
+
+/// The number of permits in lease node data `data`, if it is ours (a Curator lease node
+/// carries its client's address by default, or what its user chose).
+pub fn permits_in(data: &[u8]) -> Option<u32> {
+    std::str::from_utf8(data)
+        .ok()?
+        .strip_prefix(PERMITS_DATA)?
+        .parse()
+        .ok()
+}
+
+/// The `locks` and `leases` directories of the semaphore whose directory is `dir`.
+pub fn semaphore_dirs(dir: &str) -> (String, String) {
+    (
+        format!("{dir}/{SEMAPHORE_LOCKS}"),
+        format!("{dir}/{SEMAPHORE_LEASES}"),
+    )
+}
+
+/// The data a node of an acquisition of `kind` carries: a candidate's value, a permit's
+/// [`permit_data`], else none.
+pub(crate) fn node_data(kind: &HoldKind) -> std::borrow::Cow<'_, [u8]> {
     match kind {
-        HoldKind::Candidate { value } => value,
-        _ => &[],
+        HoldKind::Candidate { value } => value.as_slice().into(),
+        HoldKind::Permit { permits } => permit_data(*permits).into(),
+        _ => (&[][..]).into(),
     }
 }
 
@@ -171,6 +242,18 @@ pub(crate) fn is_marked_broken(data: &[u8], token: &str) -> bool {
     std::str::from_utf8(data).is_ok_and(|marks| marks.lines().any(|mark| mark == token))
 }
 
+/// The namespace root of the lock directory of the node at `path` (where its broken marks
+/// are): two levels up, three for a lease node (in `<dir>/leases`).
+pub(crate) fn root_of_node(path: &str) -> &str {
+    let dir = parent(path);
+    let is_lease = path
+        .rsplit('/')
+        .next()
+        .and_then(node_kind)
+        .is_some_and(|kind| kind == NodeKind::Lease);
+    parent(if is_lease { parent(dir) } else { dir })
+}
+
 /// The owner token of the node at `path` (a lock directory's child), if it has one.
 pub(crate) fn owner_token_of_path(path: &str) -> Option<&str> {
     owner_token(path.rsplit('/').next()?)
@@ -195,10 +278,16 @@ fn split_node(child: &str) -> Option<(NodeKind, &str)> {
         return None;
     }
     let head = &child[..cut];
-    [NodeKind::Lock, NodeKind::Latch]
-        .into_iter()
-        .find(|kind| head.ends_with(kind.word()))
-        .map(|kind| (kind, digits))
+    [
+        NodeKind::Lock,
+        NodeKind::Latch,
+        NodeKind::Lease,
+        NodeKind::Read,
+        NodeKind::Write,
+    ]
+    .into_iter()
+    .find(|kind| head.ends_with(kind.word()))
+    .map(|kind| (kind, digits))
 }
 
 /// Characters ZooKeeper rejects in a path (besides `/` as a separator).
@@ -411,5 +500,62 @@ mod tests {
         assert_eq!(owner_token("lock-0000000000"), None);
         assert_eq!(owner_token("x-lock-0000000000"), None);
         assert_eq!(owner_token("_c_lock-0000000000"), None);
+    }
+
+    #[test]
+    fn semaphore_and_read_write_nodes_are_curators() {
+        let read = "_c_5b1e-__READ__0000000001";
+        let write = "_c_77aa-__WRIT__0000000002";
+        let lease = "_c_9c3d-lease-0000000000";
+        assert_eq!(node_kind(read), Some(NodeKind::Read));
+        assert_eq!(node_kind(write), Some(NodeKind::Write));
+        assert_eq!(node_kind(lease), Some(NodeKind::Lease));
+        assert_eq!(owner_token(read), Some("5b1e"));
+        assert_eq!(owner_token(write), Some("77aa"));
+        assert_eq!(owner_token(lease), Some("9c3d"));
+        let children = [write, read, "__READ__", "_c_x-__READ__1"].map(String::from);
+        assert_eq!(queue_order(&children), [read, write]);
+        assert_eq!(
+            node_marker("t", NodeKind::of(&HoldKind::Read).unwrap()),
+            "_c_t-__READ__"
+        );
+        assert_eq!(
+            node_marker("t", NodeKind::of(&HoldKind::Write).unwrap()),
+            "_c_t-__WRIT__"
+        );
+        let permit = HoldKind::Permit { permits: 3 };
+        assert_eq!(
+            node_marker("t", NodeKind::of(&permit).unwrap()),
+            "_c_t-lease-"
+        );
+        assert_eq!(
+            NodeKind::Write.hold_kind(Some(DOWNGRADED)),
+            HoldKind::Read,
+            "a downgraded writer reads as a reader"
+        );
+        assert_eq!(NodeKind::Write.hold_kind(None), HoldKind::Write);
+        assert_eq!(
+            semaphore_dirs("/locks/s"),
+            ("/locks/s/locks".to_owned(), "/locks/s/leases".to_owned())
+        );
+    }
+
+    #[test]
+    fn lease_data_carries_the_permits() {
+        assert_eq!(permits_in(&permit_data(4)), Some(4));
+        assert_eq!(permits_in(b"10.0.0.1"), None, "Curator's default data");
+        assert_eq!(permits_in(b"distlock:permits=x"), None);
+        assert_eq!(permits_in(&[0xff]), None);
+        assert_eq!(
+            NodeKind::Lease.hold_kind(Some(b"10.0.0.1")),
+            HoldKind::Permit { permits: u32::MAX }
+        );
+    }
+
+    #[test]
+    fn broken_marks_of_lease_nodes_are_under_the_prefix() {
+        assert_eq!(root_of_node("/p/name/leases/_c_t-lease-0000000001"), "/p");
+        assert_eq!(root_of_node("/p/name/_c_t-__WRIT__0000000001"), "/p");
+        assert_eq!(root_of_node("/p/leases/_c_t-lock-0000000001"), "/p");
     }
 }

@@ -13,7 +13,10 @@ mod tls;
 pub use backend::ZkBackend;
 pub use config::{ZkAcl, ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_PREFIX};
 pub use hold::ZkHold;
-pub use layout::{broken_node, escape_segment, lock_dir, node_kind, queue_order, NodeKind};
+pub use layout::{
+    broken_node, escape_segment, lock_dir, node_kind, permit_data, permits_in, queue_order,
+    semaphore_dirs, NodeKind, DOWNGRADED, SEMAPHORE_LEASES, SEMAPHORE_LOCKS,
+};
 
 /// The URL schemes of this backend.
 pub const SCHEMES: &[&str] = &["zk", "zks"];

@@ -1,7 +1,8 @@
 //! What an operator asks and does: what a lock directory shows ([`inspect`]: its lock
-//! nodes in queue order (the first holds or leads, the rest wait), their owner tokens,
-//! sessions, creation times and, for election candidates (`latch-` nodes), values, the
-//! holder's fencing token (a leader's term), and the token floor), a feed of its changes
+//! nodes in queue order (those granted by [`HoldKind::granted_behind`] hold or lead, the
+//! rest wait; a semaphore's lease nodes up to its permits hold), their owner tokens,
+//! sessions, creation times, kinds and, for election candidates (`latch-` nodes), values,
+//! the holders' fencing tokens (a leader's term), and the token floor), a feed of its changes
 //! ([`changes`]), which directories of a namespace have a holder ([`list`]), and breaking
 //! a hold ([`force_release`]).
 //!
@@ -9,8 +10,9 @@
 //! barrier, the listing of the directory (with its stat) and the stats of its ancestors,
 //! sent together; then the stats of the lock nodes listed, sent together (`exists` needs
 //! no READ on the node, so nodes with a creator-only ACL are read as well; a candidate's
-//! node is read with its data, its value). An empty or missing directory costs the first
-//! round trip only.
+//! node is read with its data, its value, a writer's and a lease node with theirs: a
+//! downgrade mark, a number of permits). An empty or missing directory costs the first
+//! round trip only; a semaphore's directory one more (its `leases` and `locks` listed).
 //!
 //! # Token floor
 //! The directory's `pzxid` (the zxid of its last child change, its own create at the
@@ -26,7 +28,7 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::join_all;
 use futures::{stream, StreamExt, TryStreamExt};
-use lock_core::raw::{Backoff, ChangeFeed};
+use lock_core::raw::{Backoff, ChangeFeed, HoldKind};
 use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
 use tokio::sync::mpsc;
 use tokio::time::{sleep, timeout};
@@ -34,8 +36,8 @@ use zookeeper_client as zk;
 
 use crate::error::{from_client, read_found, BACKEND};
 use crate::layout::{
-    broken_node, mark_broken, node_kind, owner_token, parent, queue_order, unescape_segment,
-    NodeKind,
+    broken_node, mark_broken, node_kind, owner_token, parent, permits_in, queue_order,
+    semaphore_dirs, unescape_segment, NodeKind, SEMAPHORE_LEASES,
 };
 use crate::queue::{fencing, Step};
 use crate::session::{Live, Session};
@@ -90,33 +92,117 @@ pub(crate) async fn inspect(session: &Session, dir: &str) -> Result<Occupancy> {
         }
         Err(err) => return Err(from_client(WHAT, err)),
     };
-    let queue = queue_order(&children);
+    if children.iter().any(|child| child == SEMAPHORE_LEASES) {
+        return inspect_semaphore(session, &live, dir).await;
+    }
+    let present = read_queue(session, &live, dir, &children).await?;
+    occupancy(present, Vec::new(), stat.pzxid, |kind| kind)
+}
+
+/// A lock node read for an inspection: its name, stat and data (where read).
+type Present<'a> = (&'a str, zk::Stat, Option<Vec<u8>>);
+
+/// The lock nodes among `children` of `dir` that are still there, in queue order, read.
+async fn read_queue<'a>(
+    session: &Session,
+    live: &Live,
+    dir: &str,
+    children: &'a [String],
+) -> Result<Vec<Present<'a>>> {
+    let queue = queue_order(children);
     let nodes: Vec<String> = queue.iter().map(|node| format!("{dir}/{node}")).collect();
     let reads = nodes
         .iter()
         .zip(&queue)
-        .map(|(path, node)| read_node(&live, path, node_kind(node)));
+        .map(|(path, node)| read_node(live, path, node_kind(node)));
     let stats = session.call(WHAT, join_all(reads)).await?;
-    // A node gone since the listing left the queue; the first one left holds.
+    // A node gone since the listing left the queue.
     let mut present = Vec::with_capacity(queue.len());
     for (node, read) in queue.into_iter().zip(stats) {
         if let Some((stat, value)) = read.map_err(|err| from_client(WHAT, err))? {
             present.push((node, stat, value));
         }
     }
-    let mut floor = token(stat.pzxid)?;
-    if let Some((_, second, _)) = present.get(1) {
-        floor = floor.min(FencingToken(token(second.czxid)?.0.saturating_sub(1)));
+    Ok(present)
+}
+
+/// The occupancy of the nodes `present` (queue order) of a directory whose `pzxid` is
+/// `pzxid`, with `queued` (participants of no node in `present`) waiting behind them:
+/// each node holds when its kind (`adjust`ed) is granted behind the kinds ahead
+/// ([`HoldKind::granted_behind`]).
+fn occupancy(
+    present: Vec<Present<'_>>,
+    queued: Vec<Participant>,
+    pzxid: i64,
+    adjust: impl Fn(HoldKind) -> HoldKind,
+) -> Result<Occupancy> {
+    let mut floor = token(pzxid)?;
+    let mut kinds: Vec<HoldKind> = Vec::with_capacity(present.len());
+    let (mut holders, mut waiters) = (Vec::new(), Vec::new());
+    for (node, stat, value) in present {
+        let kind = adjust(
+            node_kind(node).map_or(HoldKind::Mutex, |kind| kind.hold_kind(value.as_deref())),
+        );
+        let granted = waiters.is_empty() && kind.granted_behind(&kinds);
+        let shown = (kind.is_shared() || kind == HoldKind::Write).then(|| kind.clone());
+        let value = matches!(kind, HoldKind::Candidate { .. })
+            .then_some(value)
+            .flatten();
+        kinds.push(kind);
+        if granted {
+            holders.push(holder(node, &stat)?.value(value).kind(shown));
+        } else {
+            if waiters.is_empty() {
+                floor = floor.min(FencingToken(token(stat.czxid)?.0.saturating_sub(1)));
+            }
+            waiters.push(participant(node, &stat).value(value).kind(shown));
+        }
     }
-    let mut participants = present.into_iter();
-    let holder = participants
-        .next()
-        .map(|(node, stat, value)| holder(node, &stat).map(|holder| holder.value(value)))
-        .transpose()?;
-    let waiters = participants
-        .map(|(node, stat, value)| participant(node, &stat).value(value))
+    waiters.extend(queued);
+    Ok(Occupancy::shared(holders, waiters).token_floor(Some(floor)))
+}
+
+/// The occupancy of the semaphore in `dir`: its lease nodes hold up to the permits (ours
+/// say how many; Curator's do not), the rest and the acquirers queued for the `locks`
+/// mutex wait.
+async fn inspect_semaphore(session: &Session, live: &Live, dir: &str) -> Result<Occupancy> {
+    let (locks, leases) = semaphore_dirs(dir);
+    let (leased, queued) = session
+        .call(WHAT, async {
+            tokio::join!(
+                live.client.get_children(&leases),
+                live.client.list_children(&locks)
+            )
+        })
+        .await?;
+    // No `leases` yet: 0 is a floor below every token.
+    let (leased, pzxid) = match leased {
+        Ok((leased, stat)) => (leased, stat.pzxid),
+        Err(zk::Error::NoNode) => (Vec::new(), 0),
+        Err(err) => return Err(from_client(WHAT, err)),
+    };
+    let queued = match queued {
+        Ok(queued) => queued,
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(err) => return Err(from_client(WHAT, err)),
+    };
+    let present = read_queue(session, live, &leases, &leased).await?;
+    let permits = present
+        .iter()
+        .find_map(|(_, _, data)| data.as_deref().and_then(permits_in))
+        .unwrap_or(u32::MAX);
+    // An acquirer with a lease node shows once, by its lease node.
+    let leasing: Vec<&str> = present
+        .iter()
+        .filter_map(|(node, _, _)| owner_token(node))
         .collect();
-    Ok(Occupancy::new(holder, waiters).token_floor(Some(floor)))
+    let waiting = read_queue(session, live, &locks, &queued)
+        .await?
+        .into_iter()
+        .filter(|(node, _, _)| owner_token(node).is_none_or(|token| !leasing.contains(&token)))
+        .map(|(node, stat, _)| participant(node, &stat).kind(Some(HoldKind::Permit { permits })))
+        .collect();
+    occupancy(present, waiting, pzxid, |_| HoldKind::Permit { permits })
 }
 
 /// The stat of lock node `path` (`None`: gone) and, for a candidate's node, its data (the
@@ -127,7 +213,10 @@ async fn read_node(
     path: &str,
     kind: Option<NodeKind>,
 ) -> Result<Option<(zk::Stat, Option<Vec<u8>>)>, zk::Error> {
-    if kind == Some(NodeKind::Latch) {
+    if matches!(
+        kind,
+        Some(NodeKind::Latch | NodeKind::Write | NodeKind::Lease)
+    ) {
         match live.client.get_data(path).await {
             Ok((data, stat)) => return Ok(Some((stat, Some(data)))),
             Err(zk::Error::NoNode) => return Ok(None),
@@ -344,7 +433,10 @@ pub(crate) async fn list(session: &Session, root: &str, prefix: &str) -> Result<
 /// Whether each of `dirs` has a lock node (a missing directory has none), in one
 /// `multiRead`; concurrent listings on servers without `multiRead`.
 async fn have_lock_nodes(session: &Session, live: &Live, dirs: Vec<&str>) -> Result<Vec<bool>> {
-    let held = |children: &[String]| !queue_order(children).is_empty();
+    // A semaphore's directory counts while its `leases` child lives (until reaped).
+    let held = |children: &[String]| {
+        !queue_order(children).is_empty() || children.iter().any(|c| c == SEMAPHORE_LEASES)
+    };
     let mut reader = live.client.new_multi_reader();
     for dir in &dirs {
         reader
@@ -419,15 +511,27 @@ fn ancestors(dir: &str) -> Vec<&str> {
 /// changing.
 pub(crate) async fn force_release(session: &Session, dir: &str) -> Result<Option<Participant>> {
     let limit = session.config().options.request_timeout * BREAK_TIMEOUTS;
-    timeout(limit, break_hold(session, dir))
+    let broken = async {
+        // A semaphore's holders are its lease nodes: the oldest is broken.
+        let (_, leases) = semaphore_dirs(dir);
+        let live = session.live()?;
+        let is_semaphore = session
+            .call(BREAK, live.client.check_stat(&leases))
+            .await?
+            .map_err(|err| from_client(BREAK, err))?
+            .is_some();
+        let queue = if is_semaphore { leases.as_str() } else { dir };
+        break_hold(session, queue, parent(dir)).await
+    };
+    timeout(limit, broken)
         .await
         .unwrap_or_else(|_| Err(Error::no_answer(BACKEND, BREAK, limit)))
 }
 
-/// The attempts of [`force_release`].
-async fn break_hold(session: &Session, dir: &str) -> Result<Option<Participant>> {
+/// The attempts of [`force_release`] on the queue `dir` of a lock directory in `root`.
+async fn break_hold(session: &Session, dir: &str, root: &str) -> Result<Option<Participant>> {
     let live = session.live()?;
-    let marks_node = broken_node(parent(dir));
+    let marks_node = broken_node(root);
     let failed = |err| from_client(BREAK, err);
     let mut backoff = Backoff::new(BREAK_PAUSE, BREAK_PAUSE * 16);
     for _ in 0..BREAK_ATTEMPTS {

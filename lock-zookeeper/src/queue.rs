@@ -1,24 +1,29 @@
 //! The waiting queue of one acquisition: create the ephemeral sequential node (in
-//! [`create`]), wait for it to be first by watching only its predecessor, and remove it
-//! in the background if the acquisition does not hand it over.
+//! [`create`]), wait for its kind to be granted behind the nodes ahead by watching only
+//! the node that must go first (the predecessor; for a reader the first writer ahead),
+//! and remove it in the background if the acquisition does not hand it over. A permit
+//! of a semaphore ([`semaphore`]) runs that queue on the semaphore's `locks` mutex, then
+//! waits for a lease.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::raw::{AcquireRequest, Acquired, Cleanup, CleanupOnDrop};
-use lock_core::{Error, FencingToken, Result};
+use lock_core::raw::{AcquireRequest, Acquired, Cleanup, CleanupOnDrop, HoldKind};
+use lock_core::{Error, FencingToken, LockName, Result};
 use tokio::time::{sleep, Instant};
 use zookeeper_client as zk;
 
 use crate::config::ZkConfig;
 use crate::error::{from_client, is_connection_loss, is_session_gone, BACKEND};
 use crate::hold::{delete_in_epoch, lease_of, ZkHold};
-use crate::layout::{node_data, queue_order};
+use crate::layout::{node_data, node_kind, queue_order, NodeKind, DOWNGRADED, SEMAPHORE_LEASES};
 use crate::session::{Live, Session};
 
 mod create;
+mod semaphore;
 
 use create::Queued;
+pub(crate) use semaphore::PermitNodes;
 
 /// Tries to create the node of one attempt (parents missing, connection lost).
 const CREATE_ATTEMPTS: usize = 5;
@@ -111,6 +116,71 @@ impl Cleanup for QueuedNode {
     }
 }
 
+/// What an acquisition queues and how.
+#[derive(Debug)]
+pub(crate) struct Ask<'a> {
+    /// The kind of hold.
+    pub(crate) kind: &'a HoldKind,
+    /// The data of its node.
+    pub(crate) data: &'a [u8],
+    /// Whether to wait (else withdraw at once when not granted).
+    pub(crate) wait: bool,
+    /// The lock's name, for errors.
+    pub(crate) name: &'a LockName,
+    /// Whether a grant must rest on a listing the leader ordered (behind a barrier):
+    /// every hold's does; a semaphore's `locks` mutex orders acquirers only (the lease
+    /// count behind the lease's create decides the grant), so its wake-ups save the
+    /// barrier's quorum write.
+    pub(crate) ordered: bool,
+}
+
+/// A node granted in its queue.
+#[derive(Debug)]
+pub(crate) struct Granted {
+    path: String,
+    czxid: u64,
+    /// An instant before a point the leader ordered after the grant was decided from.
+    at: Instant,
+}
+
+impl Granted {
+    /// The acquisition `request` made with this grant on session `live`.
+    fn acquired(self, live: &Live, request: &AcquireRequest<'_>) -> Acquired<ZkHold> {
+        Acquired {
+            hold: ZkHold::new(live, self.path),
+            fencing_token: FencingToken(self.czxid),
+            requested_at: self.at,
+            lease: lease_of(live, request.ttl),
+            session: live.epoch,
+        }
+    }
+}
+
+/// Refuses to queue `asked` beside nodes of kinds that cannot be one primitive with it
+/// ([`HoldKind::check_beside`]): a read-write lock beside a mutex, say, or anything in the
+/// directory of a semaphore (its `leases` child among `children`). Kinds are read from
+/// node names, so Curator's nodes count too.
+fn check_kinds(
+    asked: &Ask<'_>,
+    children: &[String],
+    queue: &[&str],
+    ours: &str,
+) -> Result<(), Step> {
+    if children.iter().any(|child| child == SEMAPHORE_LEASES) {
+        return Err(Step::Fail(Error::Conflict {
+            name: asked.name.to_string(),
+            ours: asked.kind.describe(),
+            theirs: "a semaphore".to_owned(),
+        }));
+    }
+    queue
+        .iter()
+        .filter(|node| **node != ours)
+        .filter_map(|node| node_kind(node))
+        .try_for_each(|other| asked.kind.check_beside(&other.hold_kind(None), asked.name))
+        .map_err(Step::Fail)
+}
+
 /// The queue-side requests of one lock client, on its session.
 pub(crate) struct Queue<'a> {
     session: &'a Session,
@@ -133,7 +203,7 @@ impl<'a> Queue<'a> {
         self.config().options.recheck
     }
 
-    /// One attempt on session `live`: queue a node, then wait for it to be first.
+    /// One attempt on session `live`: queue a node, then wait for it to be granted.
     pub(crate) async fn attempt(
         &self,
         live: &Live,
@@ -142,14 +212,37 @@ impl<'a> Queue<'a> {
         request: &AcquireRequest<'_>,
         pending: &mut CleanupOnDrop<QueuedNode>,
     ) -> Result<Option<Acquired<ZkHold>>, Step> {
+        let asked = Ask {
+            kind: request.kind,
+            data: &node_data(request.kind),
+            wait: request.wait,
+            name: request.name,
+            ordered: true,
+        };
+        let granted = self
+            .queue_and_wait(live, dir, marker, &asked, pending)
+            .await?;
+        Ok(granted.map(|granted| granted.acquired(live, request)))
+    }
+
+    /// Queues a node `<dir>/<marker><seq>` as `asked`, then waits until its kind is
+    /// granted behind the nodes ahead ([`HoldKind::granted_behind`]), watching only the
+    /// node that must go first: the predecessor, or for a reader the first writer
+    /// ahead. `None`: not granted and not to wait (the node is deleted).
+    pub(crate) async fn queue_and_wait(
+        &self,
+        live: &Live,
+        dir: &str,
+        marker: &str,
+        asked: &Ask<'_>,
+        pending: &mut CleanupOnDrop<QueuedNode>,
+    ) -> Result<Option<Granted>, Step> {
         let Queued {
             name,
             czxid,
             ordered_at,
             children,
-        } = self
-            .create(live, dir, marker, node_data(request.kind), pending)
-            .await?;
+        } = self.create(live, dir, marker, asked.data, pending).await?;
         let path = format!("{dir}/{name}");
         let mut losses = 0;
         // The create (or the barrier of the search) was ordered by the leader after
@@ -166,9 +259,15 @@ impl<'a> Queue<'a> {
                         .call("list lock nodes", live.client.list_children(dir))
                         .await,
                 ),
-                None => (
+                None if asked.ordered => (
                     Instant::now(),
                     ordered_children(self.session, live, &path, dir).await,
+                ),
+                None => (
+                    Instant::now(),
+                    self.session
+                        .call("list lock nodes", live.client.list_children(dir))
+                        .await,
                 ),
             };
             let children = match listed {
@@ -192,40 +291,37 @@ impl<'a> Queue<'a> {
                     source: None,
                 }));
             };
-            if index == 0 {
-                // First: the lock is ours, or we lead. The node is this session's (created
-                // on it, or found by its marker and its `ephemeralOwner` checked: never
-                // one left by an older session, CURATOR-696), and the listing came on the
-                // same session, whose expiry fails every later request.
-                pending.state_mut().armed = false;
-                let hold = ZkHold::new(live, path);
-                return Ok(Some(Acquired {
-                    hold,
-                    fencing_token: FencingToken(czxid),
-                    requested_at: listed_at,
-                    lease: lease_of(live, request.ttl),
-                    session: live.epoch,
-                }));
-            }
-            if !request.wait {
-                let deleted = self
-                    .session
-                    .call("delete lock node", live.client.delete(&path, None))
-                    .await;
-                if matches!(deleted, Ok(Ok(()) | Err(zk::Error::NoNode))) {
-                    pending.state_mut().armed = false;
+            check_kinds(asked, &children, &queue, &name)?;
+            let blocker = match self.blocker(live, dir, asked.kind, &queue[..index]).await {
+                Ok(blocker) => blocker,
+                Err(step) => {
+                    self.tolerate(live, step, &mut losses).await?;
+                    continue;
                 }
+            };
+            let Some(blocker) = blocker else {
+                // Granted: the node is this session's (created on it, or found by its
+                // marker and its `ephemeralOwner` checked: never one left by an older
+                // session, CURATOR-696), and the listing came on the same session,
+                // whose expiry fails every later request.
+                pending.state_mut().armed = false;
+                return Ok(Some(Granted {
+                    path,
+                    czxid,
+                    at: listed_at,
+                }));
+            };
+            if !asked.wait {
+                self.withdraw(live, &path, pending).await;
                 return Ok(None);
             }
-            let predecessor = format!("{dir}/{}", queue[index - 1]);
             match self
                 .session
-                .call(
-                    "watch predecessor",
-                    live.client.get_and_watch_data(&predecessor),
-                )
+                .call("watch lock node", live.client.get_and_watch_data(&blocker))
                 .await
             {
+                // Downgraded since it was read: look again at once.
+                Ok(Ok((data, _, _))) if *asked.kind == HoldKind::Read && data == DOWNGRADED => {}
                 Ok(Ok((_, _, watcher))) => {
                     tokio::select! {
                         _ = watcher.changed() => {}
@@ -235,12 +331,60 @@ impl<'a> Queue<'a> {
                 // Gone already: look again at once.
                 Ok(Err(zk::Error::NoNode)) => {}
                 Ok(Err(err)) => {
-                    self.tolerate(live, step(err, "watch predecessor"), &mut losses)
+                    self.tolerate(live, step(err, "watch lock node"), &mut losses)
                         .await?;
                 }
                 Err(err) => self.tolerate(live, Step::Retry(err), &mut losses).await?,
             }
         }
+    }
+
+    /// Deletes the queued node at `path` of an acquisition that does not wait; disarms
+    /// its cleanup once it is gone.
+    async fn withdraw(&self, live: &Live, path: &str, pending: &mut CleanupOnDrop<QueuedNode>) {
+        let deleted = self
+            .session
+            .call("delete lock node", live.client.delete(path, None))
+            .await;
+        if matches!(deleted, Ok(Ok(()) | Err(zk::Error::NoNode))) {
+            pending.state_mut().armed = false;
+        }
+    }
+
+    /// The node of `dir` that must go before a node of `kind` behind `ahead` (queue
+    /// order) is granted, `None` when it is granted: the last node ahead for an exclusive
+    /// kind; for a reader the first node ahead that is no reader (a writer's node marked
+    /// [`DOWNGRADED`] is one), as Curator's reader watches the first writer ahead.
+    async fn blocker(
+        &self,
+        live: &Live,
+        dir: &str,
+        kind: &HoldKind,
+        ahead: &[&str],
+    ) -> Result<Option<String>, Step> {
+        if *kind != HoldKind::Read {
+            return Ok(ahead.last().map(|node| format!("{dir}/{node}")));
+        }
+        for node in ahead {
+            let path = format!("{dir}/{node}");
+            match node_kind(node) {
+                Some(NodeKind::Read) => continue,
+                Some(NodeKind::Write) => {}
+                _ => return Ok(Some(path)),
+            }
+            match self
+                .session
+                .call("read writer node", live.client.get_data(&path))
+                .await
+            {
+                Ok(Ok((data, _))) if data == DOWNGRADED => {}
+                Ok(Ok(_)) => return Ok(Some(path)),
+                Ok(Err(zk::Error::NoNode)) => {}
+                Ok(Err(err)) => return Err(step(err, "read writer node")),
+                Err(err) => return Err(Step::Retry(err)),
+            }
+        }
+        Ok(None)
     }
 
     /// Lets a connection loss pass (waiting for the reconnect) a bounded number of

@@ -27,7 +27,7 @@ fn push_only() -> LockOptions {
 
 /// The server's count of watches (`wchs`: "Total watches:N").
 async fn server_watches(factory: &ZkFactory) -> usize {
-    let Servers::Single(server) = &factory.servers else {
+    let Servers::Single(server) = &*factory.servers else {
         panic!("needs a standalone server");
     };
     let out = server.four_letter("wchs").await.expect("wchs");

@@ -44,7 +44,7 @@ async fn client_on(
     ttl: Duration,
     wanted: impl Fn(usize) -> bool,
 ) -> (Arc<lock_zookeeper::ZkLock>, Option<usize>) {
-    let members = match &factory.servers {
+    let members = match &*factory.servers {
         common::Servers::Cluster(e) => e.members(),
         common::Servers::Single(_) => panic!("needs an ensemble"),
     };
@@ -144,7 +144,7 @@ async fn kill_member_keeps_lock(kill_leader: bool) {
     let Some(factory) = ZkFactory::start_ensemble().await else {
         return;
     };
-    let common::Servers::Cluster(ensemble) = &factory.servers else {
+    let common::Servers::Cluster(ensemble) = &*factory.servers else {
         unreachable!()
     };
     let ttl = Duration::from_secs(6);
@@ -208,7 +208,7 @@ async fn zks_ensemble_killing_the_holders_member_keeps_the_lock() {
     let Some(factory) = ZkFactory::start_tls_ensemble(tls).await else {
         return;
     };
-    let common::Servers::Cluster(ensemble) = &factory.servers else {
+    let common::Servers::Cluster(ensemble) = &*factory.servers else {
         unreachable!()
     };
     let secure: Vec<String> = factory

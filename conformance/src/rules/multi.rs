@@ -12,6 +12,7 @@ use tokio::time::{sleep, timeout, Instant};
 use super::{eventually_empty, unique_name, PROMPT};
 use crate::factory::Factory;
 use crate::fence::FencedResource;
+use crate::with_ttl;
 
 /// Three clients take overlapping sets of names, given in different orders, 6 times
 /// each: nobody deadlocks, every part's fenced writes never overlap, and a try on a set
@@ -89,7 +90,9 @@ pub async fn multilock_all_or_nothing_without_deadlock(factory: &dyn Factory) {
 pub async fn multilock_lost_part_and_cancellation(factory: &dyn Factory) {
     let rule = "multilock_lost_part_and_cancellation";
     let names: Vec<LockName> = (0..3).map(|_| unique_name(rule)).collect();
-    let client = factory.client(LockOptions::default()).await;
+    // A short TTL: the steal is found at the part's next renewal, a third of it later.
+    let ttl = factory.short_ttl();
+    let client = factory.client(with_ttl(ttl)).await;
     let multi =
         MultiLock::new(Arc::clone(&client), names.iter().map(LockName::as_str)).expect("names");
     let guard = multi
@@ -101,7 +104,7 @@ pub async fn multilock_lost_part_and_cancellation(factory: &dyn Factory) {
     assert_eq!(tokens.len(), 3, "a token per name");
     let lost = guard.lost();
     factory.steal(&names[1]).await;
-    let reason = timeout(Duration::from_secs(10), lost)
+    let reason = timeout(ttl + PROMPT, lost)
         .await
         .expect("the whole is Lost once a part is");
     assert!(guard.state().is_lost(), "state after {reason:?}");

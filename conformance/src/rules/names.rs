@@ -11,7 +11,7 @@ use lock_core::{
 use tokio::time::sleep;
 
 use super::{eventually_empty, unique_name, with_ttl};
-use crate::factory::Factory;
+use crate::factory::{with_query, Factory};
 
 /// Names: `jobs` and `jobs/daily` are independent, reserved characters are escaped, and
 /// empty, oversized or invalid names get a clear error and leave nothing behind.
@@ -115,12 +115,13 @@ pub async fn thousand_locks_one_client(factory: &dyn Factory) {
 pub async fn bad_urls_and_options(factory: &dyn Factory) {
     let url = factory.url();
     let cases = [
-        format!("{url}?ttl=abc"),
-        format!("{url}?ttl=0s"),
-        format!("{url}?renewal=sometimes"),
-        format!("{url}?no_such_option=1"),
-        format!("{url}?ttl=100000h"),
-    ];
+        "ttl=abc",
+        "ttl=0s",
+        "renewal=sometimes",
+        "no_such_option=1",
+        "ttl=100000h",
+    ]
+    .map(|query| with_query(&url, query));
     for case in &cases {
         match lock_core::connect(case).await {
             Ok(client) => panic!("{case} was accepted: {client}"),

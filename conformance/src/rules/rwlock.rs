@@ -60,14 +60,15 @@ pub async fn rwlock_readers_share_writers_exclude(factory: &dyn Factory) {
         let writer = i >= READERS;
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
-                let inside = sleep(Duration::from_millis(60));
+                // The time inside starts once the hold is granted.
+                let inside = || sleep(Duration::from_millis(60));
                 if writer {
                     let guard = write(&lock, Duration::from_secs(60)).await;
-                    log.inside(&guard, true, inside).await;
+                    log.inside(&guard, true, inside()).await;
                     guard.release().await.expect("release");
                 } else {
                     let guard = read(&lock, Duration::from_secs(60)).await;
-                    log.inside(&guard, false, inside).await;
+                    log.inside(&guard, false, inside()).await;
                     guard.release().await.expect("release");
                 }
                 let pause = rand::rng().random_range(0..20);

@@ -1,7 +1,8 @@
-// A Curator InterProcessMutex and LeaderLatch on one path, driven line by line over stdin
-// (see curator.rs).
+// A Curator InterProcessMutex, LeaderLatch, InterProcessSemaphoreV2 and
+// InterProcessReadWriteLock on one path, driven line by line over stdin (see curator.rs).
 import java.io.BufferedReader;
 import java.io.InputStreamReader;
+import java.util.ArrayDeque;
 import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.TimeUnit;
@@ -10,6 +11,9 @@ import org.apache.curator.framework.CuratorFrameworkFactory;
 import org.apache.curator.framework.recipes.leader.LeaderLatch;
 import org.apache.curator.framework.recipes.leader.LeaderLatchListener;
 import org.apache.curator.framework.recipes.locks.InterProcessMutex;
+import org.apache.curator.framework.recipes.locks.InterProcessReadWriteLock;
+import org.apache.curator.framework.recipes.locks.InterProcessSemaphoreV2;
+import org.apache.curator.framework.recipes.locks.Lease;
 import org.apache.curator.retry.RetryNTimes;
 
 public class CuratorHolder {
@@ -38,6 +42,9 @@ public class CuratorHolder {
         // Curator's event thread, where a blocking read would never be answered.
         ExecutorService printer = Executors.newSingleThreadExecutor();
         LeaderLatch latch = null;
+        InterProcessSemaphoreV2 semaphore = null;
+        ArrayDeque<Lease> leases = new ArrayDeque<>();
+        InterProcessReadWriteLock rw = new InterProcessReadWriteLock(client, args[1]);
         BufferedReader in = new BufferedReader(new InputStreamReader(System.in));
         System.out.println("READY");
         String line;
@@ -88,6 +95,33 @@ public class CuratorHolder {
                 latch.close();
                 latch = null;
                 System.out.println("CLOSED");
+            } else if (cmd[0].equals("semaphore")) {
+                // One more lease of the semaphore of cmd[1] permits, waiting at most 60 s.
+                if (semaphore == null) {
+                    semaphore = new InterProcessSemaphoreV2(client, args[1], Integer.parseInt(cmd[1]));
+                }
+                Lease lease = semaphore.acquire(60, TimeUnit.SECONDS);
+                if (lease == null) {
+                    System.out.println("FAILED semaphore");
+                    continue;
+                }
+                leases.addLast(lease);
+                System.out.println("LEASED " + lease.getNodeName());
+            } else if (cmd[0].equals("return")) {
+                // Returns the oldest lease held.
+                leases.removeFirst().close();
+                System.out.println("RETURNED");
+            } else if (cmd[0].equals("read") || cmd[0].equals("write")) {
+                InterProcessMutex side = cmd[0].equals("read") ? rw.readLock() : rw.writeLock();
+                if (!side.acquire(60, TimeUnit.SECONDS)) {
+                    System.out.println("FAILED " + cmd[0]);
+                    continue;
+                }
+                System.out.println(cmd[0].equals("read") ? "READING" : "WRITING");
+            } else if (cmd[0].equals("unread") || cmd[0].equals("unwrite")) {
+                InterProcessMutex side = cmd[0].equals("unread") ? rw.readLock() : rw.writeLock();
+                side.release();
+                System.out.println("UNLOCKED");
             } else if (cmd[0].equals("exit")) {
                 break;
             }

@@ -1,7 +1,10 @@
 //! The dual deployments the dual tests run on (`dual.rs`, `dual_chaos.rs`): the backends'
-//! own test factories as the sides, each test starting its own servers. The including
+//! own test factories as the sides, each test starting its own servers (the fault
+//! scenarios kill and pause them), or, for the conformance suites, the servers the tests
+//! of the binary share (`shared_*`), each test under a namespace of its own. The including
 //! test crate declares the backends' `tests/common` modules at its root.
 
+use std::future::Future;
 use std::net::SocketAddr;
 
 use async_trait::async_trait;
@@ -43,21 +46,50 @@ impl SideFactory for EtcdFactory {
     }
 }
 
+/// The dual deployment of the sides that `old` and `new` start side by side; `None` when
+/// either is `None` (a server binary is missing).
+async fn pair<O, N>(
+    old: impl Future<Output = Option<O>>,
+    new: impl Future<Output = Option<N>>,
+) -> Option<DualFactory<O, N>>
+where
+    O: SideFactory,
+    N: SideFactory,
+{
+    let (old, new) = tokio::join!(old, new);
+    Some(DualFactory::new(old?, new?))
+}
+
 /// A standalone ZooKeeper server (old) and a single Redis (new).
 pub(crate) async fn zk_redis() -> Option<DualFactory<ZkFactory, RedisFactory>> {
-    let (old, new) = tokio::join!(ZkFactory::start(), RedisFactory::single());
-    Some(DualFactory::new(old?, new?))
+    pair(ZkFactory::start(), RedisFactory::single()).await
 }
 
 /// A standalone ZooKeeper server (old) and RedLock over 3 Redis nodes (new).
 #[allow(dead_code)] // the fault scenarios of dual_chaos.rs run no RedLock pair
 pub(crate) async fn zk_redlock() -> Option<DualFactory<ZkFactory, RedisFactory>> {
-    let (old, new) = tokio::join!(ZkFactory::start(), RedisFactory::redlock(3));
-    Some(DualFactory::new(old?, new?))
+    pair(ZkFactory::start(), RedisFactory::redlock(3)).await
+}
+
+/// [`zk_redis`] on the servers the tests of this binary share.
+#[allow(dead_code)] // the fault scenarios of dual_chaos.rs run on servers of their own
+pub(crate) async fn shared_zk_redis() -> Option<DualFactory<ZkFactory, RedisFactory>> {
+    pair(ZkFactory::shared(), RedisFactory::shared_single()).await
+}
+
+/// [`zk_redlock`] on the servers the tests of this binary share.
+#[allow(dead_code)] // the fault scenarios of dual_chaos.rs run on servers of their own
+pub(crate) async fn shared_zk_redlock() -> Option<DualFactory<ZkFactory, RedisFactory>> {
+    pair(ZkFactory::shared(), RedisFactory::shared_redlock(3)).await
+}
+
+/// [`etcd_redis`] on the servers the tests of this binary share.
+#[allow(dead_code)] // the fault scenarios of dual_chaos.rs run on servers of their own
+pub(crate) async fn shared_etcd_redis() -> Option<DualFactory<EtcdFactory, RedisFactory>> {
+    pair(EtcdFactory::shared_side(), RedisFactory::shared_single()).await
 }
 
 /// A single etcd member (old) and a single Redis (new).
 pub(crate) async fn etcd_redis() -> Option<DualFactory<EtcdFactory, RedisFactory>> {
-    let (old, new) = tokio::join!(EtcdFactory::start(), RedisFactory::single());
-    Some(DualFactory::new(old?, new?))
+    pair(EtcdFactory::start(), RedisFactory::single()).await
 }

@@ -54,8 +54,9 @@ impl MultiLock {
 
     /// Acquires every name, as `options.wait` says for the whole (`Ok(None)`: a
     /// [`Wait::Try`] found one of them held; a [`Wait::Timeout`] bounds all the waits
-    /// together). The names are taken in sorted order; on any failure, and when the
-    /// future is dropped at any point, the parts already taken are released.
+    /// together). The names are taken in sorted order. On any failure the parts already
+    /// taken are released before this returns; when the future is dropped at any point,
+    /// they are released in the background.
     ///
     /// # Errors
     /// As [`DistributedLock::acquire`] for the part that failed; [`Error::Timeout`]
@@ -72,14 +73,28 @@ impl MultiLock {
                 part_options.wait =
                     Wait::Timeout(deadline.saturating_duration_since(Instant::now()));
             }
-            // An early return drops `parts`: each guard releases in the background.
-            match self.lock.acquire(name, &part_options).await? {
-                Some(guard) => parts.push(guard),
-                None => return Ok(None),
+            // A drop of this future drops `parts`: each guard releases in the background.
+            match self.lock.acquire(name, &part_options).await {
+                Ok(Some(guard)) => parts.push(guard),
+                Ok(None) => {
+                    release_parts(parts).await;
+                    return Ok(None);
+                }
+                Err(err) => {
+                    release_parts(parts).await;
+                    return Err(err);
+                }
             }
         }
         Ok(Some(MultiGuard { parts }))
     }
+}
+
+/// Releases `parts` together (each release has its own deadlines, and one that fails is
+/// left to the background and the server-side TTL): nothing of a failed multi-lock is
+/// held once it reports the failure.
+async fn release_parts(parts: Vec<LockGuard>) {
+    let _ = join_all(parts.into_iter().map(LockGuard::release)).await;
 }
 
 impl fmt::Debug for MultiLock {

@@ -1,6 +1,8 @@
-//! The conformance factory for `etcd://`: real etcd servers from the harness, one
-//! deployment per factory (a single member or a 3-member cluster), killed when the
-//! factory drops.
+//! The conformance factory for `etcd://`: real etcd servers from the harness (a single
+//! member or a 3-member cluster), started for one factory and killed when it drops, or,
+//! for a side of a dual deployment, shared by the factories of a test binary
+//! ([`EtcdFactory::shared_side`]), each under a key prefix of its own, and killed when the
+//! last of them drops.
 
 // Not every test file uses every helper or re-export.
 #![allow(dead_code, unreachable_pub, unused_imports)]
@@ -15,6 +17,7 @@ use conformance::{connect_patiently, Crash, Factory};
 use etcd_client::{Client, GetOptions, PutOptions};
 use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use lab::harness::{or_skip, Deployment, Etcd, EtcdCluster, EtcdServer};
+use lab::shared::{namespace, Shared};
 use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_etcd::{EtcdConfig, EtcdLock};
 use nix::sys::signal::{kill, Signal};
@@ -23,8 +26,12 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio::time::timeout;
 
-/// The key prefix the suite's locks live under.
+/// The key prefix the suite's locks live under (a factory over a shared deployment uses
+/// a prefix of its own below it).
 pub const PREFIX: &str = "conformance";
+
+/// The single member the factories of a test binary share.
+static SINGLE: Shared<Servers> = Shared::new();
 
 /// The servers behind a factory: a single member or a cluster.
 pub type Servers = Deployment<Etcd>;
@@ -106,14 +113,28 @@ pub use conformance::with_ttl;
 
 /// A config for `addrs` under [`PREFIX`] with `options`.
 pub fn config(addrs: &[SocketAddr], options: LockOptions) -> EtcdConfig {
+    config_under(addrs, PREFIX, options)
+}
+
+/// A config for `addrs` under `prefix` with `options`.
+pub fn config_under(addrs: &[SocketAddr], prefix: &str, options: LockOptions) -> EtcdConfig {
     EtcdConfig::new(addrs.iter().map(ToString::to_string))
-        .with_prefix(PREFIX)
+        .with_prefix(prefix)
         .with_options(options)
 }
 
 /// A lock client of `addrs` under [`PREFIX`].
 pub async fn client(addrs: &[SocketAddr], options: LockOptions) -> Arc<EtcdLock> {
-    let config = config(addrs, options);
+    client_under(addrs, PREFIX, options).await
+}
+
+/// A lock client of `addrs` under `prefix`.
+pub async fn client_under(
+    addrs: &[SocketAddr],
+    prefix: &str,
+    options: LockOptions,
+) -> Arc<EtcdLock> {
+    let config = config_under(addrs, prefix, options);
     let client = connect_patiently("etcd lock client connects", || {
         EtcdLock::connect(config.clone())
     });
@@ -298,7 +319,11 @@ pub async fn keys_under(admin: &Client, range: &str) -> Vec<(String, i64)> {
 
 /// Clients of one etcd deployment.
 pub struct EtcdFactory {
-    pub servers: Servers,
+    /// The servers, this factory's own or shared with other factories.
+    pub servers: Arc<Servers>,
+    /// The key prefix of this factory's locks: [`PREFIX`], or a prefix of its own below
+    /// it over a shared deployment ([`EtcdFactory::shared_side`]).
+    prefix: String,
     admin: Client,
     proxies: Mutex<Vec<Link>>,
     /// Every client handed out, to tell their leases from leaked ones.
@@ -318,11 +343,31 @@ impl EtcdFactory {
         Some(Self::over(Deployment::Cluster(cluster)).await)
     }
 
+    /// A factory over the single member the factories of this test binary share, started
+    /// now if none runs, under a key prefix of its own: for a side of a dual deployment,
+    /// whose leftovers are its keys only (`SideFactory::side_leftovers`). Its own
+    /// [`leftovers`](Factory::leftovers) would count other factories' leases as leaked
+    /// (leases have no prefix, and a client dropped at the end of a test leaves its lease
+    /// until the TTL), so the etcd suite itself keeps a deployment per test.
+    pub async fn shared_side() -> Option<Self> {
+        let servers = SINGLE
+            .get_or_start(|| async { Some(Deployment::Single(Box::new(single().await?))) })
+            .await?;
+        let mut factory = Self::over_arc(servers).await;
+        factory.prefix = format!("{PREFIX}/{}", namespace());
+        Some(factory)
+    }
+
     async fn over(servers: Servers) -> Self {
+        Self::over_arc(Arc::new(servers)).await
+    }
+
+    async fn over_arc(servers: Arc<Servers>) -> Self {
         lock_core::raw::register::<lock_etcd::EtcdBackend>();
         let admin = raw_client(&servers.addrs()).await;
         EtcdFactory {
             servers,
+            prefix: PREFIX.to_owned(),
             admin,
             proxies: Mutex::new(Vec::new()),
             clients: Mutex::new(Vec::new()),
@@ -367,16 +412,18 @@ impl EtcdFactory {
         &self.admin
     }
 
-    /// The key range of `name` under [`PREFIX`].
+    /// The key range of `name` under this factory's prefix.
     pub fn range(&self, name: &LockName) -> String {
-        EtcdConfig::default().with_prefix(PREFIX).lock_prefix(name)
+        EtcdConfig::default()
+            .with_prefix(&self.prefix)
+            .lock_prefix(name)
     }
 }
 
 #[async_trait]
 impl Factory for EtcdFactory {
     fn label(&self) -> String {
-        match &self.servers {
+        match &*self.servers {
             Deployment::Single(server) => format!("etcd {}", server.addr()),
             Deployment::Cluster(cluster) => format!("etcd cluster {}", cluster.url()),
         }
@@ -384,7 +431,7 @@ impl Factory for EtcdFactory {
 
     fn url(&self) -> String {
         let hosts: Vec<String> = self.servers.addrs().iter().map(|a| a.to_string()).collect();
-        format!("etcd://{}/{PREFIX}", hosts.join(","))
+        format!("etcd://{}/{}", hosts.join(","), self.prefix)
     }
 
     fn short_ttl(&self) -> Duration {
@@ -392,7 +439,7 @@ impl Factory for EtcdFactory {
     }
 
     async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
-        let client = client(&self.servers.addrs(), options).await;
+        let client = client_under(&self.servers.addrs(), &self.prefix, options).await;
         self.track(&client);
         client
     }
@@ -430,7 +477,7 @@ impl Factory for EtcdFactory {
 #[async_trait]
 impl ChaosTarget for EtcdFactory {
     fn topology(&self) -> Topology {
-        match &self.servers {
+        match &*self.servers {
             Deployment::Single(_) => Topology::Single { durable: true },
             Deployment::Cluster(cluster) => Topology::Quorum {
                 members: cluster.len(),
@@ -441,7 +488,7 @@ impl ChaosTarget for EtcdFactory {
 
     async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
         let (link, addrs) = Link::proxied(&self.servers.addrs()).await;
-        let client = client(&addrs, options).await;
+        let client = client_under(&addrs, &self.prefix, options).await;
         self.track(&client);
         self.proxies.lock().expect("proxies").push(link.clone());
         (client, link)

@@ -175,7 +175,7 @@ fn cluster_renew_invocation<'s, 'a, 'h: 'a>(
         invocation
             .arg(item.hold.token.as_str())
             .arg(ttl_millis(item.ttl))
-            .arg(item.hold.keys.leader_arg());
+            .arg(item.hold.keys.renew_arg());
     }
     invocation
 }

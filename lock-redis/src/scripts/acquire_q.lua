@@ -14,6 +14,8 @@
 -- Returns {1, fencing token, 0} (single server) or {1, 0, reading} (RedLock) when the
 -- lock is ours; {0, PTTL of the holder (-2 when the key is free but others are ahead),
 -- reading or 0, place in the queue (0 = head; -1 not queued)} when it is not.
+-- {-1, what the name is (its permits, 0 for a read-write lock)} when a semaphore or a
+-- read-write lock holds it.
 -- A re-sent request (its reply was lost) finds the lock ours or keeps its ticket.
 -- The helpers come from tokens.lua, queue.lua and leader.lua.
 
@@ -32,6 +34,15 @@ end
 -- acquire.lua (the full path below would find nothing to drop and nobody ahead).
 if redis.call('EXISTS', QUEUE) == 0 and redis.call('SET', LOCK, ARGV[1], 'NX', 'PX', ARGV[2]) then
   return granted()
+end
+if redis.call('TYPE', LOCK)['ok'] == 'zset' then
+  -- The holders of a semaphore or read-write lock (see shared.lua): its table, beside
+  -- the fencing counter, names the kind.
+  local kind = redis.pcall('HGET', string.sub(KEYS[2], 1, -6) .. 'holders', 'kind')
+  if kind == 'RW' then
+    return {-1, 0}
+  end
+  return {-1, tonumber(string.sub(type(kind) == 'string' and kind or 'P0', 2)) or 0}
 end
 local now = now_ms()
 evict(now)
@@ -64,17 +75,4 @@ local pttl = redis.call('PTTL', LOCK)
 if ARGV[6] ~= '1' then
   return {0, pttl, read, -1}
 end
-if not redis.call('ZSCORE', QUEUE, me) then
-  local last = redis.call('ZRANGE', QUEUE, -1, -1, 'WITHSCORES')
-  local ticket = 1
-  if last[2] then
-    ticket = tonumber(last[2]) + 1
-  end
-  redis.call('ZADD', QUEUE, ticket, me)
-end
-local stay = tonumber(ARGV[5])
-redis.call('ZADD', LIVE, now + stay, me)
--- An abandoned queue outlives its last deadline by at most a second.
-redis.call('PEXPIRE', QUEUE, stay + 1000)
-redis.call('PEXPIRE', LIVE, stay + 1000)
-return {0, pttl, read, redis.call('ZRANK', QUEUE, me)}
+return {0, pttl, read, join(me, now, tonumber(ARGV[5]))}

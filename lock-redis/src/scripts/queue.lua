@@ -32,6 +32,24 @@ local function evict(now)
   end
 end
 
+-- Queues waiter `id` at the tail (unless it is queued already) and keeps it for `stay`
+-- ms from `now`; returns its place (0 = head).
+local function join(id, now, stay)
+  if not redis.call('ZSCORE', QUEUE, id) then
+    local last = redis.call('ZRANGE', QUEUE, -1, -1, 'WITHSCORES')
+    local ticket = 1
+    if last[2] then
+      ticket = tonumber(last[2]) + 1
+    end
+    redis.call('ZADD', QUEUE, ticket, id)
+  end
+  redis.call('ZADD', LIVE, now + stay, id)
+  -- An abandoned queue outlives its last deadline by at most a second.
+  redis.call('PEXPIRE', QUEUE, stay + 1000)
+  redis.call('PEXPIRE', LIVE, stay + 1000)
+  return redis.call('ZRANK', QUEUE, id)
+end
+
 -- Drops waiter `id` from the queue.
 local function leave(id)
   redis.call('ZREM', QUEUE, id)

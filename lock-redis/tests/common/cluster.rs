@@ -194,6 +194,11 @@ impl Switch for AclSwitch {
 redis_factory!(ClusterFactory);
 
 impl ClusterFactory {
+    /// Cluster factories keep the default key prefix.
+    fn prefix(&self) -> &str {
+        DEFAULT_PREFIX
+    }
+
     fn deployment_url(&self) -> String {
         self.cluster.url()
     }

@@ -1,12 +1,17 @@
 //! Test support: a conformance [`Factory`] over real redis-servers (one, or N for
 //! RedLock; Sentinel deployments in [`sentinel`], Redis Cluster in [`cluster`]), raw connections that reach behind the library, and helpers.
+//!
+//! A factory's servers are its own, or shared by the factories of a test binary
+//! (`shared` constructors, see [`lab::shared`]); each factory over a shared deployment
+//! keeps its keys under a key prefix of its own ([`shared_prefix`]).
 
 #![allow(dead_code)]
 
 /// Implements [`Factory`](conformance::Factory) for a Redis factory from its inherent
 /// `deployment_url`, `make`, `crashable` and `owners` (raw connections to the servers
 /// that keep a key): a steal deletes the lock key there, leftovers are looked for there
-/// (with [`leftovers_on`], which the calling module must have in scope).
+/// (with [`leftovers_on`], which the calling module must have in scope), all under the
+/// factory's `prefix()`.
 macro_rules! redis_factory {
     ($factory:ty) => {
         #[::async_trait::async_trait]
@@ -37,7 +42,7 @@ macro_rules! redis_factory {
             }
 
             async fn steal(&self, name: &::lock_core::LockName) {
-                let key = ::lock_redis::KeyLayout::new(::lock_redis::DEFAULT_PREFIX).lock_key(name);
+                let key = ::lock_redis::KeyLayout::new(self.prefix()).lock_key(name);
                 for mut conn in self.owners(&key).await {
                     let _: i64 = redis::cmd("DEL")
                         .arg(&key)
@@ -48,11 +53,11 @@ macro_rules! redis_factory {
             }
 
             async fn leftovers(&self, names: &[::lock_core::LockName]) -> Vec<String> {
-                let keys = ::lock_redis::KeyLayout::new(::lock_redis::DEFAULT_PREFIX);
+                let keys = ::lock_redis::KeyLayout::new(self.prefix());
                 let mut left = Vec::new();
                 for name in names {
                     let conns = self.owners(&keys.lock_key(name)).await;
-                    let found = leftovers_on(conns, std::slice::from_ref(name));
+                    let found = leftovers_on(conns, self.prefix(), std::slice::from_ref(name));
                     left.extend(found.await);
                 }
                 left
@@ -74,6 +79,7 @@ pub(crate) use conformance::with_ttl;
 use conformance::{connect_patiently, lock_patiently, Crash, Factory, FencedResource};
 use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use lab::harness::{or_skip, Deployment, Redis, RedisNodes, RedisOptions, RedisServer};
+use lab::shared::{namespace, Shared};
 use lock_core::{
     DistributedLock, FencingToken, LockGuard, LockName, LockOptions, LockState, LockWatch,
     LostReason, ReleaseOutcome,
@@ -93,10 +99,33 @@ pub(crate) use sentinel::SentinelFactory;
 /// The servers behind a factory: one (`redis://`) or independent nodes (`redlock://`).
 pub(crate) type Servers = Deployment<Redis>;
 
+/// The deployments shared by the factories of a test binary: one server, RedLock's 3
+/// and 5 servers.
+static SINGLE: Shared<Servers> = Shared::new();
+static REDLOCK_3: Shared<Servers> = Shared::new();
+static REDLOCK_5: Shared<Servers> = Shared::new();
+
+/// A key prefix no other factory uses, for a factory over a shared deployment.
+pub(crate) fn shared_prefix() -> String {
+    format!("distlock-{}:", namespace())
+}
+
+/// `url` with `prefix` in its query string, unless it is the default one.
+pub(crate) fn url_with_prefix(url: String, prefix: &str) -> String {
+    if prefix == DEFAULT_PREFIX {
+        url
+    } else {
+        conformance::with_query(&url, &format!("prefix={prefix}"))
+    }
+}
+
 /// Makes clients of one Redis topology for the conformance suite.
 pub(crate) struct RedisFactory {
-    /// The servers (killed on drop).
-    pub(crate) servers: Servers,
+    /// The servers (killed when the last factory holding them drops).
+    pub(crate) servers: Arc<Servers>,
+    /// The key prefix of this factory's clients: [`DEFAULT_PREFIX`], or
+    /// [`shared_prefix`] over a shared deployment.
+    prefix: String,
     /// Proxies of crashable clients, kept alive as long as the factory.
     proxies: Mutex<Vec<Link>>,
 }
@@ -326,23 +355,61 @@ impl RedisFactory {
     /// A factory over one fresh server started with `options`; `None` as for
     /// [`RedisFactory::single`].
     pub(crate) async fn single_with(options: RedisOptions) -> Option<Self> {
-        lock_core::raw::register::<lock_redis::RedisBackend>();
         let server = or_skip(RedisServer::start_with(options).await)?;
-        Some(RedisFactory {
-            servers: Deployment::Single(Box::new(server)),
+        Some(Self::over(
+            Arc::new(Deployment::Single(Box::new(server))),
+            DEFAULT_PREFIX,
+        ))
+    }
+
+    /// A factory over the one server the factories of this test binary share, started
+    /// now if none runs; its keys live under a prefix of its own.
+    pub(crate) async fn shared_single() -> Option<Self> {
+        let servers = SINGLE
+            .get_or_start(|| async {
+                let server = or_skip(RedisServer::start().await)?;
+                Some(Deployment::Single(Box::new(server)))
+            })
+            .await?;
+        Some(Self::over(servers, &shared_prefix()))
+    }
+
+    /// A factory over the `n` independent servers (RedLock, `n` 3 or 5) the factories
+    /// of this test binary share, as [`RedisFactory::shared_single`].
+    pub(crate) async fn shared_redlock(n: usize) -> Option<Self> {
+        let slot = match n {
+            3 => &REDLOCK_3,
+            5 => &REDLOCK_5,
+            _ => panic!("no shared RedLock deployment of {n} servers"),
+        };
+        let servers = slot
+            .get_or_start(|| async {
+                let options = RedisOptions::default().members(n);
+                Some(Deployment::Cluster(or_skip(
+                    RedisNodes::start_with(options).await,
+                )?))
+            })
+            .await?;
+        Some(Self::over(servers, &shared_prefix()))
+    }
+
+    fn over(servers: Arc<Servers>, prefix: &str) -> Self {
+        lock_core::raw::register::<lock_redis::RedisBackend>();
+        RedisFactory {
+            servers,
+            prefix: prefix.to_owned(),
             proxies: Mutex::new(Vec::new()),
-        })
+        }
     }
 
     /// A factory over `n` fresh independent servers (RedLock); `None` as for
     /// [`RedisFactory::single`].
     pub(crate) async fn redlock(n: usize) -> Option<Self> {
-        lock_core::raw::register::<lock_redis::RedisBackend>();
         let nodes = or_skip(RedisNodes::start_with(RedisOptions::default().members(n)).await)?;
-        Some(RedisFactory {
-            servers: Deployment::Cluster(nodes),
-            proxies: Mutex::new(Vec::new()),
-        })
+        Some(Self::over(
+            Arc::new(Deployment::Cluster(nodes)),
+            DEFAULT_PREFIX,
+        ))
     }
 
     /// [`RedisFactory::redlock`] over three servers when `redlock`, else
@@ -356,7 +423,7 @@ impl RedisFactory {
     }
 
     fn redlock_mode(&self) -> bool {
-        matches!(self.servers, Deployment::Cluster(_))
+        matches!(*self.servers, Deployment::Cluster(_))
     }
 
     /// A client of these servers.
@@ -370,7 +437,8 @@ impl RedisFactory {
         addrs: &[SocketAddr],
         options: LockOptions,
     ) -> Arc<RedisLock> {
-        let config = config_for(addrs, self.redlock_mode(), options);
+        let mut config = config_for(addrs, self.redlock_mode(), options);
+        config.prefix.clone_from(&self.prefix);
         Arc::new(connect_patiently("connect", || RedisLock::connect(config.clone())).await)
     }
 
@@ -399,7 +467,11 @@ redis_factory!(RedisFactory);
 
 impl RedisFactory {
     fn deployment_url(&self) -> String {
-        self.servers.url()
+        url_with_prefix(self.servers.url(), &self.prefix)
+    }
+
+    fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     async fn crashable(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
@@ -413,12 +485,14 @@ impl RedisFactory {
     }
 }
 
-/// Anything left for `names` on the servers behind `conns` (see [`Factory::leftovers`]).
+/// Anything left for `names` under key `prefix` on the servers behind `conns` (see
+/// [`Factory::leftovers`]).
 pub(crate) async fn leftovers_on(
     conns: Vec<MultiplexedConnection>,
+    prefix: &str,
     names: &[LockName],
 ) -> Vec<String> {
-    let keys = KeyLayout::new(DEFAULT_PREFIX);
+    let keys = KeyLayout::new(prefix);
     let mut left = Vec::new();
     for (i, mut conn) in conns.into_iter().enumerate() {
         for name in names {
@@ -477,7 +551,7 @@ pub(crate) async fn leftovers_on(
 #[async_trait]
 impl ChaosTarget for RedisFactory {
     fn topology(&self) -> Topology {
-        match &self.servers {
+        match &*self.servers {
             Deployment::Single(_) => Topology::Single { durable: false },
             Deployment::Cluster(n) => Topology::Independent { nodes: n.len() },
         }

@@ -10,16 +10,24 @@ use std::time::Duration;
 use conformance::{connect_patiently, Crash};
 use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use lab::harness::{or_skip, Cluster, HarnessError, RedisSentinel, Sentinel, SentinelOptions};
+use lab::shared::Shared;
 use lock_core::{DistributedLock, LockName, LockOptions};
-use lock_redis::{RedisConfig, RedisLock, RedisNode};
+use lock_redis::{RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
 
-use super::{leftovers_on, raw};
+use super::{leftovers_on, raw, shared_prefix, url_with_prefix};
+
+/// The deployments shared by the factories of a test binary, plain and on TLS.
+static SHARED: Shared<RedisSentinel> = Shared::new();
+static SHARED_TLS: Shared<RedisSentinel> = Shared::new();
 
 /// Makes clients of one Sentinel deployment.
 pub(crate) struct SentinelFactory {
-    /// The servers and Sentinels (killed on drop).
-    pub(crate) deployment: RedisSentinel,
+    /// The servers and Sentinels (killed when the last factory holding them drops).
+    pub(crate) deployment: Arc<RedisSentinel>,
+    /// The key prefix of this factory's clients: the default one, or a prefix of its own
+    /// over a shared deployment.
+    prefix: String,
     /// What crashable clients go through: a proxy in front of the primary and a Sentinel
     /// of their own that names it, kept as long as the factory.
     crashable: Mutex<Vec<(Link, Cluster<Sentinel>)>>,
@@ -51,14 +59,39 @@ impl SentinelFactory {
         Self::over(RedisSentinel::start_with(options).await, wait_replicas)
     }
 
+    /// A factory over the deployment the factories of this test binary share (on TLS
+    /// when `tls`), started now if none runs; its keys live under a prefix of its own.
+    pub(crate) async fn shared(tls: bool) -> Option<Self> {
+        let slot = if tls { &SHARED_TLS } else { &SHARED };
+        let deployment = slot
+            .get_or_start(|| async {
+                or_skip(if tls {
+                    RedisSentinel::start_tls().await
+                } else {
+                    RedisSentinel::start_with(SentinelOptions::default()).await
+                })
+            })
+            .await?;
+        Some(Self::over_arc(deployment, 0, shared_prefix()))
+    }
+
     fn over(deployment: Result<RedisSentinel, HarnessError>, wait_replicas: u32) -> Option<Self> {
-        lock_core::raw::register::<lock_redis::RedisBackend>();
-        let deployment = or_skip(deployment)?;
-        Some(SentinelFactory {
+        let deployment = Arc::new(or_skip(deployment)?);
+        Some(Self::over_arc(
             deployment,
+            wait_replicas,
+            DEFAULT_PREFIX.to_owned(),
+        ))
+    }
+
+    fn over_arc(deployment: Arc<RedisSentinel>, wait_replicas: u32, prefix: String) -> Self {
+        lock_core::raw::register::<lock_redis::RedisBackend>();
+        SentinelFactory {
+            deployment,
+            prefix,
             crashable: Mutex::new(Vec::new()),
             wait_replicas,
-        })
+        }
     }
 
     /// A client configuration for the Sentinels at `sentinels`.
@@ -77,6 +110,7 @@ impl SentinelFactory {
             .collect();
         let mut config = RedisConfig::sentinel(nodes, self.deployment.master_name());
         config.options = options;
+        config.prefix.clone_from(&self.prefix);
         config.wait_replicas = self.wait_replicas;
         if let Some(ca) = self.deployment.ca_file() {
             config.tls = true;
@@ -107,7 +141,11 @@ redis_factory!(SentinelFactory);
 
 impl SentinelFactory {
     fn deployment_url(&self) -> String {
-        self.deployment.url()
+        url_with_prefix(self.deployment.url(), &self.prefix)
+    }
+
+    fn prefix(&self) -> &str {
+        &self.prefix
     }
 
     async fn crashable(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {

@@ -53,6 +53,21 @@ impl Queue<'_> {
         data: &[u8],
         pending: &mut CleanupOnDrop<QueuedNode>,
     ) -> Result<Queued, Step> {
+        self.create_node(live, dir, marker, data, false, pending)
+            .await
+    }
+
+    /// [`Queue::create`], the directory listed right behind the create when `listed`
+    /// (a caller that needs the names, not only the count, saves a round trip).
+    pub(super) async fn create_node(
+        &self,
+        live: &Live,
+        dir: &str,
+        marker: &str,
+        data: &[u8],
+        listed: bool,
+        pending: &mut CleanupOnDrop<QueuedNode>,
+    ) -> Result<Queued, Step> {
         let prefix = format!("{dir}/{marker}");
         let acls = self.acls();
         let options = zk::CreateMode::EphemeralSequential.with_acls(acls);
@@ -62,7 +77,7 @@ impl Queue<'_> {
             // `QueuedNode`'s cleanup, whose search is sent after the create.
             pending.state_mut().armed = true;
             let sent_at = Instant::now();
-            let created = if self.session.counts_children() {
+            let created = if self.session.counts_children() && !listed {
                 self.create_counted(live, dir, &prefix, data, &options)
                     .await?
             } else {

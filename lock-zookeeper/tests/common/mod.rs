@@ -1,5 +1,7 @@
-//! The conformance factory for `zk://`: real ZooKeeper servers from the harness, one per
-//! factory (standalone or a 3-member ensemble), killed when the factory drops.
+//! The conformance factory for `zk://`: real ZooKeeper servers from the harness
+//! (standalone or a 3-member ensemble), started for one factory and killed when it drops,
+//! or shared by the factories of a test binary ([`ZkFactory::shared`]), each under a base
+//! path of its own, and killed when the last of them drops.
 
 // Not every test file uses every helper or re-export.
 #![allow(dead_code, unreachable_pub, unused_imports)]
@@ -12,6 +14,7 @@ use conformance::{connect_patiently, Crash, Factory};
 use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use lab::harness::{or_skip, Deployment, ZkEnsemble, ZkOptions, ZkServer, ZkTls, ZooKeeper};
 use lab::proxy::FaultProxy;
+use lab::shared::{namespace, Shared};
 use lock_core::{
     DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions, LockState,
     ReleaseOutcome,
@@ -20,15 +23,25 @@ use lock_zookeeper::{lock_dir, queue_order, ZkConfig, ZkLock};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
-/// The base path the suite's locks live under.
+/// The base path the suite's locks live under (a factory over a shared deployment uses
+/// a path of its own below it).
 pub const BASE: &str = "/conformance";
+
+/// The deployments shared by the factories of a test binary.
+static STANDALONE: Shared<Servers> = Shared::new();
+static ENSEMBLE: Shared<Servers> = Shared::new();
+static TLS_STANDALONE: Shared<Servers> = Shared::new();
 
 /// The servers behind a factory: a standalone server or an ensemble.
 pub type Servers = Deployment<ZooKeeper>;
 
 /// Clients of one ZooKeeper deployment.
 pub struct ZkFactory {
-    pub servers: Servers,
+    /// The servers, this factory's own or shared with other factories.
+    pub servers: Arc<Servers>,
+    /// The base path of this factory's locks: [`BASE`], or a path of its own below it
+    /// over a shared deployment.
+    base: String,
     /// With TLS, lock clients talk `zks://` to the secure ports with these certificates
     /// (the admin client stays on the plain ports).
     pub tls: Option<ZkTls>,
@@ -131,9 +144,14 @@ pub fn config(hosts: Vec<String>, options: LockOptions) -> ZkConfig {
     config
 }
 
-/// The lock nodes in `name`'s directory, in queue order.
+/// The lock nodes in `name`'s directory under [`BASE`], in queue order.
 pub async fn queue(admin: &zk::Client, name: &LockName) -> Vec<String> {
-    let dir = lock_dir(BASE, name);
+    queue_under(admin, BASE, name).await
+}
+
+/// The lock nodes in `name`'s directory under `base`, in queue order.
+pub async fn queue_under(admin: &zk::Client, base: &str, name: &LockName) -> Vec<String> {
+    let dir = lock_dir(base, name);
     let children = match admin.list_children(&dir).await {
         Ok(children) => children,
         Err(zk::Error::NoNode) => Vec::new(),
@@ -145,10 +163,31 @@ pub async fn queue(admin: &zk::Client, name: &LockName) -> Vec<String> {
         .collect()
 }
 
+/// The children of `dir`, sorted (none for a missing `dir`).
+pub async fn children(admin: &zk::Client, dir: &str) -> Vec<String> {
+    match admin.list_children(dir).await {
+        Ok(mut children) => {
+            children.sort_unstable();
+            children
+        }
+        Err(zk::Error::NoNode) => Vec::new(),
+        Err(err) => panic!("list {dir}: {err}"),
+    }
+}
+
+/// Waits (at most 20 s) until `dir` has `n` children.
+pub async fn children_reach(admin: &zk::Client, dir: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while children(admin, dir).await.len() != n {
+        assert!(Instant::now() < deadline, "{dir} never had {n} children");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Waits (at most 20 s) until `name`'s queue has `n` lock nodes.
 pub async fn queue_len_reaches(factory: &ZkFactory, name: &LockName, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(20);
-    while queue(factory.admin(), name).await.len() < n {
+    while factory.queue(name).await.len() < n {
         assert!(
             Instant::now() < deadline,
             "queue of {name} never reached {n}"
@@ -321,6 +360,48 @@ impl ZkFactory {
         Some(Self::over(Deployment::Single(Box::new(server))).await)
     }
 
+    /// A factory over the standalone server the factories of this test binary share,
+    /// started now if none runs; its locks live under a base path of its own.
+    pub async fn shared() -> Option<Self> {
+        let servers = STANDALONE
+            .get_or_start(|| async { Some(Deployment::Single(Box::new(standalone().await?))) })
+            .await?;
+        Some(Self::over_shared(servers, None).await)
+    }
+
+    /// A factory over the 3-member ensemble the factories of this test binary share, as
+    /// [`ZkFactory::shared`].
+    pub async fn shared_ensemble() -> Option<Self> {
+        let servers = ENSEMBLE
+            .get_or_start(|| async {
+                Some(Deployment::Cluster(ensemble(ZkOptions::default()).await?))
+            })
+            .await?;
+        Some(Self::over_shared(servers, None).await)
+    }
+
+    /// A factory over the standalone TLS server the factories of this test binary share
+    /// (mutual TLS: it requires a client certificate), as [`ZkFactory::shared`]; its lock
+    /// clients talk `zks://`.
+    pub async fn shared_tls() -> Option<Self> {
+        let servers = TLS_STANDALONE
+            .get_or_start(|| async {
+                let tls = ZkTls::make().await.expect("certificates").client_auth(true);
+                let server = or_skip(ZkServer::start_with(ZkOptions::default().tls(tls)).await)?;
+                Some(Deployment::Single(Box::new(server)))
+            })
+            .await?;
+        let tls = servers.members()[0].tls().cloned();
+        Some(Self::over_shared(servers, tls).await)
+    }
+
+    async fn over_shared(servers: Arc<Servers>, tls: Option<ZkTls>) -> Self {
+        let mut factory = Self::over_arc(servers).await;
+        factory.base = format!("{BASE}/{}", namespace());
+        factory.tls = tls;
+        factory
+    }
+
     /// A factory over a fresh 3-member ensemble.
     pub async fn start_ensemble() -> Option<Self> {
         Self::start_ensemble_with(ZkOptions::default()).await
@@ -356,10 +437,15 @@ impl ZkFactory {
     }
 
     async fn over(servers: Servers) -> Self {
+        Self::over_arc(Arc::new(servers)).await
+    }
+
+    async fn over_arc(servers: Arc<Servers>) -> Self {
         lock_core::raw::register::<lock_zookeeper::ZkBackend>();
         let admin = raw_client(&servers.hosts()).await;
         ZkFactory {
             servers,
+            base: BASE.to_owned(),
             tls: None,
             admin,
             proxies: Mutex::new(Vec::new()),
@@ -382,6 +468,7 @@ impl ZkFactory {
     /// A lock client config for `hosts` with `options`, and TLS when the factory has it.
     pub fn config_for(&self, hosts: Vec<String>, options: LockOptions) -> ZkConfig {
         let mut config = config(hosts, options);
+        config.prefix.clone_from(&self.base);
         if let Some(tls) = &self.tls {
             config.tls = true;
             config.ca_file = Some(tls.ca_file());
@@ -394,6 +481,16 @@ impl ZkFactory {
     /// The admin client (a separate session).
     pub fn admin(&self) -> &zk::Client {
         &self.admin
+    }
+
+    /// The base path of this factory's locks.
+    pub fn base(&self) -> &str {
+        &self.base
+    }
+
+    /// The lock nodes in `name`'s directory under this factory's base path, in queue order.
+    pub async fn queue(&self, name: &LockName) -> Vec<String> {
+        queue_under(&self.admin, &self.base, name).await
     }
 
     /// A concrete client with `options`.
@@ -448,7 +545,7 @@ impl Factory for ZkFactory {
             .map(ToString::to_string)
             .collect();
         let scheme = if self.tls.is_some() { "zks" } else { "zk" };
-        format!("{scheme}://{}{BASE}", hosts.join(","))
+        format!("{scheme}://{}{}", hosts.join(","), self.base)
     }
 
     fn short_ttl(&self) -> Duration {
@@ -468,8 +565,8 @@ impl Factory for ZkFactory {
     }
 
     async fn steal(&self, name: &LockName) {
-        let dir = lock_dir(BASE, name);
-        if let Some(holder) = queue(&self.admin, name).await.first() {
+        let dir = lock_dir(&self.base, name);
+        if let Some(holder) = self.queue(name).await.first() {
             match self.admin.delete(&format!("{dir}/{holder}"), None).await {
                 Ok(()) | Err(zk::Error::NoNode) => {}
                 Err(err) => panic!("steal {dir}/{holder}: {err}"),
@@ -480,7 +577,7 @@ impl Factory for ZkFactory {
     async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
         let mut left = Vec::new();
         for name in names {
-            let nodes = queue(&self.admin, name).await;
+            let nodes = self.queue(name).await;
             if !nodes.is_empty() {
                 left.push(format!("{name:?} has lock nodes {nodes:?}"));
             }
@@ -492,7 +589,7 @@ impl Factory for ZkFactory {
 #[async_trait]
 impl ChaosTarget for ZkFactory {
     fn topology(&self) -> Topology {
-        match &self.servers {
+        match &*self.servers {
             Deployment::Single(_) => Topology::Single { durable: true },
             Deployment::Cluster(e) => Topology::Quorum {
                 members: e.len(),
@@ -518,14 +615,16 @@ impl ChaosTarget for ZkFactory {
         &self,
         options: LockOptions,
     ) -> Option<(Arc<dyn DistributedLock>, Link)> {
-        let Deployment::Cluster(ensemble) = &self.servers else {
+        let Deployment::Cluster(ensemble) = &*self.servers else {
             return None;
         };
         let leader = ensemble.leader().await.ok()?;
         let follower = (leader + 1) % ensemble.len();
         let links = ensemble.peer_links(follower).ok()?;
         let hosts = vec![ensemble.member(follower).connect_string()];
-        let client = ZkLock::connect(config(hosts, options))
+        let mut config = config(hosts, options);
+        config.prefix.clone_from(&self.base);
+        let client = ZkLock::connect(config)
             .await
             .expect("a client of one follower connects");
         Some((Arc::new(client), Link::Proxies(links)))

@@ -99,6 +99,8 @@ pub struct ZooKeeper {
     id: Option<usize>,
     /// The TLS client port, when serving TLS.
     secure_port: Option<u16>,
+    /// The certificates it serves TLS with (which its clients need).
+    tls: Option<ZkTls>,
 }
 
 #[async_trait]
@@ -226,7 +228,11 @@ impl ServerKind for ZooKeeper {
         Ok(Prepared {
             node: Node::new(label, spec, probe, options.ready_timeout),
             data_dir,
-            kind: ZooKeeper { id, secure_port },
+            kind: ZooKeeper {
+                id,
+                secure_port,
+                tls: options.tls.clone(),
+            },
         })
     }
 
@@ -293,6 +299,11 @@ impl Server<ZooKeeper> {
     /// The TLS client port, when started with [`ZkOptions::tls`].
     pub fn secure_port(&self) -> Option<u16> {
         self.kind.secure_port
+    }
+
+    /// The certificates the server serves TLS with, when started with [`ZkOptions::tls`].
+    pub fn tls(&self) -> Option<&ZkTls> {
+        self.kind.tls.as_ref()
     }
 
     /// The member's `myid` (1-based) in an ensemble; `None` when standalone.

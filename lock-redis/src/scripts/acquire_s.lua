@@ -1,0 +1,78 @@
+-- Takes a hold of a shared kind (a permit, a reader, a writer) in arrival order, on the
+-- queue of the mutex (see shared.lua for the layout and the grant rule).
+-- KEYS: as in shared.lua (lock, fencing counter, queue, liveness, holders' table)
+-- ARGV[1]: owner token; ARGV[2]: TTL in milliseconds
+-- ARGV[3]: waiter id; ARGV[4]: how long (ms) the waiter stays queued without showing up
+-- ARGV[5]: "1" to queue when refused, "0" not to (a try)
+-- ARGV[6]: the floor of the fencing token, "" for none (see tokens.lua)
+-- ARGV[7]: channel prefix of the clients' wake-up channels
+-- ARGV[8]: the hold's kind ("R", "W", "P<permits>"); ARGV[9]: the name's change channel
+-- Returns {1, fencing token, 0} when the hold is ours (granted now, or by an earlier call
+-- that settled the queue: its expiry then counts from now); {0, ms until the first hold
+-- expires (-2: nobody holds), 0, place in the queue (0 = head; -1 not queued)} when not;
+-- {-1, what the name is} when it is another kind: its permits, 0 for a read-write lock,
+-- -1 for a mutex or an election (a plain string key, or mutex waiters queued).
+-- The helpers come from tokens.lua, queue.lua, broken.lua and shared.lua.
+
+local owner, ttl, me, kind = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[8]
+local found = redis.call('TYPE', LOCK)['ok']
+if found ~= 'none' and found ~= 'zset' then
+  return {-1, -1}
+end
+local now = now_ms()
+evict(now)
+purge(now)
+if redis.call('EXISTS', LOCK) == 0 and redis.call('EXISTS', QUEUE) == 0 then
+  -- Nobody holds or waits (the last holders expired): the name's kind goes with them.
+  redis.call('DEL', TABLE)
+end
+local theirs = redis.call('HGET', TABLE, 'kind')
+if not theirs and redis.call('EXISTS', QUEUE) == 1 then
+  -- Waiters without a kind: a mutex's or an election's.
+  local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
+  if head and redis.call('HEXISTS', TABLE, 'q:' .. head) == 0 then
+    return {-1, -1}
+  end
+end
+if theirs and theirs ~= family(kind) then
+  if theirs == 'RW' then
+    return {-1, 0}
+  end
+  return {-1, tonumber(string.sub(theirs, 2)) or 0}
+end
+if not theirs then
+  redis.call('HSET', TABLE, 'kind', family(kind))
+end
+local function granted(token)
+  redis.call(PUBLISH, ARGV[9], 'granted')
+  return {1, token, 0}
+end
+-- Ours already (granted by a settle, or a re-sent request): the lease counts from now.
+local entry = redis.call('HGET', TABLE, owner)
+if entry and redis.call('ZSCORE', LOCK, owner) then
+  redis.call('ZADD', LOCK, now + ttl, owner)
+  extend(LOCK, ttl)
+  extend(TABLE, ttl)
+  leave(me)
+  redis.call('HDEL', TABLE, 'q:' .. me)
+  return {1, string.match(entry, ':(%d+)$'), 0}
+end
+settle(ARGV[7], ARGV[9], now)
+if redis.call('ZSCORE', LOCK, owner) then
+  -- Granted by the settle, in its place in the queue.
+  local token = string.match(redis.call('HGET', TABLE, owner), ':(%d+)$')
+  redis.call('ZADD', LOCK, now + ttl, owner)
+  return {1, token, 0}
+end
+local rank = redis.call('ZRANK', QUEUE, me)
+if rank == false and redis.call('EXISTS', QUEUE) == 0 and granted_behind(kind, holder_kinds()) then
+  return granted(hold(owner, kind, ttl, ARGV[6], now))
+end
+if ARGV[5] ~= '1' then
+  return {0, first_expiry(now), 0, -1}
+end
+redis.call('HSET', TABLE, 'q:' .. me, kind .. ':' .. ARGV[2] .. ':' .. ARGV[6])
+local stay = tonumber(ARGV[4])
+local place = join(me, now, stay)
+extend(TABLE, stay + 1000)
+return {0, first_expiry(now), 0, place}

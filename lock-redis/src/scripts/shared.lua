@@ -1,0 +1,139 @@
+-- Shared kinds (a semaphore's permits, a read-write lock's readers and writers): the
+-- helpers of their scripts (prepended in Rust, after tokens.lua, queue.lua and broken.lua).
+-- KEYS[1]: the lock key, a sorted set: holders' owner tokens by the server time (ms) at
+-- which each hold expires; KEYS[2]: the fencing counter; KEYS[3], KEYS[4]: the waiter
+-- queue (see queue.lua); KEYS[5]: the holders' table, a hash: `<owner token>` ->
+-- "<kind>:<fencing token>" of each holder, `q:<waiter id>` -> "<kind>:<ttl ms>:<floor>"
+-- of each queued waiter, and `kind` -> the name's kind: "P<permits>" or "RW".
+-- A hold's kind is "R" (read), "W" (write) or "P<permits>" (a permit).
+-- The grant rule is HoldKind::granted_behind's: a reader waits only for writers ahead, a
+-- writer for everyone ahead, a permit for `permits` or more ahead; nobody overtakes.
+
+local TABLE = KEYS[5]
+
+-- A Lua number or decimal string as an exact decimal string.
+local function decimal_of(n)
+  if type(n) == 'number' then
+    return string.format('%.0f', n)
+  end
+  return n
+end
+
+-- The name's kind of a hold's kind: "RW" for a reader or writer, the permit's own.
+local function family(kind)
+  if kind == 'R' or kind == 'W' then
+    return 'RW'
+  end
+  return kind
+end
+
+-- Whether `kind` is granted behind `ahead`, the kinds before it in queue order.
+local function granted_behind(kind, ahead)
+  local permit = string.sub(kind, 1, 1) == 'P'
+  local count = 0
+  for _, other in ipairs(ahead) do
+    count = count + 1
+    local shares = (kind == 'R' and other == 'R') or (permit and string.sub(other, 1, 1) == 'P')
+    if not shares then
+      return false
+    end
+  end
+  if permit then
+    return count < (tonumber(string.sub(kind, 2)) or 0)
+  end
+  return true
+end
+
+-- Sets the expiry of `key` to `ms` from now unless it expires later already.
+local function extend(key, ms)
+  local left = redis.call('PTTL', key)
+  if left ~= -2 and left < ms then
+    redis.call('PEXPIRE', key, ms)
+  end
+end
+
+-- Drops the holders whose hold expired (a crashed holder frees its place here).
+local function purge(now)
+  local dead = redis.call('ZRANGEBYSCORE', LOCK, '-inf', now)
+  if #dead > 0 then
+    redis.call('ZREMRANGEBYSCORE', LOCK, '-inf', now)
+    redis.call('HDEL', TABLE, unpack(dead))
+  end
+end
+
+-- The kinds of the live holders (an entry without a kind counts as a writer).
+local function holder_kinds()
+  local kinds = {}
+  for _, owner in ipairs(redis.call('ZRANGE', LOCK, 0, -1)) do
+    local entry = redis.call('HGET', TABLE, owner)
+    kinds[#kinds + 1] = entry and string.match(entry, '^([^:]*)') or 'W'
+  end
+  return kinds
+end
+
+-- Makes `owner` a holder of `kind` for `ttl` ms with the next fencing token (no lower
+-- than `floor`, see tokens.lua) and returns the token.
+local function hold(owner, kind, ttl, floor, now)
+  local token = decimal_of(next_token(floor))
+  redis.call('ZADD', LOCK, now + ttl, owner)
+  redis.call('HSET', TABLE, owner, kind .. ':' .. token)
+  extend(LOCK, ttl)
+  extend(TABLE, ttl)
+  return token
+end
+
+-- Grants, in queue order, the waiters at the head of the queue that the holders admit
+-- (at most 64 per call), as the holds of their owner tokens, and wakes each: its next
+-- call finds itself a holder. A waiter past its liveness deadline is dropped instead; one
+-- of unknown kind (a mutex's) stops the grants.
+local function settle(channel_prefix, changed, now)
+  local ahead = holder_kinds()
+  local granted = 0
+  for _, id in ipairs(redis.call('ZRANGE', QUEUE, 0, 63)) do
+    local entry = redis.call('HGET', TABLE, 'q:' .. id)
+    local client, owner = string.match(id, '^([^/]*)/(.*)$')
+    if not entry or not client then
+      break
+    end
+    if tonumber(redis.call('ZSCORE', LIVE, id) or '0') <= now then
+      -- A waiter that stopped showing up is dropped, not granted (evict drops only 16
+      -- per call).
+      leave(id)
+      redis.call('HDEL', TABLE, 'q:' .. id)
+    else
+      local kind, ttl, floor = string.match(entry, '^([^:]*):(%d+):(.*)$')
+      if not kind or not granted_behind(kind, ahead) then
+        break
+      end
+      hold(owner, kind, tonumber(ttl), floor, now)
+      leave(id)
+      redis.call('HDEL', TABLE, 'q:' .. id)
+      redis.call(PUBLISH, channel_prefix .. client, 'wake ' .. owner)
+      ahead[#ahead + 1] = kind
+      granted = granted + 1
+    end
+  end
+  if granted > 0 and changed ~= '' then
+    redis.call(PUBLISH, changed, 'granted')
+  end
+end
+
+-- How long (ms) until the first live hold expires; -2 when nobody holds.
+local function first_expiry(now)
+  local first = redis.call('ZRANGE', LOCK, 0, 0, 'WITHSCORES')
+  if first[2] == nil then
+    return -2
+  end
+  return math.max(tonumber(first[2]) - now, 0)
+end
+
+-- Why `owner` holds nothing here: -2 broken by an operator, -1 others hold, 0 gone.
+local function not_held(mark, owner)
+  if was_broken(mark, owner) then
+    return -2
+  elseif redis.call('TYPE', LOCK)['ok'] ~= 'none' then
+    return -1
+  end
+  return 0
+end
+

@@ -1,0 +1,190 @@
+//! A permit of a semaphore, in Curator's `InterProcessSemaphoreV2` protocol: take the
+//! mutex `<dir>/locks` (a queue of its own: FIFO among acquirers), create a lease node in
+//! `<dir>/leases`, hold it once the leases are no more than the permits (else wait for a
+//! change of the leases' children), then release the mutex.
+
+use std::collections::HashSet;
+
+use futures::future::join_all;
+use lock_core::raw::{AcquireRequest, Acquired, CleanupOnDrop, HoldKind};
+use zookeeper_client as zk;
+
+use super::create::Queued;
+use super::{step, Ask, Granted, Queue, QueuedNode, Step};
+use crate::hold::ZkHold;
+use crate::layout::{permit_data, permits_in, semaphore_dirs};
+use crate::session::Live;
+
+/// The two nodes one permit acquisition may leave behind if dropped.
+#[derive(Debug)]
+pub(crate) struct PermitNodes {
+    /// Its node in the `locks` mutex's queue.
+    pub(crate) lock: CleanupOnDrop<QueuedNode>,
+    /// Its lease node.
+    pub(crate) lease: CleanupOnDrop<QueuedNode>,
+}
+
+impl Queue<'_> {
+    /// One attempt at a permit of `permits` of the semaphore in `dir` on session `live`:
+    /// the mutex node is `<dir>/locks/<lock_marker><seq>`, the lease node
+    /// `<dir>/leases/<lease_marker><seq>`.
+    pub(crate) async fn permit(
+        &self,
+        live: &Live,
+        dir: &str,
+        (lock_marker, lease_marker): (&str, &str),
+        permits: u32,
+        request: &AcquireRequest<'_>,
+        nodes: &mut PermitNodes,
+    ) -> Result<Option<Acquired<ZkHold>>, Step> {
+        let (locks, leases) = semaphore_dirs(dir);
+        let mutex = Ask {
+            kind: &HoldKind::Mutex,
+            data: &[],
+            wait: request.wait,
+            name: request.name,
+            ordered: false,
+        };
+        let Some(taken) = self
+            .queue_and_wait(live, &locks, lock_marker, &mutex, &mut nodes.lock)
+            .await?
+        else {
+            return Ok(None);
+        };
+        // Our mutex node stays until the lease is decided: removed if we are dropped.
+        nodes.lock.state_mut().armed = true;
+        // Listed right behind the create: the names decide and are checked at once.
+        let data = permit_data(permits);
+        let Queued {
+            name,
+            czxid,
+            ordered_at,
+            children,
+        } = self
+            .create_node(live, &leases, lease_marker, &data, true, &mut nodes.lease)
+            .await?;
+        let path = format!("{leases}/{name}");
+        let granted = self
+            .wait_for_lease(live, &leases, (&name, children), permits, request, nodes)
+            .await?;
+        // Release the `locks` mutex: at once when possible, else by the cleanup.
+        if let Ok(Ok(()) | Err(zk::Error::NoNode)) = self
+            .session
+            .call(
+                "release semaphore mutex",
+                live.client.delete(&taken.path, None),
+            )
+            .await
+        {
+            nodes.lock.state_mut().armed = false;
+        }
+        if !granted {
+            return Ok(None);
+        }
+        nodes.lease.state_mut().armed = false;
+        Ok(Some(
+            Granted {
+                path,
+                czxid,
+                at: ordered_at,
+            }
+            .acquired(live, request),
+        ))
+    }
+
+    /// Waits (holding the `locks` mutex) until the children of `leases` (`first`: as
+    /// listed behind the create, if they were) are no more than `permits`, our lease node
+    /// `name` among them; `false`: not granted and not to wait
+    /// (the lease node is deleted). Every other lease node is read once for its number
+    /// of permits: ours disagreeing is [`lock_core::Error::Conflict`].
+    async fn wait_for_lease(
+        &self,
+        live: &Live,
+        leases: &str,
+        (name, mut first): (&str, Option<Vec<String>>),
+        permits: u32,
+        request: &AcquireRequest<'_>,
+        nodes: &mut PermitNodes,
+    ) -> Result<bool, Step> {
+        let ours = HoldKind::Permit { permits };
+        let mut checked: HashSet<String> = HashSet::new();
+        let mut losses = 0;
+        loop {
+            // The listing behind the create first (no watch: the next listing sets one
+            // if this one does not grant).
+            let listed = match first.take() {
+                Some(children) => Ok(Ok((children, None))),
+                None => self
+                    .session
+                    .call(
+                        "list lease nodes",
+                        live.client.list_and_watch_children(leases),
+                    )
+                    .await
+                    .map(|listed| listed.map(|(children, watcher)| (children, Some(watcher)))),
+            };
+            let (children, watcher) = match listed {
+                Ok(Ok(listed)) => listed,
+                Ok(Err(err)) => {
+                    self.tolerate(live, step(err, "list lease nodes"), &mut losses)
+                        .await?;
+                    continue;
+                }
+                Err(err) => {
+                    self.tolerate(live, Step::Retry(err), &mut losses).await?;
+                    continue;
+                }
+            };
+            if !children.iter().any(|child| child == name) {
+                return Err(Step::Restart(lock_core::Error::Unavailable {
+                    backend: crate::error::BACKEND,
+                    message: format!("lease node {leases}/{name} vanished while queued"),
+                    source: None,
+                }));
+            }
+            let unread: Vec<&String> = children
+                .iter()
+                .filter(|child| *child != name && !checked.contains(*child))
+                .collect();
+            let reads = join_all(unread.iter().map(|child| {
+                let path = format!("{leases}/{child}");
+                async move { live.client.get_data(&path).await }
+            }));
+            let read = match self.session.call("read lease nodes", reads).await {
+                Ok(read) => read,
+                Err(err) => {
+                    self.tolerate(live, Step::Retry(err), &mut losses).await?;
+                    continue;
+                }
+            };
+            for (child, data) in unread.into_iter().zip(read) {
+                let theirs = match data {
+                    Ok((data, _)) => permits_in(&data),
+                    // Gone, or unreadable (a foreign ACL): nothing to compare.
+                    Err(_) => None,
+                };
+                if let Some(theirs) = theirs {
+                    ours.check_beside(&HoldKind::Permit { permits: theirs }, request.name)
+                        .map_err(Step::Fail)?;
+                }
+                checked.insert(child.clone());
+            }
+            // Curator's rule: every child of `leases` counts, ours included.
+            if children.len() <= usize::try_from(permits).unwrap_or(usize::MAX) {
+                return Ok(true);
+            }
+            if !request.wait {
+                let path = format!("{leases}/{name}");
+                // Left to the cleanup if this delete fails.
+                self.withdraw(live, &path, &mut nodes.lease).await;
+                return Ok(false);
+            }
+            if let Some(watcher) = watcher {
+                tokio::select! {
+                    _ = watcher.changed() => {}
+                    () = tokio::time::sleep(self.recheck()) => {}
+                }
+            }
+        }
+    }
+}
