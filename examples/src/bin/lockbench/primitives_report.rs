@@ -100,7 +100,8 @@ fn semaphore_md(report: &Report, md: &mut String, failures: &mut Vec<String>) {
         "### Semaphore: {PERMITS} permits, {SEMAPHORE_CLIENTS} contenders\n\n\
          {SEMAPHORE_CLIENTS} clients (a connection each) take a permit and give it back in \
          a loop. The mutex row is {SEMAPHORE_CLIENTS} clients on one lock name of the same \
-         run.\n"
+         run. Holds are one yield long, so fewer permits in use at once than there are \
+         says that grants arrived one at a time, not that permits stood idle.\n"
     );
     let _ = writeln!(
         md,
