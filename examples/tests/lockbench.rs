@@ -1,6 +1,7 @@
 //! lockbench end to end on the in-process backend (no servers): a short run writes a
-//! report whose election tables have a row for the backend, and whose JSON holds every
-//! election workload. Only that they ran is checked, never how fast.
+//! report whose election, semaphore, read-write and multi-lock tables have a row for the
+//! backend, and whose JSON holds every one of those workloads. Only that they ran, and
+//! ran sanely, is checked, never how fast.
 
 use std::time::Duration;
 
@@ -9,9 +10,10 @@ use tokio::process::Command;
 /// Bound on the whole benchmark run.
 const RUN_LIMIT: Duration = Duration::from_secs(180);
 
-/// The election workloads run on `memory` and land in report.md and report.json.
+/// The election and primitive workloads run on `memory` and land in report.md and
+/// report.json.
 #[tokio::test(flavor = "multi_thread")]
-async fn election_workloads_are_reported() {
+async fn election_and_primitive_workloads_are_reported() {
     let out = tempfile::tempdir().expect("temp dir");
     let run = Command::new(env!("CARGO_BIN_EXE_lockbench"))
         .args([
@@ -54,17 +56,18 @@ async fn election_workloads_are_reported() {
         "### Uncontended campaign",
         "### Failover after the leader is killed",
         "### Observer notification",
+        "### Semaphore: 4 permits, 64 contenders",
+        "### Read-write lock: 2 clients, 10% writes",
+        "### Multi-lock of 3 names",
     ] {
-        let section = md
-            .split(heading)
-            .nth(1)
-            .unwrap_or_else(|| panic!("report.md has no `{heading}`:\n{md}"));
-        let row = section
-            .lines()
-            .find(|l| l.starts_with("| memory |"))
-            .unwrap_or_else(|| panic!("`{heading}` has no memory row:\n{md}"));
-        assert!(!row.contains("no elections"), "{heading}: {row}");
+        let row = memory_row(&md, heading);
+        for absent in ["no elections", "not offered", "not measured"] {
+            assert!(!row.contains(absent), "{heading}: {row}");
+        }
     }
+    // The read-write lock is compared with the 2-on-1 mutex row of the same run.
+    let rw = memory_row(&md, "### Read-write lock");
+    assert!(rw.contains('x'), "no ratio to the mutex: {rw}");
 
     let json = std::fs::read_to_string(out.path().join("report.json")).expect("report.json");
     let report: serde_json::Value = serde_json::from_str(&json).expect("report.json parses");
@@ -85,4 +88,43 @@ async fn election_workloads_are_reported() {
         .as_array()
         .expect("failover rounds");
     assert_eq!(failover.len(), 1, "one failover round: {memory}");
+
+    let primitives = &run["primitives"];
+    let semaphore = &primitives["semaphore"];
+    assert!(semaphore["cycles"].as_u64() > Some(0), "{semaphore}");
+    assert_eq!(semaphore["clients"], 64);
+    let in_use = semaphore["max_in_use"].as_u64().expect("max_in_use");
+    assert!((1..=4).contains(&in_use), "permits in use: {semaphore}");
+    assert_eq!(semaphore["errors"], 0, "{semaphore}");
+
+    let rwlock = &primitives["rwlock"];
+    assert!(rwlock["cycles"].as_u64() > Some(0), "{rwlock}");
+    assert_eq!(rwlock["clients"], 2);
+    assert!(
+        rwlock["read_acquire"]["count"].as_u64() > Some(0),
+        "no reads: {rwlock}"
+    );
+    assert_eq!(rwlock["errors"], 0, "{rwlock}");
+
+    let multi = &primitives["multi"];
+    assert!(multi["multi_cycle"]["count"].as_u64() > Some(0), "{multi}");
+    assert!(
+        multi["sequential_cycle"]["count"].as_u64() > Some(0),
+        "{multi}"
+    );
+    let contended = &primitives["multi_contended"];
+    assert!(contended["cycles"].as_u64() > Some(0), "{contended}");
+    assert_eq!(contended["errors"], 0, "{contended}");
+}
+
+/// The memory row of the table under `heading` in `md`.
+fn memory_row<'a>(md: &'a str, heading: &str) -> &'a str {
+    let section = md
+        .split(heading)
+        .nth(1)
+        .unwrap_or_else(|| panic!("report.md has no `{heading}`:\n{md}"));
+    section
+        .lines()
+        .find(|l| l.starts_with("| memory |"))
+        .unwrap_or_else(|| panic!("`{heading}` has no memory row:\n{md}"))
 }

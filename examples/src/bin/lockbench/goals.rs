@@ -58,6 +58,7 @@ fn rate(report: &Report, backend: &str, clients: usize, locks: usize, i: usize) 
     Some(
         run(report, backend, i)?
             .contention(clients, locks)?
+            .run
             .cycles_per_sec,
     )
 }
@@ -113,7 +114,7 @@ fn goals() -> Vec<Goal> {
             "redis, 64 clients on 1 name: cycle p99",
             AtMost(20_000.0),
             Micros,
-            Box::new(|r, i| Some(run(r, "redis", i)?.contention(64, 1)?.cycle?.p99_us)),
+            Box::new(|r, i| Some(run(r, "redis", i)?.contention(64, 1)?.run.cycle?.p99_us)),
         ),
         goal(
             "redis 64-on-1 ÷ redis 8-on-1 (cycles/s)",

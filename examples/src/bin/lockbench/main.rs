@@ -1,8 +1,9 @@
 //! lockbench: the same lock workloads on every backend in one run, each next to its raw
-//! protocol floor on the same server, and the leader-election workloads (uncontended
+//! protocol floor on the same server, the leader-election workloads (uncontended
 //! campaign, failover after a killed leader, observer notification) where the backend
-//! grants elections. Every workload but the takeovers and renewal is repeated `--runs`
-//! times and reported as medians; writes a Markdown + JSON + SVG report.
+//! grants elections, and semaphores, read-write locks (where granted) and multi-locks
+//! against the mutex of the same run. Every workload but the takeovers and renewal is
+//! repeated `--runs` times and reported as medians; writes a Markdown + JSON + SVG report.
 //!
 //! ```text
 //! lockbench --backends memory,redis,redlock,zookeeper,etcd --duration 2s --runs 3
@@ -18,6 +19,8 @@ mod contention;
 mod election;
 mod floors;
 mod goals;
+mod primitives;
+mod primitives_report;
 mod report;
 mod sides;
 mod stats;
@@ -34,6 +37,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tokio::runtime::Runtime;
 
+use crate::primitives::Primitive;
 use crate::report::{BackendReport, Report, RunReport, UncontendedRun};
 use crate::targets::{BoxError, Target};
 use crate::workloads::Plan;
@@ -110,6 +114,19 @@ struct RunArgs {
     /// client of its own.
     #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..))]
     observers: u16,
+    /// Semaphore, read-write lock and multi-lock workloads to run, comma-separated
+    /// (`--primitives` with no value: none).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        num_args = 0..=1,
+        default_value = "semaphore,rwlock,multi"
+    )]
+    primitives: Vec<Primitive>,
+    /// Seed of the read-write workload's read-or-write choices and of the contended
+    /// multi-locks' names.
+    #[arg(long, default_value_t = 26)]
+    seed: u64,
     /// Directory for report.md, report.json, latency.svg and queue-sweep.svg.
     #[arg(long, default_value = "lockbench-report")]
     out: PathBuf,
@@ -205,9 +222,11 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
     };
     let runs = usize::from(args.runs);
     let shapes = args.contention_shapes();
-    // Per run: the uncontended flavours, hand-off, the contended shapes, campaign and
-    // observers; once: takeover, election failover and renewal.
-    let steps_per_backend = runs * (Flavour::ALL.len() + 3 + shapes.len()) + 2 + args.held.len();
+    // Per run: the uncontended flavours, hand-off, the contended shapes, campaign,
+    // observers and the primitives; once: takeover, election failover and renewal.
+    let primitive_steps: usize = args.primitives.iter().map(|p| p.steps()).sum();
+    let steps_per_backend =
+        runs * (Flavour::ALL.len() + 3 + shapes.len() + primitive_steps) + 2 + args.held.len();
     let bar = ProgressBar::new((steps_per_backend * args.backends.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -220,11 +239,11 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
         bar.set_message(format!("{backend}: starting servers"));
         match runtime.block_on(targets::start(backend)) {
             Ok(mut target) => {
-                if let Err(why) = runtime.block_on(target.check_elections()) {
+                if let Err(why) = runtime.block_on(target.check_capabilities()) {
                     bar.println(format!("lockbench: {backend}: capabilities: {why}"));
                 }
-                if !target.elections {
-                    bar.println(format!("lockbench: {}: {NO_ELECTIONS}", target.label));
+                for missing in missing_capabilities(&target, &args.primitives) {
+                    bar.println(format!("lockbench: {}: {missing}", target.label));
                 }
                 targets.push(target);
             }
@@ -242,12 +261,12 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
             floor: t.floor.as_ref().map(floors::FloorSpec::describe),
             handoff_waiters: args.waiters,
             elections: t.elections,
+            semaphores: t.semaphores,
+            rwlocks: t.rwlocks,
             observers: usize::from(args.observers),
-            notes: if t.elections {
-                Vec::new()
-            } else {
-                vec![NO_ELECTIONS.into()]
-            },
+            notes: missing_capabilities(t, &args.primitives)
+                .map(String::from)
+                .collect(),
             ..BackendReport::default()
         })
         .collect();
@@ -275,6 +294,7 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
         throughput_clients: args.clients.clone(),
         throughput_locks: args.locks.clone(),
         sweep: args.sweep.clone(),
+        primitives: args.primitives.clone(),
         backends,
         skipped,
         goals: Vec::new(),
@@ -293,6 +313,25 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
 /// The note of a backend whose clients grant no election candidates.
 const NO_ELECTIONS: &str =
     "no elections (capabilities().election is false): election workloads skipped";
+/// The note of a backend whose clients grant no semaphore permits.
+const NO_SEMAPHORES: &str =
+    "no semaphores (capabilities().semaphore is false): semaphore workload not offered";
+/// The note of a backend whose clients grant no read-write locks.
+const NO_RWLOCKS: &str =
+    "no read-write locks (capabilities().rwlock is false): read-write workload not offered";
+
+/// The notes on what `target` does not offer of what lockbench would run on it.
+fn missing_capabilities(
+    target: &Target,
+    asked: &[Primitive],
+) -> impl Iterator<Item = &'static str> {
+    let missing = [
+        (!target.elections).then_some(NO_ELECTIONS),
+        (!target.semaphores && asked.contains(&Primitive::Semaphore)).then_some(NO_SEMAPHORES),
+        (!target.rwlocks && asked.contains(&Primitive::Rwlock)).then_some(NO_RWLOCKS),
+    ];
+    missing.into_iter().flatten()
+}
 
 /// One run of the repeated workloads on `target`, and the failures to note.
 fn measure_run(
@@ -366,6 +405,18 @@ fn measure_run(
         bar.inc(1);
     } else {
         bar.inc(2);
+    }
+    let setup = primitives::Setup {
+        rw_clients: primitives::rw_clients(&args.clients),
+        seed: args.seed,
+    };
+    for &primitive in &args.primitives {
+        bar.set_message(format!("{label} {tag}: {}", primitive.label()));
+        let measured = primitives::measure(primitive, target, setup, plan, &mut out.primitives);
+        if let Err(e) = runtime.block_on(measured) {
+            note(primitive.label(), e);
+        }
+        bar.inc(primitive.steps() as u64);
     }
     (out, failures)
 }

@@ -6,9 +6,10 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::contention::ContentionRow;
+use crate::contention::{ContentionRow, LoopRun};
 use crate::election::{CampaignRun, NotifyRun};
 use crate::goals::GoalRow;
+use crate::primitives::{Primitive, PrimitivesRun};
 use crate::stats::{fmt_count, fmt_us, median, median_summary, Summary};
 use crate::workloads::{RenewalRow, Takeover};
 use crate::Flavour;
@@ -50,6 +51,8 @@ pub(crate) struct RunReport {
     pub(crate) campaign: Option<CampaignRun>,
     /// Observers following hand-overs of leadership (none without elections).
     pub(crate) notify: Option<NotifyRun>,
+    /// Semaphore, read-write lock and multi-lock workloads.
+    pub(crate) primitives: PrimitivesRun,
 }
 
 impl RunReport {
@@ -62,7 +65,7 @@ impl RunReport {
     pub(crate) fn contention(&self, clients: usize, locks: usize) -> Option<&ContentionRow> {
         self.contention
             .iter()
-            .find(|r| r.clients == clients && r.locks == locks)
+            .find(|r| r.run.clients == clients && r.locks == locks)
     }
 
     /// Library p50 against the floor p50, both measured in this run on `runtime`.
@@ -107,6 +110,10 @@ pub(crate) struct BackendReport {
     pub(crate) elections: bool,
     /// Observers of the notification workload.
     pub(crate) observers: usize,
+    /// Whether the backend grants semaphore permits; without, the semaphore row says so.
+    pub(crate) semaphores: bool,
+    /// Whether it grants read-write locks; without, the read-write row says so.
+    pub(crate) rwlocks: bool,
     /// Failover after a killed leader, measured once (its rounds are listed one by one).
     pub(crate) failover: Option<Takeover>,
     pub(crate) notes: Vec<String>,
@@ -119,23 +126,34 @@ impl BackendReport {
     }
 
     /// Per-run figures, their median, and their spread when there are several.
-    fn spread(&self, per_run: impl Fn(&RunReport) -> Option<f64>) -> Spread {
+    pub(crate) fn spread(&self, per_run: impl Fn(&RunReport) -> Option<f64>) -> Spread {
         Spread(self.runs.iter().filter_map(per_run).collect())
     }
 
-    fn summary_of(&self, per_run: impl Fn(&RunReport) -> Option<Summary>) -> Option<Summary> {
+    pub(crate) fn summary_of(
+        &self,
+        per_run: impl Fn(&RunReport) -> Option<Summary>,
+    ) -> Option<Summary> {
         median_summary(self.runs.iter().map(per_run))
     }
 
     /// Errors of the (C, L) row summed over the runs, with the first one seen.
     fn contention_errors(&self, clients: usize, locks: usize) -> (u64, Option<&str>) {
-        let rows = self
-            .runs
+        self.loop_errors(|r| Some(&r.contention(clients, locks)?.run))
+    }
+
+    /// Errors of a contended row (`pick`ed from each run) summed over the runs, with the
+    /// first one seen.
+    pub(crate) fn loop_errors<'a>(
+        &'a self,
+        pick: impl Fn(&'a RunReport) -> Option<&'a LoopRun>,
+    ) -> (u64, Option<&'a str>) {
+        self.runs
             .iter()
-            .filter_map(|r| r.contention(clients, locks));
-        rows.fold((0, None), |(n, first), row| {
-            (n + row.errors, first.or(row.first_error.as_deref()))
-        })
+            .filter_map(pick)
+            .fold((0, None), |(n, first), row| {
+                (n + row.errors, first.or(row.first_error.as_deref()))
+            })
     }
 }
 
@@ -170,6 +188,8 @@ pub(crate) struct Report {
     pub(crate) throughput_clients: Vec<usize>,
     pub(crate) throughput_locks: Vec<usize>,
     pub(crate) sweep: Vec<usize>,
+    /// The semaphore, read-write lock and multi-lock workloads run.
+    pub(crate) primitives: Vec<Primitive>,
     pub(crate) backends: Vec<BackendReport>,
     pub(crate) skipped: Vec<(String, String)>,
     /// The targets, computed from the runs.
@@ -179,7 +199,7 @@ pub(crate) struct Report {
 /// File name of the queue-length chart, next to `latency.svg`.
 pub(crate) const SWEEP_SVG: &str = "queue-sweep.svg";
 
-fn cell(summary: Option<Summary>, pick: fn(&Summary) -> f64) -> String {
+pub(crate) fn cell(summary: Option<Summary>, pick: fn(&Summary) -> f64) -> String {
     summary.map_or_else(|| "–".to_owned(), |s| fmt_us(pick(&s)))
 }
 
@@ -230,6 +250,7 @@ impl Report {
         self.errors_md(&mut md);
         self.once_md(&mut md);
         self.election_md(&mut md);
+        crate::primitives_report::markdown(self, &mut md);
         let notes: Vec<String> = self
             .backends
             .iter()
@@ -350,12 +371,12 @@ impl Report {
         for b in &self.backends {
             for &clients in &self.throughput_clients {
                 for &locks in &self.throughput_locks {
-                    let cycle = b.summary_of(|r| r.contention(clients, locks)?.cycle);
+                    let cycle = b.summary_of(|r| r.contention(clients, locks)?.run.cycle);
                     let _ = writeln!(
                         md,
                         "| {} | {clients} | {locks} | {} | {} | {} | {} |",
                         b.backend,
-                        b.spread(|r| Some(r.contention(clients, locks)?.cycles_per_sec))
+                        b.spread(|r| Some(r.contention(clients, locks)?.run.cycles_per_sec))
                             .show(fmt_count),
                         cell(cycle, |s| s.p50_us),
                         cell(cycle, |s| s.p99_us),
@@ -385,8 +406,8 @@ impl Report {
                 .sweep
                 .iter()
                 .map(|&n| {
-                    let rate = b.median_of(|r| Some(r.contention(n, 1)?.cycles_per_sec));
-                    let p99 = b.summary_of(|r| r.contention(n, 1)?.cycle);
+                    let rate = b.median_of(|r| Some(r.contention(n, 1)?.run.cycles_per_sec));
+                    let p99 = b.summary_of(|r| r.contention(n, 1)?.run.cycle);
                     match rate {
                         Some(rate) => {
                             format!("{}/s · {}", fmt_count(rate), cell(p99, |s| s.p99_us))

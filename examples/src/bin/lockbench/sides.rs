@@ -48,13 +48,13 @@ const FIGURES: &[Figure] = &[
     },
     Figure {
         what: "64 clients on 1 name: cycles/s",
-        of: |r| Some(r.contention(64, 1)?.cycles_per_sec),
+        of: |r| Some(r.contention(64, 1)?.run.cycles_per_sec),
         show: |v| format!("{}/s", fmt_count(v)),
         floor: None,
     },
     Figure {
         what: "64 clients on 1 name: cycle p99",
-        of: |r| Some(r.contention(64, 1)?.cycle?.p99_us),
+        of: |r| Some(r.contention(64, 1)?.run.cycle?.p99_us),
         show: fmt_us,
         floor: None,
     },

@@ -130,8 +130,8 @@ pub(crate) fn sweep(report: &Report) -> String {
             })
             .collect()
     };
-    let rates = lines(|b, n| b.median_of(|r| Some(r.contention(n, 1)?.cycles_per_sec)));
-    let p99s = lines(|b, n| b.median_of(|r| Some(r.contention(n, 1)?.cycle?.p99_us)));
+    let rates = lines(|b, n| b.median_of(|r| Some(r.contention(n, 1)?.run.cycles_per_sec)));
+    let p99s = lines(|b, n| b.median_of(|r| Some(r.contention(n, 1)?.run.cycle?.p99_us)));
     let mut svg = open(
         width,
         height,

@@ -29,8 +29,12 @@ pub(crate) struct Target {
     /// Shortest TTL for the takeover workloads (the mutex's and the election's).
     pub(crate) takeover_ttl: Duration,
     /// Whether the backend grants election candidates (`Capabilities::election`), as a
-    /// client says once the servers are up ([`Target::check_elections`]).
+    /// client says once the servers are up ([`Target::check_capabilities`]).
     pub(crate) elections: bool,
+    /// Whether it grants semaphore permits (`Capabilities::semaphore`), likewise.
+    pub(crate) semaphores: bool,
+    /// Whether it grants read-write locks (`Capabilities::rwlock`), likewise.
+    pub(crate) rwlocks: bool,
     /// The servers' request counter, for the renewal workload.
     pub(crate) requests: Option<Box<dyn RequestCounter>>,
     /// Servers kept alive for the run.
@@ -69,11 +73,15 @@ impl Target {
         self.url.strip_prefix(MEMORY_PREFIX)
     }
 
-    /// Asks a client whether this backend grants election candidates, and records it.
-    pub(crate) async fn check_elections(&mut self) -> Result<(), BoxError> {
+    /// Asks a client whether this backend grants election candidates, semaphores and
+    /// read-write locks, and records it.
+    pub(crate) async fn check_capabilities(&mut self) -> Result<(), BoxError> {
         let client =
             tokio::time::timeout(Duration::from_secs(30), distlock::connect(&self.url)).await??;
-        self.elections = client.capabilities().election;
+        let offered = client.capabilities();
+        self.elections = offered.election;
+        self.semaphores = offered.semaphore;
+        self.rwlocks = offered.rwlock;
         Ok(())
     }
 }
@@ -255,6 +263,8 @@ fn networked(
         cross_process: true,
         takeover_ttl: TAKEOVER_TTL,
         elections: false,
+        semaphores: false,
+        rwlocks: false,
         requests: Some(requests),
         servers: Vec::new(),
     }
@@ -331,6 +341,8 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             cross_process: false,
             takeover_ttl: Duration::from_secs(1),
             elections: false,
+            semaphores: false,
+            rwlocks: false,
             requests: None,
             servers: Vec::new(),
         }),
@@ -442,6 +454,8 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
                 cross_process: true,
                 takeover_ttl: TAKEOVER_TTL,
                 elections: false,
+                semaphores: false,
+                rwlocks: false,
                 requests: Some(Box::new(SumCounter(
                     counters.into_iter().flatten().collect(),
                 ))),

@@ -59,7 +59,7 @@ pub(crate) struct FloorLatencies {
 
 /// Slices of workload 1: library and floor take turns, so that a noisy moment on a shared
 /// machine falls on both alike.
-const SLICES: u32 = 4;
+pub(crate) const SLICES: u32 = 4;
 
 /// Workload 1: acquire + release by one client on a free lock, and the same on the raw
 /// protocol. Both clients are opened here, on the runtime this runs on. Each side warms
@@ -105,16 +105,36 @@ async fn library_cycles(
     client: &dyn DistributedLock,
     name: &str,
     span: Duration,
-    mut into: Option<&mut Latencies>,
+    into: Option<&mut Latencies>,
 ) -> Result<(), BoxError> {
+    timed(span, into, || lock_cycle(client, name)).await
+}
+
+/// One uncontended acquire (a try) + release of `name`, each within [`WAIT_LIMIT`].
+pub(crate) async fn lock_cycle(client: &dyn DistributedLock, name: &str) -> Result<(), BoxError> {
+    let guard = timeout(WAIT_LIMIT, client.try_lock(name))
+        .await??
+        .ok_or("an uncontended lock was held by someone else")?;
+    timeout(WAIT_LIMIT, guard.release()).await??;
+    Ok(())
+}
+
+/// Runs `cycle` back to back for `span` (at most [`MAX_ITERATIONS`] times), recording
+/// each into `into` unless warming up (`None`).
+pub(crate) async fn timed<F, Fut>(
+    span: Duration,
+    mut into: Option<&mut Latencies>,
+    mut cycle: F,
+) -> Result<(), BoxError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<(), BoxError>>,
+{
     let end = Instant::now() + span;
     let mut iterations = 0;
     while Instant::now() < end && iterations < MAX_ITERATIONS {
         let started = Instant::now();
-        let guard = timeout(WAIT_LIMIT, client.try_lock(name))
-            .await??
-            .ok_or("an uncontended lock was held by someone else")?;
-        timeout(WAIT_LIMIT, guard.release()).await??;
+        cycle().await?;
         if let Some(latencies) = into.as_deref_mut() {
             latencies.record(started.elapsed());
         }
