@@ -14,8 +14,9 @@
 //! connection drops and the reloaded map names another), the channel is subscribed again
 //! where the map says, and its waiters re-check.
 //!
-//! The part both transports share (registry, subscriber task) is in `shared.rs`, a
-//! waiter's bell in `bells.rs`;
+//! The part both transports share is in `shared.rs` (registry), `subscriber.rs`
+//! (subscriber task) and `subscription.rs` (a waiter's subscription), a waiter's bell in
+//! `bells.rs`;
 //! the transports in `pubsub.rs` (one server, Sentinel, RedLock) and `sharded.rs` (Redis
 //! Cluster).
 
@@ -23,15 +24,18 @@ mod bells;
 mod pubsub;
 mod sharded;
 mod shared;
+mod subscriber;
+mod subscription;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Shards, Target};
-use shared::{Session, Shared};
+use shared::Shared;
+use subscriber::Session;
 
-pub(crate) use shared::Subscription;
+pub(crate) use subscription::Subscription;
 
 /// The wake-up subscriptions of one client. One subscriber task per server listens on one
 /// pub/sub connection for all waiters of the client and rings the bell of the waiter (queue)

@@ -1,31 +1,21 @@
-//! What both wake-up transports share: the registry of channels and bells, the waiters'
-//! subscriptions, and the subscriber task that runs a transport's session per server.
+//! What both wake-up transports share: the registry of channels and bells, which the
+//! waiters' subscriptions (`subscription.rs`) join and leave and the subscriber tasks
+//! (`subscriber.rs`) keep subscribed.
 
 use std::collections::{HashMap, VecDeque};
-use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_core::raw::{lock_unpoisoned, Backoff};
+use lock_core::raw::lock_unpoisoned;
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep, Instant};
 
 use super::bells::{ring, Bell, Ring, Rings};
+use super::subscriber::{run_subscriber, Session, SubCommand};
+use super::subscription::{Membership, Subscription};
 use crate::connection::cluster::slot_of;
 use crate::connection::{reconnect_backoff, Shards, Target};
-
-/// How often an idle subscription connection is checked with `PING`.
-const SUBSCRIBER_PING: Duration = Duration::from_secs(5);
-
-/// A change to the set of channels a subscriber task listens to.
-#[derive(Debug)]
-pub(super) enum SubCommand {
-    Subscribe(String),
-    Unsubscribe(String),
-}
 
 pub(super) struct Channel {
     waiters: usize,
@@ -64,21 +54,6 @@ pub(super) struct Registry {
     refusals: HashMap<String, u32>,
 }
 
-/// What a transport's session works with: the registry (weakly: the client may go
-/// meanwhile), the index of its server (Redis Cluster: node), the commands for its
-/// subscriber task and the reconnection backoff.
-pub(super) struct Task<'a>(
-    pub(super) &'a Weak<Shared>,
-    pub(super) usize,
-    pub(super) &'a mut mpsc::UnboundedReceiver<SubCommand>,
-    pub(super) &'a mut Backoff,
-);
-
-/// One connection's life in a transport: connects, subscribes what the registry lists for
-/// the task's server, delivers messages and follows the task's commands until the
-/// connection fails or the client is gone.
-pub(super) type Session = for<'a> fn(Task<'a>) -> Pin<Box<dyn Future<Output = Broken> + Send + 'a>>;
-
 pub(super) struct Shared {
     pub(super) backend: &'static str,
     pub(super) nodes: Vec<(String, Target)>,
@@ -89,7 +64,7 @@ pub(super) struct Shared {
     /// How often the client's channel was (re)subscribed.
     inbox_epoch: AtomicU64,
     /// The transport each subscriber task runs.
-    session: Session,
+    pub(super) session: Session,
 }
 
 impl Shared {
@@ -461,7 +436,7 @@ impl Shared {
         names
     }
 
-    fn leave(&self, membership: &Membership) {
+    pub(super) fn leave(&self, membership: &Membership) {
         let mut registry = lock_unpoisoned(&self.registry);
         let channel = match membership {
             Membership::Inbox(token, channel) => {
@@ -492,114 +467,4 @@ impl Shared {
             }
         }
     }
-}
-
-/// What a subscription listens to.
-#[derive(Debug)]
-enum Membership {
-    /// The channel of a name.
-    Channel(String),
-    /// The client's channel, for the queued waiter with this owner token (on Redis
-    /// Cluster its channel for the name, joined as long as the waiter stays).
-    Inbox(String, Option<String>),
-}
-
-/// A waiter's bell; leaving happens on drop.
-pub(crate) struct Subscription {
-    shared: Arc<Shared>,
-    membership: Membership,
-    bell: Bell,
-}
-
-impl fmt::Debug for Subscription {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Subscription")
-            .field("membership", &self.membership)
-            .finish_non_exhaustive()
-    }
-}
-
-impl Subscription {
-    /// Forgets the rings so far: the next wait is for a later one.
-    pub(crate) fn mark(&mut self) {
-        self.bell.mark();
-    }
-
-    /// See [`Bell::wait`].
-    pub(crate) async fn wait(&mut self, nap: Duration, window: Duration) {
-        self.bell.wait(nap, window).await;
-    }
-
-    /// Waits for the next ring: a message on the channel, its subscription made live
-    /// (first, or again after a reconnect: a message may have been missed meanwhile).
-    pub(crate) async fn rung(&mut self) {
-        self.bell.rung().await;
-    }
-}
-
-impl Drop for Subscription {
-    fn drop(&mut self) {
-        self.shared.leave(&self.membership);
-    }
-}
-
-/// Why a subscriber connection was given up.
-pub(super) enum Broken {
-    /// The client is gone: stop.
-    Stop,
-    /// The connection failed: reconnect.
-    Reconnect,
-}
-
-/// Keeps one pub/sub connection to server `index` subscribed to the registry's channels.
-async fn run_subscriber(
-    shared: Weak<Shared>,
-    index: usize,
-    mut commands: mpsc::UnboundedReceiver<SubCommand>,
-) {
-    let mut backoff = reconnect_backoff();
-    let Some((session, sharded)) = shared.upgrade().map(|s| (s.session, s.shards.is_some())) else {
-        return;
-    };
-    loop {
-        let outcome = session(Task(&shared, index, &mut commands, &mut backoff)).await;
-        match shared.upgrade() {
-            Some(s) => {
-                s.disconnected(index);
-                if sharded {
-                    s.replace_all(index).await;
-                }
-            }
-            None => return,
-        }
-        match outcome {
-            Broken::Stop => return,
-            Broken::Reconnect => {
-                let pause = sleep(backoff.next_pause());
-                tokio::pin!(pause);
-                // Keep draining commands while waiting: the registry is re-read on connect.
-                loop {
-                    tokio::select! {
-                        () = &mut pause => break,
-                        command = commands.recv() => if command.is_none() { return },
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// Server `index`'s connection subscribes every channel again: resets the backoff, has
-/// every waiter re-check, and returns the keep-alive ticker (`None` when the client is
-/// gone).
-pub(super) async fn now_live(
-    shared: &Weak<Shared>,
-    index: usize,
-    backoff: &mut Backoff,
-) -> Option<tokio::time::Interval> {
-    backoff.reset();
-    shared.upgrade()?.resubscribed(index);
-    let mut ping = tokio::time::interval(SUBSCRIBER_PING);
-    ping.tick().await;
-    Some(ping)
 }
