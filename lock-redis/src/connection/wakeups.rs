@@ -14,28 +14,25 @@
 //! connection drops and the reloaded map names another), the channel is subscribed again
 //! where the map says, and its waiters re-check.
 //!
-//! The part both transports share is in `shared.rs` (registry), `subscriber.rs`
-//! (subscriber task) and `subscription.rs` (a waiter's subscription), a waiter's bell in
-//! `bells.rs`;
+//! The part both transports share (registry, subscriber task) is in `shared.rs` (the
+//! registry's data in `registry.rs`), a waiter's bell in `bells.rs`;
 //! the transports in `pubsub.rs` (one server, Sentinel, RedLock) and `sharded.rs` (Redis
 //! Cluster).
 
 mod bells;
 mod pubsub;
+mod registry;
 mod sharded;
 mod shared;
-mod subscriber;
-mod subscription;
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{Shards, Target};
-use shared::Shared;
-use subscriber::Session;
+use shared::{Session, Shared};
 
-pub(crate) use subscription::Subscription;
+pub(crate) use shared::Subscription;
 
 /// The wake-up subscriptions of one client. One subscriber task per server listens on one
 /// pub/sub connection for all waiters of the client and rings the bell of the waiter (queue)

@@ -1,58 +1,41 @@
-//! What both wake-up transports share: the registry of channels and bells, which the
-//! waiters' subscriptions (`subscription.rs`) join and leave and the subscriber tasks
-//! (`subscriber.rs`) keep subscribed.
+//! What both wake-up transports share: the registry of channels and bells (its data in
+//! `registry.rs`), the waiters' subscriptions, and the subscriber task that runs a
+//! transport's session per server.
 
 use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::raw::lock_unpoisoned;
+use lock_core::raw::{lock_unpoisoned, Backoff};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep, Instant};
 
 use super::bells::{ring, Bell, Ring, Rings};
-use super::subscriber::{run_subscriber, Session, SubCommand};
-use super::subscription::{Membership, Subscription};
+use super::registry::{claim, ring_channel, Channel, Inbox, Registry, SubCommand, UNCLAIMED};
 use crate::connection::cluster::slot_of;
 use crate::connection::{reconnect_backoff, Shards, Target};
 
-pub(super) struct Channel {
-    waiters: usize,
-    bell: watch::Sender<Rings>,
-    /// A client's channel for a name (Redis Cluster, queue): its messages name the waiter.
-    inbox: bool,
-}
+/// How often an idle subscription connection is checked with `PING`.
+const SUBSCRIBER_PING: Duration = Duration::from_secs(5);
 
-/// The client's own channel and the bells of its queued waiters.
-pub(super) struct Inbox {
-    channel: String,
-    /// The server on which its subscription was asked for (it then stays for the client's
-    /// life): the one whose queue orders the waiters.
-    requested: Option<usize>,
-    /// Per server: the subscription is confirmed on the current connection.
-    live: Vec<bool>,
-    /// Bells by owner token.
-    bells: HashMap<String, watch::Sender<Rings>>,
-    /// The latest messages for waiters without a bell yet (a release can wake a waiter
-    /// between its queued attempt and its bell), at most [`UNCLAIMED`].
-    unclaimed: VecDeque<(String, Ring)>,
-}
+/// What a transport's session works with: the registry (weakly: the client may go
+/// meanwhile), the index of its server (Redis Cluster: node), the commands for its
+/// subscriber task and the reconnection backoff.
+pub(super) struct Task<'a>(
+    pub(super) &'a Weak<Shared>,
+    pub(super) usize,
+    pub(super) &'a mut mpsc::UnboundedReceiver<SubCommand>,
+    pub(super) &'a mut Backoff,
+);
 
-/// How many messages for waiters without a bell are kept.
-const UNCLAIMED: usize = 256;
-
-pub(super) struct Registry {
-    channels: HashMap<String, Channel>,
-    inbox: Inbox,
-    /// The command queue of each server's subscriber task, started on first use (Redis
-    /// Cluster: of each node seen, as [`Shards`] numbers them).
-    tasks: Vec<Option<mpsc::UnboundedSender<SubCommand>>>,
-    /// Redis Cluster: the node each channel is subscribed on.
-    placed: HashMap<String, usize>,
-    /// Redis Cluster: the channels whose subscription was refused, by refusals in a row.
-    refusals: HashMap<String, u32>,
-}
+/// One connection's life in a transport: connects, subscribes what the registry lists for
+/// the task's server, delivers messages and follows the task's commands until the
+/// connection fails or the client is gone.
+pub(super) type Session = for<'a> fn(Task<'a>) -> Pin<Box<dyn Future<Output = Broken> + Send + 'a>>;
 
 pub(super) struct Shared {
     pub(super) backend: &'static str,
@@ -64,7 +47,7 @@ pub(super) struct Shared {
     /// How often the client's channel was (re)subscribed.
     inbox_epoch: AtomicU64,
     /// The transport each subscriber task runs.
-    pub(super) session: Session,
+    session: Session,
 }
 
 impl Shared {
@@ -222,16 +205,6 @@ impl Shared {
     }
 }
 
-impl Registry {
-    /// Sends `command` to every started subscriber task.
-    fn send(&self, command: impl Fn() -> SubCommand) {
-        for sender in self.tasks.iter().flatten() {
-            // Fails only when the task ended, i.e. the client is going away.
-            let _ = sender.send(command());
-        }
-    }
-}
-
 /// Starts the subscriber task of server `index` (Redis Cluster: node), if not yet.
 fn start(shared: &Arc<Shared>, registry: &mut Registry, index: usize) {
     if registry.tasks.len() <= index {
@@ -241,30 +214,6 @@ fn start(shared: &Arc<Shared>, registry: &mut Registry, index: usize) {
         let (sender, receiver) = mpsc::unbounded_channel();
         tokio::spawn(run_subscriber(Arc::downgrade(shared), index, receiver));
         registry.tasks[index] = Some(sender);
-    }
-}
-
-/// Rings `bell` with the messages kept for `token` before it had a bell.
-fn claim(inbox: &mut Inbox, token: &str, bell: &watch::Sender<Rings>) {
-    inbox.unclaimed.retain(|(for_token, what)| {
-        let mine = for_token == token;
-        if mine {
-            ring(bell, *what);
-        }
-        !mine
-    });
-}
-
-/// Rings the bell of `channel`, and for a client's channel for a name every bell of the
-/// client's queued waiters (which of them it serves is not known here: all look).
-fn ring_channel(registry: &Registry, channel: &str) {
-    if let Some(entry) = registry.channels.get(channel) {
-        ring(&entry.bell, Ring::Wake);
-        if entry.inbox {
-            for bell in registry.inbox.bells.values() {
-                ring(bell, Ring::Wake);
-            }
-        }
     }
 }
 
@@ -436,7 +385,7 @@ impl Shared {
         names
     }
 
-    pub(super) fn leave(&self, membership: &Membership) {
+    fn leave(&self, membership: &Membership) {
         let mut registry = lock_unpoisoned(&self.registry);
         let channel = match membership {
             Membership::Inbox(token, channel) => {
@@ -467,4 +416,114 @@ impl Shared {
             }
         }
     }
+}
+
+/// What a subscription listens to.
+#[derive(Debug)]
+enum Membership {
+    /// The channel of a name.
+    Channel(String),
+    /// The client's channel, for the queued waiter with this owner token (on Redis
+    /// Cluster its channel for the name, joined as long as the waiter stays).
+    Inbox(String, Option<String>),
+}
+
+/// A waiter's bell; leaving happens on drop.
+pub(crate) struct Subscription {
+    shared: Arc<Shared>,
+    membership: Membership,
+    bell: Bell,
+}
+
+impl fmt::Debug for Subscription {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Subscription")
+            .field("membership", &self.membership)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Subscription {
+    /// Forgets the rings so far: the next wait is for a later one.
+    pub(crate) fn mark(&mut self) {
+        self.bell.mark();
+    }
+
+    /// See [`Bell::wait`].
+    pub(crate) async fn wait(&mut self, nap: Duration, window: Duration) {
+        self.bell.wait(nap, window).await;
+    }
+
+    /// Waits for the next ring: a message on the channel, its subscription made live
+    /// (first, or again after a reconnect: a message may have been missed meanwhile).
+    pub(crate) async fn rung(&mut self) {
+        self.bell.rung().await;
+    }
+}
+
+impl Drop for Subscription {
+    fn drop(&mut self) {
+        self.shared.leave(&self.membership);
+    }
+}
+
+/// Why a subscriber connection was given up.
+pub(super) enum Broken {
+    /// The client is gone: stop.
+    Stop,
+    /// The connection failed: reconnect.
+    Reconnect,
+}
+
+/// Keeps one pub/sub connection to server `index` subscribed to the registry's channels.
+async fn run_subscriber(
+    shared: Weak<Shared>,
+    index: usize,
+    mut commands: mpsc::UnboundedReceiver<SubCommand>,
+) {
+    let mut backoff = reconnect_backoff();
+    let Some((session, sharded)) = shared.upgrade().map(|s| (s.session, s.shards.is_some())) else {
+        return;
+    };
+    loop {
+        let outcome = session(Task(&shared, index, &mut commands, &mut backoff)).await;
+        match shared.upgrade() {
+            Some(s) => {
+                s.disconnected(index);
+                if sharded {
+                    s.replace_all(index).await;
+                }
+            }
+            None => return,
+        }
+        match outcome {
+            Broken::Stop => return,
+            Broken::Reconnect => {
+                let pause = sleep(backoff.next_pause());
+                tokio::pin!(pause);
+                // Keep draining commands while waiting: the registry is re-read on connect.
+                loop {
+                    tokio::select! {
+                        () = &mut pause => break,
+                        command = commands.recv() => if command.is_none() { return },
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Server `index`'s connection subscribes every channel again: resets the backoff, has
+/// every waiter re-check, and returns the keep-alive ticker (`None` when the client is
+/// gone).
+pub(super) async fn now_live(
+    shared: &Weak<Shared>,
+    index: usize,
+    backoff: &mut Backoff,
+) -> Option<tokio::time::Interval> {
+    backoff.reset();
+    shared.upgrade()?.resubscribed(index);
+    let mut ping = tokio::time::interval(SUBSCRIBER_PING);
+    ping.tick().await;
+    Some(ping)
 }
