@@ -22,42 +22,33 @@
 //! ancestor (the root at the least): the directory's delete, if it ever existed, changed
 //! that ancestor's children (or a deeper one's, since deleted), so the floor is also at
 //! least every token the name was ever granted.
+//!
+//! The feed of changes is in `operator/changes.rs`, the listing in `operator/list.rs`,
+//! the break in `operator/force_release.rs`.
 
-use std::sync::{Arc, Weak};
+mod changes;
+mod force_release;
+mod list;
+
+pub(crate) use changes::changes;
+pub(crate) use force_release::force_release;
+pub(crate) use list::list;
+
 use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::join_all;
-use futures::{stream, StreamExt, TryStreamExt};
-use lock_core::raw::{Backoff, ChangeFeed, HoldKind};
-use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
-use tokio::sync::mpsc;
-use tokio::time::{sleep, timeout};
+use lock_core::raw::HoldKind;
+use lock_core::{FencingToken, Occupancy, Participant, Result};
 use zookeeper_client as zk;
 
-use crate::error::{from_client, read_found, BACKEND};
+use crate::error::from_client;
 use crate::layout::{
-    broken_node, mark_broken, node_kind, owner_token, parent, permits_in, queue_order,
-    semaphore_dirs, unescape_segment, NodeKind, SEMAPHORE_LEASES,
+    node_kind, owner_token, permits_in, queue_order, semaphore_dirs, NodeKind, SEMAPHORE_LEASES,
 };
 use crate::queue::{fencing, Step};
 use crate::session::{Live, Session};
 
 const WHAT: &str = "inspect lock directory";
-const BREAK: &str = "break lock";
-/// Attempts of a break whose holder or marks changed under it.
-const BREAK_ATTEMPTS: usize = 8;
-/// Request timeouts a whole break may take, its attempts together.
-const BREAK_TIMEOUTS: u32 = 8;
-/// First pause before such an attempt.
-const BREAK_PAUSE: Duration = Duration::from_millis(10);
-const LIST: &str = "list lock directories";
-const WATCH: &str = "watch lock directory";
-/// Pause between attempts to watch a lock directory on a new session.
-const REWATCH_PAUSE: Duration = Duration::from_millis(200);
-/// Directories read per `multiRead` of a listing.
-const LIST_CHUNK: usize = 500;
-/// `multiRead` requests of one listing in flight at once.
-const CHUNKS_IN_FLIGHT: usize = 4;
 
 /// The occupancy of lock directory `dir`.
 ///
@@ -246,231 +237,6 @@ pub(crate) fn holder(node: &str, stat: &zk::Stat) -> Result<Participant> {
     Ok(participant(node, stat).fencing_token(Some(token(stat.czxid)?)))
 }
 
-/// A feed of the changes under lock directory `dir`: nodes created and deleted (a grant,
-/// a release, an expiry, a waiter), data changed (a proclaim).
-///
-/// One persistent recursive watch on `dir` (ZooKeeper 3.6+ `addWatch`), added before
-/// this returns, so every change after it fires the feed. A task follows it: it fires
-/// the feed at each event and at each reconnect (events may be lost while disconnected,
-/// ZOOKEEPER-4698), and after a session expiry watches again on the next session. The
-/// task ends, its watch removed, when the feed is dropped or the lock client closed.
-/// A server without `addWatch` (before 3.6) gives a feed that never fires: readers re-read
-/// every `recheck`.
-///
-/// # Errors
-/// Connection errors of adding the watch, [`Error::Unavailable`] while no session is
-/// established.
-pub(crate) async fn changes(session: &Arc<Session>, dir: String) -> Result<ChangeFeed> {
-    let live = session.live()?;
-    let watcher = match session
-        .call(
-            WATCH,
-            live.client
-                .watch(&dir, zk::AddWatchMode::PersistentRecursive),
-        )
-        .await?
-    {
-        Ok(watcher) => watcher,
-        Err(zk::Error::Unimplemented) => {
-            tracing::debug!(%dir, "the server has no persistent watches; the feed never fires");
-            return Ok(ChangeFeed::never());
-        }
-        Err(err) => return Err(from_client(WATCH, err)),
-    };
-    // One pending fire is enough: the reader re-reads everything.
-    let (fire, fired) = mpsc::channel(1);
-    let follower = Follower {
-        session: Arc::downgrade(session),
-        dir,
-        epoch: live.epoch,
-    };
-    drop(live);
-    tokio::spawn(async move {
-        tokio::select! {
-            () = follower.follow(watcher, &fire) => {}
-            () = fire.closed() => {}
-        }
-    });
-    let stream = stream::unfold(fired, |mut fired| async move {
-        fired.recv().await?;
-        Some(((), fired))
-    });
-    Ok(ChangeFeed::from_stream(stream.boxed()))
-}
-
-/// The task behind a change feed: its lock directory and the session epoch it watches on.
-struct Follower {
-    /// Weak: the feed never keeps a closed lock client's session.
-    session: Weak<Session>,
-    dir: String,
-    epoch: u64,
-}
-
-impl Follower {
-    /// Fires `fire` at each event of `watcher`, and watches again on each new session.
-    /// Returns once the lock client is closed or gone.
-    async fn follow(mut self, mut watcher: zk::PersistentWatcher, fire: &mpsc::Sender<()>) {
-        loop {
-            let event = watcher.changed().await;
-            let terminal =
-                event.event_type == zk::EventType::Session && event.session_state.is_terminated();
-            let disconnected = event.event_type == zk::EventType::Session
-                && event.session_state == zk::SessionState::Disconnected;
-            if !disconnected {
-                // Full: a fire is pending already.
-                let _ = fire.try_send(());
-            }
-            if terminal {
-                // The watcher says no more after a terminal event.
-                drop(watcher);
-                match self.rewatch().await {
-                    Some(next) => {
-                        watcher = next;
-                        let _ = fire.try_send(());
-                    }
-                    None => return,
-                }
-            }
-        }
-    }
-
-    /// Watches the directory on the next session: one try per new session (each request
-    /// under the request timeout), [`REWATCH_PAUSE`] apart; `None` once the lock client is
-    /// closed or gone.
-    async fn rewatch(&mut self) -> Option<zk::PersistentWatcher> {
-        loop {
-            let session = self.session.upgrade()?;
-            if session.is_closed() {
-                return None;
-            }
-            session
-                .wait_usable(self.epoch, session.config().connect_timeout)
-                .await;
-            if let Ok(live) = session.live() {
-                if live.epoch > self.epoch {
-                    let watched = session
-                        .call(
-                            WATCH,
-                            live.client
-                                .watch(&self.dir, zk::AddWatchMode::PersistentRecursive),
-                        )
-                        .await;
-                    match watched {
-                        Ok(Ok(watcher)) => {
-                            self.epoch = live.epoch;
-                            return Some(watcher);
-                        }
-                        Ok(Err(err)) => {
-                            tracing::debug!(dir = %self.dir, error = %err, "watching again failed; retrying");
-                        }
-                        Err(err) => {
-                            tracing::debug!(dir = %self.dir, error = %err, "watching again failed; retrying");
-                        }
-                    }
-                }
-            }
-            drop(session);
-            sleep(REWATCH_PAUSE).await;
-        }
-    }
-}
-
-/// The names under namespace root `root` that start with `prefix` and whose directory has
-/// a lock node, sorted.
-///
-/// A barrier and the listing of `root`, sent together; then the children of the
-/// directories whose names start with `prefix`, [`LIST_CHUNK`] directories per
-/// `multiRead`, [`CHUNKS_IN_FLIGHT`] requests in flight, each under the request timeout.
-/// Children of `root` that no name escapes to (not a lock directory) are skipped; a
-/// missing `root` has no names.
-///
-/// # Errors
-/// [`Error::InvalidConfig`](lock_core::Error::InvalidConfig) when a directory refuses
-/// READ; connection errors, or [`Error::Unavailable`](lock_core::Error::Unavailable)
-/// while no session is established.
-pub(crate) async fn list(session: &Session, root: &str, prefix: &str) -> Result<Vec<LockName>> {
-    let live = session.live()?;
-    let (barrier, listed) = session
-        .call(LIST, async {
-            tokio::join!(live.barrier(root), live.client.list_children(root))
-        })
-        .await?;
-    barrier.map_err(|err| from_client(LIST, err))?;
-    let segments = match listed {
-        Ok(segments) => segments,
-        Err(zk::Error::NoNode) => return Ok(Vec::new()),
-        Err(err) => return Err(from_client(LIST, err)),
-    };
-    let mut candidates: Vec<(LockName, String)> = segments
-        .into_iter()
-        .filter_map(|segment| {
-            let name = unescape_segment(&segment)?;
-            name.as_str()
-                .starts_with(prefix)
-                .then(|| (name, format!("{root}/{segment}")))
-        })
-        .collect();
-    candidates.sort_unstable();
-    // Futures do nothing until polled: at most `CHUNKS_IN_FLIGHT` are sent at once.
-    let reads: Vec<_> = candidates
-        .chunks(LIST_CHUNK)
-        .map(|chunk| {
-            let dirs: Vec<&str> = chunk.iter().map(|(_, dir)| dir.as_str()).collect();
-            have_lock_nodes(session, &live, dirs)
-        })
-        .collect();
-    let held: Vec<Vec<bool>> = stream::iter(reads)
-        .buffered(CHUNKS_IN_FLIGHT)
-        .try_collect()
-        .await?;
-    Ok(candidates
-        .into_iter()
-        .zip(held.into_iter().flatten())
-        .filter_map(|((name, _), held)| held.then_some(name))
-        .collect())
-}
-
-/// Whether each of `dirs` has a lock node (a missing directory has none), in one
-/// `multiRead`; concurrent listings on servers without `multiRead`.
-async fn have_lock_nodes(session: &Session, live: &Live, dirs: Vec<&str>) -> Result<Vec<bool>> {
-    // A semaphore's directory counts while its `leases` child lives (until reaped).
-    let held = |children: &[String]| {
-        !queue_order(children).is_empty() || children.iter().any(|c| c == SEMAPHORE_LEASES)
-    };
-    let mut reader = live.client.new_multi_reader();
-    for dir in &dirs {
-        reader
-            .add_get_children(dir)
-            .map_err(|err| from_client(LIST, err))?;
-    }
-    match session.call(LIST, reader.commit()).await? {
-        Ok(results) => results
-            .into_iter()
-            .map(|result| {
-                let found = read_found(LIST, result, |result| match result {
-                    zk::MultiReadResult::Children { children } => Ok(held(&children)),
-                    other => Err(other),
-                });
-                found.map(|held| held.unwrap_or(false))
-            })
-            .collect(),
-        Err(zk::Error::Unimplemented) => {
-            let listings = join_all(dirs.iter().map(|dir| live.client.list_children(dir)));
-            session
-                .call(LIST, listings)
-                .await?
-                .into_iter()
-                .map(|listed| match listed {
-                    Ok(children) => Ok(held(&children)),
-                    Err(zk::Error::NoNode) => Ok(false),
-                    Err(err) => Err(from_client(LIST, err)),
-                })
-                .collect()
-        }
-        Err(err) => Err(from_client(LIST, err)),
-    }
-}
-
 /// A zxid as a fencing token (the lock grants a node's czxid).
 fn token(zxid: i64) -> Result<FencingToken> {
     fencing(zxid).map(FencingToken).map_err(Step::into_error)
@@ -488,134 +254,6 @@ fn ancestors(dir: &str) -> Vec<&str> {
         }
     }
     out
-}
-
-/// Breaks the hold of lock directory `dir`: deletes its first lock node (at the version
-/// read) and marks its owner token broken in the marks node beside the directory (see
-/// [`crate::layout`]; created if missing, else written at the version read), in one
-/// transaction; returns the holder removed, `None` if the directory has no lock node.
-/// Starts over, at most [`BREAK_ATTEMPTS`] times after a short pause, when the holder or
-/// the marks changed in between (the holder left by itself and the next one holds now;
-/// another break wrote its mark): what it removes is the holder at the moment of the
-/// transaction. Where the namespace refuses to let the marks be read or written
-/// (`NoAuth`), the node is deleted without a mark.
-///
-/// Each attempt takes three round trips under the request timeout each: a barrier with
-/// the listing of `dir` and the read of the marks; the stat of the holder's node; the
-/// transaction. The whole break takes [`BREAK_TIMEOUTS`] request timeouts at most.
-///
-/// # Errors
-/// [`Error::InvalidConfig`] when the directory refuses the delete (`NoAuth`); connection
-/// errors (the hold may or may not be removed), also when the break ran out of time;
-/// [`Error::Unavailable`] while no session is established or when the holder kept
-/// changing.
-pub(crate) async fn force_release(session: &Session, dir: &str) -> Result<Option<Participant>> {
-    let limit = session.config().options.request_timeout * BREAK_TIMEOUTS;
-    let broken = async {
-        // A semaphore's holders are its lease nodes: the oldest is broken.
-        let (_, leases) = semaphore_dirs(dir);
-        let live = session.live()?;
-        let is_semaphore = session
-            .call(BREAK, live.client.check_stat(&leases))
-            .await?
-            .map_err(|err| from_client(BREAK, err))?
-            .is_some();
-        let queue = if is_semaphore { leases.as_str() } else { dir };
-        break_hold(session, queue, parent(dir)).await
-    };
-    timeout(limit, broken)
-        .await
-        .unwrap_or_else(|_| Err(Error::no_answer(BACKEND, BREAK, limit)))
-}
-
-/// The attempts of [`force_release`] on the queue `dir` of a lock directory in `root`.
-async fn break_hold(session: &Session, dir: &str, root: &str) -> Result<Option<Participant>> {
-    let live = session.live()?;
-    let marks_node = broken_node(root);
-    let failed = |err| from_client(BREAK, err);
-    let mut backoff = Backoff::new(BREAK_PAUSE, BREAK_PAUSE * 16);
-    for _ in 0..BREAK_ATTEMPTS {
-        let (barrier, listed, read) = session
-            .call(BREAK, async {
-                tokio::join!(
-                    live.barrier(dir),
-                    live.client.list_children(dir),
-                    live.client.get_data(&marks_node)
-                )
-            })
-            .await?;
-        barrier.map_err(failed)?;
-        let children = match listed {
-            Ok(children) => children,
-            Err(zk::Error::NoNode) => return Ok(None),
-            Err(err) => return Err(failed(err)),
-        };
-        // `Some(marks)`: the marks and their version, `None` while the node does not
-        // exist yet; `None` where reading them is refused (the break leaves no mark).
-        let marks = match read {
-            Ok((data, stat)) => Some(Some((data, stat.version))),
-            Err(zk::Error::NoNode) => Some(None),
-            Err(zk::Error::NoAuth) => None,
-            Err(err) => return Err(failed(err)),
-        };
-        let Some(node) = queue_order(&children).first().map(|node| node.to_string()) else {
-            return Ok(None);
-        };
-        let path = format!("{dir}/{node}");
-        let Some(stat) = session
-            .call(BREAK, live.client.check_stat(&path))
-            .await?
-            .map_err(failed)?
-        else {
-            continue;
-        };
-        let holder = holder(&node, &stat)?;
-        let mut writer = live.client.new_multi_writer();
-        writer
-            .add_delete(&path, Some(stat.version))
-            .map_err(failed)?;
-        let mark = owner_token(&node).zip(marks);
-        match &mark {
-            Some((token, Some((data, version)))) => writer
-                .add_set_data(&marks_node, &mark_broken(data, token), Some(*version))
-                .map_err(failed)?,
-            Some((token, None)) => {
-                let persistent = zk::CreateMode::Persistent.with_acls(session.config().acl.acls());
-                writer
-                    .add_create(&marks_node, &mark_broken(&[], token), &persistent)
-                    .map_err(failed)?;
-            }
-            None => {}
-        }
-        match session.call(BREAK, writer.commit()).await? {
-            Ok(_) => return Ok(Some(holder)),
-            Err(zk::MultiWriteError::OperationFailed {
-                index: 0 | 1,
-                source: zk::Error::NoNode | zk::Error::BadVersion | zk::Error::NodeExists,
-            }) => {}
-            Err(zk::MultiWriteError::OperationFailed {
-                index: 1,
-                source: zk::Error::NoAuth,
-            }) => {
-                tracing::debug!(%marks_node, "the namespace refuses the broken marks; breaking without a mark");
-                match session
-                    .call(BREAK, live.client.delete(&path, Some(stat.version)))
-                    .await?
-                {
-                    Ok(()) => return Ok(Some(holder)),
-                    Err(zk::Error::NoNode | zk::Error::BadVersion) => {}
-                    Err(err) => return Err(failed(err)),
-                }
-            }
-            Err(err) => return Err(failed(err.into())),
-        }
-        sleep(backoff.next_pause()).await;
-    }
-    Err(Error::Unavailable {
-        backend: BACKEND,
-        message: format!("the holder of {dir} kept changing while it was being broken"),
-        source: None,
-    })
 }
 
 #[cfg(test)]

@@ -1,6 +1,9 @@
 //! The dual lock: a [`Backend`] made of two backends, the old one taken first, then the
 //! new one. [`LeaseClient`](crate::LeaseClient) adds the watchdog, the state machine,
 //! reentrancy and drop-release exactly as for a single backend.
+//!
+//! One side's hold on the acquire path is in `sides.rs`; how the two sides' answers
+//! merge into one is in `merge.rs`.
 
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -10,19 +13,21 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 use tokio::time::{sleep_until, Instant};
 
+use super::merge::{combine_renewals, merge_sessions, session_change};
+use super::sides::{NewSide, OldHold, ReleaseSide};
 use super::DUAL_TOKEN_PREFIX;
 use crate::backend::{
     AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, RenewItem, RenewOutcome,
-    SessionHealth, SessionStatus,
+    SessionStatus,
 };
 use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
 use crate::erased::{AnyBackend, AnyHold};
 use crate::error::{Error, Result};
-use crate::lease::{release_patiently, validity_deadline, ServerEnd};
+use crate::lease::{validity_deadline, ServerEnd};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
-use crate::plumbing::{lock_unpoisoned, Background, Cleanup, CleanupOnDrop};
+use crate::plumbing::{lock_unpoisoned, Background, CleanupOnDrop};
 use crate::state::{LostReason, Side};
 use crate::token::OwnerToken;
 
@@ -205,93 +210,6 @@ impl DualBackend {
         let outcome = self.side(side).release(hold.side(side)).await?;
         lock_unpoisoned(&hold.released)[index] = Some(outcome);
         Ok(outcome)
-    }
-}
-
-/// The old side's hold while the new side is being acquired.
-struct OldHold {
-    release: CleanupOnDrop<ReleaseSide>,
-    session: u64,
-    requested_at: Instant,
-    lease: Duration,
-}
-
-impl OldHold {
-    fn valid_until(&self) -> Instant {
-        validity_deadline(self.requested_at, self.lease)
-    }
-
-    /// Records a renewal sent at `sent` that granted `lease` (for TTL `ttl`).
-    fn renewed(&mut self, sent: Instant, lease: Duration, ttl: Duration) {
-        (self.requested_at, self.lease) = (sent, lease);
-        self.release.state_mut().end = ServerEnd::new(self.session, self.valid_until(), ttl);
-    }
-}
-
-/// What acquiring the new side came to.
-enum NewSide {
-    Won(Acquired<AnyHold>),
-    /// Granted, but the old side's lease or session ran out meanwhile.
-    OldLapsed(Acquired<AnyHold>),
-    /// A single attempt found it held.
-    Refused,
-    /// The old side was lost while waiting (found gone, or its session ended).
-    OldLost,
-}
-
-/// Releases one side's hold on an acquire path: once now, and in the background when
-/// dropped before that release, or after it failed in a way worth retrying; the background
-/// release tries again while the hold may still exist on its side ([`release_patiently`]):
-/// a side whose holds live with a session (ZooKeeper, etcd) keeps one for the session's
-/// life, ahead of every other client of the name.
-struct ReleaseSide {
-    backend: Arc<dyn AnyBackend>,
-    hold: Option<AnyHold>,
-    /// When the hold ends on its side by itself.
-    end: ServerEnd,
-    /// The side's session status, where it has sessions.
-    session: Option<watch::Receiver<SessionStatus>>,
-}
-
-impl ReleaseSide {
-    /// Releases the hold once; keeps it, for the background release, when that failed in
-    /// a way worth retrying.
-    async fn release(&mut self) {
-        let Some(hold) = &self.hold else {
-            return;
-        };
-        match self.backend.release(hold).await {
-            Err(err) if err.is_retryable() => {
-                tracing::debug!(backend = %self.backend, error = %err,
-                    "could not release one side of a dual lock yet; retrying in the background");
-                return;
-            }
-            Err(err) => self.failed(&err),
-            Ok(_) => {}
-        }
-        self.hold = None;
-    }
-
-    fn failed(&self, err: &Error) {
-        tracing::warn!(backend = %self.backend, error = %err,
-            "could not release one side of a dual lock; its expiry will");
-    }
-}
-
-impl Cleanup for ReleaseSide {
-    async fn cleanup(mut self) {
-        let Some(hold) = self.hold.take() else {
-            return;
-        };
-        let session = || self.session.as_ref().map(|status| *status.borrow());
-        let release = || self.backend.release(&hold);
-        if let Err(err) = release_patiently(self.end, session, release).await {
-            self.failed(&err);
-        }
-    }
-
-    fn is_needed(&self) -> bool {
-        self.hold.is_some()
     }
 }
 
@@ -539,62 +457,6 @@ impl Backend for DualBackend {
             (Some(old), Some(new)) => Some(merge_sessions(old, new)),
         }
     }
-}
-
-/// The next change of `session`; `None` without a session or once it is gone.
-async fn session_change(session: &mut Option<watch::Receiver<SessionStatus>>) -> Option<()> {
-    session.as_mut()?.changed().await.ok()
-}
-
-/// One renewal outcome from the two sides' outcomes.
-fn combine_renewals((old, new): (RenewOutcome, RenewOutcome)) -> RenewOutcome {
-    match (old, new) {
-        (RenewOutcome::Lost(reason), _) => {
-            RenewOutcome::Lost(LostReason::on_side(Side::Old, reason))
-        }
-        (_, RenewOutcome::Lost(reason)) => {
-            RenewOutcome::Lost(LostReason::on_side(Side::New, reason))
-        }
-        (RenewOutcome::Renewed { lease: old }, RenewOutcome::Renewed { lease: new }) => {
-            RenewOutcome::Renewed {
-                lease: old.min(new),
-            }
-        }
-        _ => RenewOutcome::Undecided,
-    }
-}
-
-/// One session status from both sides': its epoch is the sum of theirs (a hold records
-/// the sum of its sides' epochs, so every hold of an expired side's epoch is at or below
-/// it), its health the worse.
-fn merge_sessions(
-    mut old: watch::Receiver<SessionStatus>,
-    mut new: watch::Receiver<SessionStatus>,
-) -> watch::Receiver<SessionStatus> {
-    let merged = |old: SessionStatus, new: SessionStatus| SessionStatus {
-        epoch: old.epoch + new.epoch,
-        health: [old.health, new.health]
-            .into_iter()
-            .max_by_key(|health| match health {
-                SessionHealth::Connected => 0,
-                SessionHealth::Suspended => 1,
-                SessionHealth::Expired => 2,
-            })
-            .unwrap_or(SessionHealth::Connected),
-    };
-    let (sender, receiver) = watch::channel(merged(*old.borrow(), *new.borrow()));
-    tokio::spawn(async move {
-        loop {
-            tokio::select! {
-                changed = old.changed() => if changed.is_err() { return },
-                changed = new.changed() => if changed.is_err() { return },
-                () = sender.closed() => return,
-            }
-            let status = merged(*old.borrow_and_update(), *new.borrow_and_update());
-            sender.send_replace(status);
-        }
-    });
-    receiver
 }
 
 impl fmt::Debug for DualBackend {

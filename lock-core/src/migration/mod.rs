@@ -32,6 +32,8 @@
 
 mod check;
 mod dual;
+mod merge;
+mod sides;
 
 use std::sync::Arc;
 

@@ -14,13 +14,14 @@
 //! connection drops and the reloaded map names another), the channel is subscribed again
 //! where the map says, and its waiters re-check.
 //!
-//! The part both transports share (registry, subscriber task) is in `shared.rs`, a
-//! waiter's bell in `bells.rs`;
+//! The part both transports share (registry, subscriber task) is in `shared.rs` (the
+//! registry's data in `registry.rs`), a waiter's bell in `bells.rs`;
 //! the transports in `pubsub.rs` (one server, Sentinel, RedLock) and `sharded.rs` (Redis
 //! Cluster).
 
 mod bells;
 mod pubsub;
+mod registry;
 mod sharded;
 mod shared;
 

@@ -2,9 +2,22 @@
 //! (standalone or a 3-member ensemble), started for one factory and killed when it drops,
 //! or shared by the factories of a test binary ([`ZkFactory::shared`]), each under a base
 //! path of its own, and killed when the last of them drops.
+//!
+//! Helpers that read ZooKeeper nodes are in `nodes.rs`, those that end a session from
+//! outside in `session.rs`, the setup of a test with Curator in `curator.rs`.
 
 // Not every test file uses every helper or re-export.
 #![allow(dead_code, unreachable_pub, unused_imports)]
+
+mod curator;
+mod nodes;
+mod session;
+
+pub use curator::CuratorSetup;
+pub use nodes::{
+    children, children_reach, create_persistent, queue, queue_len_reaches, queue_under,
+};
+pub use session::{expire_session, holder_session, session_password};
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -19,7 +32,7 @@ use lock_core::{
     DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions, LockState,
     ReleaseOutcome,
 };
-use lock_zookeeper::{lock_dir, queue_order, ZkConfig, ZkLock};
+use lock_zookeeper::{lock_dir, ZkConfig, ZkLock};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -99,17 +112,6 @@ pub fn seen(states: &Mutex<Vec<(Instant, LockState)>>) -> Vec<LockState> {
         .collect()
 }
 
-/// Creates each of `paths` as a persistent node open to anyone, unless it exists.
-pub async fn create_persistent(admin: &zk::Client, paths: impl IntoIterator<Item = String>) {
-    let persistent = zk::CreateMode::Persistent.with_acls(zk::Acls::anyone_all());
-    for path in paths {
-        match admin.create(&path, &[], &persistent).await {
-            Ok(_) | Err(zk::Error::NodeExists) => {}
-            Err(err) => panic!("create {path}: {err}"),
-        }
-    }
-}
-
 /// Hands lock `name` from `guard` to `waiter`: starts `waiter`'s wait in a task, checks
 /// that it is still waiting 300 ms later, releases `guard` and returns the waiter's guard.
 pub async fn hand_over(guard: LockGuard, waiter: &Arc<ZkLock>, name: &LockName) -> LockGuard {
@@ -142,210 +144,6 @@ pub fn config(hosts: Vec<String>, options: LockOptions) -> ZkConfig {
     config.prefix = BASE.to_owned();
     config.options = options;
     config
-}
-
-/// The lock nodes in `name`'s directory under [`BASE`], in queue order.
-pub async fn queue(admin: &zk::Client, name: &LockName) -> Vec<String> {
-    queue_under(admin, BASE, name).await
-}
-
-/// The lock nodes in `name`'s directory under `base`, in queue order.
-pub async fn queue_under(admin: &zk::Client, base: &str, name: &LockName) -> Vec<String> {
-    let dir = lock_dir(base, name);
-    let children = match admin.list_children(&dir).await {
-        Ok(children) => children,
-        Err(zk::Error::NoNode) => Vec::new(),
-        Err(err) => panic!("list {dir}: {err}"),
-    };
-    queue_order(&children)
-        .into_iter()
-        .map(str::to_owned)
-        .collect()
-}
-
-/// The children of `dir`, sorted (none for a missing `dir`).
-pub async fn children(admin: &zk::Client, dir: &str) -> Vec<String> {
-    match admin.list_children(dir).await {
-        Ok(mut children) => {
-            children.sort_unstable();
-            children
-        }
-        Err(zk::Error::NoNode) => Vec::new(),
-        Err(err) => panic!("list {dir}: {err}"),
-    }
-}
-
-/// Waits (at most 20 s) until `dir` has `n` children.
-pub async fn children_reach(admin: &zk::Client, dir: &str, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while children(admin, dir).await.len() != n {
-        assert!(Instant::now() < deadline, "{dir} never had {n} children");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Waits (at most 20 s) until `name`'s queue has `n` lock nodes.
-pub async fn queue_len_reaches(factory: &ZkFactory, name: &LockName, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while factory.queue(name).await.len() < n {
-        assert!(
-            Instant::now() < deadline,
-            "queue of {name} never reached {n}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-/// Ends ZooKeeper session `session_id` on the server at `addr` the way its own client
-/// would close it: a second connection resumes the session with its id and password
-/// (ZooKeeper derives the password from the id, see [`session_password`]) and sends
-/// `closeSession` right behind the connect request (the session's own client, whose
-/// connection the server closes when another resumes the session, would otherwise take it
-/// back at once). The server deletes the session's ephemeral nodes at once; the session's
-/// client is told it expired when it reconnects.
-///
-/// # Panics
-/// When the session still resumes after a few tries, or the server does not answer
-/// within 10 s.
-pub async fn expire_session(addr: std::net::SocketAddr, session_id: i64) {
-    use tokio::io::AsyncReadExt;
-    /// The `closeSession` request type.
-    const CLOSE_SESSION: i32 = -11;
-    let close = async {
-        for _ in 0..5 {
-            let mut stream = resume_session(addr, session_id).await;
-            // RequestHeader: xid, type.
-            let mut request = 1i32.to_be_bytes().to_vec();
-            request.extend_from_slice(&CLOSE_SESSION.to_be_bytes());
-            send_frame(&mut stream, &request).await;
-            // Whatever comes back, until the server closes the connection.
-            let mut rest = Vec::new();
-            let _ = stream.read_to_end(&mut rest).await;
-            let mut check = resume_session(addr, session_id).await;
-            if read_frame(&mut check)
-                .await
-                .is_some_and(|reply| resumed(&reply) == 0)
-            {
-                return;
-            }
-        }
-        panic!("ZooKeeper session {session_id:#x} still resumes after closing it 5 times");
-    };
-    tokio::time::timeout(Duration::from_secs(10), close)
-        .await
-        .expect("ZooKeeper answers within 10 s");
-}
-
-/// A connection to `addr` that has sent the request resuming session `session_id`
-/// (ConnectRequest: protocol version, last zxid seen, timeout in ms, session id, password,
-/// read-only flag); its reply is left unread.
-async fn resume_session(addr: std::net::SocketAddr, session_id: i64) -> tokio::net::TcpStream {
-    let mut stream = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    let mut connect = Vec::new();
-    connect.extend_from_slice(&0i32.to_be_bytes());
-    connect.extend_from_slice(&0i64.to_be_bytes());
-    connect.extend_from_slice(&10_000i32.to_be_bytes());
-    connect.extend_from_slice(&session_id.to_be_bytes());
-    connect.extend_from_slice(&16i32.to_be_bytes());
-    connect.extend_from_slice(&session_password(session_id));
-    connect.push(0);
-    send_frame(&mut stream, &connect).await;
-    stream
-}
-
-/// The session id of a ConnectResponse (protocol version, timeout, session id, ...): 0
-/// when the session could not be resumed.
-fn resumed(reply: &[u8]) -> i64 {
-    reply
-        .get(8..16)
-        .and_then(|id| id.try_into().ok())
-        .map_or(0, i64::from_be_bytes)
-}
-
-/// Sends one length-prefixed frame.
-async fn send_frame(stream: &mut tokio::net::TcpStream, body: &[u8]) {
-    use tokio::io::AsyncWriteExt;
-    let len = i32::try_from(body.len()).expect("short frame");
-    let mut frame = len.to_be_bytes().to_vec();
-    frame.extend_from_slice(body);
-    stream.write_all(&frame).await.expect("send");
-}
-
-/// Reads one length-prefixed frame; `None` when the connection ends first.
-async fn read_frame(stream: &mut tokio::net::TcpStream) -> Option<Vec<u8>> {
-    use tokio::io::AsyncReadExt;
-    let len = stream.read_i32().await.ok()?;
-    let mut body = vec![0; usize::try_from(len).ok()?];
-    stream.read_exact(&mut body).await.ok()?;
-    Some(body)
-}
-
-/// The password of ZooKeeper session `session_id`, as the server generates it:
-/// `new java.util.Random(session_id ^ 0xB3415C00).nextBytes(new byte[16])`.
-pub fn session_password(session_id: i64) -> [u8; 16] {
-    const SUPER_SECRET: i64 = 0xB341_5C00;
-    const MULTIPLIER: i64 = 0x5_DEEC_E66D;
-    const MASK: i64 = (1 << 48) - 1;
-    let mut seed = (session_id ^ SUPER_SECRET ^ MULTIPLIER) & MASK;
-    let mut password = [0u8; 16];
-    for chunk in password.chunks_mut(4) {
-        seed = seed.wrapping_mul(MULTIPLIER).wrapping_add(0xB) & MASK;
-        // `next(32)`: the top 32 of the 48 bits, least significant byte first.
-        let word = (seed >> 16).to_le_bytes();
-        chunk.copy_from_slice(&word[..chunk.len()]);
-    }
-    password
-}
-
-/// The session that owns the first lock node of `name` (its holder's), if any.
-pub async fn holder_session(admin: &zk::Client, name: &LockName) -> Option<i64> {
-    let first = queue(admin, name).await.into_iter().next()?;
-    let path = format!("{}/{first}", lock_dir(BASE, name));
-    let stat = admin.check_stat(&path).await.expect("stat");
-    stat.map(|stat| stat.ephemeral_owner)
-}
-
-/// What a test with Curator processes needs: the compiled program, a standalone server,
-/// and one lock name without `/` with its directory `<base>/<name>`, the path Curator is
-/// given.
-pub struct CuratorSetup {
-    /// Holds the compiled program.
-    _classes: tempfile::TempDir,
-    classpath: String,
-    /// The server.
-    pub factory: ZkFactory,
-    /// The lock name.
-    pub name: LockName,
-    /// Its directory.
-    pub path: String,
-}
-
-impl CuratorSetup {
-    /// Compiles the program and starts the server; `None` (after a loud notice) when
-    /// java, the Curator jars or ZooKeeper are missing and strict mode is off.
-    pub async fn start(tag: &str) -> Option<Self> {
-        let classes = tempfile::tempdir().expect("temp dir");
-        let classpath = lab::curator::compile(classes.path()).await?;
-        let factory = ZkFactory::start().await?;
-        let name = LockName::new(format!("curator-{tag}-{}", uuid::Uuid::new_v4().simple()))
-            .expect("valid");
-        let path = lock_dir(BASE, &name);
-        Some(CuratorSetup {
-            _classes: classes,
-            classpath,
-            factory,
-            name,
-            path,
-        })
-    }
-
-    /// A Curator process on the lock's path, ready.
-    pub async fn curator(&self) -> lab::curator::Curator {
-        let connect = self.factory.servers.hosts().join(",");
-        lab::curator::Curator::start(&self.classpath, &connect, &self.path)
-            .await
-            .expect("curator starts")
-    }
 }
 
 impl ZkFactory {

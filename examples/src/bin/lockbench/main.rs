@@ -16,7 +16,9 @@
 //! so that "the same run" of two backends is close in time on a noisy shared machine.
 
 mod contention;
+mod contention_report;
 mod election;
+mod election_report;
 mod floors;
 mod goals;
 mod primitives;

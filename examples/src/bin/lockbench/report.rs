@@ -1,5 +1,8 @@
 //! The report: what each run measured (kept run by run in the JSON), and the Markdown page
 //! for people, where every figure is the median over the runs.
+//!
+//! Its sections on the contended workloads and on leader election are in
+//! `contention_report.rs` and `election_report.rs`, like `primitives_report.rs`.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -10,7 +13,7 @@ use crate::contention::{ContentionRow, LoopRun};
 use crate::election::{CampaignRun, NotifyRun};
 use crate::goals::GoalRow;
 use crate::primitives::{Primitive, PrimitivesRun};
-use crate::stats::{fmt_count, fmt_us, median, median_summary, Summary};
+use crate::stats::{fmt_us, median, median_summary, Summary};
 use crate::workloads::{RenewalRow, Takeover};
 use crate::Flavour;
 
@@ -138,7 +141,7 @@ impl BackendReport {
     }
 
     /// Errors of the (C, L) row summed over the runs, with the first one seen.
-    fn contention_errors(&self, clients: usize, locks: usize) -> (u64, Option<&str>) {
+    pub(crate) fn contention_errors(&self, clients: usize, locks: usize) -> (u64, Option<&str>) {
         self.loop_errors(|r| Some(&r.contention(clients, locks)?.run))
     }
 
@@ -358,101 +361,6 @@ impl Report {
         }
     }
 
-    fn throughput_md(&self, md: &mut String) {
-        let _ = writeln!(
-            md,
-            "\n## Throughput: C clients (one connection each) over L lock names\n"
-        );
-        let _ = writeln!(
-            md,
-            "| backend | C | L | cycles/s (runs) | cycle p50 | cycle p99 | errors (all runs) |"
-        );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
-        for b in &self.backends {
-            for &clients in &self.throughput_clients {
-                for &locks in &self.throughput_locks {
-                    let cycle = b.summary_of(|r| r.contention(clients, locks)?.run.cycle);
-                    let _ = writeln!(
-                        md,
-                        "| {} | {clients} | {locks} | {} | {} | {} | {} |",
-                        b.backend,
-                        b.spread(|r| Some(r.contention(clients, locks)?.run.cycles_per_sec))
-                            .show(fmt_count),
-                        cell(cycle, |s| s.p50_us),
-                        cell(cycle, |s| s.p99_us),
-                        b.contention_errors(clients, locks).0,
-                    );
-                }
-            }
-        }
-    }
-
-    fn sweep_md(&self, md: &mut String) {
-        if self.sweep.is_empty() {
-            return;
-        }
-        let _ = writeln!(md, "\n## Queue length: N contenders on one lock name\n");
-        let _ = writeln!(
-            md,
-            "Each contender is a client with its own connection. Cells: cycles/s · cycle \
-             p99 (medians). Waits still pending when the measurement ends are cut and not \
-             counted.\n\n![cycles/s and p99 by queue length]({SWEEP_SVG})\n"
-        );
-        let header: Vec<String> = self.sweep.iter().map(|n| format!("N = {n}")).collect();
-        let _ = writeln!(md, "| backend | {} |", header.join(" | "));
-        let _ = writeln!(md, "|---|{}", "---|".repeat(self.sweep.len()));
-        for b in &self.backends {
-            let cells: Vec<String> = self
-                .sweep
-                .iter()
-                .map(|&n| {
-                    let rate = b.median_of(|r| Some(r.contention(n, 1)?.run.cycles_per_sec));
-                    let p99 = b.summary_of(|r| r.contention(n, 1)?.run.cycle);
-                    match rate {
-                        Some(rate) => {
-                            format!("{}/s · {}", fmt_count(rate), cell(p99, |s| s.p99_us))
-                        }
-                        None => "–".into(),
-                    }
-                })
-                .collect();
-            let _ = writeln!(md, "| {} | {} |", b.backend, cells.join(" | "));
-        }
-    }
-
-    /// Contended rows that saw errors, with the first error of each.
-    fn errors_md(&self, md: &mut String) {
-        let mut shapes: Vec<(usize, usize)> = self.sweep.iter().map(|&n| (n, 1)).collect();
-        for &clients in &self.throughput_clients {
-            for &locks in &self.throughput_locks {
-                shapes.push((clients, locks));
-            }
-        }
-        shapes.sort_unstable();
-        shapes.dedup();
-        let mut lines = Vec::new();
-        for b in &self.backends {
-            for &(clients, locks) in &shapes {
-                if let (count @ 1.., first) = b.contention_errors(clients, locks) {
-                    lines.push(format!(
-                        "- {}, {clients} clients on {locks} names: {count} errors over the runs; first: {}",
-                        b.backend,
-                        first.unwrap_or("?")
-                    ));
-                }
-            }
-        }
-        if !lines.is_empty() {
-            let _ = writeln!(
-                md,
-                "\nErrors in the contended workloads (counted; the workload carried on):\n"
-            );
-            for line in lines {
-                let _ = writeln!(md, "{line}");
-            }
-        }
-    }
-
     fn once_md(&self, md: &mut String) {
         let _ = writeln!(
             md,
@@ -502,129 +410,6 @@ impl Report {
                     row.held_locks
                 );
             }
-        }
-    }
-
-    /// The leader-election workloads, a row per backend ("no elections" where its clients
-    /// grant no candidates).
-    fn election_md(&self, md: &mut String) {
-        let _ = writeln!(md, "\n## Leader election\n");
-        let _ = writeln!(
-            md,
-            "### Uncontended campaign (one client campaigns and resigns on one election)\n\n\
-             Each campaign is a try, as the lock cycle's acquire is. The lock cycle is the \
-             uncontended acquire + release of the same run (multi-thread runtime).\n"
-        );
-        let _ = writeln!(
-            md,
-            "| backend | campaign p50 | campaign p99 | campaign + resign p50 | cycles/s (runs) | lock acquire + release p50 | campaign + resign ÷ lock cycle (runs) |"
-        );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
-        for b in &self.backends {
-            if !b.elections {
-                let _ = writeln!(md, "| {} | no elections | – | – | – | – | – |", b.backend);
-                continue;
-            }
-            let campaign = b.summary_of(|r| r.campaign.as_ref()?.campaign);
-            let cycle = b.summary_of(|r| r.campaign.as_ref()?.cycle);
-            let lock = b.summary_of(|r| r.uncontended_on(Flavour::MultiThread)?.library);
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | {} | {} | {} |",
-                b.backend,
-                cell(campaign, |s| s.p50_us),
-                cell(campaign, |s| s.p99_us),
-                cell(cycle, |s| s.p50_us),
-                b.spread(|r| Some(r.campaign.as_ref()?.cycles_per_sec))
-                    .show(fmt_count),
-                cell(lock, |s| s.p50_us),
-                b.spread(RunReport::campaign_ratio).show(fmt_ratio),
-            );
-        }
-        let _ = writeln!(
-            md,
-            "\n### Failover after the leader is killed\n\n\
-             The leader is a holder process killed with SIGKILL (in-process backends: its \
-             client cut off from the space), a second candidate waiting; from the kill until \
-             that candidate leads. Measured once.\n"
-        );
-        let _ = writeln!(
-            md,
-            "| backend | TTL | failover per round | median | max | median ÷ TTL |"
-        );
-        let _ = writeln!(md, "|---|---|---|---|---|---|");
-        for b in &self.backends {
-            if !b.elections {
-                let _ = writeln!(md, "| {} | no elections | – | – | – | – |", b.backend);
-                continue;
-            }
-            let Some(t) = &b.failover else {
-                let _ = writeln!(md, "| {} | – | not measured | – | – | – |", b.backend);
-                continue;
-            };
-            let rounds: Vec<String> = t
-                .takeover_ms
-                .iter()
-                .map(|ms| format!("{ms:.0} ms"))
-                .collect();
-            let mid = median(t.takeover_ms.iter().copied());
-            let max = t.takeover_ms.iter().copied().reduce(f64::max);
-            let ms = |v: Option<f64>| v.map_or_else(|| "–".into(), |v| format!("{v:.0} ms"));
-            let _ = writeln!(
-                md,
-                "| {} | {:.0} ms | {} | {} | {} | {} |",
-                b.backend,
-                t.ttl_ms,
-                rounds.join(", "),
-                ms(mid),
-                ms(max),
-                mid.map_or_else(|| "–".into(), |m| fmt_ratio(m / t.ttl_ms)),
-            );
-        }
-        let _ = writeln!(
-            md,
-            "\n### Observer notification: a new leader reaches every observer\n\n\
-             Observers follow one election, each on a client of its own that re-reads only \
-             every 60 s, so what they report came by push. A leader resigns once the other \
-             candidate is queued; per hand-over, from the new leader's grant (its campaign \
-             returned; 0 when every observer was faster) and from the resign sent, until \
-             the last observer reported the new term. A hand-over some observer had not \
-             reported within 2 s is a missed push.\n"
-        );
-        let _ = writeln!(
-            md,
-            "| backend | observers | hand-overs (runs) | grant → all observers p50 | p99 | max | resign → all observers p50 | p99 | missed pushes (all runs) |"
-        );
-        let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|");
-        for b in &self.backends {
-            if !b.elections {
-                let _ = writeln!(
-                    md,
-                    "| {} | no elections | – | – | – | – | – | – | – |",
-                    b.backend
-                );
-                continue;
-            }
-            let grant = b.summary_of(|r| r.notify.as_ref()?.from_grant);
-            let resign = b.summary_of(|r| r.notify.as_ref()?.from_resign);
-            let missed: u64 = b
-                .runs
-                .iter()
-                .filter_map(|r| Some(r.notify.as_ref()?.missed))
-                .sum();
-            let _ = writeln!(
-                md,
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {missed} |",
-                b.backend,
-                b.observers,
-                b.spread(|r| Some(r.notify.as_ref()?.rounds as f64))
-                    .show(fmt_count),
-                cell(grant, |s| s.p50_us),
-                cell(grant, |s| s.p99_us),
-                cell(grant, |s| s.max_us),
-                cell(resign, |s| s.p50_us),
-                cell(resign, |s| s.p99_us),
-            );
         }
     }
 

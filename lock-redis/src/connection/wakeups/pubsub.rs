@@ -7,7 +7,8 @@ use futures::StreamExt;
 use redis::aio::PubSubSink;
 use tokio::time::{timeout, Instant};
 
-use super::shared::{now_live, Broken, SubCommand, Task};
+use super::registry::SubCommand;
+use super::shared::{now_live, Broken, Task};
 
 /// Keeps one pub/sub connection to server `index` subscribed to the registry's channels.
 pub(super) async fn session(Task(shared, index, commands, backoff): Task<'_>) -> Broken {

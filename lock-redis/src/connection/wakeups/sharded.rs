@@ -12,7 +12,8 @@ use redis::{AsyncConnectionConfig, PushInfo, PushKind, Value};
 use tokio::sync::mpsc;
 use tokio::time::{timeout, Instant};
 
-use super::shared::{now_live, Broken, Shared, SubCommand, Task};
+use super::registry::SubCommand;
+use super::shared::{now_live, Broken, Shared, Task};
 use crate::connection::cluster::{redirect, slot_of};
 use crate::connection::Shards;
 

@@ -1,5 +1,6 @@
-//! What both wake-up transports share: the registry of channels and bells, the waiters'
-//! subscriptions, and the subscriber task that runs a transport's session per server.
+//! What both wake-up transports share: the registry of channels and bells (its data in
+//! `registry.rs`), the waiters' subscriptions, and the subscriber task that runs a
+//! transport's session per server.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -14,55 +15,12 @@ use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep, Instant};
 
 use super::bells::{ring, Bell, Ring, Rings};
+use super::registry::{claim, ring_channel, Channel, Inbox, Registry, SubCommand, UNCLAIMED};
 use crate::connection::cluster::slot_of;
 use crate::connection::{reconnect_backoff, Shards, Target};
 
 /// How often an idle subscription connection is checked with `PING`.
 const SUBSCRIBER_PING: Duration = Duration::from_secs(5);
-
-/// A change to the set of channels a subscriber task listens to.
-#[derive(Debug)]
-pub(super) enum SubCommand {
-    Subscribe(String),
-    Unsubscribe(String),
-}
-
-pub(super) struct Channel {
-    waiters: usize,
-    bell: watch::Sender<Rings>,
-    /// A client's channel for a name (Redis Cluster, queue): its messages name the waiter.
-    inbox: bool,
-}
-
-/// The client's own channel and the bells of its queued waiters.
-pub(super) struct Inbox {
-    channel: String,
-    /// The server on which its subscription was asked for (it then stays for the client's
-    /// life): the one whose queue orders the waiters.
-    requested: Option<usize>,
-    /// Per server: the subscription is confirmed on the current connection.
-    live: Vec<bool>,
-    /// Bells by owner token.
-    bells: HashMap<String, watch::Sender<Rings>>,
-    /// The latest messages for waiters without a bell yet (a release can wake a waiter
-    /// between its queued attempt and its bell), at most [`UNCLAIMED`].
-    unclaimed: VecDeque<(String, Ring)>,
-}
-
-/// How many messages for waiters without a bell are kept.
-const UNCLAIMED: usize = 256;
-
-pub(super) struct Registry {
-    channels: HashMap<String, Channel>,
-    inbox: Inbox,
-    /// The command queue of each server's subscriber task, started on first use (Redis
-    /// Cluster: of each node seen, as [`Shards`] numbers them).
-    tasks: Vec<Option<mpsc::UnboundedSender<SubCommand>>>,
-    /// Redis Cluster: the node each channel is subscribed on.
-    placed: HashMap<String, usize>,
-    /// Redis Cluster: the channels whose subscription was refused, by refusals in a row.
-    refusals: HashMap<String, u32>,
-}
 
 /// What a transport's session works with: the registry (weakly: the client may go
 /// meanwhile), the index of its server (Redis Cluster: node), the commands for its
@@ -247,16 +205,6 @@ impl Shared {
     }
 }
 
-impl Registry {
-    /// Sends `command` to every started subscriber task.
-    fn send(&self, command: impl Fn() -> SubCommand) {
-        for sender in self.tasks.iter().flatten() {
-            // Fails only when the task ended, i.e. the client is going away.
-            let _ = sender.send(command());
-        }
-    }
-}
-
 /// Starts the subscriber task of server `index` (Redis Cluster: node), if not yet.
 fn start(shared: &Arc<Shared>, registry: &mut Registry, index: usize) {
     if registry.tasks.len() <= index {
@@ -266,30 +214,6 @@ fn start(shared: &Arc<Shared>, registry: &mut Registry, index: usize) {
         let (sender, receiver) = mpsc::unbounded_channel();
         tokio::spawn(run_subscriber(Arc::downgrade(shared), index, receiver));
         registry.tasks[index] = Some(sender);
-    }
-}
-
-/// Rings `bell` with the messages kept for `token` before it had a bell.
-fn claim(inbox: &mut Inbox, token: &str, bell: &watch::Sender<Rings>) {
-    inbox.unclaimed.retain(|(for_token, what)| {
-        let mine = for_token == token;
-        if mine {
-            ring(bell, *what);
-        }
-        !mine
-    });
-}
-
-/// Rings the bell of `channel`, and for a client's channel for a name every bell of the
-/// client's queued waiters (which of them it serves is not known here: all look).
-fn ring_channel(registry: &Registry, channel: &str) {
-    if let Some(entry) = registry.channels.get(channel) {
-        ring(&entry.bell, Ring::Wake);
-        if entry.inbox {
-            for bell in registry.inbox.bells.values() {
-                ring(bell, Ring::Wake);
-            }
-        }
     }
 }
 
