@@ -4,7 +4,7 @@
 #
 # Most tests wait on timers (leases, session timeouts, failovers), so one binary at a time
 # leaves the machine idle. This script builds every test binary once
-# (`cargo test --workspace --no-run`), then runs them TEST_JOBS at a time (default 3),
+# (`cargo test --workspace --no-run`), then runs them TEST_JOBS at a time (default 2),
 # longest first (durations of the last run in target/test-durations, else a fixed guess),
 # each in its package's directory with the environment cargo would give it. A binary's
 # output is kept whole in target/test-logs/ and printed as one block when it ends; every
@@ -15,7 +15,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 CARGO=${CARGO:-cargo}
-JOBS=${TEST_JOBS:-3}
+JOBS=${TEST_JOBS:-2}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 LOGS="$TARGET_DIR/test-logs"
 DURATIONS="$TARGET_DIR/test-durations"

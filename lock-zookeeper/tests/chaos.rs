@@ -35,13 +35,13 @@ mod election {
 }
 
 /// Semaphores of one permit: every client takes the permit where the scenarios lock
-/// (`lab::chaos::Kinded`). The short plan runs two scenarios on one server; `make chaos`
+/// (`lab::chaos::Kinded`). `make test` runs them on memory (lab/tests/chaos.rs); `make chaos`
 /// runs them all on every deployment here.
 mod semaphore {
     mod standalone {
         lab::chaos_suite!(
             async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::ZkFactory::start().await) },
-            short: lab::chaos::ShortRun::Only(lab::chaos::PRIMITIVE_SHORT_SCENARIOS)
+            short: lab::chaos::ShortRun::Only(&[])
         );
     }
 
@@ -54,12 +54,12 @@ mod semaphore {
 }
 
 /// Read-write locks' writers: every client takes the write side where the scenarios lock.
-/// The short plan runs two scenarios on one server; `make chaos` runs them all.
+/// `make test` runs them on memory (lab/tests/chaos.rs); `make chaos` runs them all.
 mod writer {
     mod standalone {
         lab::chaos_suite!(
             async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::ZkFactory::start().await) },
-            short: lab::chaos::ShortRun::Only(lab::chaos::PRIMITIVE_SHORT_SCENARIOS)
+            short: lab::chaos::ShortRun::Only(&[])
         );
     }
 

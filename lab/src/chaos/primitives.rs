@@ -242,8 +242,3 @@ pub const ELECTION_SHORT_SCENARIOS: &[&str] = &[
     "server_crash_restart",
     "waiter_long_connection_reset",
 ];
-
-/// The scenarios a semaphore of one and a read-write lock's writers run in `make test` on
-/// a deployment that runs the mutex's (the others in `make chaos`): a holder cut off, and
-/// one paused past its lease that writes without looking.
-pub const PRIMITIVE_SHORT_SCENARIOS: &[&str] = &["holder_partitioned", "holder_paused_beyond_ttl"];
