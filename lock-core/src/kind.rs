@@ -86,6 +86,16 @@ impl HoldKind {
         matches!(self, HoldKind::Read | HoldKind::Permit { .. })
     }
 
+    /// The kind as inspections show it ([`Participant::kind`](crate::Participant::kind))
+    /// and the by-kind metrics count it: a permit, a read or a write; `None` for a mutex
+    /// or a candidate, which their layouts already tell apart.
+    pub fn shown(&self) -> Option<HoldKind> {
+        match self {
+            HoldKind::Permit { .. } | HoldKind::Read | HoldKind::Write => Some(self.clone()),
+            HoldKind::Mutex | HoldKind::Candidate { .. } => None,
+        }
+    }
+
     /// A stable short name: `mutex`, `candidate`, `permit`, `read` or `write` (the `kind`
     /// field of acquire spans, the `kind` label of the by-kind metrics).
     pub fn label(&self) -> &'static str {

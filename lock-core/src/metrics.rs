@@ -362,7 +362,7 @@ impl Series {
     /// The gauge `metric` of `kind`, for the kinds counted by kind (permits, reads,
     /// writes); looked up when used, so a client that uses none exports none.
     fn by_kind(&self, metric: &'static str, kind: &HoldKind) -> Option<Gauge> {
-        let label = kind_label(kind)?;
+        let label = kind.shown()?.label();
         Some(::metrics::gauge!(
             metric,
             extended(&self.labels, [(KIND, label)])
@@ -463,14 +463,6 @@ impl Drop for Waiting<'_> {
         if let Some(by_kind) = &self.1 {
             by_kind.decrement(1.0);
         }
-    }
-}
-
-/// The [`KIND`] label of the kinds counted by kind.
-fn kind_label(kind: &HoldKind) -> Option<&'static str> {
-    match kind {
-        HoldKind::Permit { .. } | HoldKind::Read | HoldKind::Write => Some(kind.label()),
-        _ => None,
     }
 }
 

@@ -135,7 +135,7 @@ fn occupancy(
             node_kind(node).map_or(HoldKind::Mutex, |kind| kind.hold_kind(value.as_deref())),
         );
         let granted = waiters.is_empty() && kind.granted_behind(&kinds);
-        let shown = (kind.is_shared() || kind == HoldKind::Write).then(|| kind.clone());
+        let shown = kind.shown();
         let value = matches!(kind, HoldKind::Candidate { .. })
             .then_some(value)
             .flatten();

@@ -152,11 +152,6 @@ impl Slot {
     }
 }
 
-/// What an inspection says of a participant's kind: shared kinds only.
-fn shown_kind(kind: &HoldKind) -> Option<HoldKind> {
-    (kind.is_shared() || *kind == HoldKind::Write).then(|| kind.clone())
-}
-
 impl Holder {
     /// The holder as an inspection shows it.
     pub(super) fn participant(&self, now: Instant) -> Participant {
@@ -169,7 +164,7 @@ impl Holder {
             .lease_left(Some(self.expires_at.saturating_duration_since(now)))
             .since(Some(self.since))
             .value(value)
-            .kind(shown_kind(&self.kind))
+            .kind(self.kind.shown())
     }
 }
 
@@ -349,7 +344,7 @@ impl MemorySpace {
             .queue
             .iter()
             .map(|waiter| {
-                Participant::new(Some(waiter.token.to_string())).kind(shown_kind(&waiter.kind))
+                Participant::new(Some(waiter.token.to_string())).kind(waiter.kind.shown())
             })
             .collect();
         Occupancy::shared(holders, waiters).token_floor(Some(FencingToken(slot.fence)))
