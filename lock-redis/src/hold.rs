@@ -67,17 +67,6 @@ pub(crate) struct SharedKeys {
     pub(crate) kind: String,
 }
 
-/// `kind` as the scripts of the shared kinds spell it (`R`, `W`, `P<permits>`); `None`
-/// for the exclusive kinds, which hold the plain lock key.
-pub(crate) fn shared_kind(kind: &HoldKind) -> Option<String> {
-    match kind {
-        HoldKind::Read => Some("R".into()),
-        HoldKind::Write => Some("W".into()),
-        HoldKind::Permit { permits } => Some(format!("P{permits}")),
-        _ => None,
-    }
-}
-
 /// The kind a conflict reply of `acquire_s.lua` names: its permits, 0 for a read-write
 /// lock, -1 for a mutex or an election.
 pub(crate) fn kind_named(code: i64) -> HoldKind {
@@ -161,7 +150,7 @@ impl RedisHold {
             }),
             _ => None,
         };
-        let shared = shared_kind(request.kind).map(|kind| SharedKeys {
+        let shared = layout::spell_kind(request.kind).map(|kind| SharedKeys {
             table: keys.side_key(&key, layout::HOLDERS),
             changed: keys.side_key(&key, layout::CHANGED),
             kind,

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use lock_core::raw::{escape, unescape};
+use lock_core::raw::{escape, unescape, HoldKind};
 use lock_core::LockName;
 
 /// What a lock key escapes in the name (besides `%`): the hash tag braces.
@@ -177,9 +177,46 @@ impl KeyLayout {
     }
 }
 
+/// `kind` as the scripts of the shared kinds spell it in the holders' table (`R`, `W`,
+/// `P<permits>`); `None` for the exclusive kinds, which hold the plain lock key.
+pub(crate) fn spell_kind(kind: &HoldKind) -> Option<String> {
+    match kind {
+        HoldKind::Read => Some("R".into()),
+        HoldKind::Write => Some("W".into()),
+        HoldKind::Permit { permits } => Some(format!("P{permits}")),
+        _ => None,
+    }
+}
+
+/// The kind spelled `spelled` in the holders' table: the inverse of [`spell_kind`].
+pub(crate) fn read_kind(spelled: &str) -> Option<HoldKind> {
+    match spelled {
+        "R" => Some(HoldKind::Read),
+        "W" => Some(HoldKind::Write),
+        _ => spelled
+            .strip_prefix('P')
+            .and_then(|permits| permits.parse().ok())
+            .map(|permits| HoldKind::Permit { permits }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn shared_kinds_read_back_as_spelled() {
+        for kind in [
+            HoldKind::Read,
+            HoldKind::Write,
+            HoldKind::Permit { permits: 12 },
+        ] {
+            let spelled = spell_kind(&kind).expect("a shared kind");
+            assert_eq!(read_kind(&spelled), Some(kind));
+        }
+        assert_eq!(spell_kind(&HoldKind::Mutex), None);
+        assert_eq!(read_kind("P"), None, "a permit without its count");
+    }
 
     #[test]
     fn keys_escape_hash_tags_and_share_a_slot() {

@@ -9,7 +9,6 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::join_all;
-use lock_core::raw::HoldKind;
 use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
 
 use crate::connection::{Node, Route};
@@ -297,23 +296,11 @@ fn shared_holders(flat: &[String]) -> Vec<Participant> {
             let (kind, fence) = holder[1].split_once(':').unwrap_or(("", ""));
             let left = holder[2].parse::<u64>().ok().map(Duration::from_millis);
             Participant::new(Some(holder[0].clone()))
-                .kind(kind_of(kind))
+                .kind(layout::read_kind(kind))
                 .fencing_token(fence.parse().ok().map(FencingToken))
                 .lease_left(left)
         })
         .collect()
-}
-
-/// A kind as the scripts of the shared kinds spell it (`R`, `W`, `P<permits>`).
-fn kind_of(spelled: &str) -> Option<HoldKind> {
-    match spelled {
-        "R" => Some(HoldKind::Read),
-        "W" => Some(HoldKind::Write),
-        _ => spelled
-            .strip_prefix('P')
-            .and_then(|permits| permits.parse().ok())
-            .map(|permits| HoldKind::Permit { permits }),
-    }
 }
 
 /// The occupancy shown by the servers that answered (`(server index, view)`, in server
@@ -395,7 +382,7 @@ fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
                     .map(String::as_str)
                     .chain(std::iter::repeat("")),
             )
-            .map(|(waiter, kind)| waiter.kind(kind_of(kind)))
+            .map(|(waiter, kind)| waiter.kind(layout::read_kind(kind)))
             .collect();
         return Occupancy::shared(shared_holders(shared), waiters).token_floor(floor);
     }
@@ -440,6 +427,7 @@ fn leader(views: &[(usize, View)], value: &str, holder: Participant) -> Option<P
 #[cfg(test)]
 mod tests {
     use super::*;
+    use lock_core::raw::HoldKind;
 
     fn view(holder: Option<&str>, pttl: i64, counter: Option<u64>, ids: &[&str]) -> View {
         let ids = ids.iter().map(|id| (*id).to_owned()).collect();
@@ -464,8 +452,6 @@ mod tests {
             (holders[2].kind.clone(), holders[2].fencing_token),
             (None, None)
         );
-        assert_eq!(kind_of("R"), Some(HoldKind::Read));
-        assert_eq!(kind_of("P"), None);
     }
 
     #[test]
