@@ -10,21 +10,16 @@ use lock_core::{
 };
 use tokio::time::{sleep, timeout, Instant};
 
-use super::{cut_off_then_replaced, eventually_empty, push_only_options, unique_name, PROMPT};
+use super::{
+    cut_off_then_replaced, eventually_empty, offered, push_only_options, unique_name, PROMPT,
+};
 use crate::factory::Factory;
 use crate::fence::FencedResource;
 use crate::with_ttl;
 
 /// The election `name` on `client`, or `None` (said loudly) when the backend has none.
 fn election(client: &Arc<dyn DistributedLock>, name: &str, rule: &str) -> Option<Election> {
-    if !client.capabilities().election {
-        eprintln!(
-            "[conformance] {rule}: {} offers no leader election; the rule does not apply",
-            client.capabilities().backend
-        );
-        return None;
-    }
-    Some(Election::new(Arc::clone(client), name).expect("an election on a capable backend"))
+    offered(Election::new(Arc::clone(client), name), rule)
 }
 
 /// The election `name` on each of `clients`, or `None` (said loudly) when the backend has

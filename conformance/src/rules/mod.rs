@@ -107,6 +107,19 @@ pub async fn eventually_empty(factory: &dyn Factory, names: &[LockName], rule: &
     }
 }
 
+/// The primitive `made` by its constructor, or `None` (said loudly) when the backend does
+/// not offer it: the rule `rule` does not apply there. Any other error fails the rule.
+pub(crate) fn offered<T>(made: lock_core::Result<T>, rule: &str) -> Option<T> {
+    match made {
+        Ok(primitive) => Some(primitive),
+        Err(err) if err.kind() == lock_core::ErrorKind::Unsupported => {
+            eprintln!("[conformance] {rule}: {err}; the rule does not apply");
+            None
+        }
+        Err(err) => panic!("[{rule}] making the primitive: {err}"),
+    }
+}
+
 /// Waits (at most 5 s) until `name` shows at least `n` waiters on `client`.
 pub(crate) async fn waiters_reach(client: &dyn DistributedLock, name: &LockName, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(5);

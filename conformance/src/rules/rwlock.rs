@@ -10,21 +10,14 @@ use rand::Rng;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::semaphore::semaphore;
-use super::{eventually_empty, push_only_options, unique_name, waiters_reach, PROMPT};
+use super::{eventually_empty, offered, push_only_options, unique_name, waiters_reach, PROMPT};
 use crate::factory::Factory;
 use crate::limits::HoldLog;
 
 /// The read-write lock `name` on `client`, or `None` (said loudly) when the backend has
 /// none.
 fn rwlock(client: &Arc<dyn DistributedLock>, name: &str, rule: &str) -> Option<RwLock> {
-    if !client.capabilities().rwlock {
-        eprintln!(
-            "[conformance] {rule}: {} offers no read-write locks; the rule does not apply",
-            client.capabilities().backend
-        );
-        return None;
-    }
-    Some(RwLock::new(Arc::clone(client), name).expect("a read-write lock on a capable backend"))
+    offered(RwLock::new(Arc::clone(client), name), rule)
 }
 
 async fn read(lock: &RwLock, limit: Duration) -> ReadGuard {

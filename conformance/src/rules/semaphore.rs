@@ -10,7 +10,8 @@ use lock_core::{AcquireOptions, DistributedLock, ErrorKind, LockOptions, Permit,
 use tokio::time::{sleep, timeout, Instant};
 
 use super::{
-    cut_off_then_replaced, eventually_empty, push_only_options, unique_name, waiters_reach, PROMPT,
+    cut_off_then_replaced, eventually_empty, offered, push_only_options, unique_name,
+    waiters_reach, PROMPT,
 };
 use crate::factory::Factory;
 use crate::limits::HoldLog;
@@ -24,17 +25,7 @@ pub(super) fn semaphore(
     permits: u32,
     rule: &str,
 ) -> Option<Semaphore> {
-    if !client.capabilities().semaphore {
-        eprintln!(
-            "[conformance] {rule}: {} offers no semaphores; the rule does not apply",
-            client.capabilities().backend
-        );
-        return None;
-    }
-    Some(
-        Semaphore::new(Arc::clone(client), name, permits)
-            .expect("a semaphore on a capable backend"),
-    )
+    offered(Semaphore::new(Arc::clone(client), name, permits), rule)
 }
 
 /// Takes a permit, waiting at most `limit`.

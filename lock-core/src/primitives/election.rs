@@ -11,6 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::{timeout, Instant};
 
+use super::{acquire_kind, checked_name};
 use crate::backend::Amendment;
 use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
@@ -43,11 +44,7 @@ impl Election {
     /// [`Error::InvalidName`] for a bad name; [`Error::Unsupported`] for a lock service
     /// without elections.
     pub fn new(lock: Arc<dyn DistributedLock>, name: &str) -> Result<Self> {
-        let name = LockName::new(name)?;
-        let capabilities = lock.capabilities();
-        if !capabilities.election {
-            return Err(Error::unsupported(capabilities.backend, "leader elections"));
-        }
+        let name = checked_name(&*lock, name, |c| c.election, "leader elections")?;
         Ok(Election { lock, name })
     }
 
@@ -72,13 +69,10 @@ impl Election {
         options: &AcquireOptions,
     ) -> Result<Option<Leadership>> {
         let value = value.into();
-        let options = AcquireOptions {
-            kind: HoldKind::Candidate {
-                value: value.clone(),
-            },
-            ..options.clone()
+        let kind = HoldKind::Candidate {
+            value: value.clone(),
         };
-        let guard = self.lock.acquire(&self.name, &options).await?;
+        let guard = acquire_kind(&self.lock, &self.name, kind, options).await?;
         Ok(guard.map(|guard| Leadership { guard, value }))
     }
 

@@ -15,6 +15,7 @@ pub use semaphore::{Permit, Semaphore};
 
 use std::sync::Arc;
 
+use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::kind::HoldKind;
 use crate::lock::DistributedLock;
@@ -56,8 +57,8 @@ macro_rules! hold_guard {
 }
 pub(crate) use hold_guard;
 
-/// Checks that `lock` grants `kind` (`offered`, in words `what`) and acquires `name` as
-/// that kind: the one acquire path of the typed front ends.
+/// Acquires `name` on `lock` as a hold of `kind`, the rest of `options` unchanged: the
+/// one acquire path of the typed front ends.
 async fn acquire_kind(
     lock: &Arc<dyn DistributedLock>,
     name: &LockName,
@@ -71,17 +72,20 @@ async fn acquire_kind(
     lock.acquire(name, &options).await
 }
 
-/// The name, checked, on a lock service that offers the primitive (`offered`, in words
-/// `what`).
+/// `name`, checked, on a lock service that `offers` the primitive (`what`, in words).
+///
+/// # Errors
+/// [`Error::InvalidName`]; [`Error::Unsupported`] where the service does not offer it.
 fn checked_name(
     lock: &dyn DistributedLock,
     name: &str,
-    offered: bool,
+    offers: fn(&Capabilities) -> bool,
     what: &str,
 ) -> Result<LockName> {
     let name = LockName::new(name)?;
-    if !offered {
-        return Err(Error::unsupported(lock.capabilities().backend, what));
+    let capabilities = lock.capabilities();
+    if !offers(&capabilities) {
+        return Err(Error::unsupported(capabilities.backend, what));
     }
     Ok(name)
 }

@@ -34,8 +34,7 @@ impl RwLock {
     /// [`Error::Unsupported`](crate::Error::Unsupported) for a lock service without
     /// read-write locks.
     pub fn new(lock: Arc<dyn DistributedLock>, name: &str) -> Result<Self> {
-        let offered = lock.capabilities().rwlock;
-        let name = checked_name(&*lock, name, offered, "read-write locks")?;
+        let name = checked_name(&*lock, name, |c| c.rwlock, "read-write locks")?;
         Ok(RwLock { lock, name })
     }
 

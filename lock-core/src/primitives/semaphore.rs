@@ -35,8 +35,7 @@ impl Semaphore {
     /// [`Error::InvalidName`] for a bad name; [`Error::InvalidConfig`] for zero permits;
     /// [`Error::Unsupported`] for a lock service without semaphores.
     pub fn new(lock: Arc<dyn DistributedLock>, name: &str, permits: u32) -> Result<Self> {
-        let offered = lock.capabilities().semaphore;
-        let name = checked_name(&*lock, name, offered, "semaphores")?;
+        let name = checked_name(&*lock, name, |c| c.semaphore, "semaphores")?;
         if permits == 0 {
             return Err(Error::config("a semaphore needs at least one permit"));
         }
