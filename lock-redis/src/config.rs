@@ -49,6 +49,11 @@ pub(crate) struct QueueTimes {
     /// How long a woken head has to take the lock: a quarter of the recheck interval,
     /// at least 20 ms and at most the request timeout.
     pub(crate) window: Duration,
+    /// The first lease of a hold that a release hands to the head of the queue (see
+    /// `release_q.lua`), at most the lock's TTL: two rechecks. The head renews it to the
+    /// TTL; one that died holds the lock at most this long. It runs from the head's last
+    /// queued attempt, at most a recheck before the grant, so at least a recheck is left.
+    pub(crate) grant: Duration,
 }
 
 impl QueueTimes {
@@ -56,6 +61,7 @@ impl QueueTimes {
         QueueTimes {
             stay: recheck.saturating_mul(2).saturating_add(request_timeout),
             window: (recheck / 4).max(MIN_WINDOW).min(request_timeout),
+            grant: recheck.saturating_mul(2),
         }
     }
 }

@@ -4,7 +4,7 @@
 use redis::Script;
 
 /// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`). Shared helpers are
-/// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts, the
+/// prepended: `tokens.lua` to the scripts that grant (acquires, the queue's release), `queue.lua` to the queue scripts, the
 /// inspection and the force release, `broken.lua` to renewal, release and proclaim,
 /// `leader.lua` (elections) to the scripts that grant, release or break, `shared.lua`
 /// (permits, readers and writers) to their scripts and the force release; and to every
@@ -56,6 +56,7 @@ impl Scripts {
             ]),
             release_q: script(&[
                 publish,
+                tokens,
                 queue,
                 broken,
                 leader,

@@ -4,13 +4,18 @@
 -- arrival ticket; KEYS[4]: the liveness deadlines, the same ids by the server time (ms)
 -- after which a waiter that has not shown up again is dropped.
 -- A waiter id is "<client id>/<owner token>"; a client hears its waiters' wake-ups on the
--- channel "<channel prefix><client id>" as "wake <owner token>" or "standby <owner token>".
+-- channel "<channel prefix><client id>" as "wake <owner token>" or "standby <owner token>",
+-- and grants as "grant <owner token> <round> <fencing token>".
+-- Grants: the hash "<queue key>grant" (same hash slot) holds, for each waiter that asked
+-- to be handed the lock by a release, "<round>:<lease ms>:<floor>": its latest queued
+-- attempt, the lease of the grant and its fencing token's floor (see grant_head).
 --
 -- Safety never rests on the queue: the lock is the plain key, taken with SET NX semantics.
 -- The queue decides only who may take a free key, so a lost, stale or damaged queue costs
 -- order or latency, never exclusion.
 
 local LOCK, QUEUE, LIVE = KEYS[1], KEYS[3], KEYS[4]
+local GRANTS = QUEUE .. 'grant'
 
 -- The server clock in milliseconds.
 local function now_ms()
@@ -25,16 +30,19 @@ local function evict(now)
   if #dead > 0 then
     redis.call('ZREM', QUEUE, unpack(dead))
     redis.call('ZREM', LIVE, unpack(dead))
+    redis.call('HDEL', GRANTS, unpack(dead))
   end
   local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
   if head and not redis.call('ZSCORE', LIVE, head) then
     redis.call('ZREM', QUEUE, head)
+    redis.call('HDEL', GRANTS, head)
   end
 end
 
 -- Queues waiter `id` at the tail (unless it is queued already) and keeps it for `stay`
--- ms from `now`; returns its place (0 = head).
-local function join(id, now, stay)
+-- ms from `now`; with `grant` ("<round>:<lease ms>:<floor>", or '' for none) a release
+-- may hand it the lock. Returns its place (0 = head).
+local function join(id, now, stay, grant)
   if not redis.call('ZSCORE', QUEUE, id) then
     local last = redis.call('ZRANGE', QUEUE, -1, -1, 'WITHSCORES')
     local ticket = 1
@@ -47,6 +55,10 @@ local function join(id, now, stay)
   -- An abandoned queue outlives its last deadline by at most a second.
   redis.call('PEXPIRE', QUEUE, stay + 1000)
   redis.call('PEXPIRE', LIVE, stay + 1000)
+  if grant ~= nil and grant ~= '' then
+    redis.call('HSET', GRANTS, id, grant)
+    redis.call('PEXPIRE', GRANTS, stay + 1000)
+  end
   return redis.call('ZRANK', QUEUE, id)
 end
 
@@ -54,6 +66,38 @@ end
 local function leave(id)
   redis.call('ZREM', QUEUE, id)
   redis.call('ZREM', LIVE, id)
+  redis.call('HDEL', GRANTS, id)
+end
+
+-- Hands the free lock to the head of the queue when it asked for grants and is alive:
+-- the lock key becomes its owner token for the grant's lease, it takes the next fencing
+-- token (no lower than its floor) and leaves the queue, and its client hears "grant
+-- <owner token> <round> <token>". The head bounds the lease from the send time of its
+-- queued attempt `round` (which the grant follows); one that no longer waits on that
+-- round re-checks instead, finding the lock its own. Returns whether it granted.
+-- Needs tokens.lua.
+local function grant_head(channel_prefix, now)
+  local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
+  if head == nil then
+    return false
+  end
+  local grant = redis.call('HGET', GRANTS, head)
+  if not grant or tonumber(redis.call('ZSCORE', LIVE, head) or '0') <= now then
+    return false
+  end
+  local round, lease, floor = string.match(grant, '^(%d+):(%d+):(.*)$')
+  local client, token = string.match(head, '^([^/]*)/(.*)$')
+  if not round or not client then
+    return false
+  end
+  redis.call('SET', LOCK, token, 'PX', lease)
+  local fence = next_token(floor)
+  if type(fence) == 'number' then
+    fence = string.format('%.0f', fence)
+  end
+  leave(head)
+  redis.call(PUBLISH, channel_prefix .. client, 'grant ' .. token .. ' ' .. round .. ' ' .. fence)
+  return true
 end
 
 -- Wakes the head of the queue, which then has `window` ms to take the lock before it is
