@@ -117,13 +117,12 @@ async fn acquire_on_server(
 
 /// Whether a release may hand `hold` to it while it waits in the queue (see `grant_head`
 /// in `queue.lua`, `settle` in `shared.lua`): a mutex, a permit, a reader or a writer,
-/// where one server holds the queue and its client's channel (one server, Sentinel). A
-/// candidate's grant also stores its entry, and on Redis Cluster a client's channel is
-/// one per name: those are woken and take the lock themselves.
+/// where one server decides (one server, Sentinel, the primary of the name's slot). A
+/// candidate (whose grant also stores its entry) is woken and takes the lock itself, as
+/// are RedLock's waiters (whose grant takes a majority).
 pub(crate) fn takes_grants(servers: &Servers, hold: &RedisHold) -> bool {
     matches!(hold.keys.wake, WakeKeys::Queue { .. })
         && hold.keys.candidate.is_none()
-        && servers.topology.shards().is_none()
         && !servers.topology.is_redlock()
 }
 

@@ -8,7 +8,9 @@
 -- and grants as "grant <owner token> <round> <fencing token>".
 -- Grants: the hash "<queue key>grant" (same hash slot) holds, for each waiter that asked
 -- to be handed the lock by a release, "<round>:<lease ms>:<floor>": its latest queued
--- attempt, the lease of the grant and its fencing token's floor (see grant_head).
+-- attempt, the lease of the grant and its fencing token's floor (see grant_head). It is
+-- not declared: on Redis Cluster, one the node cannot serve now (its slot migrating) is
+-- read as empty and left to its expiry (pcall), and its waiters are woken instead.
 --
 -- Safety never rests on the queue: the lock is the plain key, taken with SET NX semantics.
 -- The queue decides only who may take a free key, so a lost, stale or damaged queue costs
@@ -30,12 +32,12 @@ local function evict(now)
   if #dead > 0 then
     redis.call('ZREM', QUEUE, unpack(dead))
     redis.call('ZREM', LIVE, unpack(dead))
-    redis.call('HDEL', GRANTS, unpack(dead))
+    redis.pcall('HDEL', GRANTS, unpack(dead))
   end
   local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
   if head and not redis.call('ZSCORE', LIVE, head) then
     redis.call('ZREM', QUEUE, head)
-    redis.call('HDEL', GRANTS, head)
+    redis.pcall('HDEL', GRANTS, head)
   end
 end
 
@@ -56,8 +58,8 @@ local function join(id, now, stay, grant)
   redis.call('PEXPIRE', QUEUE, stay + 1000)
   redis.call('PEXPIRE', LIVE, stay + 1000)
   if grant ~= nil and grant ~= '' then
-    redis.call('HSET', GRANTS, id, grant)
-    redis.call('PEXPIRE', GRANTS, stay + 1000)
+    redis.pcall('HSET', GRANTS, id, grant)
+    redis.pcall('PEXPIRE', GRANTS, stay + 1000)
   end
   return redis.call('ZRANK', QUEUE, id)
 end
@@ -66,7 +68,7 @@ end
 local function leave(id)
   redis.call('ZREM', QUEUE, id)
   redis.call('ZREM', LIVE, id)
-  redis.call('HDEL', GRANTS, id)
+  redis.pcall('HDEL', GRANTS, id)
 end
 
 -- Hands the free lock to the head of the queue when it asked for grants and is alive:
@@ -81,8 +83,8 @@ local function grant_head(channel_prefix, now)
   if head == nil then
     return false
   end
-  local grant = redis.call('HGET', GRANTS, head)
-  if not grant or tonumber(redis.call('ZSCORE', LIVE, head) or '0') <= now then
+  local grant = redis.pcall('HGET', GRANTS, head)
+  if type(grant) ~= 'string' or tonumber(redis.call('ZSCORE', LIVE, head) or '0') <= now then
     return false
   end
   local round, lease, floor = string.match(grant, '^(%d+):(%d+):(.*)$')
