@@ -9,7 +9,9 @@ use redis::Script;
 /// `leader.lua` (elections) to the scripts that grant, release or break, `shared.lua`
 /// (permits, readers and writers) to their scripts and the force release; and to every
 /// script that may wake waiters or tell an election's observers, the command it publishes
-/// with (`PUBLISH`).
+/// with (`PUBLISH`). The queue's acquire and release start with their uncontended paths
+/// (`fast_acquire.lua`, `fast_release.lua`), which return before the helpers they do not
+/// need are defined: the server pays for each helper defined on every call.
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
@@ -50,12 +52,14 @@ impl Scripts {
             acquire_q: script(&[
                 publish,
                 tokens,
+                include_str!("scripts/fast_acquire.lua"),
                 queue,
                 leader,
                 include_str!("scripts/acquire_q.lua"),
             ]),
             release_q: script(&[
                 publish,
+                include_str!("scripts/fast_release.lua"),
                 tokens,
                 queue,
                 broken,

@@ -92,8 +92,17 @@ local function grant_head(channel_prefix, now)
   if not round or not client then
     return false
   end
-  redis.call('SET', LOCK, token, 'PX', lease)
-  local fence = next_token(floor)
+  -- On Redis Cluster a node may not create a key of a slot that is migrating (it may be on
+  -- the new primary already): then the head is woken instead.
+  local set = redis.pcall('SET', LOCK, token, 'PX', lease)
+  if type(set) == 'table' and set.err then
+    return false
+  end
+  local taken, fence = pcall(next_token, floor)
+  if not taken then
+    redis.call('DEL', LOCK)
+    return false
+  end
   if type(fence) == 'number' then
     fence = string.format('%.0f', fence)
   end
