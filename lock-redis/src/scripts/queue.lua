@@ -19,10 +19,11 @@
 local LOCK, QUEUE, LIVE = KEYS[1], KEYS[3], KEYS[4]
 local GRANTS = QUEUE .. 'grant'
 
--- The server clock in milliseconds.
+-- The server clock in milliseconds, and in microseconds.
 local function now_ms()
   local now = redis.call('TIME')
-  return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+  local seconds, micros = tonumber(now[1]), tonumber(now[2])
+  return seconds * 1000 + math.floor(micros / 1000), seconds * 1000000 + micros
 end
 
 -- Drops up to 16 waiters whose deadline has passed (bounded work per call; any later call
@@ -76,9 +77,10 @@ end
 -- token (no lower than its floor) and leaves the queue, and its client hears "grant
 -- <owner token> <round> <token>". The head bounds the lease from the send time of its
 -- queued attempt `round` (which the grant follows); one that no longer waits on that
--- round re-checks instead, finding the lock its own. Returns whether it granted.
--- Needs tokens.lua.
-local function grant_head(channel_prefix, now)
+-- round re-checks instead, finding the lock its own. Returns whether it granted: not
+-- when the head did not ask or is past its deadline (`evict` then drops it). `now` and
+-- `now_us` are the server clock (see now_ms). Needs tokens.lua.
+local function grant_head(channel_prefix, now, now_us)
   local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
   if head == nil then
     return false
@@ -98,7 +100,7 @@ local function grant_head(channel_prefix, now)
   if type(set) == 'table' and set.err then
     return false
   end
-  local taken, fence = pcall(next_token, floor)
+  local taken, fence = pcall(next_token, floor, now_us)
   if not taken then
     redis.call('DEL', LOCK)
     return false

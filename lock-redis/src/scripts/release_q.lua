@@ -31,9 +31,9 @@ if ARGV[2] ~= '' then
 end
 -- While nobody queues, nobody is to be woken: the release is a plain compare-and-delete.
 if (status == 1 or holder == false) and redis.call('EXISTS', QUEUE) == 1 then
-  local now = now_ms()
-  evict(now)
-  if not grant_head(ARGV[3], now) then
+  local now, now_us = now_ms()
+  if not grant_head(ARGV[3], now, now_us) then
+    evict(now)
     wake_head(ARGV[3], tonumber(ARGV[4]), now, false)
   end
 end
