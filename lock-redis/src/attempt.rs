@@ -116,14 +116,11 @@ async fn acquire_on_server(
 }
 
 /// Whether a release may hand `hold` to it while it waits in the queue (see `grant_head`
-/// in `queue.lua`, `settle` in `shared.lua`): a mutex, a permit, a reader or a writer,
-/// where one server decides (one server, Sentinel, the primary of the name's slot). A
-/// candidate (whose grant also stores its entry) is woken and takes the lock itself, as
-/// are RedLock's waiters (whose grant takes a majority).
+/// in `queue.lua`, `settle` in `shared.lua`): any kind where one server decides (one
+/// server, Sentinel, the primary of the name's slot). RedLock's waiters, whose grant takes
+/// a majority, are woken and take the lock themselves.
 pub(crate) fn takes_grants(servers: &Servers, hold: &RedisHold) -> bool {
-    matches!(hold.keys.wake, WakeKeys::Queue { .. })
-        && hold.keys.candidate.is_none()
-        && !servers.topology.is_redlock()
+    matches!(hold.keys.wake, WakeKeys::Queue { .. }) && !servers.topology.is_redlock()
 }
 
 /// One attempt where one server decides: with the queue, granted in arrival order and a

@@ -244,11 +244,12 @@ mod tests {
             keys.queue_live_key(&name),
             format!("distlock:{{{lock}}}:qlive")
         );
-        // queue.lua names it the queue key with `grant` appended.
-        assert_eq!(
-            keys.queue_grant_key(&name),
-            format!("{}grant", keys.queue_key(&name))
-        );
+        // queue.lua derives these from the queue key (`grant_head`).
+        let queue = keys.queue_key(&name);
+        let base = queue.strip_suffix(QUEUE).expect("the queue key ends with its suffix");
+        assert_eq!(keys.queue_grant_key(&name), format!("{queue}grant"));
+        assert_eq!(keys.leader_key(&name), format!("{base}{LEADER}"));
+        assert_eq!(keys.changes_channel(&name), format!("{base}{CHANGED}"));
         assert_eq!(
             keys.broken_key(&name),
             format!("distlock:{{{lock}}}:broken")

@@ -116,11 +116,12 @@ pub(crate) fn acquire_q_invocation<'s>(
     }
     if let Some(round) = grant_round {
         let lease = grant_lease(servers, Duration::from_millis(ttl_ms));
-        invocation.arg(format!(
-            "{round}:{}:{}",
-            ttl_millis(lease),
-            floor_arg(floor)
-        ));
+        let mut grant = format!("{round}:{}:{}", ttl_millis(lease), floor_arg(floor)).into_bytes();
+        if let Some(candidate) = &hold.keys.candidate {
+            grant.push(b':');
+            grant.extend_from_slice(&candidate.value);
+        }
+        invocation.arg(grant);
     }
     invocation
 }

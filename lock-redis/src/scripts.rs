@@ -61,9 +61,9 @@ impl Scripts {
                 publish,
                 include_str!("scripts/fast_release.lua"),
                 tokens,
+                leader,
                 queue,
                 broken,
-                leader,
                 include_str!("scripts/release_q.lua"),
             ]),
             renew: script(&[

@@ -8,7 +8,8 @@
 -- and grants as "grant <owner token> <round> <fencing token>".
 -- Grants: the hash "<queue key>grant" (same hash slot) holds, for each waiter that asked
 -- to be handed the lock by a release, "<round>:<lease ms>:<floor>": its latest queued
--- attempt, the lease of the grant and its fencing token's floor (see grant_head). It is
+-- attempt, the lease of the grant and its fencing token's floor, and for a candidate of
+-- an election ":<value>" after them (see grant_head). It is
 -- not declared: on Redis Cluster, one the node cannot serve now (its slot migrating) is
 -- read as empty and left to its expiry (pcall), and its waiters are woken instead.
 --
@@ -79,7 +80,7 @@ end
 -- queued attempt `round` (which the grant follows); one that no longer waits on that
 -- round re-checks instead, finding the lock its own. Returns whether it granted: not
 -- when the head did not ask or is past its deadline (`evict` then drops it). `now` and
--- `now_us` are the server clock (see now_ms). Needs tokens.lua.
+-- `now_us` are the server clock (see now_ms). Needs tokens.lua and leader.lua before it.
 local function grant_head(channel_prefix, now, now_us)
   local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
   if head == nil then
@@ -89,7 +90,10 @@ local function grant_head(channel_prefix, now, now_us)
   if type(grant) ~= 'string' or tonumber(redis.call('ZSCORE', LIVE, head) or '0') <= now then
     return false
   end
-  local round, lease, floor = string.match(grant, '^(%d+):(%d+):(.*)$')
+  local round, lease, floor, value = string.match(grant, '^(%d+):(%d+):([^:]*):(.*)$')
+  if not round then
+    round, lease, floor = string.match(grant, '^(%d+):(%d+):([^:]*)$')
+  end
   local client, token = string.match(head, '^([^/]*)/(.*)$')
   if not round or not client then
     return false
@@ -107,6 +111,12 @@ local function grant_head(channel_prefix, now, now_us)
   end
   if type(fence) == 'number' then
     fence = string.format('%.0f', fence)
+  end
+  if value then
+    -- A candidate: its entry and the observers' notice come with the grant. The leader
+    -- hash and change channel sit beside the queue ("<prefix>{<lock key>}:" + suffix).
+    local base = string.sub(QUEUE, 1, -2)
+    elect(base .. 'leader', token, value, fence, lease, base .. 'changed')
   end
   leave(head)
   redis.call(PUBLISH, channel_prefix .. client, 'grant ' .. token .. ' ' .. round .. ' ' .. fence)
