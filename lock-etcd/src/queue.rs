@@ -307,7 +307,11 @@ impl Queue {
                 let refresh_at = self.keep_waiting(lease.id).await?;
                 tokio::select! {
                     wake = waiting.over(&mut range_watch, &mut entry_watch) => match wake {
-                        Wake::Granted => return Ok(()),
+                        // The predecessor's delete proves nobody is ahead; our own key
+                        // must still stand (its delete may come late on a watcher still
+                        // catching up), else the full re-check finds it gone.
+                        Wake::Granted if self.still_mine(place.key, revision).await => return Ok(()),
+                        Wake::Granted => break,
                         Wake::Recheck => break,
                     },
                     () = sleep_until(recheck_at) => {
@@ -399,6 +403,21 @@ impl Queue {
 
     /// One linearizable read of two keys: is our key (created at `revision`) still there,
     /// and the entry `kv` ahead unchanged? False when the read fails.
+    /// Whether our key (created at `revision`) is still there: one keys-only read.
+    async fn still_mine(&self, key: &str, revision: i64) -> bool {
+        const WHAT: &str = "confirming the grant";
+        let txn = Txn::new().and_then([TxnOp::get(key, Some(GetOptions::new().with_keys_only()))]);
+        let Ok(response) = self.client.txn(WHAT, txn).await else {
+            return false;
+        };
+        response
+            .op_responses()
+            .first()
+            .and_then(first_kv)
+            .map(|kv| kv.create_revision())
+            == Some(revision)
+    }
+
     async fn still_behind(&self, key: &str, revision: i64, kv: &KeyValue) -> bool {
         const WHAT: &str = "confirming the wait";
         let keys_only = || Some(GetOptions::new().with_keys_only());

@@ -246,7 +246,9 @@ mod tests {
         );
         // queue.lua derives these from the queue key (`grant_head`).
         let queue = keys.queue_key(&name);
-        let base = queue.strip_suffix(QUEUE).expect("the queue key ends with its suffix");
+        let base = queue
+            .strip_suffix(QUEUE)
+            .expect("the queue key ends with its suffix");
         assert_eq!(keys.queue_grant_key(&name), format!("{queue}grant"));
         assert_eq!(keys.leader_key(&name), format!("{base}{LEADER}"));
         assert_eq!(keys.changes_channel(&name), format!("{base}{CHANGED}"));
