@@ -49,7 +49,7 @@ chaos: deps
 		$(CARGO) test --release -p lockctl --test signals
 	$(CARGO) run --quiet --release -p examples --bin chaos_report -- chaos-report
 
-## The full comparative benchmark, medians of 3 runs (about twelve minutes on 2 cores),
+## The full comparative benchmark, medians of 3 runs (about twenty minutes on 2 cores),
 ## Redis Cluster included;
 ## report in lockbench-report/.
 bench: deps
