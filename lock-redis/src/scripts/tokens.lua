@@ -24,9 +24,8 @@ local function below(a, b)
 end
 
 -- The next fencing token, stored in the counter: max(counter + 1, clock), or
--- max(counter + 1, floor) with a floor. `now`, the server clock in microseconds, saves
--- reading it again (nil: read here).
-local function next_token(floor, now)
+-- max(counter + 1, floor) with a floor.
+local function next_token(floor)
   if floor ~= '' then
     local value = redis.call('GET', KEYS[2])
     if value and not (string.match(value, '^%d+$') and below(value, floor)) then
@@ -35,7 +34,7 @@ local function next_token(floor, now)
     redis.call('SET', KEYS[2], floor)
     return floor
   end
-  now = now or clock()
+  local now = clock()
   local current = tonumber(redis.call('GET', KEYS[2]) or '0')
   if current == nil or current >= now then
     -- INCR keeps large counters exact (and fails clearly on one that is not a number).
