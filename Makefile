@@ -49,11 +49,13 @@ chaos: deps
 		$(CARGO) test --release -p lockctl --test signals
 	$(CARGO) run --quiet --release -p examples --bin chaos_report -- chaos-report
 
-## The full comparative benchmark, medians of 3 runs (about ten minutes on 2 cores);
+## The full comparative benchmark, medians of 3 runs (about twenty minutes on 2 cores),
+## Redis Cluster included;
 ## report in lockbench-report/.
 bench: deps
 	$(CARGO) build --quiet --release -p examples --bin lockbench
-	./target/release/lockbench --runs 3 --out lockbench-report
+	./target/release/lockbench --runs 3 --out lockbench-report \
+		--backends memory,redis,redis-cluster,redlock,zookeeper,etcd,dual
 
 fmt:
 	$(CARGO) fmt --all

@@ -86,9 +86,13 @@ pub struct Acquired<H> {
     pub hold: H,
     /// The fencing token of this hold.
     pub fencing_token: FencingToken,
-    /// When the request that won the lock was sent (before sending it).
+    /// When the request that won the lock was sent (before sending it), or for a hold
+    /// the server handed over without a request of its own (a grant on release), an
+    /// instant before the grant that the backend can prove.
     pub requested_at: Instant,
-    /// How long the server guarantees the hold from `requested_at`.
+    /// How long the server guarantees the hold from `requested_at`: the TTL, or less for a
+    /// hand-over whose first lease is short (the first renewal comes a third of the way
+    /// into it and extends the hold to the TTL).
     pub lease: Duration,
     /// The session epoch the hold belongs to (see [`SessionStatus`]); 0 when the
     /// backend has no sessions.

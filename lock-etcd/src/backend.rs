@@ -258,9 +258,10 @@ impl Backend for EtcdBackend {
             slot,
         })
         .tracked_by(&self.background);
-        let (revision, ahead) = self.queue.enqueue(&place, lease.id, &value).await?;
+        let enqueued = self.queue.enqueue(&place, lease.id, &value).await?;
+        let revision = enqueued.revision;
         pending.state_mut().revision = Some(revision);
-        let granted = match admitted(&place, &ahead) {
+        let granted = match admitted(&place, &enqueued.ahead) {
             Ok(granted) => granted,
             Err(err) => {
                 // A conflict: leave no key behind for anyone to see after the error.
@@ -274,7 +275,7 @@ impl Backend for EtcdBackend {
                 leave(&self.client, pending, &key, revision).await;
                 return Ok(None);
             }
-            if let Err(err) = self.queue.wait_turn(&place, revision, lease).await {
+            if let Err(err) = self.queue.wait_turn(&place, &enqueued, lease).await {
                 if err.kind() == ErrorKind::Conflict {
                     leave(&self.client, pending, &key, revision).await;
                 }

@@ -332,20 +332,30 @@ impl EtcdClient {
     /// and the first delete from any of them counts.
     ///
     /// With `puts`, a put of the key ends the wait as well (a writer ahead of a reader
-    /// downgrading to read), and the stream carries puts too.
-    pub(crate) async fn watch_delete(&self, key: &[u8], puts: bool) -> Result<DeleteWatch> {
+    /// downgrading to read), and the stream carries puts too. The deletes of the keys
+    /// `also` come on the same stream, one watcher each, created after the key's (the
+    /// start is the key's watchers'), each from its start revision when it has one (not
+    /// 0): such a watcher misses nothing since then, though it may start unsynced.
+    pub(crate) async fn watch_delete(
+        &self,
+        key: &[u8],
+        puts: bool,
+        also: &[(&[u8], i64)],
+    ) -> Result<DeleteWatch> {
         const WHAT: &str = "watching the predecessor";
+        let deletes = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         let options = if puts {
             WatchOptions::new()
         } else {
-            WatchOptions::new().with_filters([WatchFilterType::NoPut])
+            deletes.clone()
         };
         self.call(WHAT, |client| {
-            let options = options.clone();
+            let (options, deletes) = (options.clone(), deletes.clone());
             async move {
                 // etcd-client's `watch` sends the create request and returns with the
                 // stream before etcd has necessarily registered the watcher: wait for
-                // the creation answers (etcd sends each before any event of its watcher).
+                // the creation answers (etcd sends each before any event of its watcher,
+                // and answers the creations of one stream in order).
                 let mut stream = client
                     .watch_client()
                     .watch(key.to_vec(), Some(options.clone()))
@@ -353,10 +363,14 @@ impl EtcdClient {
                 for _ in 1..DELETE_WATCHERS {
                     stream.watch(key.to_vec(), Some(options.clone())).await?;
                 }
+                for &(other, from) in also {
+                    let options = deletes.clone().with_start_revision(from);
+                    stream.watch(other.to_vec(), Some(options)).await?;
+                }
                 let refused = |why: String| etcd_client::Error::WatchError(why);
                 let mut start = None;
                 let mut created = 0;
-                while created < DELETE_WATCHERS {
+                while created < DELETE_WATCHERS + also.len() {
                     let answer = stream
                         .message()
                         .await?
@@ -369,6 +383,9 @@ impl EtcdClient {
                             )));
                         }
                         created += 1;
+                        if created > DELETE_WATCHERS {
+                            continue;
+                        }
                         // Without a header the start is unknown: the caller's read covers
                         // it all.
                         let at = answer

@@ -229,9 +229,14 @@ pub(crate) fn queue_head(kind: &HoldKind) -> GetOptions {
         .with_limit(limit)
 }
 
+/// How many of the entries just ahead of its own an exclusive waiter reads: its
+/// predecessor, which it waits for, and the one before, whose delete tells it to re-check
+/// before the predecessor goes (see [`crate::queue`]).
+pub(crate) const NEAREST: usize = 2;
+
 /// Range options for the entries ahead of ours (created at `revision`) that a waiter of
-/// `kind` re-checks: the one just before it for an exclusive kind (the mutex's
-/// predecessor), all of them for a permit or a reader.
+/// `kind` re-checks: the [`NEAREST`] just before it for an exclusive kind (the mutex's
+/// predecessor and the one before), all of them for a permit or a reader.
 pub(crate) fn entries_ahead(kind: &HoldKind, revision: i64) -> GetOptions {
     let ahead = GetOptions::new()
         .with_prefix()
@@ -241,8 +246,17 @@ pub(crate) fn entries_ahead(kind: &HoldKind, revision: i64) -> GetOptions {
     } else {
         ahead
             .with_sort(SortTarget::Create, SortOrder::Descend)
-            .with_limit(1)
+            .with_limit(NEAREST as i64)
     }
+}
+
+/// Range options for the last keys of a queue by create revision: the key just put (the
+/// newest) and the [`NEAREST`] entries before it, newest first.
+pub(crate) fn queue_tail() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(NEAREST as i64 + 1)
 }
 
 /// Range options for "the key created first under the prefix" (the owner).

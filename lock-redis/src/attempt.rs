@@ -115,22 +115,49 @@ async fn acquire_on_server(
     }
 }
 
+/// Whether a release may hand `hold` to it while it waits in the queue (see `grant_head`
+/// in `queue.lua`, `settle` in `shared.lua`): any kind where one server decides (one
+/// server, Sentinel, the primary of the name's slot). RedLock's waiters, whose grant takes
+/// a majority, are woken and take the lock themselves.
+pub(crate) fn takes_grants(servers: &Servers, hold: &RedisHold) -> bool {
+    matches!(hold.keys.wake, WakeKeys::Queue { .. }) && !servers.topology.is_redlock()
+}
+
 /// One attempt where one server decides: with the queue, granted in arrival order and a
 /// refused waiter stays queued (still in `dirty`, to leave the queue should the acquire
-/// end) unless it does not `wait`; without, the plain `SET NX`.
+/// end) unless it does not `wait`; without, the plain `SET NX`. A waiter that
+/// [`takes_grants`] may be handed the lock on `round` of its acquire.
 pub(crate) async fn attempt(
     servers: &Servers,
     hold: &RedisHold,
     request: &AcquireRequest<'_>,
+    round: u64,
     dirty: &mut Dirty,
 ) -> Result<Attempt> {
     let ttl_ms = ttl_millis(request.ttl);
     let floor = request.fence_at_least;
     let queued = matches!(hold.keys.wake, WakeKeys::Queue { .. });
+    let grant_round = (request.wait && takes_grants(servers, hold)).then_some(round);
     let invocation = if let Some(shared) = &hold.keys.shared {
-        acquire_s_invocation(servers, hold, shared, ttl_ms, request.wait, floor)
+        acquire_s_invocation(
+            servers,
+            hold,
+            shared,
+            ttl_ms,
+            request.wait,
+            floor,
+            grant_round,
+        )
     } else if queued {
-        acquire_q_invocation(servers, hold, ttl_ms, true, request.wait, floor)
+        acquire_q_invocation(
+            servers,
+            hold,
+            ttl_ms,
+            true,
+            request.wait,
+            floor,
+            grant_round,
+        )
     } else {
         acquire_invocation(servers, hold, ttl_ms, true, floor)
     };

@@ -15,17 +15,19 @@ use lock_core::raw::{
     Cleanup, CleanupOnDrop, Connect, LockUrl, RenewItem, RenewOutcome,
 };
 use lock_core::{
-    Capabilities, FencingSource, LockName, LockOptions, Occupancy, Participant, Result,
+    Capabilities, FencingSource, FencingToken, LockName, LockOptions, Occupancy, Participant,
+    Result,
 };
 use rand::Rng;
 use tokio::time::{sleep, Instant};
 
 use crate::attempt::{self, Attempt, Dirty};
 use crate::config::{Mode, RedisConfig};
-use crate::connection::{read_ca, reconnect_backoff, Subscription, Wakeups};
+use crate::connection::{read_ca, reconnect_backoff, Grant, Subscription, Wakeups};
 use crate::hold::{self, RedisHold, WakeKeys};
 use crate::layout::KeyLayout;
 use crate::operator;
+use crate::queue::grant_lease;
 use crate::redlock;
 use crate::topology::{Servers, Topology};
 
@@ -178,9 +180,32 @@ impl RedisBackend {
                 redlock::attempt(servers, first, round, request, dirty).await
             }
             Topology::Single(_) | Topology::Sentinel(_) | Topology::Cluster(_) => {
-                attempt::attempt(servers, first, request, dirty).await
+                attempt::attempt(servers, first, request, round, dirty).await
             }
         }
+    }
+
+    /// The hold of a grant a release handed to the waiter of `first` (see `grant_head` in
+    /// `queue.lua`) on the attempt `queued_at` left queued: its lease runs from that
+    /// attempt's send time, which came before the grant. `None` (the next attempt finds
+    /// the lock its own, renewed to the TTL) for a grant on an older round, or one with less
+    /// than half its lease left.
+    fn handed(
+        &self,
+        first: &RedisHold,
+        request: &AcquireRequest<'_>,
+        grant: Grant,
+        queued_at: Option<(u64, Instant)>,
+    ) -> Option<Acquired<RedisHold>> {
+        let (_, sent) = queued_at.filter(|&(round, _)| round == grant.round)?;
+        let lease = grant_lease(&self.servers, request.ttl);
+        (Instant::now() < sent + lease / 2).then(|| Acquired {
+            hold: first.clone(),
+            fencing_token: FencingToken(grant.fence),
+            requested_at: sent,
+            lease,
+            session: 0,
+        })
     }
 
     /// The bell of a waiter of `first` that has none yet: queued, the client's channel
@@ -298,20 +323,26 @@ impl Backend for RedisBackend {
         let mut bell: Option<Subscription> = None;
         let epoch = self.wakeups.epoch();
         let mut round = 0u64;
+        // The round and send time of the last attempt that left this waiter queued: a
+        // grant on that round came after it was sent.
+        let mut queued_at: Option<(u64, Instant)> = None;
         loop {
             if let Some(bell) = bell.as_mut() {
                 bell.mark();
             }
             let dirty = &mut pending.state_mut().dirty;
+            let sent = Instant::now();
             let attempt = self.attempt(&first, &request, round, dirty).await?;
-            round += 1;
             let nap = match attempt {
                 Attempt::Won(acquired) => {
                     pending.state_mut().dirty.disarm(&acquired.hold);
                     return Ok(Some(acquired));
                 }
                 Attempt::Held(_) | Attempt::Queued(_) if !request.wait => return Ok(None),
-                Attempt::Queued(nap) => nap,
+                Attempt::Queued(nap) => {
+                    queued_at = Some((round, sent));
+                    nap
+                }
                 Attempt::Held(retry_in) if redlock => {
                     // Not queued: contenders that split the servers between them must not
                     // retry in step.
@@ -322,17 +353,27 @@ impl Backend for RedisBackend {
                 }
                 Attempt::Held(retry_in) => retry_in.min(recheck).max(Duration::from_millis(1)),
             };
-            match (bell.as_mut(), &first.keys.wake) {
+            round += 1;
+            let granted = match (bell.as_mut(), &first.keys.wake) {
                 (Some(bell), _) => bell.wait(nap, window).await,
                 // Queued: the bell also rings with what came for this waiter before it.
                 (None, WakeKeys::Queue { .. }) => {
                     bell.insert(self.bell(&first, epoch))
                         .wait(nap, window)
-                        .await;
+                        .await
                 }
                 // The bell rings once the subscription is live; the next attempt right
                 // away covers a release published before.
-                (None, WakeKeys::Channel(_)) => bell = Some(self.bell(&first, epoch)),
+                (None, WakeKeys::Channel(_)) => {
+                    bell = Some(self.bell(&first, epoch));
+                    None
+                }
+            };
+            if let Some(acquired) =
+                granted.and_then(|grant| self.handed(&first, &request, grant, queued_at))
+            {
+                pending.state_mut().dirty.disarm(&acquired.hold);
+                return Ok(Some(acquired));
             }
         }
     }

@@ -23,6 +23,9 @@ pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 /// Default of [`RedisConfig::wait_timeout`].
 const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// Shortest first lease of a hold a release hands over ([`QueueTimes::grant`]).
+const MIN_GRANT: Duration = Duration::from_secs(1);
+
 /// Shortest hand-off window of a woken head of the queue.
 const MIN_WINDOW: Duration = Duration::from_millis(20);
 
@@ -49,6 +52,12 @@ pub(crate) struct QueueTimes {
     /// How long a woken head has to take the lock: a quarter of the recheck interval,
     /// at least 20 ms and at most the request timeout.
     pub(crate) window: Duration,
+    /// The first lease of a hold that a release hands to the head of the queue (see
+    /// `release_q.lua`), at most the lock's TTL: two rechecks, at least a second (room for
+    /// the first renewal's round trip on a busy machine, whatever the recheck). The head
+    /// renews it to the TTL; one that died holds the lock at most this long. It runs from
+    /// the head's last queued attempt, at most a recheck before the grant.
+    pub(crate) grant: Duration,
 }
 
 impl QueueTimes {
@@ -56,6 +65,7 @@ impl QueueTimes {
         QueueTimes {
             stay: recheck.saturating_mul(2).saturating_add(request_timeout),
             window: (recheck / 4).max(MIN_WINDOW).min(request_timeout),
+            grant: recheck.saturating_mul(2).max(MIN_GRANT),
         }
     }
 }
@@ -496,8 +506,10 @@ mod tests {
         let times = QueueTimes::new(Duration::from_secs(1), Duration::from_secs(5));
         assert_eq!(times.stay, Duration::from_secs(7));
         assert_eq!(times.window, Duration::from_millis(250));
+        assert_eq!(times.grant, Duration::from_secs(2));
         let fast = QueueTimes::new(Duration::from_millis(40), Duration::from_millis(15));
         assert_eq!(fast.window, Duration::from_millis(15));
+        assert_eq!(fast.grant, MIN_GRANT);
         let slow = QueueTimes::new(Duration::from_millis(40), Duration::from_secs(5));
         assert_eq!(slow.window, MIN_WINDOW);
     }

@@ -27,7 +27,7 @@ use crate::error;
 
 pub(crate) use cluster::{group_by_shard, slot_of, Shards};
 pub(crate) use sentinel::Sentinels;
-pub(crate) use wakeups::{Subscription, Wakeups};
+pub(crate) use wakeups::{Grant, Subscription, Wakeups};
 
 /// First pause before reconnecting after a failure; doubles up to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(10);

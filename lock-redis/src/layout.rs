@@ -14,6 +14,9 @@ pub(crate) const FENCE: &str = "fence";
 pub(crate) const QUEUE: &str = "q";
 /// Suffix of the waiters' liveness deadlines.
 pub(crate) const QUEUE_LIVE: &str = "qlive";
+/// Suffix of the grants the queue's waiters asked for (`queue.lua` appends `grant` to the
+/// queue key).
+pub(crate) const QUEUE_GRANT: &str = "qgrant";
 /// Suffix of the wake-up channel of a name (without the queue).
 pub(crate) const RELEASED: &str = "released";
 /// Suffix of the wake-up channels of a name's queued waiters on Redis Cluster (the
@@ -44,7 +47,9 @@ pub(crate) const BROKEN_STAY: Duration = Duration::from_secs(60);
 ///   increasing);
 /// - waiter queue: `<prefix>{<lock key>}:q`, a sorted set of waiter ids by arrival
 ///   ticket, and `<prefix>{<lock key>}:qlive`, the same ids by the server time (ms) at
-///   which each is dropped unless it shows up again;
+///   which each is dropped unless it shows up again; `<prefix>{<lock key>}:qgrant`, a
+///   hash of the waiters a release may hand the lock to: waiter id -> `<round>:<lease
+///   ms>:<floor>`;
 /// - break mark: `<prefix>{<lock key>}:broken`, a list of the owner tokens that operators'
 ///   force releases removed from the lock key, the last 8, written in the same script
 ///   that deletes the key. It expires after a minute, three times the breaking client's
@@ -166,6 +171,11 @@ impl KeyLayout {
         self.side_key(&self.lock_key(name), QUEUE_LIVE)
     }
 
+    /// The grants the waiters of `name` asked for (waiter id -> `<round>:<lease ms>:<floor>`).
+    pub fn queue_grant_key(&self, name: &LockName) -> String {
+        self.side_key(&self.lock_key(name), QUEUE_GRANT)
+    }
+
     /// What precedes a client id in the name of its wake-up channel.
     pub fn client_channel_prefix(&self) -> String {
         format!("{}client:", self.prefix)
@@ -234,6 +244,14 @@ mod tests {
             keys.queue_live_key(&name),
             format!("distlock:{{{lock}}}:qlive")
         );
+        // queue.lua derives these from the queue key (`grant_head`).
+        let queue = keys.queue_key(&name);
+        let base = queue
+            .strip_suffix(QUEUE)
+            .expect("the queue key ends with its suffix");
+        assert_eq!(keys.queue_grant_key(&name), format!("{queue}grant"));
+        assert_eq!(keys.leader_key(&name), format!("{base}{LEADER}"));
+        assert_eq!(keys.changes_channel(&name), format!("{base}{CHANGED}"));
         assert_eq!(
             keys.broken_key(&name),
             format!("distlock:{{{lock}}}:broken")
@@ -268,6 +286,7 @@ mod tests {
                 keys.fence_key(&name),
                 keys.queue_key(&name),
                 keys.queue_live_key(&name),
+                keys.queue_grant_key(&name),
                 keys.broken_key(&name),
                 keys.leader_key(&name),
                 keys.holders_key(&name),

@@ -75,10 +75,18 @@ impl Reply {
     }
 }
 
+/// The first lease of a hold a release hands to a queued waiter of `ttl` (see
+/// [`QueueTimes::grant`](crate::config::QueueTimes::grant)).
+pub(crate) fn grant_lease(servers: &Servers, ttl: Duration) -> Duration {
+    servers.queue_times.grant.min(ttl)
+}
+
 /// The queued acquire for `hold` (see `acquire_q.lua`): with `count` it takes the next
 /// fencing token on a grant (no lower than `floor`); with `wait` a refused waiter
 /// queues. One that finds the key free behind a head nobody woke wakes it, as a
-/// release does. A candidate's grant also stores its entry (see `leader.lua`).
+/// release does. A candidate's grant also stores its entry (see `leader.lua`). With
+/// `grant_round`, a refused waiter may be handed the lock by a release (see `grant_head`
+/// in `queue.lua`) on this round of its acquire.
 pub(crate) fn acquire_q_invocation<'s>(
     servers: &'s Servers,
     hold: &RedisHold,
@@ -86,6 +94,7 @@ pub(crate) fn acquire_q_invocation<'s>(
     count: bool,
     wait: bool,
     floor: Option<FencingToken>,
+    grant_round: Option<u64>,
 ) -> ScriptInvocation<'s> {
     let mut invocation = queue_invocation(&servers.scripts.acquire_q, hold);
     invocation
@@ -102,6 +111,17 @@ pub(crate) fn acquire_q_invocation<'s>(
             .key(&candidate.leader)
             .arg(candidate.value.as_slice())
             .arg(&candidate.changed);
+    } else if grant_round.is_some() {
+        invocation.arg("").arg("");
+    }
+    if let Some(round) = grant_round {
+        let lease = grant_lease(servers, Duration::from_millis(ttl_ms));
+        let mut grant = format!("{round}:{}:{}", ttl_millis(lease), floor_arg(floor)).into_bytes();
+        if let Some(candidate) = &hold.keys.candidate {
+            grant.push(b':');
+            grant.extend_from_slice(&candidate.value);
+        }
+        invocation.arg(grant);
     }
     invocation
 }
@@ -117,6 +137,7 @@ pub(crate) fn acquire_s_invocation<'s>(
     ttl_ms: u64,
     wait: bool,
     floor: Option<FencingToken>,
+    grant_round: Option<u64>,
 ) -> ScriptInvocation<'s> {
     let mut invocation = queue_invocation(&servers.scripts.acquire_s, hold);
     invocation
@@ -129,6 +150,10 @@ pub(crate) fn acquire_s_invocation<'s>(
         .arg(servers.channel_prefix_for(&hold.keys.key))
         .arg(&shared.kind)
         .arg(&shared.changed);
+    if let Some(round) = grant_round {
+        let lease = grant_lease(servers, Duration::from_millis(ttl_ms));
+        invocation.arg(round).arg(ttl_millis(lease));
+    }
     invocation
 }
 

@@ -110,7 +110,8 @@ pub(crate) async fn attempt(
     let node_timeout = servers.config.node_timeout_for(ttl);
     let plain = acquire_invocation(servers, hold, ttl_ms, false, floor);
     let queued = matches!(hold.keys.wake, WakeKeys::Queue { .. });
-    let ordered = queued.then(|| acquire_q_invocation(servers, hold, ttl_ms, false, wait, floor));
+    let ordered =
+        queued.then(|| acquire_q_invocation(servers, hold, ttl_ms, false, wait, floor, None));
     // The validity is counted from here, before round 1, so it covers both rounds.
     let requested_at = Instant::now();
     let deadline = requested_at + node_timeout;

@@ -4,12 +4,14 @@
 use redis::Script;
 
 /// The Lua scripts (sent as EVALSHA, loaded again on `NOSCRIPT`). Shared helpers are
-/// prepended: `tokens.lua` to the acquire scripts, `queue.lua` to the queue scripts, the
+/// prepended: `tokens.lua` to the scripts that grant (acquires, the queue's release), `queue.lua` to the queue scripts, the
 /// inspection and the force release, `broken.lua` to renewal, release and proclaim,
 /// `leader.lua` (elections) to the scripts that grant, release or break, `shared.lua`
 /// (permits, readers and writers) to their scripts and the force release; and to every
 /// script that may wake waiters or tell an election's observers, the command it publishes
-/// with (`PUBLISH`).
+/// with (`PUBLISH`). The queue's acquire and release start with their uncontended paths
+/// (`fast_acquire.lua`, `fast_release.lua`), which return before the helpers they do not
+/// need are defined: the server pays for each helper defined on every call.
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,
@@ -50,15 +52,18 @@ impl Scripts {
             acquire_q: script(&[
                 publish,
                 tokens,
+                include_str!("scripts/fast_acquire.lua"),
                 queue,
                 leader,
                 include_str!("scripts/acquire_q.lua"),
             ]),
             release_q: script(&[
                 publish,
+                include_str!("scripts/fast_release.lua"),
+                tokens,
+                leader,
                 queue,
                 broken,
-                leader,
                 include_str!("scripts/release_q.lua"),
             ]),
             renew: script(&[

@@ -124,7 +124,8 @@ async fn a_slot_moves_while_held_and_contended() {
 /// one's), a renewal, an acquire of the held, contended name by another client and the
 /// release each reach the new primary through `ASK` (each sends `ASKING` there, counted
 /// with nothing else running) and act on the keys there: the lease extended, the name
-/// busy, the key gone. The waiter is granted once the move is complete.
+/// busy, the holder's key gone (handed to the waiter). The waiter holds once the move is
+/// complete.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn requests_for_keys_that_went_ahead_follow_ask() {
     let Some(factory) = ClusterFactory::start().await else {
@@ -153,15 +154,13 @@ async fn requests_for_keys_that_went_ahead_follow_ask() {
         .move_keys(&moving)
         .await
         .expect("move the keys");
-    let asked_on_target = |pttl_of: bool| {
+    let pttl_on_target = || {
         let lock_key = lock_key.clone();
         let addr = factory.cluster.server(1).addr();
         async move {
             let mut conn = raw(addr).await;
             let mut pipe = redis::pipe();
-            pipe.cmd("ASKING")
-                .ignore()
-                .cmd(if pttl_of { "PTTL" } else { "EXISTS" });
+            pipe.cmd("ASKING").ignore().cmd("PTTL");
             pipe.arg(&lock_key);
             let (seen,): (i64,) = pipe.query_async(&mut conn).await.expect("ASKING");
             seen
@@ -172,7 +171,7 @@ async fn requests_for_keys_that_went_ahead_follow_ask() {
     let longer = ttl * 2;
     guard.extend_for(longer).await.expect("renewed through ASK");
     let renewal = asking_calls(&factory, 1).await - before;
-    let pttl = asked_on_target(true).await;
+    let pttl = pttl_on_target().await;
     assert!(
         u128::try_from(pttl).expect("a lease") > ttl.as_millis(),
         "the lease on the new primary is extended: PTTL {pttl}"
@@ -183,10 +182,32 @@ async fn requests_for_keys_that_went_ahead_follow_ask() {
     assert!(matches!(busy, Ok(None)), "held: {busy:?}");
     let acquire = asking_calls(&factory, 1).await - before;
 
+    let held_by = || {
+        let lock_key = lock_key.clone();
+        let addr = factory.cluster.server(1).addr();
+        async move {
+            let mut conn = raw(addr).await;
+            let (owner,): (Option<String>,) = redis::pipe()
+                .cmd("ASKING")
+                .ignore()
+                .cmd("GET")
+                .arg(&lock_key)
+                .query_async(&mut conn)
+                .await
+                .expect("ASKING");
+            owner
+        }
+    };
+    let holder_token = held_by().await.expect("held on the new primary");
     let before = asking_calls(&factory, 1).await;
     guard.release().await.expect("released through ASK");
     let release = asking_calls(&factory, 1).await - before;
-    assert_eq!(asked_on_target(false).await, 0, "the key is gone");
+    // The release hands the lock to the queued waiter there (or leaves it free).
+    assert_ne!(
+        held_by().await.as_deref(),
+        Some(holder_token.as_str()),
+        "the holder's key is gone"
+    );
     println!(
         "half-way through a slot move: ASKING on the new primary per request: renewal \
          {renewal}, acquire of the held name {acquire}, release {release}"

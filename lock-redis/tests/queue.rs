@@ -113,11 +113,7 @@ async fn a_dead_head_is_passed_over_within_the_window() {
     until_queued(&mut conn, &lock, 2).await;
     let released_at = Instant::now();
     guard.release().await.expect("release");
-    let next = timeout(Duration::from_secs(10), waiting)
-        .await
-        .expect("the waiter behind a dead head gets the lock")
-        .expect("waiter task");
-    let after = released_at.elapsed();
+    let (next, after) = taken_since(released_at, waiting).await;
     println!("takeover {after:?} after the release (window 500 ms, recheck 2 s)");
     assert!(
         after >= Duration::from_millis(450),
@@ -132,6 +128,78 @@ async fn a_dead_head_is_passed_over_within_the_window() {
         "the dead head was dropped"
     );
     next.release().await.expect("release");
+}
+
+/// A head that asked for grants and died is handed the lock by the release, which costs
+/// the waiter behind it the grant's short lease and a recheck at most, never the TTL.
+#[tokio::test]
+async fn a_granted_head_that_died_costs_its_grant_lease_not_the_ttl() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let lock = name("dead_granted_head");
+    let holder = client(&factory, true).await;
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    enqueue_ghost(&mut conn, &lock, "crashedclient/token", 60_000).await;
+    let _: () = redis::cmd("HSET")
+        .arg(KeyLayout::new(DEFAULT_PREFIX).queue_grant_key(&lock))
+        .arg("crashedclient/token")
+        .arg("1:800:")
+        .query_async(&mut conn)
+        .await
+        .expect("HSET");
+    let waiter = client(&factory, true).await;
+    let waiting = tokio::spawn({
+        let lock = lock.clone();
+        async move { waiter.lock(lock.as_str()).await.expect("waiter acquires") }
+    });
+    until_queued(&mut conn, &lock, 2).await;
+    let released_at = Instant::now();
+    guard.release().await.expect("release");
+    let holder_now: Option<String> = redis::cmd("GET")
+        .arg(KeyLayout::new(DEFAULT_PREFIX).lock_key(&lock))
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    assert_eq!(
+        holder_now.as_deref(),
+        Some("token"),
+        "the release granted the head"
+    );
+    let (next, after) = taken_since(released_at, waiting).await;
+    println!("takeover {after:?} after the release (grant lease 800 ms, recheck 2 s, TTL 10 s)");
+    assert!(
+        after >= Duration::from_millis(750),
+        "the granted head keeps its lease: {after:?}"
+    );
+    assert!(
+        after < Duration::from_millis(800 + 2_000 + 500),
+        "the next waiter takes over within the grant lease and a recheck: {after:?}"
+    );
+    next.release().await.expect("release");
+    let left: Vec<String> = redis::cmd("KEYS")
+        .arg(format!(
+            "{}*",
+            KeyLayout::new(DEFAULT_PREFIX).queue_key(&lock)
+        ))
+        .query_async(&mut conn)
+        .await
+        .expect("KEYS");
+    assert!(left.is_empty(), "queue keys left: {left:?}");
+}
+
+/// Waits (at most 10 s) for `waiting` to take the lock released at `released_at`: its
+/// guard, and how long after the release it came.
+async fn taken_since(
+    released_at: Instant,
+    waiting: JoinHandle<LockGuard>,
+) -> (LockGuard, Duration) {
+    let next = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter behind a dead head gets the lock")
+        .expect("waiter task");
+    (next, released_at.elapsed())
 }
 
 /// How long a crashed waiter's entry stays in the queue in the tests below: far longer

@@ -5,9 +5,11 @@
 //! of a semaphore ([`semaphore`]) runs that queue on the semaphore's `locks` mutex, then
 //! waits for a lease.
 
+use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::FutureExt;
 use lock_core::raw::{AcquireRequest, Acquired, Cleanup, CleanupOnDrop, HoldKind};
 use lock_core::{Error, FencingToken, LockName, Result};
 use tokio::time::{sleep, Instant};
@@ -31,6 +33,8 @@ const CREATE_ATTEMPTS: usize = 5;
 const LOSS_RETRIES: usize = 20;
 /// Shortest pause after a connection loss.
 const LOSS_PAUSE: Duration = Duration::from_millis(50);
+/// A grant rests on a point the leader ordered younger than the lease divided by this.
+const FRESH_PART: u32 = 10;
 
 /// How an attempt ends when it does not end with a result.
 #[derive(Debug)]
@@ -245,30 +249,27 @@ impl<'a> Queue<'a> {
         } = self.create(live, dir, marker, asked.data, pending).await?;
         let path = format!("{dir}/{name}");
         let mut losses = 0;
-        // The create (or the barrier of the search) was ordered by the leader after
-        // `ordered_at`: the first look needs no barrier of its own, and mostly came with
-        // the create. A grant's validity runs from such a point, never from a read a
-        // cut-off follower may answer from its own copy.
-        let mut first = Some((ordered_at, children));
+        // A grant's validity runs from a point the leader ordered, never from a read a
+        // cut-off follower may answer from its own copy: the create, or the barrier of a
+        // later listing. Whether the node is first needs no such point: a listing behind
+        // our create (on our session) shows every node ahead that still exists, and none
+        // can join ahead of it. So a listing is sent behind a new barrier only once the
+        // last point is no longer fresh ([`Queue::fresh`]).
+        let mut grant_at = ordered_at;
+        let mut first = Some(children);
         loop {
-            let (listed_at, listed) = match first.take() {
-                Some((at, Some(children))) => (at, Ok(Ok(children))),
-                Some((at, None)) => (
-                    at,
-                    self.session
-                        .call("list lock nodes", live.client.list_children(dir))
-                        .await,
-                ),
-                None if asked.ordered => (
-                    Instant::now(),
-                    ordered_children(self.session, live, &path, dir).await,
-                ),
-                None => (
-                    Instant::now(),
-                    self.session
-                        .call("list lock nodes", live.client.list_children(dir))
-                        .await,
-                ),
+            let listed = match first.take() {
+                Some(Some(children)) => Ok(Ok(children)),
+                Some(None) => self.list(live, dir).await,
+                None if asked.ordered && !self.fresh(live, grant_at) => {
+                    let at = Instant::now();
+                    let listed = ordered_children(self.session, live, &path, dir).await;
+                    if matches!(listed, Ok(Ok(_))) {
+                        grant_at = at;
+                    }
+                    listed
+                }
+                None => self.list(live, dir).await,
             };
             let children = match listed {
                 Ok(Ok(children)) => children,
@@ -285,14 +286,11 @@ impl<'a> Queue<'a> {
             };
             let queue = queue_order(&children);
             let Some(index) = queue.iter().position(|child| *child == name) else {
-                return Err(Step::Restart(Error::Unavailable {
-                    backend: BACKEND,
-                    message: format!("lock node {path} vanished while queued"),
-                    source: None,
-                }));
+                return Err(vanished(&path));
             };
             check_kinds(asked, &children, &queue, &name)?;
-            let blocker = match self.blocker(live, dir, asked.kind, &queue[..index]).await {
+            let ahead = &queue[..index];
+            let blocker = match self.blocker(live, dir, asked.kind, ahead).await {
                 Ok(blocker) => blocker,
                 Err(step) => {
                     self.tolerate(live, step, &mut losses).await?;
@@ -308,33 +306,145 @@ impl<'a> Queue<'a> {
                 return Ok(Some(Granted {
                     path,
                     czxid,
-                    at: listed_at,
+                    at: grant_at,
                 }));
             };
             if !asked.wait {
                 self.withdraw(live, &path, pending).await;
                 return Ok(None);
             }
-            match self
-                .session
-                .call("watch lock node", live.client.get_and_watch_data(&blocker))
-                .await
-            {
-                // Downgraded since it was read: look again at once.
-                Ok(Ok((data, _, _))) if *asked.kind == HoldKind::Read && data == DOWNGRADED => {}
-                Ok(Ok((_, _, watcher))) => {
-                    tokio::select! {
-                        _ = watcher.changed() => {}
-                        () = sleep(self.recheck()) => {}
+            let last = only_blocker(asked.kind, ahead, blocker);
+            let blocker = format!("{dir}/{}", ahead[blocker]);
+            let own = last.then_some(path.as_str());
+            let gone = self
+                .await_change(live, &blocker, own, asked.kind, &mut losses)
+                .await?;
+            if gone && last && (!asked.ordered || self.fresh(live, grant_at)) {
+                // The one node ahead that held us back is gone, and ours was there
+                // until then: granted without another listing.
+                pending.state_mut().armed = false;
+                return Ok(Some(Granted {
+                    path,
+                    czxid,
+                    at: grant_at,
+                }));
+            }
+        }
+    }
+
+    /// The children of `dir`, as the server we talk to has them.
+    async fn list(&self, live: &Live, dir: &str) -> Result<Result<Vec<String>, zk::Error>> {
+        self.session
+            .call("list lock nodes", live.client.list_children(dir))
+            .await
+    }
+
+    /// Whether a grant may still rest on a point the leader ordered at `at`: younger than
+    /// a tenth of the lease, so that the guard keeps most of it.
+    fn fresh(&self, live: &Live, at: Instant) -> bool {
+        at.elapsed() < lease_of(live, self.config().options.ttl) / FRESH_PART
+    }
+
+    /// Watches `blocker` until it changes. `true` once it is gone (its deletion seen, or
+    /// found gone); `false` after any other change (data, a session's end) or failure,
+    /// after which the caller lists again. With `own` (our node, when the blocker is
+    /// the only node ahead that holds it back) that node is watched too, in the same
+    /// round trip: the server sends a session's events in order, so our node's deletion
+    /// is seen before a later deletion of the blocker, and a grant never rests on a node
+    /// that vanished. Every `recheck` the blocker's stat (and our node) are read again,
+    /// since a push may be missed.
+    async fn await_change(
+        &self,
+        live: &Live,
+        blocker: &str,
+        own: Option<&str>,
+        kind: &HoldKind,
+        losses: &mut usize,
+    ) -> Result<bool, Step> {
+        let watch_blocker = live.client.get_and_watch_data(blocker);
+        let watch_own = own.map(|own| live.client.check_and_watch_stat(own));
+        let (watched, own_watched) =
+            tokio::join!(self.session.call("watch lock node", watch_blocker), async {
+                match watch_own {
+                    Some(watch) => Some(self.session.call("watch own lock node", watch).await),
+                    None => None,
+                }
+            });
+        let mut own_changed = match own_watched {
+            None => None,
+            Some(Ok(Ok((Some(_), watcher)))) => Some(Box::pin(watcher.changed())),
+            // Our node is gone: the listing tells.
+            Some(Ok(Ok((None, _)))) => return Ok(false),
+            Some(Ok(Err(err))) => {
+                self.tolerate(live, step(err, "watch own lock node"), losses)
+                    .await?;
+                return Ok(false);
+            }
+            Some(Err(err)) => {
+                self.tolerate(live, Step::Retry(err), losses).await?;
+                return Ok(false);
+            }
+        };
+        let (stat, watcher) = match watched {
+            // Downgraded since it was read: look again at once.
+            Ok(Ok((data, _, _))) if *kind == HoldKind::Read && data == DOWNGRADED => {
+                return Ok(false)
+            }
+            Ok(Ok((_, stat, watcher))) => (stat, watcher),
+            Ok(Err(zk::Error::NoNode)) => return Ok(true),
+            Ok(Err(err)) => {
+                self.tolerate(live, step(err, "watch lock node"), losses)
+                    .await?;
+                return Ok(false);
+            }
+            Err(err) => {
+                self.tolerate(live, Step::Retry(err), losses).await?;
+                return Ok(false);
+            }
+        };
+        let mut changed = pin!(watcher.changed());
+        loop {
+            tokio::select! {
+                biased;
+                _ = async {
+                    match own_changed.as_mut() {
+                        Some(own) => own.as_mut().await,
+                        None => std::future::pending().await,
+                    }
+                } => return Ok(false),
+                event = &mut changed => {
+                    // Ours, had it changed first, would have been seen first.
+                    let own_still = own_changed
+                        .as_mut()
+                        .is_none_or(|own| own.as_mut().now_or_never().is_none());
+                    return Ok(event.event_type == zk::EventType::NodeDeleted && own_still);
+                }
+                () = sleep(self.recheck()) => {
+                    let blocker_now = live.client.check_stat(blocker);
+                    let own_now = own.map(|own| live.client.check_stat(own));
+                    let (blocker_now, own_now) = tokio::join!(
+                        self.session.call("check lock node", blocker_now),
+                        async {
+                            match own_now {
+                                Some(own) => Some(self.session.call("check lock node", own).await),
+                                None => None,
+                            }
+                        }
+                    );
+                    let own_there = own_now.is_none_or(|own| matches!(own, Ok(Ok(Some(_)))));
+                    match blocker_now {
+                        Ok(Ok(Some(now))) if now.mzxid == stat.mzxid && own_there => {}
+                        Ok(Ok(_)) => return Ok(false),
+                        Ok(Err(err)) => {
+                            self.tolerate(live, step(err, "check lock node"), losses).await?;
+                            return Ok(false);
+                        }
+                        Err(err) => {
+                            self.tolerate(live, Step::Retry(err), losses).await?;
+                            return Ok(false);
+                        }
                     }
                 }
-                // Gone already: look again at once.
-                Ok(Err(zk::Error::NoNode)) => {}
-                Ok(Err(err)) => {
-                    self.tolerate(live, step(err, "watch lock node"), &mut losses)
-                        .await?;
-                }
-                Err(err) => self.tolerate(live, Step::Retry(err), &mut losses).await?,
             }
         }
     }
@@ -352,33 +462,34 @@ impl<'a> Queue<'a> {
     }
 
     /// The node of `dir` that must go before a node of `kind` behind `ahead` (queue
-    /// order) is granted, `None` when it is granted: the last node ahead for an exclusive
-    /// kind; for a reader the first node ahead that is no reader (a writer's node marked
-    /// [`DOWNGRADED`] is one), as Curator's reader watches the first writer ahead.
+    /// order) is granted, as an index into `ahead`; `None` when it is granted: the last
+    /// node ahead for an exclusive kind; for a reader the first node ahead that is no
+    /// reader (a writer's node marked [`DOWNGRADED`] is one), as Curator's reader
+    /// watches the first writer ahead.
     async fn blocker(
         &self,
         live: &Live,
         dir: &str,
         kind: &HoldKind,
         ahead: &[&str],
-    ) -> Result<Option<String>, Step> {
+    ) -> Result<Option<usize>, Step> {
         if *kind != HoldKind::Read {
-            return Ok(ahead.last().map(|node| format!("{dir}/{node}")));
+            return Ok(ahead.len().checked_sub(1));
         }
-        for node in ahead {
-            let path = format!("{dir}/{node}");
+        for (index, node) in ahead.iter().enumerate() {
             match node_kind(node) {
                 Some(NodeKind::Read) => continue,
                 Some(NodeKind::Write) => {}
-                _ => return Ok(Some(path)),
+                _ => return Ok(Some(index)),
             }
+            let path = format!("{dir}/{node}");
             match self
                 .session
                 .call("read writer node", live.client.get_data(&path))
                 .await
             {
                 Ok(Ok((data, _))) if data == DOWNGRADED => {}
-                Ok(Ok(_)) => return Ok(Some(path)),
+                Ok(Ok(_)) => return Ok(Some(index)),
                 Ok(Err(zk::Error::NoNode)) => {}
                 Ok(Err(err)) => return Err(step(err, "read writer node")),
                 Err(err) => return Err(Step::Retry(err)),
@@ -405,6 +516,27 @@ impl<'a> Queue<'a> {
             other => Err(other),
         }
     }
+}
+
+/// Whether `ahead[blocker]` is the only node of `ahead` (queue order) that holds back a
+/// node of `kind`, so that its deletion grants it: no node joins the queue ahead of a
+/// queued one (sequence numbers only grow while the directory has children), and
+/// [`Queue::blocker`] found every node before it not in the way. For an exclusive kind
+/// the blocker is the one node ahead; a reader's blocker may have readers behind it.
+fn only_blocker(kind: &HoldKind, ahead: &[&str], blocker: usize) -> bool {
+    (blocker == 0 || *kind == HoldKind::Read)
+        && ahead[blocker + 1..]
+            .iter()
+            .all(|node| node_kind(node) == Some(NodeKind::Read))
+}
+
+/// The error of a queued node found gone.
+fn vanished(path: &str) -> Step {
+    Step::Restart(Error::Unavailable {
+        backend: BACKEND,
+        message: format!("lock node {path} vanished while queued"),
+        source: None,
+    })
 }
 
 /// The children of `dir` as of a point the leader ordered after this call: a

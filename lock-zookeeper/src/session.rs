@@ -81,6 +81,8 @@ pub(crate) struct Session {
     /// A lock directory refused the `setData` of a counted create (no WRITE permission):
     /// creates are listed instead from then on.
     counting_refused: AtomicBool,
+    /// The last create of a queue node found others queued: the next one is listed.
+    queue_seen: AtomicBool,
     /// The cleanups of abandoned acquires, which closing waits for.
     background: Background,
 }
@@ -104,6 +106,7 @@ impl Session {
             }),
             status: watch::Sender::new(status),
             counting_refused: AtomicBool::new(false),
+            queue_seen: AtomicBool::new(false),
             background: Background::new(),
         });
         tokio::spawn(monitor(Arc::downgrade(&session), client.state_watcher(), 1));
@@ -140,6 +143,16 @@ impl Session {
     /// A lock directory refused to be counted: list after creates from now on.
     pub(crate) fn stop_counting(&self) {
         self.counting_refused.store(true, Ordering::Relaxed);
+    }
+
+    /// Whether the last create of a queue node on this session found others queued.
+    pub(crate) fn queue_seen(&self) -> bool {
+        self.queue_seen.load(Ordering::Relaxed)
+    }
+
+    /// Records whether a create of a queue node found others queued.
+    pub(crate) fn saw_queue(&self, queued: bool) {
+        self.queue_seen.store(queued, Ordering::Relaxed);
     }
 
     /// The configuration.

@@ -204,7 +204,9 @@ impl<B: Backend> Keeper<B> {
         let renewal = options.renewal.unwrap_or(self.options.renewal);
         let cap = options.max_hold.or(self.options.max_hold);
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let planned = acquired.requested_at + ttl / 3;
+        // A first lease shorter than the TTL (a grant the backend handed over with a short
+        // lease, see `Acquired::lease`) is renewed a third of the way into it.
+        let planned = acquired.requested_at + acquired.lease.min(ttl) / 3;
         let term =
             matches!(options.kind, HoldKind::Candidate { .. }).then_some(acquired.fencing_token);
         let metrics = Arc::new(HoldMetrics::new(

@@ -32,6 +32,7 @@ use std::time::Duration;
 use super::{Shards, Target};
 use shared::{Session, Shared};
 
+pub(crate) use bells::Grant;
 pub(crate) use shared::Subscription;
 
 /// The wake-up subscriptions of one client. One subscriber task per server listens on one

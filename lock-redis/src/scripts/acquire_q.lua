@@ -11,6 +11,8 @@
 -- ARGV[9]: how long (ms) a woken head has to take the lock
 -- A candidate of an election also passes KEYS[5]: its leader hash; ARGV[10]: its value;
 -- ARGV[11]: the election's change channel (see leader.lua).
+-- ARGV[12]: for a waiter a release may hand the lock to, "<round>:<lease ms>:<floor>" (see
+-- grant_head in queue.lua), else "" or nothing.
 -- Returns {1, fencing token, 0} (single server) or {1, 0, reading} (RedLock) when the
 -- lock is ours; {0, PTTL of the holder (-2 when the key is free but others are ahead),
 -- reading or 0, place in the queue (0 = head; -1 not queued)} when it is not.
@@ -75,4 +77,4 @@ local pttl = redis.call('PTTL', LOCK)
 if ARGV[6] ~= '1' then
   return {0, pttl, read, -1}
 end
-return {0, pttl, read, join(me, now, tonumber(ARGV[5]))}
+return {0, pttl, read, join(me, now, tonumber(ARGV[5]), ARGV[12])}

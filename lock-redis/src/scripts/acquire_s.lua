@@ -7,6 +7,8 @@
 -- ARGV[6]: the floor of the fencing token, "" for none (see tokens.lua)
 -- ARGV[7]: channel prefix of the clients' wake-up channels
 -- ARGV[8]: the hold's kind ("R", "W", "P<permits>"); ARGV[9]: the name's change channel
+-- ARGV[10]: for a waiter that takes grants (see shared.lua) its round, else "" or nothing;
+-- ARGV[11]: then the grant's lease in milliseconds
 -- Returns {1, fencing token, 0} when the hold is ours (granted now, or by an earlier call
 -- that settled the queue: its expiry then counts from now); {0, ms until the first hold
 -- expires (-2: nobody holds), 0, place in the queue (0 = head; -1 not queued)} when not;
@@ -71,7 +73,11 @@ end
 if ARGV[5] ~= '1' then
   return {0, first_expiry(now), 0, -1}
 end
-redis.call('HSET', TABLE, 'q:' .. me, kind .. ':' .. ARGV[2] .. ':' .. ARGV[6])
+local waiting = kind .. ':' .. ARGV[2] .. ':' .. ARGV[6]
+if ARGV[10] ~= nil and ARGV[10] ~= '' then
+  waiting = kind .. ':' .. ARGV[11] .. ':' .. ARGV[6] .. ':' .. ARGV[10]
+end
+redis.call('HSET', TABLE, 'q:' .. me, waiting)
 local stay = tonumber(ARGV[4])
 local place = join(me, now, stay)
 extend(TABLE, stay + 1000)

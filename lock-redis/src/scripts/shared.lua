@@ -3,8 +3,10 @@
 -- KEYS[1]: the lock key, a sorted set: holders' owner tokens by the server time (ms) at
 -- which each hold expires; KEYS[2]: the fencing counter; KEYS[3], KEYS[4]: the waiter
 -- queue (see queue.lua); KEYS[5]: the holders' table, a hash: `<owner token>` ->
--- "<kind>:<fencing token>" of each holder, `q:<waiter id>` -> "<kind>:<ttl ms>:<floor>"
--- of each queued waiter, and `kind` -> the name's kind: "P<permits>" or "RW".
+-- "<kind>:<fencing token>" of each holder, `q:<waiter id>` -> "<kind>:<lease ms>:<floor>"
+-- of each queued waiter, with ":<round>" appended for one that takes grants (see
+-- grant_head in queue.lua: its lease is the grant's, its client hears "grant <owner
+-- token> <round> <fencing token>"), and `kind` -> the name's kind: "P<permits>" or "RW".
 -- A hold's kind is "R" (read), "W" (write) or "P<permits>" (a permit).
 -- The grant rule is HoldKind::granted_behind's: a reader waits only for writers ahead, a
 -- writer for everyone ahead, a permit for `permits` or more ahead; nobody overtakes.
@@ -83,8 +85,8 @@ local function hold(owner, kind, ttl, floor, now)
 end
 
 -- Grants, in queue order, the waiters at the head of the queue that the holders admit
--- (at most 64 per call), as the holds of their owner tokens, and wakes each: its next
--- call finds itself a holder. A waiter past its liveness deadline is dropped instead; one
+-- (at most 64 per call), as the holds of their owner tokens, and tells each: one that
+-- takes grants holds from here, another's next call finds itself a holder. A waiter past its liveness deadline is dropped instead; one
 -- of unknown kind (a mutex's) stops the grants.
 local function settle(channel_prefix, changed, now)
   local ahead = holder_kinds()
@@ -101,14 +103,18 @@ local function settle(channel_prefix, changed, now)
       leave(id)
       redis.call('HDEL', TABLE, 'q:' .. id)
     else
-      local kind, ttl, floor = string.match(entry, '^([^:]*):(%d+):(.*)$')
+      local kind, ttl, floor, round = string.match(entry, '^([^:]*):(%d+):([^:]*):?(%d*)$')
       if not kind or not granted_behind(kind, ahead) then
         break
       end
-      hold(owner, kind, tonumber(ttl), floor, now)
+      local token = hold(owner, kind, tonumber(ttl), floor, now)
       leave(id)
       redis.call('HDEL', TABLE, 'q:' .. id)
-      redis.call(PUBLISH, channel_prefix .. client, 'wake ' .. owner)
+      if round ~= '' then
+        redis.call(PUBLISH, channel_prefix .. client, 'grant ' .. owner .. ' ' .. round .. ' ' .. token)
+      else
+        redis.call(PUBLISH, channel_prefix .. client, 'wake ' .. owner)
+      end
       ahead[#ahead + 1] = kind
       granted = granted + 1
     end

@@ -24,8 +24,9 @@ local function below(a, b)
 end
 
 -- The next fencing token, stored in the counter: max(counter + 1, clock), or
--- max(counter + 1, floor) with a floor.
-local function next_token(floor)
+-- max(counter + 1, floor) with a floor. `now`, the server clock in microseconds, saves
+-- reading it again (nil: read here).
+local function next_token(floor, now)
   if floor ~= '' then
     local value = redis.call('GET', KEYS[2])
     if value and not (string.match(value, '^%d+$') and below(value, floor)) then
@@ -34,7 +35,7 @@ local function next_token(floor)
     redis.call('SET', KEYS[2], floor)
     return floor
   end
-  local now = clock()
+  now = now or clock()
   local current = tonumber(redis.call('GET', KEYS[2]) or '0')
   if current == nil or current >= now then
     -- INCR keeps large counters exact (and fails clearly on one that is not a number).

@@ -9,6 +9,7 @@ use zookeeper_client as zk;
 
 use super::{fencing, ordered_children, step, Queue, QueuedNode, Step, CREATE_ATTEMPTS};
 use crate::error::BACKEND;
+use crate::layout::queue_order;
 use crate::session::Live;
 
 /// This session's node in the queue of a lock directory.
@@ -77,7 +78,11 @@ impl Queue<'_> {
             // `QueuedNode`'s cleanup, whose search is sent after the create.
             pending.state_mut().armed = true;
             let sent_at = Instant::now();
-            let created = if self.session.counts_children() && !listed {
+            // A count saves the listing when the node is alone; when the last create
+            // found others queued, a listing sent with the create saves a round trip
+            // (and the count's write).
+            let counted = !listed && self.session.counts_children() && !self.session.queue_seen();
+            let created = if counted {
                 self.create_counted(live, dir, &prefix, data, &options)
                     .await?
             } else {
@@ -90,6 +95,12 @@ impl Queue<'_> {
                     children,
                 } => {
                     pending.state_mut().node = Some(format!("{dir}/{name}"));
+                    if !listed {
+                        let alone = children
+                            .as_deref()
+                            .is_some_and(|children| queue_order(children).len() <= 1);
+                        self.session.saw_queue(!alone);
+                    }
                     return Ok(Queued {
                         name,
                         czxid,

@@ -14,7 +14,7 @@ use lock_core::raw::{lock_unpoisoned, Backoff};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep, Instant};
 
-use super::bells::{ring, Bell, Ring, Rings};
+use super::bells::{parse, ring, Bell, Grant, Ring, Rings};
 use super::registry::{claim, ring_channel, Channel, Inbox, Registry, SubCommand, UNCLAIMED};
 use crate::connection::cluster::slot_of;
 use crate::connection::{reconnect_backoff, Shards, Target};
@@ -254,20 +254,13 @@ impl Shared {
         let inbox = channel == registry.inbox.channel
             || registry.channels.get(channel).is_some_and(|c| c.inbox);
         if inbox {
-            let (what, token) = match std::str::from_utf8(payload)
-                .ok()
-                .and_then(|p| p.split_once(' '))
-            {
-                Some(("wake", token)) => (Ring::Wake, token),
-                Some(("standby", token)) => (Ring::Standby, token),
-                _ => {
-                    tracing::debug!(
-                        backend = self.backend,
-                        channel,
-                        "wake-up message of an unknown form"
-                    );
-                    return;
-                }
+            let Some((what, token)) = std::str::from_utf8(payload).ok().and_then(parse) else {
+                tracing::debug!(
+                    backend = self.backend,
+                    channel,
+                    "wake-up message of an unknown form"
+                );
+                return;
             };
             match registry.inbox.bells.get(token) {
                 Some(bell) => ring(bell, what),
@@ -450,8 +443,8 @@ impl Subscription {
     }
 
     /// See [`Bell::wait`].
-    pub(crate) async fn wait(&mut self, nap: Duration, window: Duration) {
-        self.bell.wait(nap, window).await;
+    pub(crate) async fn wait(&mut self, nap: Duration, window: Duration) -> Option<Grant> {
+        self.bell.wait(nap, window).await
     }
 
     /// Waits for the next ring: a message on the channel, its subscription made live
