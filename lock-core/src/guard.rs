@@ -237,6 +237,10 @@ impl LockGuard {
 
     /// Until when the hold is guaranteed, on the monotonic clock: measured from before
     /// the winning request was sent, minus a drift margin. Renewals move it forward.
+    ///
+    /// A lock handed over by its last holder's release can start on a first lease
+    /// shorter than the TTL (a second or two on Redis), renewed a third of the way into
+    /// it. Work planned against this deadline can [`LockGuard::extend`] first.
     pub fn valid_until(&self) -> Instant {
         self.info.valid_until.load()
     }

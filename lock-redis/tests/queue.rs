@@ -102,15 +102,7 @@ async fn a_dead_head_is_passed_over_within_the_window() {
     };
     let mut conn = raw(factory.servers.addrs()[0]).await;
     let lock = name("dead_head");
-    let holder = client(&factory, true).await;
-    let guard = holder.lock(lock.as_str()).await.expect("acquire");
-    enqueue_ghost(&mut conn, &lock, "crashedclient/token", 60_000).await;
-    let waiter = client(&factory, true).await;
-    let waiting = tokio::spawn({
-        let lock = lock.clone();
-        async move { waiter.lock(lock.as_str()).await.expect("waiter acquires") }
-    });
-    until_queued(&mut conn, &lock, 2).await;
+    let (guard, waiting) = held_with_a_ghost_ahead(&factory, &mut conn, &lock, None).await;
     let released_at = Instant::now();
     guard.release().await.expect("release");
     let (next, after) = taken_since(released_at, waiting).await;
@@ -139,22 +131,8 @@ async fn a_granted_head_that_died_costs_its_grant_lease_not_the_ttl() {
     };
     let mut conn = raw(factory.servers.addrs()[0]).await;
     let lock = name("dead_granted_head");
-    let holder = client(&factory, true).await;
-    let guard = holder.lock(lock.as_str()).await.expect("acquire");
-    enqueue_ghost(&mut conn, &lock, "crashedclient/token", 60_000).await;
-    let _: () = redis::cmd("HSET")
-        .arg(KeyLayout::new(DEFAULT_PREFIX).queue_grant_key(&lock))
-        .arg("crashedclient/token")
-        .arg("1:800:")
-        .query_async(&mut conn)
-        .await
-        .expect("HSET");
-    let waiter = client(&factory, true).await;
-    let waiting = tokio::spawn({
-        let lock = lock.clone();
-        async move { waiter.lock(lock.as_str()).await.expect("waiter acquires") }
-    });
-    until_queued(&mut conn, &lock, 2).await;
+    let (guard, waiting) =
+        held_with_a_ghost_ahead(&factory, &mut conn, &lock, Some("1:800:")).await;
     let released_at = Instant::now();
     guard.release().await.expect("release");
     let holder_now: Option<String> = redis::cmd("GET")
@@ -187,6 +165,36 @@ async fn a_granted_head_that_died_costs_its_grant_lease_not_the_ttl() {
         .await
         .expect("KEYS");
     assert!(left.is_empty(), "queue keys left: {left:?}");
+}
+
+/// Takes `lock`, queues a crashed waiter (asking for grants as `grant` says, a stored
+/// `<round>:<lease ms>:<floor>`) and a live waiter behind it: the holder's guard and the
+/// live waiter's task, once it is queued.
+async fn held_with_a_ghost_ahead(
+    factory: &RedisFactory,
+    conn: &mut MultiplexedConnection,
+    lock: &LockName,
+    grant: Option<&str>,
+) -> (LockGuard, JoinHandle<LockGuard>) {
+    let holder = client(factory, true).await;
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    enqueue_ghost(conn, lock, "crashedclient/token", GHOST_LIFE).await;
+    if let Some(grant) = grant {
+        let _: () = redis::cmd("HSET")
+            .arg(KeyLayout::new(DEFAULT_PREFIX).queue_grant_key(lock))
+            .arg("crashedclient/token")
+            .arg(grant)
+            .query_async(conn)
+            .await
+            .expect("HSET");
+    }
+    let waiter = client(factory, true).await;
+    let waiting = tokio::spawn({
+        let lock = lock.clone();
+        async move { waiter.lock(lock.as_str()).await.expect("waiter acquires") }
+    });
+    until_queued(conn, lock, 2).await;
+    (guard, waiting)
 }
 
 /// Waits (at most 10 s) for `waiting` to take the lock released at `released_at`: its

@@ -391,6 +391,22 @@ async fn run_command(
     leader: bool,
     signals: &mut Signals,
 ) -> Result<ExitCode, BoxError> {
+    // A lock handed over by its last holder's release starts on a short first lease (so a
+    // granted holder that died costs only that), renewed a third of the way into it. When
+    // that renewal would come after the plan's SIGTERM, renew now: the command starts
+    // with its whole grace ahead of it.
+    let left = guard
+        .valid_until()
+        .saturating_duration_since(Instant::now());
+    if left * 2 / 3 < grace + KILL_MARGIN {
+        if let Err(error) = guard.extend().await {
+            eprintln!(
+                "lockctl: could not renew `{}` before starting the command: {error}",
+                guard.name()
+            );
+            return Ok(ExitCode::from(EXIT_LOCK));
+        }
+    }
     // Called from `block_on` on the main thread (see `main`): the trampoline's parent is
     // a thread that lives as long as lockctl.
     let mut child = tokio::process::Command::new("/proc/self/exe");

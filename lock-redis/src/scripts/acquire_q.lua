@@ -32,8 +32,9 @@ local function granted()
   return {1, 0, reading(ARGV[7])}
 end
 
--- While nobody queues, a free key is granted at once: the uncontended path, as cheap as
--- acquire.lua (the full path below would find nothing to drop and nobody ahead).
+-- While nobody queues, a free key is granted at once, as cheaply as acquire.lua. A
+-- mutex on one server took this path in fast_acquire.lua already; here come the cases
+-- that need the helpers: a candidate's entry, RedLock's reading.
 if redis.call('EXISTS', QUEUE) == 0 and redis.call('SET', LOCK, ARGV[1], 'NX', 'PX', ARGV[2]) then
   return granted()
 end
