@@ -272,6 +272,46 @@ async fn renewal_is_one_call_per_interval_for_all_holds() {
     }
 }
 
+/// Holds taken one after another, as a server taking locks for its requests takes them,
+/// are renewed in a few batches per interval, not in one call per hold as each comes due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_of_new_holds_is_renewed_in_batches() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let ttl = Duration::from_millis(600);
+    let client = factory.make(with_ttl(ttl)).await;
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let holds = 100;
+    let window = ttl * 3;
+    let started = Instant::now();
+    let before = command_calls(&mut conn, "evalsha").await;
+    let mut guards = Vec::new();
+    for i in 0..holds {
+        guards.push(
+            client
+                .lock(name(&format!("stream_{i}")).as_str())
+                .await
+                .expect("acquire"),
+        );
+        sleep(Duration::from_millis(4)).await;
+    }
+    sleep((started + window).saturating_duration_since(Instant::now())).await;
+    let calls = command_calls(&mut conn, "evalsha").await - before - holds;
+    println!(
+        "{calls} renewal calls for {holds} holds taken over {:?}, in {:?} (TTL {ttl:?})",
+        guards[holds as usize - 1].acquired_at() - guards[0].acquired_at(),
+        started.elapsed()
+    );
+    // A batch takes every hold due within a quarter of the TTL, so batches come at least
+    // that far apart: 13 in the window at most, whatever the holds' spread.
+    assert!(calls <= 13, "renewals are not batched: {calls} calls");
+    for guard in guards {
+        assert_eq!(guard.state(), LockState::Held);
+        assert_released(guard).await;
+    }
+}
+
 /// A lost reply (the proxy drops it) costs one request timeout: a lost acquire reply is
 /// cleaned up in the background (its SET did happen), a lost renewal reply makes the hold
 /// Suspect until the next renewal on a fresh connection, and no later reply is paired
