@@ -3,7 +3,7 @@
 //! machine, validity deadlines, the hold cap, reentrancy by owner id, and background
 //! release.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
-use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
 use tracing::{Instrument, Span};
 

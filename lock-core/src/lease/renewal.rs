@@ -92,6 +92,7 @@ impl<B: Backend> Keeper<B> {
             _renewing: Renewing {
                 keeper: self,
                 ids: vec![id],
+                group: None,
             },
         }))
     }
@@ -166,12 +167,14 @@ impl<B: Backend> Keeper<B> {
         let now = Instant::now();
         let mut table = self.table();
         let Table {
-            holds, renewals, ..
+            holds,
+            renewing_groups,
+            ..
         } = &mut *table;
-        renewals.retain(|_, task| !task.is_finished());
         let mut next = now + IDLE;
-        // The due holds by renewal group, for the groups without a renewal in flight.
-        let mut due: HashMap<u64, Vec<u64>> = HashMap::new();
+        // The due holds by renewal group, for the groups without a renewal in flight, and
+        // whether one of them is overdue (only that starts the group's batch).
+        let mut due: HashMap<u64, (bool, Vec<u64>)> = HashMap::new();
         // Holds that ended on the client: removed on the server too, so that backends
         // whose holds live with a session (ZooKeeper, etcd) do not keep them.
         let mut ended = Vec::new();
@@ -198,10 +201,12 @@ impl<B: Backend> Keeper<B> {
                 continue;
             }
             let wake_at = match entry.attention(valid_until, now) {
-                Attention::Due { at } => {
+                Attention::Due { at, overdue } => {
                     let group = self.backend.renewal_group(&entry.hold);
-                    if !entry.renewing && !renewals.contains_key(&group) {
-                        due.entry(group).or_default().push(*id);
+                    if !entry.renewing && !renewing_groups.contains(&group) {
+                        let batch = due.entry(group).or_default();
+                        batch.0 |= overdue;
+                        batch.1.push(*id);
                     }
                     at
                 }
@@ -210,8 +215,9 @@ impl<B: Backend> Keeper<B> {
             next = next.min(wake_at);
         }
         if let Some(me) = self.arc() {
-            for (group, ids) in due {
-                renewals.insert(group, tokio::spawn(Arc::clone(&me).renew_batch(ids)));
+            for (group, (_, ids)) in due.into_iter().filter(|(_, (overdue, _))| *overdue) {
+                renewing_groups.insert(group);
+                tokio::spawn(Arc::clone(&me).renew_batch(group, ids));
             }
         }
         table.planned_wake = Some(next);
@@ -236,8 +242,14 @@ impl<B: Backend> Keeper<B> {
         }
     }
 
-    /// Renews the holds `ids` (of one renewal group) in one backend call.
-    async fn renew_batch(self: Arc<Self>, ids: Vec<u64>) {
+    /// Renews the holds `ids` of renewal `group` in one backend call.
+    async fn renew_batch(self: Arc<Self>, group: u64, ids: Vec<u64>) {
+        // First of all, so that the group is free again however this task ends.
+        let mut renewing = Renewing {
+            keeper: &self,
+            ids: Vec::new(),
+            group: Some(group),
+        };
         let now = Instant::now();
         let mut earliest = now + self.options.request_timeout;
         let batch: Vec<DueHold<B::Hold>> = {
@@ -262,10 +274,7 @@ impl<B: Backend> Keeper<B> {
                 })
                 .collect()
         };
-        let _renewing = Renewing {
-            keeper: &self,
-            ids: batch.iter().map(|due| due.id).collect(),
-        };
+        renewing.ids = batch.iter().map(|due| due.id).collect();
         if batch.is_empty() {
             self.wake();
             return;
@@ -441,11 +450,13 @@ struct Extension<'a, B: Backend> {
     _renewing: Renewing<'a, B>,
 }
 
-/// Marks renewals of some holds in flight (see [`Entry::renewing`]); clears the marks
-/// when dropped, also when the renewal is cancelled, and wakes what waits for them.
+/// Marks renewals of some holds in flight (see [`Entry::renewing`]), and a batch's
+/// renewal group (see [`Table::renewing_groups`]); clears the marks when dropped, also
+/// when the renewal is cancelled, and only then wakes what waits for them.
 struct Renewing<'a, B: Backend> {
     keeper: &'a Keeper<B>,
     ids: Vec<u64>,
+    group: Option<u64>,
 }
 
 impl<B: Backend> Drop for Renewing<'_, B> {
@@ -455,6 +466,9 @@ impl<B: Backend> Drop for Renewing<'_, B> {
             if let Some(entry) = table.holds.get_mut(id) {
                 entry.renewing = false;
             }
+        }
+        if let Some(group) = self.group {
+            table.renewing_groups.remove(&group);
         }
         drop(table);
         self.keeper.renewal_ended.notify_waiters();

@@ -65,9 +65,13 @@ impl<H> Entry<H> {
     }
 
     /// When the keeper must next look at this hold, whose deadline is `valid_until`:
-    /// [`Attention::Due`] when its automatic renewal is due now (within a sixth of its
-    /// TTL: holds due close together are renewed in one batch, early rather than twice;
-    /// a retry after a failed renewal waits for its time, or it would follow at once).
+    /// [`Attention::Due`] when its automatic renewal is due within a quarter of its TTL.
+    ///
+    /// A batch starts when one hold of its group is overdue, and takes every hold of the
+    /// group due within that quarter, renewed early rather than in a call of its own. As
+    /// a quarter is more than half the renewal interval (a third), holds taken at
+    /// different times join one batch per interval after a round. A retry after a failed
+    /// renewal waits for its time, or it would follow at once.
     pub(super) fn attention(&self, valid_until: Instant, now: Instant) -> Attention {
         let mut at = valid_until;
         if let Some(cap) = self.cap_at {
@@ -77,10 +81,14 @@ impl<H> Entry<H> {
             let early = if self.renew_failing {
                 Duration::ZERO
             } else {
-                self.ttl / 6
+                self.ttl / 4
             };
+            if self.renew_due <= now {
+                return Attention::Due { at, overdue: true };
+            }
             if self.renew_due <= now + early {
-                return Attention::Due { at };
+                let at = at.min(self.renew_due);
+                return Attention::Due { at, overdue: false };
             }
             at = at.min(self.renew_due);
         }
@@ -110,8 +118,9 @@ impl<H> Entry<H> {
 /// See [`Entry::attention`].
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Attention {
-    /// Renew now; if that cannot start, look again at `at` at the latest.
-    Due { at: Instant },
+    /// Renew in a batch: now if `overdue`, else with an overdue hold of its group; if that
+    /// cannot start, look again at `at` at the latest.
+    Due { at: Instant, overdue: bool },
     /// Nothing to do before this instant.
     At(Instant),
 }
@@ -159,9 +168,10 @@ pub(super) struct Table<H> {
     pub(super) session_suspended: bool,
     /// The last session status, for backends with sessions.
     pub(super) session: Option<SessionStatus>,
-    /// The watchdog renewal in flight per renewal group (see
-    /// [`Backend::renewal_group`]).
-    pub(super) renewals: HashMap<u64, JoinHandle<()>>,
+    /// The renewal groups (see [`Backend::renewal_group`]) with a watchdog renewal in
+    /// flight: marked when the keeper starts it, cleared when it has ended, before the
+    /// keeper is woken to plan again.
+    pub(super) renewing_groups: HashSet<u64>,
     /// When the keeper task wakes up next by itself, as its last plan set (under this
     /// table's lock); `None` before its first plan. A new hold that needs no attention
     /// before then is left for that wake-up, without waking the task now.
@@ -175,7 +185,7 @@ impl<H> Default for Table<H> {
             reentrant: HashMap::new(),
             session_suspended: false,
             session: None,
-            renewals: HashMap::new(),
+            renewing_groups: HashSet::new(),
             planned_wake: None,
         }
     }
