@@ -300,7 +300,7 @@ async fn a_stream_of_new_holds_is_renewed_in_batches() {
     let calls = command_calls(&mut conn, "evalsha").await - before - holds;
     println!(
         "{calls} renewal calls for {holds} holds taken over {:?}, in {:?} (TTL {ttl:?})",
-        guards[holds as usize - 1].acquired_at() - guards[0].acquired_at(),
+        guards[guards.len() - 1].acquired_at() - guards[0].acquired_at(),
         started.elapsed()
     );
     // A batch takes every hold due within a quarter of the TTL, so batches come at least
