@@ -25,6 +25,45 @@ use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState, ReleaseOutco
 use lock_redis::RedisLock;
 use tokio::time::{sleep, timeout, Instant};
 
+/// Two clients that hand a name back and forth subscribe their channel for it once each:
+/// a client that queues again soon after its last wait finds the channel still live, so
+/// it pays no subscription round trip and no re-check when the channel goes live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_queuing_again_keeps_its_channel() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    let options = with_ttl(Duration::from_secs(5));
+    let clients = [
+        factory.make(options.clone()).await,
+        factory.make(options).await,
+    ];
+    let lock = name_on(&factory, "again", 0).await;
+    let before = factory.cluster.command_calls(0, "ssubscribe").await;
+    let mut held = clients[0].lock(lock.as_str()).await.expect("hold");
+    let hand_offs = 20;
+    for round in 1..=hand_offs {
+        let next = Arc::clone(&clients[round % 2]);
+        let name = lock.clone();
+        let waiting = tokio::spawn(async move { next.lock(name.as_str()).await });
+        await_shard_channels(&factory, 0, &lock, 1).await;
+        sleep(Duration::from_millis(20)).await;
+        held.release().await.expect("release");
+        held = timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("handed over")
+            .expect("waiter task")
+            .expect("acquire");
+    }
+    held.release().await.expect("release");
+    let subscribed = factory.cluster.command_calls(0, "ssubscribe").await - before;
+    println!("{subscribed} SSUBSCRIBE for {hand_offs} hand-offs between two clients");
+    assert!(
+        subscribed <= 2,
+        "each client subscribes its channel once, not per wait: {subscribed}"
+    );
+}
+
 /// One client holds a name on each of the three primaries while another waits for all
 /// three; each release wakes the waiter of that name on its own shard, well before the
 /// waiter's recheck would (push, not polling).
