@@ -20,6 +20,9 @@ pub(super) struct Channel {
     pub(super) bell: watch::Sender<Rings>,
     /// A client's channel for a name (Redis Cluster, queue): its messages name the waiter.
     pub(super) inbox: bool,
+    /// Since when a client's channel for a name has had no waiter (it stays subscribed for
+    /// [`super::shared::LINGER`]).
+    pub(super) idle_since: Option<tokio::time::Instant>,
 }
 
 /// The client's own channel and the bells of its queued waiters.

@@ -22,6 +22,12 @@ use crate::connection::{reconnect_backoff, Shards, Target};
 /// How often an idle subscription connection is checked with `PING`.
 const SUBSCRIBER_PING: Duration = Duration::from_secs(5);
 
+/// How long a client's channel for a name (Redis Cluster, queue) stays subscribed after
+/// its last waiter left. A client that queues on the name again meanwhile (a holder that
+/// released and wants it back, a hot name) finds it live: no subscription round trip, and
+/// no re-check when it goes live.
+pub(super) const LINGER: Duration = Duration::from_millis(500);
+
 /// What a transport's session works with: the registry (weakly: the client may go
 /// meanwhile), the index of its server (Redis Cluster: node), the commands for its
 /// subscriber task and the reconnection backoff.
@@ -152,6 +158,7 @@ impl Shared {
     ) -> watch::Receiver<Rings> {
         if let Some(entry) = registry.channels.get_mut(channel) {
             entry.waiters += 1;
+            entry.idle_since = None;
             return entry.bell.subscribe();
         }
         let (bell, receiver) = watch::channel(Rings::default());
@@ -161,6 +168,7 @@ impl Shared {
                 waiters: 1,
                 bell,
                 inbox,
+                idle_since: None,
             },
         );
         if self.shards.is_some() {
@@ -378,7 +386,7 @@ impl Shared {
         names
     }
 
-    fn leave(&self, membership: &Membership) {
+    fn leave(self: &Arc<Self>, membership: &Membership) {
         let mut registry = lock_unpoisoned(&self.registry);
         let channel = match membership {
             Membership::Inbox(token, channel) => {
@@ -394,19 +402,42 @@ impl Shared {
             return;
         };
         entry.waiters -= 1;
-        if entry.waiters == 0 {
-            registry.channels.remove(channel);
-            if self.shards.is_some() {
-                let task = registry
-                    .placed
-                    .remove(channel)
-                    .and_then(|at| registry.tasks.get(at)?.as_ref());
-                if let Some(task) = task {
-                    let _ = task.send(SubCommand::Unsubscribe(channel.to_owned()));
-                }
-            } else {
-                registry.send(|| SubCommand::Unsubscribe(channel.to_owned()));
+        if entry.waiters > 0 {
+            return;
+        }
+        let runtime = tokio::runtime::Handle::try_current();
+        match runtime {
+            Ok(runtime) if entry.inbox => {
+                entry.idle_since = Some(Instant::now());
+                let (shared, channel) = (Arc::downgrade(self), channel.to_owned());
+                runtime.spawn(async move {
+                    sleep(LINGER).await;
+                    if let Some(s) = shared.upgrade() {
+                        let mut registry = lock_unpoisoned(&s.registry);
+                        let idle = registry.channels.get(&channel).and_then(|c| c.idle_since);
+                        if idle.is_some_and(|since| since.elapsed() >= LINGER) {
+                            s.unsubscribe(&mut registry, &channel);
+                        }
+                    }
+                });
             }
+            _ => self.unsubscribe(&mut registry, channel),
+        }
+    }
+
+    /// Forgets `channel` and unsubscribes it.
+    fn unsubscribe(&self, registry: &mut Registry, channel: &str) {
+        registry.channels.remove(channel);
+        if self.shards.is_some() {
+            let task = registry
+                .placed
+                .remove(channel)
+                .and_then(|at| registry.tasks.get(at)?.as_ref());
+            if let Some(task) = task {
+                let _ = task.send(SubCommand::Unsubscribe(channel.to_owned()));
+            }
+        } else {
+            registry.send(|| SubCommand::Unsubscribe(channel.to_owned()));
         }
     }
 }
