@@ -9,9 +9,10 @@ use redis::Script;
 /// to renewal, release and proclaim, `leader.lua` (elections) to the scripts that grant,
 /// release or break, `shared.lua` (permits, readers and writers) to their scripts and the
 /// force release; and to every script that may wake waiters or tell an election's
-/// observers, the command it publishes with (`PUBLISH`). The queue's acquire and release start with their uncontended paths
-/// (`fast_acquire.lua`, `fast_release.lua`), which return before the helpers they do not
-/// need are defined: the server pays for each helper defined on every call.
+/// observers, the command it publishes with (`PUBLISH`). The queue's acquire and release
+/// start with their uncontended paths (`fast_acquire.lua`, `fast_release.lua`), which
+/// return before the helpers they do not need are defined: the server pays for each
+/// helper defined on every call.
 pub(crate) struct Scripts {
     pub(crate) acquire: Script,
     pub(crate) release: Script,

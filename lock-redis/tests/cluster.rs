@@ -15,14 +15,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{
-    await_shard_channels, name_on, raw, shard_channels, unique_name as name, with_ttl,
-    ClusterFactory,
+    await_shard_channels, name_on, raw, shard_channels, unique_name as name, until_queued,
+    with_ttl, ClusterFactory,
 };
 use conformance::{lock_patiently, Factory};
 use futures::future::join_all;
 use lab::harness::RedisServer;
 use lock_core::{DistributedLockExt, ErrorKind, LockName, LockState, ReleaseOutcome};
-use lock_redis::{KeyLayout, RedisLock, DEFAULT_PREFIX};
+use lock_redis::RedisLock;
 use tokio::time::{sleep, timeout, Instant};
 
 /// Two clients that hand a name back and forth subscribe their channel for it once each:
@@ -39,7 +39,6 @@ async fn a_client_queuing_again_keeps_its_channel() {
         factory.make(options).await,
     ];
     let lock = name_on(&factory, "again", 0).await;
-    let queue = KeyLayout::new(DEFAULT_PREFIX).queue_key(&lock);
     let mut conn = raw(factory.cluster.server(0).addr()).await;
     let before = factory.cluster.command_calls(0, "ssubscribe").await;
     let mut held = clients[0].lock(lock.as_str()).await.expect("hold");
@@ -48,19 +47,7 @@ async fn a_client_queuing_again_keeps_its_channel() {
         let next = Arc::clone(&clients[round % 2]);
         let name = lock.clone();
         let waiting = tokio::spawn(async move { next.lock(name.as_str()).await });
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let queued: u64 = redis::cmd("ZCARD")
-                .arg(&queue)
-                .query_async(&mut conn)
-                .await
-                .expect("ZCARD");
-            if queued == 1 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the waiter never queued");
-            sleep(Duration::from_millis(5)).await;
-        }
+        until_queued(&mut conn, &lock, 1).await;
         held.release().await.expect("release");
         held = timeout(Duration::from_secs(10), waiting)
             .await

@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{config_for, raw, unique_name as name, RedisFactory};
+use common::{config_for, queue_of, raw, unique_name as name, until_queued, RedisFactory};
 use conformance::fence::FencedResource;
 use conformance::Factory;
 use lock_core::{DistributedLockExt, LockGuard, LockName, LockOptions};
@@ -68,28 +68,6 @@ async fn enqueue_ghost(conn: &mut MultiplexedConnection, name: &LockName, id: &s
         .query_async(conn)
         .await
         .expect("enqueue");
-}
-
-async fn queue_of(conn: &mut MultiplexedConnection, name: &LockName) -> Vec<String> {
-    redis::cmd("ZRANGE")
-        .arg(KeyLayout::new(DEFAULT_PREFIX).queue_key(name))
-        .arg(0)
-        .arg(-1)
-        .query_async(conn)
-        .await
-        .expect("ZRANGE")
-}
-
-/// Waits (bounded) until `name`'s queue has `n` entries.
-async fn until_queued(conn: &mut MultiplexedConnection, name: &LockName, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while queue_of(conn, name).await.len() != n {
-        assert!(
-            Instant::now() < deadline,
-            "the queue never reached {n} entries"
-        );
-        sleep(Duration::from_millis(10)).await;
-    }
 }
 
 /// A head of the queue that crashed (its entry alive for another minute) stalls the

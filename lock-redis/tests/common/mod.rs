@@ -139,6 +139,29 @@ pub(crate) async fn raw(addr: SocketAddr) -> MultiplexedConnection {
         .expect("raw connection")
 }
 
+/// The waiter ids in `name`'s queue, in order, on the server of `conn`.
+pub(crate) async fn queue_of(conn: &mut MultiplexedConnection, name: &LockName) -> Vec<String> {
+    redis::cmd("ZRANGE")
+        .arg(KeyLayout::new(DEFAULT_PREFIX).queue_key(name))
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .expect("ZRANGE")
+}
+
+/// Waits (bounded) until `name`'s queue has `n` entries.
+pub(crate) async fn until_queued(conn: &mut MultiplexedConnection, name: &LockName, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while queue_of(conn, name).await.len() != n {
+        assert!(
+            Instant::now() < deadline,
+            "the queue never reached {n} entries"
+        );
+        sleep(Duration::from_millis(10)).await;
+    }
+}
+
 /// How often the server behind `conn` ran `command` (calls from scripts included), from
 /// `INFO commandstats`.
 pub(crate) async fn command_calls(conn: &mut MultiplexedConnection, command: &str) -> u64 {
