@@ -300,13 +300,14 @@ impl Curator {
         Ok(line.ends_with("true"))
     }
 
-    /// Closes the latch (its node is deleted).
+    /// Closes the latch and waits (at most 10 s) until its node is gone: Curator deletes
+    /// it in the background.
     ///
     /// # Errors
-    /// If Curator did not confirm within 10 s.
+    /// If Curator did not confirm within 15 s.
     pub async fn close_latch(&mut self) -> Result<(), CuratorError> {
         self.send("close").await?;
-        self.expect_line("CLOSED", Duration::from_secs(10))
+        self.expect_line("CLOSED", Duration::from_secs(15))
             .await
             .map(drop)
     }

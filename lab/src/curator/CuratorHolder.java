@@ -92,8 +92,16 @@ public class CuratorHolder {
             } else if (cmd[0].equals("has")) {
                 System.out.println("HAS " + latch.hasLeadership());
             } else if (cmd[0].equals("close")) {
+                // LeaderLatch.close() deletes its node in the background: wait (at most
+                // 10 s) until the node is gone, so CLOSED means the latch left the queue.
+                String node = latch.getOurPath();
                 latch.close();
                 latch = null;
+                long deadline = System.nanoTime() + TimeUnit.SECONDS.toNanos(10);
+                while (node != null && client.checkExists().forPath(node) != null
+                        && System.nanoTime() < deadline) {
+                    Thread.sleep(5);
+                }
                 System.out.println("CLOSED");
             } else if (cmd[0].equals("semaphore")) {
                 // One more lease of the semaphore of cmd[1] permits, waiting at most 60 s.
