@@ -84,6 +84,10 @@ pub struct Participant {
     /// the holder): a distlock candidate's value, a Curator `LeaderLatch` participant's
     /// id, an etcd `Election` proposal.
     pub value: Option<Vec<u8>>,
+    /// How many times that value was proclaimed since the grant, where the server counts
+    /// it (a data version): of two reads of one leader, the higher version is the newer
+    /// value.
+    pub value_version: Option<u64>,
     /// What it holds or waits for, where the layout tells kinds apart (a permit, a
     /// reader, a writer); `None` for a mutex or a candidate.
     pub kind: Option<HoldKind>,
@@ -99,6 +103,7 @@ impl Participant {
             session: None,
             since: None,
             value: None,
+            value_version: None,
             kind: None,
         }
     }
@@ -130,6 +135,12 @@ impl Participant {
     /// Sets [`Participant::value`].
     pub fn value(mut self, value: Option<Vec<u8>>) -> Self {
         self.value = value;
+        self
+    }
+
+    /// Sets [`Participant::value_version`].
+    pub fn value_version(mut self, version: Option<u64>) -> Self {
+        self.value_version = version;
         self
     }
 

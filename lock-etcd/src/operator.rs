@@ -107,9 +107,14 @@ fn participant(kv: &KeyValue) -> Participant {
     let session = (kv.lease() != 0).then(|| format!("{:x}", kv.lease()));
     let shown = (!value.is_empty() && !entry.is_tagged()).then(|| value.to_vec());
     let kind = entry.is_tagged().then_some(entry.kind);
+    // The campaign's put is the key's version 1; each proclaim is one more put.
+    let version = shown
+        .as_ref()
+        .map(|_| u64::try_from(kv.version().saturating_sub(1)).unwrap_or(0));
     Participant::new(entry.owner)
         .session(session)
         .value(shown)
+        .value_version(version)
         .kind(kind)
 }
 

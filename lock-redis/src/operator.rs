@@ -405,11 +405,13 @@ fn leader(views: &[(usize, View)], value: &str, holder: Participant) -> Option<P
     }
     // One owner token has one term: every fencing write of its round carries the same.
     let term = entries.iter().filter_map(|(_, term, ..)| *term).max()?;
-    let shown = entries
+    let (shown, version) = entries
         .iter()
         .filter(|(_, _, value, ..)| value.is_some())
         .max_by_key(|(_, _, _, version, _)| version.unwrap_or(0))
-        .and_then(|(_, _, value, ..)| value.clone());
+        .map_or((None, None), |(_, _, value, version, _)| {
+            (value.clone(), Some(version.unwrap_or(0)))
+        });
     // Each server records its own clock at the grant: the earliest.
     let since = entries
         .iter()
@@ -420,6 +422,7 @@ fn leader(views: &[(usize, View)], value: &str, holder: Participant) -> Option<P
         holder
             .fencing_token(Some(FencingToken(term)))
             .value(Some(shown.unwrap_or_default()))
+            .value_version(version)
             .since(since),
     )
 }

@@ -136,17 +136,28 @@ fn occupancy(
         );
         let granted = waiters.is_empty() && kind.granted_behind(&kinds);
         let shown = kind.shown();
-        let value = matches!(kind, HoldKind::Candidate { .. })
-            .then_some(value)
-            .flatten();
+        let candidate = matches!(kind, HoldKind::Candidate { .. });
+        let value = candidate.then_some(value).flatten();
+        // Each proclaim is one `setData` of the node: its data version counts them.
+        let version = candidate.then(|| u64::try_from(stat.version).unwrap_or(0));
         kinds.push(kind);
         if granted {
-            holders.push(holder(node, &stat)?.value(value).kind(shown));
+            holders.push(
+                holder(node, &stat)?
+                    .value(value)
+                    .value_version(version)
+                    .kind(shown),
+            );
         } else {
             if waiters.is_empty() {
                 floor = floor.min(FencingToken(token(stat.czxid)?.0.saturating_sub(1)));
             }
-            waiters.push(participant(node, &stat).value(value).kind(shown));
+            waiters.push(
+                participant(node, &stat)
+                    .value(value)
+                    .value_version(version)
+                    .kind(shown),
+            );
         }
     }
     waiters.extend(queued);

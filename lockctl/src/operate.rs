@@ -76,6 +76,7 @@ fn leader_json(name: &LockName, leader: Option<&Leader>) -> Value {
         "leader": leader.map(|leader| json!({
             "value": leader.value_text(),
             "term": leader.term.get(),
+            "version": leader.version,
             "since": leader.since.map(|at| humantime::format_rfc3339_millis(at).to_string()),
             "since_unix_ms": leader.since.and_then(unix_ms),
             "owner_token": leader.participant.owner_token,
@@ -245,6 +246,7 @@ fn participant_json(participant: &Participant) -> Value {
             _ => None,
         },
         "value": participant.value.as_deref().map(String::from_utf8_lossy),
+        "value_version": participant.value_version,
         "since": participant.since.map(|at| humantime::format_rfc3339_millis(at).to_string()),
         "since_unix_ms": participant.since.and_then(unix_ms),
     })

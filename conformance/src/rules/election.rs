@@ -123,8 +123,8 @@ pub async fn election_one_leader_at_a_time(factory: &dyn Factory) {
 }
 
 /// A candidate that leads sees itself as the leader; another candidate's try says "not
-/// leader"; a proclaim changes the value readers see and keeps the term; after a resign
-/// nobody leads.
+/// leader"; a proclaim changes the value readers see and keeps the term (the value's
+/// version, 0 at the grant, rises by one); after a resign nobody leads.
 pub async fn election_value_and_proclaim(factory: &dyn Factory) {
     let rule = "election_value_and_proclaim";
     let name = unique_name(rule);
@@ -142,6 +142,11 @@ pub async fn election_value_and_proclaim(factory: &dyn Factory) {
     let leader = on_b.leader().await.expect("read").expect("a leader");
     assert_eq!(leader.value, b"10.0.0.1:8080");
     assert_eq!(leader.term, leadership.term());
+    assert_eq!(
+        leader.version,
+        Some(0),
+        "the value of the grant is version 0"
+    );
     assert!(
         on_b.campaign("10.0.0.2:8080", &AcquireOptions::try_once())
             .await
@@ -160,6 +165,7 @@ pub async fn election_value_and_proclaim(factory: &dyn Factory) {
         "readers see the proclaimed value"
     );
     assert_eq!(leader.term, leadership.term(), "a proclaim keeps the term");
+    assert_eq!(leader.version, Some(1), "a proclaim raises the version");
     assert!(leadership.is_leader());
     leadership.resign().await.expect("resign");
     assert_eq!(
@@ -261,7 +267,7 @@ pub async fn election_cut_off_leader_is_replaced(factory: &dyn Factory) {
 }
 
 /// Observers see each leader once, in increasing terms, see a proclaimed value with the
-/// same term, see the vacancy, and end at the current leader; each change reaches them by
+/// same term (never an older value after it), see the vacancy, and end at the current leader; each change reaches them by
 /// a push (their recheck is 20 s) before the next change is made.
 pub async fn election_observers_see_terms_in_order(factory: &dyn Factory) {
     const LEADERS: usize = 4;

@@ -48,6 +48,8 @@ pub(super) struct Holder {
     pub(super) fence: u64,
     pub(super) expires_at: Instant,
     pub(super) since: SystemTime,
+    /// A candidate's proclaims since the grant.
+    pub(super) proclaims: u64,
 }
 
 pub(super) struct Waiter {
@@ -116,6 +118,7 @@ impl Slot {
             fence: self.fence,
             expires_at: now + ttl,
             since: SystemTime::now(),
+            proclaims: 0,
         });
         FencingToken(self.fence)
     }
@@ -155,15 +158,16 @@ impl Slot {
 impl Holder {
     /// The holder as an inspection shows it.
     pub(super) fn participant(&self, now: Instant) -> Participant {
-        let value = match &self.kind {
-            HoldKind::Candidate { value } => Some(value.clone()),
-            _ => None,
+        let (value, version) = match &self.kind {
+            HoldKind::Candidate { value } => (Some(value.clone()), Some(self.proclaims)),
+            _ => (None, None),
         };
         Participant::new(Some(self.token.to_string()))
             .fencing_token(Some(FencingToken(self.fence)))
             .lease_left(Some(self.expires_at.saturating_duration_since(now)))
             .since(Some(self.since))
             .value(value)
+            .value_version(version)
             .kind(self.kind.shown())
     }
 }
@@ -314,7 +318,8 @@ impl MemorySpace {
             (Amendment::Proclaim(value), HoldKind::Candidate { .. }) => {
                 holder.kind = HoldKind::Candidate {
                     value: value.to_vec(),
-                }
+                };
+                holder.proclaims += 1;
             }
             (Amendment::Downgrade, HoldKind::Write) => holder.kind = HoldKind::Read,
             (amendment, kind) => {

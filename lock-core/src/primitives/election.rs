@@ -92,6 +92,7 @@ impl Election {
             feed: None,
             last: None,
             last_term: None,
+            last_version: None,
             vacant_reported: false,
             backoff: Backoff::new(OBSERVE_FIRST_PAUSE, OBSERVE_LONGEST_PAUSE),
         }
@@ -144,6 +145,9 @@ pub struct Leader {
     /// Since when it leads or campaigned, on the server's wall clock, where the server
     /// records it.
     pub since: Option<SystemTime>,
+    /// How many times the value was proclaimed in this term, where the server counts it:
+    /// of two reads of one term, the higher version is the newer value.
+    pub version: Option<u64>,
     /// The leader's entry as the server shows it (owner token, session, lease left).
     pub participant: Participant,
 }
@@ -169,6 +173,7 @@ fn leader_of(name: &LockName, occupancy: Occupancy) -> Result<Option<Leader>> {
         value: holder.value.clone().unwrap_or_default(),
         term,
         since: holder.since,
+        version: holder.value_version,
         participant: holder,
     }))
 }
@@ -265,7 +270,9 @@ const OBSERVE_LONGEST_PAUSE: Duration = Duration::from_secs(2);
 /// - A new leader is reported once, with a term greater than every term reported
 ///   before: an older term is never reported after a newer one (a read from a lagging
 ///   server is skipped).
-/// - A proclaimed value is reported with the same term.
+/// - A proclaimed value is reported with the same term; a value older than one seen
+///   before in that term (by its [`Leader::version`], where the server counts it) is
+///   skipped: a lagging read, or the two sides of a dual lock read at different moments.
 /// - `None` is reported once when the leader is gone and nobody leads yet.
 /// - Changes are pushed by the server where it can ([`DistributedLock::changes`]) and
 ///   re-read every `recheck` anyway, through reconnects and errors: once the election
@@ -276,6 +283,8 @@ pub struct LeaderObserver {
     feed: Option<ChangeFeed>,
     last: Option<Leader>,
     last_term: Option<FencingToken>,
+    /// The newest value version seen in `last_term`.
+    last_version: Option<u64>,
     vacant_reported: bool,
     backoff: Backoff,
 }
@@ -344,19 +353,29 @@ impl LeaderObserver {
     fn change(&mut self, read: Option<Leader>) -> Option<Option<Leader>> {
         match read {
             Some(leader) => {
-                // After a vacancy, the leader of the last term reported is news again (a
-                // read that missed it, on a backend whose view lags): never an older one.
-                let newer = self.last_term.is_none_or(|last| {
-                    leader.term > last || (self.last.is_none() && leader.term == last)
-                });
-                let proclaimed = self
-                    .last
-                    .as_ref()
-                    .is_some_and(|last| last.term == leader.term && last.value != leader.value);
-                if !(newer || proclaimed) {
+                if self.last_term.is_some_and(|last| leader.term < last) {
                     return None;
                 }
+                if self.last_term == Some(leader.term) {
+                    if let (Some(seen), Some(read)) = (self.last_version, leader.version) {
+                        // An older value of this term (a lagging read, or the two sides
+                        // of a dual lock read at different moments), or no change. After
+                        // a vacancy, the last leader is news again (a read that missed it).
+                        if read < seen || (read == seen && self.last.is_some()) {
+                            return None;
+                        }
+                    }
+                    if self
+                        .last
+                        .as_ref()
+                        .is_some_and(|last| last.value == leader.value)
+                    {
+                        self.last_version = self.last_version.max(leader.version);
+                        return None;
+                    }
+                }
                 self.last_term = Some(leader.term);
+                self.last_version = leader.version;
                 self.last = Some(leader.clone());
                 self.vacant_reported = false;
                 Some(Some(leader))
@@ -394,7 +413,15 @@ mod tests {
             value: value.as_bytes().to_vec(),
             term: FencingToken(term),
             since: None,
+            version: None,
             participant: Participant::new(None),
+        }
+    }
+
+    fn versioned(value: &str, term: u64, version: u64) -> Leader {
+        Leader {
+            version: Some(version),
+            ..leader(value, term)
         }
     }
 
@@ -442,5 +469,40 @@ mod tests {
             seen.change(Some(leader("c", 6))),
             Some(Some(leader("c", 6)))
         );
+    }
+
+    /// Within a term, a value with an older version than one seen is a stale read (a
+    /// dual lock's sides read at different moments): skipped, before and after a newer
+    /// version with the same value; a vacancy still follows.
+    #[test]
+    fn an_older_value_of_a_term_is_skipped() {
+        let mut seen = observer();
+        let first = versioned("a", 5, 0);
+        assert_eq!(seen.change(Some(first.clone())), Some(Some(first)));
+        let moved = versioned("moved", 5, 1);
+        assert_eq!(seen.change(Some(moved.clone())), Some(Some(moved)));
+        assert_eq!(seen.change(Some(versioned("a", 5, 0))), None, "stale");
+        assert_eq!(
+            seen.change(Some(versioned("moved", 5, 2))),
+            None,
+            "same value"
+        );
+        assert_eq!(seen.change(Some(versioned("b", 5, 1))), None, "older again");
+        let next = versioned("c", 5, 3);
+        assert_eq!(seen.change(Some(next.clone())), Some(Some(next)));
+        assert_eq!(seen.change(None), Some(None), "the vacancy");
+        assert_eq!(
+            seen.change(Some(versioned("moved", 5, 1))),
+            None,
+            "missed, but older"
+        );
+        let missed = versioned("c", 5, 3);
+        assert_eq!(
+            seen.change(Some(missed.clone())),
+            Some(Some(missed)),
+            "missed"
+        );
+        let new_term = versioned("d", 6, 0);
+        assert_eq!(seen.change(Some(new_term.clone())), Some(Some(new_term)));
     }
 }
