@@ -141,23 +141,14 @@ fn occupancy(
         // Each proclaim is one `setData` of the node: its data version counts them.
         let version = candidate.then(|| u64::try_from(stat.version).unwrap_or(0));
         kinds.push(kind);
+        let shown_as = |entry: Participant| entry.value(value).value_version(version).kind(shown);
         if granted {
-            holders.push(
-                holder(node, &stat)?
-                    .value(value)
-                    .value_version(version)
-                    .kind(shown),
-            );
+            holders.push(shown_as(holder(node, &stat)?));
         } else {
             if waiters.is_empty() {
                 floor = floor.min(FencingToken(token(stat.czxid)?.0.saturating_sub(1)));
             }
-            waiters.push(
-                participant(node, &stat)
-                    .value(value)
-                    .value_version(version)
-                    .kind(shown),
-            );
+            waiters.push(shown_as(participant(node, &stat)));
         }
     }
     waiters.extend(queued);

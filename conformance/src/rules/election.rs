@@ -267,8 +267,9 @@ pub async fn election_cut_off_leader_is_replaced(factory: &dyn Factory) {
 }
 
 /// Observers see each leader once, in increasing terms, see a proclaimed value with the
-/// same term (never an older value after it), see the vacancy, and end at the current leader; each change reaches them by
-/// a push (their recheck is 20 s) before the next change is made.
+/// same term (never an older value after it), see the vacancy, and end at the current
+/// leader; each change reaches them by a push (their recheck is 20 s) before the next
+/// change is made.
 pub async fn election_observers_see_terms_in_order(factory: &dyn Factory) {
     const LEADERS: usize = 4;
     let rule = "election_observers_see_terms_in_order";
