@@ -180,6 +180,92 @@ async fn a_crashed_holders_permit_is_freed_by_expiry() {
     next.release().await.expect("release");
 }
 
+/// A waiter with a TTL well above the hand-off lease that takes a crashed holder's place
+/// by its own acquire (no release hands it over) holds for its TTL on the server, not for
+/// the hand-off lease: long after the lease, nobody else is granted the writer or the
+/// one permit it holds, and the key keeps at least what the guard promises.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_self_settled_grant_keeps_the_waiters_ttl() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let short = Duration::from_secs(2);
+    let long = Duration::from_secs(30);
+    for kind in ["writer", "permit"] {
+        let (crashing, crash) = factory.crashable_client(with_ttl(short)).await;
+        let waiting = factory.make(with_ttl(long)).await;
+        let third = factory.make(with_ttl(long)).await;
+        let lock = name("self_settled");
+        let take = {
+            let lock = lock.clone();
+            move |client: Arc<dyn DistributedLock>, options: AcquireOptions| {
+                let lock = lock.clone();
+                async move {
+                    if kind == "writer" {
+                        let rw = RwLock::new(client, lock.as_str()).expect("rwlock");
+                        rw.write(&options)
+                            .await
+                            .expect("write")
+                            .map(|g| g.into_guard())
+                    } else {
+                        let sem = Semaphore::new(client, lock.as_str(), 1).expect("semaphore");
+                        sem.acquire(&options)
+                            .await
+                            .expect("permit")
+                            .map(|p| p.into_guard())
+                    }
+                }
+            }
+        };
+        let first = take(crashing, try_once()).await.expect("free");
+        let waiter = {
+            let waiting: Arc<dyn DistributedLock> = waiting.clone();
+            let take = take.clone();
+            tokio::spawn(async move { take(waiting, within(Duration::from_secs(20))).await })
+        };
+        sleep(Duration::from_millis(300)).await;
+        crash.crash().await;
+        let second = waiter
+            .await
+            .expect("waiter")
+            .expect("granted after the expiry");
+        let granted_at = Instant::now();
+        let mut conn = factory.raw_all().await.remove(0);
+        let key = KeyLayout::new(DEFAULT_PREFIX).lock_key(&lock);
+        let table = KeyLayout::new(DEFAULT_PREFIX).holders_key(&lock);
+        for what in [&key, &table] {
+            let left: i64 = redis::cmd("PTTL")
+                .arg(what)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let promised = second
+                .valid_until()
+                .saturating_duration_since(Instant::now());
+            assert!(
+                u128::try_from(left).unwrap_or(0) + 50 >= promised.as_millis(),
+                "{kind}: {what} keeps {left} ms, the guard promises {promised:?}"
+            );
+        }
+        sleep(short + Duration::from_secs(1)).await;
+        assert!(
+            second.is_held(),
+            "{kind}: still held {:?} on",
+            granted_at.elapsed()
+        );
+        let intruder = take(third.clone() as Arc<dyn DistributedLock>, try_once()).await;
+        assert!(
+            intruder.is_none(),
+            "{kind}: a second holder was granted while the first is held"
+        );
+        std::mem::forget(first);
+        assert_eq!(
+            second.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+    }
+}
+
 /// FIFO: a writer queued behind a reader is not overtaken by readers that come after it;
 /// it gets the lock once the first reader leaves, and they after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
