@@ -7,8 +7,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::Backoff;
-use lock_core::{DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions};
+use lock_core::{
+    DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions, OwnerToken,
+};
 use tokio::time::{sleep, Instant};
+
+use crate::oracle::ServerLease;
 
 /// Cuts a client off from its server as a crash or a partition would: afterwards the
 /// client sends nothing that arrives and releases nothing, so its holds end only by
@@ -55,6 +59,27 @@ pub trait Factory: Send + Sync {
     /// Anything left on the server for `names` (held keys, queued nodes, waiter entries,
     /// leases), described for a failure message. Empty when nothing is left.
     async fn leftovers(&self, names: &[LockName]) -> Vec<String>;
+
+    /// Turns the waiter queue on or off for the clients made after this call, where the
+    /// backend offers the choice; returns whether it does (by default it does not).
+    fn set_queue(&self, on: bool) -> bool {
+        let _ = on;
+        false
+    }
+
+    /// What the server keeps of the hold of `owner` on `name`, read behind the library
+    /// (the lease [`oracle`](crate::oracle) compares it with what the guard promises).
+    /// By default [`ServerLease::Unknown`]: the oracle skips the backend.
+    async fn server_lease(&self, name: &LockName, owner: &OwnerToken) -> ServerLease {
+        let _ = (name, owner);
+        ServerLease::Unknown
+    }
+
+    /// The resolution of [`Factory::server_lease`]'s readings (1 ms on Redis, a second
+    /// on etcd, whose lease TTLs are whole seconds).
+    fn lease_resolution(&self) -> Duration {
+        Duration::from_millis(50)
+    }
 }
 
 /// What the suite macros accept from a factory expression: a factory, or `None` when

@@ -2,7 +2,7 @@
 //!
 //! - [`Factory`]: how the suite makes clients of your backend, crashes one, steals a lock
 //!   behind its holder's back and lists what is left on the server.
-//! - [`conformance_suite!`]: expanded in one of your test files, one `#[tokio::test]` per
+//! - [`conformance_suite!`]: expanded in one of your test files, one test per
 //!   rule of the contract, each named after its function in [`rules`].
 //! - [`FencedResource`] and [`FenceServer`]: the fenced resource the rules write through,
 //!   which turns away stale fencing tokens and reports overlapping sections.
@@ -12,15 +12,19 @@
 //! Real servers, the fault proxy and the fault scenarios are the `lab` crate's, not this
 //! one's: a backend needs none of them to run the suite.
 
+pub mod explore;
 pub mod factory;
 pub mod fence;
 pub mod inspection;
 pub mod limits;
 pub mod memory;
+pub mod oracle;
 pub mod rules;
 
+pub use explore::{Explored, OptionSet};
 pub use factory::{connect_patiently, lock_patiently, with_query, with_ttl, Crash, Factory};
 pub use fence::{FenceClient, FenceReport, FenceServer, FencedResource, Section, StaleToken};
+pub use oracle::ServerLease;
 
 /// Whether the long plan runs (`CHAOS_LONG=1`, as `make chaos` sets it): every rule and
 /// every fault scenario on every deployment, where `make test` runs a short form.
@@ -106,6 +110,7 @@ macro_rules! conformance_rules {
             rwlock_readers_share_writers_exclude,
             rwlock_writer_not_starved,
             rwlock_downgrade_without_window,
+            rwlock_cut_off_writer_is_replaced,
             primitives_cancellation_leaves_nothing,
             multilock_all_or_nothing_without_deadlock,
             multilock_lost_part_and_cancellation,
@@ -113,13 +118,16 @@ macro_rules! conformance_rules {
     };
 }
 
-/// Expands to one `#[tokio::test]` per conformance rule for a backend.
+/// Expands to one test per conformance rule for a backend.
+///
+/// Each test runs its rule under the option sets of [`explore::sets_for`] (one drawn from
+/// `LOCK_TEST_SEED`, every class in the long plan), each on a runtime of the set's class,
+/// through an [`Explored`] factory whose clients the lease [`oracle`] audits.
 ///
 /// `$factory` is an expression of a future that yields a [`Factory`] (a server may
 /// need starting), or an `Option` of one: `None` skips the test (the harness has said
 /// loudly that a server binary is missing; under `LOCK_TEST_STRICT=1` it fails
-/// instead). The calling crate needs `tokio` (with `macros` and `rt-multi-thread`)
-/// among its dev-dependencies.
+/// instead). It is evaluated once per set, inside the set's runtime.
 ///
 /// ```text
 /// conformance::conformance_suite!(async { conformance::memory::MemoryFactory::new() });
@@ -139,28 +147,35 @@ macro_rules! conformance_suite {
     (@short $factory:expr; $short:expr; $($rule:ident),* $(,)?) => {
         $(
             #[doc = concat!("Conformance rule [`conformance::rules::", stringify!($rule), "`].")]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $rule() {
+            #[test]
+            fn $rule() {
                 if !$crate::runs_now(stringify!($rule), $short) {
                     return;
                 }
-                let Some(factory) = $crate::factory::StartedFactory::started($factory.await) else {
-                    return;
-                };
-                $crate::rules::$rule(&factory).await;
+                $crate::conformance_suite!(@run $factory; $rule);
             }
         )*
     };
     (@rules $factory:expr; $($rule:ident),* $(,)?) => {
         $(
             #[doc = concat!("Conformance rule [`conformance::rules::", stringify!($rule), "`].")]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $rule() {
+            #[test]
+            fn $rule() {
+                $crate::conformance_suite!(@run $factory; $rule);
+            }
+        )*
+    };
+    (@run $factory:expr; $rule:ident) => {
+        $crate::explore::run_explored(
+            concat!(module_path!(), "::", stringify!($rule)),
+            |set| async move {
                 let Some(factory) = $crate::factory::StartedFactory::started($factory.await) else {
                     return;
                 };
+                let factory = $crate::Explored::new(factory, set);
                 $crate::rules::$rule(&factory).await;
-            }
-        )*
+                factory.finish().await;
+            },
+        );
     };
 }

@@ -5,9 +5,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::memory::{MemoryBackend, MemoryLock, MemorySpace};
-use lock_core::{DistributedLock, LockName, LockOptions};
+use lock_core::{DistributedLock, LockName, LockOptions, OwnerToken};
 
 use crate::factory::{Crash, Factory};
+use crate::oracle::ServerLease;
 
 /// Clients of one private memory space.
 #[derive(Debug)]
@@ -80,6 +81,17 @@ impl Factory for MemoryFactory {
 
     async fn steal(&self, name: &LockName) {
         self.space.steal(name);
+    }
+
+    async fn server_lease(&self, name: &LockName, owner: &OwnerToken) -> ServerLease {
+        match self.space.lease_left(name, owner) {
+            Some(left) => ServerLease::Left(left),
+            None => ServerLease::Absent,
+        }
+    }
+
+    fn lease_resolution(&self) -> Duration {
+        Duration::ZERO
     }
 
     async fn leftovers(&self, names: &[LockName]) -> Vec<String> {

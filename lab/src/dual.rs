@@ -13,12 +13,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::{DistributedLock, LockName, LockOptions};
+use lock_core::migration::DUAL_TOKEN_PREFIX;
+use lock_core::{DistributedLock, LockName, LockOptions, OwnerToken};
 
 pub use crate::chaos::Sides;
 
 use crate::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use conformance::factory::{connect_patiently, with_query, Crash, Factory};
+use conformance::ServerLease;
 
 /// One side of a dual deployment: a backend's factory that can also say where its servers
 /// listen, so that a dual client can reach them through fault proxies.
@@ -184,6 +186,24 @@ impl<O: SideFactory, N: SideFactory> Factory for DualFactory<O, N> {
         if self.steal.has_old() {
             self.old.steal(name).await;
         }
+    }
+
+    /// What both sides keep: the dual hold is the old side's hold of the marked owner
+    /// token and the new side's of the owner token itself, and lasts as long as the
+    /// shorter of them.
+    async fn server_lease(&self, name: &LockName, owner: &OwnerToken) -> ServerLease {
+        let marked = OwnerToken::from_string(format!("{DUAL_TOKEN_PREFIX}{owner}"));
+        let old = self.old.server_lease(name, &marked).await;
+        let new = self.new.server_lease(name, owner).await;
+        match (old, new) {
+            (ServerLease::Unknown, _) | (_, ServerLease::Unknown) => ServerLease::Unknown,
+            (ServerLease::Absent, _) | (_, ServerLease::Absent) => ServerLease::Absent,
+            (ServerLease::Left(old), ServerLease::Left(new)) => ServerLease::Left(old.min(new)),
+        }
+    }
+
+    fn lease_resolution(&self) -> Duration {
+        self.old.lease_resolution().max(self.new.lease_resolution())
     }
 
     async fn leftovers(&self, names: &[LockName]) -> Vec<String> {

@@ -84,7 +84,8 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// - readers together, never a writer beside anyone
 ///   ([`rwlock_readers_share_writers_exclude`]); a waiting writer is not overtaken
 ///   ([`rwlock_writer_not_starved`]); a downgrade has no window
-///   ([`rwlock_downgrade_without_window`]).
+///   ([`rwlock_downgrade_without_window`]); a writer cut off is Lost before the lock
+///   is given again ([`rwlock_cut_off_writer_is_replaced`]).
 /// - abandoned permits, reads and writes leave nothing
 ///   ([`primitives_cancellation_leaves_nothing`]).
 ///
@@ -125,6 +126,7 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`rwlock_readers_share_writers_exclude`]: ../conformance/rules/fn.rwlock_readers_share_writers_exclude.html
 /// [`rwlock_writer_not_starved`]: ../conformance/rules/fn.rwlock_writer_not_starved.html
 /// [`rwlock_downgrade_without_window`]: ../conformance/rules/fn.rwlock_downgrade_without_window.html
+/// [`rwlock_cut_off_writer_is_replaced`]: ../conformance/rules/fn.rwlock_cut_off_writer_is_replaced.html
 /// [`primitives_cancellation_leaves_nothing`]: ../conformance/rules/fn.primitives_cancellation_leaves_nothing.html
 /// [`multilock_all_or_nothing_without_deadlock`]: ../conformance/rules/fn.multilock_all_or_nothing_without_deadlock.html
 /// [`multilock_lost_part_and_cancellation`]: ../conformance/rules/fn.multilock_lost_part_and_cancellation.html

@@ -51,8 +51,9 @@ pub use renewal::{
     scoped_run_cancels_on_loss,
 };
 pub use rwlock::{
-    primitives_cancellation_leaves_nothing, rwlock_downgrade_without_window,
-    rwlock_readers_share_writers_exclude, rwlock_writer_not_starved,
+    primitives_cancellation_leaves_nothing, rwlock_cut_off_writer_is_replaced,
+    rwlock_downgrade_without_window, rwlock_readers_share_writers_exclude,
+    rwlock_writer_not_starved,
 };
 pub use semaphore::{
     semaphore_cut_off_holder_is_replaced, semaphore_fifo_with_push,

@@ -10,9 +10,13 @@ use rand::Rng;
 use tokio::time::{sleep, timeout, Instant};
 
 use super::semaphore::semaphore;
-use super::{eventually_empty, offered, push_only_options, unique_name, waiters_reach, PROMPT};
+use super::{
+    cut_off_then_replaced, eventually_empty, offered, push_only_options, unique_name,
+    waiters_reach, PROMPT,
+};
 use crate::factory::Factory;
 use crate::limits::HoldLog;
+use crate::with_ttl;
 
 /// The read-write lock `name` on `client`, or `None` (said loudly) when the backend has
 /// none.
@@ -287,4 +291,29 @@ pub async fn primitives_cancellation_leaves_nothing(factory: &dyn Factory) {
         .expect("the lock is free right after the cancellations");
     writing.release().await.expect("release");
     eventually_empty(factory, &names, rule).await;
+}
+
+/// A writer cut off from the server turns Lost before a waiting writer is given the lock,
+/// which happens within the TTL; the waiter, granted by its own acquire once the cut-off
+/// lease ran out, holds for its own TTL (the lease oracle reads its server's lease).
+pub async fn rwlock_cut_off_writer_is_replaced(factory: &dyn Factory) {
+    let rule = "rwlock_cut_off_writer_is_replaced";
+    let name = unique_name(rule);
+    let ttl = factory.short_ttl();
+    let (a, crash) = factory.crashable_client(with_ttl(ttl)).await;
+    let b = factory.client(with_ttl(ttl)).await;
+    let Some(on_a) = rwlock(&a, name.as_str(), rule) else {
+        return;
+    };
+    let on_b = rwlock(&b, name.as_str(), rule).expect("capable");
+    let first = write(&on_a, PROMPT).await;
+    let next = async {
+        let waiting = tokio::spawn(async move { write(&on_b, ttl * 4 + PROMPT).await });
+        waiting.await.expect("the waiting writer")
+    };
+    let second = cut_off_then_replaced(first.watch(), &*crash, ttl, next).await;
+    sleep(ttl / 2).await;
+    assert!(second.is_held(), "[{rule}] the new writer holds on");
+    second.release().await.expect("release");
+    drop(first);
 }

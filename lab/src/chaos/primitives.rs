@@ -13,10 +13,11 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use conformance::factory::{Crash, Factory, StartedFactory};
+use conformance::ServerLease;
 use lock_core::raw::{ChangeFeed, HoldKind};
 use lock_core::{
     AcquireOptions, Capabilities, DistributedLock, LockGuard, LockName, LockOptions, Occupancy,
-    Participant, Result,
+    OwnerToken, Participant, Result,
 };
 
 use super::topology::{ChaosTarget, Link, ServerControl, Topology};
@@ -178,6 +179,18 @@ impl<T: ChaosTarget> Factory for Kinded<T> {
 
     async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
         self.inner.leftovers(names).await
+    }
+
+    fn set_queue(&self, on: bool) -> bool {
+        self.inner.set_queue(on)
+    }
+
+    async fn server_lease(&self, name: &LockName, owner: &OwnerToken) -> ServerLease {
+        self.inner.server_lease(name, owner).await
+    }
+
+    fn lease_resolution(&self) -> Duration {
+        self.inner.lease_resolution()
     }
 }
 

@@ -260,6 +260,16 @@ impl MemorySpace {
         slot.holders.first().map(|h| h.token.clone())
     }
 
+    /// How long the hold of `owner` on `name` has left, if it holds.
+    pub fn lease_left(&self, name: &LockName, owner: &OwnerToken) -> Option<Duration> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let slot = slots.get_mut(name)?;
+        slot.settle(now);
+        let holder = slot.holders.iter().find(|h| &h.token == owner)?;
+        Some(holder.expires_at.saturating_duration_since(now))
+    }
+
     /// How many acquirers are queued on `name`.
     pub fn waiters(&self, name: &LockName) -> usize {
         self.slots().get(name).map_or(0, |slot| slot.queue.len())

@@ -1,7 +1,7 @@
 //! A conformance [`Factory`] over Redis Cluster (`redis+cluster://`): three primaries with
 //! a replica each; also a [`ChaosTarget`] whose linked clients are cut off by ACL.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -15,7 +15,7 @@ use redis::aio::MultiplexedConnection;
 use tokio::sync::mpsc;
 use tokio::time::{sleep, Instant};
 
-use super::{leftovers_on, raw, unique_name};
+use super::{lease_on, leftovers_on, raw, unique_name};
 
 /// Makes clients of one Redis Cluster.
 pub(crate) struct ClusterFactory {
@@ -25,6 +25,8 @@ pub(crate) struct ClusterFactory {
     users: AtomicUsize,
     /// The links of linked clients, kept as long as the factory.
     links: Mutex<Vec<Link>>,
+    /// Whether the clients made from now on queue their waiters.
+    pub(crate) queue: AtomicBool,
 }
 
 impl ClusterFactory {
@@ -47,6 +49,7 @@ impl ClusterFactory {
             cluster: Arc::new(cluster),
             users: AtomicUsize::new(0),
             links: Mutex::new(Vec::new()),
+            queue: AtomicBool::new(true),
         })
     }
 
@@ -60,6 +63,7 @@ impl ClusterFactory {
             .collect();
         let mut config = RedisConfig::cluster(seeds);
         config.options = options;
+        config.queue = self.queue.load(Ordering::Relaxed);
         config
     }
 

@@ -8,10 +8,10 @@
 #![allow(dead_code)]
 
 /// Implements [`Factory`](conformance::Factory) for a Redis factory from its inherent
-/// `deployment_url`, `make`, `crashable` and `owners` (raw connections to the servers
-/// that keep a key): a steal deletes the lock key there, leftovers are looked for there
-/// (with [`leftovers_on`], which the calling module must have in scope), all under the
-/// factory's `prefix()`.
+/// `deployment_url`, `make`, `crashable`, `owners` (raw connections to the servers that
+/// keep a key) and `queue` field: a steal deletes the lock key there, leftovers are
+/// looked for there (with [`leftovers_on`]) and leases read there (with [`lease_on`]; the
+/// calling module must have both in scope), all under the factory's `prefix()`.
 macro_rules! redis_factory {
     ($factory:ty) => {
         #[::async_trait::async_trait]
@@ -52,6 +52,25 @@ macro_rules! redis_factory {
                 }
             }
 
+            fn set_queue(&self, on: bool) -> bool {
+                self.queue.store(on, ::std::sync::atomic::Ordering::Relaxed);
+                true
+            }
+
+            async fn server_lease(
+                &self,
+                name: &::lock_core::LockName,
+                owner: &::lock_core::OwnerToken,
+            ) -> ::conformance::ServerLease {
+                let keys = ::lock_redis::KeyLayout::new(self.prefix());
+                let (key, table) = (keys.lock_key(name), keys.holders_key(name));
+                lease_on(self.owners(&key).await, &key, &table, owner.as_str()).await
+            }
+
+            fn lease_resolution(&self) -> ::std::time::Duration {
+                ::std::time::Duration::from_millis(5)
+            }
+
             async fn leftovers(&self, names: &[::lock_core::LockName]) -> Vec<String> {
                 let keys = ::lock_redis::KeyLayout::new(self.prefix());
                 let mut left = Vec::new();
@@ -70,6 +89,7 @@ mod cluster;
 mod sentinel;
 
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -128,6 +148,59 @@ pub(crate) struct RedisFactory {
     prefix: String,
     /// Proxies of crashable clients, kept alive as long as the factory.
     proxies: Mutex<Vec<Link>>,
+    /// Whether the clients made from now on queue their waiters.
+    pub(crate) queue: AtomicBool,
+}
+
+/// What the servers of `conns` keep of the hold of `owner` on the lock `key` (holders'
+/// table `table` for the shared kinds): the key's PTTL where it is the owner's string;
+/// for a shared kind the least of the owner's entry, the key's and the table's expiry.
+/// Over RedLock's nodes, what a majority keeps.
+pub(crate) async fn lease_on(
+    conns: Vec<MultiplexedConnection>,
+    key: &str,
+    table: &str,
+    owner: &str,
+) -> conformance::ServerLease {
+    const LEFT: &str = r"
+        local kind = redis.call('TYPE', KEYS[1])['ok']
+        local left = -2
+        if kind == 'string' then
+          if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -2 end
+          left = redis.call('PTTL', KEYS[1])
+        elseif kind == 'zset' then
+          local score = redis.call('ZSCORE', KEYS[1], ARGV[1])
+          if not score or redis.call('HEXISTS', KEYS[2], ARGV[1]) == 0 then return -2 end
+          local now = redis.call('TIME')
+          left = tonumber(score) - (tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000))
+          for _, k in ipairs(KEYS) do
+            local pttl = redis.call('PTTL', k)
+            if pttl >= 0 and pttl < left then left = pttl end
+          end
+        end
+        return left";
+    let quorum = conns.len() / 2 + 1;
+    let mut kept = Vec::new();
+    for mut conn in conns {
+        let left: i64 = redis::Script::new(LEFT)
+            .key(key)
+            .key(table)
+            .arg(owner)
+            .invoke_async(&mut conn)
+            .await
+            .expect("reading a hold's lease");
+        match left {
+            -2 => {}
+            // No expiry at all.
+            -1 => kept.push(Duration::MAX),
+            ms => kept.push(Duration::from_millis(u64::try_from(ms).unwrap_or(0))),
+        }
+    }
+    kept.sort_unstable_by(|a, b| b.cmp(a));
+    match kept.get(quorum - 1) {
+        Some(&left) => conformance::ServerLease::Left(left),
+        None => conformance::ServerLease::Absent,
+    }
 }
 
 /// A raw connection to `addr`.
@@ -422,6 +495,7 @@ impl RedisFactory {
             servers,
             prefix: prefix.to_owned(),
             proxies: Mutex::new(Vec::new()),
+            queue: AtomicBool::new(true),
         }
     }
 
@@ -462,6 +536,7 @@ impl RedisFactory {
     ) -> Arc<RedisLock> {
         let mut config = config_for(addrs, self.redlock_mode(), options);
         config.prefix.clone_from(&self.prefix);
+        config.queue = self.queue.load(Ordering::Relaxed);
         Arc::new(connect_patiently("connect", || RedisLock::connect(config.clone())).await)
     }
 

@@ -2,6 +2,7 @@
 //! Sentinels (`redis+sentinel://`, or `rediss+sentinel://` with every process on TLS), also
 //! a [`ChaosTarget`] for the fault scenarios.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -15,7 +16,7 @@ use lock_core::{DistributedLock, LockName, LockOptions};
 use lock_redis::{RedisConfig, RedisLock, RedisNode, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
 
-use super::{leftovers_on, raw, shared_prefix, url_with_prefix};
+use super::{lease_on, leftovers_on, raw, shared_prefix, url_with_prefix};
 
 /// The deployments shared by the factories of a test binary, plain and on TLS.
 static SHARED: Shared<RedisSentinel> = Shared::new();
@@ -33,6 +34,8 @@ pub(crate) struct SentinelFactory {
     crashable: Mutex<Vec<(Link, Cluster<Sentinel>)>>,
     /// `wait_replicas` of every client.
     wait_replicas: u32,
+    /// Whether the clients made from now on queue their waiters.
+    pub(crate) queue: AtomicBool,
 }
 
 impl SentinelFactory {
@@ -91,6 +94,7 @@ impl SentinelFactory {
             prefix,
             crashable: Mutex::new(Vec::new()),
             wait_replicas,
+            queue: AtomicBool::new(true),
         }
     }
 
@@ -112,6 +116,7 @@ impl SentinelFactory {
         config.options = options;
         config.prefix.clone_from(&self.prefix);
         config.wait_replicas = self.wait_replicas;
+        config.queue = self.queue.load(Ordering::Relaxed);
         if let Some(ca) = self.deployment.ca_file() {
             config.tls = true;
             config.ca_file = Some(ca);
