@@ -61,9 +61,12 @@ if entry and redis.call('ZSCORE', LOCK, owner) then
 end
 settle(ARGV[7], ARGV[9], now)
 if redis.call('ZSCORE', LOCK, owner) then
-  -- Granted by the settle, in its place in the queue.
+  -- Granted by the settle, in its place in the queue, on the grant's lease: the hold,
+  -- the key and the table all keep this call's TTL, which the guard counts on.
   local token = string.match(redis.call('HGET', TABLE, owner), ':(%d+)$')
   redis.call('ZADD', LOCK, now + ttl, owner)
+  extend(LOCK, ttl)
+  extend(TABLE, ttl)
   return {1, token, 0}
 end
 local rank = redis.call('ZRANK', QUEUE, me)
