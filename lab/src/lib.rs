@@ -31,11 +31,13 @@ pub mod shared;
 /// depend on it by name.
 #[doc(hidden)]
 pub mod __private {
+    pub use conformance::explore::run_explored;
     pub use conformance::factory::StartedFactory;
 }
 
-/// Expands to one `#[tokio::test]` per fault scenario of [`chaos::SCENARIOS`] for a
-/// [`chaos::ChaosTarget`]; each asserts what [`chaos::target_expectation`] promises
+/// Expands to one test per fault scenario of [`chaos::SCENARIOS`] for a
+/// [`chaos::ChaosTarget`], run under the option sets of [`conformance::explore::sets_for`]
+/// (one drawn in `make test`, every class in `make chaos`); each asserts what [`chaos::target_expectation`] promises
 /// for the target and says loudly when a scenario does not apply. The tests follow
 /// the one list of scenarios, [`chaos_scenarios!`].
 ///
@@ -57,15 +59,20 @@ macro_rules! chaos_suite {
     (@scenarios $target:expr; $short:expr; $($scenario:ident),* $(,)?) => {
         $(
             #[doc = concat!("Fault scenario [`lab::chaos::", stringify!($scenario), "`].")]
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn $scenario() {
+            #[test]
+            fn $scenario() {
                 if !$crate::chaos::runs_now(stringify!($scenario), $short) {
                     return;
                 }
-                let Some(target) = $crate::__private::StartedFactory::started($target.await) else {
-                    return;
-                };
-                $crate::chaos::check(stringify!($scenario), &target).await;
+                $crate::__private::run_explored(
+                    concat!(module_path!(), "::", stringify!($scenario)),
+                    |set| async move {
+                        let Some(target) = $crate::__private::StartedFactory::started($target.await) else {
+                            return;
+                        };
+                        $crate::chaos::check_under(stringify!($scenario), &target, set).await;
+                    },
+                );
             }
         )*
     };

@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::{sleep, sleep_until, Instant};
 
 use super::workload::{
-    contend_until, first_other_start, options, recover, signed_ms, watch_lost, LostAt,
+    contend_until, first_other_start, options_with, recover, signed_ms, watch_lost, LostAt,
 };
 use super::{ChaosTarget, Plan, ScenarioReport, Scene};
 use conformance::fence::{FencedResource, SectionHandle};
@@ -133,7 +133,7 @@ impl Contention {
     ) -> Self {
         let mut clients = Vec::new();
         for _ in 0..plan.contenders {
-            clients.push(target.client(options(ttl)).await);
+            clients.push(target.client(options_with(ttl, &plan)).await);
         }
         let (until, deadline) = watch::channel(Instant::now() + PROMOTION_LIMIT * 2);
         let task = tokio::spawn(contend_until(
@@ -236,7 +236,7 @@ impl<'a> Run<'a> {
 
     /// A victim of a plain client holding the lock, and contenders waiting for it.
     async fn held_and_contended(&self) -> (Victim, Contention) {
-        let client = self.target.client(options(self.ttl)).await;
+        let client = self.target.client(options_with(self.ttl, &self.plan)).await;
         let victim = self
             .victim(&*client)
             .await
@@ -345,7 +345,7 @@ pub async fn primary_partitioned_from_replicas(scene: Scene<'_>) -> Option<Scena
     let run = Run::new(scene);
     let primary = run.target.primary(&run.name).await?;
     let link = run.target.replication_link(primary)?;
-    let client = run.target.client(options(run.ttl)).await;
+    let client = run.target.client(options_with(run.ttl, &run.plan)).await;
     link.cut();
     let victim = run
         .victim(&*client)
@@ -385,7 +385,10 @@ pub async fn sentinel_split_brain(scene: Scene<'_>) -> Option<ScenarioReport> {
     let run = Run::new(scene);
     let primary = run.target.primary(&run.name).await?;
     let isolation = run.target.isolation_link(primary)?;
-    let (client, _own_path) = run.target.linked_client(options(run.ttl)).await;
+    let (client, _own_path) = run
+        .target
+        .linked_client(options_with(run.ttl, &run.plan))
+        .await;
     let victim = run
         .victim(&*client)
         .await

@@ -26,6 +26,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use conformance::OptionSet;
+
 mod expect;
 mod failover;
 mod nemesis;
@@ -188,6 +190,8 @@ impl fmt::Debug for Scene<'_> {
 pub struct Plan {
     /// TTL of every client.
     pub ttl: Duration,
+    /// Recheck of every client.
+    pub recheck: Duration,
     /// How long healthy contenders keep cycling.
     pub contend: Duration,
     /// Healthy contenders.
@@ -199,13 +203,16 @@ pub struct Plan {
 }
 
 impl Plan {
-    /// The short plan used by `make test`: a few seconds per scenario.
+    /// The short plan used by `make test`: a few seconds per scenario (four TTLs, and six
+    /// seconds past one TTL where that is shorter), the default recheck.
     pub fn short(ttl: Duration) -> Self {
+        let busy = (ttl * 4).min(ttl + Duration::from_secs(6));
         Plan {
             ttl,
-            contend: ttl * 4,
+            recheck: lock_core::LockOptions::default().recheck,
+            contend: busy,
             contenders: 2,
-            nemesis: ttl * 4,
+            nemesis: busy,
             seed: 1,
         }
     }
@@ -231,6 +238,15 @@ impl Plan {
             )
         } else {
             Plan::short(ttl)
+        }
+    }
+
+    /// [`Plan::from_env`] with the TTL and recheck of the option set `set` on a target
+    /// whose shortest TTL is `shortest`.
+    pub fn for_set(set: OptionSet, shortest: Duration) -> Self {
+        Plan {
+            recheck: set.recheck(),
+            ..Plan::from_env(set.ttl(shortest))
         }
     }
 }
@@ -293,14 +309,23 @@ pub fn runs_now(scenario: &str, short: ShortRun) -> bool {
     runs
 }
 
-/// Runs `scenario` on `target` with [`Plan::from_env`] and asserts the topology's
+/// Runs `scenario` on `target` with the short TTL and asserts the topology's
 /// promise. Prints the report (and appends it as a JSON line to
 /// `$CHAOS_REPORT_DIR/<scenario>.jsonl` when that is set); says loudly when the scenario
 /// does not apply.
 pub async fn check(scenario: &str, target: &dyn ChaosTarget) {
+    check_plan(scenario, target, Plan::from_env(target.short_ttl())).await;
+}
+
+/// [`check`] under the option set `set`: its TTL, recheck and queue.
+pub async fn check_under(scenario: &str, target: &dyn ChaosTarget, set: OptionSet) {
+    target.set_queue(set.queue);
+    check_plan(scenario, target, Plan::for_set(set, target.short_ttl())).await;
+}
+
+async fn check_plan(scenario: &str, target: &dyn ChaosTarget, plan: Plan) {
     let topology = target.topology();
     let expect = target_expectation(scenario, target);
-    let plan = Plan::from_env(target.short_ttl());
     let report = run(scenario, target, plan).await;
     report::record(scenario, target, &topology, expect, plan, report.as_ref());
     match report {

@@ -21,7 +21,7 @@ pub async fn nemesis(scene: Scene<'_>) -> ScenarioReport {
     let mut clients = Vec::new();
     let mut links = Vec::new();
     for _ in 0..3 {
-        let (client, link) = target.linked_client(options(plan.ttl)).await;
+        let (client, link) = target.linked_client(options(&plan)).await;
         clients.push(client);
         links.push(link);
     }

@@ -26,7 +26,7 @@ pub async fn stale_counter_restore(scene: Scene<'_>) -> ScenarioReport {
     let notes = Arc::new(Mutex::new(Vec::new()));
     let note = |text: String| notes.lock().expect("notes").push(text);
     let servers = target.servers();
-    let client = target.client(options(plan.ttl)).await;
+    let client = target.client(options(&plan)).await;
     let cycle = |until| {
         let clients = vec![Arc::clone(&client)];
         contend(
@@ -63,7 +63,7 @@ pub async fn stale_counter_restore(scene: Scene<'_>) -> ScenarioReport {
             note(format!("restore {}: {err}", server.label()));
         }
     }
-    let next = target.client(options(plan.ttl)).await;
+    let next = target.client(options(&plan)).await;
     let mut backwards = None;
     match next.lock_timeout(name.as_str(), plan.ttl * 3).await {
         Ok(guard) => {
@@ -79,7 +79,7 @@ pub async fn stale_counter_restore(scene: Scene<'_>) -> ScenarioReport {
         }
         Err(err) => note(format!("no grant after the restore: {err}")),
     }
-    let contenders = join_all((0..plan.contenders).map(|_| target.client(options(plan.ttl)))).await;
+    let contenders = join_all((0..plan.contenders).map(|_| target.client(options(&plan)))).await;
     contend(
         contenders,
         name.clone(),
@@ -112,7 +112,7 @@ pub async fn acquire_reply_delayed(scene: Scene<'_>) -> ScenarioReport {
     let name = unique_name(scene.scenario);
     let resource = FencedResource::new();
     let notes = Arc::new(Mutex::new(Vec::new()));
-    let (victim, link) = target.linked_client(options(plan.ttl)).await;
+    let (victim, link) = target.linked_client(options(&plan)).await;
     link.set_mode(ProxyMode::Delay {
         base: plan.ttl + plan.ttl / 2,
         jitter: Duration::ZERO,
@@ -138,7 +138,7 @@ pub async fn acquire_reply_delayed(scene: Scene<'_>) -> ScenarioReport {
     };
     let mut contenders = Vec::new();
     for _ in 0..plan.contenders {
-        contenders.push(target.client(options(plan.ttl)).await);
+        contenders.push(target.client(options(&plan)).await);
     }
     let until = Instant::now() + plan.contend;
     contend(
@@ -174,7 +174,7 @@ pub async fn cancellation_under_faults(scene: Scene<'_>) -> ScenarioReport {
     let mut tasks = Vec::new();
     let until = Instant::now() + plan.contend;
     for _ in 0..3 {
-        let (client, link) = target.linked_client(options(plan.ttl)).await;
+        let (client, link) = target.linked_client(options(&plan)).await;
         links.push(link);
         let (name, resource) = (name.clone(), resource.clone());
         tasks.push(tokio::spawn(async move {
@@ -223,8 +223,8 @@ pub async fn majority_loss(scene: Scene<'_>) -> ScenarioReport {
     let name = unique_name(scene.scenario);
     let resource = FencedResource::new();
     let mut notes = Vec::new();
-    let holder = target.client(options(plan.ttl)).await;
-    let other = target.client(options(plan.ttl)).await;
+    let holder = target.client(options(&plan)).await;
+    let other = target.client(options(&plan)).await;
     let guard = holder
         .lock_timeout(name.as_str(), Duration::from_secs(10))
         .await

@@ -81,7 +81,7 @@ async fn victim_scenario(scene: Scene<'_>, fault: Fault<'_>) -> ScenarioReport {
     let notes = Arc::new(Mutex::new(Vec::new()));
     let (victim, link) = match &fault {
         Fault::Pinned { pinned, .. } => pinned.clone(),
-        _ => target.linked_client(options(plan.ttl)).await,
+        _ => target.linked_client(options(&plan)).await,
     };
     let guard = victim
         .lock_timeout(name.as_str(), Duration::from_secs(10))
@@ -94,7 +94,7 @@ async fn victim_scenario(scene: Scene<'_>, fault: Fault<'_>) -> ScenarioReport {
     let (lost_at, lost_task) = watch_lost(&guard);
     let mut contenders = Vec::new();
     for _ in 0..plan.contenders {
-        contenders.push(target.client(options(plan.ttl)).await);
+        contenders.push(target.client(options(&plan)).await);
     }
     let fault_at = Instant::now();
     let until = fault_at + plan.contend;
@@ -201,7 +201,7 @@ async fn token_after(
     plan: Plan,
     note: &(dyn Fn(String) + Sync),
 ) -> Option<(u64, u64)> {
-    let client = target.client(options(plan.ttl)).await;
+    let client = target.client(options(&plan)).await;
     let guard = match client.lock_timeout(name.as_str(), plan.ttl * 3).await {
         Ok(guard) => guard,
         Err(err) => {
@@ -232,7 +232,7 @@ pub async fn holder_partitioned(scene: Scene<'_>) -> ScenarioReport {
 /// while the others end the victim's session or lease and take over. `None` where the
 /// target cannot pin a client to a follower.
 pub async fn follower_partition(scene: Scene<'_>) -> Option<ScenarioReport> {
-    let pinned = scene.target.follower_link(options(scene.plan.ttl)).await?;
+    let pinned = scene.target.follower_link(options(&scene.plan)).await?;
     let fault = Fault::Pinned {
         pinned,
         duration: scene.plan.ttl * 2,

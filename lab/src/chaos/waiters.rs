@@ -117,8 +117,8 @@ impl Waiting {
 pub async fn release_reply_lost(scene: Scene<'_>) -> ScenarioReport {
     let (target, plan) = (scene.target, scene.plan);
     let mut run = Waiting::new(scene.scenario);
-    let (victim, link) = target.linked_client(options(plan.ttl)).await;
-    let client = target.client(options(plan.ttl)).await;
+    let (victim, link) = target.linked_client(options(&plan)).await;
+    let client = target.client(options(&plan)).await;
     let guard = victim
         .lock_timeout(run.name.as_str(), Duration::from_secs(10))
         .await
@@ -144,8 +144,8 @@ pub async fn release_reply_lost(scene: Scene<'_>) -> ScenarioReport {
 pub async fn waiter_connection_reset(scene: Scene<'_>) -> ScenarioReport {
     let (target, plan) = (scene.target, scene.plan);
     let mut run = Waiting::new(scene.scenario);
-    let holder = target.client(options(plan.ttl)).await;
-    let (client, link) = target.linked_client(options(plan.ttl)).await;
+    let holder = target.client(options(&plan)).await;
+    let (client, link) = target.linked_client(options(&plan)).await;
     let (guard, section, seen) = run.hold(holder.as_ref()).await;
     let hold = sleep(SECTION);
     let mut waiter = run.queue_up(target, client, hold, plan).await;
@@ -170,7 +170,7 @@ pub async fn waiter_connection_reset(scene: Scene<'_>) -> ScenarioReport {
 pub async fn waiter_long_connection_reset(scene: Scene<'_>) -> ScenarioReport {
     let (target, plan) = (scene.target, scene.plan);
     let mut run = Waiting::new(scene.scenario);
-    let options = options(plan.ttl);
+    let options = options(&plan);
     let outage = options.recheck * 2 + options.request_timeout + plan.ttl;
     let holder = target.client(options.clone()).await;
     let (first, link) = target.linked_client(options.clone()).await;
@@ -227,9 +227,9 @@ pub async fn waiter_long_connection_reset(scene: Scene<'_>) -> ScenarioReport {
 pub async fn crashed_head_waiter(scene: Scene<'_>) -> ScenarioReport {
     let (target, plan) = (scene.target, scene.plan);
     let mut run = Waiting::new(scene.scenario);
-    let holder = target.client(options(plan.ttl)).await;
-    let (head, link) = target.linked_client(options(plan.ttl)).await;
-    let behind = target.client(options(plan.ttl)).await;
+    let holder = target.client(options(&plan)).await;
+    let (head, link) = target.linked_client(options(&plan)).await;
+    let behind = target.client(options(&plan)).await;
     // The holder's section spans the queueing: a waiter granted meanwhile overlaps it.
     let (guard, section, seen) = run.hold(holder.as_ref()).await;
     let crashed = run.queue_up(target, head, sleep(SECTION), plan).await;

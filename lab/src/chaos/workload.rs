@@ -20,10 +20,17 @@ use conformance::fence::FencedResource;
 /// holder's section to begin meanwhile, were the lock to grant twice.
 pub(super) const SECTION: Duration = Duration::from_millis(5);
 
-pub(super) fn options(ttl: Duration) -> LockOptions {
+/// The options of a scenario's clients of TTL `ttl` and the plan's recheck.
+pub(super) fn options_with(ttl: Duration, plan: &Plan) -> LockOptions {
     let mut options = conformance::with_ttl(ttl);
     options.request_timeout = (ttl / 2).max(Duration::from_millis(200));
+    options.recheck = plan.recheck;
     options
+}
+
+/// The options of a scenario's clients: the plan's TTL and recheck.
+pub(super) fn options(plan: &Plan) -> LockOptions {
+    options_with(plan.ttl, plan)
 }
 
 /// Healthy contenders: acquire, hold a section of the resource
@@ -166,7 +173,7 @@ pub(super) async fn recover(
     plan: Plan,
 ) -> Option<Duration> {
     let limit = plan.ttl * 3 + Duration::from_secs(10);
-    let client = target.client(options(plan.ttl)).await;
+    let client = target.client(options(&plan)).await;
     let started = Instant::now();
     match timeout(limit, client.lock_timeout(name.as_str(), limit)).await {
         Ok(Ok(guard)) => {

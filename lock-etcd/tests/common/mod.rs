@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::{connect_patiently, Crash, Factory};
+use conformance::{connect_patiently, Crash, Factory, ServerLease};
 use etcd_client::{Client, GetOptions, PutOptions};
 use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use lab::harness::{or_skip, Deployment, Etcd, EtcdCluster, EtcdServer};
 use lab::shared::{namespace, Shared};
-use lock_core::{DistributedLock, LockName, LockOptions};
+use lock_core::{DistributedLock, LockName, LockOptions, OwnerToken};
 use lock_etcd::{EtcdConfig, EtcdLock};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -460,6 +460,36 @@ impl Factory for EtcdFactory {
             let mut kv = self.admin.kv_client();
             kv.delete(key.as_str(), None).await.expect("steal: delete");
         }
+    }
+
+    /// The remaining TTL of the lease of the key under `name` whose value carries `owner`
+    /// (a mutex, a permit, a reader or a writer); `Unknown` for a candidate, whose key
+    /// holds its proposal.
+    async fn server_lease(&self, name: &LockName, owner: &OwnerToken) -> ServerLease {
+        let mut kv = self.admin.kv_client();
+        let range = self.range(name);
+        let found = kv
+            .get(range.as_str(), Some(GetOptions::new().with_prefix()))
+            .await
+            .expect("range read");
+        let owner = owner.as_str().as_bytes();
+        let Some(held) = found.kvs().iter().find(|kv| kv.value().ends_with(owner)) else {
+            return ServerLease::Unknown;
+        };
+        let mut leases = self.admin.lease_client();
+        let alive = leases
+            .time_to_live(held.lease(), None)
+            .await
+            .expect("lease time to live");
+        match u64::try_from(alive.ttl()) {
+            Ok(seconds) => ServerLease::Left(Duration::from_secs(seconds)),
+            Err(_) => ServerLease::Absent,
+        }
+    }
+
+    /// etcd reports a lease's TTL in whole seconds, rounded down.
+    fn lease_resolution(&self) -> Duration {
+        Duration::from_secs(1)
     }
 
     async fn leftovers(&self, names: &[LockName]) -> Vec<String> {

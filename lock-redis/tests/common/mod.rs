@@ -153,7 +153,8 @@ pub(crate) struct RedisFactory {
 }
 
 /// What the servers of `conns` keep of the hold of `owner` on the lock `key` (holders'
-/// table `table` for the shared kinds): the key's PTTL where it is the owner's string;
+/// table `table` for the shared kinds): the key's PTTL where it is the owner's string
+/// (or one of its RedLock attempts);
 /// for a shared kind the least of the owner's entry, the key's and the table's expiry.
 /// Over RedLock's nodes, what a majority keeps.
 pub(crate) async fn lease_on(
@@ -166,7 +167,11 @@ pub(crate) async fn lease_on(
         local kind = redis.call('TYPE', KEYS[1])['ok']
         local left = -2
         if kind == 'string' then
-          if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -2 end
+          -- RedLock writes each attempt as '<owner token>~<attempt>'.
+          local value = redis.call('GET', KEYS[1])
+          if value ~= ARGV[1] and string.sub(value, 1, #ARGV[1] + 1) ~= ARGV[1] .. '~' then
+            return -2
+          end
           left = redis.call('PTTL', KEYS[1])
         elseif kind == 'zset' then
           local score = redis.call('ZSCORE', KEYS[1], ARGV[1])

@@ -23,13 +23,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::{connect_patiently, Crash, Factory};
+use conformance::{connect_patiently, Crash, Factory, ServerLease};
 use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use lab::harness::{or_skip, Deployment, ZkEnsemble, ZkOptions, ZkServer, ZkTls, ZooKeeper};
 use lab::proxy::FaultProxy;
 use lab::shared::{namespace, Shared};
 use lock_core::{
-    DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions, LockState,
+    DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions, LockState, OwnerToken,
     ReleaseOutcome,
 };
 use lock_zookeeper::{lock_dir, ZkConfig, ZkLock};
@@ -370,6 +370,57 @@ impl Factory for ZkFactory {
                 Err(err) => panic!("steal {dir}/{holder}: {err}"),
             }
         }
+    }
+
+    /// The session timeout a server negotiated for the session that owns the node of
+    /// `owner` under `name` (in the lock directory or one level below it): the longest
+    /// the server keeps that node once it stops hearing from the client. `Unknown` where
+    /// no node carries the owner token or no server lists the session.
+    async fn server_lease(&self, name: &LockName, owner: &OwnerToken) -> ServerLease {
+        let dir = lock_dir(&self.base, name);
+        let mut dirs = vec![dir.clone()];
+        let mut found = None;
+        while let Some(dir) = dirs.pop() {
+            for child in nodes::children(&self.admin, &dir).await {
+                let path = format!("{dir}/{child}");
+                if child.contains(owner.as_str()) {
+                    found = Some(path);
+                    break;
+                }
+                if dir == lock_dir(&self.base, name) {
+                    dirs.push(path);
+                }
+            }
+        }
+        let Some(path) = found else {
+            return ServerLease::Unknown;
+        };
+        let session = match self.admin.check_stat(&path).await {
+            Ok(Some(stat)) => stat.ephemeral_owner,
+            Ok(None) => return ServerLease::Absent,
+            Err(err) => panic!("stat {path}: {err}"),
+        };
+        let sid = format!("sid=0x{session:x},");
+        for server in self.servers.members() {
+            let Ok(connections) = server.four_letter("cons").await else {
+                continue;
+            };
+            let timeout = connections
+                .lines()
+                .filter(|line| line.contains(&sid))
+                .find_map(|line| {
+                    line.split("to=")
+                        .nth(1)?
+                        .split([',', ')'])
+                        .next()?
+                        .parse()
+                        .ok()
+                });
+            if let Some(ms) = timeout {
+                return ServerLease::Left(Duration::from_millis(ms));
+            }
+        }
+        ServerLease::Unknown
     }
 
     async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
