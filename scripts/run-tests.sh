@@ -21,6 +21,11 @@ LOGS="$TARGET_DIR/test-logs"
 DURATIONS="$TARGET_DIR/test-durations"
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 
+# One seed for the option sets every conformance rule and chaos scenario draws
+# (conformance::explore): new each run so that runs cover the space, printed to replay.
+export LOCK_TEST_SEED=${LOCK_TEST_SEED:-$(( $(date +%s) % 1000000007 ))}
+echo "run-tests: option sets drawn with LOCK_TEST_SEED=$LOCK_TEST_SEED (set it to replay them)"
+
 started=$(date +%s)
 # The build fails loudly: nothing runs on a half-built workspace.
 if ! "$CARGO" test --workspace --no-run --message-format json-render-diagnostics \
