@@ -180,6 +180,52 @@ async fn a_crashed_holders_permit_is_freed_by_expiry() {
     next.release().await.expect("release");
 }
 
+/// A waiter that crashed while queued (cut off, never showing up again) is evicted once
+/// its stay is over, and takes its kind's entry in the holders' table with it, while the
+/// name stays busy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_evicted_waiter_leaves_nothing_in_the_table() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let mut options = with_ttl(Duration::from_secs(10));
+    options.recheck = Duration::from_millis(100);
+    options.request_timeout = Duration::from_millis(500);
+    let holder = factory.make(options.clone()).await;
+    let (crashing, crash) = factory.crashable_client(options.clone()).await;
+    let lock = name("sem_evicted_waiter");
+    let sem = Semaphore::new(holder, lock.as_str(), 1).expect("semaphore");
+    let held = sem.acquire(&try_once()).await.expect("a").expect("free");
+    let on_crashing = Semaphore::new(crashing, lock.as_str(), 1).expect("semaphore");
+    let waiting =
+        tokio::spawn(async move { on_crashing.acquire(&within(Duration::from_secs(30))).await });
+    let mut conn = factory.raw_all().await.remove(0);
+    common::until_queued(&mut conn, &lock, 1).await;
+    crash.crash().await;
+    // Its stay: two rechecks and a request timeout.
+    sleep(Duration::from_millis(1200)).await;
+    assert!(
+        sem.acquire(&try_once()).await.expect("try").is_none(),
+        "still held"
+    );
+    assert!(
+        common::queue_of(&mut conn, &lock).await.is_empty(),
+        "the waiter was evicted"
+    );
+    let fields: Vec<String> = redis::cmd("HKEYS")
+        .arg(KeyLayout::new(DEFAULT_PREFIX).holders_key(&lock))
+        .query_async(&mut conn)
+        .await
+        .expect("HKEYS");
+    let left: Vec<&String> = fields.iter().filter(|f| f.starts_with("q:")).collect();
+    assert!(
+        left.is_empty(),
+        "evicted waiters left in the holders' table: {left:?}"
+    );
+    waiting.abort();
+    held.release().await.expect("release");
+}
+
 /// FIFO: a writer queued behind a reader is not overtaken by readers that come after it;
 /// it gets the lock once the first reader leaves, and they after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
