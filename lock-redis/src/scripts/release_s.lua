@@ -26,7 +26,7 @@ if ARGV[2] ~= '' then
   leave(ARGV[2])
   redis.call('HDEL', TABLE, 'q:' .. ARGV[2])
 end
-evict(now)
+evict(now, TABLE)
 purge(now)
 if status == nil then
   status = not_held(KEYS[6], owner)
