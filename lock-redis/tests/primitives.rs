@@ -226,6 +226,62 @@ async fn an_evicted_waiter_leaves_nothing_in_the_table() {
     held.release().await.expect("release");
 }
 
+/// A permit waiter whose name became a mutex while it was queued (its holder stolen, a
+/// client without the queue took the name) fails with a conflict and leaves the queue at
+/// once, not after its stay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conflict_takes_a_queued_waiter_out_of_the_queue() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let mut options = with_ttl(Duration::from_secs(10));
+    options.recheck = Duration::from_secs(2);
+    let lock = name("sem_conflict");
+    let holder = factory.make(options.clone()).await;
+    let sem = Semaphore::new(holder, lock.as_str(), 1).expect("semaphore");
+    let held = sem.acquire(&try_once()).await.expect("a").expect("free");
+    let waiter = factory.make(options.clone()).await;
+    let on_waiter = Semaphore::new(waiter, lock.as_str(), 1).expect("semaphore");
+    let waiting = tokio::spawn(async move {
+        on_waiter
+            .acquire(&within(Duration::from_secs(30)))
+            .await
+            .map(|guard| guard.is_some())
+    });
+    let mut conn = factory.raw_all().await.remove(0);
+    common::until_queued(&mut conn, &lock, 1).await;
+    factory.steal(&lock).await;
+    let mut config = common::config_for(&factory.servers.addrs(), false, options);
+    config.queue = false;
+    let plain = lock_redis::RedisLock::connect(config)
+        .await
+        .expect("connect");
+    let mutex = plain
+        .try_lock(lock.as_str())
+        .await
+        .expect("try")
+        .expect("free after the steal");
+    let refused = timeout(Duration::from_secs(5), waiting)
+        .await
+        .expect("the waiter's next round ends it")
+        .expect("waiter task");
+    assert!(refused.is_err(), "a mutex holds the name: {refused:?}");
+    let deadline = Instant::now() + Duration::from_secs(1);
+    loop {
+        let queue = common::queue_of(&mut conn, &lock).await;
+        if queue.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the refused waiter is still queued: {queue:?}"
+        );
+        sleep(Duration::from_millis(20)).await;
+    }
+    mutex.release().await.expect("release");
+    let _ = held.release().await;
+}
+
 /// FIFO: a writer queued behind a reader is not overtaken by readers that come after it;
 /// it gets the lock once the first reader leaves, and they after it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
