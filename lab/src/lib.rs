@@ -14,6 +14,7 @@
 //! - [`curator`]: Apache Curator holders, to check a ZooKeeper lock against Curator's.
 //! - [`shared`]: one deployment shared by the tests of a binary, each in a namespace of
 //!   its own.
+//! - [`kinds`]: one name used as two kinds, checked alike on every backend.
 //!
 //! Backends use the lab as a dev-dependency only; tools that start servers (the
 //! benchmark, the demos) use it as a normal one.
@@ -23,6 +24,7 @@ pub mod curator;
 pub mod dual;
 pub mod harness;
 pub mod interleavings;
+pub mod kinds;
 mod memory;
 pub mod proxy;
 pub mod shared;

@@ -173,3 +173,16 @@ async fn one_client_campaigning_twice_leads_once_at_a_time() {
     second.resign().await.expect("resign");
     listener.interrupt().await;
 }
+
+/// A mutex on an election's name leads it, as on every backend (see
+/// [`lab::kinds::a_mutex_on_an_elections_name_leads`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "etcd shows a mutex holder's owner token as the leader's value, not an empty one"]
+async fn a_mutex_on_an_elections_name_leads() {
+    let Some(server) = single().await else {
+        return;
+    };
+    let ours = Arc::new(plain_client(server.addr()).await);
+    let name = LockName::new(plain_name()).expect("name");
+    lab::kinds::a_mutex_on_an_elections_name_leads(ours, &name).await;
+}

@@ -186,7 +186,11 @@ pub(crate) async fn attempt(
             Ok(Attempt::Held(pttl_wait(pttl)))
         }
         Reply::Conflict { theirs } => {
-            dirty.disarm(hold);
+            // A shared kind's waiter an earlier round queued stays armed: the cleanup takes
+            // it out of the queue (see `release_s.lua`).
+            if hold.keys.shared.is_none() {
+                dirty.disarm(hold);
+            }
             request
                 .kind
                 .check_beside(&kind_named(theirs), request.name)?;

@@ -309,9 +309,11 @@ fn shared_holders(flat: &[String]) -> Vec<Participant> {
 ///   on RedLock a holder has it on a majority, a value on fewer is an acquire under way
 ///   or being undone, still a participant). Its `lease_left` is how long it stays on as
 ///   many servers as a majority needs (the `quorum`-th longest PTTL, or the shortest
-///   where fewer hold it), `None` for a key without expiry. Its `fencing_token` is
-///   `None`: the counter holds the last token granted, which need not be this holder's
-///   (a plain `SET NX` holder has none).
+///   where fewer hold it), `None` for a key without expiry. A mutex's holder shows the
+///   token floor as its `fencing_token`: the last token granted, which is its own (every
+///   grant takes the next token, RedLock's writes it through a majority), so that an
+///   election's readers see a mutex on its name as its leader, as on every backend; a
+///   plain `SET NX` holder outside distlock has none and shows its predecessor's.
 ///   A candidate's holder (an election's leader) shows the term and value of its leader
 ///   entry instead, from the servers that show its owner token in both the lock key and
 ///   the entry: the term found there (written by the grant; on RedLock by its fencing
@@ -325,6 +327,11 @@ fn shared_holders(flat: &[String]) -> Vec<Participant> {
 ///   is the part of the waiter id `<client id>/<owner token>` after the first `/`.
 /// - token floor: the highest fencing counter (every later grant is above it).
 fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
+    let floor = views
+        .iter()
+        .filter_map(|(_, (_, _, counter, ..))| *counter)
+        .max()
+        .map(FencingToken);
     let mut held: Vec<(&str, Vec<i64>)> = Vec::new();
     for (_, (value, pttl, ..)) in views {
         if let Some(value) = value {
@@ -350,7 +357,7 @@ fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
                 .lease_left((kept != u64::MAX).then(|| Duration::from_millis(kept)));
             (value, holder)
         })
-        .and_then(|(value, holder)| leader(views, value, holder));
+        .and_then(|(value, holder)| leader(views, value, holder.fencing_token(floor)));
     let mut seen = HashSet::new();
     let arbiter_first = views
         .iter()
@@ -366,11 +373,6 @@ fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
             None => Participant::new(None),
         })
         .collect();
-    let floor = views
-        .iter()
-        .filter_map(|(_, (_, _, counter, ..))| *counter)
-        .max()
-        .map(FencingToken);
     // A shared kind's holders (one server decides: shared kinds are not granted on
     // RedLock), with the kinds of the waiters.
     if let Some((_, (.., shared, kinds))) = views.iter().find(|(_, v)| !v.5.is_empty()) {
@@ -528,7 +530,8 @@ mod tests {
             ),
         ];
         assert_eq!(merge(&under_way, 0, 2).holder, None);
-        // A stale entry of another owner is not the holder's: shown as a plain holder.
+        // A stale entry of another owner is not the holder's: shown as a mutex's holder,
+        // with the token floor.
         let stale = [(
             0,
             with(
@@ -537,6 +540,9 @@ mod tests {
             ),
         )];
         let holder = merge(&stale, 0, 1).holder.expect("e holds");
-        assert_eq!((holder.fencing_token, holder.value), (None, None));
+        assert_eq!(
+            (holder.fencing_token, holder.value),
+            (Some(FencingToken(8)), None)
+        );
     }
 }

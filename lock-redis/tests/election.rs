@@ -335,3 +335,24 @@ async fn redlock_reads_the_leader_from_a_majority() {
     leadership.resign().await.expect("resign");
     assert_eq!(on_b.leader().await.expect("read"), None);
 }
+
+/// A mutex on an election's name leads it, as on every backend (see
+/// [`lab::kinds::a_mutex_on_an_elections_name_leads`]).
+async fn a_mutex_on_an_elections_name_leads(redlock: bool) {
+    let Some(factory) = RedisFactory::single_or_redlock(redlock).await else {
+        return;
+    };
+    let client = factory.make(with_ttl(Duration::from_secs(5))).await;
+    let name = unique_name("mutex_leads");
+    lab::kinds::a_mutex_on_an_elections_name_leads(client, &name).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutex_on_an_elections_name_leads_single() {
+    a_mutex_on_an_elections_name_leads(false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutex_on_an_elections_name_leads_redlock() {
+    a_mutex_on_an_elections_name_leads(true).await;
+}

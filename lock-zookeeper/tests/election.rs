@@ -298,3 +298,15 @@ async fn a_dual_candidate_is_marked_like_a_dual_holder() {
     backend.release(&leader.hold).await.expect("release");
     backend.close().await.expect("close");
 }
+
+/// A mutex on an election's name leads it, as on every backend (see
+/// [`lab::kinds::a_mutex_on_an_elections_name_leads`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mutex_on_an_elections_name_leads() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let client = factory.zk_client(with_ttl(Duration::from_secs(5))).await;
+    let name = unique_name("election/mutex_leads");
+    lab::kinds::a_mutex_on_an_elections_name_leads(client, &name).await;
+}

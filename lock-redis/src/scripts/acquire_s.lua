@@ -22,7 +22,7 @@ if found ~= 'none' and found ~= 'zset' then
   return {-1, -1}
 end
 local now = now_ms()
-evict(now)
+evict(now, TABLE)
 purge(now)
 if redis.call('EXISTS', LOCK) == 0 and redis.call('EXISTS', QUEUE) == 0 then
   -- Nobody holds or waits (the last holders expired): the name's kind goes with them.

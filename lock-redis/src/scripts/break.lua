@@ -40,7 +40,7 @@ if redis.call('TYPE', LOCK)['ok'] == 'zset' then
   redis.call('RPUSH', mark, first)
   redis.call('LTRIM', mark, -tonumber(ARGV[2]), -1)
   redis.call('PEXPIRE', mark, math.max(tonumber(ARGV[1]), 3 * first_pttl))
-  evict(now)
+  evict(now, TABLE)
   settle(ARGV[3], ARGV[6], now)
   redis.call(PUBLISH, ARGV[6], 'broken')
   return {first, first_pttl, false, false, first_entry}

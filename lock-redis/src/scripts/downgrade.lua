@@ -27,7 +27,7 @@ elseif kind ~= 'W' then
   return -3
 end
 redis.call('HSET', TABLE, owner, 'R:' .. token)
-evict(now)
+evict(now, TABLE)
 purge(now)
 redis.call(PUBLISH, ARGV[3], 'downgraded')
 settle(ARGV[2], ARGV[3], now)

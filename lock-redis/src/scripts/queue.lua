@@ -28,18 +28,27 @@ local function now_ms()
 end
 
 -- Drops up to 16 waiters whose deadline has passed (bounded work per call; any later call
--- drops more), and a head without a deadline (left by a partial loss of the keys).
-local function evict(now)
+-- drops more), and a head without a deadline (left by a partial loss of the keys). With
+-- `fields`, a shared kind's holders' table (see shared.lua), their `q:<id>` entries too.
+local function evict(now, fields)
+  local function drop(ids)
+    redis.call('ZREM', QUEUE, unpack(ids))
+    redis.call('ZREM', LIVE, unpack(ids))
+    redis.pcall('HDEL', GRANTS, unpack(ids))
+    if fields then
+      for i, id in ipairs(ids) do
+        ids[i] = 'q:' .. id
+      end
+      redis.call('HDEL', fields, unpack(ids))
+    end
+  end
   local dead = redis.call('ZRANGEBYSCORE', LIVE, '-inf', now, 'LIMIT', 0, 16)
   if #dead > 0 then
-    redis.call('ZREM', QUEUE, unpack(dead))
-    redis.call('ZREM', LIVE, unpack(dead))
-    redis.pcall('HDEL', GRANTS, unpack(dead))
+    drop(dead)
   end
   local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
   if head and not redis.call('ZSCORE', LIVE, head) then
-    redis.call('ZREM', QUEUE, head)
-    redis.pcall('HDEL', GRANTS, head)
+    drop({head})
   end
 end
 

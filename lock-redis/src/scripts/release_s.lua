@@ -10,6 +10,11 @@
 -- The helpers come from tokens.lua, queue.lua, broken.lua and shared.lua.
 
 local owner = ARGV[1]
+if ARGV[2] ~= '' then
+  -- Whatever holds the name now (another kind, after a force release), the waiter leaves.
+  leave(ARGV[2])
+  redis.call('HDEL', TABLE, 'q:' .. ARGV[2])
+end
 local found = redis.call('TYPE', LOCK)['ok']
 if found ~= 'none' and found ~= 'zset' then
   return not_held(KEYS[6], owner)
@@ -22,11 +27,7 @@ if expiry and tonumber(expiry) > now then
 end
 redis.call('ZREM', LOCK, owner)
 redis.call('HDEL', TABLE, owner)
-if ARGV[2] ~= '' then
-  leave(ARGV[2])
-  redis.call('HDEL', TABLE, 'q:' .. ARGV[2])
-end
-evict(now)
+evict(now, TABLE)
 purge(now)
 if status == nil then
   status = not_held(KEYS[6], owner)
