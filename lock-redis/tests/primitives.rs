@@ -347,7 +347,7 @@ async fn a_conflict_takes_a_queued_waiter_out_of_the_queue() {
         .await
         .expect("try")
         .expect("free after the steal");
-    let refused = timeout(Duration::from_secs(5), waiting)
+    let refused = timeout(Duration::from_secs(15), waiting)
         .await
         .expect("the waiter's next round ends it")
         .expect("waiter task");
