@@ -208,14 +208,26 @@ pub fn seed() -> u64 {
     }
 }
 
+/// The rules that run on the multi-thread runtime whatever the draw: they end a client's
+/// runtime as a process exit would, in a thread of its own, while the rule's runtime must
+/// keep serving the connections the factory made on it.
+pub const MULTI_THREAD_RULES: &[&str] = &["close_frees_everything"];
+
 /// The sets `test` runs under now: every class in the long plan, else one drawn set.
 pub fn sets_for(test: &str) -> Vec<(u64, OptionSet)> {
     let seed = seed();
-    if crate::long_plan() {
+    let mut sets = if crate::long_plan() {
         OptionSet::covering().map(|set| (seed, set)).to_vec()
     } else {
         vec![(seed, OptionSet::drawn(seed, test))]
+    };
+    let rule = test.rsplit("::").next().unwrap_or(test);
+    if MULTI_THREAD_RULES.contains(&rule) {
+        for (_, set) in &mut sets {
+            set.runtime = RuntimeClass::MultiThread;
+        }
     }
+    sets
 }
 
 /// Runs `body` under each set [`sets_for`] gives `test`, each on a runtime of its class,

@@ -21,19 +21,15 @@ pub async fn close_frees_everything(factory: &dyn Factory) {
     let queued = unique_name("close_queued");
     let other = factory.client(with_ttl(LONG_TTL)).await;
     let blocker = other.lock(queued.as_str()).await.expect("acquire");
-    let in_a_thread = || {
+    // The rule runs on a multi-thread runtime only (see explore::MULTI_THREAD_RULES).
+    let acquired_after_close = tokio::task::block_in_place(|| {
         std::thread::scope(|scope| {
             scope
                 .spawn(|| close_in_a_runtime_of_its_own(factory, &held, &queued))
                 .join()
                 .expect("the closing client's thread")
         })
-    };
-    // A current-thread runtime has no other worker to hand its tasks to: it waits.
-    let acquired_after_close = match tokio::runtime::Handle::current().runtime_flavor() {
-        tokio::runtime::RuntimeFlavor::MultiThread => tokio::task::block_in_place(in_a_thread),
-        _ => in_a_thread(),
-    };
+    });
     let closed_at = Instant::now();
     blocker.release().await.expect("release");
     let next = timeout(PROMPT, other.lock(queued.as_str()))
