@@ -16,7 +16,7 @@ use lock_core::{Error, LostReason, Result};
 use crate::connection::{first_kv, EtcdClient, LeaseKeys};
 use crate::error::unexpected;
 use crate::layout::entry_value;
-use crate::queue::Slot;
+use crate::slots::Slot;
 
 /// etcd's default `--max-txn-ops`: the most operations (or compares) in one transaction.
 pub const MAX_TXN_OPS: usize = 128;
