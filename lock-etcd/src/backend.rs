@@ -241,7 +241,7 @@ impl Backend for EtcdBackend {
         // once, in FIFO order with every other client's.
         let slot = self.slots.take(request.name);
         let lease = self.session.lease().await?;
-        let key = slot.key(&prefix, lease.id);
+        let key = slot.key(&prefix, lease.id, request.kind);
         let place = Place {
             name: request.name,
             prefix: &prefix,

@@ -32,7 +32,7 @@ use crate::connection::{
     ends_wait, first_kv, header_revision, watch_ended, DeleteWatch, EtcdClient,
 };
 use crate::error::unexpected;
-use crate::layout::{entries_ahead, queue_head, queue_tail, Entry};
+use crate::layout::{entries_ahead, queue_head, queue_tail, twin_key, Entry};
 use crate::session::{KeepAlive, Lease, Session};
 
 /// Pause before a waiter retries a failed re-check.
@@ -74,7 +74,7 @@ pub(crate) fn admitted<'a>(
 ) -> Result<bool> {
     let kinds: Vec<HoldKind> = ahead
         .into_iter()
-        .map(|kv| Entry::of_value(kv.value()).kind)
+        .map(|kv| Entry::of(kv.key(), kv.value()).kind)
         .collect();
     for other in &kinds {
         place.kind.check_beside(other, place.name)?;
@@ -98,8 +98,8 @@ pub(crate) struct Enqueued {
 
 impl Queue {
     /// Puts our key in the queue of `place` (or finds it there), with `value` (see
-    /// [`crate::layout`]), and reads what is ahead of it in the same transaction (see
-    /// [`Enqueued::ahead`]). One round trip.
+    /// [`crate::layout`]), deletes its [`twin_key`] (a leftover), and reads what is
+    /// ahead of it in the same transaction (see [`Enqueued::ahead`]). One round trip.
     pub(crate) async fn enqueue(
         &self,
         place: &Place<'_>,
@@ -119,7 +119,8 @@ impl Queue {
                 queue_tail()
             };
             let put = TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
-            let ops = [put, TxnOp::get(prefix, Some(read))];
+            let twin = TxnOp::delete(twin_key(key), None);
+            let ops = [put, twin, TxnOp::get(prefix, Some(read))];
             let txn = Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, 0)])
                 .and_then(ops)
@@ -136,7 +137,7 @@ impl Queue {
                         .cloned()
                         .collect()
                 };
-                let ahead = match ops.get(1) {
+                let ahead = match ops.get(2) {
                     Some(etcd_client::TxnOpResponse::Get(range)) => before(range),
                     _ => return Err(unexpected(WHAT, "an answer without the queue's head")),
                 };
@@ -506,7 +507,7 @@ impl Queue {
                 let writer = ahead
                     .iter()
                     .rev()
-                    .find(|kv| Entry::of_value(kv.value()).kind == HoldKind::Write);
+                    .find(|kv| Entry::of(kv.key(), kv.value()).kind == HoldKind::Write);
                 match writer.or(ahead.last()) {
                     Some(kv) => Blocker::Entry {
                         kv: (*kv).clone(),

@@ -5,16 +5,16 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use lock_core::raw::lock_unpoisoned;
+use lock_core::raw::{lock_unpoisoned, HoldKind};
 use lock_core::LockName;
 
 use crate::layout::queue_key;
 
 /// The keys of one name that this client's acquisitions use. Each acquisition under way
-/// takes the lowest free slot: slot 0 is the plain `<lease hex>` key of the Go client's
-/// `Mutex`, slot n the key `<lease hex>_<n>`. A slot is freed once its hold ended or its
-/// cancelled attempt's key was cleaned up, so two live acquisitions never share a key,
-/// and a key found on the server for a free slot is a leftover of this client.
+/// takes the lowest free slot: slot 0 is the Go `Mutex`'s plain `<lease hex>` key, slot n
+/// `<lease hex>_<n>`, each then `.kind` for a permit, reader or writer. A slot is freed once
+/// its hold ended or its cancelled attempt's key was cleaned up: two live acquisitions never
+/// share one, and a key found on the server for a free slot (in either form) is our leftover.
 #[derive(Default)]
 pub(crate) struct Slots {
     names: Mutex<HashMap<LockName, BTreeSet<u32>>>,
@@ -50,9 +50,9 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
-    /// The slot's key in the range `prefix` under `lease`.
-    pub(crate) fn key(&self, prefix: &str, lease: i64) -> String {
-        queue_key(prefix, lease, self.n)
+    /// The slot's key for an acquisition of `kind` in the range `prefix` under `lease`.
+    pub(crate) fn key(&self, prefix: &str, lease: i64, kind: &HoldKind) -> String {
+        queue_key(prefix, lease, self.n, kind)
     }
 }
 
