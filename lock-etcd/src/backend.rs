@@ -24,8 +24,9 @@ use crate::error::{unexpected, BACKEND};
 use crate::hold::{self, EtcdHold, HoldCheck};
 use crate::layout::{broken_mark, entry_value, lock_prefix};
 use crate::operator;
-use crate::queue::{admitted, Place, Queue, Slot, Slots};
+use crate::queue::{admitted, Place, Queue};
 use crate::session::{KeepAlive, Session};
+use crate::slots::{Slot, Slots};
 
 /// The protocol half of an etcd lock client (see the crate docs).
 pub struct EtcdBackend {
@@ -240,7 +241,7 @@ impl Backend for EtcdBackend {
         // once, in FIFO order with every other client's.
         let slot = self.slots.take(request.name);
         let lease = self.session.lease().await?;
-        let key = slot.key(&prefix, lease.id);
+        let key = slot.key(&prefix, lease.id, request.kind);
         let place = Place {
             name: request.name,
             prefix: &prefix,

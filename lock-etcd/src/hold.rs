@@ -16,7 +16,7 @@ use lock_core::{Error, LostReason, Result};
 use crate::connection::{first_kv, EtcdClient, LeaseKeys};
 use crate::error::unexpected;
 use crate::layout::entry_value;
-use crate::queue::Slot;
+use crate::slots::Slot;
 
 /// etcd's default `--max-txn-ops`: the most operations (or compares) in one transaction.
 pub const MAX_TXN_OPS: usize = 128;
@@ -38,7 +38,8 @@ pub struct EtcdHold {
 
 impl EtcdHold {
     /// The key (`<prefix>/<name>/<lease hex>`, or `…<lease hex>_<n>` for an acquisition
-    /// made while another of the same name was under way in this client).
+    /// made while another of the same name was under way in this client; then `.kind`
+    /// for a permit, a reader or a writer).
     pub fn key(&self) -> &str {
         &self.key
     }

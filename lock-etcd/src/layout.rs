@@ -21,16 +21,24 @@
 //! as well.
 //!
 //! # Semaphores and read-write locks
-//! A permit, a reader and a writer queue in the very same range, under the very same
-//! keys (`<lease id in hex>[_<n>]`, one per acquisition under way, so one client may hold
-//! several permits or reads of one name at once), ordered by create revision. Only the
-//! value differs: it says the kind of the entry and its owner token ([`entry_value`]):
-//! `permit/<permits>/<owner token>`, `read/<owner token>` or `write/<owner token>`. Any
-//! other value (a mutex's owner token, a candidate's proposal, the Go client's empty
-//! value) reads as a mutex's entry ([`Entry::of_value`]). An entry is granted when
-//! [`HoldKind::granted_behind`] admits it behind the entries created before it; a
-//! downgrade rewrites `write/<token>` to `read/<token>` in place (same key, same create
-//! revision, same lease), so the entry keeps its place.
+//! A permit, a reader and a writer queue in the very same range, ordered by create
+//! revision, under the same keys with `.kind` after them (`<lease id in hex>[_<n>].kind`,
+//! one per acquisition under way, so one client may hold several permits or reads of one
+//! name at once; [`queue_key`]). The value says the kind of the entry and its owner token
+//! ([`entry_value`]): `permit/<permits>/<owner token>`, `read/<owner token>` or
+//! `write/<owner token>`. Only a key ending in `.kind` is read so ([`Entry::of`]): the
+//! value of any other key (a mutex's owner token, a candidate's proposal, the Go
+//! client's empty value) is a mutex's entry, whatever it says, so no proposal is ever
+//! taken for another kind. An entry is granted when [`HoldKind::granted_behind`] admits
+//! it behind the entries created before it; a downgrade rewrites `write/<token>` to
+//! `read/<token>` in place (same key, same create revision, same lease), so the entry
+//! keeps its place.
+//!
+//! Earlier versions put these values under plain keys. Such an entry reads as a mutex's
+//! here, so a client of this version never holds beside it: a mutex or a candidate
+//! queues behind it, a permit, a reader or a writer fails with a conflict until it goes
+//! (with its holder's lease at the latest). An earlier client reads this version's
+//! entries by their values, which are the same.
 //!
 //! # Marks of broken holds
 //! Breaking a hold (an operator's forced release) deletes the holder's key and, in the
@@ -82,16 +90,18 @@ pub(crate) fn names_under(prefix: &str, name_prefix: &str) -> String {
 }
 
 /// The lock whose queue key `key` is (on lease `lease`): `<prefix>/<escaped name>/`
-/// then the lease in hex, optionally `_<n>` ([`queue_key`]). `None` for any other key:
-/// a mark, a key of another layout, a key whose name is not its lease's.
+/// then the lease in hex, optionally `_<n>`, optionally `.kind` ([`queue_key`]). `None`
+/// for any other key: a mark, a key of another layout, a key whose name is not its
+/// lease's.
 pub(crate) fn lock_of_key(prefix: &str, key: &[u8], lease: i64) -> Option<LockName> {
     let rest = std::str::from_utf8(key).ok()?.strip_prefix(&root(prefix))?;
     let (segment, leaf) = rest.split_once('/')?;
+    let leaf = leaf.strip_suffix(TAGGED).unwrap_or(leaf);
     let slot = match leaf.split_once('_') {
         None => 0,
         Some((_, n)) => n.parse().ok().filter(|&n| n > 0)?,
     };
-    if lease <= 0 || leaf != queue_key("", lease, slot) {
+    if lease <= 0 || leaf != queue_key("", lease, slot, &HoldKind::Mutex) {
         return None;
     }
     LockName::new(unescape(segment, |name| escape(name, RESERVED))?).ok()
@@ -117,13 +127,24 @@ pub(crate) fn range_end(start: &[u8]) -> Vec<u8> {
     }
 }
 
-/// The queue key of this client's acquisition number `n` (see the module docs) in the
-/// range `prefix` under lease `lease`: `<prefix><lease hex>`, or `<prefix><lease hex>_<n>`
-/// for n ≥ 1.
-pub(crate) fn queue_key(prefix: &str, lease: i64, n: u32) -> String {
+/// The queue key of this client's acquisition number `n` (see the module docs), of
+/// `kind`, in the range `prefix` under lease `lease`: `<prefix><lease hex>`, or
+/// `<prefix><lease hex>_<n>` for n ≥ 1; then `.kind` for a permit, a reader or a writer.
+pub(crate) fn queue_key(prefix: &str, lease: i64, n: u32, kind: &HoldKind) -> String {
+    let tag = if kind.shown().is_some() { TAGGED } else { "" };
     match n {
-        0 => format!("{prefix}{lease:x}"),
-        n => format!("{prefix}{lease:x}_{n}"),
+        0 => format!("{prefix}{lease:x}{tag}"),
+        n => format!("{prefix}{lease:x}_{n}{tag}"),
+    }
+}
+
+/// The key of the same acquisition number and lease as queue key `key`, in the other
+/// form (with `.kind` or without). Never a live acquisition's: only a leftover of this
+/// client's earlier acquisition of another kind under that number.
+pub(crate) fn twin_key(key: &str) -> String {
+    match key.strip_suffix(TAGGED) {
+        Some(plain) => plain.to_owned(),
+        None => format!("{key}{TAGGED}"),
     }
 }
 
@@ -142,6 +163,8 @@ pub(crate) fn entry_value(kind: &HoldKind, token: &str) -> Option<Vec<u8>> {
     Some(value.into_bytes())
 }
 
+/// What ends the key of an entry whose value says its kind (see the module docs).
+const TAGGED: &str = ".kind";
 /// The value tag of a permit's entry (then the permits, `/` and the owner token).
 const PERMIT: &str = "permit/";
 /// The value tag of a reader's entry (then the owner token).
@@ -149,10 +172,10 @@ const READ: &str = "read/";
 /// The value tag of a writer's entry (then the owner token).
 const WRITE: &str = "write/";
 
-/// What one queue key says of itself, read from its value.
+/// What one queue key says of itself, read from its name and value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
-    /// The kind of hold it asks for: [`HoldKind::Mutex`] for any value that is not a
+    /// The kind of hold it asks for: [`HoldKind::Mutex`] for any entry that is not a
     /// permit's, a reader's or a writer's (a mutex's, a candidate's, the Go client's).
     pub(crate) kind: HoldKind,
     /// Its owner token, where the value holds one of ours.
@@ -160,13 +183,16 @@ pub(crate) struct Entry {
 }
 
 impl Entry {
-    /// The entry whose key stores `value` ([`entry_value`]'s inverse). A tag followed by
+    /// The entry whose key `key` stores `value` ([`queue_key`] and [`entry_value`]'s
+    /// inverse). Only a key ending in `.kind` has a tag for a value; a tag followed by
     /// anything but an owner token (and, for a permit, a number written plainly) is no
-    /// tag: such a value reads as a mutex's, never as a shared kind.
-    pub(crate) fn of_value(value: &[u8]) -> Entry {
+    /// tag: such an entry reads as a mutex's, never as a shared kind.
+    pub(crate) fn of(key: &[u8], value: &[u8]) -> Entry {
         let text = std::str::from_utf8(value).unwrap_or("");
         let token = |rest: &str| reads_as_owner_token(rest).then(|| rest.to_owned());
-        let tagged = if let Some(rest) = text.strip_prefix(PERMIT) {
+        let tagged = if !key.ends_with(TAGGED.as_bytes()) {
+            None
+        } else if let Some(rest) = text.strip_prefix(PERMIT) {
             rest.split_once('/').and_then(|(permits, rest)| {
                 let n: u32 = permits.parse().ok()?;
                 let plain = n.to_string() == permits;
@@ -194,8 +220,8 @@ impl Entry {
         }
     }
 
-    /// Whether the value is the entry of a permit, a reader or a writer (nothing a
-    /// candidate proposed): inspections show no value for these.
+    /// Whether the entry is a permit's, a reader's or a writer's (nothing a candidate
+    /// proposed): inspections show no value for these.
     pub(crate) fn is_tagged(&self) -> bool {
         !matches!(self.kind, HoldKind::Mutex)
     }
@@ -306,10 +332,13 @@ mod tests {
             let marks = broken_mark(prefix, &format!("{}x/1f", root(prefix)));
             let marks = marks.trim_end_matches("x/1f");
             assert!(marks.ends_with("%broken/"), "{marks}");
-            for name in names {
-                let name = LockName::new(name).expect("valid");
+            for (name, kind) in names
+                .iter()
+                .flat_map(|n| [(n, HoldKind::Mutex), (n, HoldKind::Read)])
+            {
+                let name = LockName::new(*name).expect("valid");
                 let range = lock_prefix(prefix, &name);
-                let key = queue_key(&range, 0x1f, 0);
+                let key = queue_key(&range, 0x1f, 0, &kind);
                 let mark = broken_mark(prefix, &key);
                 assert!(!mark.starts_with(&range), "{mark} in {range}");
                 assert!(!key.starts_with(marks), "{key} among the marks {marks}");
@@ -347,12 +376,18 @@ mod tests {
         let of = |key: &str, lease| lock_of_key("p", key.as_bytes(), lease);
         assert_eq!(of("p/jobs/1f", 0x1f), name("jobs"));
         assert_eq!(of("p/jobs/1f_3", 0x1f), name("jobs"));
+        assert_eq!(of("p/jobs/1f.kind", 0x1f), name("jobs"));
+        assert_eq!(of("p/jobs/1f_3.kind", 0x1f), name("jobs"));
         assert_eq!(of("p/a%2Fb%25/1f", 0x1f), name("a/b%"));
         for (key, lease) in [
             ("p/jobs/1f", 0x2f),
             ("p/jobs/1f", 0),
             ("p/jobs/1f_0", 0x1f),
             ("p/jobs/1f_03", 0x1f),
+            ("p/jobs/1f.kind_3", 0x1f),
+            ("p/jobs/1f.kind.kind", 0x1f),
+            ("p/jobs/1f.KIND", 0x1f),
+            ("p/jobs/.kind", 0x1f),
             ("p/jobs/1f_", 0x1f),
             ("p/jobs/1F", 0x1f),
             ("p/jobs/x/1f", 0x1f),
@@ -430,9 +465,10 @@ mod tests {
             HoldKind::Read,
             HoldKind::Write,
         ] {
+            let key = queue_key("p/jobs/", 0x1f, 1, &kind);
             for owner in [token, dual.as_str()] {
                 let value = entry_value(&kind, owner).expect("a value");
-                let entry = Entry::of_value(&value);
+                let entry = Entry::of(key.as_bytes(), &value);
                 assert_eq!(entry.kind, kind, "{}", String::from_utf8_lossy(&value));
                 assert_eq!(entry.owner.as_deref(), Some(owner));
             }
@@ -445,15 +481,35 @@ mod tests {
             entry_value(&HoldKind::Write, token).expect("a value"),
             format!("write/{token}").into_bytes()
         );
-        // A candidate's proposal is stored as is, and reads as a mutex's entry.
+        // A candidate's proposal is stored as is, under a plain key, and reads as a
+        // mutex's entry, whatever it says: a proposal shaped like a tag is no tag.
         let proposal = HoldKind::Candidate {
             value: b"10.0.0.1:80".to_vec(),
         };
+        let plain = queue_key("p/jobs/", 0x1f, 0, &proposal);
+        assert_eq!(plain, "p/jobs/1f");
         assert_eq!(
             entry_value(&proposal, token).expect("a value"),
             b"10.0.0.1:80"
         );
+        for kind in [
+            HoldKind::Permit { permits: 4 },
+            HoldKind::Read,
+            HoldKind::Write,
+        ] {
+            let value = entry_value(&kind, token).expect("a value");
+            let entry = Entry::of(plain.as_bytes(), &value);
+            assert_eq!(
+                entry.kind,
+                HoldKind::Mutex,
+                "{}",
+                String::from_utf8_lossy(&value)
+            );
+            assert!(!entry.is_tagged());
+            assert_eq!(Entry::of(b"p/jobs/1f_2", &value).kind, HoldKind::Mutex);
+        }
         // Near misses are no tags: they read as a mutex's entry, never as a shared kind.
+        let tagged = queue_key("p/jobs/", 0x1f, 0, &HoldKind::Read);
         for value in [
             String::new(),
             "read/".into(),
@@ -466,16 +522,25 @@ mod tests {
             format!("write/{token}/"),
             format!("reader/{token}"),
         ] {
-            let entry = Entry::of_value(value.as_bytes());
+            let entry = Entry::of(tagged.as_bytes(), value.as_bytes());
             assert_eq!(entry.kind, HoldKind::Mutex, "{value}");
             assert!(!entry.is_tagged(), "{value}");
         }
-        assert_eq!(Entry::of_value(b"\xff\xfe").kind, HoldKind::Mutex);
+        assert_eq!(
+            Entry::of(tagged.as_bytes(), b"\xff\xfe").kind,
+            HoldKind::Mutex
+        );
     }
 
     #[test]
     fn queue_keys_are_the_lease_in_hex_then_the_slot() {
-        assert_eq!(queue_key("locks/jobs/", 0x1f, 0), "locks/jobs/1f");
-        assert_eq!(queue_key("locks/jobs/", 0x1f, 2), "locks/jobs/1f_2");
+        let mutex = HoldKind::Mutex;
+        assert_eq!(queue_key("locks/jobs/", 0x1f, 0, &mutex), "locks/jobs/1f");
+        assert_eq!(queue_key("locks/jobs/", 0x1f, 2, &mutex), "locks/jobs/1f_2");
+        let permit = HoldKind::Permit { permits: 2 };
+        assert_eq!(queue_key("l/", 0x1f, 0, &permit), "l/1f.kind");
+        assert_eq!(queue_key("l/", 0x1f, 2, &HoldKind::Write), "l/1f_2.kind");
+        assert_eq!(twin_key("l/1f_2.kind"), "l/1f_2");
+        assert_eq!(twin_key("l/1f"), "l/1f.kind");
     }
 }

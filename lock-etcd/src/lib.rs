@@ -9,6 +9,7 @@ mod layout;
 mod operator;
 mod queue;
 mod session;
+mod slots;
 mod tls;
 
 pub use backend::EtcdBackend;

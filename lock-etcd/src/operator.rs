@@ -78,7 +78,7 @@ pub(crate) async fn inspect(client: &EtcdClient, prefix: &str) -> Result<Occupan
 fn holding(keys: &[KeyValue]) -> usize {
     let kinds: Vec<HoldKind> = keys
         .iter()
-        .map(|kv| Entry::of_value(kv.value()).kind)
+        .map(|kv| Entry::of(kv.key(), kv.value()).kind)
         .collect();
     (0..kinds.len())
         .find(|&i| !kinds[i].granted_behind(&kinds[..i]))
@@ -93,16 +93,16 @@ fn holder(kv: &KeyValue, lease: Option<LeaseTtl>) -> Result<Participant> {
         .lease_left(lease.map(|lease| lease.left)))
 }
 
-/// A queued key. Its value is what its acquisition stored ([`Entry`]): a permit's,
-/// reader's or writer's kind and owner token (shown as [`Participant::kind`] and the
-/// owner token), our mutex's owner token, a candidate's proposal (ours or the Go
+/// A queued key. Its value is what its acquisition stored ([`Entry`]): under a `.kind`
+/// key, a permit's, reader's or writer's kind and owner token (shown as
+/// [`Participant::kind`] and the owner token); under a plain key, our mutex's owner token, a candidate's proposal (ours or the Go
 /// client's `Election`'s), nothing from the Go client's `Mutex`. One key cannot tell a
 /// mutex's from a candidate's, so every other non-empty value is shown as
 /// [`Participant::value`] (what an election's reader takes as the leader's value), and
 /// as the owner token too when it reads as one of ours.
 fn participant(kv: &KeyValue) -> Participant {
     let value = kv.value();
-    let entry = Entry::of_value(value);
+    let entry = Entry::of(kv.key(), value);
     // The lease id, in the lowercase hex the key name carries.
     let session = (kv.lease() != 0).then(|| format!("{:x}", kv.lease()));
     let shown = (!value.is_empty() && !entry.is_tagged()).then(|| value.to_vec());

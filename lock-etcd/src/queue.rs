@@ -1,8 +1,7 @@
 //! Waiting in a lock's queue on etcd: putting our key by one transaction, deciding by
 //! [`HoldKind::granted_behind`] over the entries ahead whether it is granted, waiting on
-//! what must go before it (with a periodic re-check), keeping the lease alive meanwhile;
-//! and the key slots that let several acquisitions of one name in one client queue at
-//! once (see [`crate::layout`]).
+//! what must go before it (with a periodic re-check), keeping the lease alive meanwhile
+//! (see [`crate::layout`]).
 //!
 //! What a waiter watches depends on its kind: an exclusive entry (a mutex, a candidate,
 //! a writer) the delete of the entry just before it; a reader the last writer before it
@@ -17,16 +16,15 @@
 //! before ours cannot appear later, so with the last of them gone nobody is ahead. Its
 //! own key's delete makes it re-check (and stop).
 
-use std::collections::{BTreeSet, HashMap, HashSet};
-use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp, WatchFilterType,
     WatchOptions, WatchStream,
 };
-use lock_core::raw::{lock_unpoisoned, HoldKind};
+use lock_core::raw::HoldKind;
 use lock_core::{Error, LockName, LostReason, Result};
 use tokio::time::{sleep_until, Instant};
 
@@ -34,7 +32,7 @@ use crate::connection::{
     ends_wait, first_kv, header_revision, watch_ended, DeleteWatch, EtcdClient,
 };
 use crate::error::unexpected;
-use crate::layout::{entries_ahead, queue_head, queue_key, queue_tail, Entry};
+use crate::layout::{entries_ahead, queue_head, queue_tail, twin_key, Entry};
 use crate::session::{KeepAlive, Lease, Session};
 
 /// Pause before a waiter retries a failed re-check.
@@ -76,7 +74,7 @@ pub(crate) fn admitted<'a>(
 ) -> Result<bool> {
     let kinds: Vec<HoldKind> = ahead
         .into_iter()
-        .map(|kv| Entry::of_value(kv.value()).kind)
+        .map(|kv| Entry::of(kv.key(), kv.value()).kind)
         .collect();
     for other in &kinds {
         place.kind.check_beside(other, place.name)?;
@@ -100,8 +98,8 @@ pub(crate) struct Enqueued {
 
 impl Queue {
     /// Puts our key in the queue of `place` (or finds it there), with `value` (see
-    /// [`crate::layout`]), and reads what is ahead of it in the same transaction (see
-    /// [`Enqueued::ahead`]). One round trip.
+    /// [`crate::layout`]), deletes its [`twin_key`] (a leftover), and reads what is
+    /// ahead of it in the same transaction (see [`Enqueued::ahead`]). One round trip.
     pub(crate) async fn enqueue(
         &self,
         place: &Place<'_>,
@@ -121,7 +119,8 @@ impl Queue {
                 queue_tail()
             };
             let put = TxnOp::put(key, value, Some(PutOptions::new().with_lease(lease)));
-            let ops = [put, TxnOp::get(prefix, Some(read))];
+            let twin = TxnOp::delete(twin_key(key), None);
+            let ops = [put, twin, TxnOp::get(prefix, Some(read))];
             let txn = Txn::new()
                 .when([Compare::create_revision(key, CompareOp::Equal, 0)])
                 .and_then(ops)
@@ -138,7 +137,7 @@ impl Queue {
                         .cloned()
                         .collect()
                 };
-                let ahead = match ops.get(1) {
+                let ahead = match ops.get(2) {
                     Some(etcd_client::TxnOpResponse::Get(range)) => before(range),
                     _ => return Err(unexpected(WHAT, "an answer without the queue's head")),
                 };
@@ -508,7 +507,7 @@ impl Queue {
                 let writer = ahead
                     .iter()
                     .rev()
-                    .find(|kv| Entry::of_value(kv.value()).kind == HoldKind::Write);
+                    .find(|kv| Entry::of(kv.key(), kv.value()).kind == HoldKind::Write);
                 match writer.or(ahead.last()) {
                     Some(kv) => Blocker::Entry {
                         kv: (*kv).clone(),
@@ -720,74 +719,4 @@ async fn deletes_among(
         }
     }
     *watch = None;
-}
-
-/// The keys of one name that this client's acquisitions use. Each acquisition under way
-/// takes the lowest free slot: slot 0 is the plain `<lease hex>` key of the Go client's
-/// `Mutex`, slot n the key `<lease hex>_<n>`. A slot is freed once its hold ended or its
-/// cancelled attempt's key was cleaned up, so two live acquisitions never share a key,
-/// and a key found on the server for a free slot is a leftover of this client.
-#[derive(Default)]
-pub(crate) struct Slots {
-    names: Mutex<HashMap<LockName, BTreeSet<u32>>>,
-}
-
-impl Slots {
-    fn names(&self) -> MutexGuard<'_, HashMap<LockName, BTreeSet<u32>>> {
-        lock_unpoisoned(&self.names)
-    }
-
-    /// Takes the lowest free slot of `name`.
-    pub(crate) fn take(self: &Arc<Self>, name: &LockName) -> Slot {
-        let mut names = self.names();
-        let used = names.entry(name.clone()).or_default();
-        let mut n = 0;
-        while used.contains(&n) {
-            n += 1;
-        }
-        used.insert(n);
-        Slot {
-            slots: Arc::downgrade(self),
-            name: name.clone(),
-            n,
-        }
-    }
-}
-
-/// One acquisition's key slot on one name; freed on drop.
-pub(crate) struct Slot {
-    slots: Weak<Slots>,
-    name: LockName,
-    n: u32,
-}
-
-impl Slot {
-    /// The slot's key in the range `prefix` under `lease`.
-    pub(crate) fn key(&self, prefix: &str, lease: i64) -> String {
-        queue_key(prefix, lease, self.n)
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let Some(slots) = self.slots.upgrade() else {
-            return;
-        };
-        let mut names = slots.names();
-        if let Some(used) = names.get_mut(&self.name) {
-            used.remove(&self.n);
-            if used.is_empty() {
-                names.remove(&self.name);
-            }
-        }
-    }
-}
-
-impl fmt::Debug for Slot {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Slot")
-            .field("name", &self.name)
-            .field("n", &self.n)
-            .finish()
-    }
 }

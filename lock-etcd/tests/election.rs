@@ -1,6 +1,6 @@
 //! Elections on etcd beyond the conformance rules: the change feed (in place when
-//! `changes` returns, its watch cancelled on drop) and one client campaigning twice on
-//! one name.
+//! `changes` returns, its watch cancelled on drop), one client campaigning twice on
+//! one name, and proposals shaped like the entries of other kinds.
 
 mod common;
 
@@ -11,7 +11,11 @@ use std::time::Duration;
 use common::{plain_client, raw_client, single, EtcdctlElect};
 use etcd_client::PutOptions;
 use lock_core::raw::Backend;
-use lock_core::{AcquireOptions, Election, LockName, ReleaseOutcome};
+use lock_core::{
+    AcquireOptions, DistributedLock, Election, ErrorKind, LockName, ReleaseOutcome, RwLock,
+    Semaphore,
+};
+use lock_etcd::EtcdLock;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::{sleep, timeout, Instant};
@@ -172,6 +176,118 @@ async fn one_client_campaigning_twice_leads_once_at_a_time() {
     );
     second.resign().await.expect("resign");
     listener.interrupt().await;
+}
+
+/// Proposals shaped like what the entries of a reader, a writer and a permit of 2 store.
+fn tag_shaped() -> [String; 3] {
+    let token = uuid::Uuid::new_v4();
+    [
+        format!("read/{token}"),
+        format!("write/{token}"),
+        format!("permit/2/{token}"),
+    ]
+}
+
+/// While a candidate proposing `value` leads `name`: `leader()` shows `value` exactly, a
+/// later candidate's try finds a leader (no conflict), and a reader, a writer and a permit
+/// of 2 on the name are each refused as another primitive (none holds beside the leader).
+async fn leads_as_a_proposal(lock: &Arc<EtcdLock>, name: &str, value: &str) {
+    let election = Election::new(lock.clone(), name).expect("election");
+    // Every way it goes wrong, not only the first.
+    let mut wrong = Vec::new();
+    let leader = election.leader().await.expect("read").expect("a leader");
+    if leader.value_text() != value {
+        wrong.push(format!("leader() shows {:?}", leader.value_text()));
+    }
+    let later = election
+        .campaign("later", &AcquireOptions::try_once())
+        .await;
+    if !matches!(later, Ok(None)) {
+        wrong.push(format!("a later candidate's try: {later:?}"));
+    }
+    let shared: Arc<dyn DistributedLock> = lock.clone();
+    let rw = RwLock::new(Arc::clone(&shared), name).expect("rwlock");
+    let sem = Semaphore::new(shared, name, 2).expect("semaphore");
+    let once = AcquireOptions::try_once();
+    let tries = [
+        ("a reader", rw.read(&once).await.map(|held| held.is_some())),
+        ("a writer", rw.write(&once).await.map(|held| held.is_some())),
+        (
+            "a permit",
+            sem.acquire(&once).await.map(|held| held.is_some()),
+        ),
+    ];
+    for (what, tried) in tries {
+        if !matches!(&tried, Err(err) if err.kind() == ErrorKind::Conflict) {
+            wrong.push(format!("{what}: {tried:?}"));
+        }
+    }
+    assert!(wrong.is_empty(), "leading with {value}: {wrong:#?}");
+}
+
+/// A campaign whose proposal reads like a reader's, a writer's or a permit's entry is a
+/// candidate like any other: see [`leads_as_a_proposal`]; and a campaign of another
+/// client waits behind it, then leads once it resigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tag_shaped_proposals_are_plain_values() {
+    let Some(server) = single().await else {
+        return;
+    };
+    let first = Arc::new(plain_client(server.addr()).await);
+    let other = Arc::new(plain_client(server.addr()).await);
+    for value in tag_shaped() {
+        let name = plain_name();
+        let election = Election::new(first.clone(), &name).expect("election");
+        let leadership = election
+            .campaign(value.as_str(), &AcquireOptions::try_once())
+            .await
+            .expect("campaign")
+            .expect("leads a free election");
+        leads_as_a_proposal(&first, &name, &value).await;
+        let next = tokio::spawn({
+            let election = Election::new(other.clone(), &name).expect("election");
+            async move {
+                election
+                    .campaign("next", &AcquireOptions::timeout(Duration::from_secs(20)))
+                    .await
+            }
+        });
+        sleep(Duration::from_millis(300)).await;
+        assert!(!next.is_finished(), "a second leader beside {value}");
+        leadership.resign().await.expect("resign");
+        let next = timeout(Duration::from_secs(5), next)
+            .await
+            .expect("the next candidate leads promptly")
+            .expect("campaign task")
+            .expect("campaign")
+            .expect("leads");
+        let leader = election.leader().await.expect("read").expect("a leader");
+        assert_eq!(leader.value_text(), "next");
+        next.resign().await.expect("resign");
+    }
+}
+
+/// A leader proclaiming a value that reads like a reader's, a writer's or a permit's
+/// entry stays a candidate like any other (see [`leads_as_a_proposal`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tag_shaped_proclaims_are_plain_values() {
+    let Some(server) = single().await else {
+        return;
+    };
+    let ours = Arc::new(plain_client(server.addr()).await);
+    let name = plain_name();
+    let election = Election::new(ours.clone(), &name).expect("election");
+    let mut leadership = election
+        .campaign("plain", &AcquireOptions::try_once())
+        .await
+        .expect("campaign")
+        .expect("leads a free election");
+    for value in tag_shaped() {
+        leadership.proclaim(value.as_str()).await.expect("proclaim");
+        leads_as_a_proposal(&ours, &name, &value).await;
+        assert!(leadership.is_leader());
+    }
+    leadership.resign().await.expect("resign");
 }
 
 /// A mutex on an election's name leads it, as on every backend (see

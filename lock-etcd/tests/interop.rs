@@ -14,7 +14,10 @@ use std::sync::Arc;
 
 use common::{keys_under, plain_client, raw_client, single, EtcdctlElect, EtcdctlLock};
 use etcd_client::Client;
-use lock_core::{AcquireOptions, DistributedLockExt, Election, ErrorKind, ReleaseOutcome};
+use lock_core::{
+    AcquireOptions, DistributedLock, DistributedLockExt, Election, ErrorKind, ReleaseOutcome,
+    RwLock,
+};
 use tokio::time::{sleep, timeout, Instant};
 
 fn plain_name() -> String {
@@ -403,4 +406,46 @@ async fn our_leader_makes_etcdctl_elect_wait() {
         );
         sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// An `etcdctl elect` leader whose proposal reads like a reader's entry of ours is a
+/// candidate like any other: `Election::leader` shows its proposal, our campaign finds a
+/// leader (no conflict), and our reader on the name is refused, never held beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_tag_shaped_proposal_is_a_proposal() {
+    let Some(server) = single().await else {
+        return;
+    };
+    let ours = Arc::new(plain_client(server.addr()).await);
+    let name = plain_name();
+    let proposal = format!("read/{}", uuid::Uuid::new_v4());
+    let mut etcdctl = EtcdctlElect::campaign(server.addr(), &name, &proposal);
+    let (_, their_value) = etcdctl
+        .next_leader(Duration::from_secs(10))
+        .await
+        .expect("etcdctl is elected in a free election");
+    assert_eq!(their_value, proposal);
+
+    let election = Election::new(ours.clone(), &name).expect("election");
+    let leader = election
+        .leader()
+        .await
+        .expect("read")
+        .expect("etcdctl leads");
+    assert_eq!(leader.value_text(), proposal);
+    let ours_too = election
+        .campaign("distlock", &AcquireOptions::try_once())
+        .await;
+    assert!(matches!(ours_too, Ok(None)), "{ours_too:?}");
+    let lock: Arc<dyn DistributedLock> = ours.clone();
+    let read = RwLock::new(lock, &name)
+        .expect("rwlock")
+        .read(&AcquireOptions::try_once())
+        .await
+        .map(|held| held.is_some());
+    assert!(
+        matches!(&read, Err(err) if err.kind() == ErrorKind::Conflict),
+        "a reader beside etcdctl's leader: {read:?}"
+    );
+    etcdctl.interrupt().await;
 }

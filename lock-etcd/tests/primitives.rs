@@ -1,8 +1,9 @@
 //! Semaphores and read-write locks on etcd beyond the conformance rules: the key layout
-//! the README documents (one key per acquisition, the kind and owner token in its value,
-//! as `etcdctl get` shows it), a disagreement on permits refused with no key left, a
-//! writer queued behind readers not overtaken by later readers, and a downgrade that
-//! keeps the writer's key and wakes the readers behind it at once.
+//! the README documents (one `.kind` key per acquisition, the kind and owner token in its
+//! value, as `etcdctl get` shows it), a disagreement on permits refused with no key left,
+//! a writer queued behind readers not overtaken by later readers, a downgrade that keeps
+//! the writer's key and wakes the readers behind it at once, an entry of the earlier
+//! layout never held beside, and a leftover key of another kind cleared.
 
 mod common;
 
@@ -10,12 +11,13 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{client, keys_under, raw_client, single, with_ttl, PREFIX};
-use etcd_client::{Client, GetOptions};
+use common::{client, go_key, keys_under, raw_client, single, with_ttl, PREFIX};
+use etcd_client::{Client, GetOptions, PutOptions};
 use lab::harness::EtcdServer;
 use lock_core::raw::HoldKind;
 use lock_core::{
-    AcquireOptions, DistributedLock, ErrorKind, LockName, ReadGuard, RwLock, Semaphore, WriteGuard,
+    AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, ReadGuard, RwLock,
+    Semaphore, WriteGuard,
 };
 use lock_etcd::EtcdLock;
 use tokio::process::Command;
@@ -140,7 +142,7 @@ impl Scene {
 }
 
 /// Two permits of one client and a third waiting from another: one key each under the
-/// name's range, `<lease hex>` and `<lease hex>_1` for the one client, each on its lease,
+/// name's range, `<lease hex>.kind` and `<lease hex>_1.kind` for the one client, each on its lease,
 /// valued `permit/2/<owner token>`, their create revisions the fencing tokens; the
 /// inspection shows both holders (the second as a co-holder) and the waiter, with
 /// their kinds, and the waiter takes over when a permit is given back.
@@ -168,8 +170,11 @@ async fn permit_keys_are_the_documented_layout() {
     until_keys(admin, range, 3).await;
 
     let keys = entries(admin, range).await;
-    let lease = keys[0].0.rsplit('/').next().expect("a leaf").to_owned();
-    assert_eq!(keys[1].0, format!("{range}{lease}_1"), "{keys:?}");
+    let leaf = keys[0].0.rsplit('/').next().expect("a leaf");
+    let lease = leaf
+        .strip_suffix(".kind")
+        .expect("a key that says its kind");
+    assert_eq!(keys[1].0, format!("{range}{lease}_1.kind"), "{keys:?}");
     for (guard, (key, value, created)) in [&first, &second].into_iter().zip(&keys) {
         assert_eq!(*value, format!("permit/2/{}", guard.owner_token()), "{key}");
         assert_eq!(
@@ -348,7 +353,7 @@ async fn etcdctl_get(addr: SocketAddr, range: &str) -> Vec<(String, String)> {
 
 /// `etcdctl get --prefix` shows what the README says: one key per acquisition under
 /// `<prefix>/<name>/`, the lease in hex (then `_<n>` for a second acquisition of one
-/// client), valued with the kind and the owner token.
+/// client) then `.kind`, valued with the kind and the owner token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcdctl_sees_the_documented_keys() {
     let Some(server) = single().await else {
@@ -379,10 +384,10 @@ async fn etcdctl_sees_the_documented_keys() {
         shown,
         vec![
             (
-                format!("{range}{lease}"),
+                format!("{range}{lease}.kind"),
                 format!("read/{}", reader.owner_token())
             ),
-            (format!("{range}{lease}_1"), shown[1].1.clone()),
+            (format!("{range}{lease}_1.kind"), shown[1].1.clone()),
         ]
     );
     assert!(shown[1].1.starts_with("write/"), "{shown:?}");
@@ -390,7 +395,7 @@ async fn etcdctl_sees_the_documented_keys() {
     assert_eq!(
         etcdctl_get(server.addr(), &sem_range).await,
         vec![(
-            format!("{sem_range}{lease}"),
+            format!("{sem_range}{lease}.kind"),
             format!("permit/3/{}", permit.owner_token())
         )]
     );
@@ -400,4 +405,97 @@ async fn etcdctl_sees_the_documented_keys() {
     permit.release().await.expect("release");
     let name = LockName::new(name).expect("name");
     assert!(ours.inspect(&name).await.expect("inspect").holder.is_none());
+}
+
+/// A reader's entry as earlier versions put it (the tag in the value of a plain key, here
+/// on a lease nobody keeps alive) reads as a mutex's: a reader, a writer and a permit are
+/// refused with a conflict, none held beside it; a mutex waits behind it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn earlier_layout_entry_is_never_held_beside() {
+    let Some(scene) = Scene::start("earlier").await else {
+        return;
+    };
+    let old = go_key(&scene.admin, &scene.range, 30).await;
+    let value = format!("read/{}", uuid::Uuid::new_v4());
+    scene
+        .admin
+        .kv_client()
+        .put(
+            old.key.as_str(),
+            value.as_str(),
+            Some(PutOptions::new().with_lease(old.lease)),
+        )
+        .await
+        .expect("rewrite as an earlier reader's entry");
+    let once = AcquireOptions::try_once();
+    let tries = [
+        (
+            "a reader",
+            scene.locks[0].read(&once).await.map(|held| held.is_some()),
+        ),
+        (
+            "a writer",
+            scene.locks[1].write(&once).await.map(|held| held.is_some()),
+        ),
+        (
+            "a permit",
+            scene
+                .semaphore(2, 2)
+                .acquire(&once)
+                .await
+                .map(|held| held.is_some()),
+        ),
+    ];
+    for (what, tried) in tries {
+        assert!(
+            matches!(&tried, Err(err) if err.kind() == ErrorKind::Conflict),
+            "{what} beside an earlier reader: {tried:?}"
+        );
+    }
+    let mutex = scene.clients[0].try_lock(&scene.name).await.expect("try");
+    assert!(mutex.is_none(), "a mutex beside an earlier reader");
+    scene.until_keys(1).await;
+}
+
+/// A leftover key of this client in the other form of a slot (a mutex's plain key left
+/// behind, here put by hand on the client's lease) is deleted by the next acquisition of
+/// that slot as a reader, which is then granted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leftover_of_another_kind_is_cleared() {
+    let Some(server) = single().await else {
+        return;
+    };
+    let admin = raw_client(&[server.addr()]).await;
+    let ours: Arc<EtcdLock> = client(&[server.addr()], with_ttl(Duration::from_secs(10))).await;
+    let name = plain_name("leftover");
+    let range = format!("{PREFIX}/{name}/");
+    let lock: Arc<dyn DistributedLock> = ours.clone();
+    let rw = RwLock::new(lock, &name).expect("rwlock");
+    // The session's lease, taken by a first hold.
+    rw.read(&AcquireOptions::try_once())
+        .await
+        .expect("read")
+        .expect("held")
+        .release()
+        .await
+        .expect("release");
+    let lease = ours.backend().lease_id().expect("a live lease");
+    admin
+        .kv_client()
+        .put(
+            format!("{range}{lease:x}"),
+            uuid::Uuid::new_v4().to_string(),
+            Some(PutOptions::new().with_lease(lease)),
+        )
+        .await
+        .expect("a leftover mutex key");
+    let reader = rw
+        .read(&AcquireOptions::try_once())
+        .await
+        .expect("read")
+        .expect("held: the leftover is gone");
+    let keys = entries(&admin, &range).await;
+    assert_eq!(keys.len(), 1, "{keys:?}");
+    assert_eq!(keys[0].0, format!("{range}{lease:x}.kind"));
+    reader.release().await.expect("release");
 }
