@@ -1,12 +1,12 @@
 //! Semaphores and read-write locks on ZooKeeper, in Curator's layouts: the node names
 //! Curator's `InterProcessSemaphoreV2` and `InterProcessReadWriteLock` use, the grant
 //! rules, a permits disagreement refused, a name of one kind refusing the others, a dropped
-//! acquire leaving no node, a downgrade with a writer queued behind, and a break of the
-//! oldest permit.
+//! acquire leaving no node, a long wait keeping its place, a downgrade with a writer
+//! queued behind, and a break of the oldest permit.
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{children, children_reach, with_ttl, ZkFactory, BASE};
@@ -220,6 +220,47 @@ async fn queue_reaches(factory: &ZkFactory, name: &LockName, n: usize) {
         assert!(Instant::now() < deadline, "{name} never had {n} lock nodes");
         sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// A waiter that waits longer than the TTL keeps its place: the one permit held past two
+/// TTLs with waiters queued in order b, c goes to b, then to c.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_permit_wait_keeps_its_place() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(2);
+    let name = fresh("sem-long");
+    let (locks, leases) = semaphore_dirs(&lock_dir(BASE, &name));
+    let admin = factory.admin();
+    let semaphore = |lock| Semaphore::new(lock, name.as_str(), 1).expect("semaphore");
+    let holder = semaphore(factory.zk_client(with_ttl(ttl)).await);
+    let held = holder.acquire(&AcquireOptions::try_once()).await;
+    let held = held.expect("try").expect("permit");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    // b waits holding the `locks` mutex, its lease node over the count; c behind it.
+    for (label, queued) in [("b", 1), ("c", 2)] {
+        let waiter = semaphore(factory.zk_client(with_ttl(ttl)).await);
+        let order = Arc::clone(&order);
+        waiters.push(tokio::spawn(async move {
+            let permit = waiter.acquire(&AcquireOptions::forever()).await;
+            let permit = permit.expect("acquire").expect("granted");
+            order.lock().expect("order").push(label);
+            permit.release().await.expect("release");
+        }));
+        children_reach(admin, &locks, queued).await;
+        children_reach(admin, &leases, 2).await;
+    }
+    sleep(2 * ttl).await;
+    held.release().await.expect("release");
+    for waiter in waiters {
+        timeout(4 * PROMPT, waiter)
+            .await
+            .expect("served")
+            .expect("task");
+    }
+    assert_eq!(*order.lock().expect("order"), ["b", "c"]);
 }
 
 /// An acquire dropped while it waits (holding the `locks` mutex, its lease node queued)
