@@ -160,20 +160,23 @@ impl Granted {
     }
 }
 
-/// Refuses to queue `asked` beside nodes of kinds that cannot be one primitive with it
-/// ([`HoldKind::check_beside`]): a read-write lock beside a mutex, say, or anything in the
-/// directory of a semaphore (its `leases` child among `children`). Kinds are read from
-/// node names, so Curator's nodes count too.
+/// Refuses `kind` on lock `name` beside the nodes of a lock directory with `children`
+/// (`queue`: its lock nodes in queue order, `ours` among them skipped) of kinds that
+/// cannot be one primitive with it ([`HoldKind::check_beside`]): a read-write lock beside
+/// a mutex, say, a permit beside any lock node, or anything else in the directory of a
+/// semaphore (its `leases` child among `children`). Kinds are read from node names, so
+/// Curator's nodes count too.
 fn check_kinds(
-    asked: &Ask<'_>,
+    (kind, name): (&HoldKind, &LockName),
     children: &[String],
     queue: &[&str],
     ours: &str,
 ) -> Result<(), Step> {
-    if children.iter().any(|child| child == SEMAPHORE_LEASES) {
+    let permit = matches!(kind, HoldKind::Permit { .. });
+    if !permit && children.iter().any(|child| child == SEMAPHORE_LEASES) {
         return Err(Step::Fail(Error::Conflict {
-            name: asked.name.to_string(),
-            ours: asked.kind.describe(),
+            name: name.to_string(),
+            ours: kind.describe(),
             theirs: "a semaphore".to_owned(),
         }));
     }
@@ -181,7 +184,7 @@ fn check_kinds(
         .iter()
         .filter(|node| **node != ours)
         .filter_map(|node| node_kind(node))
-        .try_for_each(|other| asked.kind.check_beside(&other.hold_kind(None), asked.name))
+        .try_for_each(|other| kind.check_beside(&other.hold_kind(None), name))
         .map_err(Step::Fail)
 }
 
@@ -288,7 +291,7 @@ impl<'a> Queue<'a> {
             let Some(index) = queue.iter().position(|child| *child == name) else {
                 return Err(vanished(&path));
             };
-            check_kinds(asked, &children, &queue, &name)?;
+            check_kinds((asked.kind, asked.name), &children, &queue, &name)?;
             let ahead = &queue[..index];
             let blocker = match self.blocker(live, dir, asked.kind, ahead).await {
                 Ok(blocker) => blocker,

@@ -1,7 +1,8 @@
 //! A permit of a semaphore, in Curator's `InterProcessSemaphoreV2` protocol: take the
 //! mutex `<dir>/locks` (a queue of its own: FIFO among acquirers), create a lease node in
-//! `<dir>/leases`, hold it once the leases are no more than the permits (else wait for a
-//! change of the leases' children), then release the mutex.
+//! `<dir>/leases` (refused beside lock nodes of another kind in `<dir>`), hold it once the
+//! leases are no more than the permits (else wait for a change of the leases' children),
+//! then release the mutex.
 
 use std::collections::HashSet;
 
@@ -10,9 +11,9 @@ use lock_core::raw::{AcquireRequest, Acquired, CleanupOnDrop, HoldKind};
 use zookeeper_client as zk;
 
 use super::create::Queued;
-use super::{step, Ask, Granted, Queue, QueuedNode, Step};
+use super::{check_kinds, step, Ask, Granted, Queue, QueuedNode, Step};
 use crate::hold::ZkHold;
-use crate::layout::{permit_data, permits_in, semaphore_dirs};
+use crate::layout::{permit_data, permits_in, queue_order, semaphore_dirs};
 use crate::session::Live;
 
 /// The two nodes one permit acquisition may leave behind if dropped.
@@ -64,6 +65,7 @@ impl Queue<'_> {
             .create_node(live, &leases, lease_marker, &data, true, &mut nodes.lease)
             .await?;
         let path = format!("{leases}/{name}");
+        self.check_directory(live, dir, &name, request).await?;
         let granted = self
             .wait_for_lease(live, &leases, (&name, children), permits, request, nodes)
             .await?;
@@ -90,6 +92,32 @@ impl Queue<'_> {
             }
             .acquired(live, request),
         ))
+    }
+
+    /// Refuses a permit on a name held or queued for as another kind: the lock nodes of
+    /// `dir` ([`check_kinds`]), listed after our lease node `lease` was created, so that an
+    /// acquire of another kind queued before it shows here, and one queued later finds the
+    /// `leases` child and refuses itself.
+    async fn check_directory(
+        &self,
+        live: &Live,
+        dir: &str,
+        lease: &str,
+        request: &AcquireRequest<'_>,
+    ) -> Result<(), Step> {
+        let mut losses = 0;
+        loop {
+            let step = match self.list(live, dir).await {
+                Ok(Ok(children)) => {
+                    let queue = queue_order(&children);
+                    let kind = (request.kind, request.name);
+                    return check_kinds(kind, &children, &queue, lease);
+                }
+                Ok(Err(err)) => step(err, "list lock nodes"),
+                Err(err) => Step::Retry(err),
+            };
+            self.tolerate(live, step, &mut losses).await?;
+        }
     }
 
     /// Waits (holding the `locks` mutex) until the children of `leases` (`first`: as
