@@ -542,22 +542,16 @@ fn vanished(path: &str) -> Step {
     })
 }
 
-/// The children of `dir` as of a point the leader ordered after this call: a
-/// [`Live::barrier`] on `anchor`, then the listing, sent together.
+/// The children of `dir` as of a point the leader ordered after this call
+/// ([`Live::behind_barrier`] on `anchor`).
 async fn ordered_children(
     session: &Session,
     live: &Live,
     anchor: &str,
     dir: &str,
 ) -> Result<Result<Vec<String>, zk::Error>> {
-    let barrier = live.barrier(anchor);
-    let list = live.client.list_children(dir);
-    session
-        .call("list lock nodes", async move {
-            let (barrier, list) = tokio::join!(barrier, list);
-            barrier.and(list)
-        })
-        .await
+    let listed = live.behind_barrier(anchor, |client| client.list_children(dir));
+    session.call("list lock nodes", listed).await
 }
 
 /// The path of the child of `dir` carrying `marker`, looked up on session `epoch`.
