@@ -18,7 +18,7 @@ use zookeeper_client as zk;
 use crate::config::ZkConfig;
 use crate::error::{from_client, is_connection_loss, is_session_gone, BACKEND};
 use crate::hold::{delete_in_epoch, lease_of, ZkHold};
-use crate::layout::{node_data, node_kind, queue_order, NodeKind, DOWNGRADED, SEMAPHORE_LEASES};
+use crate::layout::{node_data, node_kind, queue_order, NodeKind, DOWNGRADED};
 use crate::session::{Live, Session};
 
 mod create;
@@ -160,20 +160,19 @@ impl Granted {
     }
 }
 
-/// Refuses `kind` on lock `name` beside the nodes of a lock directory with `children`
-/// (`queue`: its lock nodes in queue order, `ours` among them skipped) of kinds that
-/// cannot be one primitive with it ([`HoldKind::check_beside`]): a read-write lock beside
-/// a mutex, say, a permit beside any lock node, or anything else in the directory of a
-/// semaphore (its `leases` child among `children`). Kinds are read from node names, so
-/// Curator's nodes count too.
+/// Refuses `kind` on lock `name` beside the lock nodes of a directory (`queue`, in queue
+/// order, `ours` among them skipped) of kinds that cannot be one primitive with it
+/// ([`HoldKind::check_beside`]): a read-write lock beside a mutex, say, a permit beside
+/// any lock node, or anything else in the directory of a semaphore with lease nodes
+/// (`leased`, see [`Queue::leased`]). Kinds are read from node names, so Curator's nodes
+/// count too.
 fn check_kinds(
     (kind, name): (&HoldKind, &LockName),
-    children: &[String],
+    leased: bool,
     queue: &[&str],
     ours: &str,
 ) -> Result<(), Step> {
-    let permit = matches!(kind, HoldKind::Permit { .. });
-    if !permit && children.iter().any(|child| child == SEMAPHORE_LEASES) {
+    if leased {
         return Err(Step::Fail(Error::Conflict {
             name: name.to_string(),
             ours: kind.describe(),
@@ -291,7 +290,14 @@ impl<'a> Queue<'a> {
             let Some(index) = queue.iter().position(|child| *child == name) else {
                 return Err(vanished(&path));
             };
-            check_kinds((asked.kind, asked.name), &children, &queue, &name)?;
+            let leased = match self.leased(live, dir, asked.kind, &children).await {
+                Ok(leased) => leased,
+                Err(step) => {
+                    self.tolerate(live, step, &mut losses).await?;
+                    continue;
+                }
+            };
+            check_kinds((asked.kind, asked.name), leased, &queue, &name)?;
             let ahead = &queue[..index];
             let blocker = match self.blocker(live, dir, asked.kind, ahead).await {
                 Ok(blocker) => blocker,

@@ -14,7 +14,7 @@ use zookeeper_client as zk;
 use super::create::Queued;
 use super::{check_kinds, step, Ask, Granted, Queue, QueuedNode, Step};
 use crate::hold::ZkHold;
-use crate::layout::{permit_data, permits_in, queue_order, semaphore_dirs};
+use crate::layout::{permit_data, permits_in, queue_order, semaphore_dirs, SEMAPHORE_LEASES};
 use crate::session::Live;
 
 /// The two nodes one permit acquisition may leave behind if dropped.
@@ -91,8 +91,8 @@ impl Queue<'_> {
 
     /// Refuses a permit on a name held or queued for as another kind: the lock nodes of
     /// `dir` ([`check_kinds`]), listed after our lease node `lease` was created, so that an
-    /// acquire of another kind queued before it shows here, and one queued later finds the
-    /// `leases` child and refuses itself.
+    /// acquire of another kind queued before it shows here, and one queued later finds
+    /// our lease node ([`Queue::leased`]) and refuses itself.
     async fn check_directory(
         &self,
         live: &Live,
@@ -106,12 +106,36 @@ impl Queue<'_> {
                 Ok(Ok(children)) => {
                     let queue = queue_order(&children);
                     let kind = (request.kind, request.name);
-                    return check_kinds(kind, &children, &queue, lease);
+                    return check_kinds(kind, false, &queue, lease);
                 }
                 Ok(Err(err)) => step(err, "list lock nodes"),
                 Err(err) => Step::Retry(err),
             };
             self.tolerate(live, step, &mut losses).await?;
+        }
+    }
+
+    /// Whether a semaphore holds or waits for permits in `dir`, for an acquire of `kind`
+    /// that listed `dir`'s `children` after it queued: lease nodes in its `leases` child
+    /// (an empty one is a container the server has not reaped yet, left by a semaphore
+    /// that was, or by a permit refused beside a lock). A permit is never refused here.
+    pub(super) async fn leased(
+        &self,
+        live: &Live,
+        dir: &str,
+        kind: &HoldKind,
+        children: &[String],
+    ) -> Result<bool, Step> {
+        let permit = matches!(kind, HoldKind::Permit { .. });
+        if permit || !children.iter().any(|child| child == SEMAPHORE_LEASES) {
+            return Ok(false);
+        }
+        let (_, leases) = semaphore_dirs(dir);
+        let read = live.client.check_stat(&leases);
+        match self.session.call("read lease directory", read).await {
+            Ok(Ok(stat)) => Ok(stat.is_some_and(|stat| stat.num_children > 0)),
+            Ok(Err(err)) => Err(step(err, "read lease directory")),
+            Err(err) => Err(Step::Retry(err)),
         }
     }
 
