@@ -18,7 +18,7 @@ use zookeeper_client as zk;
 use crate::config::ZkConfig;
 use crate::error::{from_client, is_connection_loss, is_session_gone, BACKEND};
 use crate::hold::{delete_in_epoch, lease_of, ZkHold};
-use crate::layout::{node_data, node_kind, queue_order, NodeKind, DOWNGRADED, SEMAPHORE_LEASES};
+use crate::layout::{node_data, node_kind, queue_order, NodeKind, DOWNGRADED};
 use crate::session::{Live, Session};
 
 mod create;
@@ -160,20 +160,22 @@ impl Granted {
     }
 }
 
-/// Refuses to queue `asked` beside nodes of kinds that cannot be one primitive with it
-/// ([`HoldKind::check_beside`]): a read-write lock beside a mutex, say, or anything in the
-/// directory of a semaphore (its `leases` child among `children`). Kinds are read from
-/// node names, so Curator's nodes count too.
+/// Refuses `kind` on lock `name` beside the lock nodes of a directory (`queue`, in queue
+/// order, `ours` among them skipped) of kinds that cannot be one primitive with it
+/// ([`HoldKind::check_beside`]): a read-write lock beside a mutex, say, a permit beside
+/// any lock node, or anything else in the directory of a semaphore with lease nodes
+/// (`leased`, see [`Queue::leased`]). Kinds are read from node names, so Curator's nodes
+/// count too.
 fn check_kinds(
-    asked: &Ask<'_>,
-    children: &[String],
+    (kind, name): (&HoldKind, &LockName),
+    leased: bool,
     queue: &[&str],
     ours: &str,
 ) -> Result<(), Step> {
-    if children.iter().any(|child| child == SEMAPHORE_LEASES) {
+    if leased {
         return Err(Step::Fail(Error::Conflict {
-            name: asked.name.to_string(),
-            ours: asked.kind.describe(),
+            name: name.to_string(),
+            ours: kind.describe(),
             theirs: "a semaphore".to_owned(),
         }));
     }
@@ -181,7 +183,7 @@ fn check_kinds(
         .iter()
         .filter(|node| **node != ours)
         .filter_map(|node| node_kind(node))
-        .try_for_each(|other| asked.kind.check_beside(&other.hold_kind(None), asked.name))
+        .try_for_each(|other| kind.check_beside(&other.hold_kind(None), name))
         .map_err(Step::Fail)
 }
 
@@ -288,7 +290,14 @@ impl<'a> Queue<'a> {
             let Some(index) = queue.iter().position(|child| *child == name) else {
                 return Err(vanished(&path));
             };
-            check_kinds(asked, &children, &queue, &name)?;
+            let leased = match self.leased(live, dir, asked.kind, &children).await {
+                Ok(leased) => leased,
+                Err(step) => {
+                    self.tolerate(live, step, &mut losses).await?;
+                    continue;
+                }
+            };
+            check_kinds((asked.kind, asked.name), leased, &queue, &name)?;
             let ahead = &queue[..index];
             let blocker = match self.blocker(live, dir, asked.kind, ahead).await {
                 Ok(blocker) => blocker,
@@ -539,22 +548,16 @@ fn vanished(path: &str) -> Step {
     })
 }
 
-/// The children of `dir` as of a point the leader ordered after this call: a
-/// [`Live::barrier`] on `anchor`, then the listing, sent together.
+/// The children of `dir` as of a point the leader ordered after this call
+/// ([`Live::behind_barrier`] on `anchor`).
 async fn ordered_children(
     session: &Session,
     live: &Live,
     anchor: &str,
     dir: &str,
 ) -> Result<Result<Vec<String>, zk::Error>> {
-    let barrier = live.barrier(anchor);
-    let list = live.client.list_children(dir);
-    session
-        .call("list lock nodes", async move {
-            let (barrier, list) = tokio::join!(barrier, list);
-            barrier.and(list)
-        })
-        .await
+    let listed = live.behind_barrier(anchor, |client| client.list_children(dir));
+    session.call("list lock nodes", listed).await
 }
 
 /// The path of the child of `dir` carrying `marker`, looked up on session `epoch`.

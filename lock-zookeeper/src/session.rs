@@ -62,6 +62,23 @@ impl Live {
             }
         }
     }
+
+    /// The reply to the request `send` sends, as of a point the leader ordered after this
+    /// call: a [`Live::barrier`] on `anchor` sent first, then the request, both before
+    /// either reply; the error of either if one fails.
+    pub(crate) async fn behind_barrier<'a, T, F>(
+        &'a self,
+        anchor: &str,
+        send: impl FnOnce(&'a zk::Client) -> F,
+    ) -> Result<T, zk::Error>
+    where
+        F: Future<Output = Result<T, zk::Error>> + 'a,
+    {
+        let barrier = self.barrier(anchor);
+        let reply = send(&self.client);
+        let (barrier, reply) = tokio::join!(barrier, reply);
+        barrier.and(reply)
+    }
 }
 
 #[derive(Debug)]

@@ -1,11 +1,12 @@
 //! Semaphores and read-write locks on ZooKeeper, in Curator's layouts: the node names
 //! Curator's `InterProcessSemaphoreV2` and `InterProcessReadWriteLock` use, the grant
-//! rules, a permits disagreement refused, a dropped acquire leaving no node, a downgrade
-//! with a writer queued behind, and a break of the oldest permit.
+//! rules, a permits disagreement refused, a name of one kind refusing the others, a dropped
+//! acquire leaving no node, a long wait keeping its place, a downgrade with a writer
+//! queued behind, and a break of the oldest permit.
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{children, children_reach, with_ttl, ZkFactory, BASE};
@@ -150,6 +151,121 @@ async fn permits_disagreement_is_a_conflict() {
     children_reach(factory.admin(), &leases, 1).await;
     children_reach(factory.admin(), &locks, 0).await;
     held.release().await.expect("release");
+}
+
+/// A name held as one kind refuses an acquire of any kind that cannot be one primitive
+/// with it with a typed conflict, once or waiting, whichever kind came first, and the
+/// refused acquire leaves nothing behind: no node, and the name is free for its kind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_name_held_as_one_kind_refuses_the_others() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let kinds = [
+        HoldKind::Mutex,
+        HoldKind::Candidate {
+            value: b"leader".to_vec(),
+        },
+        HoldKind::Read,
+        HoldKind::Write,
+        HoldKind::Permit { permits: 2 },
+    ];
+    let holder = client(&factory).await;
+    let other = client(&factory).await;
+    let as_kind = |kind: &HoldKind, mut options: AcquireOptions| {
+        options.kind = kind.clone();
+        options
+    };
+    let mut granted = Vec::new();
+    for held in &kinds {
+        let name = fresh("kinds");
+        let others = kinds
+            .iter()
+            .filter(|k| held.check_beside(k, &name).is_err());
+        for asked in others {
+            let holding = as_kind(held, AcquireOptions::try_once());
+            let guard = holder.acquire(&name, &holding).await;
+            let guard = guard.expect("try").expect("held");
+            let waits = [
+                ("try", AcquireOptions::try_once()),
+                ("wait", AcquireOptions::timeout(PROMPT)),
+            ];
+            for (how, wait) in waits {
+                let pair = format!("{} beside {} ({how})", asked.label(), held.label());
+                match timeout(2 * PROMPT, other.acquire(&name, &as_kind(asked, wait))).await {
+                    Ok(Err(err)) => assert_eq!(err.kind(), ErrorKind::Conflict, "{pair}: {err}"),
+                    Ok(Ok(Some(wrong))) => {
+                        granted.push(pair);
+                        wrong.release().await.expect("release");
+                    }
+                    Ok(Ok(None)) => granted.push(format!("{pair}: busy, not refused")),
+                    Err(_) => granted.push(format!("{pair}: waited, not refused")),
+                }
+            }
+            let (locks, leases) = semaphore_dirs(&lock_dir(BASE, &name));
+            let permit = matches!(held, HoldKind::Permit { .. });
+            children_reach(factory.admin(), &leases, usize::from(permit)).await;
+            children_reach(factory.admin(), &locks, 0).await;
+            queue_reaches(&factory, &name, usize::from(!permit)).await;
+            guard.release().await.expect("release");
+            // Nor anything that keeps the name from its own kind.
+            match other.acquire(&name, &holding).await {
+                Ok(Some(again)) => again.release().await.map(drop).expect("release"),
+                refused => granted.push(format!("{} again: {refused:?}", held.label())),
+            }
+        }
+    }
+    assert!(granted.is_empty(), "not as expected: {granted:?}");
+}
+
+/// Waits (at most 20 s) until `name`'s queue has exactly `n` lock nodes.
+async fn queue_reaches(factory: &ZkFactory, name: &LockName, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while factory.queue(name).await.len() != n {
+        assert!(Instant::now() < deadline, "{name} never had {n} lock nodes");
+        sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A waiter that waits longer than the TTL keeps its place: the one permit held past two
+/// TTLs with waiters queued in order b, c goes to b, then to c.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_permit_wait_keeps_its_place() {
+    let Some(factory) = ZkFactory::start().await else {
+        return;
+    };
+    let ttl = Duration::from_secs(2);
+    let name = fresh("sem-long");
+    let (locks, leases) = semaphore_dirs(&lock_dir(BASE, &name));
+    let admin = factory.admin();
+    let semaphore = |lock| Semaphore::new(lock, name.as_str(), 1).expect("semaphore");
+    let holder = semaphore(factory.zk_client(with_ttl(ttl)).await);
+    let held = holder.acquire(&AcquireOptions::try_once()).await;
+    let held = held.expect("try").expect("permit");
+    let order = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    // b waits holding the `locks` mutex, its lease node over the count; c behind it.
+    for (label, queued) in [("b", 1), ("c", 2)] {
+        let waiter = semaphore(factory.zk_client(with_ttl(ttl)).await);
+        let order = Arc::clone(&order);
+        waiters.push(tokio::spawn(async move {
+            let permit = waiter.acquire(&AcquireOptions::forever()).await;
+            let permit = permit.expect("acquire").expect("granted");
+            order.lock().expect("order").push(label);
+            permit.release().await.expect("release");
+        }));
+        children_reach(admin, &locks, queued).await;
+        children_reach(admin, &leases, 2).await;
+    }
+    sleep(2 * ttl).await;
+    held.release().await.expect("release");
+    for waiter in waiters {
+        timeout(4 * PROMPT, waiter)
+            .await
+            .expect("served")
+            .expect("task");
+    }
+    assert_eq!(*order.lock().expect("order"), ["b", "c"]);
 }
 
 /// An acquire dropped while it waits (holding the `locks` mutex, its lease node queued)
