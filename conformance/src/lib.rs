@@ -92,6 +92,7 @@ macro_rules! conformance_rules {
             reentrancy_by_owner,
             reentrant_release_reports_loss,
             names_are_independent_and_checked,
+            names_used_as_two_kinds_refused,
             thousand_locks_one_client,
             bad_urls_and_options,
             scoped_run_cancels_on_loss,

@@ -188,13 +188,12 @@ impl<O: SideFactory, N: SideFactory> Factory for DualFactory<O, N> {
         }
     }
 
-    /// What both sides keep: the dual hold is the old side's hold of the marked owner
-    /// token and the new side's of the owner token itself, and lasts as long as the
-    /// shorter of them.
+    /// What both sides keep: the dual hold is each side's hold of the marked owner token,
+    /// and lasts as long as the shorter of them.
     async fn server_lease(&self, name: &LockName, owner: &OwnerToken) -> ServerLease {
         let marked = OwnerToken::from_string(format!("{DUAL_TOKEN_PREFIX}{owner}"));
         let old = self.old.server_lease(name, &marked).await;
-        let new = self.new.server_lease(name, owner).await;
+        let new = self.new.server_lease(name, &marked).await;
         match (old, new) {
             (ServerLease::Unknown, _) | (_, ServerLease::Unknown) => ServerLease::Unknown,
             (ServerLease::Absent, _) | (_, ServerLease::Absent) => ServerLease::Absent,

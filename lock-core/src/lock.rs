@@ -48,7 +48,8 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// - releasing a reentrant guard of a lost hold says `AlreadyLost`
 ///   ([`reentrant_release_reports_loss`]).
 /// - names are escaped and independent; bad names get `Error::InvalidName`
-///   ([`names_are_independent_and_checked`]).
+///   ([`names_are_independent_and_checked`]); a name held as one primitive refuses
+///   the others with `Error::Conflict` ([`names_used_as_two_kinds_refused`]).
 /// - one client holds 1,000 locks through renewals ([`thousand_locks_one_client`]).
 /// - malformed URLs and options get typed errors, never a panic
 ///   ([`bad_urls_and_options`]).
@@ -108,6 +109,7 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`reentrancy_by_owner`]: ../conformance/rules/fn.reentrancy_by_owner.html
 /// [`reentrant_release_reports_loss`]: ../conformance/rules/fn.reentrant_release_reports_loss.html
 /// [`names_are_independent_and_checked`]: ../conformance/rules/fn.names_are_independent_and_checked.html
+/// [`names_used_as_two_kinds_refused`]: ../conformance/rules/fn.names_used_as_two_kinds_refused.html
 /// [`thousand_locks_one_client`]: ../conformance/rules/fn.thousand_locks_one_client.html
 /// [`bad_urls_and_options`]: ../conformance/rules/fn.bad_urls_and_options.html
 /// [`scoped_run_cancels_on_loss`]: ../conformance/rules/fn.scoped_run_cancels_on_loss.html

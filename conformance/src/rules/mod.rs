@@ -42,7 +42,8 @@ pub use exclusion::{
 };
 pub use multi::{multilock_all_or_nothing_without_deadlock, multilock_lost_part_and_cancellation};
 pub use names::{
-    bad_urls_and_options, names_are_independent_and_checked, thousand_locks_one_client,
+    bad_urls_and_options, names_are_independent_and_checked, names_used_as_two_kinds_refused,
+    thousand_locks_one_client,
 };
 pub use operations::operator_inspects_lists_and_breaks;
 pub use reentrancy::{reentrancy_by_owner, reentrant_release_reports_loss};

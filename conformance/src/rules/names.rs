@@ -3,14 +3,14 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::MAX_NAME_BYTES;
+use lock_core::raw::{HoldKind, MAX_NAME_BYTES};
 use lock_core::{
     AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, LockOptions,
     LockState, ReleaseOutcome,
 };
 use tokio::time::sleep;
 
-use super::{eventually_empty, unique_name, with_ttl};
+use super::{eventually_empty, unique_name, with_ttl, PROMPT};
 use crate::factory::{with_query, Factory};
 
 /// Names: `jobs` and `jobs/daily` are independent, reserved characters are escaped, and
@@ -159,4 +159,82 @@ pub async fn bad_urls_and_options(factory: &dyn Factory) {
         "{err}"
     );
     eventually_empty(factory, &[name], "bad_urls_and_options").await;
+}
+
+/// A name held as one kind (a mutex or an election, a semaphore, a read-write lock)
+/// refuses every kind of another primitive with a `Conflict` that is not retryable,
+/// once and waiting, on every backend; nothing of the refused acquire is left, and the
+/// name is taken again as its own kind as soon as its holder releases.
+pub async fn names_used_as_two_kinds_refused(factory: &dyn Factory) {
+    let rule = "names_used_as_two_kinds_refused";
+    let kinds = [
+        HoldKind::Mutex,
+        HoldKind::Candidate {
+            value: b"leader".to_vec(),
+        },
+        HoldKind::Permit { permits: 2 },
+        HoldKind::Read,
+        HoldKind::Write,
+    ];
+    let holder = factory.client(LockOptions::default()).await;
+    let other = factory.client(LockOptions::default()).await;
+    let with_kind = |wait: AcquireOptions, kind: &HoldKind| {
+        let mut options = wait;
+        options.kind = kind.clone();
+        options
+    };
+    let mut wrong = Vec::new();
+    for held in &kinds {
+        let name = unique_name(rule);
+        let first = match holder
+            .acquire(&name, &with_kind(AcquireOptions::try_once(), held))
+            .await
+        {
+            Ok(first) => first.expect("a fresh name is free"),
+            Err(err) if err.kind() == ErrorKind::Unsupported => continue,
+            Err(err) => panic!("[{rule}] {} on a fresh name: {err}", held.describe()),
+        };
+        for asked in kinds
+            .iter()
+            .filter(|k| k.check_beside(held, &name).is_err())
+        {
+            for wait in [
+                AcquireOptions::try_once(),
+                AcquireOptions::timeout(Duration::from_secs(2)),
+            ] {
+                let waits = wait.wait != AcquireOptions::try_once().wait;
+                match other.acquire(&name, &with_kind(wait, asked)).await {
+                    Err(err) if err.kind() == ErrorKind::Unsupported => {}
+                    Err(err) if err.kind() == ErrorKind::Conflict && !err.is_retryable() => {}
+                    other => wrong.push(format!(
+                        "{} beside {} (waiting: {waits}): {other:?}",
+                        asked.describe(),
+                        held.describe()
+                    )),
+                }
+            }
+        }
+        assert_eq!(
+            first.release().await.expect("release"),
+            ReleaseOutcome::Released
+        );
+        let again = other
+            .acquire(&name, &with_kind(AcquireOptions::timeout(PROMPT), held))
+            .await;
+        match again {
+            Ok(Some(guard)) => {
+                guard.release().await.expect("release");
+            }
+            refused => wrong.push(format!(
+                "{} again after the refusals: {refused:?}",
+                held.describe()
+            )),
+        }
+        eventually_empty(factory, &[name], rule).await;
+    }
+    assert!(
+        wrong.is_empty(),
+        "[{rule}] {}: granted or refused wrongly: {wrong:#?}",
+        factory.label()
+    );
 }
