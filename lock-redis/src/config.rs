@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lock_core::{Error, LockOptions, Result};
+use lock_core::{Capabilities, Error, FencingSource, LockOptions, Result};
 use serde::{Deserialize, Serialize};
 
 /// Default key prefix of lock keys.
@@ -22,6 +22,11 @@ pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
 /// Default of [`RedisConfig::wait_timeout`].
 const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
+
+/// Shortest TTL accepted on one server.
+const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
+/// Shortest TTL accepted by RedLock (it must cover several round trips and the drift).
+const MIN_TTL_REDLOCK: Duration = Duration::from_millis(100);
 
 /// Shortest first lease of a hold a release hands over ([`QueueTimes::grant`]).
 const MIN_GRANT: Duration = Duration::from_secs(1);
@@ -432,6 +437,42 @@ impl RedisConfig {
             Mode::Sentinel
         } else {
             Mode::Single
+        }
+    }
+
+    /// What a client of this configuration offers; known without a server.
+    pub fn capabilities(&self) -> Capabilities {
+        let base = Capabilities::new(self.backend())
+            .fair(self.queue)
+            .push_wakeup(true)
+            .durable(false)
+            .fence_at_least(true)
+            .election(true)
+            .semaphore(self.grants_shared())
+            .rwlock(self.grants_shared());
+        match self.mode() {
+            Mode::RedLock => base
+                .min_ttl(MIN_TTL_REDLOCK)
+                .fencing(FencingSource::QuorumCounter),
+            Mode::Single | Mode::Sentinel | Mode::Cluster => {
+                base.min_ttl(MIN_TTL_SINGLE).fencing(FencingSource::Counter)
+            }
+        }
+    }
+
+    /// Whether a client grants the shared kinds (permits, readers, writers): on the
+    /// waiter queue, where one server decides (one server, Sentinel, Redis Cluster); not on
+    /// RedLock (see the README: a semaphore there needs more than a majority) nor without
+    /// the queue.
+    pub(crate) fn grants_shared(&self) -> bool {
+        self.queue && self.mode() != Mode::RedLock
+    }
+
+    /// The backend's name in errors and metrics: `redlock` or `redis`.
+    pub(crate) fn backend(&self) -> &'static str {
+        match self.mode() {
+            Mode::RedLock => "redlock",
+            Mode::Single | Mode::Sentinel | Mode::Cluster => "redis",
         }
     }
 
