@@ -28,6 +28,7 @@ use std::time::Duration;
 
 mod expect;
 mod failover;
+pub mod matrix;
 mod nemesis;
 mod primitives;
 mod report;
