@@ -59,4 +59,34 @@ mod tests {
             [ms(10), ms(10), ms(20), ms(40), ms(50)]
         );
     }
+
+    /// Full jitter: the pauses under one ceiling spread uniformly over [0, ceiling], so
+    /// that clients failing at the same instant retry at different ones.
+    #[test]
+    fn pauses_spread_uniformly_up_to_the_ceiling() {
+        let ceiling = Duration::from_millis(1000);
+        let backoff = Backoff::new(ceiling, ceiling);
+        const DRAWS: u32 = 4000;
+        let mut deciles = [0u32; 10];
+        let mut total = Duration::ZERO;
+        for _ in 0..DRAWS {
+            let pause = backoff.after(1);
+            assert!(pause <= ceiling, "{pause:?} above the ceiling");
+            total += pause;
+            let decile = (pause.as_millis() / 100).min(9) as usize;
+            deciles[decile] += 1;
+        }
+        let mean = total / DRAWS;
+        assert!(
+            (Duration::from_millis(450)..=Duration::from_millis(550)).contains(&mean),
+            "the mean pause is {mean:?}, not about half the ceiling"
+        );
+        // Each tenth of the range gets about a tenth of the draws (400; 5 sigma ~ 95).
+        for (i, n) in deciles.iter().enumerate() {
+            assert!(
+                (300..=500).contains(n),
+                "decile {i} got {n} of {DRAWS}: {deciles:?}"
+            );
+        }
+    }
 }
