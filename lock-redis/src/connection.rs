@@ -29,9 +29,10 @@ pub(crate) use cluster::{group_by_shard, slot_of, Shards};
 pub(crate) use sentinel::Sentinels;
 pub(crate) use wakeups::{Grant, Subscription, Wakeups};
 
-/// First pause before reconnecting after a failure; doubles up to [`MAX_BACKOFF`].
+/// Ceiling of the first (jittered) pause before reconnecting after a failure; doubles up
+/// to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(10);
-/// Longest pause between reconnection attempts.
+/// Longest ceiling of the pause between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The pauses between reconnection attempts (to a server, or of a subscription), and
