@@ -283,6 +283,21 @@ mod tests {
         assert_eq!(c.wait_replicas, 2);
     }
 
+    /// Sentinel and Redis Cluster are chosen for failover: by default a grant waits for a
+    /// replica's acknowledgement there; `wait_replicas=0` opts out, and one server waits
+    /// for none.
+    #[test]
+    fn sentinel_and_cluster_grants_wait_for_a_replica_by_default() {
+        for url in ["redis+sentinel://s1/prod", "redis+cluster://a:7000"] {
+            let c = RedisBackend::config_from_str(url).unwrap();
+            assert_eq!(c.wait_replicas, 1, "{url}: a grant waits for a replica");
+            let c = RedisBackend::config_from_str(&format!("{url}?wait_replicas=0")).unwrap();
+            assert_eq!(c.wait_replicas, 0, "{url}: opted out");
+        }
+        let c = RedisBackend::config_from_str("redis://h").unwrap();
+        assert_eq!(c.wait_replicas, 0, "one server");
+    }
+
     #[test]
     fn bad_urls_are_rejected_without_secrets() {
         for (url, needle) in [
