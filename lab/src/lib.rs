@@ -39,30 +39,57 @@ pub mod __private {
 
 /// Expands to one test per fault scenario of [`chaos::SCENARIOS`] for a
 /// [`chaos::ChaosTarget`], run under the option sets of [`conformance::explore::sets_for`]
-/// (one drawn in `make test`, every class in `make chaos`); each asserts what [`chaos::target_expectation`] promises
-/// for the target and says loudly when a scenario does not apply. The tests follow
+/// (one drawn in `make test`, every class in `make chaos`); each asserts what
+/// [`chaos::target_expectation`] promises for the target and says loudly when a scenario
+/// does not apply. The tests follow
 /// the one list of scenarios, [`chaos_scenarios!`].
 ///
 /// With `short:` a [`chaos::ShortRun`], only some scenarios run in the short plan (`make
 /// test`), the others only in the long one (`CHAOS_LONG=1`, `make chaos`): see
 /// [`chaos::runs_now`]. With `scenarios: [a, b]`, only those scenarios, in both plans (a
 /// deployment that exists for them, e.g. servers on a movable clock).
+///
+/// With `kinded: Primitive on "deployment",` the clients take that primitive's hold
+/// ([`chaos::Kinded`]) on the deployment of that name in [`chaos::matrix`]; each test first
+/// checks that the matrix has that row ([`chaos::matrix::assert_row`]), so that a row the
+/// deployment cannot run fails in `make test` too.
 #[macro_export]
 macro_rules! chaos_suite {
+    (kinded: $primitive:ident on $deployment:literal, $target:expr, short: $short:expr) => {
+        $crate::chaos_scenarios!($crate::chaos_suite! { @scenarios
+            async {
+                $crate::chaos::Kinded::of($crate::chaos::Primitive::$primitive, $target.await)
+            };
+            $short;
+            [$deployment, $crate::chaos::Primitive::$primitive];
+        });
+    };
+    (kinded: $primitive:ident on $deployment:literal, $target:expr) => {
+        $crate::chaos_suite!(
+            kinded: $primitive on $deployment, $target, short: $crate::chaos::ShortRun::All
+        );
+    };
     ($target:expr, short: $short:expr) => {
-        $crate::chaos_scenarios!($crate::chaos_suite! { @scenarios $target; $short; });
+        $crate::chaos_scenarios!($crate::chaos_suite! { @scenarios $target; $short; []; });
     };
     ($target:expr) => {
         $crate::chaos_suite!($target, short: $crate::chaos::ShortRun::All);
     };
     ($target:expr, scenarios: [$($scenario:ident),* $(,)?]) => {
-        $crate::chaos_suite! { @scenarios $target; $crate::chaos::ShortRun::All; $($scenario),* }
+        $crate::chaos_suite! {
+            @scenarios $target; $crate::chaos::ShortRun::All; []; $($scenario),*
+        }
     };
-    (@scenarios $target:expr; $short:expr; $($scenario:ident),* $(,)?) => {
+    (@row []) => {};
+    (@row [$deployment:literal, $primitive:expr]) => {
+        $crate::chaos::matrix::assert_row($deployment, $primitive);
+    };
+    (@scenarios $target:expr; $short:expr; $row:tt; $($scenario:ident),* $(,)?) => {
         $(
             #[doc = concat!("Fault scenario [`lab::chaos::", stringify!($scenario), "`].")]
             #[test]
             fn $scenario() {
+                $crate::chaos_suite!(@row $row);
                 if !$crate::chaos::runs_now(stringify!($scenario), $short) {
                     return;
                 }

@@ -6,30 +6,24 @@ lab::chaos_suite!(async { conformance::memory::MemoryFactory::new() });
 
 /// The same scenarios with every client campaigning for leadership.
 mod election {
-    lab::chaos_suite!(async {
-        lab::chaos::Kinded::of(
-            lab::chaos::Primitive::Election,
-            conformance::memory::MemoryFactory::new(),
-        )
-    });
+    lab::chaos_suite!(
+        kinded: Election on "memory",
+        async { conformance::memory::MemoryFactory::new() }
+    );
 }
 
 /// The same scenarios with every client taking the one permit of a semaphore of one.
 mod semaphore {
-    lab::chaos_suite!(async {
-        lab::chaos::Kinded::of(
-            lab::chaos::Primitive::Semaphore,
-            conformance::memory::MemoryFactory::new(),
-        )
-    });
+    lab::chaos_suite!(
+        kinded: Semaphore on "memory",
+        async { conformance::memory::MemoryFactory::new() }
+    );
 }
 
 /// The same scenarios with every client taking a read-write lock's write side.
 mod writer {
-    lab::chaos_suite!(async {
-        lab::chaos::Kinded::of(
-            lab::chaos::Primitive::Writer,
-            conformance::memory::MemoryFactory::new(),
-        )
-    });
+    lab::chaos_suite!(
+        kinded: Writer on "memory",
+        async { conformance::memory::MemoryFactory::new() }
+    );
 }

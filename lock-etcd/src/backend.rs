@@ -215,21 +215,24 @@ async fn leave(client: &EtcdClient, pending: CleanupOnDrop<PendingKey>, key: &st
 /// lease ends the key then, at the client's end at the latest.
 const CLEANUP_GIVE_UP: Duration = Duration::from_secs(60);
 
+/// What every client of this backend offers (known without a server).
+pub const CAPABILITIES: Capabilities = Capabilities::new(BACKEND)
+    .fair(true)
+    .per_lock_ttl(false)
+    .min_ttl(Duration::from_secs(1))
+    .push_wakeup(true)
+    .durable(true)
+    .fencing(FencingSource::CreateRevision)
+    .election(true)
+    .semaphore(true)
+    .rwlock(true);
+
 #[async_trait]
 impl Backend for EtcdBackend {
     type Hold = EtcdHold;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(BACKEND)
-            .fair(true)
-            .per_lock_ttl(false)
-            .min_ttl(Duration::from_secs(1))
-            .push_wakeup(true)
-            .durable(true)
-            .fencing(FencingSource::CreateRevision)
-            .election(true)
-            .semaphore(true)
-            .rwlock(true)
+        CAPABILITIES
     }
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<EtcdHold>>> {

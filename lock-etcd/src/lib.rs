@@ -12,7 +12,7 @@ mod session;
 mod slots;
 mod tls;
 
-pub use backend::EtcdBackend;
+pub use backend::{EtcdBackend, CAPABILITIES};
 pub use config::{EtcdConfig, DEFAULT_MARK_TTL, DEFAULT_PORT};
 pub use hold::{EtcdHold, MAX_TXN_OPS};
 

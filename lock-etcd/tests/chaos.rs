@@ -29,7 +29,8 @@ mod election {
     mod single {
         use crate::common::EtcdFactory;
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, EtcdFactory::start().await) },
+            kinded: Election on "etcd",
+            async { EtcdFactory::start().await },
             short: lab::chaos::ShortRun::Only(lab::chaos::ELECTION_SHORT_SCENARIOS)
         );
     }
@@ -37,7 +38,8 @@ mod election {
     mod cluster {
         use crate::common::EtcdFactory;
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, EtcdFactory::start_cluster().await) },
+            kinded: Election on "etcd-3",
+            async { EtcdFactory::start_cluster().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
@@ -49,14 +51,16 @@ mod election {
 mod semaphore {
     mod single {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::EtcdFactory::start().await) },
+            kinded: Semaphore on "etcd",
+            async { crate::common::EtcdFactory::start().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
 
     mod cluster {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::EtcdFactory::start_cluster().await) },
+            kinded: Semaphore on "etcd-3",
+            async { crate::common::EtcdFactory::start_cluster().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
@@ -67,14 +71,16 @@ mod semaphore {
 mod writer {
     mod single {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::EtcdFactory::start().await) },
+            kinded: Writer on "etcd",
+            async { crate::common::EtcdFactory::start().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
 
     mod cluster {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::EtcdFactory::start_cluster().await) },
+            kinded: Writer on "etcd-3",
+            async { crate::common::EtcdFactory::start_cluster().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }

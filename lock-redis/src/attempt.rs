@@ -77,24 +77,23 @@ pub(crate) fn acquire_invocation<'s>(
     invocation
 }
 
-/// Runs an acquire script on the server that owns `hold`'s key. With `wait_replicas`, a
-/// grant waits on the same connection until that many replicas acknowledged it (`WAIT`,
-/// at most `wait_timeout`); with fewer it is given back (compare-and-delete) and the
-/// attempt fails with [`Error::Unavailable`].
+/// Runs an acquire script on the server that owns `hold`'s key. Where the configuration
+/// waits for replicas ([`RedisConfig::replica_wait`](crate::config::RedisConfig)), a grant
+/// waits on the same connection until that many acknowledged it (`WAIT`, at most
+/// `wait_timeout`); with fewer it is given back (compare-and-delete) and the attempt fails
+/// with [`Error::Unavailable`].
 async fn acquire_on_server(
     servers: &Servers,
     hold: &RedisHold,
     invocation: &ScriptInvocation<'_>,
     dirty: &mut Dirty,
 ) -> Result<Vec<i64>> {
-    let config = &servers.config;
-    let wanted = config.wait_replicas;
-    let wait = (wanted > 0).then_some((wanted, config.wait_timeout));
+    let wait = servers.config.replica_wait();
     let (reply, acked) = servers.routes(&hold.keys.key)[0]
         .acquire_script(servers.request_deadline(), invocation, wait)
         .await?;
-    match acked {
-        Some(acked) if acked < i64::from(wanted) => {
+    match (acked, wait) {
+        (Some(acked), Some(wait)) if acked < i64::from(wait.replicas) => {
             if release_all(servers, hold, true, servers.request_deadline())
                 .await
                 .is_ok()
@@ -104,9 +103,9 @@ async fn acquire_on_server(
             Err(Error::Unavailable {
                 backend: servers.backend,
                 message: format!(
-                    "only {acked} of the {wanted} replicas asked for acknowledged the \
-                     grant of `{}` within {:?}; it was given back",
-                    hold.name, config.wait_timeout
+                    "only {acked} of the {} replicas asked for acknowledged the grant of \
+                     `{}` within {:?}; it was given back",
+                    wait.replicas, hold.name, wait.timeout
                 ),
                 source: None,
             })

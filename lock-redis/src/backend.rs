@@ -15,8 +15,7 @@ use lock_core::raw::{
     Cleanup, CleanupOnDrop, Connect, LockUrl, RenewItem, RenewOutcome,
 };
 use lock_core::{
-    Capabilities, FencingSource, FencingToken, LockName, LockOptions, Occupancy, Participant,
-    Result,
+    Capabilities, FencingToken, LockName, LockOptions, Occupancy, Participant, Result,
 };
 use rand::Rng;
 use tokio::time::{sleep, Instant};
@@ -31,10 +30,6 @@ use crate::queue::grant_lease;
 use crate::redlock;
 use crate::topology::{Servers, Topology};
 
-/// Shortest TTL accepted on one server.
-const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
-/// Shortest TTL accepted by RedLock (it must cover several round trips and the drift).
-const MIN_TTL_REDLOCK: Duration = Duration::from_millis(100);
 /// How long the cleanup of an abandoned acquire keeps trying while the servers do not
 /// answer (see [`Abandoned`]).
 const CLEANUP_PATIENCE: Duration = Duration::from_secs(60);
@@ -104,10 +99,7 @@ impl Connect for RedisBackend {
         if mode == Mode::RedLock {
             redlock::reject_aliases(&config.endpoints, deadline).await?;
         }
-        let backend: &'static str = match mode {
-            Mode::RedLock => "redlock",
-            Mode::Single | Mode::Sentinel | Mode::Cluster => "redis",
-        };
+        let backend = config.backend();
         let ca = read_ca(&config).await?;
         let topology = Topology::new(backend, &config, ca.as_deref())?;
         let servers = Servers::new(backend, topology, config);
@@ -156,12 +148,9 @@ impl RedisBackend {
         self.wakeups.queued_waiters()
     }
 
-    /// Whether this client grants the shared kinds (permits, readers, writers): on the
-    /// waiter queue, where one server decides (one server, Sentinel, Redis Cluster); not on
-    /// RedLock (see the README: a semaphore there needs more than a majority) nor without
-    /// the queue.
+    /// Whether this client grants the shared kinds ([`RedisConfig::grants_shared`]).
     fn grants_shared(&self) -> bool {
-        self.servers.config.queue && !self.servers.topology.is_redlock()
+        self.servers.config.grants_shared()
     }
 
     /// One attempt of `request` for `first` (the hold of its first round), as the
@@ -275,23 +264,7 @@ impl Backend for RedisBackend {
     type Hold = RedisHold;
 
     fn capabilities(&self) -> Capabilities {
-        let servers = &self.servers;
-        let base = Capabilities::new(servers.backend)
-            .fair(servers.config.queue)
-            .push_wakeup(true)
-            .durable(false)
-            .fence_at_least(true)
-            .election(true)
-            .semaphore(self.grants_shared())
-            .rwlock(self.grants_shared());
-        match servers.topology {
-            Topology::RedLock { .. } => base
-                .min_ttl(MIN_TTL_REDLOCK)
-                .fencing(FencingSource::QuorumCounter),
-            Topology::Single(_) | Topology::Sentinel(_) | Topology::Cluster(_) => {
-                base.min_ttl(MIN_TTL_SINGLE).fencing(FencingSource::Counter)
-            }
-        }
+        self.servers.config.capabilities()
     }
 
     /// # Cancellation

@@ -8,7 +8,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lock_core::{Error, LockOptions, Result};
+use lock_core::{Capabilities, Error, FencingSource, LockOptions, Result};
 use serde::{Deserialize, Serialize};
 
 /// Default key prefix of lock keys.
@@ -23,11 +23,26 @@ pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 /// Default of [`RedisConfig::wait_timeout`].
 const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 
+/// Shortest TTL accepted on one server.
+const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
+/// Shortest TTL accepted by RedLock (it must cover several round trips and the drift).
+const MIN_TTL_REDLOCK: Duration = Duration::from_millis(100);
+
 /// Shortest first lease of a hold a release hands over ([`QueueTimes::grant`]).
 const MIN_GRANT: Duration = Duration::from_secs(1);
 
 /// Shortest hand-off window of a woken head of the queue.
 const MIN_WINDOW: Duration = Duration::from_millis(20);
+
+/// What a grant waits for before it is returned ([`RedisConfig::replica_wait`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReplicaWait {
+    /// Replicas that must acknowledge the grant, within `timeout`.
+    pub(crate) replicas: u32,
+    /// A primary without replicas grants without waiting (the default's rule).
+    pub(crate) if_replicated: bool,
+    pub(crate) timeout: Duration,
+}
 
 /// Which topology a configuration asks for: one per variant of
 /// [`Topology`](crate::topology::Topology), named by the URL scheme (or the serde flags).
@@ -198,9 +213,11 @@ pub struct RedisConfig {
     pub sentinel_password: Option<String>,
     /// A grant is returned only once this many replicas acknowledged it (`WAIT n
     /// wait_timeout` after the acquire) \[`wait_replicas`\]; with fewer the grant is given
-    /// back and the acquire fails with `Unavailable`. One server or Sentinel only.
-    /// Default 0 (no wait).
-    pub wait_replicas: u32,
+    /// back and the acquire fails with `Unavailable`. One server, Sentinel or Redis Cluster
+    /// (the slot's primary). Default (`None`): on Sentinel and Redis Cluster one replica
+    /// wherever the primary has one (`ROLE` lists its replicas; a primary without any
+    /// grants without waiting), on one server none. `Some(0)` (`wait_replicas=0`) opts out.
+    pub wait_replicas: Option<u32>,
     /// How long a grant waits for [`RedisConfig::wait_replicas`] \[`wait_timeout`\].
     /// Default 100 ms; at most `request_timeout`.
     #[serde(with = "lock_core::raw::duration_text")]
@@ -228,7 +245,7 @@ impl Default for RedisConfig {
             sentinel_master: None,
             sentinel_username: None,
             sentinel_password: None,
-            wait_replicas: 0,
+            wait_replicas: None,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
             options: LockOptions::default(),
         }
@@ -346,7 +363,7 @@ impl RedisConfig {
                 ));
             }
         }
-        if self.wait_replicas > 0 && self.redlock {
+        if self.wait_replicas.is_some_and(|n| n > 0) && self.redlock {
             return Err(Error::config(
                 "wait_replicas needs one server or Sentinel; RedLock's servers have no replicas \
                  of the lock",
@@ -432,6 +449,56 @@ impl RedisConfig {
             Mode::Sentinel
         } else {
             Mode::Single
+        }
+    }
+
+    /// What a grant waits for ([`RedisConfig::wait_replicas`]), if anything.
+    pub(crate) fn replica_wait(&self) -> Option<ReplicaWait> {
+        let (replicas, if_replicated) = match (self.wait_replicas, self.mode()) {
+            (Some(replicas), _) => (replicas, false),
+            (None, Mode::Sentinel | Mode::Cluster) => (1, true),
+            (None, Mode::Single | Mode::RedLock) => (0, false),
+        };
+        (replicas > 0).then_some(ReplicaWait {
+            replicas,
+            if_replicated,
+            timeout: self.wait_timeout,
+        })
+    }
+
+    /// What a client of this configuration offers; known without a server.
+    pub fn capabilities(&self) -> Capabilities {
+        let base = Capabilities::new(self.backend())
+            .fair(self.queue)
+            .push_wakeup(true)
+            .durable(false)
+            .fence_at_least(true)
+            .election(true)
+            .semaphore(self.grants_shared())
+            .rwlock(self.grants_shared());
+        match self.mode() {
+            Mode::RedLock => base
+                .min_ttl(MIN_TTL_REDLOCK)
+                .fencing(FencingSource::QuorumCounter),
+            Mode::Single | Mode::Sentinel | Mode::Cluster => {
+                base.min_ttl(MIN_TTL_SINGLE).fencing(FencingSource::Counter)
+            }
+        }
+    }
+
+    /// Whether a client grants the shared kinds (permits, readers, writers): on the
+    /// waiter queue, where one server decides (one server, Sentinel, Redis Cluster); not on
+    /// RedLock (see the README: a semaphore there needs more than a majority) nor without
+    /// the queue.
+    pub(crate) fn grants_shared(&self) -> bool {
+        self.queue && self.mode() != Mode::RedLock
+    }
+
+    /// The backend's name in errors and metrics: `redlock` or `redis`.
+    pub(crate) fn backend(&self) -> &'static str {
+        match self.mode() {
+            Mode::RedLock => "redlock",
+            Mode::Single | Mode::Sentinel | Mode::Cluster => "redis",
         }
     }
 

@@ -22,22 +22,33 @@ use redis::{
 };
 use tokio::time::{timeout_at, Instant};
 
-use crate::config::{RedisConfig, RedisNode};
+use crate::config::{RedisConfig, RedisNode, ReplicaWait};
 use crate::error;
 
 pub(crate) use cluster::{group_by_shard, slot_of, Shards};
 pub(crate) use sentinel::Sentinels;
 pub(crate) use wakeups::{Grant, Subscription, Wakeups};
 
-/// First pause before reconnecting after a failure; doubles up to [`MAX_BACKOFF`].
+/// Ceiling of the first (jittered) pause before reconnecting after a failure; doubles up
+/// to [`MAX_BACKOFF`].
 const MIN_BACKOFF: Duration = Duration::from_millis(10);
-/// Longest pause between reconnection attempts.
+/// Longest ceiling of the pause between reconnection attempts.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
 
 /// The pauses between reconnection attempts (to a server, or of a subscription), and
 /// between the tries of an abandoned acquire's cleanup.
 pub(crate) fn reconnect_backoff() -> Backoff {
     Backoff::new(MIN_BACKOFF, MAX_BACKOFF)
+}
+
+/// How many replicas the server at the other end of `conn` lists (`ROLE`: a primary's
+/// third element is its replicas; anything else counts none).
+async fn replicas_of(conn: &mut Conn) -> redis::RedisResult<usize> {
+    let role: Vec<redis::Value> = redis::cmd("ROLE").query_async(conn).await?;
+    Ok(match role.get(2) {
+        Some(redis::Value::Array(replicas)) => replicas.len(),
+        _ => 0,
+    })
 }
 
 /// The CA certificates (PEM) of `config`'s `ca_file`, if it names one.
@@ -481,30 +492,36 @@ impl Route<'_> {
         .await
     }
 
-    /// Runs an acquire script as [`Route::script`] does and, when `wait` names a number of
-    /// replicas and a time, and the reply is a grant (its first element is 1), `WAIT
-    /// replicas time` on the same connection, so that it covers the grant's writes: the
-    /// reply, and how many replicas acknowledged them (`None` without `WAIT`).
+    /// Runs an acquire script as [`Route::script`] does and, when there is a `wait` and the
+    /// reply is a grant (its first element is 1), `WAIT replicas time` on the same
+    /// connection, so that it covers the grant's writes (unless the wait is only for a
+    /// replicated primary and `ROLE` lists no replica): the reply, and how many replicas
+    /// acknowledged them (`None` without `WAIT`).
     pub(crate) async fn acquire_script(
         &self,
         deadline: Instant,
         invocation: &ScriptInvocation<'_>,
-        wait: Option<(u32, Duration)>,
+        wait: Option<ReplicaWait>,
     ) -> Result<(Vec<i64>, Option<i64>)> {
         self.call("acquire", deadline, |mut conn| async move {
             let reply: Vec<i64> = invocation.invoke_async(&mut conn).await?;
-            let acked = match wait {
-                Some((replicas, time)) if reply.first() == Some(&1) => Some(
-                    redis::cmd("WAIT")
-                        .arg(replicas)
-                        // WAIT takes whole milliseconds, and 0 would wait forever.
-                        .arg(u64::try_from(time.as_millis()).unwrap_or(u64::MAX).max(1))
-                        .query_async::<i64>(&mut conn)
-                        .await?,
-                ),
-                _ => None,
+            let Some(wait) = wait.filter(|_| reply.first() == Some(&1)) else {
+                return Ok((reply, None));
             };
-            Ok((reply, acked))
+            if wait.if_replicated && replicas_of(&mut conn).await? == 0 {
+                return Ok((reply, None));
+            }
+            let acked = redis::cmd("WAIT")
+                .arg(wait.replicas)
+                // WAIT takes whole milliseconds, and 0 would wait forever.
+                .arg(
+                    u64::try_from(wait.timeout.as_millis())
+                        .unwrap_or(u64::MAX)
+                        .max(1),
+                )
+                .query_async::<i64>(&mut conn)
+                .await?;
+            Ok((reply, Some(acked)))
         })
         .await
     }

@@ -21,21 +21,24 @@ mod single {
 mod election {
     mod single {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, crate::common::RedisFactory::single().await) },
+            kinded: Election on "redis",
+            async { crate::common::RedisFactory::single().await },
             short: lab::chaos::ShortRun::Only(lab::chaos::ELECTION_SHORT_SCENARIOS)
         );
     }
 
     mod redlock {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, crate::common::RedisFactory::redlock(5).await) },
+            kinded: Election on "redlock-5",
+            async { crate::common::RedisFactory::redlock(5).await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
 
     mod sentinel {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, crate::common::SentinelFactory::chaos(0).await) },
+            kinded: Election on "sentinel",
+            async { crate::common::SentinelFactory::chaos(0).await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
@@ -43,50 +46,42 @@ mod election {
 
 /// Semaphores of one permit: every client takes the permit where the scenarios lock
 /// (`lab::chaos::Kinded`). `make test` runs them on memory (lab/tests/chaos.rs); `make chaos`
-/// runs them all on every deployment here.
+/// runs them all on one server and behind Sentinel (RedLock grants no semaphores: see
+/// `lab::chaos::matrix`).
 mod semaphore {
     mod single {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::RedisFactory::single().await) },
-            short: lab::chaos::ShortRun::Only(&[])
-        );
-    }
-
-    mod redlock {
-        lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::RedisFactory::redlock(5).await) },
+            kinded: Semaphore on "redis",
+            async { crate::common::RedisFactory::single().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
 
     mod sentinel {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::SentinelFactory::chaos(0).await) },
+            kinded: Semaphore on "sentinel",
+            async { crate::common::SentinelFactory::chaos(0).await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
 }
 
 /// Read-write locks' writers: every client takes the write side where the scenarios lock.
-/// `make test` runs them on memory (lab/tests/chaos.rs); `make chaos` runs them all.
+/// `make test` runs them on memory (lab/tests/chaos.rs); `make chaos` runs them all where
+/// offered (not on RedLock).
 mod writer {
     mod single {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::RedisFactory::single().await) },
-            short: lab::chaos::ShortRun::Only(&[])
-        );
-    }
-
-    mod redlock {
-        lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::RedisFactory::redlock(5).await) },
+            kinded: Writer on "redis",
+            async { crate::common::RedisFactory::single().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
 
     mod sentinel {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::SentinelFactory::chaos(0).await) },
+            kinded: Writer on "sentinel",
+            async { crate::common::SentinelFactory::chaos(0).await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }

@@ -354,7 +354,7 @@ async fn replica_acknowledged_grants_wait_for_the_slots_replica() {
         return;
     };
     let mut config = factory.config(with_ttl(Duration::from_secs(5)));
-    config.wait_replicas = 1;
+    config.wait_replicas = Some(1);
     config.wait_timeout = Duration::from_millis(200);
     let client = factory.make_with(config).await;
     let acknowledged = name_on(&factory, "acked", 1).await;

@@ -172,7 +172,7 @@ async fn an_unacknowledged_grant_is_given_back() {
             factory.deployment.sentinels(),
             with_ttl(Duration::from_secs(5)),
         );
-        config.wait_replicas = replicas;
+        config.wait_replicas = Some(replicas);
         config.wait_timeout = Duration::from_millis(300);
         factory.make_with(config)
     };

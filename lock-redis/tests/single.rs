@@ -67,6 +67,62 @@ async fn restart_without_persistence_loses_the_lock_and_signals_it() {
     assert_released(next).await;
 }
 
+/// A fleet of waiters cut off by a server restart comes back spread out: their retries
+/// back off with jitter, so the clients that failed together re-acquire at instants spread
+/// over the backoff's ceiling, not in lockstep on the restarted server.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_reacquires_spread_out_after_a_server_restart() {
+    const CLIENTS: usize = 20;
+    let Some(server) = or_skip(RedisServer::start().await) else {
+        return;
+    };
+    let mut clients = Vec::new();
+    for _ in 0..CLIENTS {
+        clients.push(client_of(&server, Duration::from_secs(5), DEFAULT_PREFIX).await);
+    }
+    server.kill9().await.expect("kill");
+    let waiters: Vec<_> = clients
+        .iter()
+        .enumerate()
+        .map(|(i, client)| {
+            let (client, lock) = (Arc::clone(client), name(&format!("fleet_{i}")));
+            tokio::spawn(async move {
+                let guard = client
+                    .lock_timeout(lock.as_str(), Duration::from_secs(30))
+                    .await
+                    .expect("re-acquires once the server is back");
+                let at = Instant::now();
+                guard.release().await.expect("release");
+                at
+            })
+        })
+        .collect();
+    // Long enough for every retry to back off to its ceiling.
+    sleep(Duration::from_secs(4)).await;
+    server.restart().await.expect("restart");
+    let mut at = Vec::new();
+    for waiter in waiters {
+        at.push(waiter.await.expect("the waiter ends"));
+    }
+    at.sort();
+    let offsets: Vec<u128> = at.iter().map(|t| (*t - at[0]).as_millis()).collect();
+    // The most re-acquires within any 20 ms.
+    let crowd = (0..CLIENTS)
+        .map(|i| {
+            offsets[i..]
+                .iter()
+                .take_while(|&&o| o - offsets[i] <= 20)
+                .count()
+        })
+        .max()
+        .unwrap_or(0);
+    println!("re-acquired at +{offsets:?} ms; at most {crowd} within 20 ms");
+    assert!(
+        offsets[CLIENTS - 1] >= 200 && crowd <= CLIENTS / 2,
+        "the fleet re-acquired in lockstep: at +{offsets:?} ms"
+    );
+}
+
 /// With `appendonly yes` + `appendfsync always`, a restart keeps the lock: the holder stays
 /// Held and others stay excluded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

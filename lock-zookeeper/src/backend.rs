@@ -102,20 +102,23 @@ impl fmt::Display for ZkBackend {
     }
 }
 
+/// What every client of this backend offers (known without a server).
+pub const CAPABILITIES: Capabilities = Capabilities::new(BACKEND)
+    .fair(true)
+    .per_lock_ttl(false)
+    .min_ttl(Duration::from_secs(1))
+    .durable(true)
+    .fencing(FencingSource::CreateRevision)
+    .election(true)
+    .semaphore(true)
+    .rwlock(true);
+
 #[async_trait]
 impl Backend for ZkBackend {
     type Hold = ZkHold;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new(BACKEND)
-            .fair(true)
-            .per_lock_ttl(false)
-            .min_ttl(Duration::from_secs(1))
-            .durable(true)
-            .fencing(FencingSource::CreateRevision)
-            .election(true)
-            .semaphore(true)
-            .rwlock(true)
+        CAPABILITIES
     }
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<ZkHold>>> {

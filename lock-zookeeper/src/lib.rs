@@ -10,7 +10,7 @@ mod queue;
 mod session;
 mod tls;
 
-pub use backend::ZkBackend;
+pub use backend::{ZkBackend, CAPABILITIES};
 pub use config::{ZkAcl, ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT_PREFIX};
 pub use hold::ZkHold;
 pub use layout::{

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::raw::{lock_unpoisoned, Background, SessionHealth, SessionStatus};
+use lock_core::raw::{lock_unpoisoned, Background, Backoff, SessionHealth, SessionStatus};
 use lock_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::timeout;
@@ -16,8 +16,16 @@ use crate::config::ZkConfig;
 use crate::error::{from_client, is_connection_loss, is_session_gone, no_session, BACKEND};
 use crate::tls::Tls;
 
-/// Pause between attempts to establish a replacement session.
+/// First pause between attempts to establish a session (jittered, doubling up to
+/// [`LONGEST_RECONNECT_PAUSE`]: a fleet cut off together does not come back together).
 const RECONNECT_PAUSE: Duration = Duration::from_millis(200);
+/// Longest pause between attempts to establish a session.
+const LONGEST_RECONNECT_PAUSE: Duration = Duration::from_secs(2);
+
+/// The pauses between attempts to establish a session.
+fn reconnect_backoff() -> Backoff {
+    Backoff::new(RECONNECT_PAUSE, LONGEST_RECONNECT_PAUSE)
+}
 
 /// A live session: the client and its epoch.
 #[derive(Debug, Clone)]
@@ -295,13 +303,14 @@ async fn open(config: &ZkConfig, limit: Duration) -> Result<zk::Client> {
         // One round over the servers at a time, so that a refused handshake is told at
         // once rather than retried until the limit.
         let connector = connector.with_tls(tls.options.clone()).with_fail_eagerly();
+        let mut backoff = reconnect_backoff();
         loop {
             match connector.clone().secure_connect(&target).await {
                 Err(zk::Error::NoHosts) => {
                     if let Some(refused) = tls.refusal(&config.endpoints).await {
                         return Err(refused);
                     }
-                    tokio::time::sleep(RECONNECT_PAUSE).await;
+                    tokio::time::sleep(backoff.next_pause()).await;
                 }
                 other => return other.map_err(failed),
             }
@@ -365,6 +374,7 @@ async fn monitor(session: Weak<Session>, mut watcher: zk::StateWatcher, mut epoc
 
 /// Establishes a replacement session, retrying until it works or the client is gone.
 async fn reopen(session: &Weak<Session>) -> Option<(u64, zk::StateWatcher)> {
+    let mut backoff = reconnect_backoff();
     loop {
         let shared = session.upgrade()?;
         if shared.is_closed() {
@@ -382,7 +392,7 @@ async fn reopen(session: &Weak<Session>) -> Option<(u64, zk::StateWatcher)> {
             }
             Err(err) => {
                 tracing::warn!(error = %err, "ZooKeeper session not re-established yet");
-                tokio::time::sleep(RECONNECT_PAUSE).await;
+                tokio::time::sleep(backoff.next_pause()).await;
             }
         }
     }

@@ -20,7 +20,8 @@ mod election {
     mod standalone {
         use crate::common::ZkFactory;
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, ZkFactory::start().await) },
+            kinded: Election on "zookeeper",
+            async { ZkFactory::start().await },
             short: lab::chaos::ShortRun::Only(lab::chaos::ELECTION_SHORT_SCENARIOS)
         );
     }
@@ -28,7 +29,8 @@ mod election {
     mod ensemble {
         use crate::common::ZkFactory;
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Election, ZkFactory::start_partitionable_ensemble().await) },
+            kinded: Election on "zookeeper-3",
+            async { ZkFactory::start_partitionable_ensemble().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
@@ -40,14 +42,16 @@ mod election {
 mod semaphore {
     mod standalone {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::ZkFactory::start().await) },
+            kinded: Semaphore on "zookeeper",
+            async { crate::common::ZkFactory::start().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
 
     mod ensemble {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Semaphore, crate::common::ZkFactory::start_partitionable_ensemble().await) },
+            kinded: Semaphore on "zookeeper-3",
+            async { crate::common::ZkFactory::start_partitionable_ensemble().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
@@ -58,14 +62,16 @@ mod semaphore {
 mod writer {
     mod standalone {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::ZkFactory::start().await) },
+            kinded: Writer on "zookeeper",
+            async { crate::common::ZkFactory::start().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }
 
     mod ensemble {
         lab::chaos_suite!(
-            async { lab::chaos::Kinded::of(lab::chaos::Primitive::Writer, crate::common::ZkFactory::start_partitionable_ensemble().await) },
+            kinded: Writer on "zookeeper-3",
+            async { crate::common::ZkFactory::start_partitionable_ensemble().await },
             short: lab::chaos::ShortRun::Only(&[])
         );
     }

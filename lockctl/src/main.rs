@@ -39,7 +39,8 @@ Exit codes:
   0        done: the command exited 0; status: held; break: a hold was removed;
            leader: someone leads; observe: stopped by a signal
   1        an error (bad URL, unreachable service, bad name; the message says which)
-  2        a usage error; break without --force
+  2        a usage error (no lock service given, among others); break without
+           --force
   3        status: nobody holds the name; break: nothing to break; leader: nobody
            leads; migration check: the step is not clear
   75       run, elect, hold, try: the lock (leadership) was not acquired (-n, -w),
@@ -60,8 +61,9 @@ Exit codes:
 struct Cli {
     /// Lock service URL: redis://, rediss://, redis+sentinel://, rediss+sentinel://,
     /// redis+cluster://, rediss+cluster://, redlock://, zk://, zks://, etcd://, etcds://, memory://, dual:OLD|NEW (default:
-    /// $LOCK_URL; run, hold and try fall back to memory://, the other commands need a
-    /// shared service).
+    /// $LOCK_URL). Every command needs one: without it lockctl exits 2 rather than take a
+    /// lock no other process sees (memory://, which run, elect, hold and try take only
+    /// when given).
     #[arg(long, global = true, env = "LOCK_URL", hide_env = true)]
     url: Option<String>,
     #[command(subcommand)]
@@ -329,9 +331,19 @@ async fn closing<T>(
     result
 }
 
-/// The lock service URL, for `run`, `hold` and `try`: `memory://` when none is given.
-fn url_or_memory(url: Option<String>) -> String {
-    url.unwrap_or_else(|| "memory://".to_owned())
+/// What the commands that take a lock say when no lock service is given.
+const NO_SERVICE: &str = "no lock service: give --url or set LOCK_URL to its URL, e.g. \
+    redis://127.0.0.1:6379, zk://127.0.0.1:2181/locks or etcd://127.0.0.1:2379 \
+    (--url memory:// takes a lock of this process alone, which no other process sees)";
+
+/// The lock service URL, for the commands that take a lock (`run`, `elect`, `hold`,
+/// `try`): there must be one, `memory://` only when given on purpose. `None` (after
+/// saying so) when there is none: the caller exits with a usage error.
+fn lock_url(url: Option<String>) -> Option<String> {
+    if url.is_none() {
+        eprintln!("lockctl: {NO_SERVICE}");
+    }
+    url
 }
 
 /// The lock service URL, for commands that look at other processes' locks: there must be
@@ -358,8 +370,10 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
             kind,
             command,
         } => {
+            let Some(url) = lock_url(url) else {
+                return Ok(ExitCode::from(EXIT_USAGE));
+            };
             let (name, grace) = (command.name.clone(), command.grace);
-            let url = url_or_memory(url);
             run::run(&url, &acquire, &name, &command.argv(), grace, kind.kind()).await
         }
         Command::Elect {
@@ -367,12 +381,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
             value,
             command,
         } => {
+            let Some(url) = lock_url(url) else {
+                return Ok(ExitCode::from(EXIT_USAGE));
+            };
             let (name, grace) = (command.name.clone(), command.grace);
             let value = value.unwrap_or_else(run::default_candidate_value);
             let kind = HoldKind::Candidate {
                 value: value.into_bytes(),
             };
-            let url = url_or_memory(url);
             run::run(&url, &acquire, &name, &command.argv(), grace, kind).await
         }
         Command::Leader { name, json } => operate::leader(&shared_url(url)?, &name, json).await,
@@ -381,11 +397,17 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
             acquire,
             name,
             duration,
-        } => run::hold(&url_or_memory(url), &acquire, &name, duration).await,
+        } => match lock_url(url) {
+            Some(url) => run::hold(&url, &acquire, &name, duration).await,
+            None => Ok(ExitCode::from(EXIT_USAGE)),
+        },
         Command::Try {
             name,
             conflict_exit_code,
-        } => run::try_once(&url_or_memory(url), &name, conflict_exit_code).await,
+        } => match lock_url(url) {
+            Some(url) => run::try_once(&url, &name, conflict_exit_code).await,
+            None => Ok(ExitCode::from(EXIT_USAGE)),
+        },
         Command::Status { name, json } => operate::status(&shared_url(url)?, &name, json).await,
         Command::List { prefix, long, json } => {
             operate::list(&shared_url(url)?, &prefix, long, json).await

@@ -198,6 +198,56 @@ async fn operator_commands_refuse_to_guess_the_service() {
     }
 }
 
+/// The commands that take a lock need a lock service named on purpose: with neither
+/// `--url` nor `LOCK_URL` they refuse (exit 2, saying how to give one) and run nothing,
+/// rather than take a lock of this process alone; `memory://` given on purpose works.
+#[tokio::test]
+async fn lock_commands_refuse_to_run_without_a_lock_service() {
+    let ran = std::env::temp_dir().join(format!("lockctl-ran-{}", uuid::Uuid::new_v4()));
+    let touch = format!("touch {}", ran.display());
+    let lockctl_env = |url: Option<&str>, args: &[&str]| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"));
+        command.env_remove("LOCK_URL").args(args).kill_on_drop(true);
+        if let Some(url) = url {
+            command.env("LOCK_URL", url);
+        }
+        async move {
+            timeout(common::LOCKCTL_WAIT, command.output())
+                .await
+                .expect("lockctl ends in time")
+                .expect("lockctl runs")
+        }
+    };
+    let commands: [&[&str]; 4] = [
+        &["run", "-n", "nightly", "-c", &touch],
+        &["elect", "-n", "nightly", "-c", &touch],
+        &["hold", "nightly", "--for", "10ms"],
+        &["try", "nightly"],
+    ];
+    for args in commands {
+        let output = lockctl_env(None, args).await;
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {}", text(&output));
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        for hint in ["--url", "LOCK_URL", "redis://", "memory://"] {
+            assert!(
+                stderr.contains(hint),
+                "{args:?} names {hint}: {}",
+                text(&output)
+            );
+        }
+        assert!(
+            !ran.exists(),
+            "{args:?} ran the command without a lock service"
+        );
+        // Named on purpose, the process-local lock is taken.
+        let output = lockctl("memory://", args).await;
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {}", text(&output));
+        let output = lockctl_env(Some("memory://"), args).await;
+        assert_eq!(output.status.code(), Some(0), "{args:?}: {}", text(&output));
+        let _ = std::fs::remove_file(&ran);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_list_and_break_on_redis() {
     let Some(server) = or_skip(RedisServer::start().await) else {

@@ -9,22 +9,8 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::PathBuf;
 
-use lab::chaos::{ReportRow, SCENARIOS};
-
-/// Deployments in report order.
-const DEPLOYMENTS: &[&str] = &[
-    "memory",
-    "redis",
-    "redlock-5",
-    "sentinel",
-    "sentinel+wait",
-    "cluster",
-    "zookeeper",
-    "zookeeper-tls",
-    "zookeeper-3",
-    "etcd",
-    "etcd-3",
-];
+use lab::chaos::matrix::DEPLOYMENTS;
+use lab::chaos::{Primitive, ReportRow, SCENARIOS};
 
 /// Dual deployments (`dual:<old>|<new>`) in report order: the pair, then the faulted
 /// side(s).
@@ -40,6 +26,22 @@ const DUAL_DEPLOYMENTS: &[&str] = &[
 /// The backend a target label names (`redis://…`, `zookeeper 127.0.0.1:…`, `etcd …`).
 fn backend(label: &str) -> &str {
     label.split([':', ' ']).next().unwrap_or("?")
+}
+
+/// The primitive a row's scenario ran with (a `Kinded` target's label ends with it), or
+/// `None` for the lock.
+fn primitive(row: &ReportRow) -> Option<Primitive> {
+    Primitive::ALL
+        .into_iter()
+        .find(|p| row.target.ends_with(&format!(" {}", p.label())))
+}
+
+/// The report column of a row: its deployment, with the primitive it ran (` semaphore`).
+fn column(row: &ReportRow) -> String {
+    match primitive(row) {
+        Some(p) => format!("{} {}", deployment(row), p.label()),
+        None => deployment(row),
+    }
 }
 
 fn deployment(row: &ReportRow) -> String {
@@ -115,6 +117,18 @@ fn verdict(runs: Option<&Vec<&ReportRow>>) -> String {
 
 type Cells<'a> = BTreeMap<(String, String), Vec<&'a ReportRow>>;
 
+/// The runs of each cell: by scenario and [`column`].
+fn cells(rows: &[ReportRow]) -> Cells<'_> {
+    let mut cells: Cells<'_> = BTreeMap::new();
+    for row in rows {
+        cells
+            .entry((row.scenario.clone(), column(row)))
+            .or_default()
+            .push(row);
+    }
+    cells
+}
+
 /// A table of `scenarios` (rows) by `deployments` (columns).
 fn table<'a>(
     md: &mut String,
@@ -135,6 +149,45 @@ fn table<'a>(
             let _ = write!(md, " {cell} |");
         }
         let _ = writeln!(md);
+    }
+}
+
+/// One table per primitive (the scenarios through `lab::chaos::Kinded`), on the
+/// deployments whose chaos suites run it; the deployments whose capabilities do not grant
+/// it are named as not offered.
+fn primitive_tables(md: &mut String, rows: &[ReportRow], cells: &Cells<'_>) {
+    for p in Primitive::ALL {
+        let mut columns: Vec<String> = DEPLOYMENTS
+            .iter()
+            .filter(|d| d.runs(p))
+            .map(|d| format!("{} {}", d.name, p.label()))
+            .collect();
+        let found: std::collections::BTreeSet<String> = rows
+            .iter()
+            .filter(|r| primitive(r) == Some(p))
+            .map(column)
+            .collect();
+        columns.retain(|c| found.contains(c));
+        let new: Vec<String> = found.into_iter().filter(|c| !columns.contains(c)).collect();
+        columns.extend(new);
+        if columns.is_empty() {
+            continue;
+        }
+        let _ = writeln!(md, "\n## The scenarios on a {}\n", p.label());
+        let not_offered: Vec<&str> = DEPLOYMENTS
+            .iter()
+            .filter(|d| !d.grants.contains(&p))
+            .map(|d| d.name)
+            .collect();
+        if !not_offered.is_empty() {
+            let _ = writeln!(
+                md,
+                "Not offered on {} (the deployment's capabilities do not grant it).\n",
+                not_offered.join(", ")
+            );
+        }
+        let columns: Vec<&str> = columns.iter().map(String::as_str).collect();
+        table(md, SCENARIOS.iter().copied(), &columns, cells);
     }
 }
 
@@ -160,13 +213,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if rows.is_empty() {
         return Err(format!("no scenario results in {}", dir.display()).into());
     }
-    let mut cells: Cells<'_> = BTreeMap::new();
-    for row in &rows {
-        cells
-            .entry((row.scenario.clone(), deployment(row)))
-            .or_default()
-            .push(row);
-    }
+    let cells = cells(&rows);
 
     let mut md = String::new();
     let _ = writeln!(md, "# distlock reliability report\n");
@@ -188,12 +235,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .filter(|s| !SCENARIOS.contains(s))
         .collect();
     // The known deployments in their order, then any other that ran (a new topology).
-    let mut singles: Vec<String> = DEPLOYMENTS.iter().map(|d| (*d).to_owned()).collect();
+    let known: Vec<&str> = DEPLOYMENTS.iter().map(|d| d.name).collect();
+    let mut singles: Vec<String> = known.iter().map(|d| (*d).to_owned()).collect();
     let new: std::collections::BTreeSet<String> = rows
         .iter()
-        .filter(|r| !r.target.starts_with("dual "))
+        .filter(|r| !r.target.starts_with("dual ") && primitive(r).is_none())
         .map(deployment)
-        .filter(|d| !DEPLOYMENTS.contains(&d.as_str()))
+        .filter(|d| !known.contains(&d.as_str()))
         .collect();
     singles.extend(new);
     let singles: Vec<&str> = singles.iter().map(String::as_str).collect();
@@ -203,6 +251,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &singles,
         &cells,
     );
+    primitive_tables(&mut md, &rows, &cells);
     let mut duals: Vec<&str> = DUAL_DEPLOYMENTS.to_vec();
     let found: std::collections::BTreeSet<String> = rows
         .iter()
@@ -268,7 +317,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let promises: BTreeMap<(String, String), String> = rows
         .iter()
         .filter(|r| r.expectation != "Safe" && r.ran)
-        .map(|r| ((r.scenario.clone(), deployment(r)), r.expectation.clone()))
+        .map(|r| ((r.scenario.clone(), column(r)), r.expectation.clone()))
         .collect();
     if !promises.is_empty() {
         let _ = writeln!(md, "\n## Where a backend promises only fencing\n");
@@ -346,6 +395,22 @@ mod tests {
         assert_eq!(deployment(&wait), "sentinel+wait");
         assert_eq!(deployment(&cluster), "cluster");
         assert_eq!(deployment(&tls), "zookeeper-tls");
+    }
+
+    #[test]
+    fn a_primitive_has_a_table_of_its_own_and_is_not_offered_where_not_granted() {
+        let single = "Single { durable: false }";
+        let lock = row("redis://127.0.0.1:1", single, "Safe", None);
+        let semaphore = row("redis://127.0.0.1:1 semaphore", single, "Safe", None);
+        assert_eq!(column(&lock), "redis");
+        assert_eq!(column(&semaphore), "redis semaphore");
+        let rows = vec![lock, semaphore];
+        let mut md = String::new();
+        primitive_tables(&mut md, &rows, &cells(&rows));
+        assert!(md.contains("## The scenarios on a semaphore"), "{md}");
+        assert!(md.contains("Not offered on redlock-5"), "{md}");
+        assert!(md.contains("| redis semaphore |"), "{md}");
+        assert!(!md.contains("election"), "{md}");
     }
 
     #[test]

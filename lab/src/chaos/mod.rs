@@ -30,6 +30,7 @@ use conformance::OptionSet;
 
 mod expect;
 mod failover;
+pub mod matrix;
 mod nemesis;
 mod primitives;
 mod report;

@@ -45,8 +45,8 @@ impl Primitive {
         }
     }
 
-    /// What a report row calls it.
-    fn label(self) -> &'static str {
+    /// What a report row calls it (after the deployment's label).
+    pub fn label(self) -> &'static str {
         match self {
             Primitive::Election => "election",
             Primitive::Semaphore => "semaphore",

@@ -186,18 +186,21 @@ impl Connect for MemoryBackend {
     }
 }
 
+/// What every in-process client offers.
+pub const CAPABILITIES: Capabilities = Capabilities::new("memory")
+    .fair(true)
+    .election(true)
+    .semaphore(true)
+    .rwlock(true)
+    .fencing(FencingSource::Counter)
+    .fence_at_least(true);
+
 #[async_trait]
 impl Backend for MemoryBackend {
     type Hold = MemoryHold;
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities::new("memory")
-            .fair(true)
-            .election(true)
-            .semaphore(true)
-            .rwlock(true)
-            .fencing(FencingSource::Counter)
-            .fence_at_least(true)
+        CAPABILITIES
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {

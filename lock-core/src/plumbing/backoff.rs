@@ -1,8 +1,13 @@
-//! Exponential backoff between retries: each pause doubles, up to a ceiling.
+//! Exponential backoff between retries with full jitter: each pause is drawn uniformly
+//! from zero to a ceiling that doubles up to a limit, so that clients that failed
+//! together (a server restarted under a fleet) do not retry together.
 
 use std::time::Duration;
 
-/// Pauses that double from `first` up to `longest`.
+use rand::Rng;
+
+/// Pauses drawn uniformly from zero to a ceiling that doubles from `first` up to
+/// `longest` (full jitter).
 #[derive(Debug, Clone)]
 pub struct Backoff {
     first: Duration,
@@ -11,7 +16,7 @@ pub struct Backoff {
 }
 
 impl Backoff {
-    /// Pauses starting at `first` and never longer than `longest`.
+    /// Pauses under a ceiling starting at `first` and never above `longest`.
     pub fn new(first: Duration, longest: Duration) -> Self {
         Backoff {
             first,
@@ -20,16 +25,22 @@ impl Backoff {
         }
     }
 
-    /// The pause before the next attempt; the one after it doubles.
+    /// The pause before the next attempt, at most the current ceiling; the ceiling after
+    /// it doubles.
     pub fn next_pause(&mut self) -> Duration {
-        let pause = self.next;
+        let ceiling = self.next;
         self.next = self.next.saturating_mul(2).min(self.longest);
-        pause
+        jitter(ceiling)
     }
 
-    /// The pause after `failures` consecutive failures (the first is `first`), without
-    /// changing the state.
+    /// A pause after `failures` consecutive failures (under `first` for the first),
+    /// without changing the state.
     pub fn after(&self, failures: u32) -> Duration {
+        jitter(self.ceiling_after(failures))
+    }
+
+    /// The ceiling of the pause after `failures` consecutive failures.
+    fn ceiling_after(&self, failures: u32) -> Duration {
         let doublings = failures.saturating_sub(1).min(31);
         self.first
             .saturating_mul(1u32 << doublings)
@@ -42,21 +53,63 @@ impl Backoff {
     }
 }
 
+/// A pause drawn uniformly from zero to `ceiling`.
+fn jitter(ceiling: Duration) -> Duration {
+    let nanos = u64::try_from(ceiling.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(rand::rng().random_range(0..=nanos))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn doubles_up_to_the_ceiling_and_resets() {
+    fn ceilings_double_up_to_the_limit_and_reset() {
         let ms = Duration::from_millis;
         let mut backoff = Backoff::new(ms(10), ms(50));
-        let pauses: Vec<_> = (0..5).map(|_| backoff.next_pause()).collect();
-        assert_eq!(pauses, [ms(10), ms(20), ms(40), ms(50), ms(50)]);
+        let ceilings: Vec<_> = (0..5)
+            .map(|_| {
+                let ceiling = backoff.next;
+                assert!(backoff.next_pause() <= ceiling);
+                ceiling
+            })
+            .collect();
+        assert_eq!(ceilings, [ms(10), ms(20), ms(40), ms(50), ms(50)]);
         backoff.reset();
-        assert_eq!(backoff.next_pause(), ms(10));
+        assert_eq!(backoff.next, ms(10));
         assert_eq!(
-            [0, 1, 2, 3, 40].map(|n| backoff.after(n)),
+            [0, 1, 2, 3, 40].map(|n| backoff.ceiling_after(n)),
             [ms(10), ms(10), ms(20), ms(40), ms(50)]
         );
+    }
+
+    /// Full jitter: the pauses under one ceiling spread uniformly over [0, ceiling], so
+    /// that clients failing at the same instant retry at different ones.
+    #[test]
+    fn pauses_spread_uniformly_up_to_the_ceiling() {
+        let ceiling = Duration::from_millis(1000);
+        let backoff = Backoff::new(ceiling, ceiling);
+        const DRAWS: u32 = 4000;
+        let mut deciles = [0u32; 10];
+        let mut total = Duration::ZERO;
+        for _ in 0..DRAWS {
+            let pause = backoff.after(1);
+            assert!(pause <= ceiling, "{pause:?} above the ceiling");
+            total += pause;
+            let decile = (pause.as_millis() / 100).min(9) as usize;
+            deciles[decile] += 1;
+        }
+        let mean = total / DRAWS;
+        assert!(
+            (Duration::from_millis(450)..=Duration::from_millis(550)).contains(&mean),
+            "the mean pause is {mean:?}, not about half the ceiling"
+        );
+        // Each tenth of the range gets about a tenth of the draws (400; 5 sigma ~ 95).
+        for (i, n) in deciles.iter().enumerate() {
+            assert!(
+                (300..=500).contains(n),
+                "decile {i} got {n} of {DRAWS}: {deciles:?}"
+            );
+        }
     }
 }

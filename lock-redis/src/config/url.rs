@@ -123,11 +123,11 @@ impl RedisConfig {
                 }
                 "tls" if config.redlock => config.tls = parse_bool("tls", &value)?,
                 "wait_replicas" => {
-                    config.wait_replicas = value.parse().map_err(|_| {
+                    config.wait_replicas = Some(value.parse().map_err(|_| {
                         Error::config(format!(
                             "wait_replicas must be a number of replicas, not {value:?}"
                         ))
-                    })?
+                    })?)
                 }
                 "wait_timeout" => {
                     config.wait_timeout = lock_core::raw::parse_duration("wait_timeout", &value)?
@@ -235,7 +235,7 @@ mod tests {
         );
         assert_eq!(
             (c.quorum(), c.wait_replicas, c.prefix.as_str()),
-            (1, 1, "p:")
+            (1, Some(1), "p:")
         );
         assert_eq!(c.endpoint(), "redis+cluster://a:7000,b:6379,c:7002");
         assert!(!format!("{c:?}").contains("s3cret"));
@@ -263,7 +263,7 @@ mod tests {
         assert_eq!(c.sentinel_password.as_deref(), Some("t0p"));
         assert_eq!(
             (c.wait_replicas, c.wait_timeout),
-            (1, Duration::from_millis(50))
+            (Some(1), Duration::from_millis(50))
         );
         assert!(!c.tls && !c.redlock);
         assert_eq!(
@@ -278,9 +278,34 @@ mod tests {
 
         let c = RedisBackend::config_from_str("rediss+sentinel://s1/prod?ca_file=/ca.pem").unwrap();
         assert!(c.tls);
-        assert_eq!((c.db, c.wait_replicas), (0, 0));
+        assert_eq!((c.db, c.wait_replicas), (0, None));
         let c = RedisBackend::config_from_str("redis://h?wait_replicas=2").unwrap();
-        assert_eq!(c.wait_replicas, 2);
+        assert_eq!(c.wait_replicas, Some(2));
+    }
+
+    /// Sentinel and Redis Cluster are chosen for failover: by default a grant waits for a
+    /// replica's acknowledgement there; `wait_replicas=0` opts out, and one server waits
+    /// for none.
+    #[test]
+    fn sentinel_and_cluster_grants_wait_for_a_replica_by_default() {
+        let wait = |url: &str| RedisBackend::config_from_str(url).unwrap().replica_wait();
+        for url in ["redis+sentinel://s1/prod", "redis+cluster://a:7000"] {
+            let default = wait(url).expect("a grant waits for a replica");
+            assert_eq!(
+                (default.replicas, default.if_replicated),
+                (1, true),
+                "{url}"
+            );
+            assert_eq!(
+                wait(&format!("{url}?wait_replicas=0")),
+                None,
+                "{url}: opted out"
+            );
+            let given = wait(&format!("{url}?wait_replicas=2")).expect("waits");
+            assert_eq!((given.replicas, given.if_replicated), (2, false), "{url}");
+        }
+        assert_eq!(wait("redis://h"), None, "one server");
+        assert_eq!(wait("redlock://a:1,b:2,c:3"), None, "RedLock");
     }
 
     #[test]

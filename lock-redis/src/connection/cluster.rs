@@ -5,7 +5,7 @@
 //! hash slot of their lock key. A `MOVED` reply updates the map and the request goes to
 //! the new owner; `ASK` sends `ASKING` and the request to the importing node in one
 //! pipeline on its shared connection; `TRYAGAIN` and `CLUSTERDOWN` (a slot being
-//! resharded, a failover under way) are retried after a pause growing from 25 to 250 ms,
+//! resharded, a failover under way) are retried after a jittered pause growing from 25 to 250 ms,
 //! at the node that answered it. While a slot migrates, a script whose declared keys are
 //! not all on the node asked is refused with `TRYAGAIN` until the move ends (the acquire
 //! of a free name: granting it on the importing node while the key may still be on the
@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use lock_core::raw::lock_unpoisoned;
+use lock_core::raw::{lock_unpoisoned, Backoff};
 use lock_core::{Error, Result};
 use redis::{ErrorKind, ProtocolVersion, ServerErrorKind, Value};
 use tokio::time::{sleep, Instant};
@@ -432,7 +432,7 @@ impl Shards {
     {
         // Redirections and failovers followed; `TRYAGAIN` is bounded by the deadline alone.
         let mut hops = 0;
-        let mut pause = RETRY_PAUSE;
+        let mut busy_pause = Backoff::new(RETRY_PAUSE, MAX_BUSY_PAUSE);
         let mut asked: Option<Arc<Node>> = None;
         // The latest TRYAGAIN, and the node that answered it.
         let mut busy_at: Option<(Arc<Node>, redis::RedisError)> = None;
@@ -517,8 +517,7 @@ impl Shards {
                     if kind == ServerErrorKind::TryAgain {
                         busy_at = Some((Arc::clone(&via), err));
                     }
-                    sleep(pause.min(left - RETRY_PAUSE)).await;
-                    pause = (pause * 2).min(MAX_BUSY_PAUSE);
+                    sleep(busy_pause.next_pause().min(left - RETRY_PAUSE)).await;
                 }
                 _ => return Err(via.failed(what, err)),
             }

@@ -32,8 +32,8 @@ pub(crate) struct SentinelFactory {
     /// What crashable clients go through: a proxy in front of the primary and a Sentinel
     /// of their own that names it, kept as long as the factory.
     crashable: Mutex<Vec<(Link, Cluster<Sentinel>)>>,
-    /// `wait_replicas` of every client.
-    wait_replicas: u32,
+    /// `wait_replicas` of every client (`None`: the default).
+    wait_replicas: Option<u32>,
     /// Whether the clients made from now on queue their waiters.
     pub(crate) queue: AtomicBool,
 }
@@ -42,23 +42,23 @@ impl SentinelFactory {
     /// A factory over a fresh deployment; `None` (after a loud notice) when redis-server is
     /// not installed and strict mode is off.
     pub(crate) async fn start() -> Option<Self> {
-        Self::start_with(SentinelOptions::default(), 0).await
+        Self::start_with(SentinelOptions::default(), None).await
     }
 
     /// A factory for the fault scenarios: the first primary behind fault proxies (see
     /// `SentinelOptions::partitionable`), clients that wait for `wait_replicas` replicas.
     pub(crate) async fn chaos(wait_replicas: u32) -> Option<Self> {
         let options = SentinelOptions::default().partitionable(true);
-        Self::start_with(options, wait_replicas).await
+        Self::start_with(options, Some(wait_replicas)).await
     }
 
     /// A factory over a fresh deployment serving TLS (`rediss+sentinel://`): clients know
     /// only the TLS ports of the Sentinels and of the servers they name.
     pub(crate) async fn start_tls() -> Option<Self> {
-        Self::over(RedisSentinel::start_tls().await, 0)
+        Self::over(RedisSentinel::start_tls().await, None)
     }
 
-    async fn start_with(options: SentinelOptions, wait_replicas: u32) -> Option<Self> {
+    async fn start_with(options: SentinelOptions, wait_replicas: Option<u32>) -> Option<Self> {
         Self::over(RedisSentinel::start_with(options).await, wait_replicas)
     }
 
@@ -75,10 +75,13 @@ impl SentinelFactory {
                 })
             })
             .await?;
-        Some(Self::over_arc(deployment, 0, shared_prefix()))
+        Some(Self::over_arc(deployment, None, shared_prefix()))
     }
 
-    fn over(deployment: Result<RedisSentinel, HarnessError>, wait_replicas: u32) -> Option<Self> {
+    fn over(
+        deployment: Result<RedisSentinel, HarnessError>,
+        wait_replicas: Option<u32>,
+    ) -> Option<Self> {
         let deployment = Arc::new(or_skip(deployment)?);
         Some(Self::over_arc(
             deployment,
@@ -87,7 +90,11 @@ impl SentinelFactory {
         ))
     }
 
-    fn over_arc(deployment: Arc<RedisSentinel>, wait_replicas: u32, prefix: String) -> Self {
+    fn over_arc(
+        deployment: Arc<RedisSentinel>,
+        wait_replicas: Option<u32>,
+        prefix: String,
+    ) -> Self {
         lock_core::raw::register::<lock_redis::RedisBackend>();
         SentinelFactory {
             deployment,
@@ -173,7 +180,8 @@ impl ChaosTarget for SentinelFactory {
         Topology::Replicated {
             shards: 1,
             replicas: self.deployment.servers().len() - 1,
-            acked: self.wait_replicas,
+            // The default waits for one replica (the primary has two).
+            acked: self.wait_replicas.unwrap_or(1),
         }
     }
 

@@ -90,10 +90,11 @@ impl Target {
 const MEMORY_PREFIX: &str = "memory://";
 
 /// The backends lockbench knows, in report order. Measured only when asked for:
-/// `redis-cluster` (three primaries with a replica each, `redis+cluster://`),
-/// `redis-sentinel` (a primary with two replicas behind three Sentinels,
-/// `redis+sentinel://`), `redis-sentinel-wait1` (the same, each grant waiting for one
-/// replica's acknowledgement: `wait_replicas=1`), `zookeeper-3` (a 3-member ensemble, the
+/// `redis-cluster` (three primaries with a replica each, `redis+cluster://`, grants not
+/// waiting for a replica: `wait_replicas=0`), `redis-sentinel` (a primary with two
+/// replicas behind three Sentinels, `redis+sentinel://`, `wait_replicas=0`),
+/// `redis-sentinel-wait1` (the same, each grant waiting for one replica's acknowledgement:
+/// `wait_replicas=1`, as by default), `zookeeper-3` (a 3-member ensemble, the
 /// client on a follower) and `zookeeper-tls` (`zks://`, one server, TLS with a private CA).
 /// `dual` is the migration lock from ZooKeeper to Redis (`dual:zk://…|redis://…`) on
 /// servers of its own.
@@ -357,7 +358,9 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let shards = cluster_shards(&cluster).await.map_err(harness)?;
             let primaries: Vec<String> = shards.iter().map(|(url, _)| url.clone()).collect();
             let floor = FloorSpec::RedisCluster(shards);
-            redis_target(backend, cluster.url(), floor, &primaries, Box::new(cluster)).await
+            // Grants unacknowledged (`wait_replicas=0`), as the floor's.
+            let url = format!("{}?wait_replicas=0", cluster.url());
+            redis_target(backend, url, floor, &primaries, Box::new(cluster)).await
         }
         "redis-sentinel" | "redis-sentinel-wait1" => {
             let deployment = RedisSentinel::start().await.map_err(harness)?;
@@ -367,7 +370,8 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
                 let url = format!("{}?wait_replicas=1", deployment.url());
                 (url, FloorSpec::RedisWait(primary.clone(), 1))
             } else {
-                (deployment.url(), FloorSpec::Redis(primary.clone()))
+                let url = format!("{}?wait_replicas=0", deployment.url());
+                (url, FloorSpec::Redis(primary.clone()))
             };
             redis_target(backend, url, floor, &[primary], Box::new(deployment)).await
         }
