@@ -194,9 +194,9 @@ impl PendingKey {
     }
 }
 
-/// What the key of `request` stores ([`entry_value`]): a mutex's owner token (so that an
-/// inspection shows who queues), a candidate's proposal (as the Go client's `Election`
-/// stores it), a permit's, reader's or writer's kind and owner token.
+/// What the key of `request` stores ([`entry_value`]): a candidate's proposal (as the Go
+/// client's `Election` stores it), a mutex's owner token (so that an inspection shows who
+/// queues), a permit's, reader's or writer's kind and owner token.
 fn stored_value(request: AcquireRequest<'_>) -> Result<Vec<u8>> {
     entry_value(request.kind, request.token.as_str())
         .ok_or_else(|| Error::unsupported(BACKEND, format!("holds of {}", request.kind.describe())))

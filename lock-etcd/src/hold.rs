@@ -39,7 +39,7 @@ pub struct EtcdHold {
 impl EtcdHold {
     /// The key (`<prefix>/<name>/<lease hex>`, or `…<lease hex>_<n>` for an acquisition
     /// made while another of the same name was under way in this client; then `.kind`
-    /// for a permit, a reader or a writer).
+    /// for any kind but a candidate).
     pub fn key(&self) -> &str {
         &self.key
     }

@@ -1,44 +1,48 @@
 //! Where locks live on etcd: the layout of the Go client's `concurrency.Mutex`.
 //!
 //! A lock `NAME` is the key range `<prefix>/<NAME>/` ([`lock_prefix`]). Each contender
-//! puts `<prefix>/<NAME>/<lease id in hex>` attached to its client's lease; the holder is
-//! the key with the lowest create revision, the rest queue in create revision order
-//! (FIFO). The create revision of the holder's key is its fencing token. The value of
-//! our mutex keys is the acquisition's owner token (the Go client's `Mutex` puts an empty
-//! value and never reads it), so that an inspection can tell who queues.
+//! puts a key `<prefix>/<NAME>/<lease id in hex>…` attached to its client's lease; the
+//! holder is the key with the lowest create revision, the rest queue in create revision
+//! order (FIFO), whatever their names. The create revision of the holder's key is its
+//! fencing token.
 //!
 //! The Go client's `concurrency.Election` uses the very same layout, with the
 //! candidate's proposal as the value: so does an election's candidate here
-//! ([`HoldKind::Candidate`](lock_core::raw::HoldKind)). The leader is the key created
-//! first, its term that key's create revision, and a proclaim rewrites the value in
-//! place (same key, same create revision, same lease).
+//! ([`HoldKind::Candidate`](lock_core::raw::HoldKind)), under the plain
+//! `<prefix>/<NAME>/<lease id in hex>`. The leader is the key created first, its term
+//! that key's create revision, and a proclaim rewrites the value in place (same key,
+//! same create revision, same lease).
 //!
 //! Concurrent acquisitions of one name in one client each queue on the server at once,
-//! under a key of their own: the first under the plain `<lease id in hex>`, the others
-//! under `<lease id in hex>_<n>` (n ≥ 1), so a later waiter of another client never
+//! under a key of their own: the first under `<lease id in hex>`, the others under
+//! `<lease id in hex>_<n>` (n ≥ 1), so a later waiter of another client never
 //! overtakes them ([`queue_key`]). The Go client's `Mutex` orders every key under the
 //! range by create revision, whatever its name, so the extra keys exclude `etcdctl lock`
 //! as well.
 //!
-//! # Semaphores and read-write locks
-//! A permit, a reader and a writer queue in the very same range, ordered by create
-//! revision, under the same keys with `.kind` after them (`<lease id in hex>[_<n>].kind`,
-//! one per acquisition under way, so one client may hold several permits or reads of one
-//! name at once; [`queue_key`]). The value says the kind of the entry and its owner token
-//! ([`entry_value`]): `permit/<permits>/<owner token>`, `read/<owner token>` or
-//! `write/<owner token>`. Only a key ending in `.kind` is read so ([`Entry::of`]): the
-//! value of any other key (a mutex's owner token, a candidate's proposal, the Go
-//! client's empty value) is a mutex's entry, whatever it says, so no proposal is ever
-//! taken for another kind. An entry is granted when [`HoldKind::granted_behind`] admits
-//! it behind the entries created before it; a downgrade rewrites `write/<token>` to
+//! # Our entries, and proposals
+//! Every entry of ours but a candidate's queues under the same keys with `.kind` after
+//! them (`<lease id in hex>[_<n>].kind`, one per acquisition under way, so one client may
+//! hold several permits or reads of one name at once; [`queue_key`]), and its value
+//! says its kind and owner token ([`entry_value`]): the bare owner token for a mutex,
+//! `permit/<permits>/<owner token>`, `read/<owner token>` or `write/<owner token>`. The
+//! key, which no user chooses, tells our values from proposals ([`Entry::of`]): the value
+//! of a key ending in `.kind` is ours (a tag or an owner token; anything else there reads
+//! as a mutex's) and no proposal; the value of any other key (a candidate's, ours or the
+//! Go client's `Election`'s; the Go client's `Mutex`'s empty value) is a proposal,
+//! whatever it says, and its entry a mutex's to the grant rule. So no proposal is ever
+//! taken for another kind or for an owner token, and a mutex's holder leads an election
+//! with an empty value. An entry is granted when [`HoldKind::granted_behind`] admits it behind
+//! the entries created before it; a downgrade rewrites `write/<token>` to
 //! `read/<token>` in place (same key, same create revision, same lease), so the entry
 //! keeps its place.
 //!
-//! Earlier versions put these values under plain keys. Such an entry reads as a mutex's
-//! here, so a client of this version never holds beside it: a mutex or a candidate
-//! queues behind it, a permit, a reader or a writer fails with a conflict until it goes
-//! (with its holder's lease at the latest). An earlier client reads this version's
-//! entries by their values, which are the same.
+//! Earlier versions put all these values under plain keys. Such an entry reads as a
+//! candidate's here (a tag or an owner token shown as its proposal), so a client of this
+//! version never holds beside it: a mutex or a candidate queues behind it, a permit, a
+//! reader or a writer fails with a conflict until it goes (with its holder's lease at the
+//! latest). An earlier client reads this version's entries by their values, which are
+//! the same.
 //!
 //! # Marks of broken holds
 //! Breaking a hold (an operator's forced release) deletes the holder's key and, in the
@@ -101,7 +105,7 @@ pub(crate) fn lock_of_key(prefix: &str, key: &[u8], lease: i64) -> Option<LockNa
         None => 0,
         Some((_, n)) => n.parse().ok().filter(|&n| n > 0)?,
     };
-    if lease <= 0 || leaf != queue_key("", lease, slot, &HoldKind::Mutex) {
+    if lease <= 0 || leaf != plain_key("", lease, slot) {
         return None;
     }
     LockName::new(unescape(segment, |name| escape(name, RESERVED))?).ok()
@@ -128,13 +132,22 @@ pub(crate) fn range_end(start: &[u8]) -> Vec<u8> {
 }
 
 /// The queue key of this client's acquisition number `n` (see the module docs), of
-/// `kind`, in the range `prefix` under lease `lease`: `<prefix><lease hex>`, or
-/// `<prefix><lease hex>_<n>` for n ≥ 1; then `.kind` for a permit, a reader or a writer.
+/// `kind`, in the range `prefix` under lease `lease`: [`plain_key`] for a candidate,
+/// then `.kind` for any other kind.
 pub(crate) fn queue_key(prefix: &str, lease: i64, n: u32, kind: &HoldKind) -> String {
-    let tag = if kind.shown().is_some() { TAGGED } else { "" };
+    let plain = plain_key(prefix, lease, n);
+    match kind {
+        HoldKind::Candidate { .. } => plain,
+        _ => plain + TAGGED,
+    }
+}
+
+/// `<prefix><lease hex>`, or `<prefix><lease hex>_<n>` for n ≥ 1: the key of a
+/// candidate (see [`queue_key`]).
+fn plain_key(prefix: &str, lease: i64, n: u32) -> String {
     match n {
-        0 => format!("{prefix}{lease:x}{tag}"),
-        n => format!("{prefix}{lease:x}_{n}{tag}"),
+        0 => format!("{prefix}{lease:x}"),
+        n => format!("{prefix}{lease:x}_{n}"),
     }
 }
 
@@ -149,7 +162,7 @@ pub(crate) fn twin_key(key: &str) -> String {
 }
 
 /// What the key of an acquisition of `kind` with owner token `token` stores (see the
-/// module docs): a mutex's owner token, a candidate's proposal, or the kind then the
+/// module docs): a candidate's proposal, a mutex's owner token, or the kind then the
 /// owner token for a permit, a reader or a writer.
 pub(crate) fn entry_value(kind: &HoldKind, token: &str) -> Option<Vec<u8>> {
     let value = match kind {
@@ -163,7 +176,8 @@ pub(crate) fn entry_value(kind: &HoldKind, token: &str) -> Option<Vec<u8>> {
     Some(value.into_bytes())
 }
 
-/// What ends the key of an entry whose value says its kind (see the module docs).
+/// What ends the key of an entry whose value is ours, not a proposal (see the module
+/// docs).
 const TAGGED: &str = ".kind";
 /// The value tag of a permit's entry (then the permits, `/` and the owner token).
 const PERMIT: &str = "permit/";
@@ -178,21 +192,29 @@ pub(crate) struct Entry {
     /// The kind of hold it asks for: [`HoldKind::Mutex`] for any entry that is not a
     /// permit's, a reader's or a writer's (a mutex's, a candidate's, the Go client's).
     pub(crate) kind: HoldKind,
-    /// Its owner token, where the value holds one of ours.
+    /// Its owner token, where the value of a `.kind` key holds one of ours.
     pub(crate) owner: Option<String>,
+    /// The value of a plain key, unless empty: a candidate's proposal, whatever it says.
+    pub(crate) proposal: Option<Vec<u8>>,
 }
 
 impl Entry {
     /// The entry whose key `key` stores `value` ([`queue_key`] and [`entry_value`]'s
-    /// inverse). Only a key ending in `.kind` has a tag for a value; a tag followed by
+    /// inverse). Only the value of a key ending in `.kind` is ours: a tag followed by
     /// anything but an owner token (and, for a permit, a number written plainly) is no
-    /// tag: such an entry reads as a mutex's, never as a shared kind.
+    /// tag, and such an entry reads as a mutex's, never as a shared kind. The value of
+    /// any other key is a proposal.
     pub(crate) fn of(key: &[u8], value: &[u8]) -> Entry {
+        if !key.ends_with(TAGGED.as_bytes()) {
+            return Entry {
+                kind: HoldKind::Mutex,
+                owner: None,
+                proposal: (!value.is_empty()).then(|| value.to_vec()),
+            };
+        }
         let text = std::str::from_utf8(value).unwrap_or("");
         let token = |rest: &str| reads_as_owner_token(rest).then(|| rest.to_owned());
-        let tagged = if !key.ends_with(TAGGED.as_bytes()) {
-            None
-        } else if let Some(rest) = text.strip_prefix(PERMIT) {
+        let tagged = if let Some(rest) = text.strip_prefix(PERMIT) {
             rest.split_once('/').and_then(|(permits, rest)| {
                 let n: u32 = permits.parse().ok()?;
                 let plain = n.to_string() == permits;
@@ -208,22 +230,15 @@ impl Entry {
         } else {
             None
         };
-        match tagged {
-            Some((kind, owner)) => Entry {
-                kind,
-                owner: Some(owner),
-            },
-            None => Entry {
-                kind: HoldKind::Mutex,
-                owner: token(text),
-            },
+        let (kind, owner) = match tagged {
+            Some((kind, owner)) => (kind, Some(owner)),
+            None => (HoldKind::Mutex, token(text)),
+        };
+        Entry {
+            kind,
+            owner,
+            proposal: None,
         }
-    }
-
-    /// Whether the entry is a permit's, a reader's or a writer's (nothing a candidate
-    /// proposed): inspections show no value for these.
-    pub(crate) fn is_tagged(&self) -> bool {
-        !matches!(self.kind, HoldKind::Mutex)
     }
 }
 
@@ -297,6 +312,10 @@ pub(crate) fn first_created() -> GetOptions {
 mod tests {
     use super::*;
 
+    fn candidate() -> HoldKind {
+        HoldKind::Candidate { value: Vec::new() }
+    }
+
     #[test]
     fn names_map_to_disjoint_ranges() {
         let name = |n: &str| LockName::new(n).expect("valid");
@@ -334,7 +353,7 @@ mod tests {
             assert!(marks.ends_with("%broken/"), "{marks}");
             for (name, kind) in names
                 .iter()
-                .flat_map(|n| [(n, HoldKind::Mutex), (n, HoldKind::Read)])
+                .flat_map(|n| [(n, candidate()), (n, HoldKind::Read)])
             {
                 let name = LockName::new(*name).expect("valid");
                 let range = lock_prefix(prefix, &name);
@@ -481,8 +500,12 @@ mod tests {
             entry_value(&HoldKind::Write, token).expect("a value"),
             format!("write/{token}").into_bytes()
         );
+        // Our entries are no proposals.
+        let mutex = queue_key("p/jobs/", 0x1f, 0, &HoldKind::Mutex);
+        assert_eq!(Entry::of(mutex.as_bytes(), token.as_bytes()).proposal, None);
         // A candidate's proposal is stored as is, under a plain key, and reads as a
-        // mutex's entry, whatever it says: a proposal shaped like a tag is no tag.
+        // mutex's entry with that proposal, whatever it says: a proposal shaped like a
+        // tag or an owner token is neither.
         let proposal = HoldKind::Candidate {
             value: b"10.0.0.1:80".to_vec(),
         };
@@ -492,22 +515,23 @@ mod tests {
             entry_value(&proposal, token).expect("a value"),
             b"10.0.0.1:80"
         );
-        for kind in [
+        let kinds = [
+            HoldKind::Mutex,
             HoldKind::Permit { permits: 4 },
             HoldKind::Read,
             HoldKind::Write,
-        ] {
+        ];
+        for kind in kinds {
             let value = entry_value(&kind, token).expect("a value");
-            let entry = Entry::of(plain.as_bytes(), &value);
-            assert_eq!(
-                entry.kind,
-                HoldKind::Mutex,
-                "{}",
-                String::from_utf8_lossy(&value)
-            );
-            assert!(!entry.is_tagged());
-            assert_eq!(Entry::of(b"p/jobs/1f_2", &value).kind, HoldKind::Mutex);
+            for key in [plain.as_str(), "p/jobs/1f_2"] {
+                let entry = Entry::of(key.as_bytes(), &value);
+                let shown = String::from_utf8_lossy(&value);
+                assert_eq!(entry.kind, HoldKind::Mutex, "{shown}");
+                assert_eq!(entry.owner, None, "{shown}");
+                assert_eq!(entry.proposal.as_ref(), Some(&value), "{shown}");
+            }
         }
+        assert_eq!(Entry::of(plain.as_bytes(), b"").proposal, None);
         // Near misses are no tags: they read as a mutex's entry, never as a shared kind.
         let tagged = queue_key("p/jobs/", 0x1f, 0, &HoldKind::Read);
         for value in [
@@ -524,7 +548,7 @@ mod tests {
         ] {
             let entry = Entry::of(tagged.as_bytes(), value.as_bytes());
             assert_eq!(entry.kind, HoldKind::Mutex, "{value}");
-            assert!(!entry.is_tagged(), "{value}");
+            assert_eq!(entry.proposal, None, "{value}");
         }
         assert_eq!(
             Entry::of(tagged.as_bytes(), b"\xff\xfe").kind,
@@ -534,9 +558,17 @@ mod tests {
 
     #[test]
     fn queue_keys_are_the_lease_in_hex_then_the_slot() {
+        let candidate = candidate();
+        assert_eq!(
+            queue_key("locks/jobs/", 0x1f, 0, &candidate),
+            "locks/jobs/1f"
+        );
+        assert_eq!(
+            queue_key("locks/jobs/", 0x1f, 2, &candidate),
+            "locks/jobs/1f_2"
+        );
         let mutex = HoldKind::Mutex;
-        assert_eq!(queue_key("locks/jobs/", 0x1f, 0, &mutex), "locks/jobs/1f");
-        assert_eq!(queue_key("locks/jobs/", 0x1f, 2, &mutex), "locks/jobs/1f_2");
+        assert_eq!(queue_key("l/", 0x1f, 0, &mutex), "l/1f.kind");
         let permit = HoldKind::Permit { permits: 2 };
         assert_eq!(queue_key("l/", 0x1f, 0, &permit), "l/1f.kind");
         assert_eq!(queue_key("l/", 0x1f, 2, &HoldKind::Write), "l/1f_2.kind");

@@ -5,8 +5,8 @@
 //! An inspection is one linearizable range read of the lock's key range, in create
 //! revision order (the first holds, the rest wait, as `concurrency.Mutex` orders them),
 //! and one `LeaseTimeToLive` (without keys) more for the holder's lease when the lock is
-//! held. Each participant shows its key's value ([`participant`]): an election's leader
-//! and candidates their proposals. No participant shows since when it is there
+//! held. Each participant shows its owner token or, for an election's leader and
+//! candidates, their proposals ([`participant`]). No participant shows since when it is there
 //! ([`Participant::since`] is `None`): etcd records revisions for keys, no time.
 //!
 //! A listing reads keys only, page by page, all pages at the revision of the first, so
@@ -93,29 +93,25 @@ fn holder(kv: &KeyValue, lease: Option<LeaseTtl>) -> Result<Participant> {
         .lease_left(lease.map(|lease| lease.left)))
 }
 
-/// A queued key. Its value is what its acquisition stored ([`Entry`]): under a `.kind`
-/// key, a permit's, reader's or writer's kind and owner token (shown as
-/// [`Participant::kind`] and the owner token); under a plain key, our mutex's owner token, a candidate's proposal (ours or the Go
-/// client's `Election`'s), nothing from the Go client's `Mutex`. One key cannot tell a
-/// mutex's from a candidate's, so every other non-empty value is shown as
-/// [`Participant::value`] (what an election's reader takes as the leader's value), and
-/// as the owner token too when it reads as one of ours.
+/// A queued key, as its [`Entry`] reads: under a `.kind` key, our mutex's, permit's,
+/// reader's or writer's owner token (and the kind, as [`Participant::kind`], but for a
+/// mutex); under a plain key, a candidate's proposal (ours or the Go client's
+/// `Election`'s) as [`Participant::value`], what an election's reader takes as the
+/// leader's value, and no owner token; nothing from the Go client's `Mutex`.
 fn participant(kv: &KeyValue) -> Participant {
-    let value = kv.value();
-    let entry = Entry::of(kv.key(), value);
+    let entry = Entry::of(kv.key(), kv.value());
     // The lease id, in the lowercase hex the key name carries.
     let session = (kv.lease() != 0).then(|| format!("{:x}", kv.lease()));
-    let shown = (!value.is_empty() && !entry.is_tagged()).then(|| value.to_vec());
-    let kind = entry.is_tagged().then_some(entry.kind);
     // The campaign's put is the key's version 1; each proclaim is one more put.
-    let version = shown
+    let version = entry
+        .proposal
         .as_ref()
         .map(|_| u64::try_from(kv.version().saturating_sub(1)).unwrap_or(0));
     Participant::new(entry.owner)
         .session(session)
-        .value(shown)
+        .value(entry.proposal)
         .value_version(version)
-        .kind(kind)
+        .kind(entry.kind.shown())
 }
 
 /// A revision as a fencing token (the lock grants its key's create revision).

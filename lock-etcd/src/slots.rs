@@ -11,8 +11,8 @@ use lock_core::LockName;
 use crate::layout::queue_key;
 
 /// The keys of one name that this client's acquisitions use. Each acquisition under way
-/// takes the lowest free slot: slot 0 is the Go `Mutex`'s plain `<lease hex>` key, slot n
-/// `<lease hex>_<n>`, each then `.kind` for a permit, reader or writer. A slot is freed once
+/// takes the lowest free slot: slot 0 is the Go client's plain `<lease hex>` key, slot n
+/// `<lease hex>_<n>`, each then `.kind` for any kind but a candidate. A slot is freed once
 /// its hold ended or its cancelled attempt's key was cleaned up: two live acquisitions never
 /// share one, and a key found on the server for a free slot (in either form) is our leftover.
 #[derive(Default)]

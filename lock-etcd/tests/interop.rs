@@ -135,7 +135,7 @@ async fn our_holder_blocks_etcdctl() {
     }
 }
 
-/// A second acquisition of one name on our client queues under `<lease hex>_1`: once it
+/// A second acquisition of one name on our client queues under `<lease hex>_1.kind`: once it
 /// holds the lock, that key blocks `etcdctl lock` as the plain key does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn our_second_local_holder_blocks_etcdctl() {
@@ -162,7 +162,7 @@ async fn our_second_local_holder_blocks_etcdctl() {
     let lease = ours.backend().lease_id().expect("a live lease");
     let keys = keys_under(&admin, &format!("{name}/")).await;
     assert_eq!(keys.len(), 2, "our second key and etcdctl's: {keys:?}");
-    assert_eq!(keys[0].0, format!("{name}/{lease:x}_1"), "{keys:?}");
+    assert_eq!(keys[0].0, format!("{name}/{lease:x}_1.kind"), "{keys:?}");
     second
         .extend()
         .await

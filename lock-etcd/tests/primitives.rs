@@ -457,7 +457,7 @@ async fn earlier_layout_entry_is_never_held_beside() {
     scene.until_keys(1).await;
 }
 
-/// A leftover key of this client in the other form of a slot (a mutex's plain key left
+/// A leftover key of this client in the other form of a slot (a candidate's plain key left
 /// behind, here put by hand on the client's lease) is deleted by the next acquisition of
 /// that slot as a reader, which is then granted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -488,7 +488,7 @@ async fn leftover_of_another_kind_is_cleared() {
             Some(PutOptions::new().with_lease(lease)),
         )
         .await
-        .expect("a leftover mutex key");
+        .expect("a leftover candidate's key");
     let reader = rw
         .read(&AcquireOptions::try_once())
         .await

@@ -24,7 +24,7 @@ fn range(name: &str) -> String {
 }
 
 /// Every hold of a client lives on the client's one lease, under
-/// `<prefix>/<escaped name>/<lease hex>`, with the key's create revision as fencing token;
+/// `<prefix>/<escaped name>/<lease hex>.kind`, with the key's create revision as fencing token;
 /// closing the client revokes the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_lease_per_client_and_the_mutex_layout() {
@@ -41,7 +41,7 @@ async fn one_lease_per_client_and_the_mutex_layout() {
     let lease = locks.backend().lease_id().expect("a live lease");
     for (name, guard) in names.iter().zip(&guards) {
         let keys = keys_under(&admin, &range(name)).await;
-        let expected = format!("{}{lease:x}", range(name));
+        let expected = format!("{}{lease:x}.kind", range(name));
         assert_eq!(keys.len(), 1, "{keys:?}");
         assert_eq!(keys[0].0, expected);
         assert_eq!(
@@ -198,8 +198,8 @@ async fn a_second_local_waiter_keeps_its_place_on_the_server() {
         "every waiter queues on the server: {queued:?}"
     );
     let lease = local.backend().lease_id().expect("a live lease");
-    assert_eq!(queued[0].0, format!("{}{lease:x}", range(name)));
-    assert_eq!(queued[1].0, format!("{}{lease:x}_1", range(name)));
+    assert_eq!(queued[0].0, format!("{}{lease:x}.kind", range(name)));
+    assert_eq!(queued[1].0, format!("{}{lease:x}_1.kind", range(name)));
 
     // A second local acquire that gives up leaves nothing behind.
     let held = local.lock(name).await.expect("acquire");
@@ -491,7 +491,7 @@ async fn renewal_checks_by_reads_when_the_key_list_is_too_large() {
     let err =
         listed.expect_err("the key list must not fit one answer for this test to mean anything");
     assert!(err.to_string().contains("too large"), "{err}");
-    let stolen = format!("{}{lease:x}", range(&names[0]));
+    let stolen = format!("{}{lease:x}.kind", range(&names[0]));
     let deleted = admin
         .kv_client()
         .delete(stolen.as_str(), None)
