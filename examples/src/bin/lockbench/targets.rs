@@ -94,7 +94,8 @@ const MEMORY_PREFIX: &str = "memory://";
 /// waiting for a replica: `wait_replicas=0`), `redis-sentinel` (a primary with two
 /// replicas behind three Sentinels, `redis+sentinel://`, `wait_replicas=0`),
 /// `redis-sentinel-wait1` (the same, each grant waiting for one replica's acknowledgement:
-/// `wait_replicas=1`, as by default), `zookeeper-3` (a 3-member ensemble, the
+/// `wait_replicas=1`), `redis-sentinel-default` (the same with the default: a grant asks
+/// the primary's `ROLE` and waits for one replica where it lists any), `zookeeper-3` (a 3-member ensemble, the
 /// client on a follower) and `zookeeper-tls` (`zks://`, one server, TLS with a private CA).
 /// `dual` is the migration lock from ZooKeeper to Redis (`dual:zk://…|redis://…`) on
 /// servers of its own.
@@ -104,6 +105,7 @@ pub(crate) const BACKENDS: &[&str] = &[
     "redis-cluster",
     "redis-sentinel",
     "redis-sentinel-wait1",
+    "redis-sentinel-default",
     "redlock",
     "zookeeper",
     "zookeeper-3",
@@ -317,7 +319,7 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
     let scheme = match backend {
         "redis" => "redis",
         "redis-cluster" => "redis+cluster",
-        "redis-sentinel" | "redis-sentinel-wait1" => "redis+sentinel",
+        "redis-sentinel" | "redis-sentinel-wait1" | "redis-sentinel-default" => "redis+sentinel",
         "redlock" => "redlock",
         "zookeeper" | "zookeeper-3" => "zk",
         "zookeeper-tls" => "zks",
@@ -362,16 +364,24 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let url = format!("{}?wait_replicas=0", cluster.url());
             redis_target(backend, url, floor, &primaries, Box::new(cluster)).await
         }
-        "redis-sentinel" | "redis-sentinel-wait1" => {
+        "redis-sentinel" | "redis-sentinel-wait1" | "redis-sentinel-default" => {
             let deployment = RedisSentinel::start().await.map_err(harness)?;
             // The floor runs on the primary itself, with no discovery in front.
             let primary = deployment.server(0).url();
-            let (url, floor) = if backend == "redis-sentinel-wait1" {
-                let url = format!("{}?wait_replicas=1", deployment.url());
-                (url, FloorSpec::RedisWait(primary.clone(), 1))
-            } else {
-                let url = format!("{}?wait_replicas=0", deployment.url());
-                (url, FloorSpec::Redis(primary.clone()))
+            let (url, floor) = match backend {
+                "redis-sentinel-wait1" => (
+                    format!("{}?wait_replicas=1", deployment.url()),
+                    FloorSpec::RedisWait(primary.clone(), 1),
+                ),
+                // The default: the floor waits for the replica, not for the ROLE asked
+                // before, so the ratio shows what that question costs.
+                "redis-sentinel-default" => {
+                    (deployment.url(), FloorSpec::RedisWait(primary.clone(), 1))
+                }
+                _ => (
+                    format!("{}?wait_replicas=0", deployment.url()),
+                    FloorSpec::Redis(primary.clone()),
+                ),
             };
             redis_target(backend, url, floor, &[primary], Box::new(deployment)).await
         }
