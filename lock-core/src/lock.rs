@@ -59,6 +59,8 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 ///   ([`operator_inspects_lists_and_breaks`]).
 /// - a closed client frees what it held and queued at once, though its runtime ends right
 ///   after ([`close_frees_everything`]).
+/// - a closed client ends its waiting acquires with an error and takes their waiters off
+///   the server before `close` returns ([`close_ends_waiting_acquires`]).
 ///
 /// Where [`Capabilities::election`] is set, leader elections ([`crate::Election`]) too:
 /// - one leader at a time, fenced on terms that strictly increase
@@ -115,6 +117,7 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`scoped_run_cancels_on_loss`]: ../conformance/rules/fn.scoped_run_cancels_on_loss.html
 /// [`operator_inspects_lists_and_breaks`]: ../conformance/rules/fn.operator_inspects_lists_and_breaks.html
 /// [`close_frees_everything`]: ../conformance/rules/fn.close_frees_everything.html
+/// [`close_ends_waiting_acquires`]: ../conformance/rules/fn.close_ends_waiting_acquires.html
 /// [`election_one_leader_at_a_time`]: ../conformance/rules/fn.election_one_leader_at_a_time.html
 /// [`election_value_and_proclaim`]: ../conformance/rules/fn.election_value_and_proclaim.html
 /// [`election_resign_hands_over`]: ../conformance/rules/fn.election_resign_hands_over.html
@@ -226,7 +229,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// then ends its session (ZooKeeper) or revokes its lease (etcd), so that nothing it
     /// held or queued outlives it. Call it before the process exits: a runtime that ends
     /// takes the client's background tasks with it, and what they had not done waits for
-    /// the server-side expiry. Acquires after it fail; closing twice is harmless.
+    /// the server-side expiry. Acquires under way end (their waiters taken off the server
+    /// first) and acquires after it fail, with `Error::Unsupported`; closing twice is
+    /// harmless.
     ///
     /// # Errors
     /// Connection errors of the releases or of ending the session, after everything was

@@ -309,6 +309,7 @@ impl Backend for RedisBackend {
             let nap = match attempt {
                 Attempt::Won(acquired) => {
                     pending.state_mut().dirty.disarm(&acquired.hold);
+                    acquired.hold.granted(acquired.fencing_token);
                     return Ok(Some(acquired));
                 }
                 Attempt::Held(_) | Attempt::Queued(_) if !request.wait => return Ok(None),
@@ -346,6 +347,7 @@ impl Backend for RedisBackend {
                 granted.and_then(|grant| self.handed(&first, &request, grant, queued_at))
             {
                 pending.state_mut().dirty.disarm(&acquired.hold);
+                acquired.hold.granted(acquired.fencing_token);
                 return Ok(Some(acquired));
             }
         }

@@ -18,7 +18,7 @@ pub(crate) use release::{downgrade, proclaim, release_all, release_each};
 pub(crate) use renewal::{renew, renewal_group};
 
 use std::sync::atomic::AtomicU64;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use lock_core::raw::{AcquireRequest, HoldKind};
@@ -88,6 +88,9 @@ pub(crate) struct CandidateKeys {
     pub(crate) value: Vec<u8>,
     /// The version of the last proclaim sent (0: the value of the grant).
     pub(crate) proclaims: AtomicU64,
+    /// The term (the fencing token of the grant), once granted: a proclaim writes it back
+    /// into an entry it has to recreate.
+    pub(crate) term: OnceLock<u64>,
 }
 
 impl HoldKeys {
@@ -147,6 +150,7 @@ impl RedisHold {
                 changed: keys.side_key(&key, layout::CHANGED),
                 value: value.clone(),
                 proclaims: AtomicU64::new(0),
+                term: OnceLock::new(),
             }),
             _ => None,
         };
@@ -183,6 +187,14 @@ impl RedisHold {
     /// several rounds stores its token with a `~<round>` suffix.
     pub fn token(&self) -> &OwnerToken {
         &self.token
+    }
+
+    /// Records the grant of this hold, `fence`: a candidate's term.
+    pub(crate) fn granted(&self, fence: FencingToken) {
+        if let Some(candidate) = &self.keys.candidate {
+            // The first grant's: one acquisition has one term.
+            let _ = candidate.term.set(fence.get());
+        }
     }
 
     /// The id of the acquisition in the waiter queue ("" without the queue).

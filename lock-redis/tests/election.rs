@@ -356,3 +356,31 @@ async fn a_mutex_on_an_elections_name_leads_single() {
 async fn a_mutex_on_an_elections_name_leads_redlock() {
     a_mutex_on_an_elections_name_leads(true).await;
 }
+
+/// A leader entry lost behind the leader's back (evicted) and recreated by its next
+/// proclaim still shows the leader: readers see its term and new value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proclaim_after_the_entry_was_evicted_keeps_the_term() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let client = factory.make(with_ttl(Duration::from_secs(5))).await;
+    let name = unique_name("proclaim_evicted");
+    let election = election_on(&client, name.as_str());
+    let mut leadership = election
+        .campaign("first", &AcquireOptions::try_once())
+        .await
+        .expect("campaign")
+        .expect("leads");
+    let mut conn = factory.raw_all().await.remove(0);
+    let _: () = redis::cmd("DEL")
+        .arg(KeyLayout::new(DEFAULT_PREFIX).leader_key(&name))
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
+    leadership.proclaim("second").await.expect("proclaim");
+    let leader = election.leader().await.expect("leader");
+    let shown = leader.as_ref().map(|l| (l.term, l.value_text()));
+    assert_eq!(shown, Some((leadership.term(), "second".to_owned())));
+    leadership.resign().await.expect("resign");
+}

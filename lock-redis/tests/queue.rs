@@ -1,7 +1,8 @@
 //! The waiter queue on one server, seen from behind the library: a dead head is passed
 //! over within the hand-off window, a waiter that gives up leaves at once, dead entries
-//! never block, a waiter dropped from the queue behind its back queues again, and clients
-//! with and without the queue exclude each other on the plain lock key.
+//! never block, a waiter dropped from the queue behind its back queues again, a closed
+//! client's waiter leaves before `close()` returns, and clients with and without the
+//! queue exclude each other on the plain lock key.
 
 mod common;
 
@@ -11,7 +12,7 @@ use std::time::Duration;
 use common::{config_for, queue_of, raw, unique_name as name, until_queued, RedisFactory};
 use conformance::fence::FencedResource;
 use conformance::Factory;
-use lock_core::{DistributedLockExt, LockGuard, LockName, LockOptions};
+use lock_core::{DistributedLock, DistributedLockExt, Error, LockGuard, LockName, LockOptions};
 use lock_redis::{KeyLayout, RedisLock, DEFAULT_PREFIX};
 use redis::aio::MultiplexedConnection;
 use tokio::task::JoinHandle;
@@ -401,6 +402,32 @@ async fn a_waiter_dropped_from_the_queue_queues_again() {
         .expect("the dropped waiter still gets the lock")
         .expect("waiter task");
     next.release().await.expect("release");
+}
+
+/// Closing a client ends its waiting acquire with an error and takes its waiter out of
+/// the queue before `close()` returns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn close_ends_a_waiting_acquire_and_its_entry() {
+    let Some(factory) = RedisFactory::single().await else {
+        return;
+    };
+    let mut conn = raw(factory.servers.addrs()[0]).await;
+    let lock = name("closed_waiter");
+    let holder = client(&factory, true).await;
+    let guard = holder.lock(lock.as_str()).await.expect("acquire");
+    let waiter = client(&factory, true).await;
+    let waiting = tokio::spawn({
+        let (waiter, lock) = (Arc::clone(&waiter), lock.clone());
+        async move { waiter.lock(lock.as_str()).await.map(drop) }
+    });
+    until_queued(&mut conn, &lock, 1).await;
+    waiter.close().await.expect("close");
+    let left = queue_of(&mut conn, &lock).await;
+    let ended = timeout(Duration::from_millis(200), waiting).await;
+    assert!(left.is_empty(), "queued after close(): {left:?}");
+    let ended = ended.expect("the acquire ends with close()").expect("task");
+    assert!(matches!(ended, Err(Error::Unsupported { .. })), "{ended:?}");
+    guard.release().await.expect("release");
 }
 
 /// Clients with and without the queue on one name exclude each other (the plain key

@@ -1,11 +1,13 @@
-//! Shutdown: a closed client leaves nothing behind, even when its process ends at once.
+//! Shutdown: a closed client leaves nothing behind, even when its process ends at once,
+//! and ends its acquires that still wait.
 
+use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{AcquireOptions, DistributedLock, DistributedLockExt, LockName};
+use lock_core::{AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName};
 use tokio::time::{sleep, timeout, Instant};
 
-use super::{eventually_empty, unique_name, PROMPT};
+use super::{eventually_empty, unique_name, waiters_reach, PROMPT};
 use crate::factory::{with_ttl, Factory};
 
 /// A lease long enough that a grant within [`PROMPT`] cannot come from its expiry.
@@ -55,6 +57,55 @@ pub async fn close_frees_everything(factory: &dyn Factory) {
         acquired_after_close.is_err(),
         "a closed client acquires no more: {acquired_after_close:?}"
     );
+}
+
+/// Closing a client ends its waiting acquire with the closed client's error and takes its
+/// waiter off the server before `close()` returns.
+pub async fn close_ends_waiting_acquires(factory: &dyn Factory) {
+    const RULE: &str = "close_ends_waiting_acquires";
+    let name = unique_name("close_waiting");
+    let holder = factory.client(with_ttl(LONG_TTL)).await;
+    let guard = holder.lock(name.as_str()).await.expect("acquire");
+    let closing = factory.client(with_ttl(LONG_TTL)).await;
+    let waiting = tokio::spawn({
+        let (closing, name) = (Arc::clone(&closing), name.clone());
+        async move { closing.lock(name.as_str()).await.map(drop) }
+    });
+    if closing.capabilities().fair {
+        waiters_reach(&*holder, &name, 1).await;
+    } else {
+        // Its waiters leave no trace on the server to wait for.
+        sleep(Duration::from_millis(300)).await;
+    }
+    closing.close().await.expect("close");
+    let left = holder.inspect(&name).await.expect("inspect").waiters;
+    // The acquire has ended; its task may still be on its way to report it.
+    let ended = timeout(Duration::from_secs(1), waiting).await;
+    assert!(
+        left.is_empty(),
+        "[{RULE}] {}: waiters left after close() returned: {left:?}",
+        factory.label()
+    );
+    let ended = ended
+        .unwrap_or_else(|_| panic!("[{RULE}] {}: the acquire still waits", factory.label()))
+        .expect("the waiting task");
+    let refused = closing
+        .acquire(&name, &AcquireOptions::try_once())
+        .await
+        .map(|guard| guard.is_some());
+    match (&ended, &refused) {
+        (Err(ended), Err(refused)) => assert!(
+            ended.kind() == ErrorKind::Unsupported && ended.to_string() == refused.to_string(),
+            "[{RULE}] {}: the ended acquire reports `{ended}`, an acquire after close `{refused}`",
+            factory.label()
+        ),
+        _ => panic!(
+            "[{RULE}] {}: the waiting acquire came to {ended:?}, one after close to {refused:?}",
+            factory.label()
+        ),
+    }
+    guard.release().await.expect("release");
+    eventually_empty(factory, &[name], RULE).await;
 }
 
 /// In a runtime of its own, which ends when this returns: a client holds `held`, gives up

@@ -10,6 +10,9 @@ impl<B: Backend> Keeper<B> {
         name: &LockName,
         options: &AcquireOptions,
     ) -> Result<Option<LockGuard>> {
+        // Taken before the check for a closed client: closing waits for this acquire.
+        let _in_flight = self.acquiring.token();
+        let mut closing = self.closing.subscribe();
         let call = AcquireCall {
             series: self.metrics.series(name),
             started: Instant::now(),
@@ -25,7 +28,13 @@ impl<B: Backend> Keeper<B> {
         let result = {
             // Counted as waiting until this block ends, or the acquire is dropped.
             let _waiting = (options.wait != Wait::Try).then(|| call.series.waiting(&options.kind));
-            self.acquire_checked(name, options, &call).await
+            // Closing ends it: dropped, the backend's acquire leaves its cleanup to the
+            // backend's background work, which closing waits for too.
+            tokio::select! {
+                biased;
+                result = self.acquire_checked(name, options, &call) => result,
+                _ = closing.wait_for(|closed| *closed) => Err(self.closed_error()),
+            }
         };
         call.series.acquired(&result, call.started);
         if let Ok(Some(guard)) = &result {

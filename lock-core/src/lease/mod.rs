@@ -7,13 +7,14 @@ use std::collections::{HashMap, HashSet};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use tokio::sync::{mpsc, oneshot, watch, Notify};
 use tokio::time::{sleep, sleep_until, timeout, timeout_at, Instant};
+use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
 use crate::backend::{
@@ -110,7 +111,8 @@ impl<B: Backend> LeaseClient<B> {
             gates: Mutex::new(HashMap::new()),
             renewal_ended: Notify::new(),
             background: Background::new(),
-            closed: AtomicBool::new(false),
+            closing: watch::Sender::new(false),
+            acquiring: TaskTracker::new(),
             session: Mutex::new(None),
         });
         Ok(LeaseClient { keeper })
@@ -244,8 +246,11 @@ struct Keeper<B: Backend> {
     renewal_ended: Notify,
     /// The releases under way in the background, which closing waits for.
     background: Background,
-    /// Set by [`DistributedLock::close`]: acquires are refused from then on.
-    closed: AtomicBool,
+    /// Set by [`DistributedLock::close`]: acquires are refused from then on, and those in
+    /// flight end.
+    closing: watch::Sender<bool>,
+    /// The acquires in flight, which closing waits for.
+    acquiring: TaskTracker,
     /// The backend's session status as it changes (before the keeper task applies it),
     /// once the task runs, for backends with sessions.
     session: Mutex<Option<watch::Receiver<SessionStatus>>>,

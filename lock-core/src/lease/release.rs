@@ -88,10 +88,21 @@ impl<B: Backend> Keeper<B> {
     }
 
     /// Closes the client (see [`DistributedLock::close`]): refuses acquires from now on,
-    /// releases every hold still tracked, waits (at most the request timeout) for the
-    /// releases under way, then closes the backend.
+    /// ends those in flight, releases every hold still tracked, waits (at most the request
+    /// timeout each) for the acquires to end and the releases under way, then closes the
+    /// backend (which waits for the cleanups of the ended acquires).
     pub(super) async fn close(&self) -> Result<()> {
-        self.closed.store(true, Ordering::SeqCst);
+        self.closing.send_replace(true);
+        // The acquires in flight end as soon as their tasks run, leaving their cleanups
+        // to the backend's background work (waited for by its close).
+        let limit = self.options.request_timeout;
+        self.acquiring.close();
+        if timeout(limit, self.acquiring.wait()).await.is_err() {
+            tracing::warn!(
+                backend = self.capabilities.backend,
+                "closing: acquires still in flight after the request timeout"
+            );
+        }
         let entries: Vec<Entry<B::Hold>> = {
             let mut table = self.table();
             table.reentrant.clear();
@@ -106,7 +117,6 @@ impl<B: Backend> Keeper<B> {
         }
         // Releases handed to the keeper task before now are started by the time it
         // answers (it handles its commands in order); none are pending if it never ran.
-        let limit = self.options.request_timeout;
         let (done, flushed) = oneshot::channel();
         let started = lock_unpoisoned(&self.receiver).is_none();
         if started && self.commands.send(Command::Flush(done)).is_ok() {
@@ -122,7 +132,7 @@ impl<B: Backend> Keeper<B> {
     }
 
     pub(super) fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::SeqCst)
+        *self.closing.borrow()
     }
 
     pub(super) fn closed_error(&self) -> Error {

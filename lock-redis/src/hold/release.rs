@@ -239,8 +239,9 @@ fn owner_checked(
 /// Proclaims `value` as the value of `hold`, a candidate's, on every server: an
 /// owner-checked write of its leader hash (see `proclaim.lua`), with a version above
 /// every earlier proclaim of the hold, so that readers of several servers take the
-/// newest value they see and a late retry never replaces a newer one. Done when a
-/// majority of servers (the one server, on `redis://`) found the hold theirs.
+/// newest value they see and a late retry never replaces a newer one; an entry gone
+/// (evicted) comes back with the hold's term. Done when a majority of servers (the one
+/// server, on `redis://`) found the hold theirs.
 ///
 /// # Errors
 /// When fewer than a majority of servers answered: the value may then be stored on some.
@@ -263,7 +264,8 @@ pub(crate) async fn proclaim(servers: &Servers, hold: &RedisHold, value: &[u8]) 
         .arg(&candidate.leader)
         .arg(value)
         .arg(version)
-        .arg(&candidate.changed);
+        .arg(&candidate.changed)
+        .arg(candidate.term.get().map_or(String::new(), u64::to_string));
     servers.pass_break_mark(&mut invocation, &hold.keys.broken);
     let deadline = servers.request_deadline();
     let routes = servers.routes(&hold.keys.key);
