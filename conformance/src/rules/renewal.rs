@@ -124,8 +124,10 @@ pub async fn lost_signal_on_steal(factory: &dyn Factory) {
     let third = factory.client(with_ttl(ttl)).await;
     let guard = holder.lock(name.as_str()).await.expect("acquire");
     factory.steal(&name).await;
+    // A lock of several parts (a dual lock stolen on one side) is free once its holder's
+    // next renewal finds the part gone and gives back the others: a third of the TTL.
     let successor = thief
-        .lock_timeout(name.as_str(), PROMPT)
+        .lock_timeout(name.as_str(), ttl / 3 + PROMPT)
         .await
         .expect("the stolen lock is free for others");
     let reason = timeout(ttl + PROMPT, guard.lost())
