@@ -21,7 +21,7 @@ pub const DEFAULT_PORT: u16 = 6379;
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
 /// Default of [`RedisConfig::wait_timeout`].
-const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(500);
+const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Shortest TTL accepted on one server.
 const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
@@ -219,7 +219,7 @@ pub struct RedisConfig {
     /// grants without waiting), on one server none. `Some(0)` (`wait_replicas=0`) opts out.
     pub wait_replicas: Option<u32>,
     /// How long a grant waits for [`RedisConfig::wait_replicas`] \[`wait_timeout`\].
-    /// Default 500 ms; at most `request_timeout`.
+    /// Default 100 ms; at most `request_timeout`.
     #[serde(with = "lock_core::raw::duration_text")]
     pub wait_timeout: Duration,
     /// Client-wide lock options (TTL, renewal, timeouts) (serde also reads `lock`). Query

@@ -334,14 +334,16 @@ async fn a_conflict_takes_a_queued_waiter_out_of_the_queue() {
             .await
             .map(|guard| guard.is_some())
     });
-    let mut conn = factory.raw_all().await.remove(0);
-    common::until_queued(&mut conn, &lock, 1).await;
-    factory.steal(&lock).await;
     let mut config = common::config_for(&factory.servers.addrs(), false, options);
     config.queue = false;
     let plain = lock_redis::RedisLock::connect(config)
         .await
         .expect("connect");
+    let mut conn = factory.raw_all().await.remove(0);
+    common::until_queued(&mut conn, &lock, 1).await;
+    // The steal and the mutex's try follow each other at once: the waiter, at the head,
+    // would take the freed name itself at its next round.
+    factory.steal(&lock).await;
     let mutex = plain
         .try_lock(lock.as_str())
         .await
