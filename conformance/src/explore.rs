@@ -355,7 +355,7 @@ impl<F: Factory + 'static> Factory for Explored<F> {
         &self,
         name: &LockName,
         owner: &lock_core::OwnerToken,
-    ) -> crate::oracle::ServerLease {
+    ) -> crate::factory::ServerLease {
         self.inner.server_lease(name, owner).await
     }
 

@@ -12,7 +12,18 @@ use lock_core::{
 };
 use tokio::time::{sleep, Instant};
 
-use crate::oracle::ServerLease;
+/// What the server keeps of one hold, read behind the library.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ServerLease {
+    /// The factory cannot read it (the check is skipped).
+    Unknown,
+    /// The server has no such hold.
+    Absent,
+    /// The server keeps the hold at least this long from the moment it answered
+    /// (where a hold lives as long as its client keeps a session alive, the longest the
+    /// server keeps a silent session).
+    Left(Duration),
+}
 
 /// Cuts a client off from its server as a crash or a partition would: afterwards the
 /// client sends nothing that arrives and releases nothing, so its holds end only by

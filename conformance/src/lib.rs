@@ -22,9 +22,10 @@ pub mod oracle;
 pub mod rules;
 
 pub use explore::{Explored, OptionSet};
-pub use factory::{connect_patiently, lock_patiently, with_query, with_ttl, Crash, Factory};
+pub use factory::{
+    connect_patiently, lock_patiently, with_query, with_ttl, Crash, Factory, ServerLease,
+};
 pub use fence::{FenceClient, FenceReport, FenceServer, FencedResource, Section, StaleToken};
-pub use oracle::ServerLease;
 
 /// Whether the long plan runs (`CHAOS_LONG=1`, as `make chaos` sets it): every rule and
 /// every fault scenario on every deployment, where `make test` runs a short form.

@@ -7,8 +7,7 @@ use async_trait::async_trait;
 use lock_core::memory::{MemoryBackend, MemoryLock, MemorySpace};
 use lock_core::{DistributedLock, LockName, LockOptions, OwnerToken};
 
-use crate::factory::{Crash, Factory};
-use crate::oracle::ServerLease;
+use crate::factory::{Crash, Factory, ServerLease};
 
 /// Clients of one private memory space.
 #[derive(Debug)]

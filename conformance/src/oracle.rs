@@ -27,20 +27,7 @@ use lock_core::{
 use tokio::task::JoinSet;
 use tokio::time::{sleep, Instant};
 
-use crate::factory::Factory;
-
-/// What the server keeps of one hold, read behind the library.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ServerLease {
-    /// The factory cannot read it (the check is skipped).
-    Unknown,
-    /// The server has no such hold.
-    Absent,
-    /// The server keeps the hold at least this long from the moment it answered
-    /// (where a hold lives as long as its client keeps a session alive, the longest the
-    /// server keeps a silent session).
-    Left(Duration),
-}
+use crate::factory::{Factory, ServerLease};
 
 /// How many holds of one rule are audited periodically at once; the others are checked
 /// at their grant only (a rule with a thousand holds would flood the server).
