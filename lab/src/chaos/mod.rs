@@ -53,7 +53,7 @@ pub use scenarios::{
 };
 pub use topology::{ChaosTarget, Link, ServerControl, Sides, Switch, Topology};
 
-use crate::harness::WallClock;
+use harness::WallClock;
 pub use victim::{
     early_key_expiry, follower_partition, holder_partitioned, holder_paused_beyond_ttl,
     long_network_delay, member_crash, redlock_restart_delayed, redlock_restart_immediate,
