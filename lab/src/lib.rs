@@ -48,7 +48,7 @@ macro_rules! chaos_suite {
     (kinded: $primitive:ident on $deployment:literal, $target:expr, short: $short:expr) => {
         $crate::chaos_scenarios!($crate::chaos_suite! { @scenarios
             async {
-                $crate::chaos::Kinded::of($crate::chaos::Primitive::$primitive, $target.await)
+                $crate::chaos::kinded($crate::chaos::Primitive::$primitive, $target.await)
             };
             $short;
             [$deployment, $crate::chaos::Primitive::$primitive];

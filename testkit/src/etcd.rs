@@ -138,78 +138,21 @@ pub async fn client_under(
     Arc::new(client.await)
 }
 
-/// `etcdctl lock NAME` as a child process; killed on drop.
-pub struct EtcdctlLock {
+/// `etcdctl` (Debian's etcd-client, the Go client's recipes) as a child process, its
+/// output read line by line; killed on drop.
+#[derive(Debug)]
+struct Etcdctl {
     child: Child,
     lines: Lines<BufReader<ChildStdout>>,
 }
 
-impl EtcdctlLock {
-    /// Starts `etcdctl lock NAME` against the member at `addr`.
-    pub fn spawn(addr: SocketAddr, name: &str) -> Self {
+impl Etcdctl {
+    /// Starts `etcdctl COMMAND ARGS...` against the member at `addr`.
+    fn spawn(addr: SocketAddr, command: &str, args: &[&str]) -> Self {
         let mut child = Command::new("etcdctl")
             .env("ETCDCTL_API", "3")
             .arg(format!("--endpoints=http://{addr}"))
-            .arg("lock")
-            .arg(name)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("etcdctl (Debian etcd-client) is needed for this test");
-        let stdout = child.stdout.take().expect("piped stdout");
-        EtcdctlLock {
-            child,
-            lines: BufReader::new(stdout).lines(),
-        }
-    }
-
-    /// The key etcdctl prints once it holds the lock, if it does within `limit`.
-    pub async fn held_key(&mut self, limit: Duration) -> Option<String> {
-        match timeout(limit, self.lines.next_line()).await {
-            Ok(Ok(Some(line))) => Some(line),
-            Ok(Ok(None)) => panic!("etcdctl lock exited without holding the lock"),
-            Ok(Err(err)) => panic!("reading etcdctl output: {err}"),
-            Err(_) => None,
-        }
-    }
-
-    /// Interrupts etcdctl (it releases its lock and closes its session) and reaps it.
-    pub async fn interrupt(mut self) {
-        let pid = self.child.id().expect("etcdctl runs");
-        let pid = i32::try_from(pid).expect("pid fits");
-        kill(Pid::from_raw(pid), Signal::SIGINT).expect("SIGINT etcdctl");
-        timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .expect("etcdctl exits after SIGINT")
-            .expect("wait for etcdctl");
-    }
-}
-
-/// `etcdctl elect` as a child process (the Go client's `concurrency.Election` on a 60 s
-/// session): a campaign, or with `-l` an observer; killed on drop.
-pub struct EtcdctlElect {
-    child: Child,
-    lines: Lines<BufReader<ChildStdout>>,
-}
-
-impl EtcdctlElect {
-    /// `etcdctl elect NAME PROPOSAL`: campaigns, prints its key and value once elected.
-    pub fn campaign(addr: SocketAddr, name: &str, proposal: &str) -> Self {
-        Self::spawn(addr, &[name, proposal])
-    }
-
-    /// `etcdctl elect -l NAME`: prints the key and value of each leader it observes.
-    pub fn listen(addr: SocketAddr, name: &str) -> Self {
-        Self::spawn(addr, &["-l", name])
-    }
-
-    fn spawn(addr: SocketAddr, args: &[&str]) -> Self {
-        let mut child = Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints=http://{addr}"))
-            .arg("elect")
+            .arg(command)
             .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -218,34 +161,24 @@ impl EtcdctlElect {
             .spawn()
             .expect("etcdctl (Debian etcd-client) is needed for this test");
         let stdout = child.stdout.take().expect("piped stdout");
-        EtcdctlElect {
+        Etcdctl {
             child,
             lines: BufReader::new(stdout).lines(),
         }
     }
 
-    /// The next (key, value) etcdctl prints, if it does within `limit`: for a campaign,
-    /// its own key and proposal once elected; for an observer, the next leader or value.
-    pub async fn next_leader(&mut self, limit: Duration) -> Option<(String, String)> {
-        timeout(limit, async {
-            let mut pair = Vec::with_capacity(2);
-            while pair.len() < 2 {
-                match self.lines.next_line().await {
-                    Ok(Some(line)) => pair.push(line),
-                    Ok(None) => panic!("etcdctl elect exited early, after {pair:?}"),
-                    Err(err) => panic!("reading etcdctl output: {err}"),
-                }
-            }
-            let value = pair.pop().expect("two lines");
-            (pair.pop().expect("two lines"), value)
-        })
-        .await
-        .ok()
+    /// The next line etcdctl prints; `what` names the command when it exits instead.
+    async fn next_line(&mut self, what: &str) -> String {
+        match self.lines.next_line().await {
+            Ok(Some(line)) => line,
+            Ok(None) => panic!("etcdctl {what} exited early"),
+            Err(err) => panic!("reading etcdctl output: {err}"),
+        }
     }
 
-    /// Interrupts etcdctl (an elected one resigns, a campaigning one withdraws, and it
-    /// closes its session) and reaps it.
-    pub async fn interrupt(mut self) {
+    /// Interrupts etcdctl (SIGINT: it ends what it holds and closes its session) and
+    /// reaps it.
+    async fn interrupt(mut self) {
         let pid = self.child.id().expect("etcdctl runs");
         let pid = i32::try_from(pid).expect("pid fits");
         kill(Pid::from_raw(pid), Signal::SIGINT).expect("SIGINT etcdctl");
@@ -253,6 +186,61 @@ impl EtcdctlElect {
             .await
             .expect("etcdctl exits after SIGINT")
             .expect("wait for etcdctl");
+    }
+}
+
+/// `etcdctl lock NAME` as a child process; killed on drop.
+#[derive(Debug)]
+pub struct EtcdctlLock(Etcdctl);
+
+impl EtcdctlLock {
+    /// Starts `etcdctl lock NAME` against the member at `addr`.
+    pub fn spawn(addr: SocketAddr, name: &str) -> Self {
+        EtcdctlLock(Etcdctl::spawn(addr, "lock", &[name]))
+    }
+
+    /// The key etcdctl prints once it holds the lock, if it does within `limit`.
+    pub async fn held_key(&mut self, limit: Duration) -> Option<String> {
+        timeout(limit, self.0.next_line("lock")).await.ok()
+    }
+
+    /// Interrupts etcdctl (it releases its lock and closes its session) and reaps it.
+    pub async fn interrupt(self) {
+        self.0.interrupt().await;
+    }
+}
+
+/// `etcdctl elect` as a child process (the Go client's `concurrency.Election` on a 60 s
+/// session): a campaign, or with `-l` an observer; killed on drop.
+#[derive(Debug)]
+pub struct EtcdctlElect(Etcdctl);
+
+impl EtcdctlElect {
+    /// `etcdctl elect NAME PROPOSAL`: campaigns, prints its key and value once elected.
+    pub fn campaign(addr: SocketAddr, name: &str, proposal: &str) -> Self {
+        EtcdctlElect(Etcdctl::spawn(addr, "elect", &[name, proposal]))
+    }
+
+    /// `etcdctl elect -l NAME`: prints the key and value of each leader it observes.
+    pub fn listen(addr: SocketAddr, name: &str) -> Self {
+        EtcdctlElect(Etcdctl::spawn(addr, "elect", &["-l", name]))
+    }
+
+    /// The next (key, value) etcdctl prints, if it does within `limit`: for a campaign,
+    /// its own key and proposal once elected; for an observer, the next leader or value.
+    pub async fn next_leader(&mut self, limit: Duration) -> Option<(String, String)> {
+        timeout(limit, async {
+            let key = self.0.next_line("elect").await;
+            (key, self.0.next_line("elect").await)
+        })
+        .await
+        .ok()
+    }
+
+    /// Interrupts etcdctl (an elected one resigns, a campaigning one withdraws, and it
+    /// closes its session) and reaps it.
+    pub async fn interrupt(self) {
+        self.0.interrupt().await;
     }
 }
 
@@ -529,18 +517,6 @@ impl ChaosTarget for EtcdFactory {
 
     async fn leader(&self) -> Option<usize> {
         self.servers.leader().await
-    }
-}
-
-impl std::fmt::Debug for EtcdctlLock {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdctlLock").finish_non_exhaustive()
-    }
-}
-
-impl std::fmt::Debug for EtcdctlElect {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EtcdctlElect").finish_non_exhaustive()
     }
 }
 

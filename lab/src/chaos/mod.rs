@@ -46,7 +46,7 @@ pub use failover::{
     slot_migration_while_held,
 };
 pub use nemesis::nemesis;
-pub use primitives::{Kinded, Primitive, ELECTION_SHORT_SCENARIOS};
+pub use primitives::{kinded, KindOf, Kinded, Primitive, ELECTION_SHORT_SCENARIOS};
 pub use report::{record_row, ReportRow, ScenarioReport};
 pub use scenarios::{
     acquire_reply_delayed, cancellation_under_faults, majority_loss, stale_counter_restore,
