@@ -21,7 +21,7 @@ use rand::Rng;
 use tokio::time::{sleep, Instant};
 
 use crate::attempt::{self, Attempt, Dirty};
-use crate::config::{Mode, RedisConfig};
+use crate::config::{RedisConfig, RedisDeployment};
 use crate::connection::{read_ca, reconnect_backoff, Grant, Subscription, Wakeups};
 use crate::hold::{self, RedisHold, WakeKeys};
 use crate::layout::KeyLayout;
@@ -94,10 +94,9 @@ impl Connect for RedisBackend {
     }
 
     async fn open(config: RedisConfig) -> Result<RedisBackend> {
-        let mode = config.mode();
         let deadline = Instant::now() + config.options.request_timeout;
-        if mode == Mode::RedLock {
-            redlock::reject_aliases(&config.endpoints, deadline).await?;
+        if let RedisDeployment::RedLock { nodes, .. } = &config.deployment {
+            redlock::reject_aliases(nodes, deadline).await?;
         }
         let backend = config.backend();
         let ca = read_ca(&config).await?;

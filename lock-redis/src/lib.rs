@@ -33,7 +33,10 @@ mod topology;
 use lock_core::raw::LeaseClient;
 
 pub use backend::RedisBackend;
-pub use config::{RedisConfig, RedisNode, DEFAULT_PORT, DEFAULT_PREFIX, DEFAULT_SENTINEL_PORT};
+pub use config::{
+    RedisConfig, RedisDeployment, RedisNode, SentinelAuth, DEFAULT_PORT, DEFAULT_PREFIX,
+    DEFAULT_SENTINEL_PORT,
+};
 pub use hold::RedisHold;
 pub use layout::KeyLayout;
 

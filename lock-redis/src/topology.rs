@@ -4,7 +4,7 @@
 //! The protocol pieces (`hold.rs`, `queue.rs`, `attempt.rs`, `redlock.rs`, `operator.rs`)
 //! ask only where a key goes ([`Servers::routes`]), how many servers must agree
 //! ([`Topology::quorum`]) and which one orders the waiters ([`Topology::arbiter`]); they
-//! never look at the configuration's mode.
+//! never look at the configuration's deployment.
 
 use std::sync::Arc;
 
@@ -13,7 +13,7 @@ use lock_core::{ErrorKind, Result};
 use redis::ScriptInvocation;
 use tokio::time::Instant;
 
-use crate::config::{Mode, QueueTimes, RedisConfig, RedisNode};
+use crate::config::{QueueTimes, RedisConfig, RedisDeployment, RedisNode};
 use crate::connection::{redis_client, slot_of, Node, Route, Sentinels, Shards, Target};
 use crate::error;
 use crate::layout::{self, KeyLayout};
@@ -58,16 +58,22 @@ impl Topology {
                 timeout,
             ))
         };
-        Ok(match config.mode() {
-            Mode::Single => Topology::Single(server(&config.endpoints[0])?),
-            Mode::Sentinel => {
-                let sentinels = Sentinels::new(backend, config, ca).map_err(|err| {
-                    error::from_client(
-                        backend,
-                        format_args!("configure {}", config.endpoint()),
-                        err,
-                    )
-                })?;
+        Ok(match &config.deployment {
+            RedisDeployment::Single { node, .. } => Topology::Single(server(node)?),
+            RedisDeployment::Sentinel {
+                sentinels,
+                master,
+                auth,
+                ..
+            } => {
+                let sentinels = Sentinels::new(backend, config, sentinels, master, auth, ca)
+                    .map_err(|err| {
+                        error::from_client(
+                            backend,
+                            format_args!("configure {}", config.endpoint()),
+                            err,
+                        )
+                    })?;
                 let label = sentinels.label();
                 Topology::Sentinel(Node::new(
                     backend,
@@ -76,10 +82,12 @@ impl Topology {
                     timeout,
                 ))
             }
-            Mode::Cluster => Topology::Cluster(Arc::new(Shards::new(backend, config, ca)?)),
-            Mode::RedLock => Topology::RedLock {
-                nodes: config.endpoints.iter().map(server).collect::<Result<_>>()?,
-                arbiter: arbiter_of(&config.endpoints),
+            RedisDeployment::Cluster { seeds } => {
+                Topology::Cluster(Arc::new(Shards::new(backend, config, seeds, ca)?))
+            }
+            RedisDeployment::RedLock { nodes, .. } => Topology::RedLock {
+                nodes: nodes.iter().map(server).collect::<Result<_>>()?,
+                arbiter: arbiter_of(nodes),
             },
         })
     }

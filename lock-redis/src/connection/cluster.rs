@@ -109,11 +109,12 @@ pub(crate) struct Shards {
 }
 
 impl Shards {
-    /// The cluster that `config`'s seed nodes belong to, trusting `ca` for TLS. Opens no
-    /// connection.
+    /// The cluster that the `seeds` belong to, reached as `config` says, trusting `ca` for
+    /// TLS. Opens no connection.
     pub(crate) fn new(
         backend: &'static str,
         config: &RedisConfig,
+        seeds: &[RedisNode],
         ca: Option<&[u8]>,
     ) -> Result<Self> {
         let shards = Shards {
@@ -128,7 +129,7 @@ impl Shards {
             }),
             reloading: tokio::sync::Mutex::new(()),
         };
-        for seed in &config.endpoints {
+        for seed in seeds {
             shards.node_at(seed)?;
         }
         Ok(shards)
@@ -138,7 +139,8 @@ impl Shards {
     pub(crate) fn label(&self) -> String {
         let seeds: Vec<String> = self
             .config
-            .endpoints
+            .deployment
+            .nodes()
             .iter()
             .map(|n| n.to_string())
             .collect();
