@@ -23,10 +23,9 @@ use tokio::time::{sleep, Instant};
 use crate::attempt::{self, Attempt, Dirty};
 use crate::config::{RedisConfig, RedisDeployment};
 use crate::connection::{read_ca, reconnect_backoff, Grant, Subscription, Wakeups};
-use crate::hold::{self, RedisHold, WakeKeys};
-use crate::layout::KeyLayout;
+use crate::hold::{self, RedisHold};
+use crate::layout::{KeyLayout, WakeKeys};
 use crate::operator;
-use crate::queue::grant_lease;
 use crate::redlock;
 use crate::topology::{Servers, Topology};
 
@@ -186,7 +185,7 @@ impl RedisBackend {
         queued_at: Option<(u64, Instant)>,
     ) -> Option<Acquired<RedisHold>> {
         let (_, sent) = queued_at.filter(|&(round, _)| round == grant.round)?;
-        let lease = grant_lease(&self.servers, request.ttl);
+        let lease = self.servers.queue_times.grant_for(request.ttl);
         (Instant::now() < sent + lease / 2).then(|| Acquired {
             hold: first.clone(),
             fencing_token: FencingToken(grant.fence),

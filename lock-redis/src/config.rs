@@ -72,6 +72,12 @@ impl QueueTimes {
             grant: recheck.saturating_mul(2).max(MIN_GRANT),
         }
     }
+
+    /// The first lease of a hold a release hands to a queued waiter of `ttl`:
+    /// [`QueueTimes::grant`], at most the TTL.
+    pub(crate) fn grant_for(&self, ttl: Duration) -> Duration {
+        self.grant.min(ttl)
+    }
 }
 
 /// Everything a Redis lock client needs. Build it from a URL with

@@ -10,7 +10,6 @@ use std::sync::Arc;
 
 use futures::future::join_all;
 use lock_core::{ErrorKind, Result};
-use redis::ScriptInvocation;
 use tokio::time::Instant;
 
 use crate::config::{QueueTimes, RedisConfig, RedisDeployment, RedisNode};
@@ -210,7 +209,7 @@ impl Servers {
         let channel_prefix = keys.client_channel_prefix();
         Servers {
             backend,
-            scripts: Scripts::new(topology.shards().is_some()),
+            scripts: Scripts::new(backend, topology.shards().is_some()),
             topology,
             keys,
             queue_times: config.queue_times(),
@@ -243,16 +242,5 @@ impl Servers {
             Topology::Cluster(_) => self.keys.side_key(key, layout::CLIENT),
             _ => self.channel_prefix.clone(),
         }
-    }
-
-    /// Adds a hold's break mark `broken` to a release: a key (`KEYS[2]`, after the lock
-    /// key, or `KEYS[5]` after the queue's) on one server or RedLock, the last argument on
-    /// Redis Cluster, where the script then declares no key that is hardly ever there (see
-    /// `release.lua`).
-    pub(crate) fn pass_break_mark(&self, invocation: &mut ScriptInvocation<'_>, broken: &str) {
-        match self.topology {
-            Topology::Cluster(_) => invocation.arg(broken),
-            _ => invocation.key(broken),
-        };
     }
 }
