@@ -1,8 +1,6 @@
 //! One acquire attempt where one server decides (one server, the primary Sentinels name,
-//! a Redis Cluster primary), and what an attempt may leave on the servers ([`Dirty`]).
-//!
-//! The plain script or the queue's; RedLock's rounds over several servers are in
-//! `redlock.rs`.
+//! a Redis Cluster primary), with the plain script or the queue's, and what an attempt
+//! may leave on the servers ([`Dirty`]). RedLock's rounds are in `redlock.rs`.
 
 use std::time::Duration;
 

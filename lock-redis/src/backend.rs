@@ -1,9 +1,6 @@
-//! [`RedisBackend`]: opening a client on its [`Topology`] ([`Connect`]), the acquire loop,
-//! renewal and release ([`Backend`]).
-//!
-//! The Redis backend: [`RedisBackend`], how it opens ([`Connect`]: the [`Topology`] the
-//! configuration asks for) and how it acquires, renews and releases ([`Backend`]) through
-//! the protocol pieces (`attempt.rs`, `redlock.rs`, `hold.rs`, `operator.rs`).
+//! [`RedisBackend`]: how it opens on the [`Topology`] its configuration asks for
+//! ([`Connect`]), and its acquire loop, renewal and release ([`Backend`]) through the
+//! protocol pieces (`attempt.rs`, `redlock.rs`, `hold.rs`, `operator.rs`).
 
 use std::fmt;
 use std::sync::Arc;

@@ -1,14 +1,11 @@
 //! The hold ([`RedisHold`]) and its server side: renewal and release, each decided by a
-//! majority of answers.
-//!
-//! Renewal is batched (one script call per server, on Redis Cluster per primary, renews
-//! every hold of the client there, compare-and-PEXPIRE per key); release is
-//! compare-and-DEL plus a wake-up of the head of the queue, or a publish to the name's
-//! channel without the queue.
-//! Both read the break mark of a key that is no longer theirs, to tell a force release
-//! (`Broken`) from a key taken or gone. Renewal is in `hold/renewal.rs` (on Redis
-//! Cluster in `hold/cluster.rs`), release and the other owner-checked writes in
-//! `hold/release.rs`.
+//! majority of answers. Renewal is batched (one script call per server, on Redis Cluster
+//! per primary, renews every hold of the client there, compare-and-PEXPIRE per key);
+//! release is compare-and-DEL plus a wake-up of the head of the queue, or a publish to
+//! the name's channel without the queue. Both read the break mark of a key that is no
+//! longer theirs, to tell a force release (`Broken`) from a key taken or gone. Renewal
+//! is in `hold/renewal.rs` (on Redis Cluster in `hold/cluster.rs`), release and the other
+//! owner-checked writes in `hold/release.rs`.
 
 mod cluster;
 mod release;

@@ -1,8 +1,6 @@
-//! What an operator asks and does: inspecting a name, listing held names, breaking a hold.
-//!
-//! What an operator asks: who holds and who waits for a name as the servers show it
-//! (`inspect.lua`, one call per server, changing nothing; also the dual lock's advance
-//! check), which names are held (`SCAN` over the lock keys), and breaking a hold
+//! What an operator asks and does: who holds and who waits for a name as the servers
+//! show it (`inspect.lua`, one call per server, changing nothing; also the dual lock's
+//! advance check), which names are held (`SCAN` over the lock keys), and breaking a hold
 //! (`break.lua`, one call per server).
 
 use std::collections::{HashMap, HashSet};

@@ -1,5 +1,3 @@
-//! RedLock: an acquire's quorum rounds over several independent servers.
-//!
 //! RedLock: the quorum rounds of an acquire over several independent servers (acquire
 //! with a fencing reading, then the fencing write-back), each decided by a majority; and
 //! the check that no server is listed twice (it would cast several votes).

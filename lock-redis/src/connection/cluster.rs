@@ -1,5 +1,3 @@
-//! Redis Cluster's slot map and the routing of requests by hash slot.
-//!
 //! Redis Cluster (`redis+cluster://`): the slot map, learnt with `CLUSTER SLOTS` from the
 //! seed nodes or any primary known, one [`Node`] per primary, and requests routed by the
 //! hash slot of their lock key. A `MOVED` reply updates the map and the request goes to

@@ -1,5 +1,3 @@
-//! Finding the primary that Sentinels name.
-//!
 //! Finding the primary through Sentinels (`redis+sentinel://`): every Sentinel is asked
 //! `SENTINEL get-master-addr-by-name <master>` at once, each within the caller's deadline,
 //! and the first answer names the primary; the connection made to it is used only once

@@ -1,5 +1,3 @@
-//! Renewal on Redis Cluster: one script call per primary for the holds it serves.
-//!
 //! Renewal on Redis Cluster: one script call per primary for the holds of every slot it
 //! serves, the slot map reloaded once when a primary does not answer or no longer serves
 //! some holds.

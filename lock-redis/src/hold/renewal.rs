@@ -1,7 +1,6 @@
 //! Renewal of holds: one batched script call per server, each hold decided by a
-//! majority of answers, and the grouping of holds by the server that renews them.
-//!
-//! Renewal on Redis Cluster is in `hold/cluster.rs`.
+//! majority of answers, and the grouping of holds by the server that renews them (on
+//! Redis Cluster the renewal itself is in `hold/cluster.rs`).
 
 use std::time::Duration;
 
