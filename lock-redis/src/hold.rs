@@ -131,7 +131,7 @@ fn lost_reason(statuses: impl Iterator<Item = i64>) -> LostReason {
 }
 
 /// What the renewal script needs of `item`.
-fn renewal<'a>(item: &'a RenewItem<'_, RedisHold>) -> Renewal<'a> {
+fn renewal_of<'a>(item: &'a RenewItem<'_, RedisHold>) -> Renewal<'a> {
     Renewal {
         keys: &item.hold.keys,
         token: item.hold.token.as_str(),

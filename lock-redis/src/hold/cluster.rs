@@ -10,7 +10,7 @@ use lock_core::raw::{RenewItem, RenewOutcome};
 use lock_core::Result;
 use tokio::time::Instant;
 
-use super::{lost_reason, renewal, status, RedisHold, RENEW_CHUNK};
+use super::{lost_reason, renewal_of, status, RedisHold, RENEW_CHUNK};
 use crate::connection::{group_by_shard, slot_of, Node, Route, Shards};
 use crate::scripts::ttl_millis;
 use crate::topology::Servers;
@@ -83,7 +83,7 @@ pub(super) async fn renew(
         // Routed (and redirected) by its lock key.
         let call = servers
             .scripts
-            .renew([renewal(&items[i])], Some(&items[i].hold.keys.key));
+            .renew([renewal_of(&items[i])], Some(&items[i].hold.keys.key));
         async move { call.on(Route::Slot(shards, slot(i)), deadline).await }
     }))
     .await;
@@ -127,7 +127,7 @@ async fn renew_batches(
     let mut pending: Vec<(usize, bool)> = orphans.iter().map(|&at| (which[at], false)).collect();
     let batches = groups.iter().zip(primaries).flat_map(|(group, node)| {
         group.chunks(RENEW_CHUNK).map(move |chunk| async move {
-            let holds = chunk.iter().map(|&at| renewal(&items[which[at]]));
+            let holds = chunk.iter().map(|&at| renewal_of(&items[which[at]]));
             let reply = servers
                 .scripts
                 .renew(holds, None)

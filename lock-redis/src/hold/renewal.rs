@@ -9,7 +9,7 @@ use lock_core::raw::{RenewItem, RenewOutcome};
 use lock_core::Result;
 use tokio::time::Instant;
 
-use super::{cluster, lost_reason, renewal, status, RedisHold, RENEW_CHUNK};
+use super::{cluster, lost_reason, renewal_of, status, RedisHold, RENEW_CHUNK};
 use crate::connection::{slot_of, Route};
 use crate::error;
 use crate::scripts::ttl_millis;
@@ -52,7 +52,7 @@ pub(crate) async fn renew(
     let deadline = Instant::now() + limit;
     let per_node = join_all(nodes.iter().map(|node| async move {
         let calls = items.chunks(RENEW_CHUNK).map(|chunk| {
-            let call = servers.scripts.renew(chunk.iter().map(renewal), None);
+            let call = servers.scripts.renew(chunk.iter().map(renewal_of), None);
             async move { call.on(Route::Node(node), deadline).await }
         });
         let mut statuses = Vec::with_capacity(items.len());

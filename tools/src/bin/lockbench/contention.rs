@@ -22,8 +22,9 @@ use rand::Rng;
 use serde::Serialize;
 use tokio::time::{sleep, timeout, timeout_at, Instant};
 
+use crate::error::BoxError;
 use crate::stats::{Latencies, Summary};
-use crate::targets::{BoxError, Target};
+use crate::targets::Target;
 use crate::workloads::{bench_name, connect, Plan, MAX_ITERATIONS, WAIT_LIMIT};
 
 /// One run of C clients over L names.

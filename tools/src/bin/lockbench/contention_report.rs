@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{cell, Report, SWEEP_SVG};
+use crate::results::{cell, Report, SWEEP_SVG};
 use crate::stats::fmt_count;
 
 impl Report {

@@ -12,8 +12,9 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, timeout_at, Instant};
 
+use crate::error::BoxError;
 use crate::stats::{Latencies, Summary};
-use crate::targets::{BoxError, Target};
+use crate::targets::Target;
 use crate::workloads::{
     bench_name, connect, takeover_query, HolderProcess, Plan, Takeover, MAX_ITERATIONS, QUEUE_UP,
     WAIT_LIMIT,

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{cell, fmt_ratio, Report, RunReport};
+use crate::results::{cell, fmt_ratio, Report, RunReport};
 use crate::stats::{fmt_count, median};
 use crate::Flavour;
 

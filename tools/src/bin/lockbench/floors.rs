@@ -13,7 +13,7 @@ use tokio::sync::OnceCell;
 use tokio::time::{timeout, Instant};
 use zookeeper_client as zk;
 
-use crate::targets::BoxError;
+use crate::error::BoxError;
 
 /// One raw hold of the floor protocol (key and token, node path, key).
 #[derive(Debug)]

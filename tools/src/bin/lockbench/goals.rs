@@ -3,23 +3,9 @@
 //! ratio computed within every run and then as the median of the runs, with a pass or
 //! miss mark.
 
-use serde::Serialize;
-
-use crate::report::{fmt_ratio, Report, RunReport};
+use crate::results::{fmt_ratio, GoalRow, Report, RunReport};
 use crate::stats::median;
 use crate::Flavour;
-
-/// One target as measured.
-#[derive(Debug, Clone, Serialize)]
-pub(crate) struct GoalRow {
-    pub(crate) target: String,
-    /// Median over the runs of the per-run figure.
-    pub(crate) measured: Option<f64>,
-    pub(crate) shown: String,
-    pub(crate) goal: String,
-    /// `None` when a backend or row it needs was not measured.
-    pub(crate) pass: Option<bool>,
-}
 
 /// Which side of the bound passes.
 #[derive(Debug, Clone, Copy)]

@@ -19,11 +19,13 @@ mod contention;
 mod contention_report;
 mod election;
 mod election_report;
+mod error;
 mod floors;
 mod goals;
 mod primitives;
 mod primitives_report;
 mod report;
+mod results;
 mod sides;
 mod stats;
 mod svg;
@@ -39,9 +41,10 @@ use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use tokio::runtime::Runtime;
 
+use crate::error::BoxError;
 use crate::primitives::Primitive;
-use crate::report::{BackendReport, Report, RunReport, UncontendedRun};
-use crate::targets::{BoxError, Target};
+use crate::results::{BackendReport, Report, RunReport, UncontendedRun};
+use crate::targets::Target;
 use crate::workloads::Plan;
 
 /// Comparative benchmark of distlock backends.
@@ -307,7 +310,7 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
     println!(
         "Report written to {0}/report.md, {0}/report.json, {0}/latency.svg and {0}/{1}",
         args.out.display(),
-        report::SWEEP_SVG
+        results::SWEEP_SVG
     );
     Ok(())
 }

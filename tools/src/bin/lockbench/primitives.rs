@@ -20,8 +20,9 @@ use serde::Serialize;
 use tokio::time::timeout;
 
 use crate::contention::{contend, cycle, released, LoopRun, Step, ACQUIRE_LIMIT};
+use crate::error::BoxError;
 use crate::stats::{Latencies, Summary};
-use crate::targets::{BoxError, Target};
+use crate::targets::Target;
 use crate::workloads::{bench_name, connect, lock_cycle, timed, Plan, SLICES, WAIT_LIMIT};
 
 /// The workloads of this file, as `--primitives` names them.

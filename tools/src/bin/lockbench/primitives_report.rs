@@ -10,7 +10,7 @@ use crate::primitives::{
     rw_clients, MultiContendedRun, MultiRun, Primitive, RwLockRun, SemaphoreRun, MULTI_CLIENTS,
     MULTI_NAMES, MULTI_PARTS, PERMITS, SEMAPHORE_CLIENTS, WRITE_SHARE,
 };
-use crate::report::{cell, fmt_ratio, Report, RunReport};
+use crate::results::{cell, fmt_ratio, Report, RunReport};
 use crate::stats::{fmt_count, Summary};
 
 /// The cells of a row with nothing measured: the first says why, the rest are blank.
@@ -228,7 +228,7 @@ fn multi_md(report: &Report, md: &mut String, failures: &mut Vec<String>) {
 #[cfg(test)]
 mod tests {
     use crate::primitives::Primitive;
-    use crate::report::{BackendReport, Report};
+    use crate::results::{BackendReport, Report};
 
     /// A report of one run with nothing but `primitives` and `backends`.
     fn report(primitives: Vec<Primitive>, backends: Vec<BackendReport>) -> Report {

@@ -4,7 +4,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{fmt_ratio, BackendReport, Report, RunReport, Spread};
+use crate::results::{fmt_ratio, BackendReport, Report, RunReport, Spread};
 use crate::stats::{fmt_count, fmt_us, median};
 use crate::targets::DUAL_SIDES;
 use crate::Flavour;

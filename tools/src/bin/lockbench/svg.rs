@@ -3,7 +3,7 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{BackendReport, Report};
+use crate::results::{BackendReport, Report};
 use crate::stats::{fmt_count, fmt_us};
 use crate::Flavour;
 

@@ -12,9 +12,8 @@ use harness::{
     ZkEnsemble, ZkOptions, ZkServer, ZkTls,
 };
 
+use crate::error::BoxError;
 use crate::floors::FloorSpec;
-
-pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// A backend under test.
 pub(crate) struct Target {

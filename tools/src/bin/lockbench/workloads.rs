@@ -12,9 +12,10 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::sync::Notify;
 use tokio::time::{sleep, timeout, timeout_at, Instant};
 
+use crate::error::BoxError;
 use crate::floors::RawFloor;
 use crate::stats::{Latencies, Summary};
-use crate::targets::{BoxError, Target};
+use crate::targets::Target;
 
 /// How long each workload warms up and measures.
 #[derive(Debug, Clone, Copy)]
