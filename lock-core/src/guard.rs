@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::Amendment;
 use crate::error::Result;
+use crate::kind::Amendment;
 use crate::name::LockName;
 use crate::plumbing::lock_unpoisoned;
 use crate::state::{LockState, LostReason, ReleaseOutcome};

@@ -21,9 +21,9 @@ use std::time::Duration;
 use ::metrics::{Counter, Gauge, Histogram, Label, Unit};
 use tokio::time::Instant;
 
-use crate::backend::{HoldKind, RenewOutcome};
 use crate::error::{Error, ErrorKind};
 use crate::guard::{HoldObserver, LockGuard};
+use crate::kind::HoldKind;
 use crate::name::LockName;
 use crate::plumbing::lock_unpoisoned;
 use crate::state::LostReason;
@@ -264,17 +264,6 @@ pub(crate) enum Renewal {
     Renewed,
     Lost,
     Failed,
-}
-
-impl Renewal {
-    /// The outcome of a renewal the backend answered with `outcome`.
-    pub(crate) fn of(outcome: &RenewOutcome) -> Self {
-        match outcome {
-            RenewOutcome::Renewed { .. } => Renewal::Renewed,
-            RenewOutcome::Lost(_) => Renewal::Lost,
-            RenewOutcome::Undecided => Renewal::Failed,
-        }
-    }
 }
 
 /// The metric handles of one client, or of one lock name of it when names are labels.

@@ -10,9 +10,10 @@
 //! [`Error::no_answer`](crate::Error::no_answer).
 
 pub use crate::backend::{
-    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, HoldKind, RenewItem,
-    RenewOutcome, SessionHealth, SessionStatus,
+    AcquireRequest, Acquired, Amended, Backend, BackendRelease, RenewItem, RenewOutcome,
+    SessionHealth, SessionStatus,
 };
+pub use crate::kind::{Amendment, HoldKind};
 pub use crate::changes::ChangeFeed;
 pub use crate::driver::{Connect, ConnectFuture, Driver};
 pub use crate::error::BoxError;

@@ -18,13 +18,14 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
 use crate::backend::{
-    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, HoldKind, RenewItem,
-    RenewOutcome, SessionHealth, SessionStatus,
+    AcquireRequest, Acquired, Amended, Backend, BackendRelease, RenewItem, RenewOutcome,
+    SessionHealth, SessionStatus,
 };
 use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
 use crate::guard::{AtomicInstant, HoldInfo, HoldObserver, HoldOps, LockGuard, StateSlot};
+use crate::kind::{Amendment, HoldKind};
 use crate::lock::{check_wait, DistributedLock};
 use crate::metrics::{ClientMetrics, HoldMetrics, Renewal, Series};
 use crate::name::{check_prefix, LockName};
