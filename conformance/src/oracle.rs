@@ -19,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::raw::ChangeFeed;
+use lock_core::raw::backend::ChangeFeed;
 use lock_core::{
     AcquireOptions, Capabilities, DistributedLock, LockGuard, LockName, LockOptions, LockState,
     LockWatch, Occupancy, OwnerToken, Participant, Result,

@@ -252,7 +252,7 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// Ends the client, once the lease client has released its holds (see
     /// [`DistributedLock::close`](crate::DistributedLock::close)): waits, at most the
     /// request timeout, for the backend's own background cleanups (its
-    /// [`Background`](crate::raw::Background)), then ends its session or revokes its lease
+    /// [`Background`](crate::raw::plumbing::Background)), then ends its session or revokes its lease
     /// so that nothing of the client outlives it. Default: nothing to do.
     ///
     /// # Errors

@@ -24,7 +24,7 @@ use etcd_client::{
     Compare, CompareOp, EventType, GetOptions, KeyValue, PutOptions, Txn, TxnOp, WatchFilterType,
     WatchOptions, WatchStream,
 };
-use lock_core::raw::HoldKind;
+use lock_core::raw::backend::HoldKind;
 use lock_core::{Error, LockName, LostReason, Result};
 use tokio::time::{sleep_until, Instant};
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{plain_client, raw_client, single, EtcdctlElect};
 use etcd_client::PutOptions;
-use lock_core::raw::Backend;
+use lock_core::raw::backend::Backend;
 use lock_core::{
     AcquireOptions, DistributedLock, Election, ErrorKind, LockName, ReleaseOutcome, RwLock,
     Semaphore,

@@ -13,7 +13,7 @@ use common::{
 };
 use conformance::inspection::{self, inspect_until, owner, release, wait_for};
 use conformance::rules::unique_name;
-use lock_core::raw::Backend;
+use lock_core::raw::backend::Backend;
 use lock_core::{DistributedLockExt, ErrorKind, FencingToken};
 use lock_etcd::EtcdLock;
 

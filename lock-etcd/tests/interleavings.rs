@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::{config, with_ttl, EtcdFactory};
 use conformance::Factory;
 use lab::interleavings::{retry_survives_late_cleanup, LateCleanup};
-use lock_core::raw::Connect;
+use lock_core::raw::driver::Connect;
 use lock_etcd::EtcdBackend;
 
 /// The retry's key gets a fresh create revision; the first attempt's cleanup compares

@@ -14,7 +14,7 @@ use std::time::Duration;
 use common::{client, go_key, keys_under, raw_client, single, with_ttl, PREFIX};
 use etcd_client::{Client, GetOptions, PutOptions};
 use lab::harness::EtcdServer;
-use lock_core::raw::HoldKind;
+use lock_core::raw::backend::HoldKind;
 use lock_core::{
     AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, ReadGuard, RwLock,
     Semaphore, WriteGuard,

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use lock_core::raw::{AcquireRequest, Acquired};
+use lock_core::raw::backend::{AcquireRequest, Acquired};
 use lock_core::{Error, FencingToken, Result};
 use redis::ScriptInvocation;
 use tokio::time::Instant;

@@ -196,7 +196,7 @@ pub struct RedisConfig {
     /// before it counts as failed \[`node_timeout`\]. Default: TTL / 10, at least 50 ms
     /// and at most the request timeout. A slow server costs an acquire this much only when
     /// no majority answered sooner: the outcome is taken as soon as a majority granted.
-    #[serde(with = "lock_core::raw::duration_text::option")]
+    #[serde(with = "lock_core::raw::durations::duration_text::option")]
     pub node_timeout: Option<Duration>,
     /// Redis Cluster (the `redis+cluster://` and `rediss+cluster://` schemes): the
     /// [`RedisConfig::endpoints`] are seed nodes from which the slot map is learnt; every
@@ -220,7 +220,7 @@ pub struct RedisConfig {
     pub wait_replicas: Option<u32>,
     /// How long a grant waits for [`RedisConfig::wait_replicas`] \[`wait_timeout`\].
     /// Default 100 ms; at most `request_timeout`.
-    #[serde(with = "lock_core::raw::duration_text")]
+    #[serde(with = "lock_core::raw::durations::duration_text")]
     pub wait_timeout: Duration,
     /// Client-wide lock options (TTL, renewal, timeouts) (serde also reads `lock`). Query
     /// keys `ttl`, `renewal`, `max_hold`, `request_timeout`, `recheck`.
@@ -414,7 +414,7 @@ impl RedisConfig {
             return Err(Error::config("the database number must not be negative"));
         }
         if let Some(timeout) = self.node_timeout {
-            if timeout.is_zero() || timeout > lock_core::raw::MAX_DURATION {
+            if timeout.is_zero() || timeout > lock_core::raw::durations::MAX_DURATION {
                 return Err(Error::config(
                     "node_timeout must be greater than zero and at most one year",
                 ));
@@ -541,7 +541,7 @@ impl RedisConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lock_core::raw::LockUrl;
+    use lock_core::raw::url::LockUrl;
 
     fn parse(text: &str) -> Result<RedisConfig> {
         RedisConfig::from_url(&LockUrl::parse(text)?)

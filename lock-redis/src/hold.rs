@@ -21,7 +21,7 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use lock_core::raw::{AcquireRequest, HoldKind};
+use lock_core::raw::backend::{AcquireRequest, HoldKind};
 use lock_core::{FencingToken, LockName, LostReason, OwnerToken};
 use redis::ScriptInvocation;
 

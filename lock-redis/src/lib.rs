@@ -30,7 +30,7 @@ mod redlock;
 mod scripts;
 mod topology;
 
-use lock_core::raw::LeaseClient;
+use lock_core::raw::backend::LeaseClient;
 
 pub use backend::RedisBackend;
 pub use config::{RedisConfig, RedisNode, DEFAULT_PORT, DEFAULT_PREFIX, DEFAULT_SENTINEL_PORT};

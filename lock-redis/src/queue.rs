@@ -128,7 +128,7 @@ pub(crate) fn acquire_q_invocation<'s>(
 
 /// The queued acquire of a hold of a shared kind, a permit, a reader or a writer (see
 /// `acquire_s.lua`): granted by the rule of
-/// [`HoldKind::granted_behind`](lock_core::raw::HoldKind::granted_behind), queued when
+/// [`HoldKind::granted_behind`](lock_core::raw::backend::HoldKind::granted_behind), queued when
 /// refused and `wait`, refused with a conflict when the name is another kind.
 pub(crate) fn acquire_s_invocation<'s>(
     servers: &'s Servers,

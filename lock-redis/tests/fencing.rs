@@ -14,8 +14,8 @@ use conformance::fence::SectionHandle;
 use conformance::FencedResource;
 use lab::harness::RedisOptions;
 use lab::proxy::{FaultProxy, ProxyMode};
-use lock_core::raw::Connect;
-use lock_core::raw::{AcquireRequest, Backend, HoldKind};
+use lock_core::raw::backend::{AcquireRequest, Backend, HoldKind};
+use lock_core::raw::driver::Connect;
 use lock_core::{DistributedLockExt, LockGuard, LockName, LockOptions, OwnerToken};
 use lock_redis::{KeyLayout, RedisBackend, RedisLock, DEFAULT_PREFIX};
 

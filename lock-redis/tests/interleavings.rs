@@ -11,7 +11,7 @@ use common::{config_for, with_ttl, RedisFactory};
 use lab::interleavings::{
     last_applied_extension_wins, retry_survives_late_cleanup, LateCleanup, SlowRenewalReply,
 };
-use lock_core::raw::Connect;
+use lock_core::raw::driver::Connect;
 use lock_redis::RedisBackend;
 
 async fn check(factory: RedisFactory, redlock: bool) {

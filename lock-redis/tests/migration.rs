@@ -10,7 +10,10 @@ use std::time::Duration;
 
 use common::{config_for, unique_name as name, with_ttl, RedisFactory};
 use lab::proxy::{FaultProxy, ProxyMode};
-use lock_core::raw::{AcquireRequest, Backend, Connect, HoldKind};
+use lock_core::raw::{
+    backend::{AcquireRequest, Backend, HoldKind},
+    driver::Connect,
+};
 use lock_core::{FencingToken, LockName, LockOptions, Occupancy, OwnerToken};
 use lock_redis::{KeyLayout, RedisBackend, RedisHold, DEFAULT_PREFIX};
 

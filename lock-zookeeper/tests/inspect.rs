@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use common::{create_persistent, unique_name, with_ttl, ZkFactory, BASE};
 use conformance::inspection::{self, inspect_until, owner, release, wait_for};
-use lock_core::raw::Backend;
+use lock_core::raw::backend::Backend;
 use lock_core::{DistributedLockExt, ErrorKind, FencingToken, Occupancy};
 use lock_zookeeper::{lock_dir, ZkLock};
 use zookeeper_client as zk;

@@ -12,7 +12,7 @@ use std::time::Duration;
 use common::{config, create_persistent, queue, unique_name, with_ttl, ZkFactory, BASE};
 use conformance::Factory;
 use lab::interleavings::{retry_survives_late_cleanup, Cleanup, LateCleanup};
-use lock_core::raw::Connect;
+use lock_core::raw::driver::Connect;
 use lock_core::DistributedLockExt;
 use lock_zookeeper::{lock_dir, queue_order, ZkBackend, ZkHold};
 use tokio::time::{sleep, Instant};

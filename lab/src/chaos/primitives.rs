@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conformance::factory::{Crash, Factory, StartedFactory};
 use conformance::ServerLease;
-use lock_core::raw::{ChangeFeed, HoldKind};
+use lock_core::raw::backend::{ChangeFeed, HoldKind};
 use lock_core::{
     AcquireOptions, Capabilities, DistributedLock, LockGuard, LockName, LockOptions, Occupancy,
     OwnerToken, Participant, Result,

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use lock_core::raw::LockUrl;
+use lock_core::raw::url::LockUrl;
 use lock_core::{Error, Result};
 
 use super::{RedisConfig, RedisNode, DEFAULT_PORT, DEFAULT_SENTINEL_PORT};
@@ -118,8 +118,10 @@ impl RedisConfig {
                 "prefix" => config.prefix = value,
                 "queue" => config.queue = parse_bool("queue", &value)?,
                 "node_timeout" => {
-                    config.node_timeout =
-                        Some(lock_core::raw::parse_duration("node_timeout", &value)?)
+                    config.node_timeout = Some(lock_core::raw::durations::parse_duration(
+                        "node_timeout",
+                        &value,
+                    )?)
                 }
                 "tls" if config.redlock => config.tls = parse_bool("tls", &value)?,
                 "wait_replicas" => {
@@ -130,7 +132,8 @@ impl RedisConfig {
                     })?)
                 }
                 "wait_timeout" => {
-                    config.wait_timeout = lock_core::raw::parse_duration("wait_timeout", &value)?
+                    config.wait_timeout =
+                        lock_core::raw::durations::parse_duration("wait_timeout", &value)?
                 }
                 "sentinel_username" if sentinel => config.sentinel_username = Some(value),
                 "sentinel_password" if sentinel => config.sentinel_password = Some(value),
@@ -178,7 +181,7 @@ mod tests {
 
     use super::*;
     use crate::RedisBackend;
-    use lock_core::raw::Connect;
+    use lock_core::raw::driver::Connect;
     use lock_core::ErrorKind;
 
     #[test]

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{RenewItem, RenewOutcome};
+use lock_core::raw::backend::{RenewItem, RenewOutcome};
 use lock_core::Result;
 use redis::ScriptInvocation;
 use tokio::time::Instant;

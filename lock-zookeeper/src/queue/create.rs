@@ -2,7 +2,7 @@
 //! children with it, or listing them right behind it), the search for the node after a
 //! lost reply, and the missing parents.
 
-use lock_core::raw::CleanupOnDrop;
+use lock_core::raw::plumbing::CleanupOnDrop;
 use lock_core::Error;
 use tokio::time::Instant;
 use zookeeper_client as zk;
