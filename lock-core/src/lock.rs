@@ -61,6 +61,8 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 ///   after ([`close_frees_everything`]).
 /// - a closed client ends its waiting acquires with an error and takes their waiters off
 ///   the server before `close` returns ([`close_ends_waiting_acquires`]).
+/// - a closed client refuses every call with `Error::Closed`, naming the lock, and leaves
+///   nothing behind ([`closed_client_refuses_every_call`]).
 ///
 /// Where [`Capabilities::election`] is set, leader elections ([`crate::Election`]) too:
 /// - one leader at a time, fenced on terms that strictly increase
@@ -118,6 +120,7 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`operator_inspects_lists_and_breaks`]: ../conformance/rules/fn.operator_inspects_lists_and_breaks.html
 /// [`close_frees_everything`]: ../conformance/rules/fn.close_frees_everything.html
 /// [`close_ends_waiting_acquires`]: ../conformance/rules/fn.close_ends_waiting_acquires.html
+/// [`closed_client_refuses_every_call`]: ../conformance/rules/fn.closed_client_refuses_every_call.html
 /// [`election_one_leader_at_a_time`]: ../conformance/rules/fn.election_one_leader_at_a_time.html
 /// [`election_value_and_proclaim`]: ../conformance/rules/fn.election_value_and_proclaim.html
 /// [`election_resign_hands_over`]: ../conformance/rules/fn.election_resign_hands_over.html
