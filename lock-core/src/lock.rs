@@ -150,8 +150,8 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     ///
     /// # Errors
     /// [`Error::Timeout`] when a [`Wait::Timeout`] runs out; [`Error::InvalidConfig`] or
-    /// [`Error::Unsupported`] for options the backend cannot honour; connection and
-    /// availability errors from the backend.
+    /// [`Error::Unsupported`] for options the backend cannot honour; [`Error::Closed`]
+    /// once the client is closed; connection and availability errors from the backend.
     async fn acquire(&self, name: &LockName, options: &AcquireOptions)
         -> Result<Option<LockGuard>>;
 
@@ -233,7 +233,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// held or queued outlives it. Call it before the process exits: a runtime that ends
     /// takes the client's background tasks with it, and what they had not done waits for
     /// the server-side expiry. Acquires under way end (their waiters taken off the server
-    /// first) and acquires after it fail, with `Error::Unsupported`; closing twice is
+    /// first) and every call after it fails, with [`Error::Closed`] naming the call (an
+    /// acquire of any kind, `inspect`, `list`, `force_release`, `changes`, and a guard's
+    /// `extend`; a guard's release says the hold is already lost); closing twice is
     /// harmless.
     ///
     /// # Errors

@@ -99,7 +99,7 @@ pub async fn close_ends_waiting_acquires(factory: &dyn Factory) {
         .map(|guard| guard.is_some());
     match (&ended, &refused) {
         (Err(ended), Err(refused)) => assert!(
-            ended.kind() == ErrorKind::Unsupported && ended.to_string() == refused.to_string(),
+            ended.kind() == ErrorKind::Closed && ended.to_string() == refused.to_string(),
             "[{RULE}] {}: the ended acquire reports `{ended}`, an acquire after close `{refused}`",
             factory.label()
         ),
