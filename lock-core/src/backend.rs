@@ -12,8 +12,9 @@ use tokio::time::Instant;
 
 use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::kind::{Amendment, HoldKind};
+use crate::lock::OperatorCall;
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::state::LostReason;
@@ -185,10 +186,7 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot tell
     /// (the default); connection errors.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
-        Err(Error::unsupported(
-            self.capabilities().backend,
-            format!("inspecting `{name}`"),
-        ))
+        Err(OperatorCall::Inspect(name).unsupported(self.capabilities().backend))
     }
 
     /// The names under `prefix` (a prefix of the lock name, `""` for all) that have a
@@ -198,10 +196,7 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot tell
     /// (the default); connection errors.
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
-        Err(Error::unsupported(
-            self.capabilities().backend,
-            format!("listing the locks under `{prefix}`"),
-        ))
+        Err(OperatorCall::List(prefix).unsupported(self.capabilities().backend))
     }
 
     /// Removes the current hold of `name` on the server, whoever holds it, and returns
@@ -214,10 +209,7 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot
     /// (the default); connection errors, after which the hold may or may not be removed.
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
-        Err(Error::unsupported(
-            self.capabilities().backend,
-            format!("breaking `{name}`"),
-        ))
+        Err(OperatorCall::Break(name).unsupported(self.capabilities().backend))
     }
 
     /// Amends `hold` as `amendment` says, if it is still this acquisition's (an

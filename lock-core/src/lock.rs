@@ -169,10 +169,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// [`Error::Unsupported`] for a backend that cannot tell (the default); connection
     /// errors.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
-        Err(Error::unsupported(
-            self.capabilities().backend,
-            format!("inspecting `{name}`"),
-        ))
+        Err(OperatorCall::Inspect(name).unsupported(self.capabilities().backend))
     }
 
     /// The names that start with `prefix` (`""` for all) and have a holder right now,
@@ -183,10 +180,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// [`Error::InvalidName`] for a prefix no name can start with (a control character,
     /// too long); connection errors.
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
-        Err(Error::unsupported(
-            self.capabilities().backend,
-            format!("listing the locks under `{prefix}`"),
-        ))
+        Err(OperatorCall::List(prefix).unsupported(self.capabilities().backend))
     }
 
     /// Breaks `name`: removes its current hold on the server, whoever holds it, and
@@ -207,10 +201,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// [`Error::Unsupported`] for a backend that cannot (the default); connection errors,
     /// after which the hold may or may not be removed (inspect to know).
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
-        Err(Error::unsupported(
-            self.capabilities().backend,
-            format!("breaking `{name}`"),
-        ))
+        Err(OperatorCall::Break(name).unsupported(self.capabilities().backend))
     }
 
     /// A feed of server-side changes to `name` from now on (grants, releases, expiries,
@@ -291,6 +282,30 @@ macro_rules! forward_impl {
 
 forward_impl!(Arc<L>);
 forward_impl!(Box<L>);
+
+/// An operator call that a lock service may not offer: what the defaults of
+/// [`DistributedLock`] and of [`Backend`](crate::raw::backend::Backend) refuse.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OperatorCall<'a> {
+    /// [`DistributedLock::inspect`].
+    Inspect(&'a LockName),
+    /// [`DistributedLock::list`].
+    List(&'a str),
+    /// [`DistributedLock::force_release`].
+    Break(&'a LockName),
+}
+
+impl OperatorCall<'_> {
+    /// The [`Error::Unsupported`] of `backend`, which does not offer this call.
+    pub(crate) fn unsupported(self, backend: &'static str) -> Error {
+        let operation = match self {
+            OperatorCall::Inspect(name) => format!("inspecting `{name}`"),
+            OperatorCall::List(prefix) => format!("listing the locks under `{prefix}`"),
+            OperatorCall::Break(name) => format!("breaking `{name}`"),
+        };
+        Error::unsupported(backend, operation)
+    }
+}
 
 /// Checks that a wait option is acceptable.
 pub(crate) fn check_wait(wait: Wait) -> Result<()> {
