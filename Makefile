@@ -22,7 +22,8 @@ test: deps
 ## medians; `make bench` reports medians of 3 runs, the dual lock included). The
 ## semaphore, read-write and multi-lock rows add about 30 s (`--primitives` alone: none).
 demo: deps
-	$(CARGO) build --quiet --release -p examples --bin demo --bin migration --bin fleet_member --bin lockbench
+	$(CARGO) build --quiet --release -p examples --bin demo --bin migration --bin fleet_member
+	$(CARGO) build --quiet --release -p tools --bin lockbench
 	./target/release/demo
 	./target/release/migration
 	./target/release/lockbench --runs 1 --duration 1s --warmup 300ms --clients 64 --locks 1,1024 \
@@ -41,19 +42,19 @@ CHAOS_ENV = CHAOS_LONG=1 CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED)
 chaos: deps
 	rm -rf chaos-report && mkdir -p chaos-report
 	$(CHAOS_ENV) $(CARGO) test --release -p lab -p lock-redis -p lock-zookeeper \
-		-p lock-etcd --test chaos -- --test-threads 2
+		-p lock-etcd --test it -- --test-threads 2 chaos::
 	$(CHAOS_ENV) $(CARGO) test --release -p lab --test dual_chaos -- --test-threads 2
-	$(CHAOS_ENV) $(CARGO) test --release -p lab --test dual -p lock-redis -p lock-zookeeper \
-		--test conformance -- --test-threads 2
+	$(CHAOS_ENV) $(CARGO) test --release -p lab -p lock-redis -p lock-zookeeper \
+		--test it -- --test-threads 2 dual:: conformance::
 	CHAOS_REPORT_DIR=$(CURDIR)/chaos-report LOCK_TEST_STRICT=1 \
-		$(CARGO) test --release -p lockctl --test signals
-	$(CARGO) run --quiet --release -p examples --bin chaos_report -- chaos-report
+		$(CARGO) test --release -p lockctl --test it -- signals::
+	$(CARGO) run --quiet --release -p tools --bin chaos_report -- chaos-report
 
 ## The full comparative benchmark, medians of 3 runs (about twenty minutes on 2 cores),
 ## Redis Cluster included;
 ## report in lockbench-report/.
 bench: deps
-	$(CARGO) build --quiet --release -p examples --bin lockbench
+	$(CARGO) build --quiet --release -p tools --bin lockbench
 	./target/release/lockbench --runs 3 --out lockbench-report \
 		--backends memory,redis,redis-cluster,redlock,zookeeper,etcd,dual
 

@@ -46,12 +46,12 @@ JAR_DIR=/usr/share/java
 # A JVM that starts fast: these checks run for well under a second each.
 JVM=(-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -XX:-UsePerfData)
 JAVAC=(-J-XX:TieredStopAtLevel=1 -J-XX:+UseSerialGC -J-XX:-UsePerfData)
-# Where the harness looks for zookeeper.jar (lab/src/harness/zookeeper.rs).
+# Where the harness looks for zookeeper.jar (harness/src/zookeeper/).
 ZK_JAR_DIRS=(/usr/share/java /usr/share/zookeeper /usr/share/zookeeper/lib)
 # Netty jars the harness adds to ZooKeeper's class path (NETTY_EXTRA_JARS in
-# lab/src/harness/zookeeper.rs): zookeeper.jar's manifest does not name them.
+# harness/src/zookeeper/): zookeeper.jar's manifest does not name them.
 NETTY_EXTRA_JARS=(netty-codec.jar netty-resolver.jar)
-# The class path of the Curator test (lock-zookeeper/tests/interop.rs).
+# The class path of the Curator test (lock-zookeeper/tests/it/interop.rs).
 CURATOR_JARS=(curator-recipes.jar curator-framework.jar curator-client.jar zookeeper.jar
   zookeeper-jute.jar guava.jar slf4j-api.jar slf4j-nop.jar)
 
@@ -98,7 +98,7 @@ check_etcdctl() {
   ETCDCTL_API=3 etcdctl version | grep 'etcdctl version:'
 }
 
-# The steps of lab/src/harness/tls.rs, which makes the TLS tests' certificates.
+# The steps of harness/src/tls.rs, which makes the TLS tests' certificates.
 check_openssl() {
   local dir="$work/tls" key=(-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes)
   mkdir -p "$dir" && cd "$dir" &&
@@ -129,7 +129,7 @@ check_jars() {
   return "$status"
 }
 
-# The class path lab/src/harness/zookeeper.rs builds: zookeeper.jar (its manifest
+# The class path harness/src/zookeeper/ builds: zookeeper.jar (its manifest
 # names the rest) and a log binding, log4j 1.2 or else slf4j-simple. A missing config file
 # makes QuorumPeerMain exit 2 with "Invalid config" once its classes and logging loaded.
 check_zookeeper() {
@@ -193,7 +193,7 @@ EOF
 }
 
 # Where the harness looks for libfaketime (FAKE_CLOCK_LIBS in
-# lab/src/harness/clock.rs).
+# harness/src/clock.rs).
 FAKETIME_LIBS=(/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1
   /usr/lib/aarch64-linux-gnu/faketime/libfaketime.so.1 /usr/lib/faketime/libfaketime.so.1
   /usr/local/lib/faketime/libfaketime.so.1)

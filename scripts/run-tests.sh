@@ -1,16 +1,19 @@
 #!/usr/bin/env bash
 # Every test of the workspace, as `cargo test --workspace --no-fail-fast` runs them, with
-# the test binaries of the workspace run side by side instead of one after another.
+# the tests run side by side instead of one binary after another.
 #
 # Most tests wait on timers (leases, session timeouts, failovers), so one binary at a time
 # leaves the machine idle. This script builds every test binary once
-# (`cargo test --workspace --no-run`), then runs them TEST_JOBS at a time (default 2),
-# longest first (durations of the last run in target/test-durations, else a fixed guess),
-# each in its package's directory with the environment cargo would give it. A binary's
-# output is kept whole in target/test-logs/ and printed as one block when it ends; every
-# binary runs even when others failed (--no-fail-fast), and the exit status is non-zero if
-# any binary or the doc tests failed. Arguments are passed to every test binary
-# (e.g. `-- --test-threads 1`); TEST_JOBS=1 runs them one at a time.
+# (`cargo test --workspace --no-run`); each crate's integration tests are one binary
+# (`tests/it`), so it splits that binary into jobs by top-level module (`conformance`,
+# `chaos`, `faults`...: each job runs the binary with the exact names of that module's
+# tests), and runs the jobs TEST_JOBS at a time (default 2), longest first (durations of
+# the last run in target/test-durations, else a fixed guess), each in its package's
+# directory with the environment cargo would give it. A job's output is kept whole in
+# target/test-logs/ and printed as one block when it ends; every job runs even when others
+# failed (--no-fail-fast), and the exit status is non-zero if any job or the doc tests
+# failed. Arguments are passed to every test binary (e.g. `-- --test-threads 1`);
+# TEST_JOBS=1 runs the jobs one at a time.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -51,7 +54,27 @@ if [[ ! -s $LOGS/binaries.tsv ]]; then
     exit 101
 fi
 
-# Expected duration of a label: last run's, else a guess from the name (servers and
+# The jobs: an `it` binary's tests by top-level module, any other binary whole. One line
+# per job: label, binary label, then the exact test names (none: the whole binary).
+list_tests() {
+    local exe=$1 dir=$2 pkg=$3
+    (cd "$dir" && CARGO_MANIFEST_DIR="$dir" CARGO_PKG_NAME="$pkg" "$exe" --list --format terse) |
+        sed -n 's/: test$//p'
+}
+while IFS=$'\t' read -r label exe dir pkg; do
+    if [[ $label != */it ]]; then
+        printf '%s\t%s\n' "$label" "$label"
+        continue
+    fi
+    if ! names=$(list_tests "$exe" "$dir" "$pkg"); then
+        echo "run-tests: $label does not list its tests" >&2
+        exit 101
+    fi
+    awk -v b="$label" '{ m = $0; sub(/::.*/, "", m); t[m] = t[m] "\t" $0 }
+        END { for (m in t) print b "/" m "\t" b t[m] }' <<<"$names"
+done <"$LOGS/binaries.tsv" | sort >"$LOGS/jobs.tsv"
+
+# Expected duration of a job: last run's, else a guess from the name (servers and
 # fault schedules first, unit tests last).
 expected() {
     local label=$1 seconds
@@ -63,7 +86,7 @@ expected() {
     case $label in
         */chaos | */dual | */conformance) echo 90 ;;
         */operations | */faults | */session | */sentinel | */migration) echo 30 ;;
-        */test/*) echo 10 ;;
+        */it/*) echo 10 ;;
         *) echo 1 ;;
     esac
 }
@@ -71,7 +94,7 @@ expected() {
 queue=()
 while IFS=$'\t' read -r label _; do
     queue+=("$(expected "$label")"$'\t'"$label")
-done <"$LOGS/binaries.tsv"
+done <"$LOGS/jobs.tsv"
 mapfile -t queue < <(printf '%s\n' "${queue[@]}" "$(expected doc-tests)"$'\t'"doc-tests" |
     sort -t$'\t' -k1,1nr | cut -f2)
 
@@ -86,8 +109,13 @@ run_one() {
         "$CARGO" test --workspace --doc --no-fail-fast -- "$@"
         return
     fi
-    local exe dir pkg
-    IFS=$'\t' read -r _ exe dir pkg < <(awk -F'\t' -v l="$label" '$1 == l' "$LOGS/binaries.tsv")
+    local binary exe dir pkg names=()
+    IFS=$'\t' read -r _ binary < <(awk -F'\t' -v l="$label" '$1 == l { print $1 "\t" $2 }' "$LOGS/jobs.tsv")
+    IFS=$'\t' read -r -a names < <(awk -F'\t' -v l="$label" '$1 == l { $1 = $2 = ""; sub(/^\t\t/, ""); print }' OFS='\t' "$LOGS/jobs.tsv")
+    IFS=$'\t' read -r _ exe dir pkg < <(awk -F'\t' -v l="$binary" '$1 == l' "$LOGS/binaries.tsv")
+    if ((${#names[@]} > 0)); then
+        set -- --exact "${names[@]}" "$@"
+    fi
     cd "$dir" && CARGO_MANIFEST_DIR="$dir" CARGO_PKG_NAME="$pkg" exec "$exe" "$@"
 }
 
@@ -124,7 +152,7 @@ done
 
 printf '%s\n' "${new_durations[@]}" | sort -t$'\t' -k2,2nr >"$DURATIONS"
 echo
-echo "run-tests: built in ${built}s, then $(wc -l <"$DURATIONS") binaries, $JOBS at a time," \
+echo "run-tests: built in ${built}s, then $(wc -l <"$DURATIONS") jobs, $JOBS at a time," \
     "in $(($(date +%s) - started - built))s ($(awk -F'\t' '{ s += $2 } END { print s }' "$DURATIONS")s" \
     "one after another); slowest:"
 head -5 "$DURATIONS" | sed 's/^/  /'

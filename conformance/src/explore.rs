@@ -18,13 +18,13 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_trait::async_trait;
-use lock_core::{DistributedLock, LockName, LockOptions};
+use lock_core::{DistributedLock, LockOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use crate::factory::{Crash, Factory};
+use crate::factory::Factory;
 use crate::oracle::Oracle;
+use crate::wrap::{FactoryWrap, WrappedFactory};
 
 /// Where the TTL stands against the hand-off lease.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -263,24 +263,22 @@ impl Drop for Replay<'_> {
 /// A factory whose clients run under an option set and are audited by the lease oracle:
 /// options a rule leaves at their defaults (TTL, recheck) take the set's, its shortest
 /// TTL is the set's TTL, and the queue follows the set where the backend offers it.
-pub struct Explored<F: Factory + 'static> {
-    inner: Arc<F>,
+pub type Explored<F> = WrappedFactory<F, Exploring>;
+
+/// What an [`Explored`] factory changes: the option set, and the oracle's audit.
+#[derive(Debug)]
+pub struct Exploring {
     set: OptionSet,
     oracle: Arc<Oracle>,
 }
 
-impl<F: Factory + 'static> Explored<F> {
+impl<F: Factory + 'static> WrappedFactory<F, Exploring> {
     /// `factory` under `set`.
-    pub fn new(factory: F, set: OptionSet) -> Self {
+    pub fn under(factory: F, set: OptionSet) -> Self {
         factory.set_queue(set.queue);
         let inner = Arc::new(factory);
         let oracle = Oracle::new(Arc::clone(&inner) as Arc<dyn Factory>);
-        Explored { inner, set, oracle }
-    }
-
-    /// The factory under the set.
-    pub fn inner(&self) -> &F {
-        &self.inner
+        WrappedFactory::new(inner, Exploring { set, oracle })
     }
 
     /// Ends the audit of this rule's holds.
@@ -288,79 +286,28 @@ impl<F: Factory + 'static> Explored<F> {
     /// # Panics
     /// If any guard promised more than its server kept.
     pub async fn finish(&self) {
-        self.oracle.finish().await;
+        self.wrapper().oracle.finish().await;
+    }
+}
+
+impl FactoryWrap for Exploring {
+    fn short_ttl(&self, inner: Duration) -> Duration {
+        self.set.ttl(inner)
     }
 
-    fn options(&self, mut options: LockOptions) -> LockOptions {
+    fn options(&self, mut options: LockOptions, short_ttl: Duration) -> LockOptions {
         let defaults = LockOptions::default();
         if options.ttl == defaults.ttl {
-            options.ttl = self.short_ttl();
+            options.ttl = short_ttl;
         }
         if options.recheck == defaults.recheck {
             options.recheck = self.set.recheck();
         }
         options
     }
-}
 
-impl<F: Factory + 'static> fmt::Debug for Explored<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Explored")
-            .field("factory", &self.inner.label())
-            .field("set", &self.set)
-            .finish_non_exhaustive()
-    }
-}
-
-#[async_trait]
-impl<F: Factory + 'static> Factory for Explored<F> {
-    fn label(&self) -> String {
-        self.inner.label()
-    }
-
-    fn url(&self) -> String {
-        self.inner.url()
-    }
-
-    fn short_ttl(&self) -> Duration {
-        self.set.ttl(self.inner.short_ttl())
-    }
-
-    async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
-        let client = self.inner.client(self.options(options)).await;
+    fn client(&self, client: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
         self.oracle.audit(client)
-    }
-
-    async fn crashable_client(
-        &self,
-        options: LockOptions,
-    ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
-        let (client, crash) = self.inner.crashable_client(self.options(options)).await;
-        (self.oracle.audit(client), crash)
-    }
-
-    async fn steal(&self, name: &LockName) {
-        self.inner.steal(name).await;
-    }
-
-    async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
-        self.inner.leftovers(names).await
-    }
-
-    fn set_queue(&self, on: bool) -> bool {
-        self.inner.set_queue(on)
-    }
-
-    async fn server_lease(
-        &self,
-        name: &LockName,
-        owner: &lock_core::OwnerToken,
-    ) -> crate::factory::ServerLease {
-        self.inner.server_lease(name, owner).await
-    }
-
-    fn lease_resolution(&self) -> Duration {
-        self.inner.lease_resolution()
     }
 }
 

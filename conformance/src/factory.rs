@@ -95,7 +95,7 @@ pub trait Factory: Send + Sync {
 
 /// What the suite macros accept from a factory expression: a factory, or `None` when
 /// its server could not be started because a binary is missing and strict mode is off
-/// (the lab's harness has said so loudly: `lab::harness::or_skip`).
+/// (the lab's harness has said so loudly: `harness::or_skip`).
 pub trait StartedFactory {
     /// The factory type.
     type Factory;

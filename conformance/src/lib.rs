@@ -20,6 +20,7 @@ pub mod limits;
 pub mod memory;
 pub mod oracle;
 pub mod rules;
+pub mod wrap;
 
 pub use explore::{Explored, OptionSet};
 pub use factory::{
@@ -177,7 +178,7 @@ macro_rules! conformance_suite {
                 let Some(factory) = $crate::factory::StartedFactory::started($factory.await) else {
                     return;
                 };
-                let factory = $crate::Explored::new(factory, set);
+                let factory = $crate::Explored::under(factory, set);
                 $crate::rules::$rule(&factory).await;
                 factory.finish().await;
             },

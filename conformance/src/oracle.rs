@@ -19,15 +19,14 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::raw::backend::ChangeFeed;
 use lock_core::{
-    AcquireOptions, Capabilities, DistributedLock, LockGuard, LockName, LockOptions, LockState,
-    LockWatch, Occupancy, OwnerToken, Participant, Result,
+    AcquireOptions, DistributedLock, LockGuard, LockName, LockState, LockWatch, OwnerToken, Result,
 };
 use tokio::task::JoinSet;
 use tokio::time::{sleep, Instant};
 
 use crate::factory::{Factory, ServerLease};
+use crate::wrap::{AcquireWrap, WrappedLock};
 
 /// How many holds of one rule are audited periodically at once; the others are checked
 /// at their grant only (a rule with a thousand holds would flood the server).
@@ -52,10 +51,7 @@ impl Oracle {
 
     /// `client`, whose grants this oracle audits.
     pub fn audit(self: &Arc<Self>, client: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
-        Arc::new(Audited {
-            inner: client,
-            oracle: Arc::clone(self),
-        })
+        WrappedLock::around(client, Audit(Arc::clone(self)))
     }
 
     /// Checks `guard` against its server once; `at` says when, for the report. Returns
@@ -175,58 +171,22 @@ impl fmt::Debug for Oracle {
     }
 }
 
-/// A client whose grants an [`Oracle`] audits.
+/// What a client whose grants an [`Oracle`] audits does on an acquire.
 #[derive(Debug)]
-struct Audited {
-    inner: Arc<dyn DistributedLock>,
-    oracle: Arc<Oracle>,
-}
-
-impl fmt::Display for Audited {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Display::fmt(&self.inner, f)
-    }
-}
+struct Audit(Arc<Oracle>);
 
 #[async_trait]
-impl DistributedLock for Audited {
+impl AcquireWrap for Audit {
     async fn acquire(
         &self,
+        lock: &dyn DistributedLock,
         name: &LockName,
         options: &AcquireOptions,
     ) -> Result<Option<LockGuard>> {
-        let acquired = self.inner.acquire(name, options).await;
+        let acquired = lock.acquire(name, options).await;
         if let Ok(Some(guard)) = &acquired {
-            self.oracle.granted(guard).await;
+            self.0.granted(guard).await;
         }
         acquired
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
-    }
-
-    fn options(&self) -> &LockOptions {
-        self.inner.options()
-    }
-
-    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
-        self.inner.inspect(name).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
-        self.inner.list(prefix).await
-    }
-
-    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
-        self.inner.force_release(name).await
-    }
-
-    async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
-        self.inner.changes(name).await
-    }
-
-    async fn close(&self) -> Result<()> {
-        self.inner.close().await
     }
 }

@@ -1,33 +1,23 @@
-//! distlock's lab: what puts a backend through real servers and real faults, beyond
-//! the contract's rules (those are the `conformance` crate's).
+//! distlock's lab: the fault suites that put a backend through real servers and real
+//! faults, beyond the contract's rules (those are the `conformance` crate's). The servers,
+//! the fault proxy and the Curator holders are the `harness` crate's.
 //!
-//! - [`harness`]: redis-server, ZooKeeper and etcd started as child processes on free
-//!   127.0.0.1 ports, single or clustered, with kill, pause, restart and clock jumps.
-//! - [`proxy`]: a TCP fault proxy between a client and a server (delays, blackholes,
-//!   resets, a lost reply).
 //! - [`chaos`]: fault scenarios around a lock guarding a fenced resource, what each
 //!   deployment promises under them, and the reliability report's rows;
 //!   [`chaos_suite!`] expands them into tests for a [`chaos::ChaosTarget`].
 //! - [`interleavings`]: rare interleavings of the lease machinery, opened on purpose;
 //!   [`interleavings_suite!`] expands the ones that need only a target.
 //! - [`dual`]: dual deployments (`dual:<old>|<new>`) built from two backends' factories.
-//! - [`curator`]: Apache Curator holders, to check a ZooKeeper lock against Curator's.
-//! - [`shared`]: one deployment shared by the tests of a binary, each in a namespace of
-//!   its own.
 //! - [`kinds`]: one name used as two kinds, checked alike on every backend.
 //!
-//! Backends use the lab as a dev-dependency only; tools that start servers (the
-//! benchmark, the demos) use it as a normal one.
+//! Backends use the lab as a dev-dependency only (through their suites' macros and the
+//! `testkit` deployments); the chaos report of the `tools` crate reads its scenario list.
 
 pub mod chaos;
-pub mod curator;
 pub mod dual;
-pub mod harness;
 pub mod interleavings;
 pub mod kinds;
 mod memory;
-pub mod proxy;
-pub mod shared;
 
 /// What the lab's macros name from the conformance crate, so that their callers need not
 /// depend on it by name.
@@ -58,7 +48,7 @@ macro_rules! chaos_suite {
     (kinded: $primitive:ident on $deployment:literal, $target:expr, short: $short:expr) => {
         $crate::chaos_scenarios!($crate::chaos_suite! { @scenarios
             async {
-                $crate::chaos::Kinded::of($crate::chaos::Primitive::$primitive, $target.await)
+                $crate::chaos::kinded($crate::chaos::Primitive::$primitive, $target.await)
             };
             $short;
             [$deployment, $crate::chaos::Primitive::$primitive];

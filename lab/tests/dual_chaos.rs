@@ -4,27 +4,18 @@
 //! `lab::chaos::expectation` promises for the dual topology (with one side
 //! healthy, safety even where the faulted backend alone promises only fencing).
 //!
-//! Not part of `cargo test` (`test = false` in Cargo.toml: the five deployments take
-//! minutes even with the short plan); `make chaos` runs it with the long plan.
+//! A binary of its own, not part of `cargo test` (`test = false` in Cargo.toml: the five
+//! deployments take minutes even with the short plan); `make chaos` runs it with the long
+//! plan.
 
-#[path = "../../lock-etcd/tests/common/mod.rs"]
-mod etcd_common;
-#[path = "../../lock-redis/tests/common/mod.rs"]
-mod redis_common;
-#[path = "../../lock-zookeeper/tests/common/mod.rs"]
-mod zk_common;
-
-#[path = "dual/deployments.rs"]
-mod deployments;
-
-/// One module of scenarios per dual deployment (a constructor of `deployments`) and
+/// One module of scenarios per dual deployment (a constructor of `testkit::dual`) and
 /// faulted side.
 macro_rules! dual_chaos {
     ($($(#[$doc:meta])* $module:ident: $deployment:ident, $sides:ident;)*) => {$(
         $(#[$doc])*
         mod $module {
             lab::chaos_suite!(async {
-                crate::deployments::$deployment()
+                testkit::dual::$deployment()
                     .await
                     .map(|dual| dual.faults(lab::dual::Sides::$sides))
             });

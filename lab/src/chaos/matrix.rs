@@ -37,41 +37,23 @@ const ELECTION: &[Primitive] = &[Primitive::Election];
 pub const DEPLOYMENTS: &[Deployment] = &[
     row("memory", "memory://", ALL, true),
     row("redis", "redis://127.0.0.1:6379", ALL, true),
-    row(
-        "redlock-5",
-        "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005",
-        ELECTION,
-        true,
-    ),
-    row(
-        "sentinel",
-        "redis+sentinel://127.0.0.1:26379/distlock?wait_replicas=0",
-        ALL,
-        true,
-    ),
-    row(
-        "sentinel+wait",
-        "redis+sentinel://127.0.0.1:26379/distlock?wait_replicas=1",
-        ALL,
-        false,
-    ),
+    row("redlock-5", REDLOCK_5, ELECTION, true),
+    row("sentinel", SENTINEL_ACK_0, ALL, true),
+    row("sentinel+wait", SENTINEL_ACK_1, ALL, false),
     row("cluster", "redis+cluster://127.0.0.1:7000", ALL, false),
     row("zookeeper", "zk://127.0.0.1:2181", ALL, true),
     row("zookeeper-tls", "zks://127.0.0.1:2281", ALL, false),
-    row(
-        "zookeeper-3",
-        "zk://127.0.0.1:2181,127.0.0.1:2182,127.0.0.1:2183",
-        ALL,
-        true,
-    ),
+    row("zookeeper-3", ZK_3, ALL, true),
     row("etcd", "etcd://127.0.0.1:2379", ALL, true),
-    row(
-        "etcd-3",
-        "etcd://127.0.0.1:2379,127.0.0.1:2380,127.0.0.1:2381",
-        ALL,
-        true,
-    ),
+    row("etcd-3", ETCD_3, ALL, true),
 ];
+
+const REDLOCK_5: &str =
+    "redlock://127.0.0.1:7001,127.0.0.1:7002,127.0.0.1:7003,127.0.0.1:7004,127.0.0.1:7005";
+const SENTINEL_ACK_0: &str = "redis+sentinel://127.0.0.1:26379/distlock?wait_replicas=0";
+const SENTINEL_ACK_1: &str = "redis+sentinel://127.0.0.1:26379/distlock?wait_replicas=1";
+const ZK_3: &str = "zk://127.0.0.1:2181,127.0.0.1:2182,127.0.0.1:2183";
+const ETCD_3: &str = "etcd://127.0.0.1:2379,127.0.0.1:2380,127.0.0.1:2381";
 
 const fn row(
     name: &'static str,

@@ -46,14 +46,14 @@ pub use failover::{
     slot_migration_while_held,
 };
 pub use nemesis::nemesis;
-pub use primitives::{Kinded, Primitive, ELECTION_SHORT_SCENARIOS};
+pub use primitives::{kinded, KindOf, Kinded, Primitive, ELECTION_SHORT_SCENARIOS};
 pub use report::{record_row, ReportRow, ScenarioReport};
 pub use scenarios::{
     acquire_reply_delayed, cancellation_under_faults, majority_loss, stale_counter_restore,
 };
 pub use topology::{ChaosTarget, Link, ServerControl, Sides, Switch, Topology};
 
-use crate::harness::WallClock;
+use harness::WallClock;
 pub use victim::{
     early_key_expiry, follower_partition, holder_partitioned, holder_paused_beyond_ttl,
     long_network_delay, member_crash, redlock_restart_delayed, redlock_restart_immediate,

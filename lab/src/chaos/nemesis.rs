@@ -4,9 +4,9 @@ use std::sync::{Arc, Mutex};
 
 use super::workload::{contend, crash_members, options, recover, report};
 use super::{Link, ScenarioReport, Scene, Topology};
-use crate::proxy::ProxyMode;
 use conformance::fence::FencedResource;
 use conformance::rules::unique_name;
+use harness::proxy::ProxyMode;
 use tokio::time::{sleep, Instant};
 
 /// A seeded random mix of faults for `plan.nemesis` while linked contenders keep

@@ -12,13 +12,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use conformance::factory::{Crash, Factory, StartedFactory};
-use conformance::ServerLease;
-use lock_core::raw::backend::{ChangeFeed, HoldKind};
-use lock_core::{
-    AcquireOptions, Capabilities, DistributedLock, LockGuard, LockName, LockOptions, Occupancy,
-    OwnerToken, Participant, Result,
-};
+use conformance::factory::StartedFactory;
+use conformance::wrap::{AcquireWrap, FactoryWrap, WrappedFactory, WrappedLock};
+use lock_core::raw::backend::HoldKind;
+use lock_core::{AcquireOptions, DistributedLock, LockGuard, LockName, LockOptions, Result};
 
 use super::topology::{ChaosTarget, Link, ServerControl, Topology};
 
@@ -56,169 +53,79 @@ impl Primitive {
 }
 
 /// A deployment whose clients take a primitive's hold where others take the lock.
-pub struct Kinded<T> {
-    inner: T,
+pub type Kinded<T> = WrappedFactory<T, KindOf>;
+
+/// `started`'s deployment, its clients using `primitive`; `None` when it did not start (a
+/// missing server binary, said loudly by the harness).
+pub fn kinded<T: ChaosTarget + 'static>(
     primitive: Primitive,
+    started: impl StartedFactory<Factory = T>,
+) -> Option<Kinded<T>> {
+    let inner = started.started()?;
+    Some(WrappedFactory::new(Arc::new(inner), KindOf(primitive)))
 }
 
-impl<T: ChaosTarget> Kinded<T> {
-    /// `started`'s deployment, its clients using `primitive`; `None` when it did not
-    /// start (a missing server binary, said loudly by the harness).
-    pub fn of(primitive: Primitive, started: impl StartedFactory<Factory = T>) -> Option<Self> {
-        started.started().map(|inner| Kinded { inner, primitive })
+/// What a [`Kinded`] deployment changes: the primitive its clients use.
+#[derive(Debug, Clone, Copy)]
+pub struct KindOf(Primitive);
+
+impl FactoryWrap for KindOf {
+    fn label(&self, inner: String) -> String {
+        format!("{inner} {}", self.0.label())
     }
 
-    fn wrap(&self, lock: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
-        Arc::new(KindedClient {
-            lock,
-            kind: self.primitive.kind(),
-        })
-    }
-}
-
-impl<T: ChaosTarget> fmt::Debug for Kinded<T> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Kinded")
-            .field("deployment", &self.inner.label())
-            .field("primitive", &self.primitive)
-            .finish()
+    fn client(&self, lock: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
+        WrappedLock::around(lock, AsKind(self.0.kind()))
     }
 }
 
 /// A client that asks for its kind of hold wherever it is asked to acquire.
-struct KindedClient {
-    lock: Arc<dyn DistributedLock>,
-    kind: HoldKind,
-}
-
-impl fmt::Debug for KindedClient {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("KindedClient")
-            .field("lock", &self.lock)
-            .field("kind", &self.kind.label())
-            .finish()
-    }
-}
-
-impl fmt::Display for KindedClient {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{} on {}", self.kind.label(), self.lock)
-    }
-}
+#[derive(Debug)]
+struct AsKind(HoldKind);
 
 #[async_trait]
-impl DistributedLock for KindedClient {
+impl AcquireWrap for AsKind {
     async fn acquire(
         &self,
+        lock: &dyn DistributedLock,
         name: &LockName,
         options: &AcquireOptions,
     ) -> Result<Option<LockGuard>> {
         let mut options = options.clone();
-        options.kind = self.kind.clone();
-        self.lock.acquire(name, &options).await
+        options.kind = self.0.clone();
+        lock.acquire(name, &options).await
     }
 
-    fn capabilities(&self) -> Capabilities {
-        self.lock.capabilities()
-    }
-
-    fn options(&self) -> &LockOptions {
-        self.lock.options()
-    }
-
-    async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
-        self.lock.inspect(name).await
-    }
-
-    async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
-        self.lock.list(prefix).await
-    }
-
-    async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
-        self.lock.force_release(name).await
-    }
-
-    async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
-        self.lock.changes(name).await
-    }
-
-    async fn close(&self) -> Result<()> {
-        self.lock.close().await
+    fn describe(&self, lock: &dyn DistributedLock, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} on {lock}", self.0.label())
     }
 }
 
 #[async_trait]
-impl<T: ChaosTarget> Factory for Kinded<T> {
-    fn label(&self) -> String {
-        format!("{} {}", self.inner.label(), self.primitive.label())
-    }
-
-    fn url(&self) -> String {
-        self.inner.url()
-    }
-
-    fn short_ttl(&self) -> Duration {
-        self.inner.short_ttl()
-    }
-
-    async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
-        self.wrap(self.inner.client(options).await)
-    }
-
-    async fn crashable_client(
-        &self,
-        options: LockOptions,
-    ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
-        let (client, crash) = self.inner.crashable_client(options).await;
-        (self.wrap(client), crash)
-    }
-
-    async fn steal(&self, name: &LockName) {
-        self.inner.steal(name).await;
-    }
-
-    async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
-        self.inner.leftovers(names).await
-    }
-
-    fn set_queue(&self, on: bool) -> bool {
-        self.inner.set_queue(on)
-    }
-
-    async fn server_lease(&self, name: &LockName, owner: &OwnerToken) -> ServerLease {
-        self.inner.server_lease(name, owner).await
-    }
-
-    fn lease_resolution(&self) -> Duration {
-        self.inner.lease_resolution()
-    }
-}
-
-#[async_trait]
-impl<T: ChaosTarget> ChaosTarget for Kinded<T> {
+impl<T: ChaosTarget + 'static> ChaosTarget for Kinded<T> {
     fn topology(&self) -> Topology {
-        self.inner.topology()
+        self.inner().topology()
     }
 
     async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
-        let (client, link) = self.inner.linked_client(options).await;
-        (self.wrap(client), link)
+        let (client, link) = self.inner().linked_client(options).await;
+        (self.wrapper().client(client), link)
     }
 
     fn servers(&self) -> Vec<&dyn ServerControl> {
-        self.inner.servers()
+        self.inner().servers()
     }
 
     async fn leader(&self) -> Option<usize> {
-        self.inner.leader().await
+        self.inner().leader().await
     }
 
     async fn primary(&self, name: &LockName) -> Option<usize> {
-        self.inner.primary(name).await
+        self.inner().primary(name).await
     }
 
     async fn promoted(&self, name: &LockName, old: usize, limit: Duration) -> Option<usize> {
-        self.inner.promoted(name, old, limit).await
+        self.inner().promoted(name, old, limit).await
     }
 
     async fn migrate(
@@ -226,23 +133,23 @@ impl<T: ChaosTarget> ChaosTarget for Kinded<T> {
         name: &LockName,
         pause: Duration,
     ) -> Option<std::result::Result<String, String>> {
-        self.inner.migrate(name, pause).await
+        self.inner().migrate(name, pause).await
     }
 
     fn replication_link(&self, primary: usize) -> Option<Link> {
-        self.inner.replication_link(primary)
+        self.inner().replication_link(primary)
     }
 
     fn isolation_link(&self, primary: usize) -> Option<Link> {
-        self.inner.isolation_link(primary)
+        self.inner().isolation_link(primary)
     }
 
     async fn follower_link(
         &self,
         options: LockOptions,
     ) -> Option<(Arc<dyn DistributedLock>, Link)> {
-        let (client, link) = self.inner.follower_link(options).await?;
-        Some((self.wrap(client), link))
+        let (client, link) = self.inner().follower_link(options).await?;
+        Some((self.wrapper().client(client), link))
     }
 }
 

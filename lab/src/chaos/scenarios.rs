@@ -11,9 +11,9 @@ use tokio::time::{sleep, timeout, Instant};
 
 use super::workload::{contend, first_other_start, options, recover, report, SECTION};
 use super::{ScenarioReport, Scene};
-use crate::proxy::ProxyMode;
 use conformance::fence::FencedResource;
 use conformance::rules::unique_name;
+use harness::proxy::ProxyMode;
 
 /// Every server is restored from a snapshot of its data taken before the victim's grant
 /// (a backup restore, a failover to a lagging replica): the lock and the fencing counter

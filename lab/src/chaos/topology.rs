@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use lock_core::memory::MemoryLock;
 use lock_core::{DistributedLock, LockName, LockOptions};
 
-pub use crate::harness::ServerControl;
-use crate::proxy::{FaultProxy, ProxyMode};
 use conformance::factory::{Crash, Factory};
+use harness::proxy::{FaultProxy, ProxyMode};
+pub use harness::ServerControl;
 
 /// Which sides of a dual deployment a hook or a fault touches.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

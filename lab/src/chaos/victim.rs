@@ -12,10 +12,10 @@ use super::workload::{
     contend, crash_members, first_other_start, options, recover, report, signed_ms, watch_lost,
 };
 use super::{ChaosTarget, Link, Plan, ScenarioReport, Scene};
-use crate::harness::ClockJump;
-use crate::proxy::ProxyMode;
 use conformance::fence::FencedResource;
 use conformance::rules::unique_name;
+use harness::proxy::ProxyMode;
+use harness::ClockJump;
 
 /// The fault of a victim scenario.
 enum Fault<'a> {

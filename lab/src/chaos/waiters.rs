@@ -19,10 +19,10 @@ use tokio::time::{sleep, sleep_until, timeout, Instant};
 
 use super::workload::{options, recover, report, SECTION};
 use super::{ChaosTarget, Plan, ScenarioReport, Scene};
-use crate::proxy::ProxyMode;
 use conformance::factory::Crash;
 use conformance::fence::{FencedResource, SectionHandle};
 use conformance::rules::unique_name;
+use harness::proxy::ProxyMode;
 
 /// How long a waiter's acquire may take in all.
 const WAIT_LIMIT: Duration = Duration::from_secs(60);

@@ -81,7 +81,7 @@ struct Cli {
     /// Pause after each release.
     #[arg(long, default_value = "0ms", value_parser = parse_duration)]
     pause: Duration,
-    /// `curator`: class path of the compiled holder (`lab::curator::compile`).
+    /// `curator`: class path of the compiled holder (`harness::curator::compile`).
     #[arg(long)]
     classpath: Option<String>,
 }

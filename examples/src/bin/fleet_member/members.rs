@@ -9,7 +9,7 @@ use distlock::raw::{backend::HoldKind, url::LockUrl};
 use distlock::redis::{KeyLayout, RedisConfig};
 use distlock::zookeeper::{lock_dir, ZkConfig};
 use distlock::{AcquireOptions, DistributedLock, LockGuard, LockName, ReleaseOutcome};
-use lab::curator::Curator;
+use harness::curator::Curator;
 use tokio::time::{sleep, timeout, Instant};
 
 use crate::{BoxError, Cli, Kind};

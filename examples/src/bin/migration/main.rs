@@ -25,7 +25,7 @@ use std::time::Duration;
 use clap::Parser;
 use conformance::{FenceServer, FencedResource};
 use distlock::migration::CheckReport;
-use lab::harness::{RedisServer, ZkServer};
+use harness::{RedisServer, ZkServer};
 use tokio::time::sleep;
 
 use crate::fleet::{Done, Fleet, Phase, Urls};

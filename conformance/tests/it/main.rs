@@ -1,0 +1,5 @@
+//! The conformance suite on the in-process backend, and its documented claims; one test
+//! binary.
+
+mod documented;
+mod memory;

@@ -1,0 +1,4 @@
+//! The harness's servers and fault proxy, in one test binary.
+
+mod harness;
+mod proxy;

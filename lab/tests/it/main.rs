@@ -1,0 +1,8 @@
+//! The lab against real servers and the in-process backend, in one test binary: the fault
+//! scenarios on memory, the dual lock on real servers (its conformance suites, faults on
+//! either side, attempts that end before a grant).
+
+mod chaos;
+mod chaos_power;
+mod dual;
+mod memory;

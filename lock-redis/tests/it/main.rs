@@ -1,0 +1,19 @@
+//! lock-redis against real redis-servers, in one test binary: every topology's
+//! conformance suite, its fault scenarios, and the protocol's own tests.
+
+mod chaos;
+mod cluster;
+mod cluster_failover;
+mod cluster_migration;
+mod conformance;
+mod election;
+mod faults;
+mod fencing;
+mod interleavings;
+mod migration;
+mod operations;
+mod primitives;
+mod queue;
+mod security;
+mod sentinel;
+mod single;
