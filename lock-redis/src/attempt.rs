@@ -1,19 +1,18 @@
 //! One acquire attempt where one server decides (one server, the primary Sentinels name,
-//! a Redis Cluster primary), and what an attempt may leave on the servers ([`Dirty`]).
-//!
-//! The plain script or the queue's; RedLock's rounds over several servers are in
-//! `redlock.rs`.
+//! a Redis Cluster primary), with the plain script or the queue's, and what an attempt
+//! may leave on the servers ([`Dirty`]). RedLock's rounds are in `redlock.rs`.
 
 use std::time::Duration;
 
 use lock_core::raw::backend::{AcquireRequest, Acquired};
 use lock_core::{Error, FencingToken, Result};
-use redis::ScriptInvocation;
 use tokio::time::Instant;
 
 use crate::error;
-use crate::hold::{floor_arg, kind_named, pttl_wait, release_all, ttl_millis, RedisHold, WakeKeys};
-use crate::queue::{acquire_q_invocation, acquire_s_invocation, queued_nap, Reply};
+use crate::hold::{release_all, RedisHold};
+use crate::layout::{kind_named, WakeKeys};
+use crate::queue::{pttl_wait, queued_nap};
+use crate::scripts::{ttl_millis, AcquireReply, Ask, Call, Queueing};
 use crate::topology::Servers;
 
 /// The outcome of one acquire attempt.
@@ -48,36 +47,7 @@ impl Dirty {
     }
 }
 
-/// The acquire script for `hold`: with `count` it takes the next fencing token on a
-/// grant, `max(counter + 1, server clock in µs)`, and stores it (one server); without, it
-/// only reads `max(counter, server clock in µs)` (RedLock, which writes the token back
-/// through a majority). With a `floor`, the floor takes the place of the clock (see
-/// `tokens.lua`). A candidate's grant also stores its entry (see `leader.lua`).
-pub(crate) fn acquire_invocation<'s>(
-    servers: &'s Servers,
-    hold: &RedisHold,
-    ttl_ms: u64,
-    count: bool,
-    floor: Option<FencingToken>,
-) -> ScriptInvocation<'s> {
-    let mut invocation = servers.scripts.acquire.prepare_invoke();
-    invocation
-        .key(&hold.keys.key)
-        .key(&hold.keys.fence_key)
-        .arg(hold.token.as_str())
-        .arg(ttl_ms)
-        .arg(u8::from(count))
-        .arg(floor_arg(floor));
-    if let Some(candidate) = &hold.keys.candidate {
-        invocation
-            .key(&candidate.leader)
-            .arg(candidate.value.as_slice())
-            .arg(&candidate.changed);
-    }
-    invocation
-}
-
-/// Runs an acquire script on the server that owns `hold`'s key. Where the configuration
+/// Runs `call`, an acquire, on the server that owns `hold`'s key. Where the configuration
 /// waits for replicas ([`RedisConfig::replica_wait`](crate::config::RedisConfig)), a grant
 /// waits on the same connection until that many acknowledged it (`WAIT`, at most
 /// `wait_timeout`); with fewer it is given back (compare-and-delete) and the attempt fails
@@ -85,12 +55,13 @@ pub(crate) fn acquire_invocation<'s>(
 async fn acquire_on_server(
     servers: &Servers,
     hold: &RedisHold,
-    invocation: &ScriptInvocation<'_>,
+    call: &Call<'_, Vec<i64>, AcquireReply>,
     dirty: &mut Dirty,
-) -> Result<Vec<i64>> {
+) -> Result<AcquireReply> {
     let wait = servers.config.replica_wait();
-    let (reply, acked) = servers.routes(&hold.keys.key)[0]
-        .acquire_script(servers.request_deadline(), invocation, wait)
+    let route = servers.routes(&hold.keys.key)[0];
+    let (reply, acked) = call
+        .on_replicated(route, servers.request_deadline(), wait)
         .await?;
     match (acked, wait) {
         (Some(acked), Some(wait)) if acked < i64::from(wait.replicas) => {
@@ -133,58 +104,46 @@ pub(crate) async fn attempt(
     round: u64,
     dirty: &mut Dirty,
 ) -> Result<Attempt> {
-    let ttl_ms = ttl_millis(request.ttl);
-    let floor = request.fence_at_least;
     let queued = matches!(hold.keys.wake, WakeKeys::Queue { .. });
-    let grant_round = (request.wait && takes_grants(servers, hold)).then_some(round);
-    let invocation = if let Some(shared) = &hold.keys.shared {
-        acquire_s_invocation(
-            servers,
-            hold,
-            shared,
-            ttl_ms,
-            request.wait,
-            floor,
-            grant_round,
-        )
-    } else if queued {
-        acquire_q_invocation(
-            servers,
-            hold,
-            ttl_ms,
-            true,
-            request.wait,
-            floor,
-            grant_round,
-        )
-    } else {
-        acquire_invocation(servers, hold, ttl_ms, true, floor)
+    let ask = Ask {
+        keys: &hold.keys,
+        token: hold.token.as_str(),
+        ttl: request.ttl,
+        floor: request.fence_at_least,
+    };
+    let channel = servers.channel_prefix_for(&hold.keys.key);
+    let queueing = Queueing {
+        wait: request.wait,
+        channel: &channel,
+        times: &servers.queue_times,
+        grant_round: (request.wait && takes_grants(servers, hold)).then_some(round),
+    };
+    let scripts = &servers.scripts;
+    let call = match &hold.keys.shared {
+        Some(shared) => scripts.acquire_s(&ask, &queueing, shared),
+        None if queued => scripts.acquire_q(&ask, &queueing),
+        None => scripts.acquire(&ask),
     };
     let requested_at = Instant::now();
     dirty.arm(hold);
-    let reply = acquire_on_server(servers, hold, &invocation, dirty).await?;
-    let reply = if queued {
-        Reply::parse(servers.backend, &reply)?
-    } else {
-        Reply::parse_plain(servers.backend, &reply)?
-    };
+    let reply = acquire_on_server(servers, hold, &call, dirty).await?;
     match reply {
-        Reply::Granted { fence } => Ok(Attempt::Won(Acquired {
+        AcquireReply::Granted { fence } => Ok(Attempt::Won(Acquired {
             hold: hold.clone(),
             fencing_token: FencingToken(fence),
             requested_at,
-            lease: Duration::from_millis(ttl_ms),
+            lease: Duration::from_millis(ttl_millis(request.ttl)),
             session: 0,
         })),
-        Reply::Refused {
+        AcquireReply::Refused {
             pttl,
             place: Some(place),
         } => Ok(Attempt::Queued(queued_nap(servers, Some(place), pttl))),
-        Reply::Refused { pttl, place: None } => {
+        AcquireReply::Refused { pttl, place: None } => {
             dirty.disarm(hold);
             Ok(Attempt::Held(pttl_wait(pttl)))
         }
-        Reply::Conflict { theirs } => {
+        AcquireReply::Conflict { theirs } => {
             // A shared kind's waiter an earlier round queued stays armed: the cleanup takes
             // it out of the queue (see `release_s.lua`).
             if hold.keys.shared.is_none() {

@@ -1,9 +1,6 @@
-//! [`RedisBackend`]: opening a client on its [`Topology`] ([`Connect`]), the acquire loop,
-//! renewal and release ([`Backend`]).
-//!
-//! The Redis backend: [`RedisBackend`], how it opens ([`Connect`]: the [`Topology`] the
-//! configuration asks for) and how it acquires, renews and releases ([`Backend`]) through
-//! the protocol pieces (`attempt.rs`, `redlock.rs`, `hold.rs`, `operator.rs`).
+//! [`RedisBackend`]: how it opens on the [`Topology`] its configuration asks for
+//! ([`Connect`]), and its acquire loop, renewal and release ([`Backend`]) through the
+//! protocol pieces (`attempt.rs`, `redlock.rs`, `hold.rs`, `operator.rs`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -26,12 +23,11 @@ use rand::Rng;
 use tokio::time::{sleep, Instant};
 
 use crate::attempt::{self, Attempt, Dirty};
-use crate::config::{Mode, RedisConfig};
+use crate::config::{RedisConfig, RedisDeployment};
 use crate::connection::{read_ca, reconnect_backoff, Grant, Subscription, Wakeups};
-use crate::hold::{self, RedisHold, WakeKeys};
-use crate::layout::KeyLayout;
+use crate::hold::{self, RedisHold};
+use crate::layout::{KeyLayout, WakeKeys};
 use crate::operator;
-use crate::queue::grant_lease;
 use crate::redlock;
 use crate::topology::{Servers, Topology};
 
@@ -99,10 +95,9 @@ impl Connect for RedisBackend {
     }
 
     async fn open(config: RedisConfig) -> Result<RedisBackend> {
-        let mode = config.mode();
         let deadline = Instant::now() + config.options.request_timeout;
-        if mode == Mode::RedLock {
-            redlock::reject_aliases(&config.endpoints, deadline).await?;
+        if let RedisDeployment::RedLock { nodes, .. } = &config.deployment {
+            redlock::reject_aliases(nodes, deadline).await?;
         }
         let backend = config.backend();
         let ca = read_ca(&config).await?;
@@ -192,7 +187,7 @@ impl RedisBackend {
         queued_at: Option<(u64, Instant)>,
     ) -> Option<Acquired<RedisHold>> {
         let (_, sent) = queued_at.filter(|&(round, _)| round == grant.round)?;
-        let lease = grant_lease(&self.servers, request.ttl);
+        let lease = self.servers.queue_times.grant_for(request.ttl);
         (Instant::now() < sent + lease / 2).then(|| Acquired {
             hold: first.clone(),
             fencing_token: FencingToken(grant.fence),

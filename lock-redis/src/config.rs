@@ -1,15 +1,18 @@
-//! Configuration of a Redis lock client: the serde struct, its checks and the topology it
-//! asks for ([`Mode`]); reading it from a URL is in `config/url.rs`.
+//! Configuration of a Redis lock client: the serde struct and its checks; the deployment
+//! it names is in `config/deployment.rs`, reading it from a URL in `config/url.rs`.
 
+mod deployment;
 mod url;
 
 use std::fmt;
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use lock_core::{Capabilities, Error, FencingSource, LockOptions, Result};
 use serde::{Deserialize, Serialize};
+
+pub(crate) use deployment::twice_listed;
+pub use deployment::{RedisDeployment, RedisNode, SentinelAuth};
 
 /// Default key prefix of lock keys.
 pub const DEFAULT_PREFIX: &str = "distlock:";
@@ -44,20 +47,6 @@ pub(crate) struct ReplicaWait {
     pub(crate) timeout: Duration,
 }
 
-/// Which topology a configuration asks for: one per variant of
-/// [`Topology`](crate::topology::Topology), named by the URL scheme (or the serde flags).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// One server (`redis://`, `rediss://`).
-    Single,
-    /// The primary that Sentinels name (`redis+sentinel://`, `rediss+sentinel://`).
-    Sentinel,
-    /// Redis Cluster (`redis+cluster://`, `rediss+cluster://`).
-    Cluster,
-    /// RedLock over independent servers (`redlock://`).
-    RedLock,
-}
-
 /// The times of the waiter queue, from the client's options.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct QueueTimes {
@@ -83,66 +72,19 @@ impl QueueTimes {
             grant: recheck.saturating_mul(2).max(MIN_GRANT),
         }
     }
-}
 
-/// One Redis server.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct RedisNode {
-    /// Host name or IP address (IPv6 without brackets).
-    pub host: String,
-    /// Port. Default 6379.
-    #[serde(default = "default_port")]
-    pub port: u16,
-}
-
-fn default_port() -> u16 {
-    DEFAULT_PORT
-}
-
-impl RedisNode {
-    /// A node at `host:port`.
-    pub fn new(host: impl Into<String>, port: u16) -> Self {
-        RedisNode {
-            host: host.into(),
-            port,
-        }
-    }
-}
-
-impl RedisNode {
-    /// The same host name (ignoring case) and port.
-    fn same_name(&self, other: &RedisNode) -> bool {
-        self.port == other.port && self.host.eq_ignore_ascii_case(&other.host)
-    }
-}
-
-/// RedLock servers `a` and `b` are one server (at `addr`, when known from their resolved
-/// addresses).
-pub(crate) fn twice_listed(a: &RedisNode, b: &RedisNode, addr: Option<SocketAddr>) -> Error {
-    let how = match addr {
-        Some(addr) => format!(" ({a} and {b} both resolve to {addr})"),
-        None => String::new(),
-    };
-    Error::config(format!(
-        "redlock:// lists the same server twice{how}: one server would count as several \
-         votes of the majority"
-    ))
-}
-
-impl fmt::Display for RedisNode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.host.contains(':') {
-            write!(f, "[{}]:{}", self.host, self.port)
-        } else {
-            write!(f, "{}:{}", self.host, self.port)
-        }
+    /// The first lease of a hold a release hands to a queued waiter of `ttl`:
+    /// [`QueueTimes::grant`], at most the TTL.
+    pub(crate) fn grant_for(&self, ttl: Duration) -> Duration {
+        self.grant.min(ttl)
     }
 }
 
 /// Everything a Redis lock client needs. Build it from a URL with
 /// [`RedisConfig::from_url`] or deserialize it; every field has a default.
 ///
-/// URL forms (query keys in brackets on each field):
+/// URL forms (query keys in brackets on each field), each read into one
+/// [`RedisDeployment`]:
 /// - `redis://[user[:password]@]host[:port][/db][?query]`: one server.
 /// - `rediss://…`: the same over TLS.
 /// - `redlock://[user[:password]@]h1:p1,h2:p2,…[/db][?query]`: RedLock over independent
@@ -157,29 +99,25 @@ impl fmt::Display for RedisNode {
 ///   Each lock lives on the primary that owns its key's hash slot; database 0 only, no
 ///   `node_timeout`. `rediss+cluster://…`: the same over TLS.
 ///
-/// `Debug` never shows the password.
+/// `Debug` never shows the passwords.
 #[non_exhaustive]
 #[derive(Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RedisConfig {
-    /// The servers (serde also reads `nodes`). Exactly one unless
-    /// [`RedisConfig::redlock`]. Default `127.0.0.1:6379`.
-    #[serde(alias = "nodes")]
-    pub endpoints: Vec<RedisNode>,
-    /// RedLock across [`RedisConfig::endpoints`] (the `redlock://` scheme). Default `false`.
-    pub redlock: bool,
-    /// TLS (`rediss://`, or \[`tls=true`\] on `redlock://`). Default `false`.
+    /// The servers and how they decide (the URL's scheme, hosts and path). Default: one
+    /// server at `127.0.0.1:6379`, database 0.
+    pub deployment: RedisDeployment,
+    /// TLS (`rediss://`, `rediss+sentinel://`, `rediss+cluster://`, or \[`tls=true`\] on
+    /// `redlock://`). Default `false`.
     pub tls: bool,
     /// PEM file of the CA certificates that sign the servers' certificates \[`ca_file`, or
     /// `tls_ca`\] (serde also reads `tls_ca`). Default: the system's trust store.
     #[serde(alias = "tls_ca")]
     pub ca_file: Option<PathBuf>,
-    /// ACL user name. Default: none (the `default` user).
+    /// ACL user name on the data servers. Default: none (the `default` user).
     pub username: Option<String>,
-    /// Password (`AUTH`). Default: none. Never printed.
+    /// Password (`AUTH`) on the data servers. Default: none. Never printed.
     pub password: Option<String>,
-    /// Database number (the URL path `/N`). Default 0.
-    pub db: i64,
     /// Prefix of every key this client writes \[`prefix`\]. Default `distlock:`; empty
     /// for the plain layout of other Redis lock libraries (the lock key is then the
     /// escaped lock name). Must not contain `{` or `}`.
@@ -192,31 +130,13 @@ pub struct RedisConfig {
     /// names: they neither queue nor wake queued waiters (who then notice a release at
     /// their next recheck), and queued clients do not wake them.
     pub queue: bool,
-    /// RedLock: how long one node may take to answer an acquire attempt or a renewal
-    /// before it counts as failed \[`node_timeout`\]. Default: TTL / 10, at least 50 ms
-    /// and at most the request timeout. A slow server costs an acquire this much only when
-    /// no majority answered sooner: the outcome is taken as soon as a majority granted.
-    #[serde(with = "lock_core::raw::durations::duration_text::option")]
-    pub node_timeout: Option<Duration>,
-    /// Redis Cluster (the `redis+cluster://` and `rediss+cluster://` schemes): the
-    /// [`RedisConfig::endpoints`] are seed nodes from which the slot map is learnt; every
-    /// request goes to the primary that owns its lock key's hash slot. Default `false`.
-    pub cluster: bool,
-    /// Sentinel: the name the Sentinels monitor the primary under (the URL path of
-    /// `redis+sentinel://`). When set, [`RedisConfig::endpoints`] are the Sentinels and
-    /// the client follows the primary they name. Default: none (no Sentinel).
-    pub sentinel_master: Option<String>,
-    /// Sentinel: ACL user name on the Sentinels \[`sentinel_username`\]. Default: none.
-    pub sentinel_username: Option<String>,
-    /// Sentinel: password of the Sentinels \[`sentinel_password`\]. Default: none. Never
-    /// printed.
-    pub sentinel_password: Option<String>,
     /// A grant is returned only once this many replicas acknowledged it (`WAIT n
     /// wait_timeout` after the acquire) \[`wait_replicas`\]; with fewer the grant is given
     /// back and the acquire fails with `Unavailable`. One server, Sentinel or Redis Cluster
-    /// (the slot's primary). Default (`None`): on Sentinel and Redis Cluster one replica
-    /// wherever the primary has one (`ROLE` lists its replicas; a primary without any
-    /// grants without waiting), on one server none. `Some(0)` (`wait_replicas=0`) opts out.
+    /// (the slot's primary); RedLock's servers have no replicas of the lock. Default
+    /// (`None`): on Sentinel and Redis Cluster one replica wherever the primary has one
+    /// (`ROLE` lists its replicas; a primary without any grants without waiting), on one
+    /// server none. `Some(0)` (`wait_replicas=0`) opts out.
     pub wait_replicas: Option<u32>,
     /// How long a grant waits for [`RedisConfig::wait_replicas`] \[`wait_timeout`\].
     /// Default 100 ms; at most `request_timeout`.
@@ -230,48 +150,20 @@ pub struct RedisConfig {
 
 impl Default for RedisConfig {
     fn default() -> Self {
-        RedisConfig {
-            endpoints: vec![RedisNode::new("127.0.0.1", DEFAULT_PORT)],
-            redlock: false,
-            cluster: false,
-            tls: false,
-            ca_file: None,
-            username: None,
-            password: None,
-            db: 0,
-            prefix: DEFAULT_PREFIX.to_owned(),
-            queue: true,
-            node_timeout: None,
-            sentinel_master: None,
-            sentinel_username: None,
-            sentinel_password: None,
-            wait_replicas: None,
-            wait_timeout: DEFAULT_WAIT_TIMEOUT,
-            options: LockOptions::default(),
-        }
+        RedisConfig::new(RedisDeployment::default())
     }
 }
 
 impl fmt::Debug for RedisConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisConfig")
-            .field("endpoints", &self.endpoints)
-            .field("redlock", &self.redlock)
+            .field("deployment", &self.deployment)
             .field("tls", &self.tls)
             .field("ca_file", &self.ca_file)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
-            .field("db", &self.db)
             .field("prefix", &self.prefix)
             .field("queue", &self.queue)
-            .field("node_timeout", &self.node_timeout)
-            .field("cluster", &self.cluster)
-            .field("sentinel_master", &self.sentinel_master)
-            .field("sentinel_username", &self.sentinel_username)
-            .field(
-                "sentinel_password",
-                &self.sentinel_password.as_ref().map(|_| "***"),
-            )
             .field("wait_replicas", &self.wait_replicas)
             .field("wait_timeout", &self.wait_timeout)
             .field("options", &self.options)
@@ -280,90 +172,63 @@ impl fmt::Debug for RedisConfig {
 }
 
 impl RedisConfig {
-    /// A single-server configuration for `host:port`.
-    pub fn single(host: impl Into<String>, port: u16) -> Self {
+    /// A configuration of `deployment`, every other field at its default.
+    pub fn new(deployment: RedisDeployment) -> Self {
         RedisConfig {
-            endpoints: vec![RedisNode::new(host, port)],
-            ..RedisConfig::default()
+            deployment,
+            tls: false,
+            ca_file: None,
+            username: None,
+            password: None,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            queue: true,
+            wait_replicas: None,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
+            options: LockOptions::default(),
         }
     }
 
-    /// A RedLock configuration over `endpoints`.
-    pub fn redlock(endpoints: Vec<RedisNode>) -> Self {
-        RedisConfig {
-            endpoints,
-            redlock: true,
-            ..RedisConfig::default()
-        }
+    /// A single-server configuration for `host:port`.
+    pub fn single(host: impl Into<String>, port: u16) -> Self {
+        RedisConfig::new(RedisDeployment::Single {
+            node: RedisNode::new(host, port),
+            db: 0,
+        })
+    }
+
+    /// A RedLock configuration over `nodes`.
+    pub fn redlock(nodes: Vec<RedisNode>) -> Self {
+        RedisConfig::new(RedisDeployment::RedLock {
+            nodes,
+            node_timeout: None,
+            db: 0,
+        })
     }
 
     /// A Redis Cluster configuration that learns the cluster from the `seeds`.
     pub fn cluster(seeds: Vec<RedisNode>) -> Self {
-        RedisConfig {
-            endpoints: seeds,
-            cluster: true,
-            ..RedisConfig::default()
-        }
+        RedisConfig::new(RedisDeployment::Cluster { seeds })
     }
 
     /// A Sentinel configuration: the primary the Sentinels at `sentinels` name for
     /// `master`.
     pub fn sentinel(sentinels: Vec<RedisNode>, master: impl Into<String>) -> Self {
-        RedisConfig {
-            endpoints: sentinels,
-            sentinel_master: Some(master.into()),
-            ..RedisConfig::default()
-        }
+        RedisConfig::new(RedisDeployment::Sentinel {
+            sentinels,
+            master: master.into(),
+            auth: SentinelAuth::default(),
+            db: 0,
+        })
     }
 
     /// Checks what the lock options do not cover (those are [`LockOptions::validate`]'s):
-    /// the parts that can be checked without a server.
+    /// the values that can be checked without a server.
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the problem.
     pub fn validate(&self) -> Result<()> {
-        if self.endpoints.is_empty() {
-            return Err(Error::config(
-                "a Redis configuration needs at least one node",
-            ));
-        }
-        if let Some(master) = &self.sentinel_master {
-            if self.redlock {
-                return Err(Error::config(
-                    "Sentinel and RedLock exclude each other: one names a primary, the other \
-                     independent servers",
-                ));
-            }
-            if master.is_empty() || master.contains(|c: char| c.is_whitespace() || c == '/') {
-                return Err(Error::config(format!(
-                    "the Sentinel master name must be a non-empty word, not {master:?}"
-                )));
-            }
-        } else if self.sentinel_username.is_some() || self.sentinel_password.is_some() {
-            return Err(Error::config(
-                "sentinel_username and sentinel_password need Sentinel (redis+sentinel://)",
-            ));
-        }
-        if self.cluster {
-            if self.redlock || self.sentinel_master.is_some() {
-                return Err(Error::config(
-                    "Redis Cluster excludes RedLock and Sentinel: a cluster finds its primaries \
-                     itself",
-                ));
-            }
-            if self.db != 0 {
-                return Err(Error::config(
-                    "Redis Cluster has only database 0; drop the database path",
-                ));
-            }
-            if self.node_timeout.is_some() {
-                return Err(Error::config(
-                    "node_timeout is a RedLock option; Redis Cluster calls are bounded by \
-                     request_timeout",
-                ));
-            }
-        }
-        if self.wait_replicas.is_some_and(|n| n > 0) && self.redlock {
+        self.deployment.validate()?;
+        if self.wait_replicas.is_some_and(|n| n > 0) && self.deployment.is_redlock() {
             return Err(Error::config(
                 "wait_replicas needs one server or Sentinel; RedLock's servers have no replicas \
                  of the lock",
@@ -374,51 +239,10 @@ impl RedisConfig {
                 "wait_timeout must be greater than zero and at most request_timeout",
             ));
         }
-        if !self.redlock
-            && !self.cluster
-            && self.sentinel_master.is_none()
-            && self.endpoints.len() > 1
-        {
-            return Err(Error::config(
-                "several nodes need `redlock: true` (RedLock); one Redis client talks to one server",
-            ));
-        }
-        if self
-            .endpoints
-            .iter()
-            .any(|n| n.host.is_empty() || n.port == 0)
-        {
-            return Err(Error::config("every node needs a host and a non-zero port"));
-        }
-        for (i, node) in self.endpoints.iter().enumerate() {
-            if let Some(twice) = self.endpoints[..i].iter().find(|n| n.same_name(node)) {
-                if self.sentinel_master.is_some() {
-                    return Err(Error::config(format!(
-                        "redis+sentinel:// lists the Sentinel {node} twice"
-                    )));
-                }
-                if self.cluster {
-                    return Err(Error::config(format!(
-                        "redis+cluster:// lists the seed node {node} twice"
-                    )));
-                }
-                return Err(twice_listed(twice, node, None));
-            }
-        }
         if self.prefix.contains(['{', '}']) {
             return Err(Error::config(
                 "the key prefix must not contain `{` or `}` (they would change the keys' hash slot)",
             ));
-        }
-        if self.db < 0 {
-            return Err(Error::config("the database number must not be negative"));
-        }
-        if let Some(timeout) = self.node_timeout {
-            if timeout.is_zero() || timeout > lock_core::raw::durations::MAX_DURATION {
-                return Err(Error::config(
-                    "node_timeout must be greater than zero and at most one year",
-                ));
-            }
         }
         if self.ca_file.is_some() && !self.tls {
             return Err(Error::config(
@@ -432,32 +256,15 @@ impl RedisConfig {
     /// How many servers must agree: a majority on RedLock, else the one server (behind
     /// Sentinels: the primary).
     pub fn quorum(&self) -> usize {
-        match self.mode() {
-            Mode::RedLock => self.endpoints.len() / 2 + 1,
-            Mode::Single | Mode::Sentinel | Mode::Cluster => 1,
-        }
-    }
-
-    /// The topology this configuration asks for (RedLock, Cluster and Sentinel exclude
-    /// each other, see [`RedisConfig::validate`]).
-    pub(crate) fn mode(&self) -> Mode {
-        if self.redlock {
-            Mode::RedLock
-        } else if self.cluster {
-            Mode::Cluster
-        } else if self.sentinel_master.is_some() {
-            Mode::Sentinel
-        } else {
-            Mode::Single
-        }
+        self.deployment.quorum()
     }
 
     /// What a grant waits for ([`RedisConfig::wait_replicas`]), if anything.
     pub(crate) fn replica_wait(&self) -> Option<ReplicaWait> {
-        let (replicas, if_replicated) = match (self.wait_replicas, self.mode()) {
+        let (replicas, if_replicated) = match (self.wait_replicas, &self.deployment) {
             (Some(replicas), _) => (replicas, false),
-            (None, Mode::Sentinel | Mode::Cluster) => (1, true),
-            (None, Mode::Single | Mode::RedLock) => (0, false),
+            (None, RedisDeployment::Sentinel { .. } | RedisDeployment::Cluster { .. }) => (1, true),
+            (None, _) => (0, false),
         };
         (replicas > 0).then_some(ReplicaWait {
             replicas,
@@ -476,13 +283,11 @@ impl RedisConfig {
             .election(true)
             .semaphore(self.grants_shared())
             .rwlock(self.grants_shared());
-        match self.mode() {
-            Mode::RedLock => base
-                .min_ttl(MIN_TTL_REDLOCK)
-                .fencing(FencingSource::QuorumCounter),
-            Mode::Single | Mode::Sentinel | Mode::Cluster => {
-                base.min_ttl(MIN_TTL_SINGLE).fencing(FencingSource::Counter)
-            }
+        if self.deployment.is_redlock() {
+            base.min_ttl(MIN_TTL_REDLOCK)
+                .fencing(FencingSource::QuorumCounter)
+        } else {
+            base.min_ttl(MIN_TTL_SINGLE).fencing(FencingSource::Counter)
         }
     }
 
@@ -491,14 +296,15 @@ impl RedisConfig {
     /// RedLock (see the README: a semaphore there needs more than a majority) nor without
     /// the queue.
     pub(crate) fn grants_shared(&self) -> bool {
-        self.queue && self.mode() != Mode::RedLock
+        self.queue && !self.deployment.is_redlock()
     }
 
     /// The backend's name in errors and metrics: `redlock` or `redis`.
     pub(crate) fn backend(&self) -> &'static str {
-        match self.mode() {
-            Mode::RedLock => "redlock",
-            Mode::Single | Mode::Sentinel | Mode::Cluster => "redis",
+        if self.deployment.is_redlock() {
+            "redlock"
+        } else {
+            "redis"
         }
     }
 
@@ -509,30 +315,23 @@ impl RedisConfig {
 
     /// The per-node acquire deadline for a hold of `ttl` (RedLock).
     pub(crate) fn node_timeout_for(&self, ttl: Duration) -> Duration {
-        self.node_timeout
+        self.deployment
+            .node_timeout()
             .unwrap_or_else(|| (ttl / 10).max(Duration::from_millis(50)))
             .min(self.options.request_timeout)
     }
 
     /// The endpoint for messages: scheme and servers, never credentials.
     pub(crate) fn endpoint(&self) -> String {
-        let scheme = match (self.mode(), self.tls) {
-            (Mode::RedLock, _) => "redlock",
-            (Mode::Cluster, true) => "rediss+cluster",
-            (Mode::Cluster, false) => "redis+cluster",
-            (Mode::Sentinel, true) => "rediss+sentinel",
-            (Mode::Sentinel, false) => "redis+sentinel",
-            (Mode::Single, true) => "rediss",
-            (Mode::Single, false) => "redis",
-        };
-        let hosts: Vec<String> = self.endpoints.iter().map(ToString::to_string).collect();
-        let mut text = format!("{scheme}://{}", hosts.join(","));
-        if let Some(master) = &self.sentinel_master {
+        let deployment = &self.deployment;
+        let hosts: Vec<String> = deployment.nodes().iter().map(ToString::to_string).collect();
+        let mut text = format!("{}://{}", deployment.scheme(self.tls), hosts.join(","));
+        if let RedisDeployment::Sentinel { master, .. } = deployment {
             text.push('/');
             text.push_str(master);
         }
-        if self.db != 0 {
-            text.push_str(&format!("/{}", self.db));
+        if deployment.db() != 0 {
+            text.push_str(&format!("/{}", deployment.db()));
         }
         text
     }
@@ -558,14 +357,51 @@ mod tests {
         let json = serde_json::to_string(&c).unwrap();
         let back: RedisConfig = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c);
+        let single = r#"{"topology":"single","node":{"host":"h"}}"#;
         let partial: RedisConfig =
-            serde_json::from_str(r#"{"nodes":[{"host":"h"}],"prefix":"p:"}"#).unwrap();
-        assert_eq!(partial.endpoints[0].port, DEFAULT_PORT);
+            serde_json::from_str(&format!(r#"{{"deployment":{single},"prefix":"p:"}}"#)).unwrap();
+        assert_eq!(partial.deployment.nodes()[0].port, DEFAULT_PORT);
         assert_eq!(partial.options, LockOptions::default());
         let renamed: RedisConfig =
-            serde_json::from_str(r#"{"endpoints":[{"host":"h"}],"ca_file":"/ca.pem"}"#).unwrap();
-        assert_eq!(renamed.endpoints, partial.endpoints);
+            serde_json::from_str(&format!(r#"{{"deployment":{single},"tls_ca":"/ca.pem"}}"#))
+                .unwrap();
+        assert_eq!(renamed.deployment, partial.deployment);
         assert_eq!(renamed.ca_file, Some(PathBuf::from("/ca.pem")));
+    }
+
+    /// The README shows one deployment of each kind in JSON: each reads into its variant
+    /// and passes the checks; a field of another variant, or the flags of old, does not.
+    #[test]
+    fn readme_deployments_deserialize() {
+        let readme = include_str!("../README.md");
+        let shown: Vec<RedisConfig> = readme
+            .split("```json\n")
+            .skip(1)
+            .filter_map(|block| block.split("```").next())
+            .map(|json| serde_json::from_str(json).expect(json))
+            .collect();
+        let kinds: Vec<&str> = shown
+            .iter()
+            .map(|c| {
+                c.validate().expect("valid");
+                c.deployment.scheme(false)
+            })
+            .collect();
+        assert_eq!(
+            kinds,
+            ["redis", "redis+sentinel", "redis+cluster", "redlock"]
+        );
+        for refused in [
+            r#"{"deployment":{"topology":"cluster","seeds":[{"host":"a"}],"db":1}}"#,
+            r#"{"deployment":{"topology":"single","node_timeout":"1s"}}"#,
+            r#"{"deployment":{"topology":"twemproxy"}}"#,
+            r#"{"endpoints":[{"host":"a"}],"redlock":true}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<RedisConfig>(refused).is_err(),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

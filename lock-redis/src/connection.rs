@@ -78,7 +78,7 @@ pub(crate) fn redis_client(
         ca,
         config.username.as_deref(),
         config.password.as_deref(),
-        config.db,
+        config.deployment.db(),
         ProtocolVersion::RESP2,
     )
 }

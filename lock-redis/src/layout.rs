@@ -1,5 +1,8 @@
-//! Where locks live on the server: how lock names map onto Redis keys and channels.
+//! Where locks live on the server: how lock names map onto Redis keys and channels, and
+//! the keys of one hold ([`HoldKeys`]).
 
+use std::sync::atomic::AtomicU64;
+use std::sync::OnceLock;
 use std::time::Duration;
 
 use lock_core::raw::{
@@ -188,6 +191,145 @@ impl KeyLayout {
     pub fn wakeup_channel(&self, name: &LockName) -> String {
         self.side_key(&self.lock_key(name), RELEASED)
     }
+}
+
+/// The keys of a hold.
+#[derive(Debug)]
+pub(crate) struct HoldKeys {
+    pub(crate) key: String,
+    pub(crate) fence_key: String,
+    /// The break mark (see [`KeyLayout`]).
+    pub(crate) broken: String,
+    pub(crate) wake: WakeKeys,
+    /// A candidate of an election: its entry's keys and value.
+    pub(crate) candidate: Option<CandidateKeys>,
+    /// A permit, a reader or a writer: the keys of the shared kinds (see `shared.lua`).
+    pub(crate) shared: Option<SharedKeys>,
+}
+
+/// What a hold of a shared kind (a permit, a reader, a writer) keeps beside its lock
+/// key, a sorted set of holders (see `shared.lua`).
+#[derive(Debug)]
+pub(crate) struct SharedKeys {
+    /// The holders' table.
+    pub(crate) table: String,
+    /// The name's change channel.
+    pub(crate) changed: String,
+    /// The hold's kind as the scripts spell it: `R`, `W` or `P<permits>`.
+    pub(crate) kind: String,
+}
+
+/// The kind a conflict reply of `acquire_s.lua` names: its permits, 0 for a read-write
+/// lock, -1 for a mutex or an election.
+pub(crate) fn kind_named(code: i64) -> HoldKind {
+    match u32::try_from(code) {
+        Ok(0) => HoldKind::Read,
+        Ok(permits) => HoldKind::Permit { permits },
+        Err(_) => HoldKind::Mutex,
+    }
+}
+
+/// What a candidate's hold keeps beside the lock key (see `leader.lua`).
+#[derive(Debug)]
+pub(crate) struct CandidateKeys {
+    /// The leader hash.
+    pub(crate) leader: String,
+    /// The election's change channel.
+    pub(crate) changed: String,
+    /// The value stored with the grant.
+    pub(crate) value: Vec<u8>,
+    /// The version of the last proclaim sent (0: the value of the grant).
+    pub(crate) proclaims: AtomicU64,
+    /// The term (the fencing token of the grant), once granted: a proclaim writes it back
+    /// into an entry it has to recreate.
+    pub(crate) term: OnceLock<u64>,
+}
+
+impl HoldKeys {
+    /// The keys of a hold of `name` as `kind` under `layout`; with the queue, the
+    /// acquisition's `waiter` id (`<client id>/<owner token of its first round>`).
+    pub(crate) fn new(
+        layout: &KeyLayout,
+        name: &LockName,
+        kind: &HoldKind,
+        waiter: Option<String>,
+    ) -> Self {
+        let key = layout.lock_key(name);
+        let side = |suffix: &str| layout.side_key(&key, suffix);
+        let wake = match waiter {
+            Some(waiter) => WakeKeys::Queue {
+                queue: side(QUEUE),
+                live: side(QUEUE_LIVE),
+                waiter,
+            },
+            None => WakeKeys::Channel(side(RELEASED)),
+        };
+        let candidate = match kind {
+            HoldKind::Candidate { value } => Some(CandidateKeys {
+                leader: side(LEADER),
+                changed: side(CHANGED),
+                value: value.clone(),
+                proclaims: AtomicU64::new(0),
+                term: OnceLock::new(),
+            }),
+            _ => None,
+        };
+        let shared = spell_kind(kind).map(|kind| SharedKeys {
+            table: side(HOLDERS),
+            changed: side(CHANGED),
+            kind,
+        });
+        HoldKeys {
+            fence_key: side(FENCE),
+            broken: side(BROKEN),
+            wake,
+            candidate,
+            shared,
+            key,
+        }
+    }
+
+    /// The acquisition's id in the waiter queue ("" without the queue).
+    pub(crate) fn waiter(&self) -> &str {
+        match &self.wake {
+            WakeKeys::Queue { waiter, .. } => waiter,
+            WakeKeys::Channel(_) => "",
+        }
+    }
+
+    /// The leader hash as the scripts that renew or release take it: "" for a mutex.
+    pub(crate) fn leader_arg(&self) -> &str {
+        self.candidate.as_ref().map_or("", |c| c.leader.as_str())
+    }
+
+    /// The third argument of a hold's renewal: the leader hash of a candidate, the
+    /// holders' table of a shared kind, "" for a mutex (see `renew.lua`).
+    pub(crate) fn renew_arg(&self) -> &str {
+        match &self.shared {
+            Some(shared) => &shared.table,
+            None => self.leader_arg(),
+        }
+    }
+
+    /// The change channel as the release scripts take it: "" for a mutex.
+    pub(crate) fn changed_arg(&self) -> &str {
+        self.candidate.as_ref().map_or("", |c| c.changed.as_str())
+    }
+}
+
+/// How the waiters of a name learn of its release.
+#[derive(Debug, Clone)]
+pub(crate) enum WakeKeys {
+    /// They queue in these sorted sets (see [`KeyLayout`]), this
+    /// acquisition as `waiter` (`<client id>/<owner token of its first round>`); a release
+    /// wakes the head.
+    Queue {
+        queue: String,
+        live: String,
+        waiter: String,
+    },
+    /// They listen to this channel of the name; a release is published to all.
+    Channel(String),
 }
 
 /// `kind` as the scripts of the shared kinds spell it in the holders' table (`R`, `W`,

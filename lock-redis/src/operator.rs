@@ -1,8 +1,6 @@
-//! What an operator asks and does: inspecting a name, listing held names, breaking a hold.
-//!
-//! What an operator asks: who holds and who waits for a name as the servers show it
-//! (`inspect.lua`, one call per server, changing nothing; also the dual lock's advance
-//! check), which names are held (`SCAN` over the lock keys), and breaking a hold
+//! What an operator asks and does: who holds and who waits for a name as the servers
+//! show it (`inspect.lua`, one call per server, changing nothing; also the dual lock's
+//! advance check), which names are held (`SCAN` over the lock keys), and breaking a hold
 //! (`break.lua`, one call per server).
 
 use std::collections::{HashMap, HashSet};
@@ -10,39 +8,17 @@ use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::join_all;
 use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
+use redis::FromRedisValue;
 
 use crate::connection::{Node, Route};
 use crate::error;
-use crate::hold::{acquisition_token, ttl_millis};
-use crate::layout::{self, BROKEN_KEPT, BROKEN_STAY};
+use crate::hold::acquisition_token;
+use crate::layout::{self, BROKEN_STAY};
+use crate::scripts::{Call, LeaderView, View};
 use crate::topology::{Servers, Topology};
 
 /// Keys a `SCAN` call looks at (and the most lock keys one reply carries).
 const SCAN_COUNT: u32 = 1000;
-
-/// What one server shows of a name: the lock key's value and PTTL, the fencing counter,
-/// the live waiter ids in ticket order, the leader entry, the holders of a shared kind
-/// (owner token, `<kind>:<fencing token>`, ms left; flattened, oldest grant first) and
-/// the kind of each waiter listed ("" where unknown).
-type View = (
-    Option<String>,
-    i64,
-    Option<u64>,
-    Vec<String>,
-    LeaderView,
-    Vec<String>,
-    Vec<String>,
-);
-
-/// What one server shows of a name's leader entry (see `leader.lua`): owner token, term,
-/// value, version, since when (server time in ms); each `None` where absent.
-type LeaderView = (
-    Option<String>,
-    Option<u64>,
-    Option<Vec<u8>>,
-    Option<u64>,
-    Option<u64>,
-);
 
 /// Who holds and who waits for `name`; see [`merge`] for how several servers' views
 /// combine.
@@ -50,23 +26,31 @@ type LeaderView = (
 /// # Errors
 /// When fewer than a majority of servers answered (the one server, on `redis://`).
 pub(crate) async fn inspect(servers: &Servers, name: &LockName) -> Result<Occupancy> {
-    let mut invocation = servers.scripts.inspect.prepare_invoke();
-    let key = queue_keys(servers, &mut invocation, name);
-    invocation
-        .key(servers.keys.side_key(&key, layout::LEADER))
-        .key(servers.keys.side_key(&key, layout::HOLDERS));
-    let deadline = servers.request_deadline();
-    let replies = join_all(servers.routes(&key).into_iter().map(|route| {
-        let invocation = &invocation;
-        async move { route.script::<View>("inspect", deadline, invocation).await }
-    }))
-    .await;
-    let what = format_args!("the inspection of `{name}`");
-    let quorum = servers.quorum();
-    let views = error::majority(servers.backend, quorum, replies, what)?;
-    let mut seen = merge(&views, servers.topology.arbiter(), quorum);
+    let key = servers.keys.lock_key(name);
+    let call = servers.scripts.inspect(&servers.keys, &key);
+    let views = on_a_majority(servers, &key, &call, "the inspection", name).await?;
+    let mut seen = merge(&views, servers.topology.arbiter(), servers.quorum());
     seen.holder = seen.holder.map(|holder| shown(servers, holder));
     Ok(seen)
+}
+
+/// Runs `call` on every server that lock key `key` goes to, within the request timeout:
+/// the answers (`(server index, reply)`) when a majority answered.
+///
+/// # Errors
+/// When fewer than a majority answered (`what` of `name` names the call).
+async fn on_a_majority<T: FromRedisValue + Send>(
+    servers: &Servers,
+    key: &str,
+    call: &Call<'_, T>,
+    what: &str,
+    name: &LockName,
+) -> Result<Vec<(usize, T)>> {
+    let deadline = servers.request_deadline();
+    let routes = servers.routes(key);
+    let replies = join_all(routes.into_iter().map(|route| call.on(route, deadline))).await;
+    let what = format_args!("{what} of `{name}`");
+    error::majority(servers.backend, servers.quorum(), replies, what)
 }
 
 /// `holder` as the caller sees it: on RedLock, with the owner token of its acquisition
@@ -78,21 +62,6 @@ fn shown(servers: &Servers, mut holder: Participant) -> Participant {
             .map(|value| acquisition_token(&value).to_owned());
     }
     holder
-}
-
-/// Adds the keys of `queue.lua` for `name` (lock, fencing counter, queue, liveness)
-/// to `invocation`, and returns the lock key.
-fn queue_keys(
-    servers: &Servers,
-    invocation: &mut redis::ScriptInvocation<'_>,
-    name: &LockName,
-) -> String {
-    let key = servers.keys.lock_key(name);
-    invocation.key(&key);
-    for suffix in [layout::FENCE, layout::QUEUE, layout::QUEUE_LIVE] {
-        invocation.key(servers.keys.side_key(&key, suffix));
-    }
-    key
 }
 
 /// The names that start with `prefix` whose lock key holds a value on a majority of
@@ -211,32 +180,15 @@ pub(crate) async fn force_release(
     servers: &Servers,
     name: &LockName,
 ) -> Result<Option<Participant>> {
-    let mut invocation = servers.scripts.force_release.prepare_invoke();
-    let key = queue_keys(servers, &mut invocation, name);
+    let key = servers.keys.lock_key(name);
     let stay = BROKEN_STAY.max(servers.config.options.ttl.saturating_mul(3));
-    invocation
-        .key(servers.keys.side_key(&key, layout::BROKEN))
-        .key(servers.keys.side_key(&key, layout::LEADER))
-        .key(servers.keys.side_key(&key, layout::HOLDERS))
-        .arg(ttl_millis(stay))
-        .arg(BROKEN_KEPT)
-        .arg(servers.channel_prefix_for(&key))
-        .arg(ttl_millis(servers.queue_times.window))
-        .arg(servers.keys.side_key(&key, layout::RELEASED))
-        .arg(servers.keys.side_key(&key, layout::CHANGED));
-    let deadline = servers.request_deadline();
-    let replies = join_all(servers.routes(&key).into_iter().map(|route| {
-        let invocation = &invocation;
-        async move {
-            route
-                .script::<Removed>("force release", deadline, invocation)
-                .await
-        }
-    }))
-    .await;
-    let what = format_args!("the force release of `{name}`");
+    let channel = servers.channel_prefix_for(&key);
+    let window = servers.queue_times.window;
+    let call = servers
+        .scripts
+        .force_release(&servers.keys, &key, stay, &channel, window);
+    let removed = on_a_majority(servers, &key, &call, "the force release", name).await?;
     let quorum = servers.quorum();
-    let removed = error::majority(servers.backend, quorum, replies, what)?;
     // A shared kind's holder (one server decides: shared kinds are not granted on RedLock).
     if let Some((_, (Some(owner), pttl, _, _, Some(entry)))) = removed.first() {
         let shared = vec![owner.clone(), entry.clone(), pttl.to_string()];
@@ -277,16 +229,6 @@ pub(crate) async fn force_release(
         });
     Ok(holder.map(|holder| shown(servers, holder)))
 }
-
-/// What `break.lua` returns: the owner token removed, its PTTL, a candidate's term and
-/// value, a shared kind's `<kind>:<fencing token>`.
-type Removed = (
-    Option<String>,
-    i64,
-    Option<u64>,
-    Option<Vec<u8>>,
-    Option<String>,
-);
 
 /// The holders of a shared kind in `flat` (owner token, `<kind>:<fencing token>`, ms
 /// left, repeated; see `inspect.lua`), each with its kind and fencing token.

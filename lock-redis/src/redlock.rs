@@ -1,5 +1,3 @@
-//! RedLock: an acquire's quorum rounds over several independent servers.
-//!
 //! RedLock: the quorum rounds of an acquire over several independent servers (acquire
 //! with a fencing reading, then the fencing write-back), each decided by a majority; and
 //! the check that no server is listed twice (it would cast several votes).
@@ -20,12 +18,14 @@ use lock_core::raw::backend::{validity_deadline, AcquireRequest, Acquired};
 use lock_core::{Error, FencingToken, Result};
 use tokio::time::{timeout_at, Instant};
 
-use crate::attempt::{acquire_invocation, Attempt, Dirty};
+use crate::attempt::{Attempt, Dirty};
 use crate::config::{twice_listed, RedisNode};
-use crate::connection::{Node, Route};
+use crate::connection::Route;
 use crate::error;
-use crate::hold::{pttl_wait, release_each, ttl_millis, RedisHold, WakeKeys};
-use crate::queue::{acquire_q_invocation, queued_nap};
+use crate::hold::{release_each, RedisHold};
+use crate::layout::WakeKeys;
+use crate::queue::{pttl_wait, queued_nap};
+use crate::scripts::{ttl_millis, Ask, Queueing, Reading};
 use crate::topology::Servers;
 
 /// Rejects RedLock servers that resolve to a common address (`localhost:6379` and
@@ -105,13 +105,24 @@ pub(crate) async fn attempt(
     let arbiter = servers.topology.arbiter();
     let n = nodes.len();
     let (ttl, wait, floor) = (request.ttl, request.wait, request.fence_at_least);
-    let ttl_ms = ttl_millis(ttl);
-    let lease = Duration::from_millis(ttl_ms);
+    let lease = Duration::from_millis(ttl_millis(ttl));
     let node_timeout = servers.config.node_timeout_for(ttl);
-    let plain = acquire_invocation(servers, hold, ttl_ms, false, floor);
+    let ask = Ask {
+        keys: &hold.keys,
+        token: hold.token.as_str(),
+        ttl,
+        floor,
+    };
+    let plain = servers.scripts.acquire_reading(&ask);
     let queued = matches!(hold.keys.wake, WakeKeys::Queue { .. });
-    let ordered =
-        queued.then(|| acquire_q_invocation(servers, hold, ttl_ms, false, wait, floor, None));
+    let channel = servers.channel_prefix_for(&hold.keys.key);
+    let queueing = Queueing {
+        wait,
+        channel: &channel,
+        times: &servers.queue_times,
+        grant_round: None,
+    };
+    let ordered = queued.then(|| servers.scripts.acquire_q_reading(&ask, &queueing));
     // The validity is counted from here, before round 1, so it covers both rounds.
     let requested_at = Instant::now();
     let deadline = requested_at + node_timeout;
@@ -123,11 +134,11 @@ pub(crate) async fn attempt(
     // server); the granting majority's readings are all the fence needs.
     let quorum = servers.quorum();
     let calls = nodes.iter().enumerate().map(|(i, node)| {
-        let invocation = match &ordered {
+        let call = match &ordered {
             Some(ordered) if i == arbiter => ordered,
             _ => &plain,
         };
-        async move { (i, ask(backend, node, deadline, invocation).await) }
+        async move { (i, call.on(Route::Node(node), deadline).await) }
     });
     // With the queue, the server that orders the waiters is always waited for (within
     // the node timeout): its refusal decides, below.
@@ -165,7 +176,8 @@ pub(crate) async fn attempt(
             let missing = (0..n).filter(|&i| !tally.granted[i]);
             let plain = &plain;
             let replies = futures::future::join_all(
-                missing.map(|i| async move { (i, ask(backend, &nodes[i], deadline, plain).await) }),
+                missing
+                    .map(|i| async move { (i, plain.on(Route::Node(&nodes[i]), deadline).await) }),
             )
             .await;
             for (i, reply) in replies {
@@ -260,25 +272,15 @@ async fn write_fence(
     let nodes = servers.topology.nodes();
     let n = nodes.len();
     let quorum = servers.quorum();
-    let mut write = servers.scripts.fence_write.prepare_invoke();
-    write
-        .key(&hold.keys.key)
-        .key(&hold.keys.fence_key)
-        .arg(hold.token.as_str())
-        .arg(fence);
-    if let Some(candidate) = &hold.keys.candidate {
-        // The candidate's entry, stored by round 1, gets its term.
-        write.key(&candidate.leader).arg(&candidate.changed);
-    }
+    // A candidate's entry, stored by round 1, gets its term.
+    let write = servers
+        .scripts
+        .fence_write(&hold.keys, hold.token.as_str(), fence);
     let deadline = Instant::now() + node_timeout;
     let acks = gather(
         nodes.iter().map(|node| {
             let write = &write;
-            async move {
-                Route::Node(node)
-                    .script::<i64>("write the fencing counter", deadline, write)
-                    .await
-            }
+            async move { write.on(Route::Node(node), deadline).await }
         }),
         |acks| acks.iter().filter(|a| matches!(a, Ok(1))).count() >= quorum,
     )
@@ -302,55 +304,9 @@ async fn write_fence(
     }
 }
 
-/// Server `node`'s answer to a RedLock acquire `invocation`.
-async fn ask(
-    backend: &'static str,
-    node: &Node,
-    deadline: Instant,
-    invocation: &redis::ScriptInvocation<'_>,
-) -> Result<NodeReply> {
-    let reply = Route::Node(node)
-        .script::<Vec<i64>>("acquire", deadline, invocation)
-        .await?;
-    NodeReply::parse(backend, &reply)
-}
-
 /// How often the holder of the server that orders the waiters asks the servers that
 /// refused again within one round.
 const ARBITER_RETRIES: usize = 4;
-
-/// One server's answer to a RedLock acquire (`acquire.lua` or `acquire_q.lua` reading mode).
-struct NodeReply {
-    won: bool,
-    pttl: i64,
-    reading: u64,
-    /// Place in the queue (the server that orders the waiters), when queued.
-    place: Option<u64>,
-}
-
-impl NodeReply {
-    fn parse(backend: &'static str, reply: &[i64]) -> Result<NodeReply> {
-        let (won, pttl, reading, place) = match *reply {
-            [1, _, reading, ..] => (true, 0, reading, None),
-            [0, pttl, reading] => (false, pttl, reading, None),
-            [0, pttl, reading, place] => (false, pttl, reading, u64::try_from(place).ok()),
-            _ => {
-                return Err(error::protocol(
-                    backend,
-                    format!("unexpected reply of a RedLock acquire: {reply:?}"),
-                ))
-            }
-        };
-        let reading = u64::try_from(reading)
-            .map_err(|_| error::protocol(backend, format!("negative fencing reading {reading}")))?;
-        Ok(NodeReply {
-            won,
-            pttl,
-            reading,
-            place,
-        })
-    }
-}
 
 /// The answers of a round so far.
 struct Tally {
@@ -384,7 +340,7 @@ impl Tally {
     }
 
     /// Server `i` answered `reply`.
-    fn count(&mut self, i: usize, reply: Result<NodeReply>) {
+    fn count(&mut self, i: usize, reply: Result<Reading>) {
         match reply {
             Ok(reply) => {
                 if !self.refused[i] && !self.granted[i] {

@@ -4,16 +4,15 @@
 //! The protocol pieces (`hold.rs`, `queue.rs`, `attempt.rs`, `redlock.rs`, `operator.rs`)
 //! ask only where a key goes ([`Servers::routes`]), how many servers must agree
 //! ([`Topology::quorum`]) and which one orders the waiters ([`Topology::arbiter`]); they
-//! never look at the configuration's mode.
+//! never look at the configuration's deployment.
 
 use std::sync::Arc;
 
 use futures::future::join_all;
 use lock_core::{ErrorKind, Result};
-use redis::ScriptInvocation;
 use tokio::time::Instant;
 
-use crate::config::{Mode, QueueTimes, RedisConfig, RedisNode};
+use crate::config::{QueueTimes, RedisConfig, RedisDeployment, RedisNode};
 use crate::connection::{redis_client, slot_of, Node, Route, Sentinels, Shards, Target};
 use crate::error;
 use crate::layout::{self, KeyLayout};
@@ -58,16 +57,22 @@ impl Topology {
                 timeout,
             ))
         };
-        Ok(match config.mode() {
-            Mode::Single => Topology::Single(server(&config.endpoints[0])?),
-            Mode::Sentinel => {
-                let sentinels = Sentinels::new(backend, config, ca).map_err(|err| {
-                    error::from_client(
-                        backend,
-                        format_args!("configure {}", config.endpoint()),
-                        err,
-                    )
-                })?;
+        Ok(match &config.deployment {
+            RedisDeployment::Single { node, .. } => Topology::Single(server(node)?),
+            RedisDeployment::Sentinel {
+                sentinels,
+                master,
+                auth,
+                ..
+            } => {
+                let sentinels = Sentinels::new(backend, config, sentinels, master, auth, ca)
+                    .map_err(|err| {
+                        error::from_client(
+                            backend,
+                            format_args!("configure {}", config.endpoint()),
+                            err,
+                        )
+                    })?;
                 let label = sentinels.label();
                 Topology::Sentinel(Node::new(
                     backend,
@@ -76,10 +81,12 @@ impl Topology {
                     timeout,
                 ))
             }
-            Mode::Cluster => Topology::Cluster(Arc::new(Shards::new(backend, config, ca)?)),
-            Mode::RedLock => Topology::RedLock {
-                nodes: config.endpoints.iter().map(server).collect::<Result<_>>()?,
-                arbiter: arbiter_of(&config.endpoints),
+            RedisDeployment::Cluster { seeds } => {
+                Topology::Cluster(Arc::new(Shards::new(backend, config, seeds, ca)?))
+            }
+            RedisDeployment::RedLock { nodes, .. } => Topology::RedLock {
+                nodes: nodes.iter().map(server).collect::<Result<_>>()?,
+                arbiter: arbiter_of(nodes),
             },
         })
     }
@@ -202,7 +209,7 @@ impl Servers {
         let channel_prefix = keys.client_channel_prefix();
         Servers {
             backend,
-            scripts: Scripts::new(topology.shards().is_some()),
+            scripts: Scripts::new(backend, topology.shards().is_some()),
             topology,
             keys,
             queue_times: config.queue_times(),
@@ -235,16 +242,5 @@ impl Servers {
             Topology::Cluster(_) => self.keys.side_key(key, layout::CLIENT),
             _ => self.channel_prefix.clone(),
         }
-    }
-
-    /// Adds a hold's break mark `broken` to a release: a key (`KEYS[2]`, after the lock
-    /// key, or `KEYS[5]` after the queue's) on one server or RedLock, the last argument on
-    /// Redis Cluster, where the script then declares no key that is hardly ever there (see
-    /// `release.lua`).
-    pub(crate) fn pass_break_mark(&self, invocation: &mut ScriptInvocation<'_>, broken: &str) {
-        match self.topology {
-            Topology::Cluster(_) => invocation.arg(broken),
-            _ => invocation.key(broken),
-        };
     }
 }

@@ -6,7 +6,10 @@ use std::path::PathBuf;
 use lock_core::raw::url::LockUrl;
 use lock_core::{Error, Result};
 
-use super::{RedisConfig, RedisNode, DEFAULT_PORT, DEFAULT_SENTINEL_PORT};
+use super::deployment::check_node_timeout;
+use super::{
+    RedisConfig, RedisDeployment, RedisNode, SentinelAuth, DEFAULT_PORT, DEFAULT_SENTINEL_PORT,
+};
 use crate::SCHEMES;
 
 /// Query keys this backend reads besides the common ones of [`LockOptions`].
@@ -26,18 +29,60 @@ impl RedisConfig {
     /// is not a database number, an unknown query key or a bad value. Messages never
     /// contain the password.
     pub fn from_url(url: &LockUrl) -> Result<Self> {
-        let mut config = RedisConfig::default();
-        match url.scheme.as_str() {
-            "redis" => {}
-            "rediss" => config.tls = true,
-            "redlock" => config.redlock = true,
+        let scheme = url.scheme.as_str();
+        let nodes = |port: u16| -> Vec<RedisNode> {
+            url.hosts
+                .iter()
+                .map(|h| RedisNode::new(h.host.clone(), h.port.unwrap_or(port)))
+                .collect()
+        };
+        let listed = |port: u16, what: &str, example: &str| -> Result<Vec<RedisNode>> {
+            let nodes = nodes(port);
+            if nodes.is_empty() {
+                return Err(Error::config(format!(
+                    "{scheme}:// needs a list of {what}: {scheme}://{example}"
+                )));
+            }
+            Ok(nodes)
+        };
+        let deployment = match scheme {
+            "redis" | "rediss" => {
+                let mut nodes = nodes(DEFAULT_PORT);
+                if nodes.len() > 1 {
+                    return Err(Error::config(format!(
+                        "{scheme}:// takes one server; use redlock:// for several independent \
+                         servers"
+                    )));
+                }
+                RedisDeployment::Single {
+                    node: nodes.pop().unwrap_or_else(RedisNode::local),
+                    db: db_number(&url.path)?,
+                }
+            }
+            "redlock" => RedisDeployment::RedLock {
+                nodes: listed(DEFAULT_PORT, "servers", "h1:p1,h2:p2,h3:p3")?,
+                node_timeout: None,
+                db: db_number(&url.path)?,
+            },
             "redis+sentinel" | "rediss+sentinel" => {
-                config.tls = url.scheme.starts_with("rediss");
-                config.sentinel_master = Some(String::new());
+                let example = "s1:26379,s2:26379,s3:26379/<master name>";
+                let sentinels = listed(DEFAULT_SENTINEL_PORT, "Sentinels", example)?;
+                let (master, db) = sentinel_path(scheme, &url.path)?;
+                RedisDeployment::Sentinel {
+                    sentinels,
+                    master,
+                    auth: SentinelAuth::default(),
+                    db: db_number(&db)?,
+                }
             }
             "redis+cluster" | "rediss+cluster" => {
-                config.tls = url.scheme.starts_with("rediss");
-                config.cluster = true;
+                let seeds = listed(DEFAULT_PORT, "seed nodes", "h1:p1,h2:p2,h3:p3")?;
+                if db_number(&url.path)? != 0 {
+                    return Err(Error::config(
+                        "Redis Cluster has only database 0; drop the database path",
+                    ));
+                }
+                RedisDeployment::Cluster { seeds }
             }
             other => {
                 return Err(Error::config(format!(
@@ -45,109 +90,78 @@ impl RedisConfig {
                     SCHEMES.join(", ")
                 )))
             }
-        }
-        let sentinel = config.sentinel_master.is_some();
-        let port = if sentinel {
-            DEFAULT_SENTINEL_PORT
-        } else {
-            DEFAULT_PORT
         };
-        let nodes: Vec<RedisNode> = url
-            .hosts
-            .iter()
-            .map(|h| RedisNode::new(h.host.clone(), h.port.unwrap_or(port)))
-            .collect();
-        if sentinel {
-            if nodes.is_empty() {
-                return Err(Error::config(format!(
-                    "{}:// needs a list of Sentinels: {}://s1:26379,s2:26379,s3:26379/<master name>",
-                    url.scheme, url.scheme
-                )));
-            }
-            config.endpoints = nodes;
-        } else if config.cluster {
-            if nodes.is_empty() {
-                return Err(Error::config(format!(
-                    "{}:// needs a list of seed nodes: {}://h1:p1,h2:p2,h3:p3",
-                    url.scheme, url.scheme
-                )));
-            }
-            config.endpoints = nodes;
-        } else if config.redlock {
-            if nodes.is_empty() {
-                return Err(Error::config(
-                    "redlock:// needs a list of servers: redlock://h1:p1,h2:p2,h3:p3",
-                ));
-            }
-            config.endpoints = nodes;
-        } else {
-            match nodes.len() {
-                0 => {}
-                1 => config.endpoints = nodes,
-                _ => {
-                    return Err(Error::config(format!(
-                        "{}:// takes one server; use redlock:// for several independent servers",
-                        url.scheme
-                    )))
-                }
-            }
-        }
+        let mut config = RedisConfig::new(deployment);
+        config.tls = scheme.starts_with("rediss");
         config.username = url.username.clone();
         config.password = url.password.clone();
-        let db_path = if sentinel {
-            let (master, db) = sentinel_path(&url.scheme, &url.path)?;
-            config.sentinel_master = Some(master);
-            db
-        } else {
-            url.path.clone()
-        };
-        config.db = match db_path.as_str() {
-            "" | "/" => 0,
-            path => path
-                .strip_prefix('/')
-                .and_then(|n| n.parse::<i64>().ok())
-                .filter(|n| *n >= 0)
-                .ok_or_else(|| {
-                    Error::config(format!(
-                        "the path of a Redis URL is a database number (/0, /1, …), not {path:?}"
-                    ))
-                })?,
-        };
         for (key, value) in url.apply_common_options(&mut config.options)? {
-            match key.as_str() {
-                "prefix" => config.prefix = value,
-                "queue" => config.queue = parse_bool("queue", &value)?,
-                "node_timeout" => {
-                    config.node_timeout = Some(lock_core::raw::durations::parse_duration(
-                        "node_timeout",
-                        &value,
-                    )?)
+            match (key.as_str(), &mut config.deployment) {
+                ("prefix", _) => config.prefix = value,
+                ("queue", _) => config.queue = parse_bool("queue", &value)?,
+                ("node_timeout", deployment) => {
+                    let timeout =
+                        lock_core::raw::durations::parse_duration("node_timeout", &value)?;
+                    match deployment {
+                        RedisDeployment::RedLock { node_timeout, .. } => {
+                            *node_timeout = Some(timeout);
+                        }
+                        RedisDeployment::Cluster { .. } => {
+                            return Err(Error::config(
+                                "node_timeout is a RedLock option; Redis Cluster calls are \
+                                 bounded by request_timeout",
+                            ))
+                        }
+                        // Taken, and unused, where one server decides.
+                        _ => check_node_timeout(timeout)?,
+                    }
                 }
-                "tls" if config.redlock => config.tls = parse_bool("tls", &value)?,
-                "wait_replicas" => {
+                ("tls", RedisDeployment::RedLock { .. }) => {
+                    config.tls = parse_bool("tls", &value)?;
+                }
+                ("wait_replicas", _) => {
                     config.wait_replicas = Some(value.parse().map_err(|_| {
                         Error::config(format!(
                             "wait_replicas must be a number of replicas, not {value:?}"
                         ))
                     })?)
                 }
-                "wait_timeout" => {
+                ("wait_timeout", _) => {
                     config.wait_timeout =
                         lock_core::raw::durations::parse_duration("wait_timeout", &value)?
                 }
-                "sentinel_username" if sentinel => config.sentinel_username = Some(value),
-                "sentinel_password" if sentinel => config.sentinel_password = Some(value),
-                "ca_file" | "tls_ca" => config.ca_file = Some(PathBuf::from(value)),
+                ("sentinel_username", RedisDeployment::Sentinel { auth, .. }) => {
+                    auth.username = Some(value);
+                }
+                ("sentinel_password", RedisDeployment::Sentinel { auth, .. }) => {
+                    auth.password = Some(value);
+                }
+                ("ca_file" | "tls_ca", _) => config.ca_file = Some(PathBuf::from(value)),
                 _ => {
                     return Err(Error::config(format!(
-                        "unknown {}:// option `{key}` (known: ttl, renewal, max_hold, \
-                         request_timeout, recheck, {BACKEND_KEYS})",
-                        url.scheme
+                        "unknown {scheme}:// option `{key}` (known: ttl, renewal, max_hold, \
+                         request_timeout, recheck, {BACKEND_KEYS})"
                     )))
                 }
             }
         }
         Ok(config)
+    }
+}
+
+/// The database number in a URL's path: `""` or `/` is 0, else `/N`.
+fn db_number(path: &str) -> Result<i64> {
+    match path {
+        "" | "/" => Ok(0),
+        path => path
+            .strip_prefix('/')
+            .and_then(|n| n.parse::<i64>().ok())
+            .filter(|n| *n >= 0)
+            .ok_or_else(|| {
+                Error::config(format!(
+                    "the path of a Redis URL is a database number (/0, /1, …), not {path:?}"
+                ))
+            }),
     }
 }
 
@@ -189,18 +203,24 @@ mod tests {
         let c =
             RedisBackend::config_from_str("redis://u:s3cret@10.0.0.1:7000/3?prefix=app:&ttl=5s")
                 .unwrap();
-        assert_eq!(c.endpoints, vec![RedisNode::new("10.0.0.1", 7000)]);
+        assert_eq!(
+            c.deployment,
+            RedisDeployment::Single {
+                node: RedisNode::new("10.0.0.1", 7000),
+                db: 3
+            }
+        );
         assert_eq!(
             (c.username.as_deref(), c.password.as_deref()),
             (Some("u"), Some("s3cret"))
         );
-        assert_eq!((c.db, c.prefix.as_str()), (3, "app:"));
+        assert_eq!(c.prefix.as_str(), "app:");
         assert_eq!(c.options.ttl, Duration::from_secs(5));
-        assert!(!c.tls && !c.redlock);
+        assert!(!c.tls);
 
         let c = RedisBackend::config_from_str("rediss://h?tls_ca=/etc/ca.pem").unwrap();
         assert!(c.tls);
-        assert_eq!(c.endpoints[0].port, DEFAULT_PORT);
+        assert_eq!(c.deployment.nodes()[0].port, DEFAULT_PORT);
         assert_eq!(c.ca_file, Some(PathBuf::from("/etc/ca.pem")));
         let c = RedisBackend::config_from_str("rediss://h?ca_file=/etc/ca.pem").unwrap();
         assert_eq!(c.ca_file, Some(PathBuf::from("/etc/ca.pem")));
@@ -209,14 +229,24 @@ mod tests {
             "redlock://a:1,b:2,c:3,d:4,e:5?node_timeout=20ms&prefix=",
         )
         .unwrap();
-        assert!(c.redlock);
-        assert_eq!((c.endpoints.len(), c.quorum()), (5, 3));
-        assert_eq!(c.node_timeout, Some(Duration::from_millis(20)));
+        assert!(matches!(
+            c.deployment,
+            RedisDeployment::RedLock {
+                node_timeout: Some(timeout),
+                db: 0,
+                ..
+            } if timeout == Duration::from_millis(20)
+        ));
+        assert_eq!((c.deployment.nodes().len(), c.quorum()), (5, 3));
         assert_eq!(c.prefix, "");
         assert_eq!(c.endpoint(), "redlock://a:1,b:2,c:3,d:4,e:5");
 
         assert_eq!(
-            RedisBackend::config_from_str("redis://").unwrap().endpoints[0].host,
+            RedisBackend::config_from_str("redis://")
+                .unwrap()
+                .deployment
+                .nodes()[0]
+                .host,
             "127.0.0.1"
         );
     }
@@ -227,14 +257,16 @@ mod tests {
             "redis+cluster://u:s3cret@a:7000,b,c:7002?prefix=p:&wait_replicas=1",
         )
         .unwrap();
-        assert!(c.cluster && !c.tls && !c.redlock);
+        assert!(!c.tls);
         assert_eq!(
-            c.endpoints,
-            vec![
-                RedisNode::new("a", 7000),
-                RedisNode::new("b", DEFAULT_PORT),
-                RedisNode::new("c", 7002)
-            ]
+            c.deployment,
+            RedisDeployment::Cluster {
+                seeds: vec![
+                    RedisNode::new("a", 7000),
+                    RedisNode::new("b", DEFAULT_PORT),
+                    RedisNode::new("c", 7002)
+                ]
+            }
         );
         assert_eq!(
             (c.quorum(), c.wait_replicas, c.prefix.as_str()),
@@ -243,7 +275,7 @@ mod tests {
         assert_eq!(c.endpoint(), "redis+cluster://a:7000,b:6379,c:7002");
         assert!(!format!("{c:?}").contains("s3cret"));
         let c = RedisBackend::config_from_str("rediss+cluster://a?ca_file=/ca.pem").unwrap();
-        assert!(c.cluster && c.tls);
+        assert!(matches!(c.deployment, RedisDeployment::Cluster { .. }) && c.tls);
         assert_eq!(c.endpoint(), "rediss+cluster://a:6379");
     }
 
@@ -253,22 +285,31 @@ mod tests {
             "redis+sentinel://u:s3cret@s1,s2:5000,s3/prod/2?sentinel_password=t0p&wait_replicas=1&wait_timeout=50ms",
         )
         .unwrap();
+        let RedisDeployment::Sentinel {
+            sentinels,
+            master,
+            auth,
+            db,
+        } = &c.deployment
+        else {
+            panic!("a Sentinel deployment: {c:?}");
+        };
         assert_eq!(
-            c.endpoints,
-            vec![
+            sentinels,
+            &[
                 RedisNode::new("s1", DEFAULT_SENTINEL_PORT),
                 RedisNode::new("s2", 5000),
                 RedisNode::new("s3", DEFAULT_SENTINEL_PORT)
             ]
         );
-        assert_eq!(c.sentinel_master.as_deref(), Some("prod"));
-        assert_eq!((c.db, c.password.as_deref()), (2, Some("s3cret")));
-        assert_eq!(c.sentinel_password.as_deref(), Some("t0p"));
+        assert_eq!(master, "prod");
+        assert_eq!((*db, c.password.as_deref()), (2, Some("s3cret")));
+        assert_eq!(auth.password.as_deref(), Some("t0p"));
         assert_eq!(
             (c.wait_replicas, c.wait_timeout),
             (Some(1), Duration::from_millis(50))
         );
-        assert!(!c.tls && !c.redlock);
+        assert!(!c.tls);
         assert_eq!(
             c.endpoint(),
             "redis+sentinel://s1:26379,s2:5000,s3:26379/prod/2"
@@ -281,7 +322,7 @@ mod tests {
 
         let c = RedisBackend::config_from_str("rediss+sentinel://s1/prod?ca_file=/ca.pem").unwrap();
         assert!(c.tls);
-        assert_eq!((c.db, c.wait_replicas), (0, None));
+        assert_eq!((c.deployment.db(), c.wait_replicas), (0, None));
         let c = RedisBackend::config_from_str("redis://h?wait_replicas=2").unwrap();
         assert_eq!(c.wait_replicas, Some(2));
     }

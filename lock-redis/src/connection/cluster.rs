@@ -1,5 +1,3 @@
-//! Redis Cluster's slot map and the routing of requests by hash slot.
-//!
 //! Redis Cluster (`redis+cluster://`): the slot map, learnt with `CLUSTER SLOTS` from the
 //! seed nodes or any primary known, one [`Node`] per primary, and requests routed by the
 //! hash slot of their lock key. A `MOVED` reply updates the map and the request goes to
@@ -109,11 +107,12 @@ pub(crate) struct Shards {
 }
 
 impl Shards {
-    /// The cluster that `config`'s seed nodes belong to, trusting `ca` for TLS. Opens no
-    /// connection.
+    /// The cluster that the `seeds` belong to, reached as `config` says, trusting `ca` for
+    /// TLS. Opens no connection.
     pub(crate) fn new(
         backend: &'static str,
         config: &RedisConfig,
+        seeds: &[RedisNode],
         ca: Option<&[u8]>,
     ) -> Result<Self> {
         let shards = Shards {
@@ -128,7 +127,7 @@ impl Shards {
             }),
             reloading: tokio::sync::Mutex::new(()),
         };
-        for seed in &config.endpoints {
+        for seed in seeds {
             shards.node_at(seed)?;
         }
         Ok(shards)
@@ -138,7 +137,8 @@ impl Shards {
     pub(crate) fn label(&self) -> String {
         let seeds: Vec<String> = self
             .config
-            .endpoints
+            .deployment
+            .nodes()
             .iter()
             .map(|n| n.to_string())
             .collect();

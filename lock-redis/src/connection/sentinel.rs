@@ -1,5 +1,3 @@
-//! Finding the primary that Sentinels name.
-//!
 //! Finding the primary through Sentinels (`redis+sentinel://`): every Sentinel is asked
 //! `SENTINEL get-master-addr-by-name <master>` at once, each within the caller's deadline,
 //! and the first answer names the primary; the connection made to it is used only once
@@ -25,7 +23,7 @@ use redis::{AsyncConnectionConfig, ProtocolVersion, Value};
 use tokio::time::{timeout_at, Instant};
 
 use super::client_for;
-use crate::config::{RedisConfig, RedisNode};
+use crate::config::{RedisConfig, RedisNode, SentinelAuth};
 use crate::error;
 
 /// The Sentinels of one primary and how to reach the servers they name.
@@ -42,22 +40,25 @@ pub(crate) struct Sentinels {
 }
 
 impl Sentinels {
-    /// The Sentinels of `config` (its endpoints), trusting `ca` for TLS.
+    /// The `sentinels` of the primary they name for `master`, reached with `auth`; the
+    /// data servers as `config` says; trusting `ca` for TLS.
     pub(crate) fn new(
         backend: &'static str,
         config: &RedisConfig,
+        sentinels: &[RedisNode],
+        master: &str,
+        auth: &SentinelAuth,
         ca: Option<&[u8]>,
     ) -> redis::RedisResult<Self> {
-        let sentinels = config
-            .endpoints
+        let sentinels = sentinels
             .iter()
             .map(|node| {
                 let client = client_for(
                     node,
                     config.tls,
                     ca,
-                    config.sentinel_username.as_deref(),
-                    config.sentinel_password.as_deref(),
+                    auth.username.as_deref(),
+                    auth.password.as_deref(),
                     0,
                     ProtocolVersion::RESP2,
                 )?;
@@ -66,7 +67,7 @@ impl Sentinels {
             .collect::<redis::RedisResult<Vec<_>>>()?;
         Ok(Sentinels {
             backend,
-            master: config.sentinel_master.clone().unwrap_or_default(),
+            master: master.to_owned(),
             sentinels,
             config: config.clone(),
             ca: ca.map(<[u8]>::to_vec),
@@ -104,7 +105,7 @@ impl Sentinels {
             self.ca.as_deref(),
             self.config.username.as_deref(),
             self.config.password.as_deref(),
-            self.config.db,
+            self.config.deployment.db(),
             ProtocolVersion::RESP2,
         )
         .map_err(|err| error::from_client(self.backend, format_args!("configure {node}"), err))

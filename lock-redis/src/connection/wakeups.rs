@@ -1,8 +1,6 @@
 //! The client's wake-up subscriptions as the backend sees them, over the transport its
-//! topology needs.
-//!
-//! The client's wake-up subscriptions: one pub/sub connection per server, shared by every
-//! waiter of the client, reconnected with backoff. Queued waiters hear their wake-ups on
+//! topology needs: one pub/sub connection per server, shared by every waiter of the
+//! client, reconnected with backoff. Queued waiters hear their wake-ups on
 //! the client's own channel (a release names the waiter it wakes); without the queue,
 //! waiters listen to the channel of the name they wait for.
 //!

@@ -1,5 +1,3 @@
-//! Renewal on Redis Cluster: one script call per primary for the holds it serves.
-//!
 //! Renewal on Redis Cluster: one script call per primary for the holds of every slot it
 //! serves, the slot map reloaded once when a primary does not answer or no longer serves
 //! some holds.
@@ -10,11 +8,11 @@ use std::time::Duration;
 use futures::future::join_all;
 use lock_core::raw::backend::{RenewItem, RenewOutcome};
 use lock_core::Result;
-use redis::ScriptInvocation;
 use tokio::time::Instant;
 
-use super::{lost_reason, status, ttl_millis, RedisHold, RENEW_CHUNK};
+use super::{lost_reason, renewal, status, RedisHold, RENEW_CHUNK};
 use crate::connection::{group_by_shard, slot_of, Node, Route, Shards};
+use crate::scripts::ttl_millis;
 use crate::topology::Servers;
 
 /// Renews `items` on Redis Cluster: one script call per primary (per [`RENEW_CHUNK`]
@@ -82,15 +80,11 @@ pub(super) async fn renew(
         }
     }
     let retries = join_all(alone.iter().map(|&i| {
-        let mut invocation = cluster_renew_invocation(servers, [&items[i]]);
-        // Declared as well, so that the request is routed (and redirected) by it.
-        invocation.key(&items[i].hold.keys.key);
-        async move {
-            let route = Route::Slot(shards, slot(i));
-            route
-                .script::<Vec<i64>>("renew", deadline, &invocation)
-                .await
-        }
+        // Routed (and redirected) by its lock key.
+        let call = servers
+            .scripts
+            .renew([renewal(&items[i])], Some(&items[i].hold.keys.key));
+        async move { call.on(Route::Slot(shards, slot(i)), deadline).await }
     }))
     .await;
     for (&i, reply) in alone.iter().zip(retries) {
@@ -133,10 +127,11 @@ async fn renew_batches(
     let mut pending: Vec<(usize, bool)> = orphans.iter().map(|&at| (which[at], false)).collect();
     let batches = groups.iter().zip(primaries).flat_map(|(group, node)| {
         group.chunks(RENEW_CHUNK).map(move |chunk| async move {
-            let invocation =
-                cluster_renew_invocation(servers, chunk.iter().map(|&at| &items[which[at]]));
-            let reply = Route::Node(node)
-                .script::<Vec<i64>>("renew", deadline, &invocation)
+            let holds = chunk.iter().map(|&at| renewal(&items[which[at]]));
+            let reply = servers
+                .scripts
+                .renew(holds, None)
+                .on(Route::Node(node), deadline)
                 .await;
             (chunk, reply)
         })
@@ -156,26 +151,4 @@ async fn renew_batches(
         }
     }
     pending
-}
-
-/// The renew script for `items` on Redis Cluster, their keys passed as arguments
-/// (lock key and break mark of each), then the owner token, TTL and leader hash ("" for
-/// a mutex) of each.
-fn cluster_renew_invocation<'s, 'a, 'h: 'a>(
-    servers: &'s Servers,
-    items: impl IntoIterator<Item = &'a RenewItem<'h, RedisHold>> + Clone,
-) -> ScriptInvocation<'s> {
-    let mut invocation = servers.scripts.renew.prepare_invoke();
-    for item in items.clone() {
-        invocation
-            .arg(&item.hold.keys.key)
-            .arg(&item.hold.keys.broken);
-    }
-    for item in items {
-        invocation
-            .arg(item.hold.token.as_str())
-            .arg(ttl_millis(item.ttl))
-            .arg(item.hold.keys.renew_arg());
-    }
-    invocation
 }

@@ -7,33 +7,14 @@ use std::sync::atomic::Ordering;
 use futures::future::join_all;
 use lock_core::raw::backend::{Amended, BackendRelease};
 use lock_core::{LockName, LostReason, Result};
-use redis::ScriptInvocation;
 use tokio::time::Instant;
 
-use super::{lost_reason, queue_invocation, status, ttl_millis, RedisHold, SharedKeys, WakeKeys};
+use super::{lost_reason, status, RedisHold};
 use crate::connection::Route;
 use crate::error;
+use crate::layout::{SharedKeys, WakeKeys};
+use crate::scripts::Call;
 use crate::topology::Servers;
-
-/// The queue's release of `hold` (see `release_q.lua`); with `leave`, its waiter also
-/// leaves the queue. On Redis Cluster, a release refused while the slot migrates
-/// (`TRYAGAIN`: the queue's keys are not all on one node) falls back to the plain release
-/// of the lock key alone (see [`release_each`]).
-fn release_q_invocation<'s>(
-    servers: &'s Servers,
-    hold: &RedisHold,
-    leave: bool,
-) -> ScriptInvocation<'s> {
-    let mut invocation = queue_invocation(&servers.scripts.release_q, hold);
-    invocation
-        .arg(if leave { hold.waiter() } else { "" })
-        .arg(servers.channel_prefix_for(&hold.keys.key))
-        .arg(ttl_millis(servers.queue_times.window))
-        .arg(hold.keys.leader_arg())
-        .arg(hold.keys.changed_arg());
-    servers.pass_break_mark(&mut invocation, &hold.keys.broken);
-    invocation
-}
 
 /// Runs the release script for `hold` on every server: 1 released, 0 gone, -1 held
 /// by another owner, -2 broken (see [`status`]). With `leave`, a queued waiter of the
@@ -51,29 +32,31 @@ pub(crate) async fn release_each(
     if let Some(shared) = &hold.keys.shared {
         return release_shared(servers, hold, shared, leave, deadline).await;
     }
-    let (queued, channel) = match &hold.keys.wake {
-        WakeKeys::Queue { .. } => (Some(release_q_invocation(servers, hold, leave)), ""),
+    let (keys, token, scripts) = (&*hold.keys, hold.token.as_str(), &servers.scripts);
+    // On Redis Cluster, a queue's release refused while the slot migrates (`TRYAGAIN`:
+    // the queue's keys are not all on one node) falls back to the plain release of the
+    // lock key alone.
+    let (queued, channel) = match &keys.wake {
+        WakeKeys::Queue { .. } => {
+            let channel = servers.channel_prefix_for(&keys.key);
+            let window = servers.queue_times.window;
+            (
+                Some(scripts.release_q(keys, token, leave, &channel, window)),
+                "",
+            )
+        }
         WakeKeys::Channel(channel) => (None, channel.as_str()),
     };
-    let routes = servers.routes(&hold.keys.key);
+    let routes = servers.routes(&keys.key);
     let cluster = servers.topology.shards().is_some();
     // On Redis Cluster the plain release is also the queue's release's fallback.
-    let plain = (queued.is_none() || routes.len() > 1 || cluster).then(|| {
-        let mut invocation = servers.scripts.release.prepare_invoke();
-        invocation.key(&hold.keys.key);
-        invocation
-            .arg(hold.token.as_str())
-            .arg(channel)
-            .arg(hold.keys.leader_arg())
-            .arg(hold.keys.changed_arg());
-        servers.pass_break_mark(&mut invocation, &hold.keys.broken);
-        invocation
-    });
+    let plain = (queued.is_none() || routes.len() > 1 || cluster)
+        .then(|| scripts.release(keys, token, channel));
     let arbiter = servers.topology.arbiter();
     let selected = |i: &usize| only.is_none_or(|only| only[*i]);
     join_all((0..routes.len()).filter(selected).map(|i| {
         let route = routes[i];
-        let (invocation, fallback) = match (&queued, &plain) {
+        let (call, fallback) = match (&queued, &plain) {
             (Some(queued), plain) if i == arbiter => (queued, plain.as_ref()),
             (_, Some(plain)) => (plain, None),
             (Some(queued), None) => (queued, None),
@@ -85,48 +68,30 @@ pub(crate) async fn release_each(
                 // compare-and-DEL; the queued head is woken when its subscription
                 // moves with the slot, or at its recheck.
                 (Route::Slot(shards, slot), Some(fallback)) => {
-                    match shards
-                        .script_unless_busy::<i64>(slot, "release", deadline, invocation)
-                        .await?
-                    {
+                    match call.unless_busy(shards, slot, deadline).await? {
                         Some(status) => Ok(status),
-                        None => route.script("release", deadline, fallback).await,
+                        None => fallback.on(route, deadline).await,
                     }
                 }
-                _ => route.script::<i64>("release", deadline, invocation).await,
+                _ => call.on(route, deadline).await,
             }
         }
     }))
     .await
 }
 
-/// The keys of the scripts of the shared kinds for `hold` (see `shared.lua`): lock,
-/// fencing counter, queue, liveness, holders' table, break mark; with its owner token
-/// as first argument.
-fn shared_invocation<'a>(
-    script: &'a redis::Script,
-    hold: &RedisHold,
-    shared: &SharedKeys,
-) -> ScriptInvocation<'a> {
-    let mut invocation = queue_invocation(script, hold);
-    invocation.key(&shared.table).key(&hold.keys.broken);
-    invocation
-}
-
-/// Runs a script of the shared kinds (`release_s.lua`, `downgrade.lua`) on the one
-/// server that serves `hold` (shared kinds are not granted on RedLock).
-async fn shared_call(
+/// Runs `call`, an owner-checked write of `hold`, on every server that serves it.
+async fn on_every_server(
     servers: &Servers,
     hold: &RedisHold,
-    what: &str,
-    invocation: &ScriptInvocation<'_>,
+    call: &Call<'_, i64>,
     deadline: Instant,
 ) -> Vec<Result<i64>> {
     join_all(
         servers
             .routes(&hold.keys.key)
             .into_iter()
-            .map(|route| async move { route.script::<i64>(what, deadline, invocation).await }),
+            .map(|route| call.on(route, deadline)),
     )
     .await
 }
@@ -141,12 +106,11 @@ async fn release_shared(
     leave: bool,
     deadline: Instant,
 ) -> Vec<Result<i64>> {
-    let mut invocation = shared_invocation(&servers.scripts.release_s, hold, shared);
-    invocation
-        .arg(if leave { hold.waiter() } else { "" })
-        .arg(servers.channel_prefix_for(&hold.keys.key))
-        .arg(&shared.changed);
-    shared_call(servers, hold, "release", &invocation, deadline).await
+    let channel = servers.channel_prefix_for(&hold.keys.key);
+    let call = servers
+        .scripts
+        .release_s(&hold.keys, hold.token.as_str(), shared, leave, &channel);
+    on_every_server(servers, hold, &call, deadline).await
 }
 
 /// Downgrades `hold`, a writer's, to a reader's in its place (`downgrade.lua`), granting
@@ -165,12 +129,12 @@ pub(crate) async fn downgrade(servers: &Servers, hold: &RedisHold) -> Result<Ame
             )))
         }
     };
-    let mut invocation = shared_invocation(&servers.scripts.downgrade, hold, shared);
-    invocation
-        .arg(servers.channel_prefix_for(&hold.keys.key))
-        .arg(&shared.changed);
+    let channel = servers.channel_prefix_for(&hold.keys.key);
+    let call = servers
+        .scripts
+        .downgrade(&hold.keys, hold.token.as_str(), shared, &channel);
     let deadline = servers.request_deadline();
-    let replies = shared_call(servers, hold, "downgrade", &invocation, deadline).await;
+    let replies = on_every_server(servers, hold, &call, deadline).await;
     Ok(
         match owner_checked(servers, replies, "downgrade", &hold.name)? {
             None => Amended::Done,
@@ -257,23 +221,11 @@ pub(crate) async fn proclaim(servers: &Servers, hold: &RedisHold, value: &[u8]) 
         ));
     };
     let version = candidate.proclaims.fetch_add(1, Ordering::AcqRel) + 1;
-    let mut invocation = servers.scripts.proclaim.prepare_invoke();
-    invocation
-        .key(&hold.keys.key)
-        .arg(hold.token.as_str())
-        .arg(&candidate.leader)
-        .arg(value)
-        .arg(version)
-        .arg(&candidate.changed)
-        .arg(candidate.term.get().map_or(String::new(), u64::to_string));
-    servers.pass_break_mark(&mut invocation, &hold.keys.broken);
+    let call = servers
+        .scripts
+        .proclaim(&hold.keys, hold.token.as_str(), candidate, value, version);
     let deadline = servers.request_deadline();
-    let routes = servers.routes(&hold.keys.key);
-    let replies = join_all(routes.into_iter().map(|route| {
-        let invocation = &invocation;
-        async move { route.script::<i64>("proclaim", deadline, invocation).await }
-    }))
-    .await;
+    let replies = on_every_server(servers, hold, &call, deadline).await;
     Ok(
         match owner_checked(servers, replies, "proclaim", &hold.name)? {
             None => Amended::Done,

@@ -1,7 +1,6 @@
 //! Renewal of holds: one batched script call per server, each hold decided by a
-//! majority of answers, and the grouping of holds by the server that renews them.
-//!
-//! Renewal on Redis Cluster is in `hold/cluster.rs`.
+//! majority of answers, and the grouping of holds by the server that renews them (on
+//! Redis Cluster the renewal itself is in `hold/cluster.rs`).
 
 use std::time::Duration;
 
@@ -10,9 +9,10 @@ use lock_core::raw::backend::{RenewItem, RenewOutcome};
 use lock_core::Result;
 use tokio::time::Instant;
 
-use super::{cluster, lost_reason, status, ttl_millis, RedisHold, RENEW_CHUNK};
+use super::{cluster, lost_reason, renewal, status, RedisHold, RENEW_CHUNK};
 use crate::connection::{slot_of, Route};
 use crate::error;
+use crate::scripts::ttl_millis;
 use crate::topology::{Servers, Topology};
 
 /// Renews `items` on every server: one script call per server (per [`RENEW_CHUNK`] keys).
@@ -52,20 +52,8 @@ pub(crate) async fn renew(
     let deadline = Instant::now() + limit;
     let per_node = join_all(nodes.iter().map(|node| async move {
         let calls = items.chunks(RENEW_CHUNK).map(|chunk| {
-            let mut invocation = servers.scripts.renew.prepare_invoke();
-            for item in chunk {
-                invocation
-                    .key(&item.hold.keys.key)
-                    .key(&item.hold.keys.broken)
-                    .arg(item.hold.token.as_str())
-                    .arg(ttl_millis(item.ttl))
-                    .arg(item.hold.keys.renew_arg());
-            }
-            async move {
-                Route::Node(node)
-                    .script::<Vec<i64>>("renew", deadline, &invocation)
-                    .await
-            }
+            let call = servers.scripts.renew(chunk.iter().map(renewal), None);
+            async move { call.on(Route::Node(node), deadline).await }
         });
         let mut statuses = Vec::with_capacity(items.len());
         for chunk in join_all(calls).await {

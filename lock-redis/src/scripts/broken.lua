@@ -1,4 +1,4 @@
--- Broken holds: the helper the renew and release scripts start with (prepended in Rust).
+-- Broken holds: the helpers the renew and release scripts start with (prepended in Rust).
 -- An operator's force release (break.lua) keeps the owner tokens it removed from a lock
 -- key in a list beside it, the break mark, for a while (see KeyLayout).
 
@@ -15,3 +15,14 @@ local function was_broken(mark, token)
   return false
 end
 
+-- The status of the hold of `token` whose lock key holds `holder` instead (false: the
+-- key is gone): -2 when a force release removed it (the break mark `mark` lists it), 0
+-- when the key is gone, -1 when another owner holds it.
+local function not_ours(mark, holder, token)
+  if was_broken(mark, token) then
+    return -2
+  elseif holder == false then
+    return 0
+  end
+  return -1
+end

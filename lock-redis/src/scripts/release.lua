@@ -22,9 +22,5 @@ if holder == ARGV[1] then
     redis.call(PUBLISH, ARGV[2], 'released')
   end
   return 1
-elseif was_broken(mark, ARGV[1]) then
-  return -2
-elseif holder == false then
-  return 0
 end
-return -1
+return not_ours(mark, holder, ARGV[1])

@@ -17,14 +17,11 @@
 local mark = KEYS[5] or ARGV[7]
 local holder = redis.call('GET', LOCK)
 resign(ARGV[5], ARGV[1], ARGV[6], holder == ARGV[1])
-local status = -1
+local status = 1
 if holder == ARGV[1] then
   redis.call('DEL', LOCK)
-  status = 1
-elseif was_broken(mark, ARGV[1]) then
-  status = -2
-elseif holder == false then
-  status = 0
+else
+  status = not_ours(mark, holder, ARGV[1])
 end
 if ARGV[2] ~= '' then
   leave(ARGV[2])

@@ -59,12 +59,8 @@ for i = 1, (#ARGV - at) / 3 do
       redis.pcall('PEXPIRE', leader, ARGV[at + 3 * i - 1])
     end
     out[i] = 1
-  elseif was_broken(keys[2 * i], token) then
-    out[i] = -2
-  elseif holder == false then
-    out[i] = 0
   else
-    out[i] = -1
+    out[i] = not_ours(keys[2 * i], holder, token)
   end
 end
 return out

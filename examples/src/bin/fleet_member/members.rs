@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::raw::{backend::HoldKind, url::LockUrl};
-use distlock::redis::{KeyLayout, RedisConfig};
+use distlock::redis::{KeyLayout, RedisConfig, RedisDeployment};
 use distlock::zookeeper::{lock_dir, ZkConfig};
 use distlock::{AcquireOptions, DistributedLock, LockGuard, LockName, ReleaseOutcome};
 use harness::curator::Curator;
@@ -157,12 +157,11 @@ pub(crate) struct SetNx {
 impl SetNx {
     async fn connect(url: &str, name: &LockName) -> Result<Self, BoxError> {
         let config = RedisConfig::from_url(&LockUrl::parse(url)?)?;
-        let [node] = config.endpoints.as_slice() else {
+        let RedisDeployment::Single { node, db } = &config.deployment else {
             return Err("the set-nx member takes one redis:// server".into());
         };
         let request_timeout = config.options.request_timeout;
-        let client =
-            redis::Client::open(format!("redis://{}:{}/{}", node.host, node.port, config.db))?;
+        let client = redis::Client::open(format!("redis://{}:{}/{db}", node.host, node.port))?;
         let conn = timeout(request_timeout, client.get_multiplexed_async_connection())
             .await
             .map_err(|_| "redis connect timed out")??;

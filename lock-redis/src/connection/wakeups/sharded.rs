@@ -1,5 +1,3 @@
-//! The wake-up transport of Redis Cluster: sharded channels (`SSUBSCRIBE`).
-//!
 //! The wake-up transport of Redis Cluster: sharded channels (`SSUBSCRIBE`; the scripts
 //! `SPUBLISH`) on a RESP3 connection per node, each channel on the primary serving its
 //! hash slot and placed again when the slot moves.
