@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::raw::Backoff;
+use lock_core::raw::plumbing::Backoff;
 use lock_core::{
     DistributedLock, DistributedLockExt, LockGuard, LockName, LockOptions, OwnerToken,
 };

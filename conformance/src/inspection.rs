@@ -7,7 +7,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::raw::{Backend, LeaseClient};
+use lock_core::raw::backend::{Backend, LeaseClient};
 use lock_core::{DistributedLockExt, LockGuard, LockName, Occupancy, ReleaseOutcome};
 use tokio::task::JoinHandle;
 

@@ -102,6 +102,7 @@ macro_rules! conformance_rules {
             operator_inspects_lists_and_breaks,
             close_frees_everything,
             close_ends_waiting_acquires,
+            closed_client_refuses_every_call,
             election_one_leader_at_a_time,
             election_value_and_proclaim,
             election_resign_hands_over,

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::raw::ChangeFeed;
+use lock_core::raw::backend::ChangeFeed;
 use lock_core::{
     AcquireOptions, Capabilities, DistributedLock, LockGuard, LockName, LockOptions, Occupancy,
     OwnerToken, Participant, Result,

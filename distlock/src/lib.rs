@@ -49,8 +49,8 @@
 //! are in the repository's README and `docs/` (setup, metrics, migration, the benchmark and
 //! reliability reports).
 //!
-//! A backend of your own implements [`raw::Backend`] and [`raw::Connect`];
-//! [`raw::register`] makes [`connect`] serve its schemes.
+//! A backend of your own implements [`raw::backend::Backend`] and [`raw::driver::Connect`];
+//! [`raw::driver::register`] makes [`connect`] serve its schemes.
 //!
 //! # Cargo features
 //!
@@ -109,46 +109,53 @@ const FEATURE_SCHEMES: &[(&str, &[&str])] = &[
     ("etcd", &["etcd", "etcds"]),
 ];
 
-/// The backend-author kit of [`lock_core::raw`], with the process-wide registry of this
-/// crate's backends.
+/// The backend-author kit of [`lock_core::raw`], in the same rooms, with the process-wide
+/// registry of this crate's backends in [`raw::driver`].
 pub mod raw {
-    use std::sync::Once;
+    pub use lock_core::raw::{backend, durations, names, plumbing, url};
 
-    pub use lock_core::raw::*;
+    /// How a backend is declared, registered and opened by URL: [`lock_core::raw::driver`],
+    /// with the registry that serves this crate's backends.
+    pub mod driver {
+        use std::sync::Once;
 
-    use super::{DRIVERS, FEATURE_SCHEMES};
+        pub use lock_core::raw::driver::{register, Connect, ConnectFuture, Driver, Registry};
 
-    /// The process-wide registry, the one [`connect`](crate::connect) reads: every backend compiled in, a hint
-    /// naming the feature for the others, and whatever the application registered itself
-    /// ([`register`]; a backend registered before the first call keeps its schemes).
-    pub fn registry() -> &'static Registry {
-        static FEATURES: Once = Once::new();
-        let registry = lock_core::raw::registry();
-        FEATURES.call_once(|| {
-            for (feature, schemes) in FEATURE_SCHEMES {
-                for scheme in *schemes {
-                    registry.hint_unregistered(
-                        scheme,
-                        format!("enable the `{feature}` feature of the `distlock` crate"),
-                    );
+        use crate::{DRIVERS, FEATURE_SCHEMES};
+
+        /// The process-wide registry, the one [`connect`](crate::connect) reads: every
+        /// backend compiled in, a hint naming the feature for the others, and whatever the
+        /// application registered itself ([`register`]; a backend registered before the
+        /// first call keeps its schemes).
+        pub fn registry() -> &'static Registry {
+            static FEATURES: Once = Once::new();
+            let registry = lock_core::raw::driver::registry();
+            FEATURES.call_once(|| {
+                for (feature, schemes) in FEATURE_SCHEMES {
+                    for scheme in *schemes {
+                        registry.hint_unregistered(
+                            scheme,
+                            format!("enable the `{feature}` feature of the `distlock` crate"),
+                        );
+                    }
                 }
-            }
-            for driver in DRIVERS {
-                registry.register_missing(*driver);
-            }
-        });
-        registry
+                for driver in DRIVERS {
+                    registry.register_missing(*driver);
+                }
+            });
+            registry
+        }
     }
 }
 
 /// The drivers of the backends compiled in (memory is always there).
-const DRIVERS: &[raw::Driver] = &[
+const DRIVERS: &[raw::driver::Driver] = &[
     #[cfg(feature = "redis")]
-    raw::Driver::of::<lock_redis::RedisBackend>(),
+    raw::driver::Driver::of::<lock_redis::RedisBackend>(),
     #[cfg(feature = "zookeeper")]
-    raw::Driver::of::<lock_zookeeper::ZkBackend>(),
+    raw::driver::Driver::of::<lock_zookeeper::ZkBackend>(),
     #[cfg(feature = "etcd")]
-    raw::Driver::of::<lock_etcd::EtcdBackend>(),
+    raw::driver::Driver::of::<lock_etcd::EtcdBackend>(),
 ];
 
 /// Connects a lock client for `url`, on whichever compiled-in backend serves its scheme.
@@ -169,7 +176,7 @@ const DRIVERS: &[raw::Driver] = &[
 /// for a backend not compiled in, the feature to enable; whatever the backend reports
 /// when it cannot connect ([`Error::Connection`] within the request timeout).
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
-    raw::registry().connect(url).await
+    raw::driver::registry().connect(url).await
 }
 
 #[cfg(test)]
@@ -185,7 +192,7 @@ mod tests {
                 "etcd" => cfg!(feature = "etcd"),
                 other => panic!("feature {other} missing from this test"),
             };
-            let registered = raw::registry().schemes();
+            let registered = raw::driver::registry().schemes();
             for scheme in *schemes {
                 assert_eq!(
                     registered.contains(&scheme.to_string()),
@@ -209,7 +216,7 @@ mod tests {
     #[test]
     #[cfg(any(feature = "redis", feature = "zookeeper", feature = "etcd"))]
     fn feature_table_matches_the_backends() {
-        use raw::Connect;
+        use raw::driver::Connect;
         let table = |feature: &str| {
             FEATURE_SCHEMES
                 .iter()

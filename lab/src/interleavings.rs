@@ -17,8 +17,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::future::BoxFuture;
-use lock_core::raw::LeaseClient;
-use lock_core::raw::{
+use lock_core::raw::backend::LeaseClient;
+use lock_core::raw::backend::{
     AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionStatus,
 };
 use lock_core::{

@@ -13,39 +13,12 @@ use tokio::time::Instant;
 use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
 use crate::error::Result;
-pub use crate::kind::HoldKind;
+use crate::kind::{Amendment, HoldKind};
+use crate::lock::OperatorCall;
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::state::LostReason;
 use crate::token::{FencingToken, OwnerToken};
-
-/// A write on one's own hold ([`Backend::amend`]), owner-checked like a release.
-#[non_exhaustive]
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Amendment<'a> {
-    /// A [`HoldKind::Candidate`] hold's new value: an election's proclaim. The observers
-    /// of its name are told.
-    Proclaim(&'a [u8]),
-    /// A [`HoldKind::Write`] hold becomes a `Read` hold in its place in the queue, with
-    /// no moment between in which it holds neither: readers queued behind it may then be
-    /// granted, writers still wait.
-    Downgrade,
-}
-
-impl Amendment<'_> {
-    /// What the amendment does, for errors and spans (`proclaim`, `downgrade`).
-    pub fn label(&self) -> &'static str {
-        match self {
-            Amendment::Proclaim(_) => "proclaim",
-            Amendment::Downgrade => "downgrade",
-        }
-    }
-
-    /// The error of a backend that cannot make this amendment.
-    pub fn unsupported(&self, backend: &'static str) -> crate::Error {
-        crate::Error::unsupported(backend, format!("amending a hold ({})", self.label()))
-    }
-}
 
 /// What an amendment found on the server.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -213,10 +186,7 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot tell
     /// (the default); connection errors.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
-        Err(crate::Error::unsupported(
-            self.capabilities().backend,
-            format!("inspecting `{name}`"),
-        ))
+        Err(OperatorCall::Inspect(name).unsupported(self.capabilities().backend))
     }
 
     /// The names under `prefix` (a prefix of the lock name, `""` for all) that have a
@@ -226,10 +196,7 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot tell
     /// (the default); connection errors.
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
-        Err(crate::Error::unsupported(
-            self.capabilities().backend,
-            format!("listing the locks under `{prefix}`"),
-        ))
+        Err(OperatorCall::List(prefix).unsupported(self.capabilities().backend))
     }
 
     /// Removes the current hold of `name` on the server, whoever holds it, and returns
@@ -242,10 +209,7 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// [`Error::Unsupported`](crate::Error::Unsupported) for a backend that cannot
     /// (the default); connection errors, after which the hold may or may not be removed.
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
-        Err(crate::Error::unsupported(
-            self.capabilities().backend,
-            format!("breaking `{name}`"),
-        ))
+        Err(OperatorCall::Break(name).unsupported(self.capabilities().backend))
     }
 
     /// Amends `hold` as `amendment` says, if it is still this acquisition's (an
@@ -280,7 +244,7 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// Ends the client, once the lease client has released its holds (see
     /// [`DistributedLock::close`](crate::DistributedLock::close)): waits, at most the
     /// request timeout, for the backend's own background cleanups (its
-    /// [`Background`](crate::raw::Background)), then ends its session or revokes its lease
+    /// [`Background`](crate::raw::plumbing::Background)), then ends its session or revokes its lease
     /// so that nothing of the client outlives it. Default: nothing to do.
     ///
     /// # Errors

@@ -34,19 +34,19 @@ pub struct Capabilities {
     pub durable: bool,
     /// Where fencing tokens come from.
     pub fencing: FencingSource,
-    /// Honours [`AcquireRequest::fence_at_least`](crate::raw::AcquireRequest): it can
+    /// Honours [`AcquireRequest::fence_at_least`](crate::raw::backend::AcquireRequest): it can
     /// grant a fencing token no lower than one given, so it can be the new side of a
     /// dual (migration) lock.
     pub fence_at_least: bool,
-    /// Grants [`HoldKind::Candidate`](crate::raw::HoldKind) holds, stores their values
+    /// Grants [`HoldKind::Candidate`](crate::raw::backend::HoldKind) holds, stores their values
     /// and shows them in inspections: leader elections
     /// ([`Election`](crate::Election)) work on it.
     pub election: bool,
-    /// Grants [`HoldKind::Permit`](crate::raw::HoldKind) holds: semaphores
+    /// Grants [`HoldKind::Permit`](crate::raw::backend::HoldKind) holds: semaphores
     /// ([`Semaphore`](crate::Semaphore)) work on it.
     pub semaphore: bool,
-    /// Grants [`HoldKind::Read`](crate::raw::HoldKind) and `Write` holds and downgrades a
-    /// write to a read ([`Amendment::Downgrade`](crate::raw::Amendment)):
+    /// Grants [`HoldKind::Read`](crate::raw::backend::HoldKind) and `Write` holds and downgrades a
+    /// write to a read ([`Amendment::Downgrade`](crate::raw::backend::Amendment)):
     /// read-write locks ([`RwLock`](crate::RwLock)) work on it.
     pub rwlock: bool,
 }

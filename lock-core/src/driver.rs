@@ -1,7 +1,7 @@
 //! How a backend is opened from a configuration or a URL, written once for every backend:
 //! a backend declares its schemes, its configuration and how it opens a connection
 //! ([`Connect`]); the client constructors and its [`Driver`], the entry a
-//! [`Registry`](crate::raw::Registry) keeps, follow from that.
+//! [`Registry`](crate::raw::driver::Registry) keeps, follow from that.
 
 use std::fmt;
 use std::future::Future;
@@ -120,7 +120,7 @@ fn open_url<B: Connect>(url: LockUrl) -> OpenFuture {
     })
 }
 
-/// What a [`Registry`](crate::raw::Registry) keeps of a backend: its schemes, and how to
+/// What a [`Registry`](crate::raw::driver::Registry) keeps of a backend: its schemes, and how to
 /// open it from a URL as a lock client or as a side of a dual lock. Made from the backend's
 /// [`Connect`] declaration, so it is a constant: `Driver::of::<MyBackend>()`.
 #[derive(Clone, Copy)]

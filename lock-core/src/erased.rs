@@ -9,12 +9,13 @@ use async_trait::async_trait;
 use tokio::sync::watch;
 
 use crate::backend::{
-    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, RenewItem, RenewOutcome,
+    AcquireRequest, Acquired, Amended, Backend, BackendRelease, RenewItem, RenewOutcome,
     SessionStatus,
 };
 use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
+use crate::kind::Amendment;
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::options::LockOptions;

@@ -100,6 +100,15 @@ pub enum Error {
         /// What was asked for.
         operation: String,
     },
+    /// The client was closed ([`DistributedLock::close`](crate::DistributedLock::close)):
+    /// it takes no more calls, and nothing was queued or taken.
+    #[error("the {backend} lock client is closed: cannot {operation}")]
+    Closed {
+        /// The backend of the client.
+        backend: &'static str,
+        /// What was asked of it, with the lock's name where there is one.
+        operation: String,
+    },
     /// The participants of one name disagree on what it is: a semaphore's number of
     /// permits, or a name used as two kinds of lock. Nothing was queued or taken.
     #[error("`{name}` is in use as {theirs}; this acquire asked for {ours}")]
@@ -146,6 +155,8 @@ pub enum ErrorKind {
     UnknownScheme,
     /// See [`Error::Unsupported`].
     Unsupported,
+    /// See [`Error::Closed`].
+    Closed,
     /// See [`Error::Conflict`].
     Conflict,
     /// See [`Error::Protocol`].
@@ -166,6 +177,7 @@ impl ErrorKind {
             ErrorKind::InvalidConfig => "invalid_config",
             ErrorKind::UnknownScheme => "unknown_scheme",
             ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Closed => "closed",
             ErrorKind::Conflict => "conflict",
             ErrorKind::Protocol => "protocol",
         }
@@ -185,6 +197,7 @@ impl Error {
             Error::InvalidConfig { .. } => ErrorKind::InvalidConfig,
             Error::UnknownScheme { .. } => ErrorKind::UnknownScheme,
             Error::Unsupported { .. } => ErrorKind::Unsupported,
+            Error::Closed { .. } => ErrorKind::Closed,
             Error::Conflict { .. } => ErrorKind::Conflict,
             Error::Protocol { .. } => ErrorKind::Protocol,
         }
@@ -193,7 +206,7 @@ impl Error {
     /// Whether the same call may succeed if tried again later.
     ///
     /// Timeouts, connection failures and unavailability are retryable; bad input,
-    /// lost locks and unsupported operations are not.
+    /// lost locks, unsupported operations and a closed client are not.
     pub fn is_retryable(&self) -> bool {
         matches!(
             self.kind(),
@@ -226,6 +239,14 @@ impl Error {
     /// An [`Error::Unsupported`]: `backend` cannot do `operation`.
     pub fn unsupported(backend: &'static str, operation: impl Into<String>) -> Self {
         Error::Unsupported {
+            backend,
+            operation: operation.into(),
+        }
+    }
+
+    /// An [`Error::Closed`]: a client of `backend`, closed, was asked to `operation`.
+    pub fn closed(backend: &'static str, operation: impl Into<String>) -> Self {
+        Error::Closed {
             backend,
             operation: operation.into(),
         }
@@ -272,6 +293,7 @@ mod tests {
         assert!(!Error::config("bad").is_retryable());
         assert!(!Error::invalid_name("", "empty").is_retryable());
         assert!(Error::connection("redis", "refused", "io").is_retryable());
+        assert!(!Error::closed("redis", "acquire `a`").is_retryable());
     }
 
     #[test]

@@ -1,5 +1,5 @@
 //! The process-wide [`Registry`]: the one that [`connect`] and `distlock::connect` read and
-//! [`raw::register`](crate::raw::register) writes. It starts with `memory://` and the dual
+//! [`raw::register`](crate::raw::driver::register) writes. It starts with `memory://` and the dual
 //! lock's `dual:` URLs; the `distlock` crate adds the backends compiled into it.
 
 use std::sync::{Arc, OnceLock};
@@ -28,7 +28,7 @@ pub fn register<B: Connect>() {
 }
 
 /// Builds a client for `url` from the process-wide [`registry`]: `memory://`, `dual:` and
-/// the backends registered with [`raw::register`](crate::raw::register). Applications
+/// the backends registered with [`raw::register`](crate::raw::driver::register). Applications
 /// use `distlock::connect`, the same registry with every backend compiled into the
 /// `distlock` crate.
 ///

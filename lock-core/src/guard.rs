@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use crate::backend::Amendment;
 use crate::error::Result;
+use crate::kind::Amendment;
 use crate::name::LockName;
 use crate::plumbing::lock_unpoisoned;
 use crate::state::{LockState, LostReason, ReleaseOutcome};
@@ -174,10 +174,18 @@ type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// The lease machinery as seen by a guard.
 pub(crate) trait HoldOps: Send + Sync + fmt::Debug {
-    fn extend(&self, id: u64, ttl: Option<Duration>) -> BoxFuture<'_, Result<Instant>>;
+    fn extend<'a>(
+        &'a self,
+        hold: &'a HoldInfo,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Instant>>;
     fn release(&self, id: u64) -> BoxFuture<'_, Result<ReleaseOutcome>>;
     /// Amends the hold on the server (see [`Amendment`]).
-    fn amend<'a>(&'a self, id: u64, amendment: Amendment<'a>) -> BoxFuture<'a, Result<()>>;
+    fn amend<'a>(
+        &'a self,
+        hold: &'a HoldInfo,
+        amendment: Amendment<'a>,
+    ) -> BoxFuture<'a, Result<()>>;
     /// Never blocks: hands the release to the background.
     fn release_in_background(&self, id: u64);
 }
@@ -269,10 +277,11 @@ impl LockGuard {
     /// Renews the hold now for its TTL and returns the new validity deadline.
     ///
     /// # Errors
-    /// [`crate::Error::Lost`] if the lock is no longer held; connection errors if the
-    /// renewal could not be made (the state becomes [`LockState::Suspect`]).
+    /// [`crate::Error::Lost`] if the lock is no longer held; [`crate::Error::Closed`] once
+    /// its client is closed; connection errors if the renewal could not be made (the state
+    /// becomes [`LockState::Suspect`]).
     pub async fn extend(&self) -> Result<Instant> {
-        self.ops.extend(self.info.id, None).await
+        self.ops.extend(&self.info, None).await
     }
 
     /// Renews the hold now for `ttl` (backends with a session-wide lease reject a
@@ -287,13 +296,13 @@ impl LockGuard {
     /// As [`LockGuard::extend`], and [`crate::Error::Unsupported`] for a TTL the
     /// backend cannot honour.
     pub async fn extend_for(&self, ttl: Duration) -> Result<Instant> {
-        self.ops.extend(self.info.id, Some(ttl)).await
+        self.ops.extend(&self.info, Some(ttl)).await
     }
 
     /// Amends this hold on the server, if it is still ours (see
     /// [`crate::Leadership::proclaim`], [`crate::WriteGuard::downgrade`]).
     pub(crate) async fn amend(&self, amendment: Amendment<'_>) -> Result<()> {
-        self.ops.amend(self.info.id, amendment).await
+        self.ops.amend(&self.info, amendment).await
     }
 
     /// Releases the lock and reports what happened.

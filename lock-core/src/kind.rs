@@ -1,5 +1,6 @@
 //! The kinds of hold a lock service grants: the mutex, and the primitives built on it,
-//! with the one grant rule every queueing backend applies to them.
+//! with the one grant rule every queueing backend applies to them, and the writes a kind
+//! may make on its own hold.
 
 use crate::error::{Error, Result};
 use crate::name::LockName;
@@ -14,7 +15,8 @@ pub enum HoldKind {
     Mutex,
     /// A candidate of a leader election: exclusive like the mutex (the holder leads), and
     /// the candidate's `value` (its identity or address) is stored with its entry, where
-    /// [`Backend::inspect`](crate::raw::Backend::inspect) shows it and an [`Amendment::Proclaim`](crate::raw::Amendment) changes it.
+    /// [`Backend::inspect`](crate::raw::backend::Backend::inspect) shows it and an
+    /// [`Amendment::Proclaim`] changes it.
     Candidate {
         /// What the candidate proclaims; readers see it as the leader's value.
         value: Vec<u8>,
@@ -118,6 +120,35 @@ impl HoldKind {
             HoldKind::Read => "a read-write lock (read)".into(),
             HoldKind::Write => "a read-write lock (write)".into(),
         }
+    }
+}
+
+/// A write on one's own hold, owner-checked like a release
+/// ([`Backend::amend`](crate::raw::backend::Backend::amend)).
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Amendment<'a> {
+    /// A [`HoldKind::Candidate`] hold's new value: an election's proclaim. The observers
+    /// of its name are told.
+    Proclaim(&'a [u8]),
+    /// A [`HoldKind::Write`] hold becomes a `Read` hold in its place in the queue, with
+    /// no moment between in which it holds neither: readers queued behind it may then be
+    /// granted, writers still wait.
+    Downgrade,
+}
+
+impl Amendment<'_> {
+    /// What the amendment does, for errors and spans (`proclaim`, `downgrade`).
+    pub fn label(&self) -> &'static str {
+        match self {
+            Amendment::Proclaim(_) => "proclaim",
+            Amendment::Downgrade => "downgrade",
+        }
+    }
+
+    /// The error of a backend that cannot make this amendment.
+    pub fn unsupported(&self, backend: &'static str) -> Error {
+        Error::unsupported(backend, format!("amending a hold ({})", self.label()))
     }
 }
 

@@ -61,6 +61,8 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 ///   after ([`close_frees_everything`]).
 /// - a closed client ends its waiting acquires with an error and takes their waiters off
 ///   the server before `close` returns ([`close_ends_waiting_acquires`]).
+/// - a closed client refuses every call with `Error::Closed`, naming the lock, and leaves
+///   nothing behind ([`closed_client_refuses_every_call`]).
 ///
 /// Where [`Capabilities::election`] is set, leader elections ([`crate::Election`]) too:
 /// - one leader at a time, fenced on terms that strictly increase
@@ -118,6 +120,7 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`operator_inspects_lists_and_breaks`]: ../conformance/rules/fn.operator_inspects_lists_and_breaks.html
 /// [`close_frees_everything`]: ../conformance/rules/fn.close_frees_everything.html
 /// [`close_ends_waiting_acquires`]: ../conformance/rules/fn.close_ends_waiting_acquires.html
+/// [`closed_client_refuses_every_call`]: ../conformance/rules/fn.closed_client_refuses_every_call.html
 /// [`election_one_leader_at_a_time`]: ../conformance/rules/fn.election_one_leader_at_a_time.html
 /// [`election_value_and_proclaim`]: ../conformance/rules/fn.election_value_and_proclaim.html
 /// [`election_resign_hands_over`]: ../conformance/rules/fn.election_resign_hands_over.html
@@ -147,8 +150,8 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     ///
     /// # Errors
     /// [`Error::Timeout`] when a [`Wait::Timeout`] runs out; [`Error::InvalidConfig`] or
-    /// [`Error::Unsupported`] for options the backend cannot honour; connection and
-    /// availability errors from the backend.
+    /// [`Error::Unsupported`] for options the backend cannot honour; [`Error::Closed`]
+    /// once the client is closed; connection and availability errors from the backend.
     async fn acquire(&self, name: &LockName, options: &AcquireOptions)
         -> Result<Option<LockGuard>>;
 
@@ -166,10 +169,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// [`Error::Unsupported`] for a backend that cannot tell (the default); connection
     /// errors.
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
-        Err(Error::unsupported(
-            self.capabilities().backend,
-            format!("inspecting `{name}`"),
-        ))
+        Err(OperatorCall::Inspect(name).unsupported(self.capabilities().backend))
     }
 
     /// The names that start with `prefix` (`""` for all) and have a holder right now,
@@ -180,10 +180,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// [`Error::InvalidName`] for a prefix no name can start with (a control character,
     /// too long); connection errors.
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
-        Err(Error::unsupported(
-            self.capabilities().backend,
-            format!("listing the locks under `{prefix}`"),
-        ))
+        Err(OperatorCall::List(prefix).unsupported(self.capabilities().backend))
     }
 
     /// Breaks `name`: removes its current hold on the server, whoever holds it, and
@@ -204,10 +201,7 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// [`Error::Unsupported`] for a backend that cannot (the default); connection errors,
     /// after which the hold may or may not be removed (inspect to know).
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
-        Err(Error::unsupported(
-            self.capabilities().backend,
-            format!("breaking `{name}`"),
-        ))
+        Err(OperatorCall::Break(name).unsupported(self.capabilities().backend))
     }
 
     /// A feed of server-side changes to `name` from now on (grants, releases, expiries,
@@ -230,7 +224,9 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
     /// held or queued outlives it. Call it before the process exits: a runtime that ends
     /// takes the client's background tasks with it, and what they had not done waits for
     /// the server-side expiry. Acquires under way end (their waiters taken off the server
-    /// first) and acquires after it fail, with `Error::Unsupported`; closing twice is
+    /// first) and every call after it fails, with [`Error::Closed`] naming the call (an
+    /// acquire of any kind, `inspect`, `list`, `force_release`, `changes`, and a guard's
+    /// `extend`; a guard's release says the hold is already lost); closing twice is
     /// harmless.
     ///
     /// # Errors
@@ -286,6 +282,30 @@ macro_rules! forward_impl {
 
 forward_impl!(Arc<L>);
 forward_impl!(Box<L>);
+
+/// An operator call that a lock service may not offer: what the defaults of
+/// [`DistributedLock`] and of [`Backend`](crate::raw::backend::Backend) refuse.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum OperatorCall<'a> {
+    /// [`DistributedLock::inspect`].
+    Inspect(&'a LockName),
+    /// [`DistributedLock::list`].
+    List(&'a str),
+    /// [`DistributedLock::force_release`].
+    Break(&'a LockName),
+}
+
+impl OperatorCall<'_> {
+    /// The [`Error::Unsupported`] of `backend`, which does not offer this call.
+    pub(crate) fn unsupported(self, backend: &'static str) -> Error {
+        let operation = match self {
+            OperatorCall::Inspect(name) => format!("inspecting `{name}`"),
+            OperatorCall::List(prefix) => format!("listing the locks under `{prefix}`"),
+            OperatorCall::Break(name) => format!("breaking `{name}`"),
+        };
+        Error::unsupported(backend, operation)
+    }
+}
 
 /// Checks that a wait option is acceptable.
 pub(crate) fn check_wait(wait: Wait) -> Result<()> {

@@ -21,9 +21,9 @@ use std::time::Duration;
 use ::metrics::{Counter, Gauge, Histogram, Label, Unit};
 use tokio::time::Instant;
 
-use crate::backend::{HoldKind, RenewOutcome};
 use crate::error::{Error, ErrorKind};
 use crate::guard::{HoldObserver, LockGuard};
+use crate::kind::HoldKind;
 use crate::name::LockName;
 use crate::plumbing::lock_unpoisoned;
 use crate::state::LostReason;
@@ -114,124 +114,141 @@ pub struct Metric {
     pub help: &'static str,
 }
 
+impl Metric {
+    /// The entry of [`METRICS`] for the metric `name`.
+    const fn new(
+        name: &'static str,
+        kind: MetricKind,
+        labels: &'static [&'static str],
+        help: &'static str,
+    ) -> Self {
+        Metric {
+            name,
+            kind,
+            labels,
+            help,
+        }
+    }
+}
+
 /// Every metric a lock client records.
 pub const METRICS: &[Metric] = &[
-    Metric {
-        name: ACQUIRE_ATTEMPTS,
-        kind: MetricKind::Counter,
-        labels: &[BACKEND, LOCK],
-        help: "Acquire calls (each ends in a grant, a not-acquired try, a timeout, an error, \
-               or is cancelled).",
-    },
-    Metric {
-        name: ACQUIRE_GRANTS,
-        kind: MetricKind::Counter,
-        labels: &[BACKEND, LOCK],
-        help: "Acquire calls that returned a guard (reentrant ones included).",
-    },
-    Metric {
-        name: ACQUIRE_NOT_ACQUIRED,
-        kind: MetricKind::Counter,
-        labels: &[BACKEND, LOCK],
-        help: "Tries (no wait) that found the lock held by another owner.",
-    },
-    Metric {
-        name: ACQUIRE_TIMEOUTS,
-        kind: MetricKind::Counter,
-        labels: &[BACKEND, LOCK],
-        help: "Waiting acquires whose timeout ran out.",
-    },
-    Metric {
-        name: ACQUIRE_ERRORS,
-        kind: MetricKind::Counter,
-        labels: &[BACKEND, LOCK, KIND],
-        help: "Acquire calls that failed with an error other than a timeout, by error kind.",
-    },
-    Metric {
-        name: ACQUIRE_WAIT,
-        kind: MetricKind::Histogram,
-        labels: &[BACKEND, LOCK],
-        help: "Seconds from an acquire call to its grant.",
-    },
-    Metric {
-        name: HOLD_DURATION,
-        kind: MetricKind::Histogram,
-        labels: &[BACKEND, LOCK],
-        help: "Seconds from a grant to the hold's release or loss.",
-    },
-    Metric {
-        name: RENEWALS,
-        kind: MetricKind::Counter,
-        labels: &[BACKEND, LOCK, OUTCOME],
-        help: "Renewals of one hold (watchdog and explicit extensions), by outcome: renewed, \
-               lost, failed (no answer, an error or an undecided outcome).",
-    },
-    Metric {
-        name: RENEWAL_LATENCY,
-        kind: MetricKind::Histogram,
-        labels: &[BACKEND],
-        help: "Seconds one renewal call to the backend took (a watchdog batch or an extension).",
-    },
-    Metric {
-        name: RENEWAL_LAG,
-        kind: MetricKind::Histogram,
-        labels: &[BACKEND, LOCK],
-        help: "Seconds a watchdog renewal was sent after it was planned (0 when on time): \
-               the early warning of a lost lock.",
-    },
-    Metric {
-        name: LOSSES,
-        kind: MetricKind::Counter,
-        labels: &[BACKEND, LOCK, REASON, SIDE],
-        help: "Holds lost (not released by their guard), by reason; `side` on dual locks.",
-    },
-    Metric {
-        name: HELD,
-        kind: MetricKind::Gauge,
-        labels: &[BACKEND, LOCK],
-        help: "Holds currently held or suspect (reentrant guards of one hold count once).",
-    },
-    Metric {
-        name: WAITERS,
-        kind: MetricKind::Gauge,
-        labels: &[BACKEND, LOCK],
-        help: "Blocking acquire calls in progress: queued, or with their request in flight \
-               (tries not included).",
-    },
-    Metric {
-        name: LEADERSHIPS,
-        kind: MetricKind::Gauge,
-        labels: &[BACKEND, LOCK],
-        help: "Elections this client leads now (held or suspect leaderships; also counted in \
-               distlock_held_locks).",
-    },
-    Metric {
-        name: TERMS_WON,
-        kind: MetricKind::Counter,
-        labels: &[BACKEND, LOCK],
-        help: "Elections won by this client: each is a new term.",
-    },
-    Metric {
-        name: LEADER_TERM,
-        kind: MetricKind::Gauge,
-        labels: &[BACKEND, LOCK],
-        help: "The term (fencing token) of the leadership this client won last.",
-    },
-    Metric {
-        name: HOLDS_BY_KIND,
-        kind: MetricKind::Gauge,
-        labels: &[BACKEND, LOCK, KIND],
-        help: "Semaphore permits (kind `permit`) and read-write lock holds (`read`, `write`) \
-               held or suspect now; also counted in distlock_held_locks. A downgrade moves a \
-               hold from `write` to `read`.",
-    },
-    Metric {
-        name: WAITERS_BY_KIND,
-        kind: MetricKind::Gauge,
-        labels: &[BACKEND, LOCK, KIND],
-        help: "Blocking acquires of permits, reads and writes in progress, by kind; also \
-               counted in distlock_waiters.",
-    },
+    Metric::new(
+        ACQUIRE_ATTEMPTS,
+        MetricKind::Counter,
+        &[BACKEND, LOCK],
+        "Acquire calls (each ends in a grant, a not-acquired try, a timeout, an error, \
+        or is cancelled).",
+    ),
+    Metric::new(
+        ACQUIRE_GRANTS,
+        MetricKind::Counter,
+        &[BACKEND, LOCK],
+        "Acquire calls that returned a guard (reentrant ones included).",
+    ),
+    Metric::new(
+        ACQUIRE_NOT_ACQUIRED,
+        MetricKind::Counter,
+        &[BACKEND, LOCK],
+        "Tries (no wait) that found the lock held by another owner.",
+    ),
+    Metric::new(
+        ACQUIRE_TIMEOUTS,
+        MetricKind::Counter,
+        &[BACKEND, LOCK],
+        "Waiting acquires whose timeout ran out.",
+    ),
+    Metric::new(
+        ACQUIRE_ERRORS,
+        MetricKind::Counter,
+        &[BACKEND, LOCK, KIND],
+        "Acquire calls that failed with an error other than a timeout, by error kind.",
+    ),
+    Metric::new(
+        ACQUIRE_WAIT,
+        MetricKind::Histogram,
+        &[BACKEND, LOCK],
+        "Seconds from an acquire call to its grant.",
+    ),
+    Metric::new(
+        HOLD_DURATION,
+        MetricKind::Histogram,
+        &[BACKEND, LOCK],
+        "Seconds from a grant to the hold's release or loss.",
+    ),
+    Metric::new(
+        RENEWALS,
+        MetricKind::Counter,
+        &[BACKEND, LOCK, OUTCOME],
+        "Renewals of one hold (watchdog and explicit extensions), by outcome: renewed, \
+        lost, failed (no answer, an error or an undecided outcome).",
+    ),
+    Metric::new(
+        RENEWAL_LATENCY,
+        MetricKind::Histogram,
+        &[BACKEND],
+        "Seconds one renewal call to the backend took (a watchdog batch or an extension).",
+    ),
+    Metric::new(
+        RENEWAL_LAG,
+        MetricKind::Histogram,
+        &[BACKEND, LOCK],
+        "Seconds a watchdog renewal was sent after it was planned (0 when on time): \
+        the early warning of a lost lock.",
+    ),
+    Metric::new(
+        LOSSES,
+        MetricKind::Counter,
+        &[BACKEND, LOCK, REASON, SIDE],
+        "Holds lost (not released by their guard), by reason; `side` on dual locks.",
+    ),
+    Metric::new(
+        HELD,
+        MetricKind::Gauge,
+        &[BACKEND, LOCK],
+        "Holds currently held or suspect (reentrant guards of one hold count once).",
+    ),
+    Metric::new(
+        WAITERS,
+        MetricKind::Gauge,
+        &[BACKEND, LOCK],
+        "Blocking acquire calls in progress: queued, or with their request in flight \
+        (tries not included).",
+    ),
+    Metric::new(
+        LEADERSHIPS,
+        MetricKind::Gauge,
+        &[BACKEND, LOCK],
+        "Elections this client leads now (held or suspect leaderships; also counted in \
+        distlock_held_locks).",
+    ),
+    Metric::new(
+        TERMS_WON,
+        MetricKind::Counter,
+        &[BACKEND, LOCK],
+        "Elections won by this client: each is a new term.",
+    ),
+    Metric::new(
+        LEADER_TERM,
+        MetricKind::Gauge,
+        &[BACKEND, LOCK],
+        "The term (fencing token) of the leadership this client won last.",
+    ),
+    Metric::new(
+        HOLDS_BY_KIND,
+        MetricKind::Gauge,
+        &[BACKEND, LOCK, KIND],
+        "Semaphore permits (kind `permit`) and read-write lock holds (`read`, `write`) \
+        held or suspect now; also counted in distlock_held_locks. A downgrade moves a \
+        hold from `write` to `read`.",
+    ),
+    Metric::new(
+        WAITERS_BY_KIND,
+        MetricKind::Gauge,
+        &[BACKEND, LOCK, KIND],
+        "Blocking acquires of permits, reads and writes in progress, by kind; also \
+        counted in distlock_waiters.",
+    ),
 ];
 
 /// Histogram buckets (seconds) suited to every histogram of [`METRICS`], from half a
@@ -264,17 +281,6 @@ pub(crate) enum Renewal {
     Renewed,
     Lost,
     Failed,
-}
-
-impl Renewal {
-    /// The outcome of a renewal the backend answered with `outcome`.
-    pub(crate) fn of(outcome: &RenewOutcome) -> Self {
-        match outcome {
-            RenewOutcome::Renewed { .. } => Renewal::Renewed,
-            RenewOutcome::Lost(_) => Renewal::Lost,
-            RenewOutcome::Undecided => Renewal::Failed,
-        }
-    }
 }
 
 /// The metric handles of one client, or of one lock name of it when names are labels.

@@ -8,8 +8,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, Background, Backoff,
-    ChangeFeed, Cleanup, CleanupOnDrop, Connect, LockUrl, RenewItem, RenewOutcome, SessionStatus,
+    backend::{
+        AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
+        RenewItem, RenewOutcome, SessionStatus,
+    },
+    driver::Connect,
+    plumbing::{Background, Backoff, Cleanup, CleanupOnDrop},
+    url::LockUrl,
 };
 use lock_core::{
     Capabilities, Error, ErrorKind, FencingSource, FencingToken, LockName, LockOptions, LostReason,

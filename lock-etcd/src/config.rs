@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lock_core::raw::{HostPort, LockUrl};
+use lock_core::raw::url::{HostPort, LockUrl};
 use lock_core::{Error, LockName, LockOptions, Result};
 use serde::{Deserialize, Serialize};
 
@@ -66,7 +66,7 @@ pub struct EtcdConfig {
     /// three times the holder's lease TTL, at least this, so that a holder that comes
     /// back later than that is told `Vanished` rather than `Broken` \[`mark_ttl`\].
     /// Default 60 s; whole seconds, at least 1 s.
-    #[serde(with = "lock_core::raw::duration_text")]
+    #[serde(with = "lock_core::raw::durations::duration_text")]
     pub mark_ttl: Duration,
     /// Lease TTL (whole seconds, rounded up; at least 1 s), timeouts, renewal policy.
     /// Default: [`LockOptions::default`].
@@ -167,7 +167,8 @@ impl EtcdConfig {
                 "key_file" => config.key_file = Some(PathBuf::from(value)),
                 "tls_domain" => config.tls_domain = Some(value),
                 "mark_ttl" => {
-                    config.mark_ttl = lock_core::raw::parse_duration("mark_ttl", &value)?;
+                    config.mark_ttl =
+                        lock_core::raw::durations::parse_duration("mark_ttl", &value)?;
                 }
                 _ => {
                     return Err(Error::config(format!(
@@ -283,7 +284,7 @@ mod tests {
 
     use super::*;
     use crate::EtcdBackend;
-    use lock_core::raw::Connect;
+    use lock_core::raw::driver::Connect;
 
     #[test]
     fn urls_give_endpoints_prefix_credentials_and_options() {

@@ -16,7 +16,7 @@ use etcd_client::{
     TxnOpResponse, TxnResponse, WatchFilterType, WatchOptions, WatchResponse, WatchStream,
 };
 use futures::stream::{BoxStream, StreamExt};
-use lock_core::raw::Backoff;
+use lock_core::raw::plumbing::Backoff;
 use lock_core::{Error, Result};
 use tokio::sync::OnceCell;
 use tokio::time::{timeout_at, Instant};

@@ -10,7 +10,10 @@ use std::sync::Mutex;
 
 use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
 use futures::future::join_all;
-use lock_core::raw::{lock_unpoisoned, Amended, BackendRelease, HoldKind};
+use lock_core::raw::{
+    backend::{Amended, BackendRelease, HoldKind},
+    plumbing::lock_unpoisoned,
+};
 use lock_core::{Error, LostReason, Result};
 
 use crate::connection::{first_kv, EtcdClient, LeaseKeys};

@@ -8,7 +8,7 @@
 //!
 //! The Go client's `concurrency.Election` uses the very same layout, with the
 //! candidate's proposal as the value: so does an election's candidate here
-//! ([`HoldKind::Candidate`](lock_core::raw::HoldKind)), under the plain
+//! ([`HoldKind::Candidate`](lock_core::raw::backend::HoldKind)), under the plain
 //! `<prefix>/<NAME>/<lease id in hex>`. The leader is the key created first, its term
 //! that key's create revision, and a proclaim rewrites the value in place (same key,
 //! same create revision, same lease).
@@ -59,7 +59,10 @@
 
 use etcd_client::{GetOptions, SortOrder, SortTarget};
 use lock_core::migration::DUAL_TOKEN_PREFIX;
-use lock_core::raw::{escape, unescape, HoldKind};
+use lock_core::raw::{
+    backend::HoldKind,
+    names::{escape, unescape},
+};
 use lock_core::LockName;
 
 /// The characters a name's segment escapes, besides `%`.

@@ -20,4 +20,4 @@ pub use hold::{EtcdHold, MAX_TXN_OPS};
 pub const SCHEMES: &[&str] = &["etcd", "etcds"];
 
 /// A lock client on etcd.
-pub type EtcdLock = lock_core::raw::LeaseClient<EtcdBackend>;
+pub type EtcdLock = lock_core::raw::backend::LeaseClient<EtcdBackend>;

@@ -26,7 +26,7 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse,
 };
-use lock_core::raw::HoldKind;
+use lock_core::raw::backend::HoldKind;
 use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
 
 use crate::connection::{first_kv, header_revision, EtcdClient, LeaseTtl};

@@ -17,7 +17,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
-use lock_core::raw::{lock_unpoisoned, SessionHealth, SessionStatus};
+use lock_core::raw::{
+    backend::{SessionHealth, SessionStatus},
+    plumbing::lock_unpoisoned,
+};
 use lock_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::{timeout_at, Instant};
@@ -41,7 +44,7 @@ pub(crate) struct Lease {
 impl Lease {
     /// Until when the lease is guaranteed, with the drift margin taken off.
     pub(crate) fn valid_until(&self) -> Instant {
-        lock_core::raw::validity_deadline(self.fresh_at, self.ttl)
+        lock_core::raw::backend::validity_deadline(self.fresh_at, self.ttl)
     }
 
     /// When a keep-alive is due so holders keep two thirds of the TTL in hand.

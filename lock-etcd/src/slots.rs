@@ -5,7 +5,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use lock_core::raw::{lock_unpoisoned, HoldKind};
+use lock_core::raw::{backend::HoldKind, plumbing::lock_unpoisoned};
 use lock_core::LockName;
 
 use crate::layout::queue_key;

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use lock_core::raw::{AcquireRequest, Acquired};
+use lock_core::raw::backend::{AcquireRequest, Acquired};
 use lock_core::{Error, FencingToken, Result};
 use tokio::time::Instant;
 

@@ -8,8 +8,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, Background, ChangeFeed,
-    Cleanup, CleanupOnDrop, Connect, LockUrl, RenewItem, RenewOutcome,
+    backend::{
+        AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
+        RenewItem, RenewOutcome,
+    },
+    driver::Connect,
+    plumbing::{Background, Cleanup, CleanupOnDrop},
+    url::LockUrl,
 };
 use lock_core::{
     Capabilities, FencingToken, LockName, LockOptions, Occupancy, Participant, Result,
@@ -34,7 +39,7 @@ const CLEANUP_PATIENCE: Duration = Duration::from_secs(60);
 /// primary that Sentinels name (`redis+sentinel://`, `rediss+sentinel://`), Redis Cluster
 /// (`redis+cluster://`, `rediss+cluster://`: each name on the primary serving its hash
 /// slot) or RedLock over several independent servers (`redlock://`). [`RedisLock`](crate::RedisLock)
-/// wraps it in [`LeaseClient`](lock_core::raw::LeaseClient); its `connect` and `from_url`
+/// wraps it in [`LeaseClient`](lock_core::raw::backend::LeaseClient); its `connect` and `from_url`
 /// open it.
 ///
 /// `Debug` and `Display` name the servers, never the credentials.

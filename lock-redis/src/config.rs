@@ -140,7 +140,7 @@ pub struct RedisConfig {
     pub wait_replicas: Option<u32>,
     /// How long a grant waits for [`RedisConfig::wait_replicas`] \[`wait_timeout`\].
     /// Default 100 ms; at most `request_timeout`.
-    #[serde(with = "lock_core::raw::duration_text")]
+    #[serde(with = "lock_core::raw::durations::duration_text")]
     pub wait_timeout: Duration,
     /// Client-wide lock options (TTL, renewal, timeouts) (serde also reads `lock`). Query
     /// keys `ttl`, `renewal`, `max_hold`, `request_timeout`, `recheck`.
@@ -340,7 +340,7 @@ impl RedisConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lock_core::raw::LockUrl;
+    use lock_core::raw::url::LockUrl;
 
     fn parse(text: &str) -> Result<RedisConfig> {
         RedisConfig::from_url(&LockUrl::parse(text)?)

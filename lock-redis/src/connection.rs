@@ -13,7 +13,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_core::raw::{lock_unpoisoned, Backoff};
+use lock_core::raw::plumbing::{lock_unpoisoned, Backoff};
 use lock_core::{Error, Result};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::{

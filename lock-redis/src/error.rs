@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use lock_core::raw::BoxError;
+use lock_core::raw::backend::BoxError;
 use lock_core::Error;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 

@@ -16,7 +16,7 @@ pub(crate) use renewal::{renew, renewal_group};
 
 use std::sync::Arc;
 
-use lock_core::raw::{AcquireRequest, RenewItem};
+use lock_core::raw::backend::{AcquireRequest, RenewItem};
 use lock_core::{FencingToken, LockName, LostReason, OwnerToken};
 
 use crate::layout::HoldKeys;

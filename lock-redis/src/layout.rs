@@ -5,7 +5,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use lock_core::raw::{escape, unescape, HoldKind};
+use lock_core::raw::{
+    backend::HoldKind,
+    names::{escape, unescape},
+};
 use lock_core::LockName;
 
 /// What a lock key escapes in the name (besides `%`): the hash tag braces.

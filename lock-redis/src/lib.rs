@@ -33,7 +33,7 @@ mod redlock;
 mod scripts;
 mod topology;
 
-use lock_core::raw::LeaseClient;
+use lock_core::raw::backend::LeaseClient;
 
 pub use backend::RedisBackend;
 pub use config::{

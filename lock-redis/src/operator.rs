@@ -374,7 +374,7 @@ fn leader(views: &[(usize, View)], value: &str, holder: Participant) -> Option<P
 #[cfg(test)]
 mod tests {
     use super::*;
-    use lock_core::raw::HoldKind;
+    use lock_core::raw::backend::HoldKind;
 
     fn view(holder: Option<&str>, pttl: i64, counter: Option<u64>, ids: &[&str]) -> View {
         let ids = ids.iter().map(|id| (*id).to_owned()).collect();

@@ -14,7 +14,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use lock_core::raw::{validity_deadline, AcquireRequest, Acquired};
+use lock_core::raw::backend::{validity_deadline, AcquireRequest, Acquired};
 use lock_core::{Error, FencingToken, Result};
 use tokio::time::{timeout_at, Instant};
 

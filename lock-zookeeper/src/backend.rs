@@ -7,8 +7,13 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::raw::{
-    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
-    CleanupOnDrop, Connect, HoldKind, LockUrl, RenewItem, RenewOutcome, SessionStatus,
+    backend::{
+        AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
+        HoldKind, RenewItem, RenewOutcome, SessionStatus,
+    },
+    driver::Connect,
+    plumbing::CleanupOnDrop,
+    url::LockUrl,
 };
 use lock_core::{
     Capabilities, FencingSource, LockName, LockOptions, Occupancy, Participant, Result,

@@ -4,7 +4,7 @@ use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use lock_core::raw::LockUrl;
+use lock_core::raw::url::LockUrl;
 use lock_core::{Error, LockOptions, Result};
 use serde::{Deserialize, Serialize};
 
@@ -76,7 +76,7 @@ pub struct ZkConfig {
     pub key_file: Option<PathBuf>,
     /// Bound on re-establishing a session. Default 10 s. The first session, at connect,
     /// is bounded by the shorter of this and `options.request_timeout`.
-    #[serde(with = "lock_core::raw::duration_text")]
+    #[serde(with = "lock_core::raw::durations::duration_text")]
     pub connect_timeout: Duration,
     /// Lock options; `ttl` is the requested session timeout.
     pub options: LockOptions,
@@ -200,7 +200,8 @@ impl ZkConfig {
                     }
                 }
                 "connect_timeout" => {
-                    config.connect_timeout = lock_core::raw::parse_duration(&key, &value)?;
+                    config.connect_timeout =
+                        lock_core::raw::durations::parse_duration(&key, &value)?;
                 }
                 "ca_file" => config.ca_file = Some(PathBuf::from(value)),
                 "cert_file" => config.cert_file = Some(PathBuf::from(value)),
@@ -265,7 +266,9 @@ impl ZkConfig {
         if self.acl == ZkAcl::Creator && self.username.is_none() {
             return Err(Error::config("acl=creator needs digest credentials"));
         }
-        if self.connect_timeout.is_zero() || self.connect_timeout > lock_core::raw::MAX_DURATION {
+        if self.connect_timeout.is_zero()
+            || self.connect_timeout > lock_core::raw::durations::MAX_DURATION
+        {
             return Err(Error::config(
                 "connect_timeout must be between 0 and one year",
             ));
@@ -325,7 +328,7 @@ fn check_path(field: &str, path: &str) -> Result<()> {
 mod tests {
     use super::*;
     use crate::ZkBackend;
-    use lock_core::raw::Connect;
+    use lock_core::raw::driver::Connect;
     use lock_core::ErrorKind;
 
     #[test]

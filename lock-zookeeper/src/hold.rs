@@ -25,7 +25,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{Amended, BackendRelease, RenewItem, RenewOutcome};
+use lock_core::raw::backend::{Amended, BackendRelease, RenewItem, RenewOutcome};
 use lock_core::{Error, LostReason, Result};
 use zookeeper_client as zk;
 

@@ -22,7 +22,7 @@
 //! Owner tokens are unique per acquisition, so one list serves every name. Being
 //! persistent, the node keeps a container prefix from being reaped.
 
-use lock_core::raw::HoldKind;
+use lock_core::raw::backend::HoldKind;
 use lock_core::{Error, LockName, Result};
 
 use crate::error::BACKEND;
@@ -160,13 +160,13 @@ pub fn escape_segment(name: &str) -> String {
         ".." => return "%2E%2E".to_owned(),
         _ => {}
     }
-    lock_core::raw::escape_where(name, |c| c == '/' || forbidden_in_path(c))
+    lock_core::raw::names::escape_where(name, |c| c == '/' || forbidden_in_path(c))
 }
 
 /// The lock name whose directory is the segment `segment` (see [`escape_segment`]), if
 /// any: `None` for a segment no name escapes to.
 pub(crate) fn unescape_segment(segment: &str) -> Option<LockName> {
-    let name = lock_core::raw::unescape(segment, escape_segment)?;
+    let name = lock_core::raw::names::unescape(segment, escape_segment)?;
     LockName::new(name).ok()
 }
 
@@ -386,7 +386,7 @@ mod tests {
         // Decoding inverts escaping, so if any text escaped to the segment, decoding the
         // segment would give it back: `None` proves no name does.
         assert_eq!(
-            lock_core::raw::unescape(BROKEN_SEGMENT, escape_segment),
+            lock_core::raw::names::unescape(BROKEN_SEGMENT, escape_segment),
             None
         );
         assert_eq!(unescape_segment(BROKEN_SEGMENT), None, "listings skip it");

@@ -22,4 +22,4 @@ pub use layout::{
 pub const SCHEMES: &[&str] = &["zk", "zks"];
 
 /// A lock client on ZooKeeper.
-pub type ZkLock = lock_core::raw::LeaseClient<ZkBackend>;
+pub type ZkLock = lock_core::raw::backend::LeaseClient<ZkBackend>;

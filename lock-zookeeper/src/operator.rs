@@ -37,7 +37,7 @@ pub(crate) use list::list;
 use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::join_all;
-use lock_core::raw::HoldKind;
+use lock_core::raw::backend::HoldKind;
 use lock_core::{FencingToken, Occupancy, Participant, Result};
 use zookeeper_client as zk;
 

@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use lock_core::raw::{AcquireRequest, Acquired, Cleanup, CleanupOnDrop, HoldKind};
+use lock_core::raw::{
+    backend::{AcquireRequest, Acquired, HoldKind},
+    plumbing::{Cleanup, CleanupOnDrop},
+};
 use lock_core::{Error, FencingToken, LockName, Result};
 use tokio::time::{sleep, Instant};
 use zookeeper_client as zk;

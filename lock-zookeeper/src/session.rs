@@ -6,7 +6,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::raw::{lock_unpoisoned, Background, Backoff, SessionHealth, SessionStatus};
+use lock_core::raw::{
+    backend::{SessionHealth, SessionStatus},
+    plumbing::{lock_unpoisoned, Background, Backoff},
+};
 use lock_core::{Error, Result};
 use tokio::sync::watch;
 use tokio::time::timeout;

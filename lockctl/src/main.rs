@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use distlock::raw::HoldKind;
+use distlock::raw::backend::HoldKind;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -293,7 +293,7 @@ fn parse_seconds(text: &str) -> Result<Duration, String> {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    distlock::raw::parse_duration("duration", text).map_err(|e| e.to_string())
+    distlock::raw::durations::parse_duration("duration", text).map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

@@ -58,7 +58,7 @@ pub(crate) async fn run(url: &str, command: Migration) -> Result<ExitCode, BoxEr
         .map(LockName::new)
         .collect::<Result<Vec<_>, _>>()?;
     let options = CheckOptions { watch, interval };
-    let report = distlock::raw::registry()
+    let report = distlock::raw::driver::registry()
         .migration_check(url, step, &names, &options)
         .await?;
     if json {

@@ -242,7 +242,7 @@ fn participant_json(participant: &Participant) -> Value {
         "session": participant.session,
         "kind": participant.kind.as_ref().map(|kind| kind.label()),
         "permits": match participant.kind {
-            Some(distlock::raw::HoldKind::Permit { permits }) => Some(permits),
+            Some(distlock::raw::backend::HoldKind::Permit { permits }) => Some(permits),
             _ => None,
         },
         "value": participant.value.as_deref().map(String::from_utf8_lossy),
@@ -311,11 +311,11 @@ fn participant_text(participant: &Participant, now: SystemTime) -> String {
 }
 
 /// What a participant of a kind holds or waits for: `permit of 4`, `reader`, `writer`.
-fn role(kind: &distlock::raw::HoldKind) -> String {
+fn role(kind: &distlock::raw::backend::HoldKind) -> String {
     match kind {
-        distlock::raw::HoldKind::Permit { permits } => format!("permit of {permits},"),
-        distlock::raw::HoldKind::Read => "reader,".to_owned(),
-        distlock::raw::HoldKind::Write => "writer,".to_owned(),
+        distlock::raw::backend::HoldKind::Permit { permits } => format!("permit of {permits},"),
+        distlock::raw::backend::HoldKind::Read => "reader,".to_owned(),
+        distlock::raw::backend::HoldKind::Write => "writer,".to_owned(),
         other => format!("{},", other.label()),
     }
 }
@@ -406,8 +406,9 @@ mod tests {
         );
         let mutex = Participant::new(Some("t".into())).value(Some(b"t".to_vec()));
         assert_eq!(participant_text(&mutex, now), "owner t");
-        let permit = Participant::new(Some("p".into()))
-            .kind(Some(distlock::raw::HoldKind::Permit { permits: 4 }));
+        let permit = Participant::new(Some("p".into())).kind(Some(
+            distlock::raw::backend::HoldKind::Permit { permits: 4 },
+        ));
         assert_eq!(participant_text(&permit, now), "permit of 4, owner p");
         assert_eq!(participant_json(&permit)["kind"], Value::from("permit"));
         assert_eq!(participant_json(&permit)["permits"], Value::from(4));

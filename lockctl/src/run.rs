@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::migration::DualConfig;
-use distlock::raw::HoldKind;
+use distlock::raw::backend::HoldKind;
 use distlock::{
     AcquireOptions, DistributedLock, LockGuard, LockName, LockState, ReleaseOutcome, Wait,
 };
@@ -99,7 +99,7 @@ fn url_with_ttl(url: &str, ttl: Duration) -> Result<String, distlock::Error> {
         .split('&')
         .filter(|pair| !pair.is_empty() && !pair.starts_with("ttl="))
         .collect();
-    let ttl = format!("ttl={}", distlock::raw::format_duration(ttl));
+    let ttl = format!("ttl={}", distlock::raw::durations::format_duration(ttl));
     pairs.push(&ttl);
     Ok(format!("{base}?{}", pairs.join("&")))
 }
@@ -340,10 +340,10 @@ pub(crate) fn grace_within(asked: Option<Duration>, ttl: Duration) -> Result<Dur
             "--grace {} does not fit in the lock's TTL of {}: the command must be stopped \
              before the lease can end, so the grace is at most {} (half the TTL less {}); \
              give a shorter --grace or a longer --ttl",
-            distlock::raw::format_duration(grace),
-            distlock::raw::format_duration(ttl),
-            distlock::raw::format_duration(longest),
-            distlock::raw::format_duration(KILL_MARGIN),
+            distlock::raw::durations::format_duration(grace),
+            distlock::raw::durations::format_duration(ttl),
+            distlock::raw::durations::format_duration(longest),
+            distlock::raw::durations::format_duration(KILL_MARGIN),
         )),
     }
 }

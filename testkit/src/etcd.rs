@@ -350,7 +350,7 @@ impl EtcdFactory {
     }
 
     async fn over_arc(servers: Arc<Servers>) -> Self {
-        lock_core::raw::register::<lock_etcd::EtcdBackend>();
+        lock_core::raw::driver::register::<lock_etcd::EtcdBackend>();
         let admin = raw_client(&servers.addrs()).await;
         EtcdFactory {
             servers,

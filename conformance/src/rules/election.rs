@@ -6,7 +6,8 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use lock_core::{
-    AcquireOptions, DistributedLock, Election, Leader, LockOptions, ReleaseOutcome, Wait,
+    AcquireOptions, DistributedLock, Election, Leader, Leadership, LockOptions, ReleaseOutcome,
+    Wait,
 };
 use tokio::time::{sleep, timeout, Instant};
 
@@ -31,6 +32,22 @@ fn elections(
 ) -> Option<[Election; 2]> {
     let [a, b] = clients;
     Some([election(a, name, rule)?, election(b, name, rule)?])
+}
+
+/// The election `name` on each of `clients`, the first of them leading as candidate `a`,
+/// or `None` (said loudly) when the backend has none.
+async fn a_leads(
+    clients: [&Arc<dyn DistributedLock>; 2],
+    name: &str,
+    rule: &str,
+) -> Option<([Election; 2], Leadership)> {
+    let [on_a, on_b] = elections(clients, name, rule)?;
+    let first = on_a
+        .campaign("a", &AcquireOptions::forever())
+        .await
+        .expect("campaign")
+        .expect("leads");
+    Some(([on_a, on_b], first))
 }
 
 /// Waits (up to [`PROMPT`]) until `election`'s leader satisfies `wanted`; returns it.
@@ -186,14 +203,9 @@ pub async fn election_resign_hands_over(factory: &dyn Factory) {
     options.ttl = factory.short_ttl();
     let a = factory.client(options.clone()).await;
     let b = factory.client(options).await;
-    let Some([on_a, on_b]) = elections([&a, &b], name.as_str(), rule) else {
+    let Some(([on_a, on_b], first)) = a_leads([&a, &b], name.as_str(), rule).await else {
         return;
     };
-    let first = on_a
-        .campaign("a", &AcquireOptions::forever())
-        .await
-        .expect("campaign")
-        .expect("leads");
     let waiting = tokio::spawn(async move {
         let leadership = on_b
             .campaign("b", &AcquireOptions::timeout(Duration::from_secs(30)))
@@ -244,14 +256,9 @@ pub async fn election_cut_off_leader_is_replaced(factory: &dyn Factory) {
     let ttl = factory.short_ttl();
     let (a, crash) = factory.crashable_client(with_ttl(ttl)).await;
     let b = factory.client(with_ttl(ttl)).await;
-    let Some([on_a, on_b]) = elections([&a, &b], name.as_str(), rule) else {
+    let Some(([_, on_b], first)) = a_leads([&a, &b], name.as_str(), rule).await else {
         return;
     };
-    let first = on_a
-        .campaign("a", &AcquireOptions::forever())
-        .await
-        .expect("campaign")
-        .expect("leads");
     let patience = AcquireOptions::timeout(ttl * 4 + PROMPT);
     let next = on_b.campaign("b", &patience);
     let second = cut_off_then_replaced(first.watch(), &*crash, ttl, next)
@@ -352,14 +359,9 @@ pub async fn election_cancellation_leaves_nothing(factory: &dyn Factory) {
     let name = unique_name(rule);
     let a = factory.client(LockOptions::default()).await;
     let b = factory.client(LockOptions::default()).await;
-    let Some([on_a, on_b]) = elections([&a, &b], name.as_str(), rule) else {
+    let Some(([_, on_b], leadership)) = a_leads([&a, &b], name.as_str(), rule).await else {
         return;
     };
-    let leadership = on_a
-        .campaign("a", &AcquireOptions::forever())
-        .await
-        .expect("campaign")
-        .expect("leads");
     let forever = AcquireOptions::forever();
     for pause in [0, 1, 5, 20, 100] {
         let campaign = on_b.campaign("b", &forever);

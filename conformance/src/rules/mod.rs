@@ -60,7 +60,9 @@ pub use semaphore::{
     semaphore_cut_off_holder_is_replaced, semaphore_fifo_with_push,
     semaphore_never_exceeds_permits, semaphore_permits_disagreement_refused,
 };
-pub use shutdown::{close_ends_waiting_acquires, close_frees_everything};
+pub use shutdown::{
+    close_ends_waiting_acquires, close_frees_everything, closed_client_refuses_every_call,
+};
 pub use waiting::{
     cancellation_leaves_nothing, drop_releases_promptly, fifo_when_fair, wait_timeout,
 };

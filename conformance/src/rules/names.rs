@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{HoldKind, MAX_NAME_BYTES};
+use lock_core::raw::{backend::HoldKind, names::MAX_NAME_BYTES};
 use lock_core::{
     AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, LockOptions,
     LockState, ReleaseOutcome,

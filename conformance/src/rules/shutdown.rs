@@ -1,10 +1,14 @@
 //! Shutdown: a closed client leaves nothing behind, even when its process ends at once,
-//! and ends its acquires that still wait.
+//! ends its acquires that still wait, and refuses every call after.
 
+use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName};
+use lock_core::{
+    AcquireOptions, DistributedLock, DistributedLockExt, Election, ErrorKind, LockName, MultiLock,
+    ReleaseOutcome, RwLock, Semaphore,
+};
 use tokio::time::{sleep, timeout, Instant};
 
 use super::{eventually_empty, unique_name, waiters_reach, PROMPT};
@@ -95,7 +99,7 @@ pub async fn close_ends_waiting_acquires(factory: &dyn Factory) {
         .map(|guard| guard.is_some());
     match (&ended, &refused) {
         (Err(ended), Err(refused)) => assert!(
-            ended.kind() == ErrorKind::Unsupported && ended.to_string() == refused.to_string(),
+            ended.kind() == ErrorKind::Closed && ended.to_string() == refused.to_string(),
             "[{RULE}] {}: the ended acquire reports `{ended}`, an acquire after close `{refused}`",
             factory.label()
         ),
@@ -142,4 +146,178 @@ fn close_in_a_runtime_of_its_own(
     drop(runtime);
     drop(guard);
     after
+}
+
+/// A closed client refuses every call at once with [`ErrorKind::Closed`], its message
+/// naming the lock: acquires (a try, a wait with a timeout, a wait, a reentrant one), the
+/// operator's inspect, list, break and change feed, and where the backend offers them an
+/// election's campaign, leader and observer, a semaphore's permit and occupancy, a
+/// read-write lock's read, write and occupancy, and a multi-lock; the `extend` of a guard
+/// it held says so too (its release, and a leadership's resign, say the hold is already
+/// lost). Closing again is harmless, nothing of the closed client is left on the server,
+/// and another client takes what it held at once.
+pub async fn closed_client_refuses_every_call(factory: &dyn Factory) {
+    const RULE: &str = "closed_client_refuses_every_call";
+    let held = unique_name("closed_held");
+    let led = unique_name("closed_led");
+    let free = unique_name("closed_free");
+    let other = factory.client(with_ttl(LONG_TTL)).await;
+    let closing = factory.client(with_ttl(LONG_TTL)).await;
+    let offers = closing.capabilities();
+    let guard = closing.lock(held.as_str()).await.expect("acquire");
+    let election = offers
+        .election
+        .then(|| Election::new(Arc::clone(&closing), led.as_str()).expect("an election"));
+    let leadership = match &election {
+        Some(election) => Some(
+            election
+                .campaign("closing", &AcquireOptions::try_once())
+                .await
+                .expect("campaign")
+                .expect("nobody else campaigns"),
+        ),
+        None => None,
+    };
+    closing.close().await.expect("close");
+
+    let mut calls = Calls::default();
+    let once = AcquireOptions::try_once();
+    calls
+        .refused("try", &free, closing.acquire(&free, &once))
+        .await;
+    let limit = Duration::from_secs(1);
+    calls
+        .refused(
+            "wait with a timeout",
+            &free,
+            closing.lock_timeout(free.as_str(), limit),
+        )
+        .await;
+    calls
+        .refused("wait", &free, closing.lock(free.as_str()))
+        .await;
+    let reentrant = AcquireOptions::try_once().reentrant("closed-owner");
+    calls
+        .refused("reentrant try", &held, closing.acquire(&held, &reentrant))
+        .await;
+    calls
+        .refused("inspect", &held, closing.inspect(&held))
+        .await;
+    let prefix = held
+        .as_str()
+        .rsplit_once('/')
+        .map_or("", |(prefix, _)| prefix);
+    calls
+        .refused(
+            "list",
+            &LockName::new(prefix).expect("a prefix is a name"),
+            closing.list(prefix),
+        )
+        .await;
+    calls
+        .refused("force_release", &held, closing.force_release(&held))
+        .await;
+    calls
+        .refused("changes", &held, closing.changes(&held))
+        .await;
+    calls.refused("extend", &held, guard.extend()).await;
+    if let Some(election) = &election {
+        calls
+            .refused("campaign", &led, election.campaign("again", &once))
+            .await;
+        calls.refused("leader", &led, election.leader()).await;
+        calls
+            .refused("observe", &led, election.observe().next())
+            .await;
+    }
+    if offers.semaphore {
+        let semaphore =
+            Semaphore::new(Arc::clone(&closing), free.as_str(), 2).expect("a semaphore");
+        calls
+            .refused("semaphore permit", &free, semaphore.acquire(&once))
+            .await;
+        calls
+            .refused("semaphore occupancy", &free, semaphore.occupancy())
+            .await;
+    }
+    if offers.rwlock {
+        let rwlock = RwLock::new(Arc::clone(&closing), free.as_str()).expect("a read-write lock");
+        calls.refused("read", &free, rwlock.read(&once)).await;
+        calls.refused("write", &free, rwlock.write(&once)).await;
+        calls
+            .refused("read-write lock occupancy", &free, rwlock.occupancy())
+            .await;
+    }
+    let multi =
+        MultiLock::new(Arc::clone(&closing), [free.as_str(), held.as_str()]).expect("a multi-lock");
+    calls
+        .refused("multi-lock", &free, multi.acquire(&once))
+        .await;
+    let released = guard.release().await;
+    if !matches!(released, Ok(ReleaseOutcome::AlreadyLost(_))) {
+        calls
+            .wrong
+            .push(format!("release of a guard held at close: {released:?}"));
+    }
+    if let Some(leadership) = leadership {
+        let resigned = leadership.resign().await;
+        if !matches!(resigned, Ok(ReleaseOutcome::AlreadyLost(_))) {
+            calls.wrong.push(format!(
+                "resign of a leadership held at close: {resigned:?}"
+            ));
+        }
+    }
+    if let Err(err) = closing.close().await {
+        calls.wrong.push(format!("closing again: {err}"));
+    }
+    assert!(
+        calls.wrong.is_empty(),
+        "[{RULE}] {}: calls on a closed client that did not report ErrorKind::Closed:\n  {}",
+        factory.label(),
+        calls.wrong.join("\n  ")
+    );
+
+    let taken = timeout(PROMPT, other.try_lock(held.as_str()))
+        .await
+        .expect("a try answers promptly")
+        .expect("try");
+    let taken = taken.unwrap_or_else(|| {
+        panic!(
+            "[{RULE}] {}: what the closed client held is still held",
+            factory.label()
+        )
+    });
+    taken.release().await.expect("release");
+    eventually_empty(factory, &[held, led, free], RULE).await;
+}
+
+/// The calls of [`closed_client_refuses_every_call`] that did not come to
+/// [`ErrorKind::Closed`] naming their lock, each described.
+#[derive(Default)]
+struct Calls {
+    wrong: Vec<String>,
+}
+
+impl Calls {
+    /// Runs `call` on a closed client: it must fail within [`PROMPT`] with
+    /// [`ErrorKind::Closed`], its message naming `name`.
+    async fn refused<T>(
+        &mut self,
+        what: &str,
+        name: &LockName,
+        call: impl Future<Output = lock_core::Result<T>>,
+    ) {
+        let wrong = match timeout(PROMPT, call).await {
+            Err(_) => format!("{what}: still running after {PROMPT:?}"),
+            Ok(Ok(_)) => format!("{what}: succeeded"),
+            Ok(Err(err)) if err.kind() != ErrorKind::Closed => {
+                format!("{what}: {:?}: {err}", err.kind())
+            }
+            Ok(Err(err)) if !err.to_string().contains(name.as_str()) => {
+                format!("{what}: the message does not name `{name}`: {err}")
+            }
+            Ok(Err(_)) => return,
+        };
+        self.wrong.push(wrong);
+    }
 }

@@ -1,5 +1,5 @@
 //! A backend of the application's own, registered the documented way
-//! (`distlock::raw::register::<B>()`), is served by `distlock::connect` and passes the whole
+//! (`distlock::raw::driver::register::<B>()`), is served by `distlock::connect` and passes the whole
 //! conformance suite through it.
 //!
 //! The backend, `relay://SPACE`, relays to the in-memory reference backend: what is under
@@ -15,8 +15,13 @@ use async_trait::async_trait;
 use conformance::{Crash, Factory};
 use distlock::memory::{MemoryBackend, MemoryConfig, MemorySpace};
 use distlock::raw::{
-    lock_unpoisoned, AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease,
-    ChangeFeed, Connect, LockUrl, RenewItem, RenewOutcome,
+    backend::{
+        AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
+        RenewItem, RenewOutcome,
+    },
+    driver::Connect,
+    plumbing::lock_unpoisoned,
+    url::LockUrl,
 };
 use distlock::{
     Capabilities, DistributedLock, LockName, LockOptions, Occupancy, Participant, Result,
@@ -123,7 +128,7 @@ struct RelayFactory {
 
 impl RelayFactory {
     fn new() -> Self {
-        distlock::raw::register::<Relay>();
+        distlock::raw::driver::register::<Relay>();
         RelayFactory {
             space: format!("relay-{}", uuid::Uuid::new_v4().simple()),
             crashable: tokio::sync::Mutex::new(()),

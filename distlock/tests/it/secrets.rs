@@ -6,7 +6,7 @@
 
 use std::error::Error as _;
 
-use distlock::raw::LockUrl;
+use distlock::raw::url::LockUrl;
 use tokio::net::TcpListener;
 
 /// The secrets the URLs carry; none may appear in any text.

@@ -20,7 +20,7 @@ async fn main() -> distlock::Result<()> {
     let url = std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://demo".to_owned());
     println!(
         "distlock demo on {}\n",
-        distlock::raw::LockUrl::redact(&url)
+        distlock::raw::url::LockUrl::redact(&url)
     );
 
     contention(&url).await?;

@@ -69,7 +69,7 @@ struct Cli {
 }
 
 fn duration(text: &str) -> distlock::Result<Duration> {
-    distlock::raw::parse_duration("duration", text)
+    distlock::raw::durations::parse_duration("duration", text)
 }
 
 #[tokio::main]

@@ -29,7 +29,7 @@ async fn main() {
     }
     for url in urls {
         // Never the raw URL: it may hold a password.
-        println!("{}:", distlock::raw::LockUrl::redact(&url));
+        println!("{}:", distlock::raw::url::LockUrl::redact(&url));
         match distlock::connect(&url).await {
             Ok(locks) => {
                 if let Err(err) = nightly_export(locks.as_ref()).await {

@@ -142,7 +142,7 @@ async fn roll_kind(
 
 async fn check(fleet: &Fleet, step: Step) -> CheckReport {
     let name = LockName::new(fleet.name.as_str()).expect("name");
-    let report = distlock::raw::registry()
+    let report = distlock::raw::driver::registry()
         .migration_check(&fleet.dual(), step, &[name], &CHECK)
         .await
         .expect("the check runs");

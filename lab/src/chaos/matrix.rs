@@ -112,7 +112,7 @@ impl Primitive {
 
 #[cfg(test)]
 mod tests {
-    use lock_core::raw::{Connect, LockUrl};
+    use lock_core::raw::{driver::Connect, url::LockUrl};
 
     use super::*;
 

@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conformance::factory::StartedFactory;
 use conformance::wrap::{AcquireWrap, FactoryWrap, WrappedFactory, WrappedLock};
-use lock_core::raw::HoldKind;
+use lock_core::raw::backend::HoldKind;
 use lock_core::{AcquireOptions, DistributedLock, LockGuard, LockName, LockOptions, Result};
 
 use super::topology::{ChaosTarget, Link, ServerControl, Topology};

@@ -33,7 +33,7 @@ impl<B: Backend> Keeper<B> {
             tokio::select! {
                 biased;
                 result = self.acquire_checked(name, options, &call) => result,
-                _ = closing.wait_for(|closed| *closed) => Err(self.closed_error()),
+                _ = closing.wait_for(|closed| *closed) => Err(self.closed_acquire(name)),
             }
         };
         call.series.acquired(&result, call.started);
@@ -66,7 +66,7 @@ impl<B: Backend> Keeper<B> {
         check_wait(options.wait)?;
         self.check_kind(options)?;
         if self.is_closed() {
-            return Err(self.closed_error());
+            return Err(self.closed_acquire(name));
         }
         self.ensure_task();
 
@@ -87,6 +87,11 @@ impl<B: Backend> Keeper<B> {
             gates.remove(&key);
         }
         result
+    }
+
+    /// The error of an acquire of `name` on this client once closed.
+    fn closed_acquire(&self, name: &LockName) -> Error {
+        self.closed_error(format_args!("acquire `{name}`"))
     }
 
     /// Refuses a kind of hold the backend does not grant, a semaphore without permits,
@@ -251,12 +256,12 @@ impl<B: Backend> Keeper<B> {
             renewing: false,
         };
         let Some(me) = self.arc() else {
-            return Err(Error::config("lock client is shutting down"));
+            return Err(self.closed_acquire(name));
         };
         if self.is_closed() {
             // Granted while the client closed: given back at once.
             let _ = self.commands.send(Command::Release(Arc::clone(&me), entry));
-            return Err(self.closed_error());
+            return Err(self.closed_acquire(name));
         }
         let session_ended = lock_unpoisoned(&self.session)
             .as_ref()

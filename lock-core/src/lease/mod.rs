@@ -18,13 +18,14 @@ use tokio_util::task::TaskTracker;
 use tracing::{Instrument, Span};
 
 use crate::backend::{
-    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, HoldKind, RenewItem,
-    RenewOutcome, SessionHealth, SessionStatus,
+    AcquireRequest, Acquired, Amended, Backend, BackendRelease, RenewItem, RenewOutcome,
+    SessionHealth, SessionStatus,
 };
 use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
 use crate::guard::{AtomicInstant, HoldInfo, HoldObserver, HoldOps, LockGuard, StateSlot};
+use crate::kind::{Amendment, HoldKind};
 use crate::lock::{check_wait, DistributedLock};
 use crate::metrics::{ClientMetrics, HoldMetrics, Renewal, Series};
 use crate::name::{check_prefix, LockName};
@@ -164,31 +165,35 @@ impl<B: Backend> DistributedLock for LeaseClient<B> {
     }
 
     async fn inspect(&self, name: &LockName) -> Result<Occupancy> {
+        let call = self.keeper.backend.inspect(name);
+        let operation = || format!("inspect `{name}`");
         self.keeper
-            .deadline("inspect", INSPECT_ROUNDS, self.keeper.backend.inspect(name))
+            .operate(operation, "inspect", INSPECT_ROUNDS, call)
             .await
     }
 
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
         check_prefix(prefix)?;
+        let call = self.keeper.backend.list(prefix);
+        let operation = || format!("list the locks under `{prefix}`");
         self.keeper
-            .deadline("list", LONG_ROUNDS, self.keeper.backend.list(prefix))
+            .operate(operation, "list", LONG_ROUNDS, call)
             .await
     }
 
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
+        let call = self.keeper.backend.force_release(name);
+        let operation = || format!("break `{name}`");
         self.keeper
-            .deadline(
-                "force release",
-                LONG_ROUNDS,
-                self.keeper.backend.force_release(name),
-            )
+            .operate(operation, "force release", LONG_ROUNDS, call)
             .await
     }
 
     async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
+        let call = self.keeper.backend.changes(name);
+        let operation = || format!("follow the changes of `{name}`");
         self.keeper
-            .deadline("subscribe to changes", 1, self.keeper.backend.changes(name))
+            .operate(operation, "subscribe to changes", 1, call)
             .await
     }
 
@@ -303,8 +308,17 @@ impl<B: Backend> Keeper<B> {
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 impl<B: Backend> HoldOps for Keeper<B> {
-    fn extend(&self, id: u64, ttl: Option<Duration>) -> BoxFuture<'_, Result<Instant>> {
-        Box::pin(self.extend_hold(id, ttl))
+    fn extend<'a>(
+        &'a self,
+        hold: &'a HoldInfo,
+        ttl: Option<Duration>,
+    ) -> BoxFuture<'a, Result<Instant>> {
+        Box::pin(async move {
+            if self.is_closed() {
+                return Err(self.closed_error(format_args!("extend `{}`", hold.name)));
+            }
+            self.extend_hold(hold.id, ttl).await
+        })
     }
 
     fn release(&self, id: u64) -> BoxFuture<'_, Result<ReleaseOutcome>> {
@@ -319,7 +333,7 @@ impl<B: Backend> HoldOps for Keeper<B> {
                 Unref::Gone => return Ok(ReleaseOutcome::AlreadyLost(LostReason::Released)),
             };
             let Some(me) = self.arc() else {
-                return Err(Error::config("lock client is shutting down"));
+                return Err(self.closed_error(format_args!("release `{}`", entry.info.name)));
             };
             // The first attempt runs here; if this future is dropped before it ends, or it
             // fails in a way worth retrying, the background task carries on.
@@ -343,8 +357,18 @@ impl<B: Backend> HoldOps for Keeper<B> {
         })
     }
 
-    fn amend<'a>(&'a self, id: u64, amendment: Amendment<'a>) -> BoxFuture<'a, Result<()>> {
-        Box::pin(self.amend_hold(id, amendment))
+    fn amend<'a>(
+        &'a self,
+        hold: &'a HoldInfo,
+        amendment: Amendment<'a>,
+    ) -> BoxFuture<'a, Result<()>> {
+        Box::pin(async move {
+            if self.is_closed() {
+                let operation = format!("{} `{}`", amendment.label(), hold.name);
+                return Err(self.closed_error(operation));
+            }
+            self.amend_hold(hold.id, amendment).await
+        })
     }
 
     fn release_in_background(&self, id: u64) {

@@ -135,8 +135,28 @@ impl<B: Backend> Keeper<B> {
         *self.closing.borrow()
     }
 
-    pub(super) fn closed_error(&self) -> Error {
-        Error::unsupported(self.capabilities.backend, "acquiring with a closed client")
+    /// The error of `operation` (``acquire `jobs/a` ``) asked of this client once closed.
+    pub(super) fn closed_error(&self, operation: impl fmt::Display) -> Error {
+        Error::closed(self.capabilities.backend, operation.to_string())
+    }
+
+    /// Runs an operator call (`inspect`, `list`, `force_release`, `changes`) within
+    /// [`Keeper::deadline`], unless the client is closed: then, and when it failed because
+    /// the client closed while it ran, it reports [`Error::Closed`] for `operation`.
+    pub(super) async fn operate<T>(
+        &self,
+        operation: impl FnOnce() -> String,
+        what: &str,
+        rounds: u32,
+        call: impl Future<Output = Result<T>>,
+    ) -> Result<T> {
+        if self.is_closed() {
+            return Err(self.closed_error(operation()));
+        }
+        match self.deadline(what, rounds, call).await {
+            Err(_) if self.is_closed() => Err(self.closed_error(operation())),
+            result => result,
+        }
     }
 
     /// Runs an operator call (`inspect`, `list`, `force_release`) within `rounds` request

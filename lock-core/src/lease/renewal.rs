@@ -319,7 +319,7 @@ impl<B: Backend> Keeper<B> {
         match result {
             Ok(outcomes) => {
                 for (due, outcome) in batch.iter().zip(outcomes) {
-                    count(due, Renewal::of(&outcome));
+                    count(due, renewal_counted(&outcome));
                     let Some(entry) = table.holds.get_mut(&due.id) else {
                         continue;
                     };
@@ -521,5 +521,14 @@ impl<B: Backend> Keeper<B> {
                 })
             }
         }
+    }
+}
+
+/// How the metrics count a renewal the backend answered with `outcome`.
+fn renewal_counted(outcome: &RenewOutcome) -> Renewal {
+    match outcome {
+        RenewOutcome::Renewed { .. } => Renewal::Renewed,
+        RenewOutcome::Lost(_) => Renewal::Lost,
+        RenewOutcome::Undecided => Renewal::Failed,
     }
 }

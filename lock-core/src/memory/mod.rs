@@ -14,12 +14,13 @@ use tokio::sync::{watch, Notify};
 use tokio::time::{sleep_until, Instant};
 
 use crate::backend::{
-    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, RenewItem, RenewOutcome,
+    AcquireRequest, Acquired, Amended, Backend, BackendRelease, RenewItem, RenewOutcome,
 };
 use crate::capabilities::{Capabilities, FencingSource};
 use crate::changes::ChangeFeed;
 use crate::driver::Connect;
 use crate::error::{Error, Result};
+use crate::kind::Amendment;
 use crate::lease::LeaseClient;
 use crate::lock_url::LockUrl;
 use crate::name::LockName;

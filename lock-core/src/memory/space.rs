@@ -10,8 +10,9 @@ use std::time::{Duration, SystemTime};
 use tokio::sync::{watch, Notify};
 use tokio::time::Instant;
 
-use crate::backend::{AcquireRequest, Amended, Amendment, HoldKind};
+use crate::backend::{AcquireRequest, Amended};
 use crate::error::{Error, Result};
+use crate::kind::{Amendment, HoldKind};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::plumbing::lock_unpoisoned;

@@ -17,13 +17,14 @@ use super::merge::{combine_renewals, merge_sessions, session_change};
 use super::sides::{NewSide, OldHold, ReleaseSide};
 use super::DUAL_TOKEN_PREFIX;
 use crate::backend::{
-    AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, RenewItem, RenewOutcome,
+    AcquireRequest, Acquired, Amended, Backend, BackendRelease, RenewItem, RenewOutcome,
     SessionStatus,
 };
 use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
 use crate::erased::{AnyBackend, AnyHold};
 use crate::error::{Error, Result};
+use crate::kind::Amendment;
 use crate::lease::{validity_deadline, ServerEnd};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};

@@ -24,7 +24,7 @@
 //! "new": "redis://…" }`) and [`Registry::connect_dual`] opens it.
 //!
 //! Dual clients mark their holds on both sides (their owner tokens start with
-//! [`DUAL_TOKEN_PREFIX`]), so that [`check`](crate::raw::Registry::migration_check) can
+//! [`DUAL_TOKEN_PREFIX`]), so that [`check`](crate::raw::driver::Registry::migration_check) can
 //! watch a set of names and report the old-only (or new-only) processes still running
 //! before a step that would no longer exclude them.
 //!

@@ -12,12 +12,11 @@ use std::time::{Duration, SystemTime};
 use tokio::time::{timeout, Instant};
 
 use super::{acquire_kind, checked_name};
-use crate::backend::Amendment;
 use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
 use crate::ext::{run_held, LockContext, RunOutcome};
 use crate::guard::{LockGuard, LockWatch};
-use crate::kind::HoldKind;
+use crate::kind::{Amendment, HoldKind};
 use crate::lock::DistributedLock;
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};

@@ -6,9 +6,8 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::Amendment;
 use crate::error::Result;
-use crate::kind::HoldKind;
+use crate::kind::{Amendment, HoldKind};
 use crate::lock::DistributedLock;
 use crate::name::LockName;
 use crate::occupancy::Occupancy;

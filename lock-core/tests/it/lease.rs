@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use lock_core::memory::{MemoryBackend, MemorySpace};
-use lock_core::raw::LeaseClient;
-use lock_core::raw::{
+use lock_core::raw::backend::LeaseClient;
+use lock_core::raw::backend::{
     AcquireRequest, Acquired, Backend, BackendRelease, RenewItem, RenewOutcome, SessionHealth,
     SessionStatus,
 };
@@ -243,8 +243,8 @@ async fn validity_deadline_is_conservative() {
     let guard = client.lock("deadline").await.unwrap();
     let after = Instant::now();
     let deadline = guard.valid_until();
-    assert!(deadline <= after + ttl - lock_core::raw::drift_margin(ttl));
-    assert!(deadline >= before + ttl - lock_core::raw::drift_margin(ttl));
+    assert!(deadline <= after + ttl - lock_core::raw::backend::drift_margin(ttl));
+    assert!(deadline >= before + ttl - lock_core::raw::backend::drift_margin(ttl));
     sleep(ttl / 2).await;
     assert!(guard.valid_until() > deadline, "renewed at TTL/3");
     guard.release().await.unwrap();

@@ -235,7 +235,7 @@ async fn the_check_reports_old_only_holders_until_they_stop() {
         watch: Duration::from_millis(300),
         interval: Duration::from_millis(50),
     };
-    let registry = lock_core::raw::registry();
+    let registry = lock_core::raw::driver::registry();
     let url = fleet.dual_url("");
     let by_dual = dual.lock("reports").await.unwrap();
     let by_old = old.lock("jobs").await.unwrap();
@@ -270,7 +270,7 @@ async fn the_check_before_rolling_back_sees_new_only_holders_and_token_gaps() {
         watch: Duration::from_millis(100),
         interval: Duration::from_millis(50),
     };
-    let registry = lock_core::raw::registry();
+    let registry = lock_core::raw::driver::registry();
     let url = fleet.dual_url("");
     dual.lock("jobs").await.unwrap().release().await.unwrap();
     let report = registry

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::PutOptions;
-use lock_core::raw::Backend;
+use lock_core::raw::backend::Backend;
 use lock_core::{
     AcquireOptions, DistributedLock, Election, ErrorKind, LockName, ReleaseOutcome, RwLock,
     Semaphore,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use conformance::inspection::{self, inspect_until, owner, release, wait_for};
 use conformance::rules::unique_name;
-use lock_core::raw::Backend;
+use lock_core::raw::backend::Backend;
 use lock_core::{DistributedLockExt, ErrorKind, FencingToken};
 use lock_etcd::EtcdLock;
 use testkit::etcd::{

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use conformance::Factory;
 use lab::interleavings::{retry_survives_late_cleanup, LateCleanup};
-use lock_core::raw::Connect;
+use lock_core::raw::driver::Connect;
 use lock_etcd::EtcdBackend;
 use testkit::etcd::{config, with_ttl, EtcdFactory};
 

@@ -422,7 +422,7 @@ async fn refusals_and_a_dead_server_are_typed_errors() {
     // A prefix no name can start with is refused before anything is sent.
     for bad in [
         "a\nb".to_owned(),
-        "x".repeat(lock_core::raw::MAX_NAME_BYTES + 1),
+        "x".repeat(lock_core::raw::names::MAX_NAME_BYTES + 1),
     ] {
         let err = reader.list(&bad).await.expect_err("a bad prefix");
         assert_eq!(err.kind(), ErrorKind::InvalidName, "{err}");

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use etcd_client::{Client, GetOptions, PutOptions};
 use harness::EtcdServer;
-use lock_core::raw::HoldKind;
+use lock_core::raw::backend::HoldKind;
 use lock_core::{
     AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, ReadGuard, RwLock,
     Semaphore, WriteGuard,

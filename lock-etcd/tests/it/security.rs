@@ -59,7 +59,7 @@ async fn etcds_locks_over_tls() {
     make_certificates(dir.path()).await;
     let ports = free_ports(2).expect("free ports");
     let mut etcd = start_tls_etcd(dir.path(), ports[0], ports[1]);
-    lock_core::raw::register::<lock_etcd::EtcdBackend>();
+    lock_core::raw::driver::register::<lock_etcd::EtcdBackend>();
     let ca = dir.path().join("ca.pem").display().to_string();
     let url = format!("etcds://127.0.0.1:{}/tls?ttl=5s&ca_file={ca}", ports[0]);
 

@@ -304,7 +304,7 @@ async fn authentication_from_the_url() {
     };
     let admin = raw_client(&[server.addr()]).await;
     enable_auth(&admin, PASSWORD, &[]).await;
-    lock_core::raw::register::<lock_etcd::EtcdBackend>();
+    lock_core::raw::driver::register::<lock_etcd::EtcdBackend>();
     let url = format!("etcd://root:{PASSWORD}@{}/secured?ttl=5s", server.addr());
     let locks = lock_core::connect(&url)
         .await

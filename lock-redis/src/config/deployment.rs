@@ -123,7 +123,7 @@ pub enum RedisDeployment {
         /// at most the request timeout. A slow server costs an acquire this much only
         /// when no majority answered sooner: the outcome is taken as soon as a majority
         /// granted.
-        #[serde(default, with = "lock_core::raw::duration_text::option")]
+        #[serde(default, with = "lock_core::raw::durations::duration_text::option")]
         node_timeout: Option<Duration>,
         /// Database number on every server (the URL path `/N`). Default 0.
         #[serde(default)]
@@ -247,7 +247,7 @@ impl RedisDeployment {
 /// # Errors
 /// [`Error::InvalidConfig`] naming `node_timeout`.
 pub(super) fn check_node_timeout(timeout: Duration) -> Result<()> {
-    if timeout.is_zero() || timeout > lock_core::raw::MAX_DURATION {
+    if timeout.is_zero() || timeout > lock_core::raw::durations::MAX_DURATION {
         return Err(Error::config(
             "node_timeout must be greater than zero and at most one year",
         ));

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use lock_core::raw::LockUrl;
+use lock_core::raw::url::LockUrl;
 use lock_core::{Error, Result};
 
 use super::deployment::check_node_timeout;
@@ -100,7 +100,8 @@ impl RedisConfig {
                 ("prefix", _) => config.prefix = value,
                 ("queue", _) => config.queue = parse_bool("queue", &value)?,
                 ("node_timeout", deployment) => {
-                    let timeout = lock_core::raw::parse_duration("node_timeout", &value)?;
+                    let timeout =
+                        lock_core::raw::durations::parse_duration("node_timeout", &value)?;
                     match deployment {
                         RedisDeployment::RedLock { node_timeout, .. } => {
                             *node_timeout = Some(timeout);
@@ -126,7 +127,8 @@ impl RedisConfig {
                     })?)
                 }
                 ("wait_timeout", _) => {
-                    config.wait_timeout = lock_core::raw::parse_duration("wait_timeout", &value)?
+                    config.wait_timeout =
+                        lock_core::raw::durations::parse_duration("wait_timeout", &value)?
                 }
                 ("sentinel_username", RedisDeployment::Sentinel { auth, .. }) => {
                     auth.username = Some(value);
@@ -193,7 +195,7 @@ mod tests {
 
     use super::*;
     use crate::RedisBackend;
-    use lock_core::raw::Connect;
+    use lock_core::raw::driver::Connect;
     use lock_core::ErrorKind;
 
     #[test]

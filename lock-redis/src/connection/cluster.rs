@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use lock_core::raw::{lock_unpoisoned, Backoff};
+use lock_core::raw::plumbing::{lock_unpoisoned, Backoff};
 use lock_core::{Error, Result};
 use redis::{ErrorKind, ProtocolVersion, ServerErrorKind, Value};
 use tokio::time::{sleep, Instant};
@@ -534,7 +534,7 @@ impl Shards {
         let (at, source) = match refused {
             Some((node, err)) => (
                 node.label.clone(),
-                Some(Box::new(err) as lock_core::raw::BoxError),
+                Some(Box::new(err) as lock_core::raw::backend::BoxError),
             ),
             None => (self.label(), None),
         };

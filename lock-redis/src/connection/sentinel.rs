@@ -16,7 +16,7 @@
 use std::sync::Mutex;
 
 use futures::stream::{FuturesUnordered, StreamExt};
-use lock_core::raw::lock_unpoisoned;
+use lock_core::raw::plumbing::lock_unpoisoned;
 use lock_core::{Error, Result};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, ProtocolVersion, Value};

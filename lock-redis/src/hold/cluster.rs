@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{RenewItem, RenewOutcome};
+use lock_core::raw::backend::{RenewItem, RenewOutcome};
 use lock_core::Result;
 use tokio::time::Instant;
 

@@ -5,7 +5,7 @@
 use std::sync::atomic::Ordering;
 
 use futures::future::join_all;
-use lock_core::raw::{Amended, BackendRelease};
+use lock_core::raw::backend::{Amended, BackendRelease};
 use lock_core::{LockName, LostReason, Result};
 use tokio::time::Instant;
 

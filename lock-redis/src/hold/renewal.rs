@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{RenewItem, RenewOutcome};
+use lock_core::raw::backend::{RenewItem, RenewOutcome};
 use lock_core::Result;
 use tokio::time::Instant;
 
@@ -94,7 +94,7 @@ pub(crate) async fn renew(
     Ok(outcomes)
 }
 
-/// See [`Backend::renewal_group`](lock_core::raw::Backend::renewal_group): on Redis
+/// See [`Backend::renewal_group`](lock_core::raw::backend::Backend::renewal_group): on Redis
 /// Cluster the index of the primary that serves `hold`'s slot, `u64::MAX` for a slot
 /// without one (the renewal finds its primary); 0 elsewhere.
 pub(crate) fn renewal_group(topology: &Topology, hold: &RedisHold) -> u64 {

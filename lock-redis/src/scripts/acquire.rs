@@ -133,7 +133,7 @@ impl Scripts {
 
     /// `acquire_s.lua`: the queued acquire of a hold of a shared kind, a permit, a reader
     /// or a writer (`shared`), granted by the rule of
-    /// [`HoldKind::granted_behind`](lock_core::raw::HoldKind::granted_behind), queued
+    /// [`HoldKind::granted_behind`](lock_core::raw::backend::HoldKind::granted_behind), queued
     /// when refused and waiting, refused with a conflict when the name is another kind.
     pub(crate) fn acquire_s(
         &self,

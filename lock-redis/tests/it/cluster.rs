@@ -313,7 +313,7 @@ async fn a_stopped_primary_delays_only_its_own_holds() {
 /// timeout), or a seed that is a plain server, not a cluster node (InvalidConfig).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_seeds_are_typed_errors() {
-    lock_core::raw::register::<lock_redis::RedisBackend>();
+    lock_core::raw::driver::register::<lock_redis::RedisBackend>();
     let port = harness::free_port().expect("a free port");
     let started = Instant::now();
     let err = lock_core::connect(&format!(

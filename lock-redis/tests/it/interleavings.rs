@@ -8,7 +8,7 @@ use std::time::Duration;
 use lab::interleavings::{
     last_applied_extension_wins, retry_survives_late_cleanup, LateCleanup, SlowRenewalReply,
 };
-use lock_core::raw::Connect;
+use lock_core::raw::driver::Connect;
 use lock_redis::RedisBackend;
 use testkit::redis::{config_for, with_ttl, RedisFactory};
 

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use harness::proxy::{FaultProxy, ProxyMode};
-use lock_core::raw::{AcquireRequest, Backend, Connect, HoldKind};
+use lock_core::raw::{
+    backend::{AcquireRequest, Backend, HoldKind},
+    driver::Connect,
+};
 use lock_core::{FencingToken, LockName, LockOptions, Occupancy, OwnerToken};
 use lock_redis::{KeyLayout, RedisBackend, RedisHold, DEFAULT_PREFIX};
 use testkit::redis::{config_for, unique_name as name, with_ttl, RedisFactory};

@@ -81,7 +81,7 @@ async fn semaphore_layout_is_a_sorted_set_and_a_table() {
     assert_eq!(seen.holders().count(), 2);
     assert!(seen
         .holders()
-        .all(|h| h.kind == Some(lock_core::raw::HoldKind::Permit { permits: 2 })));
+        .all(|h| h.kind == Some(lock_core::raw::backend::HoldKind::Permit { permits: 2 })));
     assert_eq!(client.list("").await.expect("list"), vec![lock.clone()]);
     assert_eq!(
         a.release().await.expect("release"),
@@ -498,7 +498,7 @@ async fn downgrade_grants_readers_and_keeps_a_queued_writer_waiting() {
     assert_eq!(seen.holders().count(), 2, "{seen:?}");
     assert!(seen
         .holders()
-        .all(|h| h.kind == Some(lock_core::raw::HoldKind::Read)));
+        .all(|h| h.kind == Some(lock_core::raw::backend::HoldKind::Read)));
     assert_eq!(seen.waiters.len(), 1, "the writer still waits");
     assert!(!second_writer.is_finished());
     read.release().await.expect("release");

@@ -424,7 +424,7 @@ async fn close_ends_a_waiting_acquire_and_its_entry() {
     let ended = timeout(Duration::from_millis(200), waiting).await;
     assert!(left.is_empty(), "queued after close(): {left:?}");
     let ended = ended.expect("the acquire ends with close()").expect("task");
-    assert!(matches!(ended, Err(Error::Unsupported { .. })), "{ended:?}");
+    assert!(matches!(ended, Err(Error::Closed { .. })), "{ended:?}");
     guard.release().await.expect("release");
 }
 

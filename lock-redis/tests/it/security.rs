@@ -34,7 +34,7 @@ async fn lock_and_release(url: &str) {
 /// missing password is a clear, non-retryable configuration error without the password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn passwords_from_the_url_and_clear_auth_errors() {
-    lock_core::raw::register::<lock_redis::RedisBackend>();
+    lock_core::raw::driver::register::<lock_redis::RedisBackend>();
     let Some(server) = or_skip(RedisServer::start().await) else {
         return;
     };
@@ -96,7 +96,7 @@ async fn passwords_from_the_url_and_clear_auth_errors() {
 /// certificate is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_with_a_private_ca() {
-    lock_core::raw::register::<lock_redis::RedisBackend>();
+    lock_core::raw::driver::register::<lock_redis::RedisBackend>();
     let certs = tempfile::tempdir().expect("tempdir");
     make_certificates(certs.path()).await;
     let tls_port = free_port().expect("port");

@@ -5,7 +5,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use futures::{stream, StreamExt};
-use lock_core::raw::ChangeFeed;
+use lock_core::raw::backend::ChangeFeed;
 use lock_core::Result;
 use tokio::sync::mpsc;
 use tokio::time::sleep;

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use lock_core::raw::Backoff;
+use lock_core::raw::plumbing::Backoff;
 use lock_core::{Error, Participant, Result};
 use tokio::time::{sleep, timeout};
 use zookeeper_client as zk;

@@ -2,7 +2,7 @@
 //! children with it, or listing them right behind it), the search for the node after a
 //! lost reply, and the missing parents.
 
-use lock_core::raw::CleanupOnDrop;
+use lock_core::raw::plumbing::CleanupOnDrop;
 use lock_core::Error;
 use tokio::time::Instant;
 use zookeeper_client as zk;
@@ -24,6 +24,16 @@ pub(super) struct Queued {
     pub(super) ordered_at: Instant,
     /// The directory's children as of that point or later, if they were listed.
     pub(super) children: Option<Vec<String>>,
+}
+
+/// One create of an ephemeral sequential node: in `dir`, named `prefix` (`dir` and the
+/// marker) and the sequence, with `data` and `options`.
+#[derive(Clone, Copy)]
+struct NewNode<'a> {
+    dir: &'a str,
+    prefix: &'a str,
+    data: &'a [u8],
+    options: &'a zk::CreateOptions<'a>,
 }
 
 /// What one create request came to.
@@ -82,11 +92,16 @@ impl Queue<'_> {
             // found others queued, a listing sent with the create saves a round trip
             // (and the count's write).
             let counted = !listed && self.session.counts_children() && !self.session.queue_seen();
+            let node = NewNode {
+                dir,
+                prefix: &prefix,
+                data,
+                options: &options,
+            };
             let created = if counted {
-                self.create_counted(live, dir, &prefix, data, &options)
-                    .await?
+                self.create_counted(live, &node).await?
             } else {
-                self.create_listed(live, dir, &prefix, data, &options).await
+                self.create_listed(live, &node).await
             };
             let lost = match created {
                 Created::Node {
@@ -152,18 +167,11 @@ impl Queue<'_> {
     /// for it on the server and then costs almost a round trip of its own. All
     /// operations of a transaction share its zxid, so the directory's new `mzxid` is the
     /// node's czxid (a create inside a transaction reports no stat on some servers).
-    async fn create_counted(
-        &self,
-        live: &Live,
-        dir: &str,
-        prefix: &str,
-        data: &[u8],
-        options: &zk::CreateOptions<'_>,
-    ) -> Result<Created, Step> {
+    async fn create_counted(&self, live: &Live, node: &NewNode<'_>) -> Result<Created, Step> {
         let mut writer = live.client.new_multi_writer();
         let commit = writer
-            .add_create(prefix, data, options)
-            .and_then(|()| writer.add_set_data(dir, &[], None))
+            .add_create(node.prefix, node.data, node.options)
+            .and_then(|()| writer.add_set_data(node.dir, &[], None))
             .map(|()| writer.commit())
             .map_err(|err| step(err, "create lock node"))?;
         let results = match self.session.call("create lock node", commit).await {
@@ -187,7 +195,10 @@ impl Queue<'_> {
         else {
             return Err(Step::Fail(Error::Protocol {
                 backend: BACKEND,
-                message: format!("unexpected reply to the create of a lock node in {dir}"),
+                message: format!(
+                    "unexpected reply to the create of a lock node in {}",
+                    node.dir
+                ),
                 source: None,
             }));
         };
@@ -203,16 +214,9 @@ impl Queue<'_> {
     /// Creates the node and lists `dir` right behind it, both sent before either reply:
     /// the client sends each request when it is called, and the server applies a
     /// session's requests in order, so the listing sees the node.
-    async fn create_listed(
-        &self,
-        live: &Live,
-        dir: &str,
-        prefix: &str,
-        data: &[u8],
-        options: &zk::CreateOptions<'_>,
-    ) -> Created {
-        let created = live.client.create(prefix, data, options);
-        let listed = live.client.list_children(dir);
+    async fn create_listed(&self, live: &Live, node: &NewNode<'_>) -> Created {
+        let created = live.client.create(node.prefix, node.data, node.options);
+        let listed = live.client.list_children(node.dir);
         let (created, listed) = tokio::join!(
             self.session.call("create lock node", created),
             self.session.call("list lock nodes", listed),
@@ -220,7 +224,7 @@ impl Queue<'_> {
         match created {
             Ok(Ok((stat, sequence))) => match fencing(stat.czxid) {
                 Ok(czxid) => Created::Node {
-                    name: format!("{}{sequence}", &prefix[dir.len() + 1..]),
+                    name: format!("{}{sequence}", &node.prefix[node.dir.len() + 1..]),
                     czxid,
                     // A failed listing is repeated by the caller.
                     children: listed.ok().and_then(Result::ok),

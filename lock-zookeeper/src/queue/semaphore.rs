@@ -7,7 +7,10 @@
 use std::collections::HashSet;
 
 use futures::future::join_all;
-use lock_core::raw::{AcquireRequest, Acquired, CleanupOnDrop, HoldKind};
+use lock_core::raw::{
+    backend::{AcquireRequest, Acquired, HoldKind},
+    plumbing::CleanupOnDrop,
+};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 

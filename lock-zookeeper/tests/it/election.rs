@@ -6,7 +6,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::migration::{is_dual_token, DUAL_TOKEN_PREFIX};
-use lock_core::raw::{AcquireRequest, Backend, Connect, HoldKind};
+use lock_core::raw::{
+    backend::{AcquireRequest, Backend, HoldKind},
+    driver::Connect,
+};
 use lock_core::{
     AcquireOptions, DistributedLock, Election, LockName, LockOptions, LostReason, OwnerToken,
     ReleaseOutcome,

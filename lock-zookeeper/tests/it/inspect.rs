@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use conformance::inspection::{self, inspect_until, owner, release, wait_for};
-use lock_core::raw::Backend;
+use lock_core::raw::backend::Backend;
 use lock_core::{DistributedLockExt, ErrorKind, FencingToken, Occupancy};
 use lock_zookeeper::{lock_dir, ZkLock};
 use testkit::zookeeper::{create_persistent, unique_name, with_ttl, ZkFactory, BASE};

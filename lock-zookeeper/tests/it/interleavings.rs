@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use conformance::Factory;
 use lab::interleavings::{retry_survives_late_cleanup, Cleanup, LateCleanup};
-use lock_core::raw::Connect;
+use lock_core::raw::driver::Connect;
 use lock_core::DistributedLockExt;
 use lock_zookeeper::{lock_dir, queue_order, ZkBackend, ZkHold};
 use testkit::zookeeper::{

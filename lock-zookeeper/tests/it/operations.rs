@@ -383,7 +383,7 @@ async fn bad_prefixes_and_a_down_server_give_typed_errors() {
     let name = plain_name("down");
     for prefix in [
         "a\nb".to_owned(),
-        "x".repeat(lock_core::raw::MAX_NAME_BYTES + 1),
+        "x".repeat(lock_core::raw::names::MAX_NAME_BYTES + 1),
     ] {
         let err = client.list(&prefix).await.expect_err("a bad prefix");
         assert_eq!(err.kind(), ErrorKind::InvalidName, "{err}");

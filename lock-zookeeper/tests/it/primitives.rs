@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_core::raw::HoldKind;
+use lock_core::raw::backend::HoldKind;
 use lock_core::{
     AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, ReleaseOutcome,
     RwLock, Semaphore,

@@ -183,7 +183,7 @@ async fn chroot_scopes_every_path() {
 /// A failed connect says what failed without the password.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connect_errors_hide_the_password() {
-    lock_core::raw::register::<lock_zookeeper::ZkBackend>();
+    lock_core::raw::driver::register::<lock_zookeeper::ZkBackend>();
     let port = harness::free_port().expect("free port");
     let url = format!("zk://app:{PASSWORD}@127.0.0.1:{port}/x?connect_timeout=1s");
     let started = tokio::time::Instant::now();
@@ -223,7 +223,7 @@ fn key_material(path: &std::path::Path) -> String {
 /// plain port, fail with a connection error at the limit rather than hang.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zks_mutual_tls_and_its_refusals() {
-    lock_core::raw::register::<lock_zookeeper::ZkBackend>();
+    lock_core::raw::driver::register::<lock_zookeeper::ZkBackend>();
     let tls = ZkTls::make().await.expect("certificates").client_auth(true);
     let Some(server) = or_skip(ZkServer::start_with(ZkOptions::default().tls(tls.clone())).await)
     else {
@@ -261,7 +261,7 @@ async fn zks_mutual_tls_and_its_refusals() {
         ReleaseOutcome::Released
     );
 
-    let limit = lock_core::raw::DEFAULT_REQUEST_TIMEOUT;
+    let limit = lock_core::raw::durations::DEFAULT_REQUEST_TIMEOUT;
     for (case, query) in [
         (
             "a CA that did not sign the server",
@@ -312,7 +312,7 @@ async fn zks_mutual_tls_and_its_refusals() {
 /// InvalidConfig naming the option, before anything is sent; never quoting the key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zks_certificate_files_are_checked() {
-    lock_core::raw::register::<lock_zookeeper::ZkBackend>();
+    lock_core::raw::driver::register::<lock_zookeeper::ZkBackend>();
     let tls = ZkTls::make().await.expect("certificates");
     let other = ZkTls::make().await.expect("another CA");
     let key = key_material(&tls.key_file());
@@ -359,7 +359,7 @@ async fn zks_certificate_files_are_checked() {
 /// releases, also with the server named by a DNS name of its certificate (`localhost`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn zks_server_authentication_only() {
-    lock_core::raw::register::<lock_zookeeper::ZkBackend>();
+    lock_core::raw::driver::register::<lock_zookeeper::ZkBackend>();
     let tls = ZkTls::make().await.expect("certificates");
     let Some(server) = or_skip(ZkServer::start_with(ZkOptions::default().tls(tls.clone())).await)
     else {

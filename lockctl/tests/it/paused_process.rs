@@ -38,7 +38,10 @@ async fn paused_holder(url: String) {
         .await
         .expect("fence server");
     let name = format!("paused/{}", uuid::Uuid::new_v4().simple());
-    let locked_url = format!("{url}?ttl={}", distlock::raw::format_duration(TTL));
+    let locked_url = format!(
+        "{url}?ttl={}",
+        distlock::raw::durations::format_duration(TTL)
+    );
     let holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
         .args([
             "--url",

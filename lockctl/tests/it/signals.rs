@@ -240,7 +240,7 @@ async fn redis_url() -> Option<(RedisServer, String)> {
     let url = format!(
         "{}?ttl={}",
         server.url(),
-        distlock::raw::format_duration(TTL)
+        distlock::raw::durations::format_duration(TTL)
     );
     Some((server, url))
 }

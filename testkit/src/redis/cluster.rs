@@ -43,7 +43,7 @@ impl ClusterFactory {
     }
 
     fn with(cluster: Result<RedisCluster, harness::HarnessError>) -> Option<Self> {
-        lock_core::raw::register::<lock_redis::RedisBackend>();
+        lock_core::raw::driver::register::<lock_redis::RedisBackend>();
         let cluster = or_skip(cluster)?;
         Some(ClusterFactory {
             cluster: Arc::new(cluster),

@@ -441,7 +441,7 @@ impl RedisFactory {
     }
 
     fn over(servers: Arc<Servers>, prefix: &str) -> Self {
-        lock_core::raw::register::<lock_redis::RedisBackend>();
+        lock_core::raw::driver::register::<lock_redis::RedisBackend>();
         RedisFactory {
             servers,
             prefix: prefix.to_owned(),

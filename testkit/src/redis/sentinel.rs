@@ -95,7 +95,7 @@ impl SentinelFactory {
         wait_replicas: Option<u32>,
         prefix: String,
     ) -> Self {
-        lock_core::raw::register::<lock_redis::RedisBackend>();
+        lock_core::raw::driver::register::<lock_redis::RedisBackend>();
         SentinelFactory {
             deployment,
             prefix,

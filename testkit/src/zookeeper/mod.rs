@@ -236,7 +236,7 @@ impl ZkFactory {
     }
 
     async fn over_arc(servers: Arc<Servers>) -> Self {
-        lock_core::raw::register::<lock_zookeeper::ZkBackend>();
+        lock_core::raw::driver::register::<lock_zookeeper::ZkBackend>();
         let admin = raw_client(&servers.hosts()).await;
         ZkFactory {
             servers,

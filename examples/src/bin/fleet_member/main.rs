@@ -119,7 +119,7 @@ struct Summary {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    distlock::raw::parse_duration("duration", text).map_err(|e| e.to_string())
+    distlock::raw::durations::parse_duration("duration", text).map_err(|e| e.to_string())
 }
 
 #[tokio::main(flavor = "current_thread")]

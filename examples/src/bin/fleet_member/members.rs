@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::raw::{HoldKind, LockUrl};
+use distlock::raw::{backend::HoldKind, url::LockUrl};
 use distlock::redis::{KeyLayout, RedisConfig, RedisDeployment};
 use distlock::zookeeper::{lock_dir, ZkConfig};
 use distlock::{AcquireOptions, DistributedLock, LockGuard, LockName, ReleaseOutcome};

@@ -34,7 +34,7 @@ pub(crate) async fn run(
         interval: INTERVAL,
     };
     let names = [LockName::new(name)?];
-    let report = distlock::raw::registry()
+    let report = distlock::raw::driver::registry()
         .migration_check(&urls.of(Phase::Dual), step, &names, &options)
         .await?;
     Ok(report)

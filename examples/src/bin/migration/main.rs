@@ -50,7 +50,7 @@ struct Cli {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    distlock::raw::parse_duration("duration", text).map_err(|e| e.to_string())
+    distlock::raw::durations::parse_duration("duration", text).map_err(|e| e.to_string())
 }
 
 #[tokio::main]

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use lock_core::raw::{lock_unpoisoned, Backoff};
+use lock_core::raw::plumbing::{lock_unpoisoned, Backoff};
 use tokio::sync::{mpsc, watch};
 use tokio::time::{sleep, Instant};
 

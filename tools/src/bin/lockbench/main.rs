@@ -155,7 +155,7 @@ impl RunArgs {
 }
 
 fn parse_duration(text: &str) -> Result<Duration, String> {
-    distlock::raw::parse_duration("duration", text).map_err(|e| e.to_string())
+    distlock::raw::durations::parse_duration("duration", text).map_err(|e| e.to_string())
 }
 
 /// The tokio runtime a measurement runs on.

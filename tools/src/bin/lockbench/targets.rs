@@ -328,7 +328,7 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
         _ => "memory",
     };
     if scheme != "dual"
-        && !distlock::raw::registry()
+        && !distlock::raw::driver::registry()
             .schemes()
             .iter()
             .any(|s| s == scheme)

@@ -292,7 +292,7 @@ pub(crate) async fn takeover(target: &Target, rounds: usize) -> Result<Takeover,
 
 /// The query of the clients of a takeover: the target's takeover TTL.
 pub(crate) fn takeover_query(ttl: Duration) -> String {
-    format!("ttl={}", distlock::raw::format_duration(ttl))
+    format!("ttl={}", distlock::raw::durations::format_duration(ttl))
 }
 
 /// How long a waiter gets to queue up behind a holder before the holder is killed.
@@ -397,7 +397,7 @@ pub(crate) async fn renewal(
     locks: usize,
     ttl: Duration,
 ) -> Result<RenewalRow, BoxError> {
-    let query = format!("ttl={}", distlock::raw::format_duration(ttl));
+    let query = format!("ttl={}", distlock::raw::durations::format_duration(ttl));
     let url = target.url_with(&query);
     let client = distlock::connect(&url).await?;
     let base = bench_name("renewal");
