@@ -16,4 +16,5 @@ mod primitives;
 mod queue;
 mod security;
 mod sentinel;
+mod shared_waiters;
 mod single;

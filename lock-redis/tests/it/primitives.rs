@@ -14,11 +14,11 @@ use lock_redis::{KeyLayout, DEFAULT_PREFIX};
 use testkit::redis::{unique_name as name, with_ttl, ClusterFactory, RedisFactory};
 use tokio::time::{sleep, timeout, Instant};
 
-fn try_once() -> AcquireOptions {
+pub(crate) fn try_once() -> AcquireOptions {
     AcquireOptions::try_once()
 }
 
-fn within(limit: Duration) -> AcquireOptions {
+pub(crate) fn within(limit: Duration) -> AcquireOptions {
     AcquireOptions::timeout(limit)
 }
 
@@ -262,110 +262,6 @@ async fn a_self_settled_grant_keeps_the_waiters_ttl() {
             ReleaseOutcome::Released
         );
     }
-}
-
-/// A waiter that crashed while queued (cut off, never showing up again) is evicted once
-/// its stay is over, and takes its kind's entry in the holders' table with it, while the
-/// name stays busy.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_evicted_waiter_leaves_nothing_in_the_table() {
-    let Some(factory) = RedisFactory::single().await else {
-        return;
-    };
-    let mut options = with_ttl(Duration::from_secs(10));
-    options.recheck = Duration::from_millis(100);
-    options.request_timeout = Duration::from_millis(500);
-    let holder = factory.make(options.clone()).await;
-    let (crashing, crash) = factory.crashable_client(options.clone()).await;
-    let lock = name("sem_evicted_waiter");
-    let sem = Semaphore::new(holder, lock.as_str(), 1).expect("semaphore");
-    let held = sem.acquire(&try_once()).await.expect("a").expect("free");
-    let on_crashing = Semaphore::new(crashing, lock.as_str(), 1).expect("semaphore");
-    let waiting =
-        tokio::spawn(async move { on_crashing.acquire(&within(Duration::from_secs(30))).await });
-    let mut conn = factory.raw_all().await.remove(0);
-    testkit::redis::until_queued(&mut conn, &lock, 1).await;
-    crash.crash().await;
-    // Its stay: two rechecks and a request timeout.
-    sleep(Duration::from_millis(1200)).await;
-    assert!(
-        sem.acquire(&try_once()).await.expect("try").is_none(),
-        "still held"
-    );
-    assert!(
-        testkit::redis::queue_of(&mut conn, &lock).await.is_empty(),
-        "the waiter was evicted"
-    );
-    let fields: Vec<String> = redis::cmd("HKEYS")
-        .arg(KeyLayout::new(DEFAULT_PREFIX).holders_key(&lock))
-        .query_async(&mut conn)
-        .await
-        .expect("HKEYS");
-    let left: Vec<&String> = fields.iter().filter(|f| f.starts_with("q:")).collect();
-    assert!(
-        left.is_empty(),
-        "evicted waiters left in the holders' table: {left:?}"
-    );
-    waiting.abort();
-    held.release().await.expect("release");
-}
-
-/// A permit waiter whose name became a mutex while it was queued (its holder stolen, a
-/// client without the queue took the name) fails with a conflict and leaves the queue at
-/// once, not after its stay.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_conflict_takes_a_queued_waiter_out_of_the_queue() {
-    let Some(factory) = RedisFactory::single().await else {
-        return;
-    };
-    let mut options = with_ttl(Duration::from_secs(10));
-    options.recheck = Duration::from_secs(2);
-    let lock = name("sem_conflict");
-    let holder = factory.make(options.clone()).await;
-    let sem = Semaphore::new(holder, lock.as_str(), 1).expect("semaphore");
-    let held = sem.acquire(&try_once()).await.expect("a").expect("free");
-    let waiter = factory.make(options.clone()).await;
-    let on_waiter = Semaphore::new(waiter, lock.as_str(), 1).expect("semaphore");
-    let waiting = tokio::spawn(async move {
-        on_waiter
-            .acquire(&within(Duration::from_secs(30)))
-            .await
-            .map(|guard| guard.is_some())
-    });
-    let mut config = testkit::redis::config_for(&factory.servers.addrs(), false, options);
-    config.queue = false;
-    let plain = lock_redis::RedisLock::connect(config)
-        .await
-        .expect("connect");
-    let mut conn = factory.raw_all().await.remove(0);
-    testkit::redis::until_queued(&mut conn, &lock, 1).await;
-    // The steal and the mutex's try follow each other at once: the waiter, at the head,
-    // would take the freed name itself at its next round.
-    factory.steal(&lock).await;
-    let mutex = plain
-        .try_lock(lock.as_str())
-        .await
-        .expect("try")
-        .expect("free after the steal");
-    let refused = timeout(Duration::from_secs(15), waiting)
-        .await
-        .expect("the waiter's next round ends it")
-        .expect("waiter task");
-    assert!(refused.is_err(), "a mutex holds the name: {refused:?}");
-    let deadline = Instant::now() + Duration::from_secs(1);
-    loop {
-        let queue = testkit::redis::queue_of(&mut conn, &lock).await;
-        if queue.is_empty() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the refused waiter is still queued: {queue:?}"
-        );
-        sleep(Duration::from_millis(20)).await;
-    }
-    mutex.release().await.expect("release");
-    let _ = held.release().await;
 }
 
 /// FIFO: a writer queued behind a reader is not overtaken by readers that come after it;
