@@ -7,8 +7,9 @@ CARGO ?= cargo
 deps:
 	@./scripts/install-deps.sh
 
-## Formatting, lints and every test, strictly against real servers. The test binaries
-## run TEST_JOBS at a time (scripts/run-tests.sh; TEST_JOBS=1: one after another).
+## Formatting, lints and every test, strictly against real servers. The test jobs
+## (a binary, or one module of a crate's `it` binary) run TEST_JOBS at a time, default 4
+## (scripts/run-tests.sh; TEST_JOBS=1: one after another).
 test: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings

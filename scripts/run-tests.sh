@@ -7,7 +7,7 @@
 # (`cargo test --workspace --no-run`); each crate's integration tests are one binary
 # (`tests/it`), so it splits that binary into jobs by top-level module (`conformance`,
 # `chaos`, `faults`...: each job runs the binary with the exact names of that module's
-# tests), and runs the jobs TEST_JOBS at a time (default 2), longest first (durations of
+# tests), and runs the jobs TEST_JOBS at a time (default 4), longest first (durations of
 # the last run in target/test-durations, else a fixed guess), each in its package's
 # directory with the environment cargo would give it. A job's output is kept whole in
 # target/test-logs/ and printed as one block when it ends; every job runs even when others
@@ -18,7 +18,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 CARGO=${CARGO:-cargo}
-JOBS=${TEST_JOBS:-2}
+JOBS=${TEST_JOBS:-4}
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
 LOGS="$TARGET_DIR/test-logs"
 DURATIONS="$TARGET_DIR/test-durations"

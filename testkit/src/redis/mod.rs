@@ -7,10 +7,29 @@
 
 /// Implements [`Factory`](conformance::Factory) for a Redis factory from its inherent
 /// `deployment_url`, `make`, `crashable`, `owners` (raw connections to the servers that
-/// keep a key) and `queue` field: a steal deletes the lock key there, leftovers are
+/// keep a key) and `queue` field (with `prefixed and linked`, `prefix()` is its `prefix`
+/// field and a crashable client is its `linked_client`): a steal deletes the lock key there, leftovers are
 /// looked for there (with [`leftovers_on`]) and leases read there (with [`lease_on`]; the
 /// calling module must have both in scope), all under the factory's `prefix()`.
 macro_rules! redis_factory {
+    ($factory:ty, prefixed and linked) => {
+        impl $factory {
+            fn prefix(&self) -> &str {
+                &self.prefix
+            }
+
+            /// A crashable client reaches its servers through fault proxies it cuts.
+            async fn crashable(
+                &self,
+                options: LockOptions,
+            ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
+                let (client, link) = self.linked_client(options).await;
+                (client, Box::new(link))
+            }
+        }
+
+        redis_factory!($factory);
+    };
     ($factory:ty) => {
         #[::async_trait::async_trait]
         impl ::conformance::Factory for $factory {
@@ -508,20 +527,11 @@ impl RedisFactory {
     }
 }
 
-redis_factory!(RedisFactory);
+redis_factory!(RedisFactory, prefixed and linked);
 
 impl RedisFactory {
     fn deployment_url(&self) -> String {
         url_with_prefix(self.servers.url(), &self.prefix)
-    }
-
-    fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    async fn crashable(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
-        let (client, link) = self.linked_client(options).await;
-        (client, Box::new(link))
     }
 
     /// Every server keeps every key (one server, or each of RedLock's).

@@ -145,20 +145,11 @@ impl SentinelFactory {
     }
 }
 
-redis_factory!(SentinelFactory);
+redis_factory!(SentinelFactory, prefixed and linked);
 
 impl SentinelFactory {
     fn deployment_url(&self) -> String {
         url_with_prefix(self.deployment.url(), &self.prefix)
-    }
-
-    fn prefix(&self) -> &str {
-        &self.prefix
-    }
-
-    async fn crashable(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
-        let (client, link) = self.linked_client(options).await;
-        (client, Box::new(link))
     }
 
     /// The primary of the moment keeps every key.
