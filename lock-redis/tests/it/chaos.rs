@@ -236,3 +236,31 @@ mod cluster {
         nemesis,
     );
 }
+
+/// A semaphore's or a writer's rows keep the waiter queue whatever queue class an option
+/// set draws: Redis grants the shared kinds only on the queue, so a set with the queue off
+/// must not turn every acquire of those rows into a refusal.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shared_kind_rows_keep_the_queue() {
+    use conformance::Factory;
+    use lab::chaos::{kinded, Primitive};
+    use lock_core::{AcquireOptions, LockName};
+
+    for primitive in [Primitive::Semaphore, Primitive::Writer] {
+        let Some(rows) = kinded(primitive, testkit::redis::RedisFactory::single().await) else {
+            return;
+        };
+        rows.set_queue(false);
+        let client = rows
+            .client(conformance::with_ttl(std::time::Duration::from_secs(2)))
+            .await;
+        let name = LockName::new(format!("queue-kept-{}", uuid::Uuid::new_v4().simple()))
+            .expect("a valid name");
+        let granted = client.acquire(&name, &AcquireOptions::default()).await;
+        let guard = granted
+            .unwrap_or_else(|err| panic!("{} on a free name: {err}", primitive.label()))
+            .expect("a free name is granted");
+        guard.release().await.expect("release");
+        client.close().await.expect("close");
+    }
+}
