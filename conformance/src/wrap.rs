@@ -37,6 +37,12 @@ pub trait FactoryWrap: Send + Sync + 'static {
         options
     }
 
+    /// The waiter queue asked of the inner factory when the queue `on` is asked for: a
+    /// wrapper whose clients need the queue keeps it on.
+    fn queue(&self, on: bool) -> bool {
+        on
+    }
+
     /// The client handed out, from the inner factory's.
     fn client(&self, client: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock>;
 }
@@ -109,8 +115,10 @@ impl<F: Factory + 'static, W: FactoryWrap> Factory for WrappedFactory<F, W> {
         self.inner.leftovers(names).await
     }
 
+    /// Whether the choice asked for is offered: not where the wrapper keeps the queue on.
     fn set_queue(&self, on: bool) -> bool {
-        self.inner.set_queue(on)
+        let passed = self.wrap.queue(on);
+        self.inner.set_queue(passed) && passed == on
     }
 
     async fn server_lease(&self, name: &LockName, owner: &OwnerToken) -> ServerLease {

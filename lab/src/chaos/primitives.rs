@@ -74,6 +74,15 @@ impl FactoryWrap for KindOf {
         format!("{inner} {}", self.0.label())
     }
 
+    /// The shared kinds (a permit, a writer) wait on the queue wherever the backend offers
+    /// the choice: Redis grants them only there.
+    fn queue(&self, on: bool) -> bool {
+        match self.0 {
+            Primitive::Election => on,
+            Primitive::Semaphore | Primitive::Writer => true,
+        }
+    }
+
     fn client(&self, lock: Arc<dyn DistributedLock>) -> Arc<dyn DistributedLock> {
         WrappedLock::around(lock, AsKind(self.0.kind()))
     }
