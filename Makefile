@@ -35,20 +35,22 @@ demo: deps
 ## lock, faults on either side; not in `make test`), every conformance rule on the
 ## deployments that run a short form in `make test` (TLS, RedLock as a new side), then
 ## the reliability report in chaos-report/ (CHAOS_SECONDS per nemesis run, CHAOS_SEED for
-## its schedule).
+## its schedule and option sets). The scenarios mostly wait on leases and faults, so
+## CHAOS_JOBS groups of them (a chaos module of a crate, e.g. lock-redis's `chaos::semaphore`)
+## run side by side, each on 2 test threads (scripts/run-tests.sh; CHAOS_JOBS=1: one
+## after another).
 CHAOS_SECONDS ?= 60
 CHAOS_SEED ?= 1
-CHAOS_ENV = CHAOS_LONG=1 CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) \
-	CHAOS_REPORT_DIR=$(CURDIR)/chaos-report LOCK_TEST_STRICT=1
+CHAOS_JOBS ?= 3
+CHAOS_ONLY = ^((lab|lock-redis|lock-zookeeper|lock-etcd)/test/it/chaos/|lab/test/dual_chaos$$|(lab|lock-redis|lock-zookeeper)/test/it/(dual|conformance)/|lockctl/test/it/signals/)
 chaos: deps
 	rm -rf chaos-report && mkdir -p chaos-report
-	$(CHAOS_ENV) $(CARGO) test --release -p lab -p lock-redis -p lock-zookeeper \
-		-p lock-etcd --test it -- --test-threads 2 chaos::
-	$(CHAOS_ENV) $(CARGO) test --release -p lab --test dual_chaos -- --test-threads 2
-	$(CHAOS_ENV) $(CARGO) test --release -p lab -p lock-redis -p lock-zookeeper \
-		--test it -- --test-threads 2 dual:: conformance::
-	CHAOS_REPORT_DIR=$(CURDIR)/chaos-report LOCK_TEST_STRICT=1 \
-		$(CARGO) test --release -p lockctl --test it -- signals::
+	CHAOS_LONG=1 CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) \
+		LOCK_TEST_SEED=$(CHAOS_SEED) CHAOS_REPORT_DIR=$(CURDIR)/chaos-report \
+		LOCK_TEST_STRICT=1 CARGO=$(CARGO) TEST_RUN=chaos TEST_JOBS=$(CHAOS_JOBS) TEST_SPLIT=2 \
+		TEST_BUILD="--release -p lab -p lock-redis -p lock-zookeeper -p lock-etcd -p lockctl \
+		--test it --test dual_chaos" TEST_ONLY='$(CHAOS_ONLY)' \
+		./scripts/run-tests.sh -- --test-threads 2
 	$(CARGO) run --quiet --release -p tools --bin chaos_report -- chaos-report
 
 ## The full comparative benchmark, medians of 3 runs (about twenty minutes on 2 cores),

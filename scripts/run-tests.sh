@@ -14,14 +14,25 @@
 # failed (--no-fail-fast), and the exit status is non-zero if any job or the doc tests
 # failed. Arguments are passed to every test binary (e.g. `-- --test-threads 1`);
 # TEST_JOBS=1 runs the jobs one at a time.
+#
+# `make chaos` runs its long schedules through the same runner: TEST_BUILD replaces
+# `--workspace` in the build command (e.g. `--release -p lab --test it`), TEST_ONLY keeps
+# the jobs whose label matches that extended regex (and skips the doc tests), TEST_SPLIT
+# splits an `it` binary by that many module levels (default 1: `chaos`; 2: `chaos/single`,
+# `chaos/semaphore`...), and TEST_RUN names the run's logs and durations (default `test`:
+# target/test-logs, target/test-durations).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 CARGO=${CARGO:-cargo}
 JOBS=${TEST_JOBS:-4}
+RUN=${TEST_RUN:-test}
+ONLY=${TEST_ONLY:-}
+SPLIT=${TEST_SPLIT:-1}
+read -r -a BUILD <<<"${TEST_BUILD:---workspace}"
 TARGET_DIR=${CARGO_TARGET_DIR:-target}
-LOGS="$TARGET_DIR/test-logs"
-DURATIONS="$TARGET_DIR/test-durations"
+LOGS="$TARGET_DIR/$RUN-logs"
+DURATIONS="$TARGET_DIR/$RUN-durations"
 rm -rf "$LOGS" && mkdir -p "$LOGS"
 
 # One seed for the option sets every conformance rule and chaos scenario draws
@@ -31,7 +42,7 @@ echo "run-tests: option sets drawn with LOCK_TEST_SEED=$LOCK_TEST_SEED (set it t
 
 started=$(date +%s)
 # The build fails loudly: nothing runs on a half-built workspace.
-if ! "$CARGO" test --workspace --no-run --message-format json-render-diagnostics \
+if ! "$CARGO" test "${BUILD[@]}" --no-run --message-format json-render-diagnostics \
     >"$LOGS/build.json"; then
     echo "run-tests: building the test binaries failed" >&2
     exit 101
@@ -54,8 +65,8 @@ if [[ ! -s $LOGS/binaries.tsv ]]; then
     exit 101
 fi
 
-# The jobs: an `it` binary's tests by top-level module, any other binary whole. One line
-# per job: label, binary label, then the exact test names (none: the whole binary).
+# The jobs: an `it` binary's tests by module (SPLIT levels), any other binary whole. One
+# line per job: label, binary label, then the exact test names (none: the whole binary).
 list_tests() {
     local exe=$1 dir=$2 pkg=$3
     (cd "$dir" && CARGO_MANIFEST_DIR="$dir" CARGO_PKG_NAME="$pkg" "$exe" --list --format terse) |
@@ -70,9 +81,15 @@ while IFS=$'\t' read -r label exe dir pkg; do
         echo "run-tests: $label does not list its tests" >&2
         exit 101
     fi
-    awk -v b="$label" '{ m = $0; sub(/::.*/, "", m); t[m] = t[m] "\t" $0 }
+    awk -v b="$label" -v depth="$SPLIT" '{ n = split($0, part, "::"); m = part[1]
+            for (i = 2; i <= depth && i <= n; i++) m = m "/" part[i]
+            t[m] = t[m] "\t" $0 }
         END { for (m in t) print b "/" m "\t" b t[m] }' <<<"$names"
-done <"$LOGS/binaries.tsv" | sort >"$LOGS/jobs.tsv"
+done <"$LOGS/binaries.tsv" | sort | awk -F'\t' -v only="$ONLY" 'only == "" || $1 ~ only' >"$LOGS/jobs.tsv"
+if [[ ! -s $LOGS/jobs.tsv ]]; then
+    echo "run-tests: no job matches TEST_ONLY=$ONLY" >&2
+    exit 101
+fi
 
 # Expected duration of a job: last run's, else a guess from the name (servers and
 # fault schedules first, unit tests last).
@@ -84,6 +101,7 @@ expected() {
         return
     fi
     case $label in
+        */dual_chaos | */chaos/*) echo 600 ;;
         */chaos | */dual | */conformance) echo 90 ;;
         */operations | */faults | */session | */sentinel | */migration) echo 30 ;;
         */it/*) echo 10 ;;
@@ -95,8 +113,10 @@ queue=()
 while IFS=$'\t' read -r label _; do
     queue+=("$(expected "$label")"$'\t'"$label")
 done <"$LOGS/jobs.tsv"
-mapfile -t queue < <(printf '%s\n' "${queue[@]}" "$(expected doc-tests)"$'\t'"doc-tests" |
-    sort -t$'\t' -k1,1nr | cut -f2)
+if [[ -z $ONLY ]]; then
+    queue+=("$(expected doc-tests)"$'\t'"doc-tests")
+fi
+mapfile -t queue < <(printf '%s\n' "${queue[@]}" | sort -t$'\t' -k1,1nr | cut -f2)
 
 declare -A pid_label=() began=()
 failed=()
