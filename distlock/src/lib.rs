@@ -179,6 +179,30 @@ pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
     raw::driver::registry().connect(url).await
 }
 
+/// As [`connect`], with the lock options set in code winning over the URL's (on both sides
+/// of a `dual:` URL): the URL says where, the code says how long.
+///
+/// ```
+/// # async fn demo() -> distlock::Result<()> {
+/// use std::time::Duration;
+/// use distlock::LockOptions;
+/// let options = LockOptions::builder()
+///     .ttl(Duration::from_secs(10))
+///     .request_timeout(Duration::from_secs(2));
+/// let locks = distlock::connect_with("memory://docs?ttl=1m", &options).await?; // ttl 10 s
+/// locks.close().await?;
+/// # Ok(()) }
+/// ```
+///
+/// # Errors
+/// As [`connect`].
+pub async fn connect_with(
+    url: &str,
+    options: &LockOptionsBuilder,
+) -> Result<Arc<dyn DistributedLock>> {
+    raw::driver::registry().connect_with(url, options).await
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@ use crate::driver::{Connect, Driver};
 use crate::error::Result;
 use crate::lock::DistributedLock;
 use crate::memory::MemoryBackend;
+use crate::options::LockOptionsBuilder;
 use crate::registry::Registry;
 
 /// The process-wide registry.
@@ -36,4 +37,15 @@ pub fn register<B: Connect>() {
 /// See [`Registry::connect`].
 pub async fn connect(url: &str) -> Result<Arc<dyn DistributedLock>> {
     registry().connect(url).await
+}
+
+/// As [`connect`], with the lock options set in `options` winning over the URL's.
+///
+/// # Errors
+/// See [`Registry::connect`].
+pub async fn connect_with(
+    url: &str,
+    options: &LockOptionsBuilder,
+) -> Result<Arc<dyn DistributedLock>> {
+    registry().connect_with(url, options).await
 }

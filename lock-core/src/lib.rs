@@ -4,6 +4,7 @@ mod backend;
 mod capabilities;
 mod changes;
 mod driver;
+mod durations;
 mod erased;
 mod error;
 mod ext;
@@ -30,12 +31,12 @@ mod token;
 pub use capabilities::{Capabilities, FencingSource};
 pub use error::{Error, ErrorKind, Result};
 pub use ext::{DistributedLockExt, LockContext, RunOutcome};
-pub use global::connect;
+pub use global::{connect, connect_with};
 pub use guard::{LockGuard, LockWatch};
 pub use lock::DistributedLock;
 pub use name::LockName;
 pub use occupancy::{Occupancy, Participant};
-pub use options::{AcquireOptions, LockOptions, RenewalMode, Wait};
+pub use options::{AcquireOptions, LockOptions, LockOptionsBuilder, RenewalMode, Wait};
 pub use primitives::{
     Election, Leader, LeaderObserver, Leadership, MultiGuard, MultiLock, Permit, ReadGuard, RwLock,
     Semaphore, WriteGuard,

@@ -8,7 +8,7 @@ use std::fmt;
 use percent_encoding::percent_decode_str;
 
 use crate::error::{Error, Result};
-use crate::options::LockOptions;
+use crate::options::{LockOptions, LockOptionsBuilder};
 
 /// One `host[:port]` of a lock URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -137,6 +137,14 @@ impl LockUrl {
             }
         }
         Ok(rest)
+    }
+
+    /// Puts the options set in `options` in the query, in place of the URL's own.
+    pub fn override_options(&mut self, options: &LockOptionsBuilder) {
+        let set = options.query_pairs();
+        self.query
+            .retain(|(key, _)| !set.iter().any(|(overridden, _)| overridden == key));
+        self.query.extend(set);
     }
 
     /// The URL as text with the password, and secret query values, replaced by `***`.

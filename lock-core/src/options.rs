@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::durations::{check_duration, format_duration, parse_option_duration};
 use crate::error::{Error, Result};
 use crate::kind::HoldKind;
 use crate::token::OwnerId;
@@ -39,19 +40,19 @@ pub enum RenewalMode {
 pub struct LockOptions {
     /// Server-side lease of each hold \[`ttl`\]. Default 30 s. On ZooKeeper the
     /// session timeout plays this role; on etcd, the client's lease TTL.
-    #[serde(with = "crate::options::duration_text")]
+    #[serde(with = "crate::durations::duration_text")]
     pub ttl: Duration,
     /// Renewal policy \[`renewal=auto|manual`\]. Default [`RenewalMode::Auto`].
     pub renewal: RenewalMode,
     /// Cap on the total time a hold is renewed \[`max_hold`\]. Default: none.
-    #[serde(with = "crate::options::duration_text::option")]
+    #[serde(with = "crate::durations::duration_text::option")]
     pub max_hold: Option<Duration>,
     /// Deadline of each network call \[`request_timeout`\]. Default 5 s.
-    #[serde(with = "crate::options::duration_text")]
+    #[serde(with = "crate::durations::duration_text")]
     pub request_timeout: Duration,
     /// Longest a waiter sleeps before re-checking, since pushes can be missed
     /// \[`recheck`\]. Default 1 s.
-    #[serde(with = "crate::options::duration_text")]
+    #[serde(with = "crate::durations::duration_text")]
     pub recheck: Duration,
     /// Label the metrics of each hold and acquire with its lock name
     /// \[`metrics_names=true|false`\]. Default `false`: every lock name makes series of its
@@ -148,113 +149,153 @@ impl LockOptions {
     }
 }
 
-pub(crate) fn check_duration(field: &str, value: Duration) -> Result<()> {
-    if value.is_zero() {
-        return Err(Error::config(format!("{field} must be greater than zero")));
-    }
-    if value > MAX_DURATION {
-        return Err(Error::config(format!(
-            "{field} must be at most one year, got {value:?}"
-        )));
-    }
-    Ok(())
-}
-
-/// A duration option's value: parsed, and in range for any duration option.
-fn parse_option_duration(field: &str, text: &str) -> Result<Duration> {
-    let value = parse_duration(field, text)?;
-    check_duration(field, value)?;
-    Ok(value)
-}
-
-/// Parses `250ms`, `30s`, `1.5s`, `2m` or `1h`.
+/// Lock options set in code: each one set wins over the URL's (and over the defaults).
 ///
-/// # Errors
-/// [`Error::InvalidConfig`] naming `field` when the text is not such a duration.
-pub fn parse_duration(field: &str, text: &str) -> Result<Duration> {
-    let bad = || {
-        Error::config(format!(
-            "{field}: {text:?} is not a duration (use e.g. 250ms, 30s, 1.5s, 2m, 1h)"
-        ))
-    };
-    let split = text
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .ok_or_else(bad)?;
-    let (number, unit) = text.split_at(split);
-    let number: f64 = number.parse().map_err(|_| bad())?;
-    let seconds = match unit {
-        "ms" => number / 1000.0,
-        "s" => number,
-        "m" => number * 60.0,
-        "h" => number * 3600.0,
-        _ => return Err(bad()),
-    };
-    if !seconds.is_finite() || seconds < 0.0 || seconds > MAX_DURATION.as_secs_f64() {
-        return Err(bad());
-    }
-    Ok(Duration::from_secs_f64(seconds))
+/// ```
+/// use std::time::Duration;
+/// use distlock::{LockOptions, RenewalMode};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> distlock::Result<()> {
+/// // A whole set of options, checked:
+/// let options = LockOptions::builder().ttl(Duration::from_secs(10)).build()?;
+/// assert_eq!(options.renewal, RenewalMode::Auto);
+/// // Or a client whose URL gives the rest (the builder's `ttl` wins over `?ttl=30s`):
+/// let overrides = LockOptions::builder().ttl(Duration::from_secs(10));
+/// let locks = distlock::connect_with("memory://docs?ttl=30s", &overrides).await?;
+/// locks.close().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LockOptionsBuilder {
+    ttl: Option<Duration>,
+    renewal: Option<RenewalMode>,
+    max_hold: Option<Duration>,
+    request_timeout: Option<Duration>,
+    recheck: Option<Duration>,
+    metrics_names: Option<bool>,
 }
 
-/// Formats a duration the way [`parse_duration`] reads it.
-pub fn format_duration(value: Duration) -> String {
-    if value.subsec_nanos() == 0 {
-        format!("{}s", value.as_secs())
-    } else if value.subsec_nanos() % 1_000_000 == 0 {
-        format!("{}ms", value.as_millis())
-    } else {
-        format!("{}s", value.as_secs_f64())
+impl LockOptions {
+    /// Options set in code, for [`LockOptionsBuilder::build`] or
+    /// [`connect_with`](crate::connect_with).
+    pub fn builder() -> LockOptionsBuilder {
+        LockOptionsBuilder::default()
     }
 }
 
-/// Serde helpers that read and write durations as text (`250ms`, `30s`, `2m`), for
-/// `#[serde(with = "lock_core::duration_text")]` (and `…::option` for `Option<Duration>`).
-pub mod duration_text {
-    use std::time::Duration;
-
-    use serde::{de::Error as _, Deserialize, Deserializer, Serializer};
-
-    /// Writes `value` as text.
-    ///
-    /// # Errors
-    /// Whatever the serializer reports.
-    pub fn serialize<S: Serializer>(value: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&super::format_duration(*value))
+impl LockOptionsBuilder {
+    /// Server-side lease of each hold ([`LockOptions::ttl`]).
+    #[must_use]
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
     }
 
-    /// Reads a duration from text.
-    ///
-    /// # Errors
-    /// When the text is not a duration.
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let text = String::deserialize(d)?;
-        super::parse_duration("duration", &text).map_err(D::Error::custom)
+    /// Renewal policy ([`LockOptions::renewal`]).
+    #[must_use]
+    pub fn renewal(mut self, renewal: RenewalMode) -> Self {
+        self.renewal = Some(renewal);
+        self
     }
 
-    /// The same for `Option<Duration>`.
-    pub mod option {
-        use super::*;
+    /// Cap on the total time a hold is renewed ([`LockOptions::max_hold`]).
+    #[must_use]
+    pub fn max_hold(mut self, cap: Duration) -> Self {
+        self.max_hold = Some(cap);
+        self
+    }
 
-        /// Writes `value` as text, or none.
-        ///
-        /// # Errors
-        /// Whatever the serializer reports.
-        pub fn serialize<S: Serializer>(value: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-            match value {
-                Some(v) => s.serialize_some(&crate::options::format_duration(*v)),
-                None => s.serialize_none(),
-            }
+    /// Deadline of each network call ([`LockOptions::request_timeout`]).
+    #[must_use]
+    pub fn request_timeout(mut self, timeout: Duration) -> Self {
+        self.request_timeout = Some(timeout);
+        self
+    }
+
+    /// Longest a waiter sleeps before re-checking ([`LockOptions::recheck`]).
+    #[must_use]
+    pub fn recheck(mut self, recheck: Duration) -> Self {
+        self.recheck = Some(recheck);
+        self
+    }
+
+    /// Label metrics with lock names ([`LockOptions::metrics_names`]).
+    #[must_use]
+    pub fn metrics_names(mut self, on: bool) -> Self {
+        self.metrics_names = Some(on);
+        self
+    }
+
+    /// Writes the options set here over `options`.
+    pub fn apply(&self, options: &mut LockOptions) {
+        if let Some(ttl) = self.ttl {
+            options.ttl = ttl;
         }
+        if let Some(renewal) = self.renewal {
+            options.renewal = renewal;
+        }
+        if let Some(cap) = self.max_hold {
+            options.max_hold = Some(cap);
+        }
+        if let Some(timeout) = self.request_timeout {
+            options.request_timeout = timeout;
+        }
+        if let Some(recheck) = self.recheck {
+            options.recheck = recheck;
+        }
+        if let Some(on) = self.metrics_names {
+            options.metrics_names = on;
+        }
+    }
 
-        /// Reads an optional duration from text.
-        ///
-        /// # Errors
-        /// When the text is not a duration.
-        pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
-            Option::<String>::deserialize(d)?
-                .map(|text| {
-                    crate::options::parse_duration("duration", &text).map_err(D::Error::custom)
-                })
-                .transpose()
+    /// The defaults with the options set here, checked.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] naming a duration that is zero or longer than
+    /// [`MAX_DURATION`].
+    pub fn build(&self) -> Result<LockOptions> {
+        let mut options = LockOptions::default();
+        self.apply(&mut options);
+        options.validate()?;
+        Ok(options)
+    }
+
+    /// The options set here as URL query pairs, read back by
+    /// [`LockOptions::apply_query_pair`].
+    pub(crate) fn query_pairs(&self) -> Vec<(String, String)> {
+        let mut all = LockOptions::default();
+        self.apply(&mut all);
+        all.to_query()
+            .split('&')
+            .filter_map(|pair| pair.split_once('='))
+            .filter(|(key, _)| match *key {
+                "ttl" => self.ttl.is_some(),
+                "renewal" => self.renewal.is_some(),
+                "max_hold" => self.max_hold.is_some(),
+                "request_timeout" => self.request_timeout.is_some(),
+                "recheck" => self.recheck.is_some(),
+                _ => false,
+            })
+            .map(|(key, value)| (key.to_owned(), value.to_owned()))
+            .chain(
+                self.metrics_names
+                    .map(|on| ("metrics_names".to_owned(), on.to_string())),
+            )
+            .collect()
+    }
+}
+
+impl From<LockOptions> for LockOptionsBuilder {
+    /// Every option set, to the values of `options`.
+    fn from(options: LockOptions) -> Self {
+        LockOptionsBuilder {
+            ttl: Some(options.ttl),
+            renewal: Some(options.renewal),
+            max_hold: options.max_hold,
+            request_timeout: Some(options.request_timeout),
+            recheck: Some(options.recheck),
+            metrics_names: Some(options.metrics_names),
         }
     }
 }
@@ -357,28 +398,6 @@ mod tests {
             assert!(parsed.apply_query_pair(key, value).expect("valid"), "{key}");
         }
         assert_eq!(parsed, options);
-    }
-
-    #[test]
-    fn durations_parse_and_round_trip() {
-        for (text, expect) in [
-            ("250ms", Duration::from_millis(250)),
-            ("30s", Duration::from_secs(30)),
-            ("1.5s", Duration::from_millis(1500)),
-            ("2m", Duration::from_secs(120)),
-            ("1h", Duration::from_secs(3600)),
-        ] {
-            let parsed = parse_duration("ttl", text).unwrap();
-            assert_eq!(parsed, expect);
-            assert_eq!(
-                parse_duration("ttl", &format_duration(parsed)).unwrap(),
-                parsed
-            );
-        }
-        for bad in ["", "30", "s", "-1s", "1d", "1e9h", "NaNs", "1..2s"] {
-            let err = parse_duration("ttl", bad).unwrap_err();
-            assert!(err.to_string().contains("ttl"), "{err}");
-        }
     }
 
     #[test]

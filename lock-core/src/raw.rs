@@ -46,7 +46,7 @@ pub mod names {
 /// Durations as text (URL values, serde fields, messages), and the defaults and upper
 /// bound of the durations every client takes.
 pub mod durations {
-    pub use crate::options::{duration_text, format_duration, parse_duration};
+    pub use crate::durations::{duration_text, format_duration, parse_duration};
     pub use crate::options::{DEFAULT_RECHECK, DEFAULT_REQUEST_TIMEOUT, DEFAULT_TTL, MAX_DURATION};
 }
 

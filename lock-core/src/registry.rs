@@ -15,6 +15,7 @@ use crate::erased::Opened;
 use crate::error::{Error, Result};
 use crate::lock::DistributedLock;
 use crate::lock_url::LockUrl;
+use crate::options::LockOptionsBuilder;
 use crate::plumbing::lock_unpoisoned;
 
 /// A future that builds a client for a composed URL, borrowing the registry it opens
@@ -22,8 +23,10 @@ use crate::plumbing::lock_unpoisoned;
 pub(crate) type ComposeFuture<'a> =
     Pin<Box<dyn Future<Output = Result<Arc<dyn DistributedLock>>> + Send + 'a>>;
 
-/// Builds a client for a whole composed URL (`prefix:…`) through a registry.
-pub(crate) type Composer = for<'a> fn(&'a Registry, &'a str) -> ComposeFuture<'a>;
+/// Builds a client for a whole composed URL (`prefix:…`) through a registry, with the
+/// lock options set in code winning over each part's.
+pub(crate) type Composer =
+    for<'a> fn(&'a Registry, &'a str, &'a LockOptionsBuilder) -> ComposeFuture<'a>;
 
 /// A table of URL schemes and the backends that serve them.
 #[derive(Default)]
@@ -105,22 +108,42 @@ impl Registry {
     /// which may hold a password); [`Error::UnknownScheme`] listing the known schemes
     /// and the hint recorded for the missing one, if any; whatever the backend reports.
     pub async fn connect(&self, url: &str) -> Result<Arc<dyn DistributedLock>> {
+        self.connect_with(url, &LockOptionsBuilder::default()).await
+    }
+
+    /// As [`Registry::connect`], with the lock options set in `options` winning over the
+    /// URL's (on both sides of a dual lock).
+    ///
+    /// # Errors
+    /// As [`Registry::connect`].
+    pub async fn connect_with(
+        &self,
+        url: &str,
+        options: &LockOptionsBuilder,
+    ) -> Result<Arc<dyn DistributedLock>> {
         if let Some(composer) = self.composer(url) {
-            return composer(self, url).await;
+            return composer(self, url, options).await;
         }
-        let parsed = LockUrl::parse(url)?;
-        let driver = self.driver(&parsed.scheme)?;
-        driver.connect(parsed).await
+        let driver_url = self.parse(url, options)?;
+        let driver = self.driver(&driver_url.scheme)?;
+        driver.connect(driver_url).await
     }
 
     /// Opens the backend of `url` without a lease client, for a part of a composed URL.
     ///
     /// # Errors
     /// As [`Registry::connect`].
-    pub(crate) async fn open(&self, url: &str) -> Result<Opened> {
-        let parsed = LockUrl::parse(url)?;
+    pub(crate) async fn open(&self, url: &str, options: &LockOptionsBuilder) -> Result<Opened> {
+        let parsed = self.parse(url, options)?;
         let driver = self.driver(&parsed.scheme)?;
         driver.open(parsed).await
+    }
+
+    /// `url` parsed, with the options set in code in place of its own.
+    fn parse(&self, url: &str, options: &LockOptionsBuilder) -> Result<LockUrl> {
+        let mut parsed = LockUrl::parse(url)?;
+        parsed.override_options(options);
+        Ok(parsed)
     }
 
     /// The composer of `url`'s prefix, if it is a composed URL.

@@ -36,10 +36,10 @@ use std::process::{ExitCode, ExitStatus};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::migration::DualConfig;
 use distlock::raw::backend::HoldKind;
 use distlock::{
-    AcquireOptions, DistributedLock, LockGuard, LockName, LockState, ReleaseOutcome, Wait,
+    AcquireOptions, DistributedLock, LockGuard, LockName, LockOptions, LockState, ReleaseOutcome,
+    Wait,
 };
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
@@ -86,31 +86,14 @@ pub(crate) fn trampoline_if_asked() -> Option<ExitCode> {
     ))
 }
 
-/// `url` with its `ttl` option set to `ttl` (on both sides of a dual lock).
-fn url_with_ttl(url: &str, ttl: Duration) -> Result<String, distlock::Error> {
-    if let Some(dual) = DualConfig::from_url(url)? {
-        let sides = DualConfig::new(url_with_ttl(&dual.old, ttl)?, url_with_ttl(&dual.new, ttl)?);
-        return Ok(sides.url());
-    }
-    // The query starts at the first `?`, as `LockUrl::parse` reads it; everything before
-    // it (a password with a `#` included) is kept as it is.
-    let (base, query) = url.split_once('?').unwrap_or((url, ""));
-    let mut pairs: Vec<&str> = query
-        .split('&')
-        .filter(|pair| !pair.is_empty() && !pair.starts_with("ttl="))
-        .collect();
-    let ttl = format!("ttl={}", distlock::raw::durations::format_duration(ttl));
-    pairs.push(&ttl);
-    Ok(format!("{base}?{}", pairs.join("&")))
-}
-
-/// A client for `url`, with the lease `acquire.ttl` asks for.
+/// A client for `url`, with the lease `acquire.ttl` asks for (winning over the URL's, on
+/// both sides of a dual lock).
 async fn connect(url: &str, acquire: &AcquireArgs) -> Result<Arc<dyn DistributedLock>, BoxError> {
-    let url = match acquire.ttl {
-        Some(ttl) => url_with_ttl(url, ttl)?,
-        None => url.to_owned(),
-    };
-    Ok(distlock::connect(&url).await?)
+    let mut options = LockOptions::builder();
+    if let Some(ttl) = acquire.ttl {
+        options = options.ttl(ttl);
+    }
+    Ok(distlock::connect_with(url, &options).await?)
 }
 
 impl AcquireArgs {
@@ -509,26 +492,6 @@ async fn run_command(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn ttl_is_set_once_on_every_side() {
-        let ttl = Duration::from_millis(1500);
-        let with = |url| url_with_ttl(url, ttl).expect("a valid URL");
-        assert_eq!(with("redis://h:1"), "redis://h:1?ttl=1500ms");
-        assert_eq!(
-            with("zk://h:1/locks?ttl=5s&recheck=1s"),
-            "zk://h:1/locks?recheck=1s&ttl=1500ms"
-        );
-        assert_eq!(
-            with(" DUAL:zk://a:1/l?ttl=2s | redis://b:2 "),
-            "dual:zk://a:1/l?ttl=1500ms|redis://b:2?ttl=1500ms"
-        );
-        assert_eq!(
-            with("redis://:pa#ss@h:1?db=1"),
-            "redis://:pa#ss@h:1?db=1&ttl=1500ms"
-        );
-        assert!(url_with_ttl("dual:zk://a:1", ttl).is_err());
-    }
 
     #[test]
     fn the_grace_fits_in_the_lease() {

@@ -23,6 +23,7 @@ use crate::backend::{
 };
 use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
+use crate::durations::check_duration;
 use crate::error::{Error, Result};
 use crate::guard::{AtomicInstant, HoldInfo, HoldObserver, HoldOps, LockGuard, StateSlot};
 use crate::kind::{Amendment, HoldKind};
@@ -30,7 +31,7 @@ use crate::lock::{check_wait, DistributedLock};
 use crate::metrics::{ClientMetrics, HoldMetrics, Renewal, Series};
 use crate::name::{check_prefix, LockName};
 use crate::occupancy::{Occupancy, Participant};
-use crate::options::{check_duration, AcquireOptions, LockOptions, RenewalMode, Wait};
+use crate::options::{AcquireOptions, LockOptions, RenewalMode, Wait};
 use crate::plumbing::{lock_unpoisoned, Background, Backoff};
 use crate::state::{LockState, LostReason, ReleaseOutcome};
 use crate::token::{OwnerId, OwnerToken};

@@ -11,11 +11,12 @@ use serde::{Deserialize, Serialize};
 use tokio::time::{sleep, Instant};
 
 use super::{is_dual_token, DualConfig};
+use crate::durations::format_duration;
 use crate::erased::AnyBackend;
 use crate::error::{Error, Result};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
-use crate::options::format_duration;
+use crate::options::LockOptionsBuilder;
 use crate::registry::Registry;
 use crate::state::Side;
 
@@ -145,7 +146,7 @@ pub struct Sighting {
     /// How many looks saw it.
     pub times_seen: u32,
     /// When it was first seen, from the start of the check.
-    #[serde(with = "crate::options::duration_text")]
+    #[serde(with = "crate::durations::duration_text")]
     pub first_seen: Duration,
 }
 
@@ -171,7 +172,7 @@ pub struct CheckReport {
     /// How many times every name was looked at.
     pub looks: u32,
     /// How long it watched.
-    #[serde(with = "crate::options::duration_text")]
+    #[serde(with = "crate::durations::duration_text")]
     pub watched: Duration,
     /// Participants the step would stop excluding.
     pub unmarked: Vec<Sighting>,
@@ -276,7 +277,9 @@ impl Registry {
         if options.interval.is_zero() {
             return Err(Error::config("the check's interval must be above zero"));
         }
-        let (old, new) = config.open_sides(self).await?;
+        let (old, new) = config
+            .open_sides(self, &LockOptionsBuilder::default())
+            .await?;
         let mut report = CheckReport {
             step,
             names: names.iter().map(|name| name.to_string()).collect(),

@@ -43,7 +43,7 @@ use crate::erased::Opened;
 use crate::error::{Error, Result};
 use crate::lease::LeaseClient;
 use crate::lock::DistributedLock;
-use crate::options::LockOptions;
+use crate::options::{LockOptions, LockOptionsBuilder};
 use crate::registry::{ComposeFuture, Registry};
 
 pub use crate::state::Side;
@@ -94,13 +94,20 @@ impl DualConfig {
     /// # Errors
     /// As [`Registry::connect`] for either side; [`Error::InvalidConfig`] for a side that
     /// is itself a dual lock.
-    pub(crate) async fn open_sides(&self, registry: &Registry) -> Result<(Opened, Opened)> {
+    pub(crate) async fn open_sides(
+        &self,
+        registry: &Registry,
+        options: &LockOptionsBuilder,
+    ) -> Result<(Opened, Opened)> {
         for side in [&self.old, &self.new] {
             if DualConfig::from_url(side)?.is_some() {
                 return Err(Error::config("a side of a dual lock cannot be a dual lock"));
             }
         }
-        tokio::try_join!(registry.open(&self.old), registry.open(&self.new))
+        tokio::try_join!(
+            registry.open(&self.old, options),
+            registry.open(&self.new, options)
+        )
     }
 
     /// Reads a `dual:<old url>|<new url>` URL; `Ok(None)` for any other URL.
@@ -141,12 +148,16 @@ pub(crate) fn register_dual(registry: &Registry) {
     registry.register_composer(DUAL_PREFIX.trim_end_matches(':'), connect_dual_url);
 }
 
-fn connect_dual_url<'a>(registry: &'a Registry, url: &'a str) -> ComposeFuture<'a> {
+fn connect_dual_url<'a>(
+    registry: &'a Registry,
+    url: &'a str,
+    options: &'a LockOptionsBuilder,
+) -> ComposeFuture<'a> {
     Box::pin(async move {
         let config = DualConfig::from_url(url)?.ok_or_else(|| {
             Error::config("malformed dual lock URL: expected `dual:<old url>|<new url>`")
         })?;
-        registry.connect_dual(&config).await
+        registry.open_dual(&config, options).await
     })
 }
 
@@ -159,7 +170,15 @@ impl Registry {
     /// URLs give different lock options, [`Error::Unsupported`] for a new side whose
     /// fencing tokens cannot be raised.
     pub async fn connect_dual(&self, config: &DualConfig) -> Result<Arc<dyn DistributedLock>> {
-        let (old, new) = config.open_sides(self).await?;
+        self.open_dual(config, &LockOptionsBuilder::default()).await
+    }
+
+    async fn open_dual(
+        &self,
+        config: &DualConfig,
+        options: &LockOptionsBuilder,
+    ) -> Result<Arc<dyn DistributedLock>> {
+        let (old, new) = config.open_sides(self, options).await?;
         let options = agreed_options(&old.options, &new.options)?;
         let backend = DualBackend::new(old.backend, new.backend, options.request_timeout)?;
         Ok(Arc::new(LeaseClient::new(backend, options)?))

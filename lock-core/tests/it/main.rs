@@ -4,4 +4,5 @@
 mod lease;
 mod metrics;
 mod migration;
+mod options;
 mod spans;
