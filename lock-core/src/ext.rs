@@ -67,6 +67,12 @@ pub trait DistributedLockExt: DistributedLock {
 
 impl<L: DistributedLock + ?Sized> DistributedLockExt for L {}
 
+/// The guard of a wait that cannot come back empty (forever, or with a timeout that fails
+/// with [`Error::Timeout`]).
+pub(crate) fn waited<G>(got: Option<G>, name: &LockName) -> Result<G> {
+    got.ok_or_else(|| unexpected_none(name))
+}
+
 fn unexpected_none(name: &LockName) -> Error {
     Error::Protocol {
         backend: "distlock",

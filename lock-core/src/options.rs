@@ -326,9 +326,33 @@ pub struct AcquireOptions {
     pub max_hold: Option<Duration>,
     /// Reentrancy: acquisitions with the same owner id on the same client share one hold.
     pub owner: Option<OwnerId>,
-    /// The kind of hold: a mutex unless a front end ([`Election`](crate::Election)) asks
-    /// for another.
-    pub kind: HoldKind,
+    /// The kind of hold: a mutex unless a front end ([`Semaphore`](crate::Semaphore),
+    /// [`RwLock`](crate::RwLock), [`Election`](crate::Election)) asks for another
+    /// (backend authors: [`raw::backend::AcquireKind`](crate::raw::backend::AcquireKind)).
+    pub(crate) kind: HoldKind,
+}
+
+/// The kind of hold an acquire asks for, which the typed front ends set: for backends,
+/// tools and tests that drive every kind through one
+/// [`DistributedLock::acquire`](crate::DistributedLock::acquire).
+pub trait AcquireKind {
+    /// These options, asking for a hold of `kind`.
+    #[must_use]
+    fn with_kind(self, kind: HoldKind) -> Self;
+
+    /// The kind of hold asked for.
+    fn kind(&self) -> &HoldKind;
+}
+
+impl AcquireKind for AcquireOptions {
+    fn with_kind(mut self, kind: HoldKind) -> Self {
+        self.kind = kind;
+        self
+    }
+
+    fn kind(&self) -> &HoldKind {
+        &self.kind
+    }
 }
 
 impl AcquireOptions {

@@ -24,6 +24,7 @@ pub mod backend {
     pub use crate::error::BoxError;
     pub use crate::kind::{Amendment, HoldKind};
     pub use crate::lease::{drift_margin, validity_deadline, LeaseClient};
+    pub use crate::options::AcquireKind;
 }
 
 /// How a backend is declared to the one registry, registered, and opened by URL.

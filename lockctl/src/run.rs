@@ -36,7 +36,7 @@ use std::process::{ExitCode, ExitStatus};
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::raw::backend::HoldKind;
+use distlock::raw::backend::{AcquireKind, HoldKind};
 use distlock::{
     AcquireOptions, DistributedLock, LockGuard, LockName, LockOptions, LockState, ReleaseOutcome,
     Wait,
@@ -235,8 +235,9 @@ async fn take(
     kind: HoldKind,
     signals: &mut Signals,
 ) -> Result<Result<LockGuard, ExitCode>, BoxError> {
-    let mut options = AcquireOptions::default().with_wait(acquire.wait());
-    options.kind = kind;
+    let options = AcquireOptions::default()
+        .with_wait(acquire.wait())
+        .with_kind(kind);
     let conflict = Err(ExitCode::from(acquire.conflict_exit_code));
     match signals.or_signal(locks.acquire(name, &options)).await {
         Ok(Ok(Some(guard))) => Ok(Ok(guard)),

@@ -43,7 +43,7 @@ async fn a_leads(
 ) -> Option<([Election; 2], Leadership)> {
     let [on_a, on_b] = elections(clients, name, rule)?;
     let first = on_a
-        .campaign("a", &AcquireOptions::forever())
+        .campaign_with("a", &AcquireOptions::forever())
         .await
         .expect("campaign")
         .expect("leads");
@@ -91,7 +91,7 @@ pub async fn election_one_leader_at_a_time(factory: &dyn Factory) {
             for term in 0..TERMS {
                 let value = format!("candidate-{candidate}-{term}");
                 let leadership = election
-                    .campaign(
+                    .campaign_with(
                         value.clone(),
                         &AcquireOptions::timeout(Duration::from_secs(60)),
                     )
@@ -152,7 +152,7 @@ pub async fn election_value_and_proclaim(factory: &dyn Factory) {
     };
     assert_eq!(on_b.leader().await.expect("read"), None, "nobody leads yet");
     let mut leadership = on_a
-        .campaign("10.0.0.1:8080", &AcquireOptions::try_once())
+        .campaign_with("10.0.0.1:8080", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("an uncontended try leads");
@@ -165,7 +165,7 @@ pub async fn election_value_and_proclaim(factory: &dyn Factory) {
         "the value of the grant is version 0"
     );
     assert!(
-        on_b.campaign("10.0.0.2:8080", &AcquireOptions::try_once())
+        on_b.campaign_with("10.0.0.2:8080", &AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -208,7 +208,7 @@ pub async fn election_resign_hands_over(factory: &dyn Factory) {
     };
     let waiting = tokio::spawn(async move {
         let leadership = on_b
-            .campaign("b", &AcquireOptions::timeout(Duration::from_secs(30)))
+            .campaign_with("b", &AcquireOptions::timeout(Duration::from_secs(30)))
             .await;
         (on_b, leadership, Instant::now())
     });
@@ -260,7 +260,7 @@ pub async fn election_cut_off_leader_is_replaced(factory: &dyn Factory) {
         return;
     };
     let patience = AcquireOptions::timeout(ttl * 4 + PROMPT);
-    let next = on_b.campaign("b", &patience);
+    let next = on_b.campaign_with("b", &patience);
     let second = cut_off_then_replaced(first.watch(), &*crash, ttl, next)
         .await
         .expect("another candidate leads after the TTL")
@@ -308,7 +308,7 @@ pub async fn election_observers_see_terms_in_order(factory: &dyn Factory) {
         let client = factory.client(LockOptions::default()).await;
         let on = Election::new(client, name.as_str()).expect("election");
         let mut leadership = on
-            .campaign(format!("leader-{round}"), &AcquireOptions::forever())
+            .campaign_with(format!("leader-{round}"), &AcquireOptions::forever())
             .await
             .expect("campaign")
             .expect("leads");
@@ -364,7 +364,7 @@ pub async fn election_cancellation_leaves_nothing(factory: &dyn Factory) {
     };
     let forever = AcquireOptions::forever();
     for pause in [0, 1, 5, 20, 100] {
-        let campaign = on_b.campaign("b", &forever);
+        let campaign = on_b.campaign_with("b", &forever);
         assert!(
             timeout(Duration::from_millis(pause), campaign)
                 .await
@@ -373,7 +373,7 @@ pub async fn election_cancellation_leaves_nothing(factory: &dyn Factory) {
         );
     }
     let timed_out = on_b
-        .campaign(
+        .campaign_with(
             "b",
             &AcquireOptions::default().with_wait(Wait::Timeout(Duration::from_millis(300))),
         )
@@ -383,7 +383,7 @@ pub async fn election_cancellation_leaves_nothing(factory: &dyn Factory) {
         "a campaign's timeout is an error, got {timed_out:?}"
     );
     assert!(on_b
-        .campaign("b", &AcquireOptions::try_once())
+        .campaign_with("b", &AcquireOptions::try_once())
         .await
         .expect("try")
         .is_none());

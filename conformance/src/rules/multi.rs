@@ -37,7 +37,7 @@ pub async fn multilock_all_or_nothing_without_deadlock(factory: &dyn Factory) {
         tasks.push(tokio::spawn(async move {
             for _ in 0..ROUNDS {
                 let guard = multi
-                    .acquire(&AcquireOptions::timeout(Duration::from_secs(30)))
+                    .acquire_with(&AcquireOptions::timeout(Duration::from_secs(30)))
                     .await
                     .expect("no deadlock: every set is granted")
                     .expect("a waiting acquire ends holding");
@@ -69,7 +69,7 @@ pub async fn multilock_all_or_nothing_without_deadlock(factory: &dyn Factory) {
         MultiLock::new(Arc::clone(&other), [names[0].as_str(), names[2].as_str()]).expect("names");
     assert!(
         multi
-            .acquire(&AcquireOptions::try_once())
+            .acquire_with(&AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -96,7 +96,7 @@ pub async fn multilock_lost_part_and_cancellation(factory: &dyn Factory) {
     let multi =
         MultiLock::new(Arc::clone(&client), names.iter().map(LockName::as_str)).expect("names");
     let guard = multi
-        .acquire(&AcquireOptions::timeout(PROMPT))
+        .acquire_with(&AcquireOptions::timeout(PROMPT))
         .await
         .expect("acquire")
         .expect("free names");
@@ -117,7 +117,7 @@ pub async fn multilock_lost_part_and_cancellation(factory: &dyn Factory) {
     let other = factory.client(LockOptions::default()).await;
     let held = other.lock(last.as_str()).await.expect("acquire");
     let forever = AcquireOptions::forever();
-    let waiting = multi.acquire(&forever);
+    let waiting = multi.acquire_with(&forever);
     assert!(
         timeout(Duration::from_millis(500), waiting).await.is_err(),
         "the multi-lock waits for its held part"

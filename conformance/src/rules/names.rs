@@ -3,7 +3,8 @@
 use std::time::Duration;
 
 use futures::future::join_all;
-use lock_core::raw::{backend::HoldKind, names::MAX_NAME_BYTES};
+use lock_core::raw::backend::{AcquireKind, HoldKind};
+use lock_core::raw::names::MAX_NAME_BYTES;
 use lock_core::{
     AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, LockOptions,
     LockState, ReleaseOutcome,
@@ -178,11 +179,7 @@ pub async fn names_used_as_two_kinds_refused(factory: &dyn Factory) {
     ];
     let holder = factory.client(LockOptions::default()).await;
     let other = factory.client(LockOptions::default()).await;
-    let with_kind = |wait: AcquireOptions, kind: &HoldKind| {
-        let mut options = wait;
-        options.kind = kind.clone();
-        options
-    };
+    let with_kind = |wait: AcquireOptions, kind: &HoldKind| wait.with_kind(kind.clone());
     let mut wrong = Vec::new();
     for held in &kinds {
         let name = unique_name(rule);

@@ -25,14 +25,14 @@ fn rwlock(client: &Arc<dyn DistributedLock>, name: &str, rule: &str) -> Option<R
 }
 
 async fn read(lock: &RwLock, limit: Duration) -> ReadGuard {
-    lock.read(&AcquireOptions::timeout(limit))
+    lock.read_with(&AcquireOptions::timeout(limit))
         .await
         .expect("read within the limit")
         .expect("a waiting read ends holding")
 }
 
 async fn write(lock: &RwLock, limit: Duration) -> WriteGuard {
-    lock.write(&AcquireOptions::timeout(limit))
+    lock.write_with(&AcquireOptions::timeout(limit))
         .await
         .expect("write within the limit")
         .expect("a waiting write ends holding")
@@ -116,7 +116,7 @@ pub async fn rwlock_writer_not_starved(factory: &dyn Factory) {
     waiters_reach(&*first, &name, 1).await;
     assert!(
         on_later
-            .read(&AcquireOptions::try_once())
+            .read_with(&AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -226,12 +226,12 @@ pub async fn primitives_cancellation_leaves_nothing(factory: &dyn Factory) {
     let writing = write(&on_holder, PROMPT).await;
     let permits = [
         held_sem
-            .acquire(&AcquireOptions::try_once())
+            .acquire_with(&AcquireOptions::try_once())
             .await
             .expect("permit")
             .expect("free"),
         held_sem
-            .acquire(&AcquireOptions::try_once())
+            .acquire_with(&AcquireOptions::try_once())
             .await
             .expect("permit")
             .expect("free"),
@@ -249,9 +249,9 @@ pub async fn primitives_cancellation_leaves_nothing(factory: &dyn Factory) {
             // Whatever happens, the future is dropped: at a random await point, or just
             // after it was granted (the guard is then dropped too).
             match round % 3 {
-                0 => drop(timeout(cut_after, lock.read(&forever)).await),
-                1 => drop(timeout(cut_after, lock.write(&forever)).await),
-                _ => drop(timeout(cut_after, sem.acquire(&forever)).await),
+                0 => drop(timeout(cut_after, lock.read_with(&forever)).await),
+                1 => drop(timeout(cut_after, lock.write_with(&forever)).await),
+                _ => drop(timeout(cut_after, sem.acquire_with(&forever)).await),
             }
         }));
         if round == ROUNDS / 2 {
@@ -273,8 +273,12 @@ pub async fn primitives_cancellation_leaves_nothing(factory: &dyn Factory) {
     let fresh = factory.client(LockOptions::default()).await;
     let sem = semaphore(&fresh, sem_name.as_str(), 2, rule).expect("capable");
     let both = [
-        sem.acquire(&AcquireOptions::try_once()).await.expect("try"),
-        sem.acquire(&AcquireOptions::try_once()).await.expect("try"),
+        sem.acquire_with(&AcquireOptions::try_once())
+            .await
+            .expect("try"),
+        sem.acquire_with(&AcquireOptions::try_once())
+            .await
+            .expect("try"),
     ];
     assert!(
         both.iter().all(Option::is_some),
@@ -285,7 +289,7 @@ pub async fn primitives_cancellation_leaves_nothing(factory: &dyn Factory) {
     }
     let lock = rwlock(&fresh, rw_name.as_str(), rule).expect("capable");
     let writing = lock
-        .write(&AcquireOptions::try_once())
+        .write_with(&AcquireOptions::try_once())
         .await
         .expect("try")
         .expect("the lock is free right after the cancellations");

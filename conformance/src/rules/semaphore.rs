@@ -31,7 +31,7 @@ pub(super) fn semaphore(
 /// Takes a permit, waiting at most `limit`.
 async fn permit(semaphore: &Semaphore, limit: Duration) -> Permit {
     semaphore
-        .acquire(&AcquireOptions::timeout(limit))
+        .acquire_with(&AcquireOptions::timeout(limit))
         .await
         .expect("a permit within the limit")
         .expect("a waiting acquire ends holding")
@@ -131,7 +131,7 @@ pub async fn semaphore_fifo_with_push(factory: &dyn Factory) {
         waiters_reach(&*holder, &name, i + 1).await;
     }
     assert!(
-        held.acquire(&AcquireOptions::try_once())
+        held.acquire_with(&AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -181,7 +181,7 @@ pub async fn semaphore_permits_disagreement_refused(factory: &dyn Factory) {
     let held = permit(&of_three, PROMPT).await;
     for options in [AcquireOptions::try_once(), AcquireOptions::timeout(PROMPT)] {
         let err = of_four
-            .acquire(&options)
+            .acquire_with(&options)
             .await
             .expect_err("a disagreement on permits is refused");
         assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");

@@ -171,7 +171,7 @@ pub async fn closed_client_refuses_every_call(factory: &dyn Factory) {
     let leadership = match &election {
         Some(election) => Some(
             election
-                .campaign("closing", &AcquireOptions::try_once())
+                .campaign_with("closing", &AcquireOptions::try_once())
                 .await
                 .expect("campaign")
                 .expect("nobody else campaigns"),
@@ -223,7 +223,7 @@ pub async fn closed_client_refuses_every_call(factory: &dyn Factory) {
     calls.refused("extend", &held, guard.extend()).await;
     if let Some(election) = &election {
         calls
-            .refused("campaign", &led, election.campaign("again", &once))
+            .refused("campaign", &led, election.campaign_with("again", &once))
             .await;
         calls.refused("leader", &led, election.leader()).await;
         calls
@@ -234,7 +234,7 @@ pub async fn closed_client_refuses_every_call(factory: &dyn Factory) {
         let semaphore =
             Semaphore::new(Arc::clone(&closing), free.as_str(), 2).expect("a semaphore");
         calls
-            .refused("semaphore permit", &free, semaphore.acquire(&once))
+            .refused("semaphore permit", &free, semaphore.acquire_with(&once))
             .await;
         calls
             .refused("semaphore occupancy", &free, semaphore.occupancy())
@@ -242,8 +242,10 @@ pub async fn closed_client_refuses_every_call(factory: &dyn Factory) {
     }
     if offers.rwlock {
         let rwlock = RwLock::new(Arc::clone(&closing), free.as_str()).expect("a read-write lock");
-        calls.refused("read", &free, rwlock.read(&once)).await;
-        calls.refused("write", &free, rwlock.write(&once)).await;
+        calls.refused("read", &free, rwlock.read_with(&once)).await;
+        calls
+            .refused("write", &free, rwlock.write_with(&once))
+            .await;
         calls
             .refused("read-write lock occupancy", &free, rwlock.occupancy())
             .await;
@@ -251,7 +253,7 @@ pub async fn closed_client_refuses_every_call(factory: &dyn Factory) {
     let multi =
         MultiLock::new(Arc::clone(&closing), [free.as_str(), held.as_str()]).expect("a multi-lock");
     calls
-        .refused("multi-lock", &free, multi.acquire(&once))
+        .refused("multi-lock", &free, multi.acquire_with(&once))
         .await;
     let released = guard.release().await;
     if !matches!(released, Ok(ReleaseOutcome::AlreadyLost(_))) {

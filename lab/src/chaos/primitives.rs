@@ -14,7 +14,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conformance::factory::StartedFactory;
 use conformance::wrap::{AcquireWrap, FactoryWrap, WrappedFactory, WrappedLock};
-use lock_core::raw::backend::HoldKind;
+use lock_core::raw::backend::{AcquireKind, HoldKind};
 use lock_core::{AcquireOptions, DistributedLock, LockGuard, LockName, LockOptions, Result};
 
 use super::topology::{ChaosTarget, Link, ServerControl, Topology};
@@ -100,8 +100,7 @@ impl AcquireWrap for AsKind {
         name: &LockName,
         options: &AcquireOptions,
     ) -> Result<Option<LockGuard>> {
-        let mut options = options.clone();
-        options.kind = self.0.clone();
+        let options = options.clone().with_kind(self.0.clone());
         lock.acquire(name, &options).await
     }
 

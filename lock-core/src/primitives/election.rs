@@ -14,7 +14,7 @@ use tokio::time::{timeout, Instant};
 use super::{acquire_kind, checked_name};
 use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
-use crate::ext::{run_held, LockContext, RunOutcome};
+use crate::ext::{run_held, waited, LockContext, RunOutcome};
 use crate::guard::{LockGuard, LockWatch};
 use crate::kind::{Amendment, HoldKind};
 use crate::lock::DistributedLock;
@@ -53,7 +53,43 @@ impl Election {
     }
 
     /// Campaigns with `value` (the candidate's identity or address, as the leader's
-    /// readers will see it) and returns once this candidate leads, as `options.wait` says
+    /// readers will see it) and waits until this candidate leads. Dropping the future
+    /// withdraws the candidacy, wherever it was.
+    ///
+    /// # Errors
+    /// As [`Election::campaign_with`].
+    pub async fn campaign(&self, value: impl Into<Vec<u8>>) -> Result<Leadership> {
+        let leadership = self
+            .campaign_with(value, &AcquireOptions::forever())
+            .await?;
+        waited(leadership, &self.name)
+    }
+
+    /// One attempt to lead: `Ok(None)` when another candidate leads or campaigned first.
+    ///
+    /// # Errors
+    /// As [`Election::campaign_with`].
+    pub async fn try_campaign(&self, value: impl Into<Vec<u8>>) -> Result<Option<Leadership>> {
+        self.campaign_with(value, &AcquireOptions::try_once()).await
+    }
+
+    /// Campaigns and waits at most `timeout` to lead.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`](crate::Error::Timeout) when this candidate did not lead in time
+    /// (its candidacy is withdrawn); as [`Election::campaign_with`].
+    pub async fn campaign_timeout(
+        &self,
+        value: impl Into<Vec<u8>>,
+        timeout: Duration,
+    ) -> Result<Leadership> {
+        let leadership = self
+            .campaign_with(value, &AcquireOptions::timeout(timeout))
+            .await?;
+        waited(leadership, &self.name)
+    }
+
+    /// Campaigns with `value` and returns once this candidate leads, as `options.wait` says
     /// (`Ok(None)`: a [`Wait::Try`](crate::Wait::Try) found another leader).
     ///
     /// Candidates lead in the order they campaigned. Dropping the future withdraws the
@@ -62,7 +98,7 @@ impl Election {
     /// # Errors
     /// As [`DistributedLock::acquire`]; [`Error::InvalidConfig`] for a reentrant
     /// campaign (`options.owner` set).
-    pub async fn campaign(
+    pub async fn campaign_with(
         &self,
         value: impl Into<Vec<u8>>,
         options: &AcquireOptions,
@@ -104,7 +140,7 @@ impl Election {
     /// fencing token.
     ///
     /// # Errors
-    /// As [`Election::campaign`].
+    /// As [`Election::campaign_with`].
     pub async fn lead<F, Fut, T>(
         &self,
         value: impl Into<Vec<u8>>,
@@ -116,7 +152,7 @@ impl Election {
         Fut: Future<Output = T> + Send,
         T: Send,
     {
-        match self.campaign(value, options).await? {
+        match self.campaign_with(value, options).await? {
             Some(leadership) => run_held(leadership.guard, work).await,
             None => Ok(RunOutcome::NotAcquired),
         }

@@ -6,11 +6,13 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::future::{join_all, select_all};
 use tokio::time::Instant;
 
 use crate::error::{Error, Result};
+use crate::ext::waited;
 use crate::guard::LockGuard;
 use crate::lock::DistributedLock;
 use crate::name::LockName;
@@ -52,6 +54,33 @@ impl MultiLock {
         &self.names
     }
 
+    /// Waits for every name.
+    ///
+    /// # Errors
+    /// As [`MultiLock::acquire_with`].
+    pub async fn acquire(&self) -> Result<MultiGuard> {
+        let guard = self.acquire_with(&AcquireOptions::forever()).await?;
+        waited(guard, &self.names[0])
+    }
+
+    /// One attempt, all or nothing: `Ok(None)` when any name is held.
+    ///
+    /// # Errors
+    /// As [`MultiLock::acquire_with`].
+    pub async fn try_acquire(&self) -> Result<Option<MultiGuard>> {
+        self.acquire_with(&AcquireOptions::try_once()).await
+    }
+
+    /// Waits at most `timeout` for every name together.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`](crate::Error::Timeout) naming the part not granted in time (the
+    /// parts taken are released); as [`MultiLock::acquire_with`].
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MultiGuard> {
+        let guard = self.acquire_with(&AcquireOptions::timeout(timeout)).await?;
+        waited(guard, &self.names[0])
+    }
+
     /// Acquires every name, as `options.wait` says for the whole (`Ok(None)`: a
     /// [`Wait::Try`] found one of them held; a [`Wait::Timeout`] bounds all the waits
     /// together). The names are taken in sorted order. On any failure the parts already
@@ -61,7 +90,7 @@ impl MultiLock {
     /// # Errors
     /// As [`DistributedLock::acquire`] for the part that failed; [`Error::Timeout`]
     /// names the part that was not granted in time.
-    pub async fn acquire(&self, options: &AcquireOptions) -> Result<Option<MultiGuard>> {
+    pub async fn acquire_with(&self, options: &AcquireOptions) -> Result<Option<MultiGuard>> {
         let deadline = match options.wait {
             Wait::Timeout(limit) => Some(Instant::now() + limit),
             Wait::Try | Wait::Forever => None,

@@ -5,8 +5,10 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::Result;
+use crate::ext::waited;
 use crate::kind::{Amendment, HoldKind};
 use crate::lock::DistributedLock;
 use crate::name::LockName;
@@ -42,14 +44,68 @@ impl RwLock {
         &self.name
     }
 
+    /// Waits for the read side (behind the writers queued before it).
+    ///
+    /// # Errors
+    /// As [`RwLock::read_with`].
+    pub async fn read(&self) -> Result<ReadGuard> {
+        let guard = self.read_with(&AcquireOptions::forever()).await?;
+        waited(guard, &self.name)
+    }
+
+    /// One attempt at the read side: `Ok(None)` when a writer holds or waits.
+    ///
+    /// # Errors
+    /// As [`RwLock::read_with`].
+    pub async fn try_read(&self) -> Result<Option<ReadGuard>> {
+        self.read_with(&AcquireOptions::try_once()).await
+    }
+
+    /// Waits at most `timeout` for the read side.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`](crate::Error::Timeout) when it did not come in time; as
+    /// [`RwLock::read_with`].
+    pub async fn read_timeout(&self, timeout: Duration) -> Result<ReadGuard> {
+        let guard = self.read_with(&AcquireOptions::timeout(timeout)).await?;
+        waited(guard, &self.name)
+    }
+
     /// Takes the read side, as `options.wait` says (`Ok(None)`: a
     /// [`Wait::Try`](crate::Wait::Try) found a writer holding or waiting).
     ///
     /// # Errors
     /// As [`DistributedLock::acquire`].
-    pub async fn read(&self, options: &AcquireOptions) -> Result<Option<ReadGuard>> {
+    pub async fn read_with(&self, options: &AcquireOptions) -> Result<Option<ReadGuard>> {
         let guard = acquire_kind(&self.lock, &self.name, HoldKind::Read, options).await?;
         Ok(guard.map(ReadGuard))
+    }
+
+    /// Waits for the write side (behind everyone queued before it).
+    ///
+    /// # Errors
+    /// As [`RwLock::write_with`].
+    pub async fn write(&self) -> Result<WriteGuard> {
+        let guard = self.write_with(&AcquireOptions::forever()).await?;
+        waited(guard, &self.name)
+    }
+
+    /// One attempt at the write side: `Ok(None)` when anyone holds or waits.
+    ///
+    /// # Errors
+    /// As [`RwLock::write_with`].
+    pub async fn try_write(&self) -> Result<Option<WriteGuard>> {
+        self.write_with(&AcquireOptions::try_once()).await
+    }
+
+    /// Waits at most `timeout` for the write side.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`](crate::Error::Timeout) when it did not come in time; as
+    /// [`RwLock::write_with`].
+    pub async fn write_timeout(&self, timeout: Duration) -> Result<WriteGuard> {
+        let guard = self.write_with(&AcquireOptions::timeout(timeout)).await?;
+        waited(guard, &self.name)
     }
 
     /// Takes the write side, as `options.wait` says (`Ok(None)`: a
@@ -57,7 +113,7 @@ impl RwLock {
     ///
     /// # Errors
     /// As [`DistributedLock::acquire`].
-    pub async fn write(&self, options: &AcquireOptions) -> Result<Option<WriteGuard>> {
+    pub async fn write_with(&self, options: &AcquireOptions) -> Result<Option<WriteGuard>> {
         let guard = acquire_kind(&self.lock, &self.name, HoldKind::Write, options).await?;
         Ok(guard.map(WriteGuard))
     }

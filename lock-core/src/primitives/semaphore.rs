@@ -4,8 +4,10 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::ext::waited;
 use crate::kind::HoldKind;
 use crate::lock::DistributedLock;
 use crate::name::LockName;
@@ -56,6 +58,33 @@ impl Semaphore {
         self.permits
     }
 
+    /// Waits for a permit. Dropping the future withdraws the request, wherever it was.
+    ///
+    /// # Errors
+    /// As [`Semaphore::acquire_with`].
+    pub async fn acquire(&self) -> Result<Permit> {
+        let permit = self.acquire_with(&AcquireOptions::forever()).await?;
+        waited(permit, &self.name)
+    }
+
+    /// One attempt: `Ok(None)` when every permit is taken or others wait before it.
+    ///
+    /// # Errors
+    /// As [`Semaphore::acquire_with`].
+    pub async fn try_acquire(&self) -> Result<Option<Permit>> {
+        self.acquire_with(&AcquireOptions::try_once()).await
+    }
+
+    /// Waits at most `timeout` for a permit.
+    ///
+    /// # Errors
+    /// [`Error::Timeout`](crate::Error::Timeout) when none came in time; as
+    /// [`Semaphore::acquire_with`].
+    pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Permit> {
+        let permit = self.acquire_with(&AcquireOptions::timeout(timeout)).await?;
+        waited(permit, &self.name)
+    }
+
     /// Takes a permit, as `options.wait` says (`Ok(None)`: a
     /// [`Wait::Try`](crate::Wait::Try) found every permit taken, or waiters before it).
     /// Dropping the future withdraws the request, wherever it was.
@@ -64,7 +93,7 @@ impl Semaphore {
     /// As [`DistributedLock::acquire`]; [`Error::Conflict`] when the name is in use with
     /// another number of permits (or as another kind of lock); [`Error::InvalidConfig`]
     /// for a reentrant acquire (`options.owner` set).
-    pub async fn acquire(&self, options: &AcquireOptions) -> Result<Option<Permit>> {
+    pub async fn acquire_with(&self, options: &AcquireOptions) -> Result<Option<Permit>> {
         let kind = HoldKind::Permit {
             permits: self.permits,
         };

@@ -1,6 +1,7 @@
 //! lock-core's lease machinery, metrics, spans and migration on the in-process backend,
 //! in one test binary.
 
+mod conveniences;
 mod lease;
 mod metrics;
 mod migration;

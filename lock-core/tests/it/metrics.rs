@@ -484,7 +484,7 @@ async fn leaderships_count_terms_and_end() {
     let election = lock_core::Election::new(Arc::clone(&a), "jobs/leader").expect("election");
     let mutex = a.lock("jobs/plain").await.expect("a mutex");
     let first = election
-        .campaign("a", &AcquireOptions::try_once())
+        .campaign_with("a", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
@@ -501,7 +501,7 @@ async fn leaderships_count_terms_and_end() {
     );
     first.resign().await.expect("resign");
     let second = election
-        .campaign("a", &AcquireOptions::try_once())
+        .campaign_with("a", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads again");
@@ -531,16 +531,16 @@ async fn holds_and_waiters_count_by_kind() {
     let rwlock = lock_core::RwLock::new(Arc::clone(&a), "jobs/table").expect("rwlock");
     let _mutex = a.lock("jobs/plain").await.expect("a mutex");
     let permit = semaphore
-        .acquire(&AcquireOptions::try_once())
+        .acquire_with(&AcquireOptions::try_once())
         .await
         .expect("acquire");
     let writing = rwlock
-        .write(&AcquireOptions::try_once())
+        .write_with(&AcquireOptions::try_once())
         .await
         .expect("write")
         .expect("free");
     let on_b = lock_core::Semaphore::new(Arc::clone(&b), "jobs/pool", 1).expect("semaphore");
-    let waiting = tokio::spawn(async move { on_b.acquire(&AcquireOptions::forever()).await });
+    let waiting = tokio::spawn(async move { on_b.acquire_with(&AcquireOptions::forever()).await });
     sleep(Duration::from_millis(50)).await;
     seen.read();
     assert_eq!(seen.gauge_of(metrics::HOLDS_BY_KIND, &by("permit")), 1.0);

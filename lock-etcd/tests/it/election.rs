@@ -124,7 +124,7 @@ async fn one_client_campaigning_twice_leads_once_at_a_time() {
     let name = plain_name();
     let election = Election::new(ours.clone(), &name).expect("election");
     let first = election
-        .campaign("first", &AcquireOptions::try_once())
+        .campaign_with("first", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
@@ -132,7 +132,7 @@ async fn one_client_campaigning_twice_leads_once_at_a_time() {
         let election = election.clone();
         async move {
             election
-                .campaign("second", &AcquireOptions::timeout(Duration::from_secs(20)))
+                .campaign_with("second", &AcquireOptions::timeout(Duration::from_secs(20)))
                 .await
                 .expect("campaign")
                 .expect("leads after the first resigns")
@@ -202,7 +202,7 @@ async fn leads_as_a_proposal(lock: &Arc<EtcdLock>, name: &str, value: &str) {
         wrong.push(format!("leader() shows {leader:?}"));
     }
     let later = election
-        .campaign("later", &AcquireOptions::try_once())
+        .campaign_with("later", &AcquireOptions::try_once())
         .await;
     if !matches!(later, Ok(None)) {
         wrong.push(format!("a later candidate's try: {later:?}"));
@@ -212,11 +212,17 @@ async fn leads_as_a_proposal(lock: &Arc<EtcdLock>, name: &str, value: &str) {
     let sem = Semaphore::new(shared, name, 2).expect("semaphore");
     let once = AcquireOptions::try_once();
     let tries = [
-        ("a reader", rw.read(&once).await.map(|held| held.is_some())),
-        ("a writer", rw.write(&once).await.map(|held| held.is_some())),
+        (
+            "a reader",
+            rw.read_with(&once).await.map(|held| held.is_some()),
+        ),
+        (
+            "a writer",
+            rw.write_with(&once).await.map(|held| held.is_some()),
+        ),
         (
             "a permit",
-            sem.acquire(&once).await.map(|held| held.is_some()),
+            sem.acquire_with(&once).await.map(|held| held.is_some()),
         ),
     ];
     for (what, tried) in tries {
@@ -241,7 +247,7 @@ async fn tag_shaped_proposals_are_plain_values() {
         let name = plain_name();
         let election = Election::new(first.clone(), &name).expect("election");
         let leadership = election
-            .campaign(value.as_str(), &AcquireOptions::try_once())
+            .campaign_with(value.as_str(), &AcquireOptions::try_once())
             .await
             .expect("campaign")
             .expect("leads a free election");
@@ -250,7 +256,7 @@ async fn tag_shaped_proposals_are_plain_values() {
             let election = Election::new(other.clone(), &name).expect("election");
             async move {
                 election
-                    .campaign("next", &AcquireOptions::timeout(Duration::from_secs(20)))
+                    .campaign_with("next", &AcquireOptions::timeout(Duration::from_secs(20)))
                     .await
             }
         });
@@ -280,7 +286,7 @@ async fn tag_shaped_proclaims_are_plain_values() {
     let name = plain_name();
     let election = Election::new(ours.clone(), &name).expect("election");
     let mut leadership = election
-        .campaign("plain", &AcquireOptions::try_once())
+        .campaign_with("plain", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads a free election");

@@ -277,7 +277,7 @@ async fn partitioned_leader_turns_lost_before_the_next_leads() {
     });
 
     let mut first = on_cut_off
-        .campaign("partitioned", &AcquireOptions::forever())
+        .campaign_with("partitioned", &AcquireOptions::forever())
         .await
         .expect("campaign")
         .expect("leads");
@@ -288,7 +288,7 @@ async fn partitioned_leader_turns_lost_before_the_next_leads() {
     });
     let waiting = tokio::spawn(async move {
         let leadership = on_other
-            .campaign(
+            .campaign_with(
                 "successor",
                 &AcquireOptions::timeout(Duration::from_secs(30)),
             )

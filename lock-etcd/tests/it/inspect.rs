@@ -131,12 +131,12 @@ async fn election_candidates_show_their_values() {
     let on_a = Election::new(clients[0].clone(), name.as_str()).expect("election");
     let on_b = Election::new(clients[1].clone(), name.as_str()).expect("election");
     let leader = on_a
-        .campaign("10.0.0.1:8080", &AcquireOptions::try_once())
+        .campaign_with("10.0.0.1:8080", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
     let waiting = tokio::spawn(async move {
-        on_b.campaign(
+        on_b.campaign_with(
             "10.0.0.2:8080",
             &AcquireOptions::timeout(Duration::from_secs(30)),
         )

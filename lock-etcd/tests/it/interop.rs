@@ -243,7 +243,7 @@ async fn etcdctl_leader_makes_our_campaign_wait() {
     );
     assert!(
         election
-            .campaign("distlock", &AcquireOptions::try_once())
+            .campaign_with("distlock", &AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -254,7 +254,7 @@ async fn etcdctl_leader_makes_our_campaign_wait() {
         let election = election.clone();
         async move {
             let leadership = election
-                .campaign(
+                .campaign_with(
                     "distlock",
                     &AcquireOptions::timeout(Duration::from_secs(20)),
                 )
@@ -313,7 +313,7 @@ async fn our_leader_makes_etcdctl_elect_wait() {
     let election = Election::new(ours.clone(), &name).expect("election");
 
     let mut leadership = election
-        .campaign("distlock-leader", &AcquireOptions::try_once())
+        .campaign_with("distlock-leader", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("a free election");
@@ -388,7 +388,7 @@ async fn our_leader_makes_etcdctl_elect_wait() {
     assert!(leader.term > our_term, "terms increase across leaders");
     assert!(
         election
-            .campaign("distlock-again", &AcquireOptions::try_once())
+            .campaign_with("distlock-again", &AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -432,13 +432,13 @@ async fn etcdctl_tag_shaped_proposal_is_a_proposal() {
         .expect("etcdctl leads");
     assert_eq!(leader.value_text(), proposal);
     let ours_too = election
-        .campaign("distlock", &AcquireOptions::try_once())
+        .campaign_with("distlock", &AcquireOptions::try_once())
         .await;
     assert!(matches!(ours_too, Ok(None)), "{ours_too:?}");
     let lock: Arc<dyn DistributedLock> = ours.clone();
     let read = RwLock::new(lock, &name)
         .expect("rwlock")
-        .read(&AcquireOptions::try_once())
+        .read_with(&AcquireOptions::try_once())
         .await
         .map(|held| held.is_some());
     assert!(

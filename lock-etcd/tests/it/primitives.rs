@@ -124,13 +124,13 @@ impl Scene {
     /// Client `i` waits for the write side in a task of its own.
     fn spawn_write(&self, i: usize) -> JoinHandle<lock_core::Result<Option<WriteGuard>>> {
         let lock = self.locks[i].clone();
-        tokio::spawn(async move { lock.write(&AcquireOptions::forever()).await })
+        tokio::spawn(async move { lock.write_with(&AcquireOptions::forever()).await })
     }
 
     /// Client `i` waits for the read side in a task of its own.
     fn spawn_read(&self, i: usize) -> JoinHandle<lock_core::Result<Option<ReadGuard>>> {
         let lock = self.locks[i].clone();
-        tokio::spawn(async move { lock.read(&AcquireOptions::forever()).await })
+        tokio::spawn(async move { lock.read_with(&AcquireOptions::forever()).await })
     }
 
     /// Waits until the range holds `n` keys.
@@ -152,19 +152,23 @@ async fn permit_keys_are_the_documented_layout() {
     let (admin, range) = (&scene.admin, scene.range.as_str());
     let (sem_a, sem_b) = (scene.semaphore(0, 2), scene.semaphore(1, 2));
     let forever = AcquireOptions::forever();
-    let first = sem_a.acquire(&forever).await.expect("first").expect("held");
+    let first = sem_a
+        .acquire_with(&forever)
+        .await
+        .expect("first")
+        .expect("held");
     let second = sem_a
-        .acquire(&forever)
+        .acquire_with(&forever)
         .await
         .expect("second")
         .expect("held");
     assert!(sem_b
-        .acquire(&AcquireOptions::try_once())
+        .acquire_with(&AcquireOptions::try_once())
         .await
         .expect("try")
         .is_none());
     until_keys(admin, range, 2).await;
-    let waiter = tokio::spawn(async move { sem_b.acquire(&AcquireOptions::forever()).await });
+    let waiter = tokio::spawn(async move { sem_b.acquire_with(&AcquireOptions::forever()).await });
     until_keys(admin, range, 3).await;
 
     let keys = entries(admin, range).await;
@@ -216,12 +220,12 @@ async fn permits_disagreement_is_refused() {
     };
     let (two, three) = (scene.semaphore(0, 2), scene.semaphore(1, 3));
     let held = two
-        .acquire(&AcquireOptions::forever())
+        .acquire_with(&AcquireOptions::forever())
         .await
         .expect("acquire")
         .expect("held");
     for options in [AcquireOptions::try_once(), AcquireOptions::forever()] {
-        let err = timeout(SOON, three.acquire(&options))
+        let err = timeout(SOON, three.acquire_with(&options))
             .await
             .expect("refused at once")
             .expect_err("a disagreement on permits");
@@ -242,9 +246,13 @@ async fn writer_behind_readers_is_not_starved() {
     };
     let locks = &scene.locks;
     let forever = AcquireOptions::forever();
-    let reader = locks[0].read(&forever).await.expect("read").expect("held");
+    let reader = locks[0]
+        .read_with(&forever)
+        .await
+        .expect("read")
+        .expect("held");
     let also = locks[0]
-        .read(&forever)
+        .read_with(&forever)
         .await
         .expect("read")
         .expect("shared");
@@ -252,7 +260,7 @@ async fn writer_behind_readers_is_not_starved() {
     scene.until_keys(3).await;
     assert!(
         locks[2]
-            .read(&AcquireOptions::try_once())
+            .read_with(&AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -283,7 +291,7 @@ async fn downgrade_keeps_the_place_and_wakes_readers() {
     };
     let (locks, admin, range) = (&scene.locks, &scene.admin, scene.range.as_str());
     let first = locks[0]
-        .write(&AcquireOptions::forever())
+        .write_with(&AcquireOptions::forever())
         .await
         .expect("write")
         .expect("held");
@@ -364,10 +372,15 @@ async fn etcdctl_sees_the_documented_keys() {
     let sem_name = plain_name("etcdctl-sem");
     let sem = Semaphore::new(lock, &sem_name, 3).expect("semaphore");
     let forever = AcquireOptions::forever();
-    let reader = rw.read(&forever).await.expect("read").expect("held");
+    let reader = rw.read_with(&forever).await.expect("read").expect("held");
     let writer_rw = rw.clone();
-    let writer = tokio::spawn(async move { writer_rw.write(&AcquireOptions::forever()).await });
-    let permit = sem.acquire(&forever).await.expect("permit").expect("held");
+    let writer =
+        tokio::spawn(async move { writer_rw.write_with(&AcquireOptions::forever()).await });
+    let permit = sem
+        .acquire_with(&forever)
+        .await
+        .expect("permit")
+        .expect("held");
     let lease = format!("{:x}", ours.backend().lease_id().expect("a lease"));
     let range = format!("{PREFIX}/{name}/");
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -429,17 +442,23 @@ async fn earlier_layout_entry_is_never_held_beside() {
     let tries = [
         (
             "a reader",
-            scene.locks[0].read(&once).await.map(|held| held.is_some()),
+            scene.locks[0]
+                .read_with(&once)
+                .await
+                .map(|held| held.is_some()),
         ),
         (
             "a writer",
-            scene.locks[1].write(&once).await.map(|held| held.is_some()),
+            scene.locks[1]
+                .write_with(&once)
+                .await
+                .map(|held| held.is_some()),
         ),
         (
             "a permit",
             scene
                 .semaphore(2, 2)
-                .acquire(&once)
+                .acquire_with(&once)
                 .await
                 .map(|held| held.is_some()),
         ),
@@ -470,7 +489,7 @@ async fn leftover_of_another_kind_is_cleared() {
     let lock: Arc<dyn DistributedLock> = ours.clone();
     let rw = RwLock::new(lock, &name).expect("rwlock");
     // The session's lease, taken by a first hold.
-    rw.read(&AcquireOptions::try_once())
+    rw.read_with(&AcquireOptions::try_once())
         .await
         .expect("read")
         .expect("held")
@@ -488,7 +507,7 @@ async fn leftover_of_another_kind_is_cleared() {
         .await
         .expect("a leftover candidate's key");
     let reader = rw
-        .read(&AcquireOptions::try_once())
+        .read_with(&AcquireOptions::try_once())
         .await
         .expect("read")
         .expect("held: the leftover is gone");

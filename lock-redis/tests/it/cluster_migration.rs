@@ -374,7 +374,7 @@ async fn a_leader_keeps_its_entry_when_its_slot_moves() {
     let on_leader = lock_core::Election::new(leader_client, name.as_str()).expect("election");
     let watched = lock_core::Election::new(watcher, name.as_str()).expect("election");
     let mut leadership = on_leader
-        .campaign("node-a", &lock_core::AcquireOptions::try_once())
+        .campaign_with("node-a", &lock_core::AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");

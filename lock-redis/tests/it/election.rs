@@ -60,7 +60,7 @@ async fn entry_follows_the_hold(redlock: bool) {
     let name = unique_name("entry_follows_the_hold");
     let election = election_on(&client, name.as_str());
     let mut leadership = election
-        .campaign("node-1", &AcquireOptions::try_once())
+        .campaign_with("node-1", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
@@ -173,7 +173,7 @@ async fn elections_without_the_queue_are_pushed() {
     let mut observer = watched.observe();
     assert_eq!(observer.next().await.expect("observe"), None);
     let first = on_a
-        .campaign("a", &AcquireOptions::try_once())
+        .campaign_with("a", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
@@ -185,7 +185,7 @@ async fn elections_without_the_queue_are_pushed() {
     assert_eq!((seen.value_text(), seen.term), ("a".into(), first.term()));
     let waiting = tokio::spawn(async move {
         let led = on_b
-            .campaign("b", &AcquireOptions::timeout(Duration::from_secs(30)))
+            .campaign_with("b", &AcquireOptions::timeout(Duration::from_secs(30)))
             .await;
         (led, Instant::now())
     });
@@ -231,7 +231,7 @@ async fn breaking_a_leader_shows_and_removes_its_entry() {
     let election = election_on(&leader_client, name.as_str());
     let watched = election_on(&operator, name.as_str());
     let leadership = election
-        .campaign("10.0.0.7:80", &AcquireOptions::try_once())
+        .campaign_with("10.0.0.7:80", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
@@ -288,7 +288,7 @@ async fn redlock_reads_the_leader_from_a_majority() {
         election_on(&b, name.as_str()),
     );
     let mut leadership = on_a
-        .campaign("a", &AcquireOptions::try_once())
+        .campaign_with("a", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
@@ -325,7 +325,7 @@ async fn redlock_reads_the_leader_from_a_majority() {
         ("a2".into(), leadership.term())
     );
     assert!(on_b
-        .campaign("b", &AcquireOptions::try_once())
+        .campaign_with("b", &AcquireOptions::try_once())
         .await
         .expect("try")
         .is_none());
@@ -366,7 +366,7 @@ async fn a_proclaim_after_the_entry_was_evicted_keeps_the_term() {
     let name = unique_name("proclaim_evicted");
     let election = election_on(&client, name.as_str());
     let mut leadership = election
-        .campaign("first", &AcquireOptions::try_once())
+        .campaign_with("first", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");

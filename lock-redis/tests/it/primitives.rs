@@ -33,14 +33,18 @@ async fn semaphore_layout_is_a_sorted_set_and_a_table() {
     let client = factory.make(with_ttl(Duration::from_secs(5))).await;
     let lock = name("sem_layout");
     let sem = Semaphore::new(client.clone(), lock.as_str(), 2).expect("semaphore");
-    let a = sem.acquire(&try_once()).await.expect("a").expect("free");
+    let a = sem
+        .acquire_with(&try_once())
+        .await
+        .expect("a")
+        .expect("free");
     let b = sem
-        .acquire(&try_once())
+        .acquire_with(&try_once())
         .await
         .expect("b")
         .expect("second permit");
     assert!(
-        sem.acquire(&try_once()).await.expect("c").is_none(),
+        sem.acquire_with(&try_once()).await.expect("c").is_none(),
         "two permits only"
     );
     let keys = KeyLayout::new(DEFAULT_PREFIX);
@@ -111,13 +115,20 @@ async fn permits_disagreement_is_refused() {
     let lock = name("sem_disagree");
     let two = Semaphore::new(client.clone(), lock.as_str(), 2).expect("semaphore");
     let three = Semaphore::new(client.clone(), lock.as_str(), 3).expect("semaphore");
-    let held = two.acquire(&try_once()).await.expect("a").expect("free");
-    let err = three.acquire(&try_once()).await.expect_err("3 beside 2");
+    let held = two
+        .acquire_with(&try_once())
+        .await
+        .expect("a")
+        .expect("free");
+    let err = three
+        .acquire_with(&try_once())
+        .await
+        .expect_err("3 beside 2");
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
     assert!(err.to_string().contains("2 permits"), "{err}");
     let rw = RwLock::new(client.clone(), lock.as_str()).expect("rwlock");
     let err = rw
-        .read(&try_once())
+        .read_with(&try_once())
         .await
         .expect_err("a reader on a semaphore");
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
@@ -129,7 +140,11 @@ async fn permits_disagreement_is_refused() {
     assert!(err.to_string().contains("2 permits"), "{err}");
     held.release().await.expect("release");
     // Free again: the name may be used as another kind now.
-    let permit = three.acquire(&try_once()).await.expect("3").expect("free");
+    let permit = three
+        .acquire_with(&try_once())
+        .await
+        .expect("3")
+        .expect("free");
     permit.release().await.expect("release");
     let mutex = client
         .try_lock(name("rw_mutex").as_str())
@@ -138,7 +153,7 @@ async fn permits_disagreement_is_refused() {
         .expect("free");
     let err = RwLock::new(client.clone(), mutex.name().as_str())
         .expect("rwlock")
-        .write(&try_once())
+        .write_with(&try_once())
         .await
         .expect_err("a writer on a mutex");
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
@@ -159,14 +174,14 @@ async fn a_crashed_holders_permit_is_freed_by_expiry() {
     let on_crashing = Semaphore::new(crashing, lock.as_str(), 1).expect("semaphore");
     let on_other = Semaphore::new(other, lock.as_str(), 1).expect("semaphore");
     let held = on_crashing
-        .acquire(&try_once())
+        .acquire_with(&try_once())
         .await
         .expect("a")
         .expect("free");
     let crashed_at = Instant::now();
     crash.crash().await;
     let next = on_other
-        .acquire(&within(ttl * 3))
+        .acquire_with(&within(ttl * 3))
         .await
         .expect("acquire")
         .expect("the crashed holder's permit comes back");
@@ -201,13 +216,13 @@ async fn a_self_settled_grant_keeps_the_waiters_ttl() {
                 async move {
                     if kind == "writer" {
                         let rw = RwLock::new(client, lock.as_str()).expect("rwlock");
-                        rw.write(&options)
+                        rw.write_with(&options)
                             .await
                             .expect("write")
                             .map(|g| g.into_guard())
                     } else {
                         let sem = Semaphore::new(client, lock.as_str(), 1).expect("semaphore");
-                        sem.acquire(&options)
+                        sem.acquire_with(&options)
                             .await
                             .expect("permit")
                             .map(|p| p.into_guard())
@@ -278,10 +293,16 @@ async fn writers_are_not_starved() {
     let rw = |client: &Arc<lock_redis::RedisLock>| {
         RwLock::new(client.clone() as Arc<dyn DistributedLock>, lock.as_str()).expect("rwlock")
     };
-    let reader = rw(&a).read(&try_once()).await.expect("read").expect("free");
+    let reader = rw(&a)
+        .read_with(&try_once())
+        .await
+        .expect("read")
+        .expect("free");
     let writer_lock = rw(&b);
     let writer = tokio::spawn(async move {
-        let guard = writer_lock.write(&within(Duration::from_secs(10))).await;
+        let guard = writer_lock
+            .write_with(&within(Duration::from_secs(10)))
+            .await;
         (guard, Instant::now())
     });
     // The writer is queued.
@@ -297,13 +318,17 @@ async fn writers_are_not_starved() {
         sleep(Duration::from_millis(20)).await;
     }
     assert!(
-        rw(&c).read(&try_once()).await.expect("late read").is_none(),
+        rw(&c)
+            .read_with(&try_once())
+            .await
+            .expect("late read")
+            .is_none(),
         "a later reader does not overtake the queued writer"
     );
     let late_reader_lock = rw(&c);
     let late_reader = tokio::spawn(async move {
         let guard = late_reader_lock
-            .read(&within(Duration::from_secs(10)))
+            .read_with(&within(Duration::from_secs(10)))
             .await;
         (guard, Instant::now())
     });
@@ -349,14 +374,17 @@ async fn downgrade_grants_readers_and_keeps_a_queued_writer_waiting() {
         RwLock::new(client.clone() as Arc<dyn DistributedLock>, lock.as_str()).expect("rwlock")
     };
     let writer = rw(&a)
-        .write(&try_once())
+        .write_with(&try_once())
         .await
         .expect("write")
         .expect("free");
     let token = writer.fencing_token();
     let reader_lock = rw(&b);
-    let reader =
-        tokio::spawn(async move { reader_lock.read(&within(Duration::from_secs(10))).await });
+    let reader = tokio::spawn(async move {
+        reader_lock
+            .read_with(&within(Duration::from_secs(10)))
+            .await
+    });
     let inspect = rw(&a);
     let deadline = Instant::now() + Duration::from_secs(5);
     while inspect
@@ -370,8 +398,11 @@ async fn downgrade_grants_readers_and_keeps_a_queued_writer_waiting() {
         sleep(Duration::from_millis(20)).await;
     }
     let writer_lock = rw(&c);
-    let second_writer =
-        tokio::spawn(async move { writer_lock.write(&within(Duration::from_secs(10))).await });
+    let second_writer = tokio::spawn(async move {
+        writer_lock
+            .write_with(&within(Duration::from_secs(10)))
+            .await
+    });
     while inspect.occupancy().await.expect("inspect").waiters.len() < 2 {
         assert!(Instant::now() < deadline, "the second writer queues");
         sleep(Duration::from_millis(20)).await;
@@ -417,8 +448,16 @@ async fn force_release_breaks_the_oldest_permit() {
     let client = factory.make(with_ttl(Duration::from_secs(3))).await;
     let lock = name("sem_break");
     let sem = Semaphore::new(client.clone(), lock.as_str(), 2).expect("semaphore");
-    let first = sem.acquire(&try_once()).await.expect("a").expect("free");
-    let second = sem.acquire(&try_once()).await.expect("b").expect("free");
+    let first = sem
+        .acquire_with(&try_once())
+        .await
+        .expect("a")
+        .expect("free");
+    let second = sem
+        .acquire_with(&try_once())
+        .await
+        .expect("b")
+        .expect("free");
     let removed = client
         .force_release(&lock)
         .await
@@ -434,7 +473,7 @@ async fn force_release_breaks_the_oldest_permit() {
     assert_eq!(reason, lock_core::LostReason::Broken);
     assert_eq!(second.state(), LockState::Held);
     let third = sem
-        .acquire(&try_once())
+        .acquire_with(&try_once())
         .await
         .expect("c")
         .expect("the broken permit is free");
@@ -469,9 +508,18 @@ async fn semaphore_and_rwlock_on_a_cluster() {
     let lock = name("cluster_sem");
     let on_a = Semaphore::new(a.clone(), lock.as_str(), 2).expect("semaphore");
     let on_b = Semaphore::new(b.clone(), lock.as_str(), 2).expect("semaphore");
-    let p1 = on_a.acquire(&try_once()).await.expect("a").expect("free");
-    let p2 = on_b.acquire(&try_once()).await.expect("b").expect("free");
-    let waiting = tokio::spawn(async move { on_b.acquire(&within(Duration::from_secs(10))).await });
+    let p1 = on_a
+        .acquire_with(&try_once())
+        .await
+        .expect("a")
+        .expect("free");
+    let p2 = on_b
+        .acquire_with(&try_once())
+        .await
+        .expect("b")
+        .expect("free");
+    let waiting =
+        tokio::spawn(async move { on_b.acquire_with(&within(Duration::from_secs(10))).await });
     sleep(Duration::from_millis(300)).await;
     assert!(!waiting.is_finished(), "a third permit waits");
     sleep(Duration::from_secs(2)).await;
@@ -486,10 +534,14 @@ async fn semaphore_and_rwlock_on_a_cluster() {
     p2.release().await.expect("release");
     p3.release().await.expect("release");
     let rw = RwLock::new(a.clone(), name("cluster_rw").as_str()).expect("rwlock");
-    let w = rw.write(&try_once()).await.expect("write").expect("free");
+    let w = rw
+        .write_with(&try_once())
+        .await
+        .expect("write")
+        .expect("free");
     let r = w.downgrade().await.expect("downgrade");
     let r2 = rw
-        .read(&try_once())
+        .read_with(&try_once())
         .await
         .expect("read")
         .expect("readers share");

@@ -400,7 +400,7 @@ async fn a_forgotten_leader_is_followed_by_a_greater_term() {
     }
     cut_replicas(factory.deployment.server(0).addr()).await;
     let first = on_a
-        .campaign("a", &AcquireOptions::try_once())
+        .campaign_with("a", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("a leads");
@@ -411,7 +411,7 @@ async fn a_forgotten_leader_is_followed_by_a_greater_term() {
         ("a".to_owned(), first.term())
     );
     let waiting = tokio::spawn(async move {
-        on_b.campaign("b", &AcquireOptions::timeout(FAILOVER * 2))
+        on_b.campaign_with("b", &AcquireOptions::timeout(FAILOVER * 2))
             .await
     });
 

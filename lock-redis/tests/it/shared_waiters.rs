@@ -25,17 +25,24 @@ async fn an_evicted_waiter_leaves_nothing_in_the_table() {
     let (crashing, crash) = factory.crashable_client(options.clone()).await;
     let lock = name("sem_evicted_waiter");
     let sem = Semaphore::new(holder, lock.as_str(), 1).expect("semaphore");
-    let held = sem.acquire(&try_once()).await.expect("a").expect("free");
+    let held = sem
+        .acquire_with(&try_once())
+        .await
+        .expect("a")
+        .expect("free");
     let on_crashing = Semaphore::new(crashing, lock.as_str(), 1).expect("semaphore");
-    let waiting =
-        tokio::spawn(async move { on_crashing.acquire(&within(Duration::from_secs(30))).await });
+    let waiting = tokio::spawn(async move {
+        on_crashing
+            .acquire_with(&within(Duration::from_secs(30)))
+            .await
+    });
     let mut conn = factory.raw_all().await.remove(0);
     testkit::redis::until_queued(&mut conn, &lock, 1).await;
     crash.crash().await;
     // Its stay: two rechecks and a request timeout.
     sleep(Duration::from_millis(1200)).await;
     assert!(
-        sem.acquire(&try_once()).await.expect("try").is_none(),
+        sem.acquire_with(&try_once()).await.expect("try").is_none(),
         "still held"
     );
     assert!(
@@ -69,12 +76,16 @@ async fn a_conflict_takes_a_queued_waiter_out_of_the_queue() {
     let lock = name("sem_conflict");
     let holder = factory.make(options.clone()).await;
     let sem = Semaphore::new(holder, lock.as_str(), 1).expect("semaphore");
-    let held = sem.acquire(&try_once()).await.expect("a").expect("free");
+    let held = sem
+        .acquire_with(&try_once())
+        .await
+        .expect("a")
+        .expect("free");
     let waiter = factory.make(options.clone()).await;
     let on_waiter = Semaphore::new(waiter, lock.as_str(), 1).expect("semaphore");
     let waiting = tokio::spawn(async move {
         on_waiter
-            .acquire(&within(Duration::from_secs(30)))
+            .acquire_with(&within(Duration::from_secs(30)))
             .await
             .map(|guard| guard.is_some())
     });

@@ -50,7 +50,7 @@ async fn change_feeds_end_with_their_watch_when_dropped() {
     let writer = Election::new(client.clone(), name.as_str()).expect("election");
     // Settle the client's own tasks and watches first.
     writer
-        .campaign("warm", &AcquireOptions::try_once())
+        .campaign_with("warm", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads")
@@ -70,7 +70,7 @@ async fn change_feeds_end_with_their_watch_when_dropped() {
         "a watch on the server"
     );
     let leadership = writer
-        .campaign("a", &AcquireOptions::try_once())
+        .campaign_with("a", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
@@ -112,7 +112,7 @@ async fn a_candidate_on_an_observing_client_is_handed_over_by_push() {
     let on_first = Election::new(first, name.as_str()).expect("election");
     let on_second = Election::new(second, name.as_str()).expect("election");
     let leadership = on_first
-        .campaign("first", &AcquireOptions::try_once())
+        .campaign_with("first", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
@@ -125,7 +125,7 @@ async fn a_candidate_on_an_observing_client_is_handed_over_by_push() {
     assert_eq!(seen.value_text(), "first");
     let waiting = tokio::spawn(async move {
         let led = on_second
-            .campaign("second", &AcquireOptions::timeout(Duration::from_secs(30)))
+            .campaign_with("second", &AcquireOptions::timeout(Duration::from_secs(30)))
             .await;
         (led, Instant::now())
     });
@@ -175,7 +175,7 @@ async fn operators_see_and_break_an_election() {
         elections.push(Election::new(client, name.as_str()).expect("election"));
     }
     let leadership = elections[0]
-        .campaign("a", &AcquireOptions::try_once())
+        .campaign_with("a", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
@@ -184,7 +184,7 @@ async fn operators_see_and_break_an_election() {
         let election = elections[i].clone();
         waiting.push(tokio::spawn(async move {
             election
-                .campaign(value, &AcquireOptions::timeout(Duration::from_secs(30)))
+                .campaign_with(value, &AcquireOptions::timeout(Duration::from_secs(30)))
                 .await
         }));
         queue_len_reaches(&factory, &name, i + 1).await;

@@ -47,7 +47,7 @@ async fn curator_latch_leads_then_distlock() {
         "the term is its czxid"
     );
     assert!(
-        ours.campaign("distlock-1", &AcquireOptions::try_once())
+        ours.campaign_with("distlock-1", &AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -56,7 +56,7 @@ async fn curator_latch_leads_then_distlock() {
 
     let waiting = tokio::spawn(async move {
         let leadership = ours
-            .campaign(
+            .campaign_with(
                 "distlock-1",
                 &AcquireOptions::timeout(Duration::from_secs(30)),
             )
@@ -121,7 +121,7 @@ async fn distlock_leads_then_curator_latch() {
     let mut curator = setup.curator().await;
 
     let mut leadership = ours
-        .campaign("10.0.0.1:8080", &AcquireOptions::try_once())
+        .campaign_with("10.0.0.1:8080", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("an uncontended try leads");
@@ -161,7 +161,7 @@ async fn distlock_leads_then_curator_latch() {
     assert_eq!(leader.value_text(), "curator-1");
     assert_eq!(leader.term, FencingToken(curator_term));
     assert!(
-        ours.campaign("again", &AcquireOptions::try_once())
+        ours.campaign_with("again", &AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -169,7 +169,7 @@ async fn distlock_leads_then_curator_latch() {
     );
     curator.close_latch().await.expect("close");
     let next = ours
-        .campaign("again", &AcquireOptions::try_once())
+        .campaign_with("again", &AcquireOptions::try_once())
         .await
         .expect("try")
         .expect("leads once Curator closed");
@@ -188,7 +188,7 @@ async fn mixed_candidates_lead_in_sequence_order() {
     let (factory, name) = (&setup.factory, &setup.name);
     let first = election(&setup).await;
     let leadership = first
-        .campaign("distlock-0", &AcquireOptions::try_once())
+        .campaign_with("distlock-0", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
@@ -201,7 +201,7 @@ async fn mixed_candidates_lead_in_sequence_order() {
         let ours = election(&setup).await;
         campaigns.push(tokio::spawn(async move {
             let leadership = ours
-                .campaign(value, &AcquireOptions::timeout(Duration::from_secs(60)))
+                .campaign_with(value, &AcquireOptions::timeout(Duration::from_secs(60)))
                 .await
                 .expect("campaign")
                 .expect("leads");

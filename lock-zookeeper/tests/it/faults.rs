@@ -226,7 +226,7 @@ async fn expired_leader_never_leads_through_an_old_session() {
     let old_sid = cut.backend().session_id().expect("connected");
 
     let first = on_cut
-        .campaign("cut-1", &AcquireOptions::try_once())
+        .campaign_with("cut-1", &AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
@@ -236,7 +236,7 @@ async fn expired_leader_never_leads_through_an_old_session() {
         let on_cut = Election::new(cut.clone(), lock.as_str()).expect("election");
         async move {
             let led = on_cut
-                .campaign("cut-2", &AcquireOptions::timeout(Duration::from_secs(60)))
+                .campaign_with("cut-2", &AcquireOptions::timeout(Duration::from_secs(60)))
                 .await;
             (led, Instant::now())
         }
@@ -244,7 +244,7 @@ async fn expired_leader_never_leads_through_an_old_session() {
     queue_len_reaches(&factory, &lock, 2).await;
     let waiting_other = tokio::spawn(async move {
         let led = on_other
-            .campaign("other", &AcquireOptions::timeout(Duration::from_secs(60)))
+            .campaign_with("other", &AcquireOptions::timeout(Duration::from_secs(60)))
             .await;
         (on_other, led, Instant::now())
     });
@@ -283,7 +283,7 @@ async fn expired_leader_never_leads_through_an_old_session() {
     assert_ne!(new_sid, old_sid, "a new session");
     assert!(
         on_cut
-            .campaign("cut-3", &AcquireOptions::try_once())
+            .campaign_with("cut-3", &AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -326,7 +326,7 @@ async fn expired_leader_never_leads_through_an_old_session() {
         Err(err) => eprintln!("the campaign that waited across the expiry gave up: {err}"),
     }
     let again = on_cut
-        .campaign("cut-4", &AcquireOptions::timeout(Duration::from_secs(10)))
+        .campaign_with("cut-4", &AcquireOptions::timeout(Duration::from_secs(10)))
         .await
         .expect("campaign")
         .expect("leads on the new session");

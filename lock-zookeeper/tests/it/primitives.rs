@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use lock_core::raw::backend::HoldKind;
+use lock_core::raw::backend::{AcquireKind, HoldKind};
 use lock_core::{
     AcquireOptions, DistributedLock, DistributedLockExt, ErrorKind, LockName, ReleaseOutcome,
     RwLock, Semaphore,
@@ -54,14 +54,18 @@ async fn semaphore_layout_and_limit() {
         Semaphore::new(client(&factory).await, name.as_str(), 2).expect("semaphore")
     }))
     .await;
-    let one = semaphores[0].acquire(&AcquireOptions::try_once()).await;
+    let one = semaphores[0]
+        .acquire_with(&AcquireOptions::try_once())
+        .await;
     let one = one.expect("try").expect("first permit");
-    let two = semaphores[1].acquire(&AcquireOptions::try_once()).await;
+    let two = semaphores[1]
+        .acquire_with(&AcquireOptions::try_once())
+        .await;
     let two = two.expect("try").expect("second permit");
     assert!(two.fencing_token() > one.fencing_token());
     assert!(
         semaphores[2]
-            .acquire(&AcquireOptions::try_once())
+            .acquire_with(&AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -87,7 +91,7 @@ async fn semaphore_layout_and_limit() {
 
     let third = semaphores[2].clone();
     let waiting = tokio::spawn(async move {
-        let permit = third.acquire(&AcquireOptions::forever()).await;
+        let permit = third.acquire_with(&AcquireOptions::forever()).await;
         (permit, Instant::now())
     });
     // It waits holding the `locks` mutex, its lease node over the count.
@@ -127,10 +131,10 @@ async fn permits_disagreement_is_a_conflict() {
     let (locks, leases) = semaphore_dirs(&lock_dir(BASE, &name));
     let two = Semaphore::new(client(&factory).await, name.as_str(), 2).expect("semaphore");
     let three = Semaphore::new(client(&factory).await, name.as_str(), 3).expect("semaphore");
-    let held = two.acquire(&AcquireOptions::try_once()).await;
+    let held = two.acquire_with(&AcquireOptions::try_once()).await;
     let held = held.expect("try").expect("permit");
     for options in [AcquireOptions::try_once(), AcquireOptions::forever()] {
-        let err = timeout(PROMPT, three.acquire(&options))
+        let err = timeout(PROMPT, three.acquire_with(&options))
             .await
             .expect("refused promptly")
             .expect_err("a disagreement is refused");
@@ -142,7 +146,7 @@ async fn permits_disagreement_is_a_conflict() {
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
     let rw = RwLock::new(other, name.as_str()).expect("rwlock");
     let err = rw
-        .read(&AcquireOptions::try_once())
+        .read_with(&AcquireOptions::try_once())
         .await
         .expect_err("a reader");
     assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
@@ -170,10 +174,7 @@ async fn a_name_held_as_one_kind_refuses_the_others() {
     ];
     let holder = client(&factory).await;
     let other = client(&factory).await;
-    let as_kind = |kind: &HoldKind, mut options: AcquireOptions| {
-        options.kind = kind.clone();
-        options
-    };
+    let as_kind = |kind: &HoldKind, options: AcquireOptions| options.with_kind(kind.clone());
     let mut granted = Vec::new();
     for held in &kinds {
         let name = fresh("kinds");
@@ -238,7 +239,7 @@ async fn long_permit_wait_keeps_its_place() {
     let admin = factory.admin();
     let semaphore = |lock| Semaphore::new(lock, name.as_str(), 1).expect("semaphore");
     let holder = semaphore(factory.zk_client(with_ttl(ttl)).await);
-    let held = holder.acquire(&AcquireOptions::try_once()).await;
+    let held = holder.acquire_with(&AcquireOptions::try_once()).await;
     let held = held.expect("try").expect("permit");
     let order = Arc::new(Mutex::new(Vec::new()));
     let mut waiters = Vec::new();
@@ -247,7 +248,7 @@ async fn long_permit_wait_keeps_its_place() {
         let waiter = semaphore(factory.zk_client(with_ttl(ttl)).await);
         let order = Arc::clone(&order);
         waiters.push(tokio::spawn(async move {
-            let permit = waiter.acquire(&AcquireOptions::forever()).await;
+            let permit = waiter.acquire_with(&AcquireOptions::forever()).await;
             let permit = permit.expect("acquire").expect("granted");
             order.lock().expect("order").push(label);
             permit.release().await.expect("release");
@@ -277,9 +278,9 @@ async fn dropped_permit_acquire_leaves_no_node() {
     let (locks, leases) = semaphore_dirs(&lock_dir(BASE, &name));
     let ours = Semaphore::new(client(&factory).await, name.as_str(), 1).expect("semaphore");
     let other = Semaphore::new(client(&factory).await, name.as_str(), 1).expect("semaphore");
-    let held = ours.acquire(&AcquireOptions::try_once()).await;
+    let held = ours.acquire_with(&AcquireOptions::try_once()).await;
     let held = held.expect("try").expect("permit");
-    let waiting = tokio::spawn(async move { other.acquire(&AcquireOptions::forever()).await });
+    let waiting = tokio::spawn(async move { other.acquire_with(&AcquireOptions::forever()).await });
     children_reach(factory.admin(), &leases, 2).await;
     waiting.abort();
     children_reach(factory.admin(), &leases, 1).await;
@@ -304,16 +305,24 @@ async fn rwlock_layout_and_order() {
         }))
         .await;
     let try_once = AcquireOptions::try_once();
-    let r1 = locks[0].read(&try_once).await.expect("try").expect("read");
-    let r2 = locks[1].read(&try_once).await.expect("try").expect("read");
-    assert!(locks[2].write(&try_once).await.expect("try").is_none());
+    let r1 = locks[0]
+        .read_with(&try_once)
+        .await
+        .expect("try")
+        .expect("read");
+    let r2 = locks[1]
+        .read_with(&try_once)
+        .await
+        .expect("try")
+        .expect("read");
+    assert!(locks[2].write_with(&try_once).await.expect("try").is_none());
     let nodes = children(admin, &dir).await;
     assert_eq!(nodes.len(), 2, "{nodes:?}");
     assert!(nodes.iter().all(|node| curator_shaped(node, "-__READ__")));
 
     let writer = locks[2].clone();
     let writing = tokio::spawn(async move {
-        let guard = writer.write(&AcquireOptions::forever()).await;
+        let guard = writer.write_with(&AcquireOptions::forever()).await;
         (guard, Instant::now())
     });
     children_reach(admin, &dir, 3).await;
@@ -323,7 +332,7 @@ async fn rwlock_layout_and_order() {
         .any(|node| curator_shaped(node, "-__WRIT__")));
     let reader = locks[3].clone();
     let reading = tokio::spawn(async move {
-        let guard = reader.read(&AcquireOptions::forever()).await;
+        let guard = reader.read_with(&AcquireOptions::forever()).await;
         (guard, Instant::now())
     });
     children_reach(admin, &dir, 4).await;
@@ -374,14 +383,14 @@ async fn downgrade_lets_readers_in_and_keeps_writers_out() {
             RwLock::new(client(&factory).await, name.as_str()).expect("rwlock")
         }))
         .await;
-    let held = locks[0].write(&AcquireOptions::try_once()).await;
+    let held = locks[0].write_with(&AcquireOptions::try_once()).await;
     let held = held.expect("try").expect("write");
     let token = held.fencing_token();
     let reader = locks[1].clone();
-    let reading = tokio::spawn(async move { reader.read(&AcquireOptions::forever()).await });
+    let reading = tokio::spawn(async move { reader.read_with(&AcquireOptions::forever()).await });
     children_reach(admin, &dir, 2).await;
     let writer = locks[2].clone();
-    let writing = tokio::spawn(async move { writer.write(&AcquireOptions::forever()).await });
+    let writing = tokio::spawn(async move { writer.write_with(&AcquireOptions::forever()).await });
     children_reach(admin, &dir, 3).await;
     sleep(Duration::from_millis(200)).await;
     assert!(!reading.is_finished() && !writing.is_finished());
@@ -428,9 +437,9 @@ async fn force_release_breaks_the_oldest_permit() {
     let (_, leases) = semaphore_dirs(&lock_dir(BASE, &name));
     let lock = client(&factory).await;
     let semaphore = Semaphore::new(Arc::clone(&lock), name.as_str(), 2).expect("semaphore");
-    let first = semaphore.acquire(&AcquireOptions::try_once()).await;
+    let first = semaphore.acquire_with(&AcquireOptions::try_once()).await;
     let first = first.expect("try").expect("permit");
-    let second = semaphore.acquire(&AcquireOptions::try_once()).await;
+    let second = semaphore.acquire_with(&AcquireOptions::try_once()).await;
     let second = second.expect("try").expect("permit");
     let operator = client(&factory).await;
     let broken = operator.force_release(&name).await.expect("break");

@@ -43,10 +43,10 @@ async fn curator_and_distlock_share_the_permits() {
 
     let node = curator.lease(2).await.expect("Curator leases");
     assert_eq!(node_kind(&node), Some(NodeKind::Lease), "{node}");
-    let permit = ours.acquire(&AcquireOptions::try_once()).await;
+    let permit = ours.acquire_with(&AcquireOptions::try_once()).await;
     let permit = permit.expect("try").expect("the second permit");
     assert!(
-        ours.acquire(&AcquireOptions::try_once())
+        ours.acquire_with(&AcquireOptions::try_once())
             .await
             .expect("try")
             .is_none(),
@@ -70,7 +70,7 @@ async fn curator_and_distlock_share_the_permits() {
     // Ours waits for a Curator lease.
     let waiting = {
         let ours = ours.clone();
-        tokio::spawn(async move { ours.acquire(&AcquireOptions::forever()).await })
+        tokio::spawn(async move { ours.acquire_with(&AcquireOptions::forever()).await })
     };
     children_reach(admin, &leases, 3).await;
     sleep(QUIET).await;
@@ -113,11 +113,11 @@ async fn curator_and_distlock_readers_and_writers_exclude() {
         nodes.iter().all(|n| node_kind(n) == Some(NodeKind::Write)),
         "{nodes:?}"
     );
-    assert!(ours.read(&try_once).await.expect("try").is_none());
-    assert!(ours.write(&try_once).await.expect("try").is_none());
+    assert!(ours.read_with(&try_once).await.expect("try").is_none());
+    assert!(ours.write_with(&try_once).await.expect("try").is_none());
     let reading = {
         let ours = ours.clone();
-        tokio::spawn(async move { ours.read(&AcquireOptions::forever()).await })
+        tokio::spawn(async move { ours.read_with(&AcquireOptions::forever()).await })
     };
     children_reach(admin, &setup.path, 2).await;
     sleep(QUIET).await;
@@ -141,11 +141,15 @@ async fn curator_and_distlock_readers_and_writers_exclude() {
     writer.silent_for(QUIET).await;
     curator.unlock(false).await.expect("unread");
     writer.expect("WRITING", PROMPT).await;
-    assert!(ours.read(&try_once).await.expect("try").is_none());
+    assert!(ours.read_with(&try_once).await.expect("try").is_none());
     writer.unlock(true).await.expect("unwrite");
 
     // We write: a Curator reader waits for us.
-    let write = ours.write(&try_once).await.expect("try").expect("write");
+    let write = ours
+        .write_with(&try_once)
+        .await
+        .expect("try")
+        .expect("write");
     curator.send("read").await.expect("send");
     children_reach(admin, &setup.path, 2).await;
     curator.silent_for(QUIET).await;
@@ -170,9 +174,9 @@ async fn downgrade_keeps_a_curator_writer_out() {
     let other = RwLock::new(client(&setup).await, setup.name.as_str()).expect("rwlock");
     let mut curator = setup.curator().await;
 
-    let write = ours.write(&AcquireOptions::try_once()).await;
+    let write = ours.write_with(&AcquireOptions::try_once()).await;
     let write = write.expect("try").expect("write");
-    let reading = tokio::spawn(async move { other.read(&AcquireOptions::forever()).await });
+    let reading = tokio::spawn(async move { other.read_with(&AcquireOptions::forever()).await });
     children_reach(admin, &setup.path, 2).await;
     curator.send("write").await.expect("send");
     children_reach(admin, &setup.path, 3).await;

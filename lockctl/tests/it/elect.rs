@@ -105,7 +105,7 @@ async fn elect_leader_and_observe(url: &str) {
         let election = election.clone();
         tokio::spawn(async move {
             election
-                .campaign("beta", &AcquireOptions::timeout(WAIT))
+                .campaign_with("beta", &AcquireOptions::timeout(WAIT))
                 .await
         })
     };

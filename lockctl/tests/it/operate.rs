@@ -297,13 +297,13 @@ async fn election_values_on_etcd() {
     let on_leader = distlock::Election::new(client, &name).expect("election");
     let on_other = distlock::Election::new(other, &name).expect("election");
     let leadership = on_leader
-        .campaign("10.0.0.1:8080", &distlock::AcquireOptions::try_once())
+        .campaign_with("10.0.0.1:8080", &distlock::AcquireOptions::try_once())
         .await
         .expect("campaign")
         .expect("leads");
     let waiting = tokio::spawn(async move {
         on_other
-            .campaign("10.0.0.2:8080", &distlock::AcquireOptions::timeout(WAIT))
+            .campaign_with("10.0.0.2:8080", &distlock::AcquireOptions::timeout(WAIT))
             .await
     });
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -5,7 +5,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use distlock::raw::{backend::HoldKind, url::LockUrl};
+use distlock::raw::backend::{AcquireKind, HoldKind};
+use distlock::raw::url::LockUrl;
 use distlock::redis::{KeyLayout, RedisConfig, RedisDeployment};
 use distlock::zookeeper::{lock_dir, ZkConfig};
 use distlock::{AcquireOptions, DistributedLock, LockGuard, LockName, ReleaseOutcome};
@@ -102,8 +103,7 @@ impl Member {
         let not_granted = || format!("not granted within {wait:?}");
         match self {
             Member::Distlock { locks, name, kind } => {
-                let mut options = AcquireOptions::timeout(wait);
-                options.kind = kind.clone();
+                let options = AcquireOptions::timeout(wait).with_kind(kind.clone());
                 let guard = locks.acquire(name, &options).await?;
                 Ok(Hold::Guard(guard.ok_or_else(not_granted)?))
             }

@@ -43,7 +43,7 @@ pub(crate) async fn campaign(target: &Target, plan: Plan) -> Result<CampaignRun,
     let mut cycles = 0;
     while Instant::now() < end && cycles < MAX_ITERATIONS {
         let started = Instant::now();
-        let leadership = timeout(WAIT_LIMIT, election.campaign(CANDIDATES[0], &options))
+        let leadership = timeout(WAIT_LIMIT, election.campaign_with(CANDIDATES[0], &options))
             .await??
             .ok_or("an uncontended election had another leader")?;
         let leading = Instant::now();
@@ -84,7 +84,7 @@ pub(crate) async fn failover(target: &Target, rounds: usize) -> Result<Takeover,
             tokio::spawn(async move {
                 let options = AcquireOptions::timeout(ttl * 4 + WAIT_LIMIT);
                 let leadership = election
-                    .campaign(CANDIDATES[1], &options)
+                    .campaign_with(CANDIDATES[1], &options)
                     .await?
                     .ok_or("the waiting candidate did not lead")?;
                 let led = Instant::now();
@@ -133,7 +133,7 @@ impl KillableLeader {
         let election = Election::new(Arc::clone(&client) as Arc<dyn DistributedLock>, name)?;
         let leadership = timeout(
             WAIT_LIMIT,
-            election.campaign(CANDIDATES[0], &AcquireOptions::timeout(WAIT_LIMIT)),
+            election.campaign_with(CANDIDATES[0], &AcquireOptions::timeout(WAIT_LIMIT)),
         )
         .await??
         .ok_or("the first candidate did not lead")?;
@@ -196,9 +196,12 @@ pub(crate) async fn notify(
         Election::new(Arc::clone(&clients[1]), &name)?,
     ];
     let options = AcquireOptions::timeout(WAIT_LIMIT);
-    let mut leader = timeout(WAIT_LIMIT, elections[0].campaign(CANDIDATES[0], &options))
-        .await??
-        .ok_or("the first candidate did not lead")?;
+    let mut leader = timeout(
+        WAIT_LIMIT,
+        elections[0].campaign_with(CANDIDATES[0], &options),
+    )
+    .await??
+    .ok_or("the first candidate did not lead")?;
     let mut leading = 0;
     let query = format!("recheck={OBSERVER_RECHECK}");
     let mut followers = Vec::with_capacity(observers);
@@ -222,7 +225,7 @@ pub(crate) async fn notify(
             let (election, options) = (elections[next].clone(), options.clone());
             tokio::spawn(async move {
                 let leadership = election
-                    .campaign(CANDIDATES[next], &options)
+                    .campaign_with(CANDIDATES[next], &options)
                     .await?
                     .ok_or("the waiting candidate did not lead")?;
                 Ok::<_, BoxError>((leadership, Instant::now()))

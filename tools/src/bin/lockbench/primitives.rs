@@ -249,7 +249,7 @@ async fn semaphore(target: &Target, plan: Plan) -> Result<SemaphoreRun, BoxError
             let (semaphore, gauge, options) =
                 (semaphore.clone(), Arc::clone(&gauge), options.clone());
             Box::pin(async move {
-                let acquire = semaphore.acquire(&options);
+                let acquire = semaphore.acquire_with(&options);
                 cycle(end, 0, acquire, |permit| async move {
                     hold(&[(gauge.as_ref(), 1)], permit.release()).await
                 })
@@ -284,13 +284,13 @@ async fn rwlock(target: &Target, setup: Setup, plan: Plan) -> Result<RwLockRun, 
             let write = choices.random_bool(WRITE_SHARE);
             Box::pin(async move {
                 if write {
-                    let acquire = rwlock.write(&options);
+                    let acquire = rwlock.write_with(&options);
                     cycle(end, WRITE, acquire, |w| async move {
                         hold(&[(gauge.as_ref(), EXCLUSIVE)], w.release()).await
                     })
                     .await
                 } else {
-                    let acquire = rwlock.read(&options);
+                    let acquire = rwlock.read_with(&options);
                     cycle(end, READ, acquire, |r| async move {
                         hold(&[(gauge.as_ref(), 1)], r.release()).await
                     })
@@ -340,7 +340,7 @@ async fn multi(target: &Target, plan: Plan) -> Result<MultiRun, BoxError> {
 
 /// One uncontended multi-lock try + release, each within [`WAIT_LIMIT`].
 async fn multi_cycle(multi: &MultiLock) -> Result<(), BoxError> {
-    let guard = timeout(WAIT_LIMIT, multi.acquire(&AcquireOptions::try_once()))
+    let guard = timeout(WAIT_LIMIT, multi.acquire_with(&AcquireOptions::try_once()))
         .await??
         .ok_or("an uncontended multi-lock found a name held")?;
     timeout(WAIT_LIMIT, guard.release()).await??;
@@ -386,7 +386,7 @@ async fn multi_contended(
                     Ok(multi) => multi,
                     Err(err) => return Step::Done(Err(err.to_string())),
                 };
-                let acquire = multi.acquire(&options);
+                let acquire = multi.acquire_with(&options);
                 cycle(end, 0, acquire, |guard| async move {
                     let counted: Vec<(&Gauge, u64)> =
                         picked.iter().map(|&i| (gauges[i].as_ref(), 1)).collect();

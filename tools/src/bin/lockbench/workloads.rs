@@ -362,7 +362,7 @@ pub(crate) async fn hold_until_killed(
             let options = distlock::AcquireOptions::timeout(WAIT_LIMIT);
             Box::new(
                 election
-                    .campaign(value, &options)
+                    .campaign_with(value, &options)
                     .await?
                     .ok_or("another candidate led")?,
             )
