@@ -2,7 +2,7 @@
 SHELL := /bin/bash
 CARGO ?= cargo
 
-.PHONY: deps test fmt lint demo bench chaos clean
+.PHONY: deps test fmt lint demo bench chaos package clean
 
 deps:
 	@./scripts/install-deps.sh
@@ -16,6 +16,14 @@ test: deps
 	LOCK_TEST_STRICT=1 CARGO=$(CARGO) ./scripts/run-tests.sh
 	# The facade without its backends: a URL names the feature to enable.
 	$(CARGO) test -p distlock --no-default-features --lib
+	# The published crates package: manifests, READMEs, the files they read.
+	$(CARGO) package --no-verify --allow-dirty --quiet $(PUBLISHED)
+
+## The crates published on crates.io, and `make package`: each packaged and built alone
+## from its package, as `cargo publish` would (a build of its own per crate: slow).
+PUBLISHED = -p lock-core -p lock-redis -p lock-zookeeper -p lock-etcd -p distlock -p conformance
+package: deps
+	$(CARGO) package --allow-dirty $(PUBLISHED)
 
 ## A short demonstration: clients contending for one lock, a fleet of processes
 ## migrated from ZooKeeper to Redis and back (docs/migration.md), then a comparative

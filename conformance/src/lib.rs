@@ -86,6 +86,7 @@ macro_rules! conformance_rules {
             crashed_holder_blocks_at_most_ttl,
             auto_renewal_keeps_lock,
             hold_cap_ends_renewal,
+            per_acquire_ttl_honoured_or_refused,
             manual_mode,
             lost_signal_on_steal,
             wait_timeout,

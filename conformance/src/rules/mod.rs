@@ -49,7 +49,7 @@ pub use operations::operator_inspects_lists_and_breaks;
 pub use reentrancy::{reentrancy_by_owner, reentrant_release_reports_loss};
 pub use renewal::{
     auto_renewal_keeps_lock, hold_cap_ends_renewal, lost_signal_on_steal, manual_mode,
-    scoped_run_cancels_on_loss,
+    per_acquire_ttl_honoured_or_refused, scoped_run_cancels_on_loss,
 };
 pub use rwlock::{
     primitives_cancellation_leaves_nothing, rwlock_cut_off_writer_is_replaced,

@@ -41,6 +41,73 @@ pub async fn auto_renewal_keeps_lock(factory: &dyn Factory) {
     );
 }
 
+/// A TTL chosen per acquire ([`AcquireOptions::with_ttl`], [`LockGuard::extend_for`]) is
+/// honoured where the backend says so ([`Capabilities::per_lock_ttl`]): the guard promises
+/// that lease and the hold outlives the client's own TTL. Where the lease is the
+/// session's (ZooKeeper, etcd), it is refused with [`ErrorKind::Unsupported`] naming the
+/// TTL, and takes nothing.
+///
+/// [`LockGuard::extend_for`]: lock_core::LockGuard::extend_for
+/// [`Capabilities::per_lock_ttl`]: lock_core::Capabilities::per_lock_ttl
+pub async fn per_acquire_ttl_honoured_or_refused(factory: &dyn Factory) {
+    let rule = "per_acquire_ttl_honoured_or_refused";
+    let name = unique_name(rule);
+    let ttl = factory.short_ttl();
+    let longer = ttl * 3;
+    let holder = factory.client(with_ttl(ttl)).await;
+    let other = factory.client(with_ttl(ttl)).await;
+    let asked = Instant::now();
+    let attempt = holder
+        .acquire(&name, &AcquireOptions::try_once().with_ttl(longer).manual())
+        .await;
+    if !holder.capabilities().per_lock_ttl {
+        let err = attempt.expect_err("a per-acquire ttl on a session-wide lease");
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+        assert!(err.to_string().contains("ttl"), "{err}");
+        let guard = other
+            .try_lock(name.as_str())
+            .await
+            .expect("try")
+            .expect("the refused acquire took nothing");
+        let err = guard.extend_for(longer).await.expect_err("another ttl");
+        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+        assert!(guard.is_held(), "a refused extension keeps the hold");
+        guard.release().await.expect("release");
+        eventually_empty(factory, std::slice::from_ref(&name), rule).await;
+        return;
+    }
+    let guard = attempt.expect("acquire").expect("a free name");
+    let promised = guard.valid_until().saturating_duration_since(asked);
+    assert!(
+        promised > ttl * 2 && promised <= longer,
+        "[{rule}] asked for {longer:?}, promised {promised:?}"
+    );
+    // No renewal (manual): only the chosen lease keeps it past the client's TTL.
+    sleep(ttl + ttl / 2).await;
+    assert!(
+        guard.is_held(),
+        "[{rule}] the chosen lease is still running"
+    );
+    assert!(
+        other.try_lock(name.as_str()).await.expect("try").is_none(),
+        "[{rule}] granted to another after the client's ttl, within the chosen {longer:?}"
+    );
+    let before = Instant::now();
+    let until = guard
+        .extend_for(longer)
+        .await
+        .expect("extend for the chosen ttl");
+    assert!(
+        until.saturating_duration_since(before) > ttl * 2,
+        "extended for {longer:?}"
+    );
+    assert_eq!(
+        guard.release().await.expect("release"),
+        ReleaseOutcome::Released
+    );
+    eventually_empty(factory, std::slice::from_ref(&name), rule).await;
+}
+
 /// With a hold cap, auto-renewal stops at the cap: the guard turns Lost (hold cap) and
 /// another client gets the lock.
 pub async fn hold_cap_ends_renewal(factory: &dyn Factory) {

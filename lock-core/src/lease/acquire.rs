@@ -55,7 +55,8 @@ impl<B: Backend> Keeper<B> {
             return Err(Error::Unsupported {
                 backend: self.capabilities.backend,
                 operation: format!(
-                    "a per-lock ttl ({ttl:?}); this backend uses one session-wide lease of {:?}",
+                    "a per-lock ttl ({ttl:?}); this backend uses one session-wide lease of {:?} \
+                     (a client connected with another `ttl` has another lease)",
                     self.options.ttl
                 ),
             });

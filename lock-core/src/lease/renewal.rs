@@ -71,7 +71,11 @@ impl<B: Backend> Keeper<B> {
         if !self.capabilities.per_lock_ttl && wanted != entry.ttl {
             return Err(Error::Unsupported {
                 backend: self.capabilities.backend,
-                operation: "extending one hold with a different ttl".into(),
+                operation: format!(
+                    "extending one hold for {wanted:?}; this backend uses one session-wide \
+                     lease of {:?}",
+                    entry.ttl
+                ),
             });
         }
         let Some(effective) = entry.effective_ttl(wanted, Instant::now()) else {
