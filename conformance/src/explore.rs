@@ -274,8 +274,12 @@ pub struct Exploring {
 
 impl<F: Factory + 'static> WrappedFactory<F, Exploring> {
     /// `factory` under `set`.
-    pub fn under(factory: F, set: OptionSet) -> Self {
-        factory.set_queue(set.queue);
+    pub fn under(factory: F, mut set: OptionSet) -> Self {
+        if !factory.set_queue(set.queue) && !set.queue {
+            // The set line said "queue off": say what runs instead.
+            println!("[conformance] queue off is not offered here: the queue stays on");
+            set.queue = true;
+        }
         let inner = Arc::new(factory);
         let oracle = Oracle::new(Arc::clone(&inner) as Arc<dyn Factory>);
         WrappedFactory::new(inner, Exploring { set, oracle })
