@@ -65,8 +65,9 @@
 //! | `etcd` | `etcd://`, `etcds://` | `etcd` |
 //! | `full` | all of the above | |
 //!
-//! `dual:<old url>|<new url>` (any two of the above whose new side can raise its fencing
-//! tokens: Redis or RedLock) is the dual lock of a migration between backends; see
+//! `dual:<old url>|<new url>` (the old side any backend, the new side one that can raise
+//! its fencing tokens: any Redis deployment, one server, Sentinel, Cluster or RedLock, or
+//! `memory://`) is the dual lock of a migration between backends; see
 //! [`migration`].
 //!
 //! TLS runs on rustls with one crypto provider, aws-lc-rs; the library installs no
@@ -77,7 +78,8 @@ use std::sync::Arc;
 
 pub use lock_core::*;
 
-/// The Redis backend (single server and RedLock): its configuration, hold and key layout.
+/// The Redis backend (one server, Sentinel, Cluster and RedLock): its configuration, hold
+/// and key layout.
 #[cfg(feature = "redis")]
 pub use lock_redis as redis;
 
