@@ -46,8 +46,9 @@
 //! guards never block in `Drop`. The URL options (`ttl`, `renewal`, `max_hold`,
 //! `request_timeout`, `recheck`, and each backend's own), the guarantees of each backend and
 //! topology, `lockctl`, the migration from one backend to another and the measured results
-//! are in the repository's README and `docs/` (setup, metrics, migration, the benchmark and
-//! reliability reports).
+//! are in the repository's `docs/`, indexed by docs/README.md: a guide per primitive,
+//! configuration.md, guarantees.md, operations.md, metrics.md, migration.md, benchmarks.md
+//! and reliability.md.
 //!
 //! A backend of your own implements [`raw::backend::Backend`] and [`raw::driver::Connect`];
 //! [`raw::driver::register`] makes [`connect`] serve its schemes.
