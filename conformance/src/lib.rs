@@ -74,7 +74,7 @@ pub const CONNECTION_RULES: &[&str] = &[
 
 /// The one list of conformance rules, in report order: calls `$callback! { $args... rule,
 /// rule, ... }`. [`rules::RULES`], the tests of [`conformance_suite!`] and the checks of the
-/// documented lists (the trait's `# Contract`, the README's table) follow it.
+/// documented lists (the trait's `# Contract`, the table of docs/conformance.md) follow it.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! conformance_rules {

@@ -46,8 +46,9 @@
 //! guards never block in `Drop`. The URL options (`ttl`, `renewal`, `max_hold`,
 //! `request_timeout`, `recheck`, and each backend's own), the guarantees of each backend and
 //! topology, `lockctl`, the migration from one backend to another and the measured results
-//! are in the repository's README and `docs/` (setup, metrics, migration, the benchmark and
-//! reliability reports).
+//! are in the repository's `docs/`, indexed by docs/README.md: a guide per primitive,
+//! configuration.md, guarantees.md, operations.md, metrics.md, migration.md, benchmarks.md
+//! and reliability.md.
 //!
 //! A backend of your own implements [`raw::backend::Backend`] and [`raw::driver::Connect`];
 //! [`raw::driver::register`] makes [`connect`] serve its schemes.
@@ -65,8 +66,9 @@
 //! | `etcd` | `etcd://`, `etcds://` | `etcd` |
 //! | `full` | all of the above | |
 //!
-//! `dual:<old url>|<new url>` (any two of the above whose new side can raise its fencing
-//! tokens: Redis or RedLock) is the dual lock of a migration between backends; see
+//! `dual:<old url>|<new url>` (the old side any backend, the new side one that can raise
+//! its fencing tokens: any Redis deployment, one server, Sentinel, Cluster or RedLock, or
+//! `memory://`) is the dual lock of a migration between backends; see
 //! [`migration`].
 //!
 //! TLS runs on rustls with one crypto provider, aws-lc-rs; the library installs no
@@ -77,7 +79,8 @@ use std::sync::Arc;
 
 pub use lock_core::*;
 
-/// The Redis backend (single server and RedLock): its configuration, hold and key layout.
+/// The Redis backend (one server, Sentinel, Cluster and RedLock): its configuration, hold
+/// and key layout.
 #[cfg(feature = "redis")]
 pub use lock_redis as redis;
 

@@ -57,8 +57,9 @@ pub fn format_duration(value: Duration) -> String {
     }
 }
 
-/// Serde helpers that read and write durations as text (`250ms`, `30s`, `2m`), for
-/// `#[serde(with = "lock_core::duration_text")]` (and `…::option` for `Option<Duration>`).
+/// Serde helpers that read and write durations as text (`250ms`, `30s`, `1m30s`), for
+/// `#[serde(with = "lock_core::raw::durations::duration_text")]` (and `…::option` for
+/// `Option<Duration>`).
 pub mod duration_text {
     use std::time::Duration;
 

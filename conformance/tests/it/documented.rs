@@ -1,6 +1,6 @@
 //! The documented lists of rules follow the one list the tests are generated from: the
-//! trait's `# Contract` (one bullet per rule, linking to its function) and the README's
-//! conformance table name exactly [`conformance::rules::RULES`], in that order.
+//! trait's `# Contract` (one bullet per rule, linking to its function) and the table of
+//! docs/conformance.md name exactly [`conformance::rules::RULES`], in that order.
 
 use std::path::Path;
 
@@ -39,17 +39,13 @@ fn the_contract_links_every_rule_in_order() {
 }
 
 #[test]
-fn the_readme_table_lists_every_rule() {
-    let readme = read("../README.md");
-    let section = readme
-        .split("\n## ")
-        .find(|section| section.starts_with("Conformance\n"))
-        .expect("README.md has a Conformance section");
+fn the_docs_table_lists_every_rule() {
+    let doc = read("../docs/conformance.md");
     // The rule is the last cell of each table row.
-    let listed: Vec<&str> = section
+    let listed: Vec<&str> = doc
         .lines()
         .filter_map(|line| line.strip_suffix("` |")?.rsplit_once("| `"))
         .map(|(_, rule)| rule)
         .collect();
-    assert_eq!(listed, RULES, "README.md conformance table");
+    assert_eq!(listed, RULES, "docs/conformance.md rules table");
 }

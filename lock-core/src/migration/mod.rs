@@ -17,8 +17,9 @@
 //! Fencing tokens never go back across the move: a dual hold's token is
 //! `max(new counter + 1, old token)`, written to the new backend's counter in the same
 //! atomic step as the grant (see docs/migration.md for the proof and its limits). The new
-//! side therefore needs a counter it can raise ([`Capabilities::fence_at_least`]): Redis
-//! and RedLock can be new sides, ZooKeeper and etcd cannot.
+//! side therefore needs a counter it can raise ([`Capabilities::fence_at_least`]): every
+//! Redis deployment (one server, Sentinel, Cluster, RedLock) and memory can be new sides,
+//! ZooKeeper and etcd cannot.
 //!
 //! In a configuration file, [`DualConfig`] names the two URLs (`{ "old": "zk://…",
 //! "new": "redis://…" }`) and [`Registry::connect_dual`] opens it.

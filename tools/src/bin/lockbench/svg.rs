@@ -1,5 +1,5 @@
-//! The report's charts, as plain SVG: p50 latencies by backend (`latency.svg`, for the
-//! README) and the queue-length sweep (cycles/s and p99 against contenders).
+//! The report's charts, as plain SVG: p50 latencies by backend (`latency.svg`, for
+//! docs/benchmarks.md) and the queue-length sweep (cycles/s and p99 against contenders).
 
 use std::fmt::Write as _;
 
