@@ -32,6 +32,9 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// - automatic renewal (at TTL/3) keeps a lock for as long as the guard lives
 ///   ([`auto_renewal_keeps_lock`]).
 /// - the hold cap (`max_hold`) ends renewal ([`hold_cap_ends_renewal`]).
+/// - a TTL chosen per acquire is honoured where `per_lock_ttl` says so, and refused with
+///   `Unsupported`, taking nothing, where the lease is the session's
+///   ([`per_acquire_ttl_honoured_or_refused`]).
 /// - manual renewal: `extend` is owner-checked and atomic, a lapsed lease is Lost,
 ///   extending it says so ([`manual_mode`]).
 /// - the lost signal fires when the lock is taken behind its holder; the release then
@@ -104,6 +107,7 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`crashed_holder_blocks_at_most_ttl`]: ../conformance/rules/fn.crashed_holder_blocks_at_most_ttl.html
 /// [`auto_renewal_keeps_lock`]: ../conformance/rules/fn.auto_renewal_keeps_lock.html
 /// [`hold_cap_ends_renewal`]: ../conformance/rules/fn.hold_cap_ends_renewal.html
+/// [`per_acquire_ttl_honoured_or_refused`]: ../conformance/rules/fn.per_acquire_ttl_honoured_or_refused.html
 /// [`manual_mode`]: ../conformance/rules/fn.manual_mode.html
 /// [`lost_signal_on_steal`]: ../conformance/rules/fn.lost_signal_on_steal.html
 /// [`wait_timeout`]: ../conformance/rules/fn.wait_timeout.html
