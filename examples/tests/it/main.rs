@@ -1,5 +1,7 @@
 //! The examples run as their users run them, in one test binary.
 
+mod fenced_write;
 mod fleet;
 mod metrics;
 mod migration;
+mod run;
