@@ -27,7 +27,9 @@ impl FencedStore {
 async fn main() -> distlock::Result<()> {
     let url = examples::lock_url();
     let store = FencedStore::default();
-    let slow = distlock::connect(&format!("{url}?ttl=1s&renewal=manual")).await?;
+    // The slow writer's client: a short lease, never renewed (whatever LOCK_URL's query says).
+    let slow_url = examples::with_options(&url, &[("ttl", "1s"), ("renewal", "manual")])?;
+    let slow = distlock::connect(&slow_url).await?;
     let fast = distlock::connect(&url).await?;
     let name = LockName::new("profile/42")?;
 
