@@ -4,4 +4,5 @@ mod fenced_write;
 mod fleet;
 mod metrics;
 mod migration;
+mod primitives;
 mod run;
