@@ -61,5 +61,8 @@ async fn main() -> distlock::Result<()> {
         store.state.lock().expect("store lock").1
     );
     println!("slow release: {:?}", stale.release().await?);
-    Ok(())
+    // Both clients, before the process exits: what they hold or queue goes now, not when
+    // a lease or session times out.
+    slow.close().await?;
+    fast.close().await
 }
