@@ -70,6 +70,51 @@ bench: deps
 	./target/release/lockbench --runs 3 --out lockbench-report \
 		--backends memory,redis,redis-cluster,redlock,zookeeper,etcd,dual
 
+## lockctl for a package or a host. `make lockctl-dist` builds lockctl and, from its clap
+## definition, its man pages (lockctl.1 and a page per command, lockctl-run.1 and so on)
+## and its bash, zsh and fish completions, into LOCKCTL_DIST. `make install-lockctl`
+## installs them where man and each shell look: PREFIX (default /usr/local)/bin/lockctl,
+## share/man/man1/lockctl*.1, share/bash-completion/completions/lockctl,
+## share/zsh/site-functions/_lockctl, share/fish/vendor_completions.d/lockctl.fish, each
+## under DESTDIR when given (a package's staging root); `make uninstall-lockctl` removes
+## them. LOCKCTL_PROFILE=dev builds the debug binary instead.
+PREFIX ?= /usr/local
+BINDIR ?= $(PREFIX)/bin
+MANDIR ?= $(PREFIX)/share/man
+BASHCOMPDIR ?= $(PREFIX)/share/bash-completion/completions
+ZSHCOMPDIR ?= $(PREFIX)/share/zsh/site-functions
+FISHCOMPDIR ?= $(PREFIX)/share/fish/vendor_completions.d
+LOCKCTL_PROFILE ?= release
+LOCKCTL_TARGET = $(or $(CARGO_TARGET_DIR),target)/$(if $(filter dev,$(LOCKCTL_PROFILE)),debug,$(LOCKCTL_PROFILE))
+LOCKCTL_DIST ?= $(LOCKCTL_TARGET)/lockctl-dist
+INSTALL ?= install
+
+.PHONY: lockctl-dist install-lockctl uninstall-lockctl
+
+lockctl-dist:
+	$(CARGO) build --quiet --profile $(LOCKCTL_PROFILE) -p lockctl
+	mkdir -p $(LOCKCTL_DIST)/man1 $(LOCKCTL_DIST)/completions
+	rm -f $(LOCKCTL_DIST)/man1/*.1
+	$(LOCKCTL_TARGET)/lockctl man --dir $(LOCKCTL_DIST)/man1 > /dev/null
+	$(LOCKCTL_TARGET)/lockctl completions bash > $(LOCKCTL_DIST)/completions/lockctl
+	$(LOCKCTL_TARGET)/lockctl completions zsh > $(LOCKCTL_DIST)/completions/_lockctl
+	$(LOCKCTL_TARGET)/lockctl completions fish > $(LOCKCTL_DIST)/completions/lockctl.fish
+	cp $(LOCKCTL_TARGET)/lockctl $(LOCKCTL_DIST)/lockctl
+
+install-lockctl: lockctl-dist
+	$(INSTALL) -d $(DESTDIR)$(BINDIR) $(DESTDIR)$(MANDIR)/man1 $(DESTDIR)$(BASHCOMPDIR) \
+		$(DESTDIR)$(ZSHCOMPDIR) $(DESTDIR)$(FISHCOMPDIR)
+	$(INSTALL) -m 755 $(LOCKCTL_DIST)/lockctl $(DESTDIR)$(BINDIR)/lockctl
+	$(INSTALL) -m 644 $(LOCKCTL_DIST)/man1/*.1 $(DESTDIR)$(MANDIR)/man1/
+	$(INSTALL) -m 644 $(LOCKCTL_DIST)/completions/lockctl $(DESTDIR)$(BASHCOMPDIR)/lockctl
+	$(INSTALL) -m 644 $(LOCKCTL_DIST)/completions/_lockctl $(DESTDIR)$(ZSHCOMPDIR)/_lockctl
+	$(INSTALL) -m 644 $(LOCKCTL_DIST)/completions/lockctl.fish $(DESTDIR)$(FISHCOMPDIR)/lockctl.fish
+
+uninstall-lockctl:
+	rm -f $(DESTDIR)$(BINDIR)/lockctl $(DESTDIR)$(MANDIR)/man1/lockctl.1 \
+		$(DESTDIR)$(MANDIR)/man1/lockctl-*.1 $(DESTDIR)$(BASHCOMPDIR)/lockctl \
+		$(DESTDIR)$(ZSHCOMPDIR)/_lockctl $(DESTDIR)$(FISHCOMPDIR)/lockctl.fish
+
 fmt:
 	$(CARGO) fmt --all
 

@@ -1,4 +1,5 @@
-//! Shared set-up of the distlock examples: the lock URL taken from the environment.
+//! Shared set-up of the distlock examples: the lock URL taken from the environment, and a
+//! toy storage that fences its writes.
 //!
 //! The crate also compiles the Rust blocks of the workspace's markdown as doc tests
 //! (`cargo test -p examples --doc`), so the README and docs/ cannot drift from the API:
@@ -6,9 +7,59 @@
 //! this one is not. A block that needs a live server is `rust,no_run`; a block that is not
 //! Rust says what it is (`toml`, `sh`, `text`).
 
+use std::collections::HashMap;
+use std::sync::{Mutex, PoisonError};
+
+use distlock::FencingToken;
+
 /// The lock URL from `LOCK_URL`, or `memory://examples`.
 pub fn lock_url() -> String {
     std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://examples".to_owned())
+}
+
+/// A toy storage service that fences its writes: each key keeps the highest fencing token
+/// that wrote it and refuses a write with an older one, so a holder that stalled past its
+/// lease cannot overwrite what the next holder wrote. Real storage does the same with a
+/// conditional write (a version column, a compare-and-set, an etcd transaction).
+#[derive(Debug)]
+pub struct FencedStore<V> {
+    keys: Mutex<HashMap<String, (FencingToken, V)>>,
+}
+
+impl<V: Clone> FencedStore<V> {
+    /// A store holding `initial`, written by no lock holder yet.
+    pub fn new<'a>(initial: impl IntoIterator<Item = (&'a str, V)>) -> Self {
+        let keys = initial
+            .into_iter()
+            .map(|(key, value)| (key.to_owned(), (FencingToken(0), value)))
+            .collect();
+        FencedStore {
+            keys: Mutex::new(keys),
+        }
+    }
+
+    /// Writes `value` at `key` for the holder of fencing token `token`.
+    ///
+    /// # Errors
+    /// The refusal, when `key` was written with a newer token.
+    pub fn write(&self, key: &str, token: FencingToken, value: V) -> Result<(), String> {
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        match keys.get(key) {
+            Some((newest, _)) if token < *newest => {
+                Err(format!("{key}: refused token {token}, older than {newest}"))
+            }
+            _ => {
+                keys.insert(key.to_owned(), (token, value));
+                Ok(())
+            }
+        }
+    }
+
+    /// The value at `key`, if any.
+    pub fn read(&self, key: &str) -> Option<V> {
+        let keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.get(key).map(|(_, value)| value.clone())
+    }
 }
 
 /// One module per markdown file, its text as the module's doc: rustdoc runs its blocks. A

@@ -10,8 +10,10 @@
 //! ([`run`] says how), and `elect` runs it while leader of an election, under the same
 //! rules; `status`, `list`, `break`, `leader` and `observe` are what an operator needs
 //! during an incident ([`operate`]); `migration check` tells whether a step of a move between
-//! backends is safe (see docs/migration.md). The exit codes are in [`EXIT_CODES`].
+//! backends is safe (see docs/migration.md); `completions` and `man` print the shell
+//! completion scripts and the man pages ([`docs`]). The exit codes are in [`EXIT_CODES`].
 
+mod docs;
 mod migration;
 mod operate;
 mod run;
@@ -56,14 +58,22 @@ Exit codes:
     version,
     about = "Distributed locks from the shell: run a command under a lock, see who holds \
              one, break a wedged one",
+    long_about = "Distributed locks from the shell, in the manner of flock(1).\n\n\
+        run holds a lock (or a permit of a semaphore, a side of a read-write lock) while a \
+        command runs and stops the command before the lock can be lost; elect does the same \
+        while leader of an election. status, list, break, leader and observe show and mend \
+        locks during an incident; migration check says whether a step of a move between \
+        backends is safe. Every command but completions and man uses the lock service that \
+        --url or LOCK_URL names (redis://, zk://, etcd://, ...).\n\n\
+        `lockctl COMMAND --help` and the man page lockctl-COMMAND(1) describe each command.",
     after_help = EXIT_CODES
 )]
 struct Cli {
     /// Lock service URL: redis://, rediss://, redis+sentinel://, rediss+sentinel://,
     /// redis+cluster://, rediss+cluster://, redlock://, zk://, zks://, etcd://, etcds://, memory://, dual:OLD|NEW (default:
-    /// $LOCK_URL). Every command needs one: without it lockctl exits 2 rather than take a
-    /// lock no other process sees (memory://, which run, elect, hold and try take only
-    /// when given).
+    /// $LOCK_URL). Every command but completions and man needs one: without it lockctl
+    /// exits 2 rather than take a lock no other process sees (memory://, which run, elect,
+    /// hold and try take only when given).
     #[arg(long, global = true, env = "LOCK_URL", hide_env = true)]
     url: Option<String>,
     #[command(subcommand)]
@@ -282,6 +292,21 @@ enum Command {
     /// Moving a fleet between backends (the URL is a `dual:<old>|<new>` lock's).
     #[command(subcommand)]
     Migration(migration::Migration),
+    /// Print the shell completion script for bash, zsh, fish, elvish or powershell.
+    ///
+    /// Load it for this shell with `source <(lockctl completions bash)` (zsh: the same;
+    /// fish: `lockctl completions fish | source`), or install it where the shell looks:
+    /// /usr/share/bash-completion/completions/lockctl, a directory of $fpath as _lockctl,
+    /// ~/.config/fish/completions/lockctl.fish (`make install-lockctl` does it). Needs no
+    /// lock service.
+    Completions(docs::CompletionsArgs),
+    /// Print the man page, or write every page into a directory for a package.
+    ///
+    /// lockctl(1) lists the commands; each command has a page of its own, lockctl-run(1),
+    /// lockctl-migration-check(1) and so on, written with --dir (`make install-lockctl`
+    /// installs them in share/man/man1). Read it with `lockctl man | man -l -`. Needs no
+    /// lock service.
+    Man(docs::ManArgs),
 }
 
 /// Seconds as flock reads them (`10`, `0.5`), or a duration with a unit (`250ms`, `2m`).
@@ -415,5 +440,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
         Command::Break { name, force, json } => {
             operate::break_lock(&shared_url(url)?, &name, force, json).await
         }
+        Command::Completions(args) => docs::completions(&args),
+        Command::Man(args) => docs::man(&args),
     }
 }

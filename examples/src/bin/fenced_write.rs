@@ -4,7 +4,10 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use distlock::{AcquireOptions, DistributedLock, DistributedLockExt, FencingToken, LockName};
+use distlock::{
+    AcquireOptions, DistributedLock, DistributedLockExt, FencingToken, LockName, LockOptions,
+    RenewalMode,
+};
 
 /// Storage that remembers the highest fencing token it accepted.
 #[derive(Default)]
@@ -27,7 +30,12 @@ impl FencedStore {
 async fn main() -> distlock::Result<()> {
     let url = examples::lock_url();
     let store = FencedStore::default();
-    let slow = distlock::connect(&format!("{url}?ttl=1s&renewal=manual")).await?;
+    // The slow writer's client: a short lease, never renewed (whatever LOCK_URL's query
+    // says: options set in code win over the URL's, on both sides of a dual URL).
+    let slow_options = LockOptions::builder()
+        .ttl(Duration::from_secs(1))
+        .renewal(RenewalMode::Manual);
+    let slow = distlock::connect_with(&url, &slow_options).await?;
     let fast = distlock::connect(&url).await?;
     let name = LockName::new("profile/42")?;
 
@@ -59,5 +67,8 @@ async fn main() -> distlock::Result<()> {
         store.state.lock().expect("store lock").1
     );
     println!("slow release: {:?}", stale.release().await?);
-    Ok(())
+    // Both clients, before the process exits: what they hold or queue goes now, not when
+    // a lease or session times out.
+    slow.close().await?;
+    fast.close().await
 }

@@ -7,11 +7,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{AcquireOptions, Election, RunOutcome};
+use examples::FencedStore;
 
 #[tokio::main]
 async fn main() -> distlock::Result<()> {
     let locks = distlock::connect(&examples::lock_url()).await?;
     let election = Election::new(Arc::clone(&locks), "services/scheduler")?;
+    // What the leader writes: the schedule, fenced with its term.
+    let store = Arc::new(FencedStore::new([]));
 
     // An observer: a line per new leader, proclaimed value or vacancy.
     let mut observer = election.observe();
@@ -34,7 +37,7 @@ async fn main() -> distlock::Result<()> {
     // --- the taught part ---
     let mut candidates = Vec::new();
     for n in 1..=3 {
-        let election = election.clone();
+        let (election, store) = (election.clone(), Arc::clone(&store));
         let value = format!("scheduler-{}-{n}", std::process::id());
         candidates.push(tokio::spawn(async move {
             let name = value.clone();
@@ -43,7 +46,9 @@ async fn main() -> distlock::Result<()> {
                     value.clone(),
                     &AcquireOptions::timeout(Duration::from_secs(60)),
                     |ctx| async move {
-                        println!("{value}: leading, term {}", ctx.fencing_token);
+                        let term = ctx.fencing_token;
+                        let written = store.write("schedule", term, value.clone());
+                        println!("{value}: leading, term {term}, schedule written: {written:?}");
                         tokio::time::sleep(Duration::from_millis(700)).await;
                     },
                 )

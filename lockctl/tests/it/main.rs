@@ -1,6 +1,7 @@
 //! lockctl run as its own process against real servers, in one test binary.
 
 mod common;
+mod docs;
 mod elect;
 mod migration_check;
 mod operate;
