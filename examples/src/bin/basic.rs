@@ -24,5 +24,5 @@ async fn main() -> distlock::Result<()> {
         ReleaseOutcome::Released => println!("released"),
         ReleaseOutcome::AlreadyLost(reason) => println!("had already lost it: {reason}"),
     }
-    Ok(())
+    locks.close().await // before the process exits: nothing it held or queued outlives it
 }

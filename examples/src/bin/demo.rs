@@ -8,8 +8,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{
-    AcquireOptions, DistributedLock, DistributedLockExt, LockName, ReleaseOutcome, RunOutcome,
+    AcquireOptions, DistributedLock, DistributedLockExt, LockName, LockOptions, ReleaseOutcome,
+    RenewalMode, RunOutcome,
 };
+
 use tokio::time::{sleep, Instant};
 
 const WORKERS: usize = 4;
@@ -55,7 +57,7 @@ async fn contention(url: &str) -> distlock::Result<()> {
                 counter.store(seen + 1, Ordering::SeqCst);
                 guard.release().await?;
             }
-            Ok::<_, distlock::Error>(())
+            client.close().await
         }));
     }
     for task in tasks {
@@ -93,6 +95,8 @@ async fn try_and_timeout(url: &str) -> distlock::Result<()> {
         err.is_retryable()
     );
     guard.release().await?;
+    a.close().await?;
+    b.close().await?;
     println!();
     Ok(())
 }
@@ -103,9 +107,12 @@ async fn dropped_guard(url: &str) -> distlock::Result<()> {
     let a = distlock::connect(url).await?;
     let b = distlock::connect(url).await?;
     let guard = a.lock("exports").await?;
-    let waiter = tokio::spawn(async move {
-        let guard = b.lock("exports").await?;
-        Ok::<_, distlock::Error>((Instant::now(), guard))
+    let waiter = tokio::spawn({
+        let b = Arc::clone(&b);
+        async move {
+            let guard = b.lock("exports").await?;
+            Ok::<_, distlock::Error>((Instant::now(), guard))
+        }
     });
     sleep(Duration::from_millis(100)).await;
     let dropped_at = Instant::now();
@@ -116,6 +123,8 @@ async fn dropped_guard(url: &str) -> distlock::Result<()> {
         acquired_at.duration_since(dropped_at)
     );
     next.release().await?;
+    a.close().await?;
+    b.close().await?;
     println!();
     Ok(())
 }
@@ -124,8 +133,10 @@ async fn dropped_guard(url: &str) -> distlock::Result<()> {
 /// and the late release reports it was already lost.
 async fn lost_lock_cancels_work(url: &str) -> distlock::Result<()> {
     println!("4. a lost lock cancels the work:");
-    let client: Arc<dyn DistributedLock> =
-        distlock::connect(&format!("{url}?ttl=500ms&renewal=manual")).await?;
+    let short = LockOptions::builder()
+        .ttl(Duration::from_millis(500))
+        .renewal(RenewalMode::Manual);
+    let client: Arc<dyn DistributedLock> = distlock::connect_with(url, &short).await?;
     let outcome = client
         .with_lock("cleanup", &AcquireOptions::forever(), |ctx| async move {
             println!(
@@ -155,5 +166,5 @@ async fn lost_lock_cancels_work(url: &str) -> distlock::Result<()> {
         }
         ReleaseOutcome::Released => println!("   released"),
     }
-    Ok(())
+    client.close().await
 }

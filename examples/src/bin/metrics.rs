@@ -86,11 +86,13 @@ async fn main() -> Result<(), BoxError> {
     listening(addr).await?;
     say(format!("metrics at http://{addr}/metrics"));
     let name = LockName::new(cli.name.as_str())?;
-    if cli.commands {
+    let ran = if cli.commands {
         follow_commands(&locks, &name).await
     } else {
         cycle(&locks, &name, &cli).await
-    }
+    };
+    locks.close().await?;
+    ran
 }
 
 /// Installs the Prometheus recorder, its endpoint listening on `addr` (taught code).

@@ -33,5 +33,5 @@ async fn main() -> distlock::Result<()> {
         RunOutcome::Lost { reason } => println!("stopped half-way: the lock was lost ({reason})"),
         RunOutcome::NotAcquired => println!("another instance holds the job"),
     }
-    Ok(())
+    locks.close().await
 }

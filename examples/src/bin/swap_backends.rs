@@ -35,6 +35,9 @@ async fn main() {
                 if let Err(err) = nightly_export(locks.as_ref()).await {
                     println!("  error: {err}");
                 }
+                if let Err(err) = locks.close().await {
+                    println!("  close: {err}");
+                }
             }
             Err(err) => println!("  cannot connect: {err}"),
         }
