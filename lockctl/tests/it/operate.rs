@@ -167,12 +167,21 @@ async fn operate(url: &str) {
     assert_eq!(bad.status.code(), Some(1), "{}", text(&bad));
 }
 
-/// `status`, `list` and `break` need the URL of a shared service: none given, or
-/// `memory://` (which sees this process's locks alone), is an error, not a confident
-/// "free".
+/// The commands that look at other processes' locks (`status`, `list`, `break`, `leader`,
+/// `observe`, `migration check`) need the URL of a shared service: none given, or
+/// `memory://` (which sees this process's locks alone), is a usage error (exit 2, as for
+/// the commands that take a lock), not a confident "free".
 #[tokio::test]
 async fn operator_commands_refuse_to_guess_the_service() {
-    for args in [&["status", "x"][..], &["list"], &["break", "x", "--force"]] {
+    let commands: [&[&str]; 6] = [
+        &["status", "x"],
+        &["list"],
+        &["break", "x", "--force"],
+        &["leader", "x"],
+        &["observe", "x"],
+        &["migration", "check", "--step", "old-to-dual", "x"],
+    ];
+    for args in commands {
         let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
             .args(args)
             .env_remove("LOCK_URL")
@@ -180,14 +189,14 @@ async fn operator_commands_refuse_to_guess_the_service() {
             .output()
             .await
             .expect("lockctl runs");
-        assert_eq!(output.status.code(), Some(1), "{args:?}: {}", text(&output));
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {}", text(&output));
         assert!(
             String::from_utf8_lossy(&output.stderr).contains("--url or set LOCK_URL"),
             "{}",
             text(&output)
         );
         let output = lockctl("memory://", args).await;
-        assert_eq!(output.status.code(), Some(1), "{args:?}: {}", text(&output));
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {}", text(&output));
         assert!(
             String::from_utf8_lossy(&output.stderr).contains("memory://"),
             "{}",
