@@ -373,23 +373,31 @@ fn lock_url(url: Option<String>) -> Option<String> {
 
 /// The lock service URL, for commands that look at other processes' locks: there must be
 /// one, and not `memory://`, which sees this process's locks alone (it would answer
-/// "free" and "nothing to break" with confidence).
-fn shared_url(url: Option<String>) -> Result<String, BoxError> {
-    let url = url.ok_or("no lock service: give --url or set LOCK_URL")?;
+/// "free" and "nothing to break" with confidence). `None` (after saying so) otherwise:
+/// the caller exits with a usage error.
+fn shared_url(url: Option<String>) -> Option<String> {
+    let Some(url) = url else {
+        eprintln!("lockctl: no lock service: give --url or set LOCK_URL");
+        return None;
+    };
     if url.trim().to_ascii_lowercase().starts_with("memory:") {
-        return Err(
-            "memory:// only holds this process's locks: give the URL of a shared lock \
-                    service"
-                .into(),
+        eprintln!(
+            "lockctl: memory:// only holds this process's locks: give the URL of a shared \
+             lock service"
         );
+        return None;
     }
-    Ok(url)
+    Some(url)
 }
 
 async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
     let url = cli.url;
+    let usage = || Ok(ExitCode::from(EXIT_USAGE));
     match cli.command {
-        Command::Migration(command) => migration::run(&shared_url(url)?, command).await,
+        Command::Migration(command) => match shared_url(url) {
+            Some(url) => migration::run(&url, command).await,
+            None => usage(),
+        },
         Command::Run {
             acquire,
             kind,
@@ -416,8 +424,14 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
             };
             run::run(&url, &acquire, &name, &command.argv(), grace, kind).await
         }
-        Command::Leader { name, json } => operate::leader(&shared_url(url)?, &name, json).await,
-        Command::Observe { name, json } => operate::observe(&shared_url(url)?, &name, json).await,
+        Command::Leader { name, json } => match shared_url(url) {
+            Some(url) => operate::leader(&url, &name, json).await,
+            None => usage(),
+        },
+        Command::Observe { name, json } => match shared_url(url) {
+            Some(url) => operate::observe(&url, &name, json).await,
+            None => usage(),
+        },
         Command::Hold {
             acquire,
             name,
@@ -433,13 +447,18 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
             Some(url) => run::try_once(&url, &name, conflict_exit_code).await,
             None => Ok(ExitCode::from(EXIT_USAGE)),
         },
-        Command::Status { name, json } => operate::status(&shared_url(url)?, &name, json).await,
-        Command::List { prefix, long, json } => {
-            operate::list(&shared_url(url)?, &prefix, long, json).await
-        }
-        Command::Break { name, force, json } => {
-            operate::break_lock(&shared_url(url)?, &name, force, json).await
-        }
+        Command::Status { name, json } => match shared_url(url) {
+            Some(url) => operate::status(&url, &name, json).await,
+            None => usage(),
+        },
+        Command::List { prefix, long, json } => match shared_url(url) {
+            Some(url) => operate::list(&url, &prefix, long, json).await,
+            None => usage(),
+        },
+        Command::Break { name, force, json } => match shared_url(url) {
+            Some(url) => operate::break_lock(&url, &name, force, json).await,
+            None => usage(),
+        },
         Command::Completions(args) => docs::completions(&args),
         Command::Man(args) => docs::man(&args),
     }
