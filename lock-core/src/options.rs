@@ -153,16 +153,16 @@ impl LockOptions {
 ///
 /// ```
 /// use std::time::Duration;
-/// use distlock::{LockOptions, RenewalMode};
+/// use lock_core::{LockOptions, RenewalMode};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() -> distlock::Result<()> {
+/// # async fn main() -> lock_core::Result<()> {
 /// // A whole set of options, checked:
 /// let options = LockOptions::builder().ttl(Duration::from_secs(10)).build()?;
 /// assert_eq!(options.renewal, RenewalMode::Auto);
 /// // Or a client whose URL gives the rest (the builder's `ttl` wins over `?ttl=30s`):
 /// let overrides = LockOptions::builder().ttl(Duration::from_secs(10));
-/// let locks = distlock::connect_with("memory://docs?ttl=30s", &overrides).await?;
+/// let locks = lock_core::connect_with("memory://docs?ttl=30s", &overrides).await?;
 /// locks.close().await?;
 /// # Ok(()) }
 /// ```
