@@ -69,23 +69,33 @@ impl Queue<'_> {
             .create_node(live, &leases, lease_marker, &data, true, &mut nodes.lease)
             .await?;
         let path = format!("{leases}/{name}");
-        self.check_directory(live, dir, &name, request).await?;
         let queued = (name.as_str(), ordered_at, children);
-        let granted = self
-            .wait_for_lease(live, &leases, queued, permits, request, nodes)
-            .await?;
-        // Release the `locks` mutex: at once when possible, else by the cleanup.
-        if let Ok(Ok(()) | Err(zk::Error::NoNode)) = self
-            .session
-            .call(
-                "release semaphore mutex",
-                live.client.delete(&taken.path, None),
-            )
-            .await
-        {
-            nodes.lock.state_mut().armed = false;
+        let decided = match self.check_directory(live, dir, &name, request).await {
+            Ok(()) => {
+                self.wait_for_lease(live, &leases, queued, permits, request, nodes)
+                    .await
+            }
+            Err(step) => Err(step),
+        };
+        if matches!(decided, Err(Step::Fail(_))) {
+            // A refusal (another kind, another number of permits) takes nothing: the
+            // lease node goes before the error is returned, not later in the background.
+            self.withdraw(live, &path, &mut nodes.lease).await;
         }
-        let Some(at) = granted else {
+        if matches!(decided, Ok(_) | Err(Step::Fail(_))) {
+            // Release the `locks` mutex: at once when possible, else by the cleanup.
+            if let Ok(Ok(()) | Err(zk::Error::NoNode)) = self
+                .session
+                .call(
+                    "release semaphore mutex",
+                    live.client.delete(&taken.path, None),
+                )
+                .await
+            {
+                nodes.lock.state_mut().armed = false;
+            }
+        }
+        let Some(at) = decided? else {
             return Ok(None);
         };
         nodes.lease.state_mut().armed = false;
