@@ -171,7 +171,8 @@ async fn an_unacknowledged_grant_is_given_back() {
             with_ttl(Duration::from_secs(5)),
         );
         config.wait_replicas = Some(replicas);
-        config.wait_timeout = Duration::from_millis(300);
+        // Long enough for two replicas on two busy cores (300 ms missed under load).
+        config.wait_timeout = Duration::from_secs(2);
         factory.make_with(config)
     };
     let (both, one) = (client(2).await, client(1).await);
@@ -206,7 +207,7 @@ async fn an_unacknowledged_grant_is_given_back() {
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(err.is_retryable());
     assert!(
-        waited >= Duration::from_millis(300) && waited < Duration::from_secs(3),
+        waited >= Duration::from_secs(2) && waited < Duration::from_secs(5),
         "gave back after {waited:?}"
     );
     assert_eq!(
