@@ -94,6 +94,7 @@ pub use error::HarnessError;
 pub use etcd::{Etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdStatus};
 pub use ports::{free_port, free_ports};
 pub(crate) use process::find_binary;
+pub use process::output_text;
 pub use redis::{Redis, RedisNodes, RedisOptions, RedisServer};
 pub use redis_cluster::{RedisCluster, SlotMove};
 pub use sentinel::{Front, RedisSentinel, Sentinel, SentinelOptions};

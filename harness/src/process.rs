@@ -6,7 +6,7 @@ use std::fs::OpenOptions;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::{ExitStatus, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::{kill, Signal};
@@ -14,6 +14,16 @@ use nix::unistd::Pid;
 use tokio::process::{Child, Command};
 
 use super::HarnessError;
+
+/// How a finished program ended and what it printed, for a failure message.
+pub fn output_text(output: &Output) -> String {
+    format!(
+        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
+        output.status.code(),
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
 
 /// Lines of log quoted in start-up errors.
 pub(crate) const LOG_TAIL_LINES: usize = 30;

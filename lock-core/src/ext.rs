@@ -26,9 +26,8 @@ pub trait DistributedLockExt: DistributedLock {
     fn lock(&self, name: &str) -> impl Future<Output = Result<LockGuard>> + Send {
         async move {
             let name = LockName::new(name)?;
-            self.acquire(&name, &AcquireOptions::forever())
-                .await?
-                .ok_or_else(|| unexpected_none(&name))
+            let guard = self.acquire(&name, &AcquireOptions::forever()).await?;
+            waited(guard, &name)
         }
     }
 
@@ -40,9 +39,10 @@ pub trait DistributedLockExt: DistributedLock {
     ) -> impl Future<Output = Result<LockGuard>> + Send {
         async move {
             let name = LockName::new(name)?;
-            self.acquire(&name, &AcquireOptions::timeout(timeout))
-                .await?
-                .ok_or_else(|| unexpected_none(&name))
+            let guard = self
+                .acquire(&name, &AcquireOptions::timeout(timeout))
+                .await?;
+            waited(guard, &name)
         }
     }
 

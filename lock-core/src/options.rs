@@ -31,6 +31,16 @@ pub enum RenewalMode {
     Manual,
 }
 
+impl RenewalMode {
+    /// The value of the `renewal` URL option.
+    fn as_query(self) -> &'static str {
+        match self {
+            RenewalMode::Auto => "auto",
+            RenewalMode::Manual => "manual",
+        }
+    }
+}
+
 /// Client-wide defaults, usually from the URL query or a config file.
 ///
 /// Every field has a documented default; URL query keys are given in brackets.
@@ -115,13 +125,10 @@ impl LockOptions {
     /// These options as a URL query (`ttl=30s&renewal=auto&…`), which
     /// [`LockOptions::apply_query_pair`] reads back to the same options.
     pub fn to_query(&self) -> String {
-        let renewal = match self.renewal {
-            RenewalMode::Auto => "auto",
-            RenewalMode::Manual => "manual",
-        };
         let mut query = format!(
-            "ttl={}&renewal={renewal}&request_timeout={}&recheck={}",
+            "ttl={}&renewal={}&request_timeout={}&recheck={}",
             format_duration(self.ttl),
+            self.renewal.as_query(),
             format_duration(self.request_timeout),
             format_duration(self.recheck)
         );
@@ -264,25 +271,22 @@ impl LockOptionsBuilder {
     /// The options set here as URL query pairs, read back by
     /// [`LockOptions::apply_query_pair`].
     pub(crate) fn query_pairs(&self) -> Vec<(String, String)> {
-        let mut all = LockOptions::default();
-        self.apply(&mut all);
-        all.to_query()
-            .split('&')
-            .filter_map(|pair| pair.split_once('='))
-            .filter(|(key, _)| match *key {
-                "ttl" => self.ttl.is_some(),
-                "renewal" => self.renewal.is_some(),
-                "max_hold" => self.max_hold.is_some(),
-                "request_timeout" => self.request_timeout.is_some(),
-                "recheck" => self.recheck.is_some(),
-                _ => false,
-            })
-            .map(|(key, value)| (key.to_owned(), value.to_owned()))
-            .chain(
-                self.metrics_names
-                    .map(|on| ("metrics_names".to_owned(), on.to_string())),
-            )
-            .collect()
+        let duration = |key: &str, value: Option<Duration>| {
+            value.map(|value| (key.to_owned(), format_duration(value)))
+        };
+        [
+            duration("ttl", self.ttl),
+            self.renewal
+                .map(|mode| ("renewal".to_owned(), mode.as_query().to_owned())),
+            duration("max_hold", self.max_hold),
+            duration("request_timeout", self.request_timeout),
+            duration("recheck", self.recheck),
+            self.metrics_names
+                .map(|on| ("metrics_names".to_owned(), on.to_string())),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
     }
 }
 

@@ -19,15 +19,7 @@ pub(crate) async fn example(binary: &str, url: &str) -> Output {
     output
 }
 
-/// How `output` ended and what it printed, for a failure message.
-pub(crate) fn text(output: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
+pub(crate) use harness::output_text as text;
 
 /// What `output` printed on stdout.
 pub(crate) fn stdout(output: &Output) -> String {

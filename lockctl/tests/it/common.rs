@@ -16,12 +16,4 @@ pub(crate) async fn lockctl(url: &str, args: &[&str]) -> Output {
         .expect("lockctl runs")
 }
 
-/// How `output` ended and what it printed, for a failure message.
-pub(crate) fn text(output: &Output) -> String {
-    format!(
-        "exit {:?}\nstdout:\n{}\nstderr:\n{}",
-        output.status.code(),
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    )
-}
+pub(crate) use harness::output_text as text;
