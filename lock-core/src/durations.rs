@@ -4,7 +4,9 @@
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::options::MAX_DURATION;
+
+/// Longest accepted TTL or timeout: one year.
+pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 pub(crate) fn check_duration(field: &str, value: Duration) -> Result<()> {
     if value.is_zero() {

@@ -314,7 +314,7 @@ impl OperatorCall<'_> {
 /// Checks that a wait option is acceptable.
 pub(crate) fn check_wait(wait: Wait) -> Result<()> {
     if let Wait::Timeout(timeout) = wait {
-        if timeout > crate::options::MAX_DURATION {
+        if timeout > crate::durations::MAX_DURATION {
             return Err(Error::config(format!(
                 "acquire timeout must be at most one year, got {timeout:?}"
             )));

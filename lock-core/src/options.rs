@@ -15,8 +15,6 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(30);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 /// Default bound on how long a waiter trusts a push before re-checking: 1 s.
 pub const DEFAULT_RECHECK: Duration = Duration::from_secs(1);
-/// Longest accepted TTL or timeout: one year.
-pub const MAX_DURATION: Duration = Duration::from_secs(365 * 24 * 3600);
 
 /// How a held lock is kept alive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -141,7 +139,7 @@ impl LockOptions {
         query
     }
 
-    /// Checks that every duration is positive and at most [`MAX_DURATION`].
+    /// Checks that every duration is positive and at most [`MAX_DURATION`](crate::raw::durations::MAX_DURATION).
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming the field.
@@ -260,7 +258,7 @@ impl LockOptionsBuilder {
     ///
     /// # Errors
     /// [`Error::InvalidConfig`] naming a duration that is zero or longer than
-    /// [`MAX_DURATION`].
+    /// [`MAX_DURATION`](crate::raw::durations::MAX_DURATION).
     pub fn build(&self) -> Result<LockOptions> {
         let mut options = LockOptions::default();
         self.apply(&mut options);

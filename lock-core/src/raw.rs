@@ -47,8 +47,8 @@ pub mod names {
 /// Durations as text (URL values, serde fields, messages), and the defaults and upper
 /// bound of the durations every client takes.
 pub mod durations {
-    pub use crate::durations::{duration_text, format_duration, parse_duration};
-    pub use crate::options::{DEFAULT_RECHECK, DEFAULT_REQUEST_TIMEOUT, DEFAULT_TTL, MAX_DURATION};
+    pub use crate::durations::{duration_text, format_duration, parse_duration, MAX_DURATION};
+    pub use crate::options::{DEFAULT_RECHECK, DEFAULT_REQUEST_TIMEOUT, DEFAULT_TTL};
 }
 
 /// Plumbing every backend shares: poison-free mutexes, a tracked set of background tasks,
