@@ -213,11 +213,33 @@ pub fn seed() -> u64 {
 /// keep serving the connections the factory made on it.
 pub const MULTI_THREAD_RULES: &[&str] = &["close_frees_everything"];
 
-/// The sets `test` runs under now: every class in the long plan, else one drawn set.
+/// The sets `test` runs under now: every class in the long plan (only the n-th, 1-based,
+/// with `LOCK_TEST_SET=n`, to replay one), else one drawn set.
+///
+/// # Panics
+/// If `LOCK_TEST_SET` is set but not the number of a covering set.
 pub fn sets_for(test: &str) -> Vec<(u64, OptionSet)> {
     let seed = seed();
     let mut sets = if crate::long_plan() {
-        OptionSet::covering().map(|set| (seed, set)).to_vec()
+        let covering = OptionSet::covering();
+        match std::env::var("LOCK_TEST_SET") {
+            Ok(text) => {
+                let chosen = text
+                    .trim()
+                    .parse::<usize>()
+                    .ok()
+                    .and_then(|n| n.checked_sub(1))
+                    .and_then(|index| covering.get(index))
+                    .unwrap_or_else(|| {
+                        panic!(
+                            "LOCK_TEST_SET must be 1 to {}, got {text:?}",
+                            covering.len()
+                        )
+                    });
+                vec![(seed, *chosen)]
+            }
+            Err(_) => covering.map(|set| (seed, set)).to_vec(),
+        }
     } else {
         vec![(seed, OptionSet::drawn(seed, test))]
     };
@@ -236,8 +258,14 @@ pub fn run_explored<Fut>(test: &str, body: impl Fn(OptionSet) -> Fut)
 where
     Fut: Future<Output = ()>,
 {
+    let long = crate::long_plan();
     for (seed, set) in sets_for(test) {
-        println!("[conformance] {test}: {set} (LOCK_TEST_SEED={seed} replays it)");
+        let alone = OptionSet::covering()
+            .iter()
+            .position(|covering| long && *covering == set)
+            .map(|index| format!(", LOCK_TEST_SET={} runs it alone", index + 1))
+            .unwrap_or_default();
+        println!("[conformance] {test}: {set} (LOCK_TEST_SEED={seed} replays it{alone})");
         let replay = Replay { test, seed, set };
         set.runtime().block_on(body(set));
         std::mem::forget(replay);

@@ -161,9 +161,9 @@ impl Backend for ZkBackend {
             match outcome {
                 Ok(acquired) => return Ok(acquired),
                 Err(Step::Restart(err)) if request.wait && restarts < RESTARTS => {
-                    tracing::debug!(lock = %request.name, error = %err, "acquire starts over on a new session");
                     restarts += 1;
                     let epoch = self.session.epoch();
+                    tracing::debug!(lock = %request.name, error = %err, epoch, restarts, "acquire starts over on a new session");
                     self.session
                         .wait_usable(epoch, self.config().connect_timeout)
                         .await;

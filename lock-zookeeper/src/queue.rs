@@ -516,6 +516,7 @@ impl<'a> Queue<'a> {
         match step {
             Step::Retry(err) => {
                 *losses += 1;
+                tracing::debug!(error = %err, losses, epoch = live.epoch, "connection loss while queued");
                 if *losses > LOSS_RETRIES {
                     return Err(Step::Fail(err));
                 }

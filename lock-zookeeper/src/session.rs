@@ -137,7 +137,8 @@ impl Session {
             queue_seen: AtomicBool::new(false),
             background: Background::new(),
         });
-        tokio::spawn(monitor(Arc::downgrade(&session), client.state_watcher(), 1));
+        let watched = Watched::of(&client, 1);
+        tokio::spawn(monitor(Arc::downgrade(&session), watched));
         Ok(session)
     }
 
@@ -339,17 +340,39 @@ async fn open(config: &ZkConfig, limit: Duration) -> Result<zk::Client> {
     Ok(client)
 }
 
-/// Follows the health of session `epoch`; replaces it when it ends. Exits when the
-/// lock client is gone.
-async fn monitor(session: Weak<Session>, mut watcher: zk::StateWatcher, mut epoch: u64) {
+/// The session a monitor follows: its state, epoch and id (as the server logs it).
+struct Watched {
+    watcher: zk::StateWatcher,
+    epoch: u64,
+    id: String,
+}
+
+impl Watched {
+    fn of(client: &zk::Client, epoch: u64) -> Watched {
+        Watched {
+            watcher: client.state_watcher(),
+            epoch,
+            id: format!("{:#x}", client.session_id().0),
+        }
+    }
+}
+
+/// Follows the health of a session; replaces it when it ends. Exits when the lock client
+/// is gone.
+async fn monitor(session: Weak<Session>, mut watched: Watched) {
     loop {
-        let state = watcher.changed().await;
+        let state = watched.watcher.changed().await;
+        let (epoch, id) = (watched.epoch, watched.id.as_str());
         let Some(shared) = session.upgrade() else {
             return;
         };
         match state {
-            zk::SessionState::Disconnected => shared.publish(epoch, SessionHealth::Suspended),
+            zk::SessionState::Disconnected => {
+                tracing::debug!(epoch, session = id, "ZooKeeper session disconnected");
+                shared.publish(epoch, SessionHealth::Suspended);
+            }
             zk::SessionState::SyncConnected | zk::SessionState::ConnectedReadOnly => {
+                tracing::debug!(epoch, session = id, ?state, "ZooKeeper session connected");
                 shared.publish(epoch, SessionHealth::Connected);
             }
             zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed
@@ -360,23 +383,23 @@ async fn monitor(session: Weak<Session>, mut watcher: zk::StateWatcher, mut epoc
             zk::SessionState::Expired | zk::SessionState::Closed | zk::SessionState::AuthFailed => {
                 tracing::warn!(
                     epoch,
+                    session = id,
                     ?state,
                     "ZooKeeper session ended; establishing a new one"
                 );
                 shared.expire(epoch);
                 drop(shared);
-                let Some((next, client_watcher)) = reopen(&session).await else {
+                let Some(next) = reopen(&session).await else {
                     return;
                 };
-                epoch = next;
-                watcher = client_watcher;
+                watched = next;
             }
         }
     }
 }
 
 /// Establishes a replacement session, retrying until it works or the client is gone.
-async fn reopen(session: &Weak<Session>) -> Option<(u64, zk::StateWatcher)> {
+async fn reopen(session: &Weak<Session>) -> Option<Watched> {
     let mut backoff = reconnect_backoff();
     loop {
         let shared = session.upgrade()?;
@@ -388,10 +411,11 @@ async fn reopen(session: &Weak<Session>) -> Option<(u64, zk::StateWatcher)> {
         match open(&config, config.connect_timeout).await {
             Ok(client) => {
                 let shared = session.upgrade()?;
+                let id = format!("{:#x}", client.session_id().0);
                 let watcher = client.state_watcher();
                 let epoch = shared.install(client)?;
-                tracing::info!(epoch, "new ZooKeeper session established");
-                return Some((epoch, watcher));
+                tracing::info!(epoch, session = id, "new ZooKeeper session established");
+                return Some(Watched { watcher, epoch, id });
             }
             Err(err) => {
                 tracing::warn!(error = %err, "ZooKeeper session not re-established yet");

@@ -107,7 +107,10 @@ impl ScenarioReport {
                 );
             }
         }
-        assert!(self.stalled_waiters.is_empty(), "a waiter hung: {context}");
+        assert!(
+            self.stalled_waiters.is_empty(),
+            "a waiter hung or was never seen waiting: {context}"
+        );
         assert!(
             self.lost_late.is_empty(),
             "a lost hold was not reported Lost in time: {context}"

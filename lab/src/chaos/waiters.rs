@@ -24,8 +24,10 @@ use conformance::fence::{FencedResource, SectionHandle};
 use conformance::rules::unique_name;
 use harness::proxy::ProxyMode;
 
-/// How long a waiter's acquire may take in all.
-const WAIT_LIMIT: Duration = Duration::from_secs(60);
+/// How long a waiter's acquire may take in all: longer than any scenario's steps before
+/// the grant it expects (a stall is judged by [`GRANT_LIMIT`] from that step on, never by
+/// the acquire's own deadline, which the scenario's earlier waits use up).
+const WAIT_LIMIT: Duration = Duration::from_secs(180);
 /// How long a scenario waits for one waiter's grant before it reports the waiter stalled:
 /// generous, far above every backend's bound (no timed assertion).
 const GRANT_LIMIT: Duration = Duration::from_secs(30);
@@ -71,7 +73,8 @@ impl Waiting {
 
     /// Spawns `client`'s wait for `name` ([`Waiter`]) and returns once the server shows it
     /// waiting (the target's leftovers for `name` change), so that the next waiter queues
-    /// behind it. Notes a wait the server did not show within 2 x TTL.
+    /// behind it. A wait the server did not show within 2 x TTL fails the run: the
+    /// scenario cannot order its waiters, and its waits eat into theirs.
     async fn queue_up<F>(
         &mut self,
         target: &dyn ChaosTarget,
@@ -86,7 +89,7 @@ impl Waiting {
         let waiter = Waiter::spawn(client, &self.name, &self.resource, hold);
         let bound = plan.ttl * 2;
         if !shows_change(target, &self.name, &before, bound).await {
-            self.notes.push(format!(
+            self.stalled.push(format!(
                 "a waiter was not seen waiting on the server within {} ms",
                 ms(bound)
             ));
