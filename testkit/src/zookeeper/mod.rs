@@ -13,6 +13,7 @@ mod session;
 pub use curator::CuratorSetup;
 pub use nodes::{
     children, children_reach, create_persistent, queue, queue_len_reaches, queue_under,
+    semaphore_nodes,
 };
 pub use session::{expire_session, holder_session, session_password};
 
@@ -426,6 +427,10 @@ impl Factory for ZkFactory {
             let nodes = self.queue(name).await;
             if !nodes.is_empty() {
                 left.push(format!("{name:?} has lock nodes {nodes:?}"));
+            }
+            let permits = semaphore_nodes(&self.admin, &self.base, name).await;
+            if !permits.is_empty() {
+                left.push(format!("{name:?} has semaphore nodes {permits:?}"));
             }
         }
         left

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use lock_core::LockName;
-use lock_zookeeper::{lock_dir, queue_order};
+use lock_zookeeper::{lock_dir, queue_order, semaphore_dirs, SEMAPHORE_LEASES, SEMAPHORE_LOCKS};
 use tokio::time::Instant;
 use zookeeper_client as zk;
 
@@ -39,6 +39,21 @@ pub async fn queue_under(admin: &zk::Client, base: &str, name: &LockName) -> Vec
         .into_iter()
         .map(str::to_owned)
         .collect()
+}
+
+/// The nodes of a semaphore named `name` under `base`: its mutex's lock nodes and its
+/// lease nodes, as `locks/<node>` and `leases/<node>` (the two containers themselves,
+/// which the server reaps once empty, are not listed).
+pub async fn semaphore_nodes(admin: &zk::Client, base: &str, name: &LockName) -> Vec<String> {
+    let dir = lock_dir(base, name);
+    let (locks, leases) = semaphore_dirs(&dir);
+    let mut nodes = Vec::new();
+    for (sub, path) in [(SEMAPHORE_LOCKS, locks), (SEMAPHORE_LEASES, leases)] {
+        for child in children(admin, &path).await {
+            nodes.push(format!("{sub}/{child}"));
+        }
+    }
+    nodes
 }
 
 /// The children of `dir`, sorted (none for a missing `dir`).
