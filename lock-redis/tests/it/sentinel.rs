@@ -230,6 +230,69 @@ async fn an_unacknowledged_grant_is_given_back() {
     guard.release().await.expect("release");
 }
 
+/// With the default replica wait (one replica, the default deadline), a grant whose
+/// replicas are slow to acknowledge (both paused for 400 ms, as a loaded machine or a
+/// replica's fsync can stall them) is still granted, once they acknowledge: the default
+/// deadline is not a latency budget a busy replica misses.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_acknowledgement_is_awaited_by_default() {
+    let Some(factory) = SentinelFactory::start().await else {
+        return;
+    };
+    let mut options = with_ttl(Duration::from_secs(10));
+    options.request_timeout = Duration::from_secs(5);
+    let client = factory
+        .make_with(factory.config(factory.deployment.sentinels(), options))
+        .await;
+    let slow = name("slow_ack");
+    // Warm: the client knows its primary and the primary its replicas.
+    let guard = client.lock(slow.as_str()).await.expect("lock");
+    guard.release().await.expect("release");
+    for replica in [1, 2] {
+        factory
+            .deployment
+            .server(replica)
+            .pause()
+            .expect("pause a replica");
+    }
+    let stall = Duration::from_millis(400);
+    let resume = async {
+        sleep(stall).await;
+        for replica in [1, 2] {
+            factory
+                .deployment
+                .server(replica)
+                .resume()
+                .expect("resume a replica");
+        }
+    };
+    let started = Instant::now();
+    let (granted, ()) = tokio::join!(
+        async {
+            let granted = client.try_lock(slow.as_str()).await;
+            (granted, started.elapsed())
+        },
+        resume
+    );
+    let (granted, waited) = granted;
+    let guard = granted
+        .expect("a slow acknowledgement is awaited, not refused")
+        .expect("the name is free");
+    assert!(
+        waited >= stall,
+        "granted after {waited:?}, before the replicas were back"
+    );
+    for replica in [1, 2] {
+        assert_eq!(
+            key_on(&factory, replica, &slow).await.as_deref(),
+            Some(guard.owner_token().as_str()),
+            "replica {replica} has the grant"
+        );
+    }
+    println!("granted after {waited:?} once the paused replicas acknowledged");
+    guard.release().await.expect("release");
+}
+
 /// Discovery asks every Sentinel at once, each within the request deadline: with one
 /// Sentinel paused (SIGSTOP) a client still connects at once through the others, from a
 /// URL (`connect`, with query options); with all of them paused connecting fails with a
