@@ -23,8 +23,9 @@ pub const DEFAULT_PORT: u16 = 6379;
 /// Default Sentinel port.
 pub const DEFAULT_SENTINEL_PORT: u16 = 26379;
 
-/// Default of [`RedisConfig::wait_timeout`].
-const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(100);
+/// The longest a grant waits for its replicas when [`RedisConfig::wait_timeout`] is not
+/// set (see [`RedisConfig::replica_wait_timeout`]).
+const LONGEST_DEFAULT_WAIT: Duration = Duration::from_secs(1);
 
 /// Shortest TTL accepted on one server.
 const MIN_TTL_SINGLE: Duration = Duration::from_millis(10);
@@ -138,10 +139,13 @@ pub struct RedisConfig {
     /// (`ROLE` lists its replicas; a primary without any grants without waiting), on one
     /// server none. `Some(0)` (`wait_replicas=0`) opts out.
     pub wait_replicas: Option<u32>,
-    /// How long a grant waits for [`RedisConfig::wait_replicas`] \[`wait_timeout`\].
-    /// Default 100 ms; at most `request_timeout`.
-    #[serde(with = "lock_core::raw::durations::duration_text")]
-    pub wait_timeout: Duration,
+    /// How long a grant waits for [`RedisConfig::wait_replicas`] \[`wait_timeout`\]; at
+    /// most `request_timeout`. Default (`None`): the shortest of 1 s, half the
+    /// `request_timeout` and half the TTL ([`RedisConfig::replica_wait_timeout`]). WAIT
+    /// returns as soon as the replicas acknowledge, so the deadline costs time only when
+    /// one is slow: then the grant waits instead of failing.
+    #[serde(with = "lock_core::raw::durations::duration_text::option")]
+    pub wait_timeout: Option<Duration>,
     /// Client-wide lock options (TTL, renewal, timeouts) (serde also reads `lock`). Query
     /// keys `ttl`, `renewal`, `max_hold`, `request_timeout`, `recheck`.
     #[serde(alias = "lock")]
@@ -183,7 +187,7 @@ impl RedisConfig {
             prefix: DEFAULT_PREFIX.to_owned(),
             queue: true,
             wait_replicas: None,
-            wait_timeout: DEFAULT_WAIT_TIMEOUT,
+            wait_timeout: None,
             options: LockOptions::default(),
         }
     }
@@ -234,7 +238,10 @@ impl RedisConfig {
                  of the lock",
             ));
         }
-        if self.wait_timeout.is_zero() || self.wait_timeout > self.options.request_timeout {
+        if self
+            .wait_timeout
+            .is_some_and(|wait| wait.is_zero() || wait > self.options.request_timeout)
+        {
             return Err(Error::config(
                 "wait_timeout must be greater than zero and at most request_timeout",
             ));
@@ -269,7 +276,18 @@ impl RedisConfig {
         (replicas > 0).then_some(ReplicaWait {
             replicas,
             if_replicated,
-            timeout: self.wait_timeout,
+            timeout: self.replica_wait_timeout(),
+        })
+    }
+
+    /// How long a grant waits for its replicas: [`RedisConfig::wait_timeout`] when set,
+    /// else the shortest of 1 s, half the `request_timeout` (the grant and its WAIT fit
+    /// one request's deadline) and half the TTL (a grant keeps most of its lease).
+    pub fn replica_wait_timeout(&self) -> Duration {
+        self.wait_timeout.unwrap_or_else(|| {
+            LONGEST_DEFAULT_WAIT
+                .min(self.options.request_timeout / 2)
+                .min(self.options.ttl / 2)
         })
     }
 
@@ -344,6 +362,29 @@ mod tests {
 
     fn parse(text: &str) -> Result<RedisConfig> {
         RedisConfig::from_url(&LockUrl::parse(text)?)
+    }
+
+    #[test]
+    fn the_default_replica_wait_follows_the_request_deadline_and_the_ttl() {
+        let wait = |query: &str| {
+            parse(&format!("redis+sentinel://s/m?{query}"))
+                .unwrap()
+                .replica_wait_timeout()
+        };
+        // Defaults: request_timeout 5 s, TTL 30 s: the 1 s ceiling.
+        assert_eq!(wait("queue=on"), Duration::from_secs(1));
+        assert_eq!(wait("request_timeout=300ms"), Duration::from_millis(150));
+        assert_eq!(wait("ttl=500ms"), Duration::from_millis(250));
+        assert_eq!(wait("wait_timeout=2s"), Duration::from_secs(2));
+        let valid = |query: &str| {
+            parse(&format!("redis+sentinel://s/m?{query}"))
+                .and_then(|config| config.validate())
+                .map_err(|err| err.to_string())
+        };
+        let explicit = valid("wait_timeout=2s&request_timeout=1s");
+        assert!(explicit.unwrap_err().contains("wait_timeout"));
+        // A short request deadline does not conflict with the default.
+        assert_eq!(valid("request_timeout=200ms"), Ok(()));
     }
 
     #[test]

@@ -127,8 +127,10 @@ impl RedisConfig {
                     })?)
                 }
                 ("wait_timeout", _) => {
-                    config.wait_timeout =
-                        lock_core::raw::durations::parse_duration("wait_timeout", &value)?
+                    config.wait_timeout = Some(lock_core::raw::durations::parse_duration(
+                        "wait_timeout",
+                        &value,
+                    )?)
                 }
                 ("sentinel_username", RedisDeployment::Sentinel { auth, .. }) => {
                     auth.username = Some(value);
@@ -307,7 +309,7 @@ mod tests {
         assert_eq!(auth.password.as_deref(), Some("t0p"));
         assert_eq!(
             (c.wait_replicas, c.wait_timeout),
-            (Some(1), Duration::from_millis(50))
+            (Some(1), Some(Duration::from_millis(50)))
         );
         assert!(!c.tls);
         assert_eq!(

@@ -353,7 +353,7 @@ async fn replica_acknowledged_grants_wait_for_the_slots_replica() {
     };
     let mut config = factory.config(with_ttl(Duration::from_secs(5)));
     config.wait_replicas = Some(1);
-    config.wait_timeout = Duration::from_millis(200);
+    config.wait_timeout = Some(Duration::from_millis(200));
     let client = factory.make_with(config).await;
     let acknowledged = name_on(&factory, "acked", 1).await;
     let guard = client

@@ -172,7 +172,7 @@ async fn an_unacknowledged_grant_is_given_back() {
         );
         config.wait_replicas = Some(replicas);
         // Long enough for two replicas on two busy cores (300 ms missed under load).
-        config.wait_timeout = Duration::from_secs(2);
+        config.wait_timeout = Some(Duration::from_secs(2));
         factory.make_with(config)
     };
     let (both, one) = (client(2).await, client(1).await);
@@ -305,8 +305,9 @@ async fn discovery_is_bounded_by_the_deadline() {
     };
     let sentinels = factory.deployment.sentinels();
     sentinels.member(0).pause().expect("pause a Sentinel");
-    // A grant waits for a replica as long as a request may take (not the default 100 ms:
-    // on a loaded machine the acknowledgement can take longer, which is not tested here).
+    // A grant waits for a replica as long as a request may take (the default is half of
+    // it: with 500 ms requests a loaded machine's acknowledgement can take longer, which
+    // is not tested here).
     let url = format!(
         "{}?request_timeout=500ms&wait_replicas=1&wait_timeout=500ms",
         factory.deployment.url()
