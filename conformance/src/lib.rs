@@ -110,6 +110,8 @@ macro_rules! conformance_rules {
             election_cut_off_leader_is_replaced,
             election_observers_see_terms_in_order,
             election_cancellation_leaves_nothing,
+            leader_service_one_term_at_a_time,
+            leader_service_requeues_after_loss,
             semaphore_never_exceeds_permits,
             semaphore_fifo_with_push,
             semaphore_permits_disagreement_refused,

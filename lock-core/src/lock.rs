@@ -79,6 +79,10 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// - observers see every leader, proclaim and vacancy in order
 ///   ([`election_observers_see_terms_in_order`]).
 /// - abandoned campaigns leave no candidate ([`election_cancellation_leaves_nothing`]).
+/// - a leader service runs one term's work at a time across re-campaigns, and resigns
+///   on shutdown leaving nothing ([`leader_service_one_term_at_a_time`]); it campaigns
+///   again after a lost term, whose work was cancelled first
+///   ([`leader_service_requeues_after_loss`]).
 ///
 /// Where [`Capabilities::semaphore`] and [`Capabilities::rwlock`] are set, semaphores
 /// ([`crate::Semaphore`]) and read-write locks ([`crate::RwLock`]) too:
@@ -131,6 +135,8 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`election_cut_off_leader_is_replaced`]: ../conformance/rules/fn.election_cut_off_leader_is_replaced.html
 /// [`election_observers_see_terms_in_order`]: ../conformance/rules/fn.election_observers_see_terms_in_order.html
 /// [`election_cancellation_leaves_nothing`]: ../conformance/rules/fn.election_cancellation_leaves_nothing.html
+/// [`leader_service_one_term_at_a_time`]: ../conformance/rules/fn.leader_service_one_term_at_a_time.html
+/// [`leader_service_requeues_after_loss`]: ../conformance/rules/fn.leader_service_requeues_after_loss.html
 /// [`semaphore_never_exceeds_permits`]: ../conformance/rules/fn.semaphore_never_exceeds_permits.html
 /// [`semaphore_fifo_with_push`]: ../conformance/rules/fn.semaphore_fifo_with_push.html
 /// [`semaphore_permits_disagreement_refused`]: ../conformance/rules/fn.semaphore_permits_disagreement_refused.html

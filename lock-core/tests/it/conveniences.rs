@@ -5,19 +5,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use lock_core::{
-    connect, DistributedLock, Election, ErrorKind, LockName, MultiLock, RwLock, Semaphore,
-};
+use lock_core::{DistributedLock, Election, ErrorKind, LockName, MultiLock, RwLock, Semaphore};
 use tokio::time::timeout;
 
 const BRIEFLY: Duration = Duration::from_millis(200);
 const PROMPT: Duration = Duration::from_secs(5);
 
 async fn client() -> Arc<dyn DistributedLock> {
-    let space = format!("conveniences-{}", uuid::Uuid::new_v4().simple());
-    connect(&format!("memory://{space}"))
-        .await
-        .expect("connect")
+    crate::memory_client("conveniences").await
 }
 
 async fn nobody_waits(locks: &Arc<dyn DistributedLock>, name: &str) {
