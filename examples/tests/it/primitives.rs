@@ -81,6 +81,46 @@ async fn leader(url: String) {
     );
 }
 
+/// Two services take turns: every compaction's write is accepted in a rising term, each
+/// service leads at least twice, and both end after resigning.
+async fn leader_service(url: String) {
+    let printed = stdout(&example(env!("CARGO_BIN_EXE_leader_service"), &url).await);
+    let terms: Vec<u64> = printed
+        .lines()
+        .filter_map(|line| line.strip_prefix("compaction in term ")?.split(':').next())
+        .map(|term| term.parse().expect("a term"))
+        .collect();
+    assert!(terms.len() >= 4, "{printed}");
+    assert!(terms.windows(2).all(|w| w[0] < w[1]), "{terms:?}");
+    assert_eq!(
+        printed.matches(": Ok(())").count(),
+        terms.len(),
+        "{printed}"
+    );
+    for n in 1..=2 {
+        let elected = printed
+            .lines()
+            .filter(|line| line.contains(&format!("-{n}: elected")))
+            .count();
+        assert!(elected >= 2, "service {n} led {elected} terms: {printed}");
+    }
+    assert_eq!(
+        printed.matches("service ended after").count(),
+        2,
+        "{printed}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_service_on_memory() {
+    leader_service("memory://".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_service_on_redis() {
+    on_redis(leader_service).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_on_memory() {
     semaphore("memory://".into()).await;
