@@ -39,7 +39,7 @@ pub use occupancy::{Occupancy, Participant};
 pub use options::{AcquireOptions, LockOptions, LockOptionsBuilder, RenewalMode, Wait};
 pub use primitives::{
     Election, Leader, LeaderObserver, Leadership, MultiGuard, MultiLock, Permit, ReadGuard, RwLock,
-    Semaphore, WriteGuard,
+    Semaphore, UpgradeableReadGuard, WriteGuard,
 };
 pub use state::{LockState, LostReason, ReleaseOutcome};
 pub use token::{FencingToken, OwnerId, OwnerToken};

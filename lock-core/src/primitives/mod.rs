@@ -10,7 +10,7 @@ mod semaphore;
 
 pub use election::{Election, Leader, LeaderObserver, Leadership};
 pub use multi::{MultiGuard, MultiLock};
-pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use rwlock::{ReadGuard, RwLock, UpgradeableReadGuard, WriteGuard};
 pub use semaphore::{Permit, Semaphore};
 
 use std::sync::Arc;
