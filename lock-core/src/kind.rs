@@ -40,19 +40,25 @@ impl HoldKind {
     /// Whether a hold of this kind is granted behind `ahead`: the kinds of the entries
     /// of its name that hold or queue before it, in queue order. The rule of every
     /// queueing backend: a reader waits only for writers ahead (never overtaking one, so
-    /// writers are not starved), an upgradeable reader for anyone ahead but readers, a
+    /// writers are not starved), an upgradeable reader for anyone ahead but readers (a
+    /// reader passes one upgradeable reader ahead, which then holds, never a second), a
     /// permit for fewer than `permits` ahead, any other kind for nobody ahead.
     pub fn granted_behind<'a>(&self, ahead: impl IntoIterator<Item = &'a HoldKind>) -> bool {
         let mut count: u64 = 0;
+        let mut upgradeable_ahead = false;
         for other in ahead {
             count += 1;
-            let shares = matches!(
-                (self, other),
+            let shares = match (self, other) {
                 (HoldKind::Read, HoldKind::Read)
-                    | (HoldKind::Read, HoldKind::Upgradeable)
-                    | (HoldKind::Upgradeable, HoldKind::Read)
-                    | (HoldKind::Permit { .. }, HoldKind::Permit { .. })
-            );
+                | (HoldKind::Upgradeable, HoldKind::Read)
+                | (HoldKind::Permit { .. }, HoldKind::Permit { .. }) => true,
+                // Only the first upgradeable reader ahead holds; a reader never overtakes
+                // the second, which waits.
+                (HoldKind::Read, HoldKind::Upgradeable) => {
+                    !std::mem::replace(&mut upgradeable_ahead, true)
+                }
+                _ => false,
+            };
             if !shares {
                 return false;
             }
@@ -60,6 +66,18 @@ impl HoldKind {
         match self {
             HoldKind::Permit { permits } => count < u64::from(*permits),
             _ => true,
+        }
+    }
+
+    /// An upgrading writer's kind as an entry of a queue-ordered layout sees it, where
+    /// the upgrade step is one write of its entry: a reader queued before that write may
+    /// have been granted beside the upgradeable reader and still counts it as one (the
+    /// upgrade waits for it), an entry queued after it sees a writer (and waits).
+    pub fn upgraded_seen_by(queued_before_upgrade: bool) -> HoldKind {
+        if queued_before_upgrade {
+            HoldKind::Upgradeable
+        } else {
+            HoldKind::Write
         }
     }
 
@@ -202,6 +220,8 @@ mod tests {
         assert!(read.granted_behind([&upgradeable, &read]));
         assert!(!upgradeable.granted_behind([&read, &upgradeable]));
         assert!(!upgradeable.granted_behind([&HoldKind::Write]));
+        // The second one ahead waits, and a reader does not overtake it.
+        assert!(!read.granted_behind([&upgradeable, &read, &upgradeable]));
         assert!(!HoldKind::Write.granted_behind([&upgradeable]));
         // Nobody overtakes a queued writer, an upgradeable reader no more than a reader.
         assert!(!upgradeable.granted_behind([&read, &HoldKind::Write]));

@@ -25,7 +25,8 @@
 //! them (`<lease id in hex>[_<n>].kind`, one per acquisition under way, so one client may
 //! hold several permits or reads of one name at once; [`queue_key`]), and its value
 //! says its kind and owner token ([`entry_value`]): the bare owner token for a mutex,
-//! `permit/<permits>/<owner token>`, `read/<owner token>` or `write/<owner token>`. The
+//! `permit/<permits>/<owner token>`, `read/<owner token>`, `write/<owner token>`,
+//! `upgradeable/<owner token>` or `upgraded/<owner token>`. The
 //! key, which no user chooses, tells our values from proposals ([`Entry::of`]): the value
 //! of a key ending in `.kind` is ours (a tag or an owner token; anything else there reads
 //! as a mutex's) and no proposal; the value of any other key (a candidate's, ours or the
@@ -35,7 +36,11 @@
 //! with an empty value. An entry is granted when [`HoldKind::granted_behind`] admits it behind
 //! the entries created before it; a downgrade rewrites `write/<token>` to
 //! `read/<token>` in place (same key, same create revision, same lease), so the entry
-//! keeps its place.
+//! keeps its place. An upgrade rewrites `upgradeable/<token>` to `upgraded/<token>` in
+//! place, once: that put's revision (the key's mod revision) splits the queue, the
+//! entries created before it see an upgradeable reader, those after it a writer
+//! ([`seen_kind`]); the upgraded hold holds alone once no entry ahead of it is left and
+//! none behind it is granted by its own view.
 //!
 //! Earlier versions put all these values under plain keys. Such an entry reads as a
 //! candidate's here (a tag or an owner token shown as its proposal), so a client of this
@@ -57,7 +62,7 @@
 //! (unless someone runs `etcdctl lock` on a name starting with `%broken/`, which no name
 //! of ours maps to).
 
-use etcd_client::{GetOptions, SortOrder, SortTarget};
+use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 use lock_core::migration::DUAL_TOKEN_PREFIX;
 use lock_core::raw::{
     backend::HoldKind,
@@ -174,6 +179,7 @@ pub(crate) fn entry_value(kind: &HoldKind, token: &str) -> Option<Vec<u8>> {
         HoldKind::Permit { permits } => format!("{PERMIT}{permits}/{token}"),
         HoldKind::Read => format!("{READ}{token}"),
         HoldKind::Write => format!("{WRITE}{token}"),
+        HoldKind::Upgradeable => format!("{UPGRADEABLE}{token}"),
         _ => return None,
     };
     Some(value.into_bytes())
@@ -188,6 +194,30 @@ const PERMIT: &str = "permit/";
 const READ: &str = "read/";
 /// The value tag of a writer's entry (then the owner token).
 const WRITE: &str = "write/";
+/// The value tag of an upgradeable reader's entry (then the owner token).
+const UPGRADEABLE: &str = "upgradeable/";
+/// The value tag of an upgradeable reader's entry once it upgraded (then the owner
+/// token): a writer to the entries created after that put, which is the key's mod
+/// revision ([`seen_kind`]).
+const UPGRADED: &str = "upgraded/";
+
+/// The value of the entry of `token`, an upgradeable reader's, once it upgraded.
+pub(crate) fn upgraded_value(token: &str) -> Vec<u8> {
+    format!("{UPGRADED}{token}").into_bytes()
+}
+
+/// The kind of entry `kv` as the entry created at `viewer` sees it: its [`Entry`]'s,
+/// but an upgraded writer's ([`HoldKind::upgraded_seen_by`]) is still an upgradeable
+/// reader's to entries created before the upgrade's put (its mod revision), its own
+/// included.
+pub(crate) fn seen_kind(kv: &KeyValue, viewer: i64) -> HoldKind {
+    let entry = Entry::of(kv.key(), kv.value());
+    if entry.upgraded {
+        HoldKind::upgraded_seen_by(viewer < kv.mod_revision())
+    } else {
+        entry.kind
+    }
+}
 
 /// What one queue key says of itself, read from its name and value.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -199,6 +229,9 @@ pub(crate) struct Entry {
     pub(crate) owner: Option<String>,
     /// The value of a plain key, unless empty: a candidate's proposal, whatever it says.
     pub(crate) proposal: Option<Vec<u8>>,
+    /// An upgradeable reader's entry that upgraded: its kind is `Write`, but see
+    /// [`seen_kind`].
+    pub(crate) upgraded: bool,
 }
 
 impl Entry {
@@ -213,6 +246,7 @@ impl Entry {
                 kind: HoldKind::Mutex,
                 owner: None,
                 proposal: (!value.is_empty()).then(|| value.to_vec()),
+                upgraded: false,
             };
         }
         let text = std::str::from_utf8(value).unwrap_or("");
@@ -230,6 +264,10 @@ impl Entry {
             token(rest).map(|owner| (HoldKind::Read, owner))
         } else if let Some(rest) = text.strip_prefix(WRITE) {
             token(rest).map(|owner| (HoldKind::Write, owner))
+        } else if let Some(rest) = text.strip_prefix(UPGRADEABLE) {
+            token(rest).map(|owner| (HoldKind::Upgradeable, owner))
+        } else if let Some(rest) = text.strip_prefix(UPGRADED) {
+            token(rest).map(|owner| (HoldKind::Write, owner))
         } else {
             None
         };
@@ -238,6 +276,7 @@ impl Entry {
             None => (HoldKind::Mutex, token(text)),
         };
         Entry {
+            upgraded: kind == HoldKind::Write && text.starts_with(UPGRADED),
             kind,
             owner,
             proposal: None,
@@ -259,12 +298,12 @@ pub(crate) fn reads_as_owner_token(text: &str) -> bool {
 /// Range options for the head of a queue that an entry of `kind` reads beside its put
 /// (in create order, up to and including its own key): enough to tell whether it is
 /// granted at once. An exclusive kind reads the first key (the owner: granted when it is
-/// ours), a permit of `n` the first n + 1 (granted when ours is among them), a reader
-/// all of them (granted when no writer is before ours).
+/// ours), a permit of `n` the first n + 1 (granted when ours is among them), a reader or
+/// an upgradeable reader all of them (granted when no writer is before ours).
 pub(crate) fn queue_head(kind: &HoldKind) -> GetOptions {
     let limit = match kind {
         HoldKind::Permit { permits } => i64::from(*permits) + 1,
-        HoldKind::Read => 0,
+        HoldKind::Read | HoldKind::Upgradeable => 0,
         _ => 1,
     };
     GetOptions::new()
@@ -280,18 +319,24 @@ pub(crate) const NEAREST: usize = 2;
 
 /// Range options for the entries ahead of ours (created at `revision`) that a waiter of
 /// `kind` re-checks: the [`NEAREST`] just before it for an exclusive kind (the mutex's
-/// predecessor and the one before), all of them for a permit or a reader.
+/// predecessor and the one before), all of them otherwise ([`reads_all_ahead`]).
 pub(crate) fn entries_ahead(kind: &HoldKind, revision: i64) -> GetOptions {
     let ahead = GetOptions::new()
         .with_prefix()
         .with_max_create_revision(revision - 1);
-    if kind.is_shared() {
+    if reads_all_ahead(kind) {
         ahead.with_sort(SortTarget::Create, SortOrder::Ascend)
     } else {
         ahead
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(NEAREST as i64)
     }
+}
+
+/// Whether a waiter of `kind` reads every entry ahead of its own (a permit, a reader, an
+/// upgradeable reader), not only the nearest (an exclusive kind).
+pub(crate) fn reads_all_ahead(kind: &HoldKind) -> bool {
+    kind.is_shared() || *kind == HoldKind::Upgradeable
 }
 
 /// Range options for the last keys of a queue by create revision: the key just put (the
@@ -486,6 +531,7 @@ mod tests {
             HoldKind::Permit { permits: 4 },
             HoldKind::Read,
             HoldKind::Write,
+            HoldKind::Upgradeable,
         ] {
             let key = queue_key("p/jobs/", 0x1f, 1, &kind);
             for owner in [token, dual.as_str()] {
@@ -503,6 +549,15 @@ mod tests {
             entry_value(&HoldKind::Write, token).expect("a value"),
             format!("write/{token}").into_bytes()
         );
+        // An upgraded entry is a writer's, and says it upgraded.
+        let key = queue_key("p/jobs/", 0x1f, 1, &HoldKind::Upgradeable);
+        let upgraded = Entry::of(key.as_bytes(), &upgraded_value(token));
+        assert_eq!((upgraded.kind, upgraded.upgraded), (HoldKind::Write, true));
+        let plain = Entry::of(
+            key.as_bytes(),
+            &entry_value(&HoldKind::Write, token).unwrap(),
+        );
+        assert!(!plain.upgraded);
         // Our entries are no proposals.
         let mutex = queue_key("p/jobs/", 0x1f, 0, &HoldKind::Mutex);
         assert_eq!(Entry::of(mutex.as_bytes(), token.as_bytes()).proposal, None);

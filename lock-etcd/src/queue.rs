@@ -30,7 +30,7 @@ use tokio::time::{sleep_until, Instant};
 
 use crate::connection::{first_kv, header_revision, EtcdClient};
 use crate::error::unexpected;
-use crate::layout::{entries_ahead, Entry};
+use crate::layout::{entries_ahead, seen_kind};
 use crate::session::{KeepAlive, Lease, Session};
 
 mod create;
@@ -63,7 +63,7 @@ pub(crate) struct Place<'a> {
 }
 
 /// Whether an entry of `place.kind` created at `revision` is granted behind `ahead`, the
-/// entries created before it in create order (or the first of them: an entry with
+/// entries created before it in create order, each as it sees them ([`seen_kind`]) (or the first of them: an entry with
 /// someone ahead is granted only where the rest could not change that, see
 /// [`queue_head`](crate::layout::queue_head)).
 ///
@@ -73,11 +73,12 @@ pub(crate) struct Place<'a> {
 /// primitive).
 pub(crate) fn admitted<'a>(
     place: &Place<'_>,
+    revision: i64,
     ahead: impl IntoIterator<Item = &'a KeyValue>,
 ) -> Result<bool> {
     let kinds: Vec<HoldKind> = ahead
         .into_iter()
-        .map(|kv| Entry::of(kv.key(), kv.value()).kind)
+        .map(|kv| seen_kind(kv, revision))
         .collect();
     for other in &kinds {
         place.kind.check_beside(other, place.name)?;
@@ -133,7 +134,7 @@ impl Queue {
         let revision = enqueued.revision;
         let mut first = match &enqueued.nearest {
             Some(nearest) if !nearest.is_empty() => {
-                admitted(place, nearest)?;
+                admitted(place, revision, nearest)?;
                 predecessor(nearest.iter()).map(|blocker| Turn::After {
                     blocker,
                     read_at: revision,
@@ -326,7 +327,7 @@ impl Queue {
         };
         // In create order, whichever way the range was read.
         ahead.sort_by_key(|kv| kv.create_revision());
-        if admitted(place, ahead.iter().copied())? {
+        if admitted(place, revision, ahead.iter().copied())? {
             return Ok(Turn::Owner);
         }
         let blocker = match place.kind {
@@ -337,13 +338,21 @@ impl Queue {
                     + 1,
                 ahead: ahead.iter().map(|kv| kv.key().to_vec()).collect(),
             },
-            // A reader waits for the last writer ahead to go or to become a reader.
-            HoldKind::Read => {
-                let writer = ahead
-                    .iter()
-                    .rev()
-                    .find(|kv| Entry::of(kv.key(), kv.value()).kind == HoldKind::Write);
-                match writer.or(ahead.last()) {
+            // A reader waits for the last writer ahead to go or to become a reader, else
+            // for the first upgradeable reader ahead (a second one waits for it); an
+            // upgradeable reader for the last entry ahead that is no reader.
+            HoldKind::Read | HoldKind::Upgradeable => {
+                let seen = |kv: &&&KeyValue| seen_kind(kv, revision);
+                let blocker = if *place.kind == HoldKind::Read {
+                    let writer = ahead
+                        .iter()
+                        .rev()
+                        .find(|kv| !matches!(seen(kv), HoldKind::Read | HoldKind::Upgradeable));
+                    writer.or_else(|| ahead.iter().find(|kv| seen(kv) == HoldKind::Upgradeable))
+                } else {
+                    ahead.iter().rev().find(|kv| seen(kv) != HoldKind::Read)
+                };
+                match blocker.or(ahead.last()) {
                     Some(kv) => Blocker::Entry {
                         kv: (*kv).clone(),
                         puts: true,

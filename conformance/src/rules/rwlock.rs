@@ -489,8 +489,8 @@ pub async fn rwlock_upgrade_no_writer_between(factory: &dyn Factory) {
     eventually_empty(factory, &[name], rule).await;
 }
 
-/// An upgrade waits for the readers that hold beside it, and readers and writers that
-/// come once it began wait behind it: it ends by a push when the last reader leaves,
+/// An upgrade waits for the readers that hold beside it (queued before it and after it),
+/// and readers and writers that come once it began wait behind it: it ends by a push when the last reader leaves,
 /// keeping its fencing token (above the writer's before it, below the writer's after).
 pub async fn rwlock_upgrade_waits_for_readers(factory: &dyn Factory) {
     let rule = "rwlock_upgrade_waits_for_readers";
@@ -503,8 +503,10 @@ pub async fn rwlock_upgrade_waits_for_readers(factory: &dyn Factory) {
     let before = write(&on_other, PROMPT).await;
     let before_token = before.fencing_token();
     before.release().await.expect("release");
+    // Readers beside it: one queued before it, one after it.
     let reading = read(&on_other, PROMPT).await;
     let upgrading = upgradeable(&on_owner, PROMPT).await;
+    let behind = read(&on_other, PROMPT).await;
     let token = upgrading.fencing_token();
     assert!(token > before_token, "[{rule}] tokens rise");
     let watch = upgrading.watch();
@@ -537,8 +539,14 @@ pub async fn rwlock_upgrade_waits_for_readers(factory: &dyn Factory) {
         !later_reader.is_finished(),
         "[{rule}] a reader overtook the upgrade"
     );
-    let left = Instant::now();
     reading.release().await.expect("release");
+    sleep(Duration::from_millis(300)).await;
+    assert!(
+        !upgrade.is_finished(),
+        "[{rule}] the upgrade ended beside the reader queued after it"
+    );
+    let left = Instant::now();
+    behind.release().await.expect("release");
     let (upgraded, upgraded_at) = timeout(PROMPT, upgrade)
         .await
         .expect("the upgrade ends by a push once the reader left")

@@ -35,11 +35,16 @@ end
 -- Whether `kind` is granted behind `ahead`, the kinds before it in queue order.
 local function granted_behind(kind, ahead)
   local permit = string.sub(kind, 1, 1) == 'P'
-  local count = 0
+  local count, upgradeable = 0, false
   for _, other in ipairs(ahead) do
     count = count + 1
-    local shares = (kind == 'R' and (other == 'R' or other == 'U')) or (kind == 'U' and other == 'R')
+    local shares = (kind == 'R' and other == 'R') or (kind == 'U' and other == 'R')
       or (permit and string.sub(other, 1, 1) == 'P')
+    if kind == 'R' and other == 'U' then
+      -- Only the first upgradeable reader ahead holds; the second waits.
+      shares = not upgradeable
+      upgradeable = true
+    end
     if not shares then
       return false
     end
