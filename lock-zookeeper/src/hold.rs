@@ -31,7 +31,7 @@ use zookeeper_client as zk;
 
 use crate::error::{from_client, is_session_gone, read_found, BACKEND};
 use crate::layout::{
-    broken_node, is_marked_broken, node_kind, owner_token_of_path, root_of_node, NodeKind,
+    broken_node, is_marked_broken, node_kind, owner_token_of_path, root_of_node, NodeKind, UPGRADED,
 };
 use crate::session::{Live, Session};
 
@@ -132,29 +132,94 @@ pub(crate) async fn release(session: &Session, hold: &ZkHold) -> Result<BackendR
 /// directory (the change feeds) and of the node (readers waiting behind a writer).
 pub(crate) async fn set_data(session: &Session, hold: &ZkHold, value: &[u8]) -> Result<Amended> {
     const WHAT: &str = "amend lock node";
-    let live = match session.live() {
+    let live = match live_of(session, hold)? {
         Ok(live) => live,
-        Err(_) if hold.epoch <= session.epoch() => {
-            return Ok(Amended::NotOwner(LostReason::SessionExpired));
-        }
-        Err(err) => return Err(err),
+        Err(reason) => return Ok(Amended::NotOwner(reason)),
     };
-    if live.epoch != hold.epoch || live.session_id() != hold.session_id {
-        return Ok(Amended::NotOwner(LostReason::SessionExpired));
-    }
     match session
         .call(WHAT, live.client.set_data(&hold.path, value, None))
         .await?
     {
         Ok(_) => Ok(Amended::Done),
-        Err(zk::Error::NoNode) => {
-            let reasons = gone_reasons(session, &live, &[&hold.path]).await?;
-            Ok(Amended::NotOwner(
-                reasons.into_iter().next().unwrap_or(LostReason::Vanished),
-            ))
+        Err(err) => not_ours(session, &live, hold, err, WHAT).await,
+    }
+}
+
+/// The first part of each upgrade step of `hold`, an upgradeable reader's (crate docs,
+/// *Read-write lock*): the first sets its node's data from [`UPGRADEABLE`] to
+/// [`UPGRADED`] (at version 0, so only once: that `mzxid` splits the queue); a later one
+/// reads it. Returns the live session and the upgrade's zxid, or why the hold is not ours.
+///
+/// [`UPGRADEABLE`]: crate::layout::UPGRADEABLE
+pub(crate) async fn mark_upgraded(
+    session: &Session,
+    hold: &ZkHold,
+) -> Result<Result<(Live, i64), LostReason>> {
+    const WHAT: &str = "upgrade lock node";
+    let live = match live_of(session, hold)? {
+        Ok(live) => live,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let marked = live.client.set_data(&hold.path, UPGRADED, Some(0));
+    let err = match session.call(WHAT, marked).await? {
+        Ok(stat) => return Ok(Ok((live, stat.mzxid))),
+        // Set by an earlier step.
+        Err(zk::Error::BadVersion) => {
+            match session.call(WHAT, live.client.get_data(&hold.path)).await? {
+                Ok((data, stat)) if data == UPGRADED => return Ok(Ok((live, stat.mzxid))),
+                Ok(_) => {
+                    return Err(Error::config(format!(
+                        "cannot upgrade {}: no upgradeable reader's node",
+                        hold.path
+                    )))
+                }
+                Err(err) => err,
+            }
         }
-        Err(zk::Error::SessionExpired) => Ok(Amended::NotOwner(LostReason::SessionExpired)),
-        Err(err) => Err(from_client(WHAT, err)),
+        Err(err) => err,
+    };
+    Ok(match not_ours(session, &live, hold, err, WHAT).await? {
+        Amended::NotOwner(reason) => Err(reason),
+        _ => Err(LostReason::Vanished),
+    })
+}
+
+/// Why `hold`, whose node is gone, is lost (see [`gone_reasons`]).
+pub(crate) async fn gone_reason(
+    session: &Session,
+    live: &Live,
+    hold: &ZkHold,
+) -> Result<LostReason> {
+    let reasons = gone_reasons(session, live, &[&hold.path]).await?;
+    Ok(reasons.into_iter().next().unwrap_or(LostReason::Vanished))
+}
+
+/// The live session of `hold`, or why it has none (its session ended).
+fn live_of(session: &Session, hold: &ZkHold) -> Result<Result<Live, LostReason>> {
+    let live = match session.live() {
+        Ok(live) => live,
+        Err(_) if hold.epoch <= session.epoch() => return Ok(Err(LostReason::SessionExpired)),
+        Err(err) => return Err(err),
+    };
+    if live.epoch != hold.epoch || live.session_id() != hold.session_id {
+        return Ok(Err(LostReason::SessionExpired));
+    }
+    Ok(Ok(live))
+}
+
+/// What an amendment of `hold` that failed with `err` found: not ours any more (its
+/// node gone: why, from the broken marks; its session expired), or an error.
+async fn not_ours(
+    session: &Session,
+    live: &Live,
+    hold: &ZkHold,
+    err: zk::Error,
+    what: &str,
+) -> Result<Amended> {
+    match err {
+        zk::Error::NoNode => Ok(Amended::NotOwner(gone_reason(session, live, hold).await?)),
+        zk::Error::SessionExpired => Ok(Amended::NotOwner(LostReason::SessionExpired)),
+        err => Err(from_client(what, err)),
     }
 }
 

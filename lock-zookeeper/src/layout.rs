@@ -51,7 +51,8 @@ pub enum NodeKind {
     /// `_c_<token>-__READ__<seq>`: a reader (Curator's `InterProcessReadWriteLock`).
     Read,
     /// `_c_<token>-__WRIT__<seq>`: a writer, or with [`DOWNGRADED`] as data a writer
-    /// that downgraded to a reader in its place.
+    /// that downgraded to a reader in its place, or with [`UPGRADEABLE`] an upgradeable
+    /// reader ([`UPGRADED`] once it upgraded).
     Write,
 }
 
@@ -66,7 +67,7 @@ impl NodeKind {
             HoldKind::Candidate { .. } => Ok(NodeKind::Latch),
             HoldKind::Permit { .. } => Ok(NodeKind::Lease),
             HoldKind::Read => Ok(NodeKind::Read),
-            HoldKind::Write => Ok(NodeKind::Write),
+            HoldKind::Write | HoldKind::Upgradeable => Ok(NodeKind::Write),
             _ => Err(Error::unsupported(BACKEND, "this kind of hold")),
         }
     }
@@ -84,7 +85,8 @@ impl NodeKind {
 
     /// The kind of hold a node of this kind with data `data` is (`None`: unread, or a
     /// candidate's value that is not needed here): a writer's node marked [`DOWNGRADED`]
-    /// reads as a reader, a lease node as a permit of the count in its data (a Curator
+    /// reads as a reader, one marked [`UPGRADEABLE`] as an upgradeable reader (see
+    /// [`write_node_seen`] for one marked [`UPGRADED`]), a lease node as a permit of the count in its data (a Curator
     /// lease, which carries no count, of `u32::MAX`).
     pub fn hold_kind(self, data: Option<&[u8]>) -> HoldKind {
         match self {
@@ -97,6 +99,7 @@ impl NodeKind {
             },
             NodeKind::Read => HoldKind::Read,
             NodeKind::Write if data == Some(DOWNGRADED) => HoldKind::Read,
+            NodeKind::Write if data == Some(UPGRADEABLE) => HoldKind::Upgradeable,
             NodeKind::Write => HoldKind::Write,
         }
     }
@@ -111,6 +114,31 @@ pub const SEMAPHORE_LEASES: &str = "leases";
 /// The data of a writer's node that downgraded to a reader in its place: our readers
 /// treat the node as a reader, our writers and every Curator client still as a writer.
 pub const DOWNGRADED: &[u8] = b"distlock:downgraded";
+
+/// The data of our reader's node: a reader that knows [`UPGRADEABLE`] nodes and may hold
+/// beside one. A reader node without it (Curator's, or an earlier distlock's) waits for
+/// every writer's node ahead, whatever its data, so an upgrade never waits for it.
+pub const READER: &[u8] = b"distlock:read";
+
+/// The data of an upgradeable reader's node (a writer's name): our readers treat it as an
+/// upgradeable reader, our writers and every Curator client as a writer (which is safe:
+/// they wait for it).
+pub const UPGRADEABLE: &[u8] = b"distlock:upgradeable";
+
+/// The data of an upgradeable reader's node once it upgraded: set once, so the node's
+/// `mzxid` is the upgrade's zxid, which splits the queue (see [`write_node_seen`]).
+pub const UPGRADED: &[u8] = b"distlock:upgraded";
+
+/// The kind of a writer's node (data `data`, last set at zxid `mzxid`) as our node created
+/// at zxid `viewer` sees it: by its mark ([`NodeKind::hold_kind`]), and an upgraded one
+/// ([`HoldKind::upgraded_seen_by`]) as the upgradeable reader it was to nodes created
+/// before the upgrade (a reader may hold beside it), a writer to those after.
+pub fn write_node_seen(data: &[u8], mzxid: i64, viewer: i64) -> HoldKind {
+    if data == UPGRADED {
+        return HoldKind::upgraded_seen_by(viewer < mzxid);
+    }
+    NodeKind::Write.hold_kind(Some(data))
+}
 
 /// What our lease nodes carry before the number of permits.
 const PERMITS_DATA: &str = "distlock:permits=";
@@ -139,11 +167,14 @@ pub fn semaphore_dirs(dir: &str) -> (String, String) {
 }
 
 /// The data a node of an acquisition of `kind` carries: a candidate's value, a permit's
-/// [`permit_data`], else none.
+/// [`permit_data`], a reader's [`READER`], an upgradeable reader's [`UPGRADEABLE`], else
+/// none.
 pub(crate) fn node_data(kind: &HoldKind) -> std::borrow::Cow<'_, [u8]> {
     match kind {
         HoldKind::Candidate { value } => value.as_slice().into(),
         HoldKind::Permit { permits } => permit_data(*permits).into(),
+        HoldKind::Read => READER.into(),
+        HoldKind::Upgradeable => UPGRADEABLE.into(),
         _ => (&[][..]).into(),
     }
 }
@@ -534,6 +565,20 @@ mod tests {
             "a downgraded writer reads as a reader"
         );
         assert_eq!(NodeKind::Write.hold_kind(None), HoldKind::Write);
+        // An upgradeable reader queues a writer's node (Curator waits for it).
+        assert_eq!(
+            NodeKind::of(&HoldKind::Upgradeable).unwrap(),
+            NodeKind::Write
+        );
+        assert_eq!(
+            write_node_seen(&node_data(&HoldKind::Upgradeable), 7, 9),
+            HoldKind::Upgradeable
+        );
+        // Upgraded at zxid 7: still an upgradeable reader to nodes created before it.
+        assert_eq!(write_node_seen(UPGRADED, 7, 5), HoldKind::Upgradeable);
+        assert_eq!(write_node_seen(UPGRADED, 7, 9), HoldKind::Write);
+        assert_eq!(write_node_seen(DOWNGRADED, 7, 9), HoldKind::Read);
+        assert_eq!(&*node_data(&HoldKind::Read), READER);
         assert_eq!(
             semaphore_dirs("/locks/s"),
             ("/locks/s/locks".to_owned(), "/locks/s/leases".to_owned())

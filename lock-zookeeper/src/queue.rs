@@ -21,7 +21,9 @@ use zookeeper_client as zk;
 use crate::config::ZkConfig;
 use crate::error::{from_client, is_connection_loss, is_session_gone, BACKEND};
 use crate::hold::{delete_in_epoch, lease_of, ZkHold};
-use crate::layout::{node_data, node_kind, queue_order, NodeKind, DOWNGRADED};
+use crate::layout::{
+    node_data, node_kind, queue_order, write_node_seen, NodeKind, DOWNGRADED, READER,
+};
 use crate::session::{Live, Session};
 
 mod create;
@@ -302,7 +304,7 @@ impl<'a> Queue<'a> {
             };
             check_kinds((asked.kind, asked.name), leased, &queue, &name)?;
             let ahead = &queue[..index];
-            let blocker = match self.blocker(live, dir, asked.kind, ahead).await {
+            let blocker = match self.blocker(live, dir, asked.kind, ahead, czxid).await {
                 Ok(blocker) => blocker,
                 Err(step) => {
                     self.tolerate(live, step, &mut losses).await?;
@@ -399,7 +401,9 @@ impl<'a> Queue<'a> {
         };
         let (stat, watcher) = match watched {
             // Downgraded since it was read: look again at once.
-            Ok(Ok((data, _, _))) if *kind == HoldKind::Read && data == DOWNGRADED => {
+            Ok(Ok((data, _, _)))
+                if matches!(kind, HoldKind::Read | HoldKind::Upgradeable) && data == DOWNGRADED =>
+            {
                 return Ok(false)
             }
             Ok(Ok((_, stat, watcher))) => (stat, watcher),
@@ -473,41 +477,115 @@ impl<'a> Queue<'a> {
         }
     }
 
-    /// The node of `dir` that must go before a node of `kind` behind `ahead` (queue
-    /// order) is granted, as an index into `ahead`; `None` when it is granted: the last
-    /// node ahead for an exclusive kind; for a reader the first node ahead that is no
-    /// reader (a writer's node marked [`DOWNGRADED`] is one), as Curator's reader
-    /// watches the first writer ahead.
+    /// The node of `dir` that must go before a node of `kind` (created at zxid `czxid`)
+    /// behind `ahead` (queue order) is granted, as an index into `ahead`; `None` when it
+    /// is granted ([`HoldKind::granted_behind`] over the kinds ahead as it sees them,
+    /// [`write_node_seen`]). The last node ahead for an exclusive kind; for a reader the
+    /// first writer ahead (as Curator's reader watches), else the first upgradeable
+    /// reader ahead (a second one waits for it); for an upgradeable reader the last node
+    /// ahead that is no reader.
     async fn blocker(
         &self,
         live: &Live,
         dir: &str,
         kind: &HoldKind,
         ahead: &[&str],
+        czxid: u64,
     ) -> Result<Option<usize>, Step> {
-        if *kind != HoldKind::Read {
+        if !matches!(kind, HoldKind::Read | HoldKind::Upgradeable) {
             return Ok(ahead.len().checked_sub(1));
         }
+        let viewer = i64::try_from(czxid).unwrap_or(i64::MAX);
+        let mut seen: Vec<(usize, HoldKind)> = Vec::with_capacity(ahead.len());
         for (index, node) in ahead.iter().enumerate() {
-            match node_kind(node) {
-                Some(NodeKind::Read) => continue,
-                Some(NodeKind::Write) => {}
-                _ => return Ok(Some(index)),
-            }
-            let path = format!("{dir}/{node}");
-            match self
-                .session
-                .call("read writer node", live.client.get_data(&path))
-                .await
+            let other = match node_kind(node) {
+                Some(NodeKind::Read) => HoldKind::Read,
+                Some(NodeKind::Write) => {
+                    let path = format!("{dir}/{node}");
+                    match self
+                        .session
+                        .call("read writer node", live.client.get_data(&path))
+                        .await
+                    {
+                        Ok(Ok((data, stat))) => write_node_seen(&data, stat.mzxid, viewer),
+                        Ok(Err(zk::Error::NoNode)) => continue,
+                        Ok(Err(err)) => return Err(step(err, "read writer node")),
+                        Err(err) => return Err(Step::Retry(err)),
+                    }
+                }
+                _ => HoldKind::Mutex,
+            };
+            seen.push((index, other));
+            if *kind == HoldKind::Read && !kind.granted_behind(seen.iter().map(|(_, other)| other))
             {
-                Ok(Ok((data, _))) if data == DOWNGRADED => {}
-                Ok(Ok(_)) => return Ok(Some(index)),
-                Ok(Err(zk::Error::NoNode)) => {}
-                Ok(Err(err)) => return Err(step(err, "read writer node")),
-                Err(err) => return Err(Step::Retry(err)),
+                // Decided, and every node before this one lets the reader pass: the first
+                // writer, or the second upgradeable reader (then wait for the first).
+                let first = seen.iter().find(|(_, o)| *o == HoldKind::Upgradeable);
+                return Ok(match (&seen[seen.len() - 1].1, first) {
+                    (HoldKind::Upgradeable, Some((first, _))) => Some(*first),
+                    _ => Some(index),
+                });
             }
         }
-        Ok(None)
+        if kind.granted_behind(seen.iter().map(|(_, other)| other)) {
+            return Ok(None);
+        }
+        let blocker = seen
+            .iter()
+            .rev()
+            .find(|(_, other)| *other != HoldKind::Read);
+        Ok(blocker.map(|(index, _)| *index))
+    }
+
+    /// Whether the upgraded node `name` of `dir` (upgraded at zxid `upgraded_at`) holds
+    /// alone: no node ahead of it, and none behind it granted. Only our readers' nodes
+    /// ([`READER`]) created before the upgrade may be (every other node behind it waits
+    /// for its writer's name), each as [`Queue::blocker`] judges it. The listing comes
+    /// after our upgrade's write on this session, so it shows every node created before
+    /// it; a listing a lagging server answers shows a past state, where a node gone now
+    /// is gone too: it can only delay the answer.
+    pub(crate) async fn upgraded_alone(
+        &self,
+        live: &Live,
+        dir: &str,
+        name: &str,
+        upgraded_at: i64,
+    ) -> Result<bool, Step> {
+        let children = match self.list(live, dir).await {
+            Ok(Ok(children)) => children,
+            Ok(Err(err)) => return Err(step(err, "list lock nodes")),
+            Err(err) => return Err(Step::Retry(err)),
+        };
+        let queue = queue_order(&children);
+        match queue.iter().position(|node| *node == name) {
+            Some(0) => {}
+            Some(_) => return Ok(false),
+            None => return Err(vanished(&format!("{dir}/{name}"))),
+        }
+        for (index, node) in queue.iter().enumerate().skip(1) {
+            if node_kind(node) != Some(NodeKind::Read) {
+                continue;
+            }
+            let path = format!("{dir}/{node}");
+            let stat = match self
+                .session
+                .call("read reader node", live.client.get_data(&path))
+                .await
+            {
+                Ok(Ok((data, stat))) if data == READER && stat.czxid < upgraded_at => stat,
+                Ok(Ok(_) | Err(zk::Error::NoNode)) => continue,
+                Ok(Err(err)) => return Err(step(err, "read reader node")),
+                Err(err) => return Err(Step::Retry(err)),
+            };
+            let czxid = fencing(stat.czxid)?;
+            let blocker = self
+                .blocker(live, dir, &HoldKind::Read, &queue[..index], czxid)
+                .await?;
+            if blocker.is_none() {
+                return Ok(false);
+            }
+        }
+        Ok(true)
     }
 
     /// Lets a connection loss pass (waiting for the reconnect) a bounded number of
