@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use etcd_client::KeyValue;
 use lock_core::raw::{
     backend::{
         AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
@@ -29,7 +30,7 @@ use crate::error::{unexpected, BACKEND};
 use crate::hold::{self, EtcdHold, HoldCheck};
 use crate::layout::{broken_mark, entry_value, lock_prefix};
 use crate::operator;
-use crate::queue::{admitted, Place, Queue};
+use crate::queue::{Place, Queue};
 use crate::session::{KeepAlive, Session};
 use crate::slots::{Slot, Slots};
 
@@ -271,7 +272,8 @@ impl Backend for EtcdBackend {
         let enqueued = self.queue.enqueue(&place, lease.id, &value).await?;
         let revision = enqueued.revision;
         pending.state_mut().revision = Some(revision);
-        let granted = match admitted(&place, revision, &enqueued.ahead) {
+        let ahead: Vec<&KeyValue> = enqueued.ahead.iter().collect();
+        let granted = match self.queue.granted(&place, revision, None, &ahead).await {
             Ok(granted) => granted,
             Err(err) => {
                 // A conflict: leave no key behind for anyone to see after the error.

@@ -21,7 +21,7 @@ use lock_core::{Error, LostReason, Result};
 
 use crate::connection::{first_kv, EtcdClient, LeaseKeys};
 use crate::error::unexpected;
-use crate::layout::{entry_value, seen_kind, upgraded_value};
+use crate::layout::{entry_value, passed_upgradeable};
 use crate::slots::Slot;
 
 /// etcd's default `--max-txn-ops`: the most operations (or compares) in one transaction.
@@ -124,10 +124,10 @@ pub(crate) async fn downgrade(client: &EtcdClient, hold: &EtcdHold) -> Result<Am
 }
 
 /// One upgrade step of `hold`, an upgradeable reader's. The first [`rewrite`]s its
-/// value to `upgraded/<token>` in place, once: that put's revision splits the queue (see
-/// [`seen_kind`]). Each step then reads the name's range, in create order: the hold is
-/// the writer alone when no entry is ahead of its key and the entry just behind it (the
-/// granted ones are a head of the queue) is not granted by its own view.
+/// value to `write/<token>` in place: from then on no reader passes it (a reader is
+/// granted beside it only by a transaction on its value being unchanged, see
+/// [`passed_upgradeable`]). Each step then reads the name's range, in create order: the
+/// hold is the writer alone when its key is first and no reader behind it passed it.
 ///
 /// # Errors
 /// [`Error::InvalidConfig`] for a hold that is no upgradeable reader's; connection
@@ -137,7 +137,9 @@ pub(crate) async fn upgrade(client: &EtcdClient, hold: &EtcdHold) -> Result<Amen
     let kind = lock_unpoisoned(&hold.kind).clone();
     match kind {
         HoldKind::Upgradeable => {
-            let amended = rewrite(client, hold, &upgraded_value(&hold.owner), WHAT).await?;
+            let value = entry_value(&HoldKind::Write, &hold.owner)
+                .ok_or_else(|| unexpected(WHAT, "no value for a writer"))?;
+            let amended = rewrite(client, hold, &value, WHAT).await?;
             if amended != Amended::Done {
                 return Ok(amended);
             }
@@ -154,8 +156,7 @@ pub(crate) async fn upgrade(client: &EtcdClient, hold: &EtcdHold) -> Result<Amen
     let prefix = hold.key.rfind('/').map_or("", |end| &hold.key[..=end]);
     let range = GetOptions::new()
         .with_prefix()
-        .with_sort(SortTarget::Create, SortOrder::Ascend)
-        .with_limit(2);
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
     let txn = Txn::new()
         .when([
             Compare::create_revision(&*hold.key, CompareOp::Equal, hold.revision),
@@ -168,18 +169,14 @@ pub(crate) async fn upgrade(client: &EtcdClient, hold: &EtcdHold) -> Result<Amen
         return Ok(Amended::NotOwner(why_gone(client, &response, hold)));
     }
     let ops = response.op_responses();
-    let head: &[KeyValue] = match ops.first() {
+    let queue: &[KeyValue] = match ops.first() {
         Some(etcd_client::TxnOpResponse::Get(range)) => range.kvs(),
-        _ => return Err(unexpected(WHAT, "an answer without the queue's head")),
+        _ => return Err(unexpected(WHAT, "an answer without the queue")),
     };
-    let alone = match head {
-        [first] => first.create_revision() == hold.revision,
-        [first, next] => {
-            let seen = |kv| seen_kind(kv, next.create_revision());
-            first.create_revision() == hold.revision && !seen(next).granted_behind([&seen(first)])
-        }
-        _ => false,
-    };
+    let alone = queue
+        .first()
+        .is_some_and(|first| first.create_revision() == hold.revision)
+        && !queue.iter().skip(1).any(passed_upgradeable);
     Ok(if alone {
         Amended::Done
     } else {

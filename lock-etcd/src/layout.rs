@@ -25,8 +25,8 @@
 //! them (`<lease id in hex>[_<n>].kind`, one per acquisition under way, so one client may
 //! hold several permits or reads of one name at once; [`queue_key`]), and its value
 //! says its kind and owner token ([`entry_value`]): the bare owner token for a mutex,
-//! `permit/<permits>/<owner token>`, `read/<owner token>`, `write/<owner token>`,
-//! `upgradeable/<owner token>` or `upgraded/<owner token>`. The
+//! `permit/<permits>/<owner token>`, `read/<owner token>`, `write/<owner token>` or
+//! `upgradeable/<owner token>`. The
 //! key, which no user chooses, tells our values from proposals ([`Entry::of`]): the value
 //! of a key ending in `.kind` is ours (a tag or an owner token; anything else there reads
 //! as a mutex's) and no proposal; the value of any other key (a candidate's, ours or the
@@ -36,11 +36,12 @@
 //! with an empty value. An entry is granted when [`HoldKind::granted_behind`] admits it behind
 //! the entries created before it; a downgrade rewrites `write/<token>` to
 //! `read/<token>` in place (same key, same create revision, same lease), so the entry
-//! keeps its place. An upgrade rewrites `upgradeable/<token>` to `upgraded/<token>` in
-//! place, once: that put's revision (the key's mod revision) splits the queue, the
-//! entries created before it see an upgradeable reader, those after it a writer
-//! ([`seen_kind`]); the upgraded hold holds alone once no entry ahead of it is left and
-//! none behind it is granted by its own view.
+//! keeps its place. A reader granted beside an upgradeable reader ahead
+//! (`upgradeable/<token>`) is granted by a transaction that rewrites its own key in
+//! place on the condition that the upgradeable entry is unchanged
+//! ([`passed_upgradeable`]); an upgrade rewrites `upgradeable/<token>` to
+//! `write/<token>` in place, so no reader passes it afterwards, and it holds alone once
+//! no entry is ahead of it and no reader behind it passed it.
 //!
 //! Earlier versions put all these values under plain keys. Such an entry reads as a
 //! candidate's here (a tag or an owner token shown as its proposal), so a client of this
@@ -196,29 +197,16 @@ const READ: &str = "read/";
 const WRITE: &str = "write/";
 /// The value tag of an upgradeable reader's entry (then the owner token).
 const UPGRADEABLE: &str = "upgradeable/";
-/// The value tag of an upgradeable reader's entry once it upgraded (then the owner
-/// token): a writer to the entries created after that put, which is the key's mod
-/// revision ([`seen_kind`]).
-const UPGRADED: &str = "upgraded/";
 
-/// The value of the entry of `token`, an upgradeable reader's, once it upgraded.
-pub(crate) fn upgraded_value(token: &str) -> Vec<u8> {
-    format!("{UPGRADED}{token}").into_bytes()
+/// Whether `kv` is a reader's entry granted beside an upgradeable reader ahead of it: the
+/// grant rewrote it in place (same value and lease), on the condition that the
+/// upgradeable entry was unchanged, so its mod revision is above its create revision.
+/// (A writer's entry that downgraded is one too, but none can be behind an upgradeable
+/// reader that holds: it would have waited for it.)
+pub(crate) fn passed_upgradeable(kv: &KeyValue) -> bool {
+    kv.mod_revision() > kv.create_revision()
+        && Entry::of(kv.key(), kv.value()).kind == HoldKind::Read
 }
-
-/// The kind of entry `kv` as the entry created at `viewer` sees it: its [`Entry`]'s,
-/// but an upgraded writer's ([`HoldKind::upgraded_seen_by`]) is still an upgradeable
-/// reader's to entries created before the upgrade's put (its mod revision), its own
-/// included.
-pub(crate) fn seen_kind(kv: &KeyValue, viewer: i64) -> HoldKind {
-    let entry = Entry::of(kv.key(), kv.value());
-    if entry.upgraded {
-        HoldKind::upgraded_seen_by(viewer < kv.mod_revision())
-    } else {
-        entry.kind
-    }
-}
-
 /// What one queue key says of itself, read from its name and value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
@@ -229,9 +217,6 @@ pub(crate) struct Entry {
     pub(crate) owner: Option<String>,
     /// The value of a plain key, unless empty: a candidate's proposal, whatever it says.
     pub(crate) proposal: Option<Vec<u8>>,
-    /// An upgradeable reader's entry that upgraded: its kind is `Write`, but see
-    /// [`seen_kind`].
-    pub(crate) upgraded: bool,
 }
 
 impl Entry {
@@ -246,7 +231,6 @@ impl Entry {
                 kind: HoldKind::Mutex,
                 owner: None,
                 proposal: (!value.is_empty()).then(|| value.to_vec()),
-                upgraded: false,
             };
         }
         let text = std::str::from_utf8(value).unwrap_or("");
@@ -266,8 +250,6 @@ impl Entry {
             token(rest).map(|owner| (HoldKind::Write, owner))
         } else if let Some(rest) = text.strip_prefix(UPGRADEABLE) {
             token(rest).map(|owner| (HoldKind::Upgradeable, owner))
-        } else if let Some(rest) = text.strip_prefix(UPGRADED) {
-            token(rest).map(|owner| (HoldKind::Write, owner))
         } else {
             None
         };
@@ -276,7 +258,6 @@ impl Entry {
             None => (HoldKind::Mutex, token(text)),
         };
         Entry {
-            upgraded: kind == HoldKind::Write && text.starts_with(UPGRADED),
             kind,
             owner,
             proposal: None,
@@ -549,15 +530,6 @@ mod tests {
             entry_value(&HoldKind::Write, token).expect("a value"),
             format!("write/{token}").into_bytes()
         );
-        // An upgraded entry is a writer's, and says it upgraded.
-        let key = queue_key("p/jobs/", 0x1f, 1, &HoldKind::Upgradeable);
-        let upgraded = Entry::of(key.as_bytes(), &upgraded_value(token));
-        assert_eq!((upgraded.kind, upgraded.upgraded), (HoldKind::Write, true));
-        let plain = Entry::of(
-            key.as_bytes(),
-            &entry_value(&HoldKind::Write, token).unwrap(),
-        );
-        assert!(!plain.upgraded);
         // Our entries are no proposals.
         let mutex = queue_key("p/jobs/", 0x1f, 0, &HoldKind::Mutex);
         assert_eq!(Entry::of(mutex.as_bytes(), token.as_bytes()).proposal, None);

@@ -31,9 +31,7 @@ use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
 
 use crate::connection::{first_kv, header_revision, EtcdClient, LeaseTtl};
 use crate::error::{unexpected, BACKEND};
-use crate::layout::{
-    broken_mark, first_created, lock_of_key, names_under, range_end, seen_kind, Entry,
-};
+use crate::layout::{broken_mark, first_created, lock_of_key, names_under, range_end, Entry};
 use crate::session::ttl_seconds;
 
 const WHAT: &str = "inspecting a lock";
@@ -74,18 +72,17 @@ pub(crate) async fn inspect(client: &EtcdClient, prefix: &str) -> Result<Occupan
 }
 
 /// How many of `keys` (a name's range in create order) hold: the longest head each of
-/// whose entries [`HoldKind::granted_behind`] admits behind the entries before it, as it
-/// sees them ([`seen_kind`]). The
+/// whose entries [`HoldKind::granted_behind`] admits behind the entries before it. The
 /// grant rule makes the holders a head of the queue: behind an entry not granted, none
 /// is.
 fn holding(keys: &[KeyValue]) -> usize {
-    (0..keys.len())
-        .find(|&i| {
-            let seen = |kv| seen_kind(kv, keys[i].create_revision());
-            let ahead: Vec<HoldKind> = keys[..i].iter().map(seen).collect();
-            !seen(&keys[i]).granted_behind(&ahead)
-        })
-        .unwrap_or(keys.len())
+    let kinds: Vec<HoldKind> = keys
+        .iter()
+        .map(|kv| Entry::of(kv.key(), kv.value()).kind)
+        .collect();
+    (0..kinds.len())
+        .find(|&i| !kinds[i].granted_behind(&kinds[..i]))
+        .unwrap_or(kinds.len())
 }
 
 /// The holding key `kv` (whose lease shows `lease`): a participant with its create

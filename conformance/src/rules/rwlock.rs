@@ -668,6 +668,43 @@ pub async fn rwlock_upgrade_cancellation_leaves_nothing(factory: &dyn Factory) {
         .expect("writer task");
     writing.release().await.expect("release");
 
+    // An upgradeable reader, then a writer, queued before an upgrade with a reader
+    // behind each: the upgrade ends at once (neither holds), and when the one queued
+    // gives up, the reader behind it still waits for the writer the upgrade made.
+    for first in [true, false] {
+        let upgrading = upgradeable(&lock, PROMPT).await;
+        let on_first = on_holder.clone();
+        let queued = tokio::spawn(async move {
+            let forever = AcquireOptions::forever();
+            if first {
+                drop(on_first.upgradeable_read_with(&forever).await);
+            } else {
+                drop(on_first.write_with(&forever).await);
+            }
+        });
+        waiters_reach(&*client, &name, 1).await;
+        let on_reader = on_holder.clone();
+        let reader = timed(async move { read(&on_reader, Duration::from_secs(30)).await });
+        waiters_reach(&*client, &name, 2).await;
+        let writing = timeout(PROMPT, upgrading.upgrade())
+            .await
+            .expect("nobody beside it: upgraded at once")
+            .expect("upgrade");
+        queued.abort();
+        let _ = queued.await;
+        sleep(Duration::from_millis(300)).await;
+        assert!(
+            !reader.is_finished(),
+            "[{rule}] a reader beside the upgraded writer once the one before it gave up"
+        );
+        writing.release().await.expect("release");
+        let (late, _) = timeout(PROMPT, reader)
+            .await
+            .expect("the reader is served after the writer")
+            .expect("task");
+        late.release().await.expect("release");
+    }
+
     let mut contenders = Vec::new();
     let reading = read(&on_holder, PROMPT).await;
     let mut held = Some(reading);
