@@ -69,18 +69,6 @@ impl HoldKind {
         }
     }
 
-    /// An upgrading writer's kind as an entry of a queue-ordered layout sees it, where
-    /// the upgrade step is one write of its entry: a reader queued before that write may
-    /// have been granted beside the upgradeable reader and still counts it as one (the
-    /// upgrade waits for it), an entry queued after it sees a writer (and waits).
-    pub fn upgraded_seen_by(queued_before_upgrade: bool) -> HoldKind {
-        if queued_before_upgrade {
-            HoldKind::Upgradeable
-        } else {
-            HoldKind::Write
-        }
-    }
-
     /// Refuses to queue this kind on `name` beside `other`, a kind already there, where
     /// the two cannot be one primitive: semaphores whose participants disagree on the
     /// number of permits (one of them would over-grant), or a name used as two kinds.

@@ -94,13 +94,13 @@ impl ZkBackend {
     /// One upgrade step of `hold`: its node marked upgraded ([`hold::mark_upgraded`]), then
     /// `Done` once it holds alone ([`Queue::upgraded_alone`]), else `Pending`.
     async fn upgrade_step(&self, hold: &ZkHold) -> Result<Amended> {
-        let (live, upgraded_at) = match hold::mark_upgraded(&self.session, hold).await? {
-            Ok(marked) => marked,
+        let live = match hold::mark_upgraded(&self.session, hold).await? {
+            Ok(live) => live,
             Err(reason) => return Ok(Amended::NotOwner(reason)),
         };
         let (dir, name) = hold.path.rsplit_once('/').unwrap_or(("", &hold.path));
         match Queue::new(&self.session)
-            .upgraded_alone(&live, dir, name, upgraded_at)
+            .upgraded_alone(&live, dir, name)
             .await
         {
             Ok(true) => Ok(Amended::Done),

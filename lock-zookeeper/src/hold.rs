@@ -31,7 +31,7 @@ use zookeeper_client as zk;
 
 use crate::error::{from_client, is_session_gone, read_found, BACKEND};
 use crate::layout::{
-    broken_node, is_marked_broken, node_kind, owner_token_of_path, root_of_node, NodeKind, UPGRADED,
+    broken_node, is_marked_broken, node_kind, owner_token_of_path, root_of_node, NodeKind,
 };
 use crate::session::{Live, Session};
 
@@ -146,42 +146,31 @@ pub(crate) async fn set_data(session: &Session, hold: &ZkHold, value: &[u8]) -> 
 }
 
 /// The first part of each upgrade step of `hold`, an upgradeable reader's (crate docs,
-/// *Read-write lock*): the first sets its node's data from [`UPGRADEABLE`] to
-/// [`UPGRADED`] (at version 0, so only once: that `mzxid` splits the queue); a later one
-/// reads it. Returns the live session and the upgrade's zxid, or why the hold is not ours.
+/// *Read-write lock*): the first sets its node's data from [`UPGRADEABLE`] to none, a
+/// plain writer's, at version 0, so only once (a later step finds version 1); from then on
+/// no reader passes it ([`BESIDE`]). Returns the live session, or why the hold is not
+/// ours.
 ///
 /// [`UPGRADEABLE`]: crate::layout::UPGRADEABLE
+/// [`BESIDE`]: crate::layout::BESIDE
 pub(crate) async fn mark_upgraded(
     session: &Session,
     hold: &ZkHold,
-) -> Result<Result<(Live, i64), LostReason>> {
+) -> Result<Result<Live, LostReason>> {
     const WHAT: &str = "upgrade lock node";
     let live = match live_of(session, hold)? {
         Ok(live) => live,
         Err(reason) => return Ok(Err(reason)),
     };
-    let marked = live.client.set_data(&hold.path, UPGRADED, Some(0));
-    let err = match session.call(WHAT, marked).await? {
-        Ok(stat) => return Ok(Ok((live, stat.mzxid))),
-        // Set by an earlier step.
-        Err(zk::Error::BadVersion) => {
-            match session.call(WHAT, live.client.get_data(&hold.path)).await? {
-                Ok((data, stat)) if data == UPGRADED => return Ok(Ok((live, stat.mzxid))),
-                Ok(_) => {
-                    return Err(Error::config(format!(
-                        "cannot upgrade {}: no upgradeable reader's node",
-                        hold.path
-                    )))
-                }
-                Err(err) => err,
-            }
-        }
-        Err(err) => err,
-    };
-    Ok(match not_ours(session, &live, hold, err, WHAT).await? {
-        Amended::NotOwner(reason) => Err(reason),
-        _ => Err(LostReason::Vanished),
-    })
+    let marked = live.client.set_data(&hold.path, &[], Some(0));
+    match session.call(WHAT, marked).await? {
+        // Set now, or by an earlier step.
+        Ok(_) | Err(zk::Error::BadVersion) => Ok(Ok(live)),
+        Err(err) => Ok(match not_ours(session, &live, hold, err, WHAT).await? {
+            Amended::NotOwner(reason) => Err(reason),
+            _ => Err(LostReason::Vanished),
+        }),
+    }
 }
 
 /// Why `hold`, whose node is gone, is lost (see [`gone_reasons`]).

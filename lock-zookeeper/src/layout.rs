@@ -52,7 +52,7 @@ pub enum NodeKind {
     Read,
     /// `_c_<token>-__WRIT__<seq>`: a writer, or with [`DOWNGRADED`] as data a writer
     /// that downgraded to a reader in its place, or with [`UPGRADEABLE`] an upgradeable
-    /// reader ([`UPGRADED`] once it upgraded).
+    /// reader.
     Write,
 }
 
@@ -85,8 +85,7 @@ impl NodeKind {
 
     /// The kind of hold a node of this kind with data `data` is (`None`: unread, or a
     /// candidate's value that is not needed here): a writer's node marked [`DOWNGRADED`]
-    /// reads as a reader, one marked [`UPGRADEABLE`] as an upgradeable reader (see
-    /// [`write_node_seen`] for one marked [`UPGRADED`]), a lease node as a permit of the count in its data (a Curator
+    /// reads as a reader, one marked [`UPGRADEABLE`] as an upgradeable reader, a lease node as a permit of the count in its data (a Curator
     /// lease, which carries no count, of `u32::MAX`).
     pub fn hold_kind(self, data: Option<&[u8]>) -> HoldKind {
         match self {
@@ -115,30 +114,16 @@ pub const SEMAPHORE_LEASES: &str = "leases";
 /// treat the node as a reader, our writers and every Curator client still as a writer.
 pub const DOWNGRADED: &[u8] = b"distlock:downgraded";
 
-/// The data of our reader's node: a reader that knows [`UPGRADEABLE`] nodes and may hold
-/// beside one. A reader node without it (Curator's, or an earlier distlock's) waits for
-/// every writer's node ahead, whatever its data, so an upgrade never waits for it.
-pub const READER: &[u8] = b"distlock:read";
-
 /// The data of an upgradeable reader's node (a writer's name): our readers treat it as an
 /// upgradeable reader, our writers and every Curator client as a writer (which is safe:
-/// they wait for it).
+/// they wait for it). Created with it, so it is the node's version 0; an upgrade sets
+/// the node's data to none (a plain writer's), version 1.
 pub const UPGRADEABLE: &[u8] = b"distlock:upgradeable";
 
-/// The data of an upgradeable reader's node once it upgraded: set once, so the node's
-/// `mzxid` is the upgrade's zxid, which splits the queue (see [`write_node_seen`]).
-pub const UPGRADED: &[u8] = b"distlock:upgraded";
-
-/// The kind of a writer's node (data `data`, last set at zxid `mzxid`) as our node created
-/// at zxid `viewer` sees it: by its mark ([`NodeKind::hold_kind`]), and an upgraded one
-/// ([`HoldKind::upgraded_seen_by`]) as the upgradeable reader it was to nodes created
-/// before the upgrade (a reader may hold beside it), a writer to those after.
-pub fn write_node_seen(data: &[u8], mzxid: i64, viewer: i64) -> HoldKind {
-    if data == UPGRADED {
-        return HoldKind::upgraded_seen_by(viewer < mzxid);
-    }
-    NodeKind::Write.hold_kind(Some(data))
-}
+/// The data of our reader's node once granted beside an upgradeable reader: set in one
+/// transaction with a check that the upgradeable node is still at version 0, so an
+/// upgrade (which changes that version first) sees every reader that passed it.
+pub const BESIDE: &[u8] = b"distlock:read-beside";
 
 /// What our lease nodes carry before the number of permits.
 const PERMITS_DATA: &str = "distlock:permits=";
@@ -167,13 +152,11 @@ pub fn semaphore_dirs(dir: &str) -> (String, String) {
 }
 
 /// The data a node of an acquisition of `kind` carries: a candidate's value, a permit's
-/// [`permit_data`], a reader's [`READER`], an upgradeable reader's [`UPGRADEABLE`], else
-/// none.
+/// [`permit_data`], an upgradeable reader's [`UPGRADEABLE`], else none.
 pub(crate) fn node_data(kind: &HoldKind) -> std::borrow::Cow<'_, [u8]> {
     match kind {
         HoldKind::Candidate { value } => value.as_slice().into(),
         HoldKind::Permit { permits } => permit_data(*permits).into(),
-        HoldKind::Read => READER.into(),
         HoldKind::Upgradeable => UPGRADEABLE.into(),
         _ => (&[][..]).into(),
     }
@@ -571,14 +554,10 @@ mod tests {
             NodeKind::Write
         );
         assert_eq!(
-            write_node_seen(&node_data(&HoldKind::Upgradeable), 7, 9),
+            NodeKind::Write.hold_kind(Some(&node_data(&HoldKind::Upgradeable))),
             HoldKind::Upgradeable
         );
-        // Upgraded at zxid 7: still an upgradeable reader to nodes created before it.
-        assert_eq!(write_node_seen(UPGRADED, 7, 5), HoldKind::Upgradeable);
-        assert_eq!(write_node_seen(UPGRADED, 7, 9), HoldKind::Write);
-        assert_eq!(write_node_seen(DOWNGRADED, 7, 9), HoldKind::Read);
-        assert_eq!(&*node_data(&HoldKind::Read), READER);
+        assert_eq!(NodeKind::Write.hold_kind(Some(&[])), HoldKind::Write);
         assert_eq!(
             semaphore_dirs("/locks/s"),
             ("/locks/s/locks".to_owned(), "/locks/s/leases".to_owned())

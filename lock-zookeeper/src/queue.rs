@@ -21,9 +21,7 @@ use zookeeper_client as zk;
 use crate::config::ZkConfig;
 use crate::error::{from_client, is_connection_loss, is_session_gone, BACKEND};
 use crate::hold::{delete_in_epoch, lease_of, ZkHold};
-use crate::layout::{
-    node_data, node_kind, queue_order, write_node_seen, NodeKind, DOWNGRADED, READER,
-};
+use crate::layout::{node_data, node_kind, queue_order, NodeKind, BESIDE, DOWNGRADED};
 use crate::session::{Live, Session};
 
 mod create;
@@ -40,6 +38,17 @@ const LOSS_RETRIES: usize = 20;
 const LOSS_PAUSE: Duration = Duration::from_millis(50);
 /// A grant rests on a point the leader ordered younger than the lease divided by this.
 const FRESH_PART: u32 = 10;
+
+/// What a queued node finds ahead of it ([`Queue::blocker`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    /// Granted.
+    Granted,
+    /// Granted once it passes the upgradeable reader at this index of the nodes ahead.
+    Passes(usize),
+    /// Waits for the node at this index of the nodes ahead.
+    Blocked(usize),
+}
 
 /// How an attempt ends when it does not end with a result.
 #[derive(Debug)]
@@ -304,8 +313,21 @@ impl<'a> Queue<'a> {
             };
             check_kinds((asked.kind, asked.name), leased, &queue, &name)?;
             let ahead = &queue[..index];
-            let blocker = match self.blocker(live, dir, asked.kind, ahead, czxid).await {
-                Ok(blocker) => blocker,
+            let blocker = match self.blocker(live, dir, asked.kind, ahead).await {
+                // A reader passing an upgradeable reader holds only once marked beside it.
+                Ok(Ahead::Passes(upgradeable)) => {
+                    let beside = format!("{dir}/{}", ahead[upgradeable]);
+                    match self.pass_beside(live, &beside, &path).await {
+                        Ok(true) => None,
+                        Ok(false) => Some(upgradeable),
+                        Err(step) => {
+                            self.tolerate(live, step, &mut losses).await?;
+                            continue;
+                        }
+                    }
+                }
+                Ok(Ahead::Granted) => None,
+                Ok(Ahead::Blocked(blocker)) => Some(blocker),
                 Err(step) => {
                     self.tolerate(live, step, &mut losses).await?;
                     continue;
@@ -477,25 +499,26 @@ impl<'a> Queue<'a> {
         }
     }
 
-    /// The node of `dir` that must go before a node of `kind` (created at zxid `czxid`)
-    /// behind `ahead` (queue order) is granted, as an index into `ahead`; `None` when it
-    /// is granted ([`HoldKind::granted_behind`] over the kinds ahead as it sees them,
-    /// [`write_node_seen`]). The last node ahead for an exclusive kind; for a reader the
-    /// first writer ahead (as Curator's reader watches), else the first upgradeable
-    /// reader ahead (a second one waits for it); for an upgradeable reader the last node
-    /// ahead that is no reader.
+    /// What a node of `kind` behind `ahead` (nodes of `dir`, queue order) finds
+    /// ([`HoldKind::granted_behind`] over their kinds, a writer's node read by its mark):
+    /// granted, granted once it passes the upgradeable reader at an index
+    /// ([`Queue::pass_beside`]), or blocked by the node at an index. The last node ahead
+    /// blocks an exclusive kind; a reader the first writer ahead (as Curator's reader
+    /// watches), else the first upgradeable reader ahead (a second one waits for it); an
+    /// upgradeable reader the last node ahead that is no reader.
     async fn blocker(
         &self,
         live: &Live,
         dir: &str,
         kind: &HoldKind,
         ahead: &[&str],
-        czxid: u64,
-    ) -> Result<Option<usize>, Step> {
+    ) -> Result<Ahead, Step> {
         if !matches!(kind, HoldKind::Read | HoldKind::Upgradeable) {
-            return Ok(ahead.len().checked_sub(1));
+            return Ok(ahead
+                .len()
+                .checked_sub(1)
+                .map_or(Ahead::Granted, Ahead::Blocked));
         }
-        let viewer = i64::try_from(czxid).unwrap_or(i64::MAX);
         let mut seen: Vec<(usize, HoldKind)> = Vec::with_capacity(ahead.len());
         for (index, node) in ahead.iter().enumerate() {
             let other = match node_kind(node) {
@@ -507,7 +530,7 @@ impl<'a> Queue<'a> {
                         .call("read writer node", live.client.get_data(&path))
                         .await
                     {
-                        Ok(Ok((data, stat))) => write_node_seen(&data, stat.mzxid, viewer),
+                        Ok(Ok((data, _))) => NodeKind::Write.hold_kind(Some(&data)),
                         Ok(Err(zk::Error::NoNode)) => continue,
                         Ok(Err(err)) => return Err(step(err, "read writer node")),
                         Err(err) => return Err(Step::Retry(err)),
@@ -521,35 +544,68 @@ impl<'a> Queue<'a> {
                 // Decided, and every node before this one lets the reader pass: the first
                 // writer, or the second upgradeable reader (then wait for the first).
                 let first = seen.iter().find(|(_, o)| *o == HoldKind::Upgradeable);
-                return Ok(match (&seen[seen.len() - 1].1, first) {
-                    (HoldKind::Upgradeable, Some((first, _))) => Some(*first),
-                    _ => Some(index),
-                });
+                return Ok(Ahead::Blocked(match (&seen[seen.len() - 1].1, first) {
+                    (HoldKind::Upgradeable, Some((first, _))) => *first,
+                    _ => index,
+                }));
             }
         }
         if kind.granted_behind(seen.iter().map(|(_, other)| other)) {
-            return Ok(None);
+            let upgradeable = seen.iter().find(|(_, o)| *o == HoldKind::Upgradeable);
+            return Ok(match upgradeable {
+                Some((index, _)) => Ahead::Passes(*index),
+                None => Ahead::Granted,
+            });
         }
         let blocker = seen
             .iter()
             .rev()
             .find(|(_, other)| *other != HoldKind::Read);
-        Ok(blocker.map(|(index, _)| *index))
+        Ok(blocker.map_or(Ahead::Granted, |(index, _)| Ahead::Blocked(*index)))
     }
 
-    /// Whether the upgraded node `name` of `dir` (upgraded at zxid `upgraded_at`) holds
-    /// alone: no node ahead of it, and none behind it granted. Only our readers' nodes
-    /// ([`READER`]) created before the upgrade may be (every other node behind it waits
-    /// for its writer's name), each as [`Queue::blocker`] judges it. The listing comes
-    /// after our upgrade's write on this session, so it shows every node created before
-    /// it; a listing a lagging server answers shows a past state, where a node gone now
-    /// is gone too: it can only delay the answer.
+    /// Marks our reader's node `own` [`BESIDE`] the upgradeable reader's node `beside`,
+    /// in one transaction with a check that that node is still at version 0 (still
+    /// [`UPGRADEABLE`](crate::layout::UPGRADEABLE): an upgrade changes it first).
+    /// `true`: marked, granted (also when an earlier attempt, whose answer was lost,
+    /// marked it); `false`: it changed or went, look again.
+    async fn pass_beside(&self, live: &Live, beside: &str, own: &str) -> Result<bool, Step> {
+        const WHAT: &str = "mark a reader beside an upgradeable reader";
+        let mut writer = live.client.new_multi_writer();
+        let commit = writer
+            .add_check_version(beside, 0)
+            .and_then(|()| writer.add_set_data(own, BESIDE, None))
+            .map(|()| writer.commit())
+            .map_err(|err| step(err, WHAT))?;
+        match self.session.call(WHAT, commit).await {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(zk::MultiWriteError::OperationFailed { index: 0, .. })) => {
+                match self.session.call(WHAT, live.client.get_data(own)).await {
+                    Ok(Ok((data, _))) => Ok(data == BESIDE),
+                    Ok(Err(err)) => Err(step(err, WHAT)),
+                    Err(err) => Err(Step::Retry(err)),
+                }
+            }
+            Ok(Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NoNode,
+                ..
+            })) => Err(vanished(own)),
+            Ok(Err(err)) => Err(step(err.into(), WHAT)),
+            Err(err) => Err(Step::Retry(err)),
+        }
+    }
+
+    /// Whether the upgraded node `name` of `dir` holds alone: no node ahead of it, and no
+    /// reader's node behind it marked [`BESIDE`] (every reader granted behind it passed
+    /// it, and marked itself before the upgrade changed the node). The listing comes
+    /// after the upgrade's write on this session, so it shows every mark made before it;
+    /// a lagging server answers from a past state, where a node gone now is gone too: it
+    /// can only delay the answer.
     pub(crate) async fn upgraded_alone(
         &self,
         live: &Live,
         dir: &str,
         name: &str,
-        upgraded_at: i64,
     ) -> Result<bool, Step> {
         let children = match self.list(live, dir).await {
             Ok(Ok(children)) => children,
@@ -562,27 +618,20 @@ impl<'a> Queue<'a> {
             Some(_) => return Ok(false),
             None => return Err(vanished(&format!("{dir}/{name}"))),
         }
-        for (index, node) in queue.iter().enumerate().skip(1) {
+        for node in queue.iter().skip(1) {
             if node_kind(node) != Some(NodeKind::Read) {
                 continue;
             }
             let path = format!("{dir}/{node}");
-            let stat = match self
+            match self
                 .session
                 .call("read reader node", live.client.get_data(&path))
                 .await
             {
-                Ok(Ok((data, stat))) if data == READER && stat.czxid < upgraded_at => stat,
-                Ok(Ok(_) | Err(zk::Error::NoNode)) => continue,
+                Ok(Ok((data, _))) if data == BESIDE => return Ok(false),
+                Ok(Ok(_) | Err(zk::Error::NoNode)) => {}
                 Ok(Err(err)) => return Err(step(err, "read reader node")),
                 Err(err) => return Err(Step::Retry(err)),
-            };
-            let czxid = fencing(stat.czxid)?;
-            let blocker = self
-                .blocker(live, dir, &HoldKind::Read, &queue[..index], czxid)
-                .await?;
-            if blocker.is_none() {
-                return Ok(false);
             }
         }
         Ok(true)
@@ -613,12 +662,15 @@ impl<'a> Queue<'a> {
 /// node of `kind`, so that its deletion grants it: no node joins the queue ahead of a
 /// queued one (sequence numbers only grow while the directory has children), and
 /// [`Queue::blocker`] found every node before it not in the way. For an exclusive kind
-/// the blocker is the one node ahead; a reader's blocker may have readers behind it.
+/// the blocker is the one node ahead; a reader's blocker may have readers around it, and
+/// no writer's node (a downgraded or upgradeable one, which a reader passes only after
+/// reading it again: an upgradeable one asks for [`Queue::pass_beside`]).
 fn only_blocker(kind: &HoldKind, ahead: &[&str], blocker: usize) -> bool {
     (blocker == 0 || *kind == HoldKind::Read)
-        && ahead[blocker + 1..]
+        && ahead
             .iter()
-            .all(|node| node_kind(node) == Some(NodeKind::Read))
+            .enumerate()
+            .all(|(i, node)| i == blocker || node_kind(node) == Some(NodeKind::Read))
 }
 
 /// The error of a queued node found gone.
