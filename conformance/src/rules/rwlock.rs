@@ -638,7 +638,9 @@ pub async fn rwlock_writer_not_starved_by_upgradeable(factory: &dyn Factory) {
 
 /// Upgrades and upgradeable acquires dropped at random points under contention (readers
 /// holding beside them, writers queued) release the upgradeable reader cleanly: the
-/// others go on, and nothing is left behind.
+/// others go on, and nothing is left behind. An upgradeable reader or a writer queued
+/// before an upgrade that gives up after it lets no reader queued behind it in beside
+/// the writer.
 pub async fn rwlock_upgrade_cancellation_leaves_nothing(factory: &dyn Factory) {
     const ROUNDS: usize = 12;
     let rule = "rwlock_upgrade_cancellation_leaves_nothing";
