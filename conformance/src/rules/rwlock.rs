@@ -65,6 +65,22 @@ fn timed<G: Send + 'static>(
     })
 }
 
+/// The guard of `task` (see [`timed`]), which must end within `limit` (`what` says why)
+/// and be granted no earlier than `after`.
+async fn served<G>(
+    task: tokio::task::JoinHandle<(G, Instant)>,
+    limit: Duration,
+    after: Instant,
+    what: &str,
+) -> G {
+    let (guard, at) = timeout(limit, task)
+        .await
+        .unwrap_or_else(|_| panic!("{what}"))
+        .expect("task");
+    assert!(at >= after, "{what}: granted too early");
+    guard
+}
+
 /// Whether `lock`'s service offers upgradeable readers; where it does not, its refusal
 /// must be a typed [`ErrorKind::Unsupported`] (said loudly, the rule does not apply).
 async fn upgradeable_offered(client: &dyn DistributedLock, lock: &RwLock, rule: &str) -> bool {
@@ -193,11 +209,13 @@ pub async fn rwlock_writer_not_starved(factory: &dyn Factory) {
     assert!(!later_reader.is_finished(), "no reader beside the writer");
     let freed = Instant::now();
     writing.release().await.expect("release");
-    let (late, read_at) = timeout(PROMPT, later_reader)
-        .await
-        .expect("the later reader is served after the writer")
-        .expect("reader task");
-    assert!(read_at >= freed);
+    let late = served(
+        later_reader,
+        PROMPT,
+        freed,
+        "the later reader is served after the writer",
+    )
+    .await;
     late.release().await.expect("release");
     eventually_empty(factory, &[name], rule).await;
 }
@@ -413,11 +431,13 @@ pub async fn rwlock_upgradeable_one_beside_readers(factory: &dyn Factory) {
     assert!(!queued.is_finished(), "[{rule}] the second one waits");
     let released = Instant::now();
     upgrading.release().await.expect("release");
-    let (next, granted_at) = timeout(PROMPT, queued)
-        .await
-        .expect("the queued upgradeable reader is served by a push")
-        .expect("task");
-    assert!(granted_at >= released);
+    let next = served(
+        queued,
+        PROMPT,
+        released,
+        "the queued upgradeable reader is served by a push",
+    )
+    .await;
     for guard in [reading.into_guard(), also.into_guard(), next.into_guard()] {
         guard.release().await.expect("release");
     }
@@ -612,11 +632,13 @@ pub async fn rwlock_writer_not_starved_by_upgradeable(factory: &dyn Factory) {
     }
     let released = Instant::now();
     holding.release().await.expect("release");
-    let (writing, wrote_at) = timeout(PROMPT, waiting_writer)
-        .await
-        .expect("the writer is served by a push")
-        .expect("writer task");
-    assert!(wrote_at >= released);
+    let writing = served(
+        waiting_writer,
+        PROMPT,
+        released,
+        "the writer is served by a push",
+    )
+    .await;
     sleep(Duration::from_millis(200)).await;
     assert!(
         stream.iter().all(|t| !t.is_finished()),
@@ -626,11 +648,13 @@ pub async fn rwlock_writer_not_starved_by_upgradeable(factory: &dyn Factory) {
     writing.release().await.expect("release");
     // Then one upgradeable reader after another.
     for task in stream {
-        let (guard, at) = timeout(PROMPT * 2, task)
-            .await
-            .expect("each upgradeable reader is served in turn")
-            .expect("task");
-        assert!(at >= freed);
+        let guard = served(
+            task,
+            PROMPT * 2,
+            freed,
+            "each upgradeable reader is served in turn",
+        )
+        .await;
         guard.release().await.expect("release");
     }
     eventually_empty(factory, &[name], rule).await;
