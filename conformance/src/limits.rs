@@ -1,7 +1,8 @@
 //! A checker for primitives that grant several holds at once: a semaphore's permits, a
 //! read-write lock's readers. Each holder records the span it was inside, on the
 //! monotonic clock, while its guard vouched for its hold; [`HoldLog::check`] then finds
-//! the most holders inside at once and any writer (an exclusive hold) beside anyone.
+//! the most holders inside at once and any writer (an exclusive hold) beside anyone, or
+//! two upgradeable readers side by side.
 //!
 //! A fenced resource ([`crate::FencedResource`]) cannot judge these: holders of one
 //! semaphore hold side by side with different fencing tokens, so no single "highest
@@ -18,6 +19,9 @@ use tokio::time::Instant;
 pub struct Span {
     /// Whether the hold was exclusive (a writer).
     pub exclusive: bool,
+    /// Whether the hold was an upgradeable reader's (from its grant to the release of the
+    /// writer it became, if it did): beside readers, beside no other such span.
+    pub upgradeable: bool,
     /// When it went in.
     pub start: Instant,
     /// When it came out, or its validity deadline if that came first.
@@ -31,7 +35,8 @@ pub struct LimitReport {
     pub spans: usize,
     /// The most holders inside at one moment.
     pub most_at_once: usize,
-    /// Pairs of spans where an exclusive hold overlapped another hold.
+    /// Pairs of spans where an exclusive hold overlapped another hold, or two upgradeable
+    /// ones overlapped.
     pub exclusive_overlaps: Vec<(Span, Span)>,
     /// Spans whose guard no longer vouched for the hold when it came out.
     pub unvouched: usize,
@@ -61,11 +66,26 @@ impl HoldLog {
     ) -> T {
         let start = Instant::now();
         let out = work.await;
+        self.record(guard, start, exclusive, false);
+        out
+    }
+
+    /// Records the span of an upgradeable reader's hold, from `start` (its grant) until
+    /// now, `guard` being the writer it has just become (or still the reader): no writer
+    /// and no other upgradeable reader may be beside it, the wait of the upgrade included.
+    /// The writer's own span, recorded next by [`HoldLog::inside`], follows it without a
+    /// gap.
+    pub fn upgradeable_since(&self, guard: &LockGuard, start: Instant) {
+        self.record(guard, start, false, true);
+    }
+
+    fn record(&self, guard: &LockGuard, start: Instant, exclusive: bool, upgradeable: bool) {
         let end = Instant::now().min(guard.valid_until());
         let vouched = guard.is_held();
         let mut spans = self.spans.lock().unwrap_or_else(|p| p.into_inner());
         spans.push(Span {
             exclusive,
+            upgradeable,
             start,
             // A guard that stopped vouching claims nothing past its start.
             end: if vouched { end } else { start },
@@ -76,7 +96,6 @@ impl HoldLog {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(start);
         }
-        out
     }
 
     /// The most holders at once and every exclusive overlap.
@@ -98,7 +117,8 @@ impl HoldLog {
         let mut exclusive_overlaps = Vec::new();
         for (i, a) in spans.iter().enumerate() {
             for b in &spans[i + 1..] {
-                if (a.exclusive || b.exclusive) && overlaps(a, b) {
+                let apart = a.exclusive || b.exclusive || (a.upgradeable && b.upgradeable);
+                if apart && overlaps(a, b) {
                     exclusive_overlaps.push((*a, *b));
                 }
             }

@@ -39,7 +39,8 @@ pub use occupancy::{Occupancy, Participant};
 pub use options::{AcquireOptions, LockOptions, LockOptionsBuilder, RenewalMode, Wait};
 pub use primitives::{
     Election, Leader, LeaderEvent, LeaderEvents, LeaderObserver, LeaderService, Leadership,
-    MultiGuard, MultiLock, Permit, ReadGuard, RwLock, Semaphore, ServiceSummary, WriteGuard,
+    MultiGuard, MultiLock, Permit, ReadGuard, RwLock, Semaphore, ServiceSummary,
+    UpgradeableReadGuard, WriteGuard,
 };
 pub use state::{LockState, LostReason, ReleaseOutcome};
 pub use token::{FencingToken, OwnerId, OwnerToken};

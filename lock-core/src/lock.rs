@@ -98,6 +98,14 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 ///   ([`rwlock_writer_not_starved`]); a downgrade has no window
 ///   ([`rwlock_downgrade_without_window`]); a writer cut off is Lost before the lock
 ///   is given again ([`rwlock_cut_off_writer_is_replaced`]).
+/// - where [`Capabilities::upgradeable`](crate::Capabilities::upgradeable), else a typed
+///   `Error::Unsupported`: one upgradeable reader at a time, beside readers
+///   ([`rwlock_upgradeable_one_beside_readers`]); no writer between its grant and the end
+///   of the writer it becomes ([`rwlock_upgrade_no_writer_between`]); an upgrade waits
+///   for the readers beside it, and newcomers wait behind it
+///   ([`rwlock_upgrade_waits_for_readers`]); a waiting writer is not overtaken
+///   ([`rwlock_writer_not_starved_by_upgradeable`]); abandoned upgrades leave nothing
+///   ([`rwlock_upgrade_cancellation_leaves_nothing`]).
 /// - abandoned permits, reads and writes leave nothing
 ///   ([`primitives_cancellation_leaves_nothing`]).
 ///
@@ -145,6 +153,11 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`rwlock_writer_not_starved`]: ../conformance/rules/fn.rwlock_writer_not_starved.html
 /// [`rwlock_downgrade_without_window`]: ../conformance/rules/fn.rwlock_downgrade_without_window.html
 /// [`rwlock_cut_off_writer_is_replaced`]: ../conformance/rules/fn.rwlock_cut_off_writer_is_replaced.html
+/// [`rwlock_upgradeable_one_beside_readers`]: ../conformance/rules/fn.rwlock_upgradeable_one_beside_readers.html
+/// [`rwlock_upgrade_no_writer_between`]: ../conformance/rules/fn.rwlock_upgrade_no_writer_between.html
+/// [`rwlock_upgrade_waits_for_readers`]: ../conformance/rules/fn.rwlock_upgrade_waits_for_readers.html
+/// [`rwlock_writer_not_starved_by_upgradeable`]: ../conformance/rules/fn.rwlock_writer_not_starved_by_upgradeable.html
+/// [`rwlock_upgrade_cancellation_leaves_nothing`]: ../conformance/rules/fn.rwlock_upgrade_cancellation_leaves_nothing.html
 /// [`primitives_cancellation_leaves_nothing`]: ../conformance/rules/fn.primitives_cancellation_leaves_nothing.html
 /// [`multilock_all_or_nothing_without_deadlock`]: ../conformance/rules/fn.multilock_all_or_nothing_without_deadlock.html
 /// [`multilock_lost_part_and_cancellation`]: ../conformance/rules/fn.multilock_lost_part_and_cancellation.html

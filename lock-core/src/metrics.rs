@@ -256,9 +256,10 @@ pub const METRICS: &[Metric] = &[
         HOLDS_BY_KIND,
         MetricKind::Gauge,
         &[BACKEND, LOCK, KIND],
-        "Semaphore permits (kind `permit`) and read-write lock holds (`read`, `write`) \
-        held or suspect now; also counted in distlock_held_locks. A downgrade moves a \
-        hold from `write` to `read`.",
+        "Semaphore permits (kind `permit`) and read-write lock holds (`read`, `write`, \
+        `upgradeable`) held or suspect now; also counted in distlock_held_locks. A \
+        downgrade moves a hold from `write` to `read`, an upgrade from `upgradeable` to \
+        `write`.",
     ),
     Metric::new(
         WAITERS_BY_KIND,
@@ -608,7 +609,8 @@ impl HoldMetrics {
         }
     }
 
-    /// Counts the hold as a `kind` hold from now on (a write downgraded to a read).
+    /// Counts the hold as a `kind` hold from now on (a write downgraded to a read, an
+    /// upgradeable read upgraded to a write).
     pub(crate) fn became(&self, kind: &HoldKind) {
         let mut by_kind = lock_unpoisoned(&self.by_kind);
         let counted = self.phase.load(Ordering::Acquire) == PHASE_HELD;

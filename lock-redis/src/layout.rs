@@ -333,11 +333,12 @@ pub(crate) enum WakeKeys {
 }
 
 /// `kind` as the scripts of the shared kinds spell it in the holders' table (`R`, `W`,
-/// `P<permits>`); `None` for the exclusive kinds, which hold the plain lock key.
+/// `U`, `P<permits>`); `None` for the exclusive kinds, which hold the plain lock key.
 pub(crate) fn spell_kind(kind: &HoldKind) -> Option<String> {
     match kind {
         HoldKind::Read => Some("R".into()),
         HoldKind::Write => Some("W".into()),
+        HoldKind::Upgradeable => Some("U".into()),
         HoldKind::Permit { permits } => Some(format!("P{permits}")),
         _ => None,
     }
@@ -348,6 +349,7 @@ pub(crate) fn read_kind(spelled: &str) -> Option<HoldKind> {
     match spelled {
         "R" => Some(HoldKind::Read),
         "W" => Some(HoldKind::Write),
+        "U" => Some(HoldKind::Upgradeable),
         _ => spelled
             .strip_prefix('P')
             .and_then(|permits| permits.parse().ok())
@@ -364,6 +366,7 @@ mod tests {
         for kind in [
             HoldKind::Read,
             HoldKind::Write,
+            HoldKind::Upgradeable,
             HoldKind::Permit { permits: 12 },
         ] {
             let spelled = spell_kind(&kind).expect("a shared kind");

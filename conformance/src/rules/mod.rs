@@ -57,7 +57,9 @@ pub use renewal::{
 pub use rwlock::{
     primitives_cancellation_leaves_nothing, rwlock_cut_off_writer_is_replaced,
     rwlock_downgrade_without_window, rwlock_readers_share_writers_exclude,
-    rwlock_writer_not_starved,
+    rwlock_upgrade_cancellation_leaves_nothing, rwlock_upgrade_no_writer_between,
+    rwlock_upgrade_waits_for_readers, rwlock_upgradeable_one_beside_readers,
+    rwlock_writer_not_starved, rwlock_writer_not_starved_by_upgradeable,
 };
 pub use semaphore::{
     semaphore_cut_off_holder_is_replaced, semaphore_fifo_with_push,

@@ -107,6 +107,10 @@ impl<B: Backend> Keeper<B> {
             }
             HoldKind::Permit { .. } => (self.capabilities.semaphore, "semaphores"),
             HoldKind::Read | HoldKind::Write => (self.capabilities.rwlock, "read-write locks"),
+            HoldKind::Upgradeable => (
+                self.capabilities.rwlock && self.capabilities.upgradeable,
+                "upgradeable read locks",
+            ),
         };
         if !granted {
             return Err(Error::unsupported(self.capabilities.backend, what));

@@ -193,6 +193,7 @@ pub const CAPABILITIES: Capabilities = Capabilities::new("memory")
     .election(true)
     .semaphore(true)
     .rwlock(true)
+    .upgradeable(true)
     .fencing(FencingSource::Counter)
     .fence_at_least(true);
 

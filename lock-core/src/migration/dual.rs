@@ -113,6 +113,7 @@ impl DualBackend {
             .election(o.election && n.election)
             .semaphore(o.semaphore && n.semaphore)
             .rwlock(o.rwlock && n.rwlock)
+            .upgradeable(o.upgradeable && n.upgradeable)
             .fencing(n.fencing);
         Ok(DualBackend {
             background: Background::new(),
@@ -426,15 +427,25 @@ impl Backend for DualBackend {
 
     /// The old side is amended first, then the new one, as the acquire went: a side that
     /// is no longer ours ends the amendment (the hold is lost). A downgrade is safe in
-    /// either order: the holder reads only once both sides are done.
+    /// either order: the holder reads only once both sides are done. An upgrade steps both
+    /// sides each time and is done once both hold alone: each side then excludes its own
+    /// clients, so old-only and new-only readers are both gone.
     async fn amend(&self, hold: &DualHold, amendment: Amendment<'_>) -> Result<Amended> {
+        let mut pending = false;
         for side in [Side::Old, Side::New] {
-            let proclaimed = self.side(side).amend(hold.side(side), amendment).await?;
-            if let Amended::NotOwner(reason) = proclaimed {
-                return Ok(Amended::NotOwner(LostReason::on_side(side, reason)));
+            match self.side(side).amend(hold.side(side), amendment).await? {
+                Amended::NotOwner(reason) => {
+                    return Ok(Amended::NotOwner(LostReason::on_side(side, reason)))
+                }
+                Amended::Pending => pending = true,
+                Amended::Done => {}
             }
         }
-        Ok(Amended::Done)
+        Ok(if pending {
+            Amended::Pending
+        } else {
+            Amended::Done
+        })
     }
 
     /// The changes of either side.

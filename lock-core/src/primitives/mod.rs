@@ -11,7 +11,7 @@ mod service;
 
 pub use election::{Election, Leader, LeaderObserver, Leadership};
 pub use multi::{MultiGuard, MultiLock};
-pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use rwlock::{ReadGuard, RwLock, UpgradeableReadGuard, WriteGuard};
 pub use semaphore::{Permit, Semaphore};
 pub use service::{LeaderEvent, LeaderEvents, LeaderService, ServiceSummary};
 

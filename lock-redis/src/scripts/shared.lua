@@ -7,9 +7,12 @@
 -- of each queued waiter, with ":<round>" appended for one that takes grants (see
 -- grant_head in queue.lua: its lease is the grant's, its client hears "grant <owner
 -- token> <round> <fencing token>"), and `kind` -> the name's kind: "P<permits>" or "RW".
--- A hold's kind is "R" (read), "W" (write) or "P<permits>" (a permit).
--- The grant rule is HoldKind::granted_behind's: a reader waits only for writers ahead, a
--- writer for everyone ahead, a permit for `permits` or more ahead; nobody overtakes.
+-- A hold's kind is "R" (read), "W" (write), "U" (upgradeable read) or "P<permits>" (a
+-- permit). The grant rule is HoldKind::granted_behind's: a reader waits only for writers
+-- ahead, an upgradeable reader for anyone ahead but readers, a writer for everyone ahead,
+-- a permit for `permits` or more ahead; nobody overtakes. An upgrade turns "U" into "W"
+-- in place (rekind.lua): queued waiters are granted behind the holders' kinds, so nobody
+-- joins it from then on.
 
 local TABLE = KEYS[5]
 
@@ -23,7 +26,7 @@ end
 
 -- The name's kind of a hold's kind: "RW" for a reader or writer, the permit's own.
 local function family(kind)
-  if kind == 'R' or kind == 'W' then
+  if kind == 'R' or kind == 'W' or kind == 'U' then
     return 'RW'
   end
   return kind
@@ -32,10 +35,16 @@ end
 -- Whether `kind` is granted behind `ahead`, the kinds before it in queue order.
 local function granted_behind(kind, ahead)
   local permit = string.sub(kind, 1, 1) == 'P'
-  local count = 0
+  local count, upgradeable = 0, false
   for _, other in ipairs(ahead) do
     count = count + 1
-    local shares = (kind == 'R' and other == 'R') or (permit and string.sub(other, 1, 1) == 'P')
+    local shares = (kind == 'R' and other == 'R') or (kind == 'U' and other == 'R')
+      or (permit and string.sub(other, 1, 1) == 'P')
+    if kind == 'R' and other == 'U' then
+      -- Only the first upgradeable reader ahead holds; the second waits.
+      shares = not upgradeable
+      upgradeable = true
+    end
     if not shares then
       return false
     end
