@@ -503,7 +503,11 @@ async fn a_forgotten_leader_is_followed_by_a_greater_term() {
     let reason = timeout(ttl + FOLLOW, first.lost())
         .await
         .expect("the forgotten leader turns Lost");
-    assert_eq!(reason, LostReason::Vanished);
+    // Vanished if its renewal came before b's grant on the promoted replica, Taken after.
+    assert!(
+        matches!(reason, LostReason::Vanished | LostReason::Taken),
+        "{reason:?}"
+    );
     // The observer ends at b; whatever it reports on the way never goes back.
     let mut last = seen.term;
     loop {
