@@ -413,7 +413,8 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
                 return Ok(ExitCode::from(EXIT_USAGE));
             };
             let (name, grace) = (command.name.clone(), command.grace);
-            run::run(&url, &acquire, &name, &command.argv(), grace, kind.kind()).await
+            let (argv, kind) = (command.argv(), kind.kind());
+            run::run(&url, &acquire, &name, &argv, grace, kind, run::Terms::Once).await
         }
         Command::Elect {
             acquire,
@@ -434,7 +435,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
             } else {
                 run::Terms::Once
             };
-            run::run_terms(&url, &acquire, &name, &command.argv(), grace, kind, terms).await
+            run::run(&url, &acquire, &name, &command.argv(), grace, kind, terms).await
         }
         Command::Leader { name, json } => match shared_url(url) {
             Some(url) => operate::leader(&url, &name, json).await,

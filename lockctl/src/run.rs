@@ -131,20 +131,9 @@ pub(crate) enum Terms {
     Requeue,
 }
 
-/// `lockctl run` (a hold of `kind`: the mutex, a permit, a read or a write).
+/// `lockctl run` (a hold of `kind`: the mutex, a permit, a read or a write) and
+/// `lockctl elect` (a candidate's hold), once or `Terms::Requeue`.
 pub(crate) async fn run(
-    url: &str,
-    acquire: &AcquireArgs,
-    name: &str,
-    command: &[OsString],
-    grace: Option<Duration>,
-    kind: HoldKind,
-) -> Result<ExitCode, BoxError> {
-    run_terms(url, acquire, name, command, grace, kind, Terms::Once).await
-}
-
-/// `lockctl run`, and `lockctl elect` (a candidate's hold), once or `Terms::Requeue`.
-pub(crate) async fn run_terms(
     url: &str,
     acquire: &AcquireArgs,
     name: &str,

@@ -39,11 +39,6 @@ fn service(
     )
 }
 
-/// A shutdown signal for several services: each waits on [`stopped`] of its receiver.
-fn shutdown_signal() -> (watch::Sender<bool>, watch::Receiver<bool>) {
-    watch::channel(false)
-}
-
 /// Resolves once `stop` says so (or its sender is gone).
 async fn stopped(mut stop: watch::Receiver<bool>) {
     let _ = stop.wait_for(|stop| *stop).await;
@@ -91,7 +86,7 @@ pub async fn leader_service_one_term_at_a_time(factory: &dyn Factory) {
     let rule = "leader_service_one_term_at_a_time";
     let name = unique_name(rule);
     let resource = FencedResource::new();
-    let (stop, on_stop) = shutdown_signal();
+    let (stop, on_stop) = watch::channel(false);
     let mut runs = Vec::new();
     let mut feeds = Vec::new();
     let mut fair = true;
@@ -188,7 +183,7 @@ pub async fn leader_service_requeues_after_loss(factory: &dyn Factory) {
         return;
     };
     let mut events = service.events();
-    let (stop, on_stop) = shutdown_signal();
+    let (stop, on_stop) = watch::channel(false);
     let cancelled = Arc::new(AtomicBool::new(false));
     let started = Arc::new(tokio::sync::Notify::new());
     let run = {

@@ -16,7 +16,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, Instant};
 
-use super::workload::{crash_members, options, report, SECTION};
+use super::workload::{crash_members, first_start_above, options, report, SECTION};
 use super::{ChaosTarget, Plan, ScenarioReport, Scene};
 use conformance::fence::FencedResource;
 use conformance::rules::unique_name;
@@ -140,13 +140,7 @@ async fn service_scenario(scene: Scene<'_>, fault: Fault) -> ScenarioReport {
         }
     }
     // Another term's first accepted section after the fault.
-    let takeover = resource
-        .sections()
-        .into_iter()
-        .filter(|s| s.start > fault_at && s.written.is_some())
-        .filter(|s| victim_term.is_none_or(|victim| s.token > victim.get()))
-        .map(|s| s.start)
-        .min();
+    let takeover = first_start_above(&resource, fault_at, victim_term);
     let recovery = recover_election(target, &name, plan, &mut stalled).await;
     let notes = notes.lock().expect("notes").clone();
     let mut out = report(scenario, target, &resource, recovery, notes);

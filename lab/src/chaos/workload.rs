@@ -158,10 +158,22 @@ pub(super) fn signed_ms(later: Instant, earlier: Instant) -> f64 {
 
 /// Start of the first accepted section that began after `after` (another holder's).
 pub(super) fn first_other_start(resource: &FencedResource, after: Instant) -> Option<Instant> {
+    first_start_above(resource, after, None)
+}
+
+/// Start of the first accepted section that began after `after` with a token above
+/// `token` (any token without one): another holder's, where the one holding at `after`
+/// may go on opening sections.
+pub(super) fn first_start_above(
+    resource: &FencedResource,
+    after: Instant,
+    token: Option<lock_core::FencingToken>,
+) -> Option<Instant> {
     resource
         .sections()
         .into_iter()
         .filter(|s| s.start > after && s.written.is_some())
+        .filter(|s| token.is_none_or(|token| s.token > token.get()))
         .map(|s| s.start)
         .min()
 }
