@@ -5,12 +5,14 @@
 
 mod election;
 mod multi;
+mod observer;
 mod rwlock;
 mod semaphore;
 mod service;
 
-pub use election::{Election, Leader, LeaderObserver, Leadership};
+pub use election::{Election, Leader, Leadership};
 pub use multi::{MultiGuard, MultiLock};
+pub use observer::LeaderObserver;
 pub use rwlock::{ReadGuard, RwLock, UpgradeableReadGuard, WriteGuard};
 pub use semaphore::{Permit, Semaphore};
 pub use service::{LeaderEvent, LeaderEvents, LeaderService, ServiceSummary};

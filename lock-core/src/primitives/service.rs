@@ -14,7 +14,8 @@ use futures::Stream;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
-use super::election::{Election, Leader, LeaderObserver, Leadership};
+use super::election::{Election, Leader, Leadership};
+use super::observer::LeaderObserver;
 use crate::error::{Error, Result};
 use crate::ext::{work_while_held, HeldEnd, LockContext};
 use crate::metrics::ServiceSeries;
