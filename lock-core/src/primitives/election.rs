@@ -11,7 +11,6 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::observer::LeaderObserver;
 use super::{acquire_kind, checked_name};
 use crate::error::{Error, Result};
 use crate::ext::{run_held, waited, LockContext, RunOutcome};
@@ -122,11 +121,6 @@ impl Election {
     pub async fn leader(&self) -> Result<Option<Leader>> {
         let occupancy = self.lock.inspect(&self.name).await?;
         leader_of(&self.name, occupancy)
-    }
-
-    /// Follows the leader: see [`LeaderObserver`].
-    pub fn observe(&self) -> LeaderObserver {
-        LeaderObserver::of(self.clone())
     }
 
     /// Campaigns with `value`, runs `work` while leading, then resigns, in the spirit of

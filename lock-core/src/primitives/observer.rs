@@ -53,9 +53,16 @@ pub struct LeaderObserver {
 /// A read of the next change, owning the observer's state.
 type InFlight = Pin<Box<dyn Future<Output = (Following, Result<Option<Leader>>)> + Send>>;
 
+impl Election {
+    /// Follows the leader: see [`LeaderObserver`].
+    pub fn observe(&self) -> LeaderObserver {
+        LeaderObserver::of(self.clone())
+    }
+}
+
 impl LeaderObserver {
     /// The observer of `election`, before its first read.
-    pub(super) fn of(election: Election) -> Self {
+    fn of(election: Election) -> Self {
         let name = election.name().clone();
         LeaderObserver {
             following: Some(Following {
