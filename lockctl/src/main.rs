@@ -121,7 +121,7 @@ struct KindArgs {
 impl KindArgs {
     fn kind(&self) -> HoldKind {
         match (self.permits, self.shared, self.exclusive) {
-            (Some(permits), _, _) => HoldKind::Permit { permits },
+            (Some(permits), _, _) => HoldKind::permit(permits),
             (None, true, _) => HoldKind::Read,
             (None, false, true) => HoldKind::Write,
             (None, false, false) => HoldKind::Mutex,
