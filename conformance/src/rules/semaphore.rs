@@ -527,8 +527,9 @@ pub async fn semaphore_many_cancellation_leaves_nothing(factory: &dyn Factory) {
 
 /// A semaphore in use resized from 3 to 1 then to 4, while contenders take permits (and
 /// switch to the new number when theirs is refused as a conflict): never more permits
-/// held than 3 before the shrink returns, 1 after it until the growth starts, 4 after;
-/// a resize from a number the semaphore no longer has is a conflict. A backend that cannot
+/// held than 3 before the shrink returns, 1 after it until the growth starts, 4 after,
+/// and no hold lost by a resize; a resize from a number the semaphore no longer has is a
+/// conflict. A backend that cannot
 /// resize refuses with `Unsupported` and changes nothing.
 pub async fn semaphore_resize_never_over_grants(factory: &dyn Factory) {
     const NUMBERS: [u32; 3] = [3, 1, 4];
@@ -632,6 +633,8 @@ pub async fn semaphore_resize_never_over_grants(factory: &dyn Factory) {
         "more permits held than the semaphore's number at the time: {beyond:?}, changes {changes:?}"
     );
     assert!(held >= CONTENDERS, "contenders were served ({held})");
+    let report = log.check();
+    assert_eq!(report.unvouched, 0, "a resize lost no hold: {report:?}");
     let stale = factory.client(LockOptions::default()).await;
     let mut stale_handle = semaphore(&stale, name.as_str(), NUMBERS[0], rule).expect("capable");
     let holding = permit(&resized, PROMPT).await;
