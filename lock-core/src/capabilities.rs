@@ -49,7 +49,8 @@ pub struct Capabilities {
     /// ([`Semaphore::acquire_many`](crate::Semaphore::acquire_many)).
     pub semaphore_many: bool,
     /// Changes the number of permits of a semaphore in use
-    /// ([`Semaphore::resize`](crate::Semaphore::resize)).
+    /// ([`Semaphore::resize`](crate::Semaphore::resize)); a shrink by more than one
+    /// permit also needs [`Capabilities::semaphore_many`].
     pub semaphore_resize: bool,
     /// Grants [`HoldKind::Read`](crate::raw::backend::HoldKind) and `Write` holds and downgrades a
     /// write to a read ([`Amendment::Downgrade`](crate::raw::backend::Amendment)):
