@@ -2,8 +2,9 @@
 //! read-write lock's readers. Each holder records the span it was inside, on the
 //! monotonic clock, while its guard vouched for its hold; [`HoldLog::check`] then finds
 //! the most holders inside at once (a hold of several permits counts as that many) and
-//! any writer (an exclusive hold) beside anyone, and [`HoldLog::beyond`] the moments
-//! more were inside than a limit that changes over time (a semaphore resized).
+//! any writer (an exclusive hold) beside anyone, or two upgradeable readers side by
+//! side, and [`HoldLog::beyond`] the moments more were inside than a limit that changes
+//! over time (a semaphore resized).
 //!
 //! A fenced resource ([`crate::FencedResource`]) cannot judge these: holders of one
 //! semaphore hold side by side with different fencing tokens, so no single "highest
@@ -20,6 +21,9 @@ use tokio::time::Instant;
 pub struct Span {
     /// Whether the hold was exclusive (a writer).
     pub exclusive: bool,
+    /// Whether the hold was an upgradeable reader's (from its grant to the release of the
+    /// writer it became, if it did): beside readers, beside no other such span.
+    pub upgradeable: bool,
     /// How many places it took: its permits, 1 for any other hold.
     pub weight: u32,
     /// When it went in.
@@ -36,7 +40,8 @@ pub struct LimitReport {
     /// The most holders inside at one moment (a hold of several permits counts as that
     /// many).
     pub most_at_once: usize,
-    /// Pairs of spans where an exclusive hold overlapped another hold.
+    /// Pairs of spans where an exclusive hold overlapped another hold, or two upgradeable
+    /// ones overlapped.
     pub exclusive_overlaps: Vec<(Span, Span)>,
     /// Spans whose guard no longer vouched for the hold when it came out.
     pub unvouched: usize,
@@ -64,7 +69,7 @@ impl HoldLog {
         exclusive: bool,
         work: impl Future<Output = T>,
     ) -> T {
-        self.record(guard, exclusive, 1, work).await
+        self.spend(guard, exclusive, 1, work).await
     }
 
     /// As [`HoldLog::inside`], for a hold of `permits` permits: it counts as that many.
@@ -74,10 +79,10 @@ impl HoldLog {
         permits: u32,
         work: impl Future<Output = T>,
     ) -> T {
-        self.record(guard, false, permits, work).await
+        self.spend(guard, false, permits, work).await
     }
 
-    async fn record<T>(
+    async fn spend<T>(
         &self,
         guard: &LockGuard,
         exclusive: bool,
@@ -86,11 +91,33 @@ impl HoldLog {
     ) -> T {
         let start = Instant::now();
         let out = work.await;
+        self.record(guard, start, exclusive, false, weight);
+        out
+    }
+
+    /// Records the span of an upgradeable reader's hold, from `start` (its grant) until
+    /// now, `guard` being the writer it has just become (or still the reader): no writer
+    /// and no other upgradeable reader may be beside it, the wait of the upgrade included.
+    /// The writer's own span, recorded next by [`HoldLog::inside`], follows it without a
+    /// gap.
+    pub fn upgradeable_since(&self, guard: &LockGuard, start: Instant) {
+        self.record(guard, start, false, true, 1);
+    }
+
+    fn record(
+        &self,
+        guard: &LockGuard,
+        start: Instant,
+        exclusive: bool,
+        upgradeable: bool,
+        weight: u32,
+    ) {
         let end = Instant::now().min(guard.valid_until());
         let vouched = guard.is_held();
         let mut spans = self.spans.lock().unwrap_or_else(|p| p.into_inner());
         spans.push(Span {
             exclusive,
+            upgradeable,
             weight,
             start,
             // A guard that stopped vouching claims nothing past its start.
@@ -102,7 +129,6 @@ impl HoldLog {
                 .unwrap_or_else(|p| p.into_inner())
                 .push(start);
         }
-        out
     }
 
     /// The spans' starts and ends as events (+weight, -weight) in time order, ends
@@ -154,7 +180,8 @@ impl HoldLog {
         let mut exclusive_overlaps = Vec::new();
         for (i, a) in spans.iter().enumerate() {
             for b in &spans[i + 1..] {
-                if (a.exclusive || b.exclusive) && overlaps(a, b) {
+                let apart = a.exclusive || b.exclusive || (a.upgradeable && b.upgradeable);
+                if apart && overlaps(a, b) {
                     exclusive_overlaps.push((*a, *b));
                 }
             }

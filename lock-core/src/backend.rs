@@ -27,6 +27,10 @@ pub enum Amended {
     Done,
     /// The hold was already gone or owned by someone else; nothing was touched.
     NotOwner(LostReason),
+    /// The hold is ours and amended as far as it can be now; the rest waits for others
+    /// (an [`Amendment::Upgrade`] whose readers still hold). The caller repeats the
+    /// amendment when the name changes.
+    Pending,
 }
 
 /// One acquisition asked of a backend.

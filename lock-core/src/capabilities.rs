@@ -56,12 +56,17 @@ pub struct Capabilities {
     /// write to a read ([`Amendment::Downgrade`](crate::raw::backend::Amendment)):
     /// read-write locks ([`RwLock`](crate::RwLock)) work on it.
     pub rwlock: bool,
+    /// Grants [`HoldKind::Upgradeable`](crate::raw::backend::HoldKind) holds and upgrades
+    /// them to writers ([`Amendment::Upgrade`](crate::raw::backend::Amendment)):
+    /// [`RwLock::upgradeable_read`](crate::RwLock::upgradeable_read) works on it.
+    pub upgradeable: bool,
 }
 
 impl Capabilities {
     /// Capabilities with conservative defaults: unfair, per-lock TTL of at least 1 ms,
     /// push wake-up, not durable, counter fencing, no fence floor, no elections, no
-    /// semaphores (nor several permits per hold, nor resizing), no read-write locks.
+    /// semaphores (nor several permits per hold, nor resizing), no read-write locks, no
+    /// upgradeable readers.
     pub const fn new(backend: &'static str) -> Self {
         Capabilities {
             backend,
@@ -77,6 +82,7 @@ impl Capabilities {
             semaphore_many: false,
             semaphore_resize: false,
             rwlock: false,
+            upgradeable: false,
         }
     }
 
@@ -143,6 +149,12 @@ impl Capabilities {
     /// Sets [`Capabilities::rwlock`].
     pub const fn rwlock(mut self, rwlock: bool) -> Self {
         self.rwlock = rwlock;
+        self
+    }
+
+    /// Sets [`Capabilities::upgradeable`].
+    pub const fn upgradeable(mut self, upgradeable: bool) -> Self {
+        self.upgradeable = upgradeable;
         self
     }
 

@@ -150,6 +150,40 @@ where
     Fut: Future<Output = T> + Send,
     T: Send,
 {
+    match work_while_held(guard, work, std::future::pending()).await {
+        HeldEnd::Done(value, guard) => {
+            let release = guard.release().await?;
+            Ok(RunOutcome::Completed { value, release })
+        }
+        HeldEnd::Lost(reason) => Ok(RunOutcome::Lost { reason }),
+        HeldEnd::Stopped(_) => unreachable!("a pending stop never resolves"),
+    }
+}
+
+/// How [`work_while_held`] ended.
+pub(crate) enum HeldEnd<T> {
+    /// The work returned; the guard is still to be released.
+    Done(T, LockGuard),
+    /// The hold was lost: the work was dropped, then the guard (an owner-checked
+    /// release in the background, safe even if someone else holds the name now).
+    Lost(LostReason),
+    /// `stop` resolved first: the work was dropped; the guard is still to be released.
+    Stopped(LockGuard),
+}
+
+/// Runs `work` with `guard`'s context until it returns, the hold is lost (the work is
+/// dropped at once) or `stop` resolves (the work is dropped). The select drops every
+/// branch's future before its handler runs, so the work is gone before the guard is
+/// touched.
+pub(crate) async fn work_while_held<F, Fut, T>(
+    guard: LockGuard,
+    work: F,
+    stop: impl Future<Output = ()>,
+) -> HeldEnd<T>
+where
+    F: FnOnce(LockContext) -> Fut,
+    Fut: Future<Output = T>,
+{
     let context = LockContext {
         name: guard.name().clone(),
         fencing_token: guard.fencing_token(),
@@ -159,13 +193,10 @@ where
     tokio::select! {
         biased;
         reason = lost => {
-            // The release is an owner-checked delete, safe even if someone else holds it now.
             drop(guard);
-            Ok(RunOutcome::Lost { reason })
+            HeldEnd::Lost(reason)
         }
-        value = work(context) => {
-            let release = guard.release().await?;
-            Ok(RunOutcome::Completed { value, release })
-        }
+        value = work(context) => HeldEnd::Done(value, guard),
+        () = stop => HeldEnd::Stopped(guard),
     }
 }

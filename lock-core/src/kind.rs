@@ -34,6 +34,10 @@ pub enum HoldKind {
     Read,
     /// The exclusive side of a read-write lock: a writer holds alone.
     Write,
+    /// The upgradeable read side of a read-write lock: a reader that may become the
+    /// writer ([`Amendment::Upgrade`]). It holds beside readers, beside no writer and no
+    /// other upgradeable reader.
+    Upgradeable,
 }
 
 impl HoldKind {
@@ -45,19 +49,27 @@ impl HoldKind {
     /// Whether a hold of this kind is granted behind `ahead`: the kinds of the entries
     /// of its name that hold or queue before it, in queue order. The rule of every
     /// queueing backend: a reader waits only for writers ahead (never overtaking one, so
-    /// writers are not starved), permits while the permits ahead and its own `count` are
-    /// no more than `permits` (so a request for many at the head of the queue holds back
-    /// the smaller ones behind it: it is never starved, and nobody deadlocks), any other
-    /// kind for nobody ahead.
+    /// writers are not starved), an upgradeable reader for anyone ahead but readers (a
+    /// reader passes one upgradeable reader ahead, which then holds, never a second),
+    /// permits while the permits ahead and its own `count` are no more than `permits` (so
+    /// a request for many at the head of the queue holds back the smaller ones behind it:
+    /// it is never starved, and nobody deadlocks), any other kind for nobody ahead.
     pub fn granted_behind<'a>(&self, ahead: impl IntoIterator<Item = &'a HoldKind>) -> bool {
         let mut taken: u64 = 0;
+        let mut upgradeable_ahead = false;
         for other in ahead {
             taken += u64::from(other.weight());
-            let shares = matches!(
-                (self, other),
+            let shares = match (self, other) {
                 (HoldKind::Read, HoldKind::Read)
-                    | (HoldKind::Permit { .. }, HoldKind::Permit { .. })
-            );
+                | (HoldKind::Upgradeable, HoldKind::Read)
+                | (HoldKind::Permit { .. }, HoldKind::Permit { .. }) => true,
+                // Only the first upgradeable reader ahead holds; a reader never overtakes
+                // the second, which waits.
+                (HoldKind::Read, HoldKind::Upgradeable) => {
+                    !std::mem::replace(&mut upgradeable_ahead, true)
+                }
+                _ => false,
+            };
             if !shares {
                 return false;
             }
@@ -107,7 +119,7 @@ impl HoldKind {
         let family = |kind: &HoldKind| match kind {
             HoldKind::Mutex | HoldKind::Candidate { .. } => 0,
             HoldKind::Permit { .. } => 1,
-            HoldKind::Read | HoldKind::Write => 2,
+            HoldKind::Read | HoldKind::Write | HoldKind::Upgradeable => 2,
         };
         let agree = match (self, other) {
             (HoldKind::Permit { permits: a, .. }, HoldKind::Permit { permits: b, .. }) => a == b,
@@ -133,12 +145,15 @@ impl HoldKind {
     /// or a candidate, which their layouts already tell apart.
     pub fn shown(&self) -> Option<HoldKind> {
         match self {
-            HoldKind::Permit { .. } | HoldKind::Read | HoldKind::Write => Some(self.clone()),
+            HoldKind::Permit { .. } | HoldKind::Read | HoldKind::Write | HoldKind::Upgradeable => {
+                Some(self.clone())
+            }
             HoldKind::Mutex | HoldKind::Candidate { .. } => None,
         }
     }
 
-    /// A stable short name: `mutex`, `candidate`, `permit`, `read` or `write` (the `kind`
+    /// A stable short name: `mutex`, `candidate`, `permit`, `read`, `write` or
+    /// `upgradeable` (the `kind`
     /// field of acquire spans, the `kind` label of the by-kind metrics).
     pub fn label(&self) -> &'static str {
         match self {
@@ -147,6 +162,7 @@ impl HoldKind {
             HoldKind::Permit { .. } => "permit",
             HoldKind::Read => "read",
             HoldKind::Write => "write",
+            HoldKind::Upgradeable => "upgradeable",
         }
     }
 
@@ -162,6 +178,7 @@ impl HoldKind {
             }
             HoldKind::Read => "a read-write lock (read)".into(),
             HoldKind::Write => "a read-write lock (write)".into(),
+            HoldKind::Upgradeable => "a read-write lock (upgradeable read)".into(),
         }
     }
 }
@@ -230,14 +247,22 @@ pub enum Amendment<'a> {
     /// no moment between in which it holds neither: readers queued behind it may then be
     /// granted, writers still wait.
     Downgrade,
+    /// A [`HoldKind::Upgradeable`] hold becomes a `Write` hold in its place in the queue:
+    /// from the first step on, nobody queued after it is granted beside it; it holds
+    /// alone once the readers granted beside it have left. Each step is owner-checked
+    /// and may be repeated: [`Amended::Pending`](crate::raw::backend::Amended) while
+    /// readers still hold, `Done` once it holds alone.
+    Upgrade,
 }
 
 impl Amendment<'_> {
-    /// What the amendment does, for errors and spans (`proclaim`, `downgrade`).
+    /// What the amendment does, for errors and spans (`proclaim`, `downgrade`,
+    /// `upgrade`).
     pub fn label(&self) -> &'static str {
         match self {
             Amendment::Proclaim(_) => "proclaim",
             Amendment::Downgrade => "downgrade",
+            Amendment::Upgrade => "upgrade",
         }
     }
 
@@ -273,6 +298,24 @@ mod tests {
         assert!(HoldKind::Read.granted_behind([&HoldKind::Read, &HoldKind::Read]));
         assert!(!HoldKind::Read.granted_behind([&HoldKind::Read, &HoldKind::Write]));
         assert!(!HoldKind::Read.granted_behind([&HoldKind::Write, &HoldKind::Read]));
+    }
+
+    #[test]
+    fn one_upgradeable_reader_beside_readers() {
+        let (read, upgradeable) = (HoldKind::Read, HoldKind::Upgradeable);
+        assert!(upgradeable.granted_behind([&read, &read]));
+        assert!(read.granted_behind([&upgradeable, &read]));
+        assert!(!upgradeable.granted_behind([&read, &upgradeable]));
+        assert!(!upgradeable.granted_behind([&HoldKind::Write]));
+        // The second one ahead waits, and a reader does not overtake it.
+        assert!(!read.granted_behind([&upgradeable, &read, &upgradeable]));
+        assert!(!HoldKind::Write.granted_behind([&upgradeable]));
+        // Nobody overtakes a queued writer, an upgradeable reader no more than a reader.
+        assert!(!upgradeable.granted_behind([&read, &HoldKind::Write]));
+        assert!(!read.granted_behind([&upgradeable, &HoldKind::Write]));
+        assert!(upgradeable
+            .check_beside(&HoldKind::Write, &LockName::new("t").expect("valid"))
+            .is_ok());
     }
 
     #[test]

@@ -38,8 +38,9 @@ pub use name::LockName;
 pub use occupancy::{Occupancy, Participant};
 pub use options::{AcquireOptions, LockOptions, LockOptionsBuilder, RenewalMode, Wait};
 pub use primitives::{
-    Election, Leader, LeaderObserver, Leadership, MultiGuard, MultiLock, Permit, ReadGuard, RwLock,
-    Semaphore, WriteGuard,
+    Election, Leader, LeaderEvent, LeaderEvents, LeaderObserver, LeaderService, Leadership,
+    MultiGuard, MultiLock, Permit, ReadGuard, RwLock, Semaphore, ServiceSummary,
+    UpgradeableReadGuard, WriteGuard,
 };
 pub use state::{LockState, LostReason, ReleaseOutcome};
 pub use token::{FencingToken, OwnerId, OwnerToken};

@@ -80,6 +80,10 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// - observers see every leader, proclaim and vacancy in order
 ///   ([`election_observers_see_terms_in_order`]).
 /// - abandoned campaigns leave no candidate ([`election_cancellation_leaves_nothing`]).
+/// - a leader service runs one term's work at a time across re-campaigns, and resigns
+///   on shutdown leaving nothing ([`leader_service_one_term_at_a_time`]); it campaigns
+///   again after a lost term, whose work was cancelled first
+///   ([`leader_service_requeues_after_loss`]).
 ///
 /// Where [`Capabilities::semaphore`] and [`Capabilities::rwlock`] are set, semaphores
 /// ([`crate::Semaphore`]) and read-write locks ([`crate::RwLock`]) too:
@@ -105,6 +109,14 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 ///   ([`rwlock_writer_not_starved`]); a downgrade has no window
 ///   ([`rwlock_downgrade_without_window`]); a writer cut off is Lost before the lock
 ///   is given again ([`rwlock_cut_off_writer_is_replaced`]).
+/// - where [`Capabilities::upgradeable`](crate::Capabilities::upgradeable), else a typed
+///   `Error::Unsupported`: one upgradeable reader at a time, beside readers
+///   ([`rwlock_upgradeable_one_beside_readers`]); no writer between its grant and the end
+///   of the writer it becomes ([`rwlock_upgrade_no_writer_between`]); an upgrade waits
+///   for the readers beside it, and newcomers wait behind it
+///   ([`rwlock_upgrade_waits_for_readers`]); a waiting writer is not overtaken
+///   ([`rwlock_writer_not_starved_by_upgradeable`]); abandoned upgrades leave nothing
+///   ([`rwlock_upgrade_cancellation_leaves_nothing`]).
 /// - abandoned permits, reads and writes leave nothing
 ///   ([`primitives_cancellation_leaves_nothing`]).
 ///
@@ -142,6 +154,8 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`election_cut_off_leader_is_replaced`]: ../conformance/rules/fn.election_cut_off_leader_is_replaced.html
 /// [`election_observers_see_terms_in_order`]: ../conformance/rules/fn.election_observers_see_terms_in_order.html
 /// [`election_cancellation_leaves_nothing`]: ../conformance/rules/fn.election_cancellation_leaves_nothing.html
+/// [`leader_service_one_term_at_a_time`]: ../conformance/rules/fn.leader_service_one_term_at_a_time.html
+/// [`leader_service_requeues_after_loss`]: ../conformance/rules/fn.leader_service_requeues_after_loss.html
 /// [`semaphore_never_exceeds_permits`]: ../conformance/rules/fn.semaphore_never_exceeds_permits.html
 /// [`semaphore_fifo_with_push`]: ../conformance/rules/fn.semaphore_fifo_with_push.html
 /// [`semaphore_permits_disagreement_refused`]: ../conformance/rules/fn.semaphore_permits_disagreement_refused.html
@@ -156,6 +170,11 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`rwlock_writer_not_starved`]: ../conformance/rules/fn.rwlock_writer_not_starved.html
 /// [`rwlock_downgrade_without_window`]: ../conformance/rules/fn.rwlock_downgrade_without_window.html
 /// [`rwlock_cut_off_writer_is_replaced`]: ../conformance/rules/fn.rwlock_cut_off_writer_is_replaced.html
+/// [`rwlock_upgradeable_one_beside_readers`]: ../conformance/rules/fn.rwlock_upgradeable_one_beside_readers.html
+/// [`rwlock_upgrade_no_writer_between`]: ../conformance/rules/fn.rwlock_upgrade_no_writer_between.html
+/// [`rwlock_upgrade_waits_for_readers`]: ../conformance/rules/fn.rwlock_upgrade_waits_for_readers.html
+/// [`rwlock_writer_not_starved_by_upgradeable`]: ../conformance/rules/fn.rwlock_writer_not_starved_by_upgradeable.html
+/// [`rwlock_upgrade_cancellation_leaves_nothing`]: ../conformance/rules/fn.rwlock_upgrade_cancellation_leaves_nothing.html
 /// [`primitives_cancellation_leaves_nothing`]: ../conformance/rules/fn.primitives_cancellation_leaves_nothing.html
 /// [`multilock_all_or_nothing_without_deadlock`]: ../conformance/rules/fn.multilock_all_or_nothing_without_deadlock.html
 /// [`multilock_lost_part_and_cancellation`]: ../conformance/rules/fn.multilock_lost_part_and_cancellation.html

@@ -61,6 +61,10 @@ pub const LEADERSHIPS: &str = "distlock_leaderships";
 pub const TERMS_WON: &str = "distlock_terms_won_total";
 /// The term of the leadership won last.
 pub const LEADER_TERM: &str = "distlock_leader_term";
+/// Campaigns a leader service started.
+pub const LEADER_CAMPAIGNS: &str = "distlock_leader_campaigns_total";
+/// Leader changes a leader service saw.
+pub const LEADER_CHANGES: &str = "distlock_leader_changes_total";
 /// Permits, read holds and write holds held now, by [`KIND`].
 pub const HOLDS_BY_KIND: &str = "distlock_holds_by_kind";
 /// Blocking acquires of permits, reads and writes in progress, by [`KIND`].
@@ -235,12 +239,27 @@ pub const METRICS: &[Metric] = &[
         "The term (fencing token) of the leadership this client won last.",
     ),
     Metric::new(
+        LEADER_CAMPAIGNS,
+        MetricKind::Counter,
+        &[BACKEND, LOCK],
+        "Campaigns leader services started: the first, and each after a term or a failed \
+        campaign.",
+    ),
+    Metric::new(
+        LEADER_CHANGES,
+        MetricKind::Counter,
+        &[BACKEND, LOCK],
+        "Leader changes leader services saw: a new leader (this service or another), a \
+        proclaimed value, or nobody leading.",
+    ),
+    Metric::new(
         HOLDS_BY_KIND,
         MetricKind::Gauge,
         &[BACKEND, LOCK, KIND],
-        "Semaphore permits (kind `permit`) and read-write lock holds (`read`, `write`) \
-        held or suspect now; also counted in distlock_held_locks. A downgrade moves a \
-        hold from `write` to `read`.",
+        "Semaphore permits (kind `permit`) and read-write lock holds (`read`, `write`, \
+        `upgradeable`) held or suspect now; also counted in distlock_held_locks. A \
+        downgrade moves a hold from `write` to `read`, an upgrade from `upgradeable` to \
+        `write`.",
     ),
     Metric::new(
         WAITERS_BY_KIND,
@@ -272,6 +291,43 @@ pub fn describe_metrics() {
                 ::metrics::describe_histogram!(metric.name, Unit::Seconds, metric.help)
             }
         }
+    }
+}
+
+/// The labels of a client's series: its backend, and `lock` when names are labels.
+fn client_labels(backend: &'static str, lock: Option<&LockName>) -> Vec<Label> {
+    let mut labels = vec![Label::from_static_parts(BACKEND, backend)];
+    if let Some(lock) = lock {
+        labels.push(Label::new(LOCK, lock.as_str().to_owned()));
+    }
+    labels
+}
+
+/// The metric handles of one leader service.
+#[derive(Debug)]
+pub(crate) struct ServiceSeries {
+    campaigns: Counter,
+    changes: Counter,
+}
+
+impl ServiceSeries {
+    /// The handles of `backend`, and of election `lock` if given.
+    pub(crate) fn new(backend: &'static str, lock: Option<&LockName>) -> Self {
+        let labels = client_labels(backend, lock);
+        ServiceSeries {
+            campaigns: ::metrics::counter!(LEADER_CAMPAIGNS, labels.iter()),
+            changes: ::metrics::counter!(LEADER_CHANGES, labels.iter()),
+        }
+    }
+
+    /// Counts a campaign.
+    pub(crate) fn campaign(&self) {
+        self.campaigns.increment(1);
+    }
+
+    /// Counts a leader change.
+    pub(crate) fn leader_changed(&self) {
+        self.changes.increment(1);
     }
 }
 
@@ -307,10 +363,7 @@ pub(crate) struct Series {
 impl Series {
     /// The handles of `backend`, and of `lock` if given.
     pub(crate) fn new(backend: &'static str, lock: Option<&LockName>) -> Self {
-        let mut labels = vec![Label::from_static_parts(BACKEND, backend)];
-        if let Some(lock) = lock {
-            labels.push(Label::new(LOCK, lock.as_str().to_owned()));
-        }
+        let labels = client_labels(backend, lock);
         let with = |key, value| extended(&labels, [(key, value)]);
         Series {
             attempts: ::metrics::counter!(ACQUIRE_ATTEMPTS, labels.iter()),
@@ -556,7 +609,8 @@ impl HoldMetrics {
         }
     }
 
-    /// Counts the hold as a `kind` hold from now on (a write downgraded to a read).
+    /// Counts the hold as a `kind` hold from now on (a write downgraded to a read, an
+    /// upgradeable read upgraded to a write).
     pub(crate) fn became(&self, kind: &HoldKind) {
         let mut by_kind = lock_unpoisoned(&self.by_kind);
         let counted = self.phase.load(Ordering::Acquire) == PHASE_HELD;

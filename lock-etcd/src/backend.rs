@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use etcd_client::KeyValue;
 use lock_core::raw::{
     backend::{
         AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
@@ -29,7 +30,7 @@ use crate::error::{unexpected, BACKEND};
 use crate::hold::{self, EtcdHold, HoldCheck};
 use crate::layout::{broken_mark, entry_value, lock_prefix};
 use crate::operator;
-use crate::queue::{admitted, Place, Queue};
+use crate::queue::{Place, Queue};
 use crate::session::{KeepAlive, Session};
 use crate::slots::{Slot, Slots};
 
@@ -232,7 +233,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(BACKEND)
     .semaphore(true)
     .semaphore_many(true)
     .semaphore_resize(true)
-    .rwlock(true);
+    .rwlock(true)
+    .upgradeable(true);
 
 #[async_trait]
 impl Backend for EtcdBackend {
@@ -272,7 +274,8 @@ impl Backend for EtcdBackend {
         let enqueued = self.queue.enqueue(&place, lease.id, &value).await?;
         let revision = enqueued.revision;
         pending.state_mut().revision = Some(revision);
-        let granted = match admitted(&place, &enqueued.ahead) {
+        let ahead: Vec<&KeyValue> = enqueued.ahead.iter().collect();
+        let granted = match self.queue.granted(&place, revision, None, &ahead).await {
             Ok(granted) => granted,
             Err(err) => {
                 // A conflict: leave no key behind for anyone to see after the error.
@@ -434,11 +437,13 @@ impl Backend for EtcdBackend {
 
     /// Puts the value on the candidate's key if its create revision is still the hold's
     /// (the Go client's `Election.Proclaim`; see *Leader election* in the crate docs), or
-    /// rewrites a writer's entry into a reader's in place (see *Read-write locks*).
+    /// rewrites a writer's entry into a reader's in place, or takes an upgrade step (see
+    /// *Read-write locks*).
     async fn amend(&self, hold: &EtcdHold, amendment: Amendment<'_>) -> Result<Amended> {
         match amendment {
             Amendment::Proclaim(value) => hold::proclaim(&self.client, hold, value).await,
             Amendment::Downgrade => hold::downgrade(&self.client, hold).await,
+            Amendment::Upgrade => hold::upgrade(&self.client, hold).await,
             other => Err(other.unsupported(self.capabilities().backend)),
         }
     }

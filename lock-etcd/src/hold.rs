@@ -1,5 +1,5 @@
 //! The hold: our key, its create revision and the lease it lives on; and the server side
-//! of holding: the owner-checked release and proclaim, and the renewal check (one list of
+//! of holding: the owner-checked release, proclaim, downgrade and upgrade, and the renewal check (one list of
 //! the lease's keys, whatever the number of holds), all telling a hold broken by an
 //! operator (its mark is there, see [`crate::layout`]) from one that vanished.
 
@@ -8,7 +8,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use etcd_client::{Compare, CompareOp, GetOptions, KeyValue, PutOptions, Txn, TxnOp, TxnResponse};
+use etcd_client::{
+    Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnResponse,
+};
 use futures::future::join_all;
 use lock_core::raw::{
     backend::{Amended, BackendRelease, HoldKind},
@@ -18,7 +21,7 @@ use lock_core::{Error, LostReason, Result};
 
 use crate::connection::{first_kv, EtcdClient, LeaseKeys};
 use crate::error::unexpected;
-use crate::layout::entry_value;
+use crate::layout::{entry_value, passed_upgradeable};
 use crate::slots::Slot;
 
 /// etcd's default `--max-txn-ops`: the most operations (or compares) in one transaction.
@@ -118,6 +121,67 @@ pub(crate) async fn downgrade(client: &EtcdClient, hold: &EtcdHold) -> Result<Am
         *lock_unpoisoned(&hold.kind) = HoldKind::Read;
     }
     Ok(amended)
+}
+
+/// One upgrade step of `hold`, an upgradeable reader's. The first [`rewrite`]s its
+/// value to `write/<token>` in place: from then on no reader passes it (a reader is
+/// granted beside it only by a transaction on its value being unchanged, see
+/// [`passed_upgradeable`]). Each step then reads the name's range, in create order: the
+/// hold is the writer alone when its key is first and no reader behind it passed it.
+///
+/// # Errors
+/// [`Error::InvalidConfig`] for a hold that is no upgradeable reader's; connection
+/// errors.
+pub(crate) async fn upgrade(client: &EtcdClient, hold: &EtcdHold) -> Result<Amended> {
+    const WHAT: &str = "upgrade";
+    let kind = lock_unpoisoned(&hold.kind).clone();
+    match kind {
+        HoldKind::Upgradeable => {
+            let value = entry_value(&HoldKind::Write, &hold.owner)
+                .ok_or_else(|| unexpected(WHAT, "no value for a writer"))?;
+            let amended = rewrite(client, hold, &value, WHAT).await?;
+            if amended != Amended::Done {
+                return Ok(amended);
+            }
+            *lock_unpoisoned(&hold.kind) = HoldKind::Write;
+        }
+        HoldKind::Write => {}
+        other => {
+            return Err(Error::config(format!(
+                "cannot upgrade a hold of {}",
+                other.describe()
+            )))
+        }
+    }
+    let prefix = hold.key.rfind('/').map_or("", |end| &hold.key[..=end]);
+    let range = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend);
+    let txn = Txn::new()
+        .when([
+            Compare::create_revision(&*hold.key, CompareOp::Equal, hold.revision),
+            Compare::lease(&*hold.key, CompareOp::Equal, hold.lease),
+        ])
+        .and_then([TxnOp::get(prefix, Some(range))])
+        .or_else([TxnOp::get(&*hold.mark, None)]);
+    let response = client.txn(WHAT, txn).await?;
+    if !response.succeeded() {
+        return Ok(Amended::NotOwner(why_gone(client, &response, hold)));
+    }
+    let ops = response.op_responses();
+    let queue: &[KeyValue] = match ops.first() {
+        Some(etcd_client::TxnOpResponse::Get(range)) => range.kvs(),
+        _ => return Err(unexpected(WHAT, "an answer without the queue")),
+    };
+    let alone = queue
+        .first()
+        .is_some_and(|first| first.create_revision() == hold.revision)
+        && !queue.iter().skip(1).any(passed_upgradeable);
+    Ok(if alone {
+        Amended::Done
+    } else {
+        Amended::Pending
+    })
 }
 
 /// Puts `value` on the hold's key, on the hold's lease, if the key's create revision and

@@ -25,9 +25,10 @@
 //! them (`<lease id in hex>[_<n>].kind`, one per acquisition under way, so one client may
 //! hold several permits or reads of one name at once; [`queue_key`]), and its value
 //! says its kind and owner token ([`entry_value`]): the bare owner token for a mutex,
-//! `permit/<permits>/<owner token>` (a hold of one permit) or
+//! `permit/<permits>/<owner token>` (a hold of one permit),
 //! `permit/<permits>/<count>/<owner token>` (of `count` permits, at once: one key, one
-//! create revision, one fencing token), `read/<owner token>` or `write/<owner token>`. The
+//! create revision, one fencing token), `read/<owner token>`, `write/<owner token>` or
+//! `upgradeable/<owner token>`. The
 //! key, which no user chooses, tells our values from proposals ([`Entry::of`]): the value
 //! of a key ending in `.kind` is ours (a tag or an owner token; anything else there reads
 //! as a mutex's) and no proposal; the value of any other key (a candidate's, ours or the
@@ -37,7 +38,12 @@
 //! with an empty value. An entry is granted when [`HoldKind::granted_behind`] admits it behind
 //! the entries created before it; a downgrade rewrites `write/<token>` to
 //! `read/<token>` in place (same key, same create revision, same lease), so the entry
-//! keeps its place.
+//! keeps its place. A reader granted beside an upgradeable reader ahead
+//! (`upgradeable/<token>`) is granted by a transaction that rewrites its own key in
+//! place on the condition that the upgradeable entry is unchanged
+//! ([`passed_upgradeable`]); an upgrade rewrites `upgradeable/<token>` to
+//! `write/<token>` in place, so no reader passes it afterwards, and it holds alone once
+//! no entry is ahead of it and no reader behind it passed it.
 //!
 //! Earlier versions put all these values under plain keys. Such an entry reads as a
 //! candidate's here (a tag or an owner token shown as its proposal), so a client of this
@@ -59,7 +65,7 @@
 //! (unless someone runs `etcdctl lock` on a name starting with `%broken/`, which no name
 //! of ours maps to).
 
-use etcd_client::{GetOptions, SortOrder, SortTarget};
+use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 use lock_core::migration::DUAL_TOKEN_PREFIX;
 use lock_core::raw::{
     backend::HoldKind,
@@ -177,6 +183,7 @@ pub(crate) fn entry_value(kind: &HoldKind, token: &str) -> Option<Vec<u8>> {
         HoldKind::Permit { permits, count } => format!("{PERMIT}{permits}/{count}/{token}"),
         HoldKind::Read => format!("{READ}{token}"),
         HoldKind::Write => format!("{WRITE}{token}"),
+        HoldKind::Upgradeable => format!("{UPGRADEABLE}{token}"),
         _ => return None,
     };
     Some(value.into_bytes())
@@ -191,7 +198,18 @@ const PERMIT: &str = "permit/";
 const READ: &str = "read/";
 /// The value tag of a writer's entry (then the owner token).
 const WRITE: &str = "write/";
+/// The value tag of an upgradeable reader's entry (then the owner token).
+const UPGRADEABLE: &str = "upgradeable/";
 
+/// Whether `kv` is a reader's entry granted beside an upgradeable reader ahead of it: the
+/// grant rewrote it in place (same value and lease), on the condition that the
+/// upgradeable entry was unchanged, so its mod revision is above its create revision.
+/// (A writer's entry that downgraded is one too, but none can be behind an upgradeable
+/// reader that holds: it would have waited for it.)
+pub(crate) fn passed_upgradeable(kv: &KeyValue) -> bool {
+    kv.mod_revision() > kv.create_revision()
+        && Entry::of(kv.key(), kv.value()).kind == HoldKind::Read
+}
 /// What one queue key says of itself, read from its name and value.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Entry {
@@ -232,6 +250,8 @@ impl Entry {
             token(rest).map(|owner| (HoldKind::Read, owner))
         } else if let Some(rest) = text.strip_prefix(WRITE) {
             token(rest).map(|owner| (HoldKind::Write, owner))
+        } else if let Some(rest) = text.strip_prefix(UPGRADEABLE) {
+            token(rest).map(|owner| (HoldKind::Upgradeable, owner))
         } else {
             None
         };
@@ -269,13 +289,13 @@ pub(crate) fn reads_as_owner_token(text: &str) -> bool {
 /// Range options for the head of a queue that an entry of `kind` reads beside its put
 /// (in create order, up to and including its own key): enough to tell whether it is
 /// granted at once. An exclusive kind reads the first key (the owner: granted when it is
-/// ours), a permit of `n` the first n + 1 (granted when ours is among them), a reader
-/// all of them (granted when no writer is before ours).
+/// ours), a permit of `n` the first n + 1 (granted when ours is among them), a reader or
+/// an upgradeable reader all of them (granted when no writer is before ours).
 pub(crate) fn queue_head(kind: &HoldKind) -> GetOptions {
     let limit = match kind {
         // Every entry ahead takes a permit at least.
         HoldKind::Permit { permits, .. } => i64::from(*permits) + 1,
-        HoldKind::Read => 0,
+        HoldKind::Read | HoldKind::Upgradeable => 0,
         _ => 1,
     };
     GetOptions::new()
@@ -291,18 +311,24 @@ pub(crate) const NEAREST: usize = 2;
 
 /// Range options for the entries ahead of ours (created at `revision`) that a waiter of
 /// `kind` re-checks: the [`NEAREST`] just before it for an exclusive kind (the mutex's
-/// predecessor and the one before), all of them for a permit or a reader.
+/// predecessor and the one before), all of them otherwise ([`reads_all_ahead`]).
 pub(crate) fn entries_ahead(kind: &HoldKind, revision: i64) -> GetOptions {
     let ahead = GetOptions::new()
         .with_prefix()
         .with_max_create_revision(revision - 1);
-    if kind.is_shared() {
+    if reads_all_ahead(kind) {
         ahead.with_sort(SortTarget::Create, SortOrder::Ascend)
     } else {
         ahead
             .with_sort(SortTarget::Create, SortOrder::Descend)
             .with_limit(NEAREST as i64)
     }
+}
+
+/// Whether a waiter of `kind` reads every entry ahead of its own (a permit, a reader, an
+/// upgradeable reader), not only the nearest (an exclusive kind).
+pub(crate) fn reads_all_ahead(kind: &HoldKind) -> bool {
+    kind.is_shared() || *kind == HoldKind::Upgradeable
 }
 
 /// Range options for the last keys of a queue by create revision: the key just put (the
@@ -501,6 +527,7 @@ mod tests {
             },
             HoldKind::Read,
             HoldKind::Write,
+            HoldKind::Upgradeable,
         ] {
             let key = queue_key("p/jobs/", 0x1f, 1, &kind);
             for owner in [token, dual.as_str()] {
@@ -550,8 +577,13 @@ mod tests {
         let kinds = [
             HoldKind::Mutex,
             HoldKind::permit(4),
+            HoldKind::Permit {
+                permits: 4,
+                count: 3,
+            },
             HoldKind::Read,
             HoldKind::Write,
+            HoldKind::Upgradeable,
         ];
         for kind in kinds {
             let value = entry_value(&kind, token).expect("a value");
@@ -577,6 +609,12 @@ mod tests {
             format!("READ/{token}"),
             format!("write/{token}/"),
             format!("reader/{token}"),
+            "upgradeable/x".into(),
+            format!("upgradeable/{token}/"),
+            format!("upgradeable{token}"),
+            format!("permit/4/03/{token}"),
+            "permit/4/3/x".into(),
+            format!("permit/4/3/{token}/"),
         ] {
             let entry = Entry::of(tagged.as_bytes(), value.as_bytes());
             assert_eq!(entry.kind, HoldKind::Mutex, "{value}");

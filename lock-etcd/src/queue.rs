@@ -23,7 +23,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use etcd_client::{KeyValue, Txn, TxnOp};
+use etcd_client::{Compare, CompareOp, KeyValue, PutOptions, Txn, TxnOp};
 use lock_core::raw::backend::HoldKind;
 use lock_core::{Error, LockName, LostReason, Result};
 use tokio::time::{sleep_until, Instant};
@@ -325,6 +325,47 @@ impl Queue {
         }
     }
 
+    /// Whether our entry (created at `revision`; `mine` as last read, if it was) is
+    /// granted behind `ahead` ([`admitted`]). A reader that passes an upgradeable reader
+    /// ahead is granted only by a transaction that rewrites its own key in place (same
+    /// value and lease) if that entry is still the one read, still upgradeable; an upgrade
+    /// rewrites the entry first, so a reader is either seen by the upgrade
+    /// ([`passed_upgradeable`](crate::layout::passed_upgradeable)) or finds it a writer.
+    /// A key of ours rewritten already (an earlier attempt's answer lost) is granted.
+    pub(crate) async fn granted(
+        &self,
+        place: &Place<'_>,
+        revision: i64,
+        mine: Option<&KeyValue>,
+        ahead: &[&KeyValue],
+    ) -> Result<bool> {
+        const WHAT: &str = "reading beside an upgradeable reader";
+        if !admitted(place, ahead.iter().copied())? {
+            return Ok(false);
+        }
+        let passed = ahead
+            .iter()
+            .find(|kv| Entry::of(kv.key(), kv.value()).kind == HoldKind::Upgradeable);
+        let Some(passed) = passed.filter(|_| *place.kind == HoldKind::Read) else {
+            return Ok(true);
+        };
+        if mine.is_some_and(|kv| kv.mod_revision() > kv.create_revision()) {
+            return Ok(true);
+        }
+        let txn = Txn::new()
+            .when([
+                Compare::create_revision(passed.key(), CompareOp::Equal, passed.create_revision()),
+                Compare::mod_revision(passed.key(), CompareOp::Equal, passed.mod_revision()),
+                Compare::create_revision(place.key, CompareOp::Equal, revision),
+            ])
+            .and_then([TxnOp::put(
+                place.key,
+                "",
+                Some(PutOptions::new().with_ignore_value().with_ignore_lease()),
+            )]);
+        Ok(self.client.txn(WHAT, txn).await?.succeeded())
+    }
+
     /// One read-only transaction: is our key still there, and what must go before it?
     async fn check_turn(&self, place: &Place<'_>, revision: i64) -> Result<Turn> {
         const WHAT: &str = "re-checking the queue";
@@ -348,7 +389,8 @@ impl Queue {
         };
         // In create order, whichever way the range was read.
         ahead.sort_by_key(|kv| kv.create_revision());
-        if admitted(place, ahead.iter().copied())? {
+        let mine = ops.first().and_then(first_kv);
+        if self.granted(place, revision, mine, &ahead).await? {
             return Ok(Turn::Owner);
         }
         let blocker = match place.kind {
@@ -356,13 +398,21 @@ impl Queue {
                 needed: deletes_needed(*permits, *count, &ahead),
                 ahead: ahead.iter().map(|kv| kv.key().to_vec()).collect(),
             },
-            // A reader waits for the last writer ahead to go or to become a reader.
-            HoldKind::Read => {
-                let writer = ahead
-                    .iter()
-                    .rev()
-                    .find(|kv| Entry::of(kv.key(), kv.value()).kind == HoldKind::Write);
-                match writer.or(ahead.last()) {
+            // A reader waits for the last writer ahead to go or to become a reader, else
+            // for the first upgradeable reader ahead (a second one waits for it); an
+            // upgradeable reader for the last entry ahead that is no reader.
+            HoldKind::Read | HoldKind::Upgradeable => {
+                let seen = |kv: &&&KeyValue| Entry::of(kv.key(), kv.value()).kind;
+                let blocker = if *place.kind == HoldKind::Read {
+                    let writer = ahead
+                        .iter()
+                        .rev()
+                        .find(|kv| !matches!(seen(kv), HoldKind::Read | HoldKind::Upgradeable));
+                    writer.or_else(|| ahead.iter().find(|kv| seen(kv) == HoldKind::Upgradeable))
+                } else {
+                    ahead.iter().rev().find(|kv| seen(kv) != HoldKind::Read)
+                };
+                match blocker.or(ahead.last()) {
                     Some(kv) => Blocker::Entry {
                         kv: (*kv).clone(),
                         puts: true,

@@ -424,7 +424,9 @@ impl Backend for RedisBackend {
     async fn amend(&self, hold: &RedisHold, amendment: Amendment<'_>) -> Result<Amended> {
         match amendment {
             Amendment::Proclaim(value) => hold::proclaim(&self.servers, hold, value).await,
-            Amendment::Downgrade => hold::downgrade(&self.servers, hold).await,
+            Amendment::Downgrade | Amendment::Upgrade => {
+                hold::rekind(&self.servers, hold, amendment).await
+            }
             other => Err(other.unsupported(self.capabilities().backend)),
         }
     }

@@ -302,7 +302,8 @@ impl RedisConfig {
             .semaphore(self.grants_shared())
             .semaphore_many(self.grants_shared())
             .semaphore_resize(self.grants_shared())
-            .rwlock(self.grants_shared());
+            .rwlock(self.grants_shared())
+            .upgradeable(self.grants_shared());
         if self.deployment.is_redlock() {
             base.min_ttl(MIN_TTL_REDLOCK)
                 .fencing(FencingSource::QuorumCounter)

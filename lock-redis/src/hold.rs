@@ -11,7 +11,7 @@ mod cluster;
 mod release;
 mod renewal;
 
-pub(crate) use release::{downgrade, proclaim, release_all, release_each};
+pub(crate) use release::{proclaim, rekind, release_all, release_each};
 pub(crate) use renewal::{renew, renewal_group};
 
 use std::sync::Arc;
@@ -113,6 +113,8 @@ pub(crate) mod status {
     pub(crate) const BROKEN: i64 = -2;
     /// Not served by the Redis Cluster node asked (renewal only).
     pub(crate) const ELSEWHERE: i64 = -3;
+    /// Ours, amended as far as it can be now (an upgrade whose readers still hold).
+    pub(crate) const PENDING: i64 = 2;
 }
 
 /// Why a hold is lost, from the statuses of the servers that answered: broken where any

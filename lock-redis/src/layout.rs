@@ -333,12 +333,13 @@ pub(crate) enum WakeKeys {
 }
 
 /// `kind` as the scripts of the shared kinds spell it in the holders' table (`R`, `W`,
-/// `P<permits>`, `P<permits>x<count>` for several permits in one hold); `None` for the
+/// `U`, `P<permits>`, `P<permits>x<count>` for several permits in one hold); `None` for the
 /// exclusive kinds, which hold the plain lock key.
 pub(crate) fn spell_kind(kind: &HoldKind) -> Option<String> {
     match kind {
         HoldKind::Read => Some("R".into()),
         HoldKind::Write => Some("W".into()),
+        HoldKind::Upgradeable => Some("U".into()),
         HoldKind::Permit { permits, count: 1 } => Some(format!("P{permits}")),
         HoldKind::Permit { permits, count } => Some(format!("P{permits}x{count}")),
         _ => None,
@@ -350,6 +351,7 @@ pub(crate) fn read_kind(spelled: &str) -> Option<HoldKind> {
     match spelled {
         "R" => Some(HoldKind::Read),
         "W" => Some(HoldKind::Write),
+        "U" => Some(HoldKind::Upgradeable),
         _ => {
             let spelled = spelled.strip_prefix('P')?;
             let (permits, count) = spelled.split_once('x').unwrap_or((spelled, "1"));
@@ -368,6 +370,7 @@ mod tests {
         for kind in [
             HoldKind::Read,
             HoldKind::Write,
+            HoldKind::Upgradeable,
             HoldKind::permit(12),
             HoldKind::Permit {
                 permits: 12,

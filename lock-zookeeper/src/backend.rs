@@ -90,6 +90,27 @@ impl ZkBackend {
     pub fn session_epoch(&self) -> u64 {
         self.session.epoch()
     }
+
+    /// One upgrade step of `hold`: its node marked upgraded ([`hold::mark_upgraded`]), then
+    /// `Done` once it holds alone ([`Queue::upgraded_alone`]), else `Pending`.
+    async fn upgrade_step(&self, hold: &ZkHold) -> Result<Amended> {
+        let live = match hold::mark_upgraded(&self.session, hold).await? {
+            Ok(live) => live,
+            Err(reason) => return Ok(Amended::NotOwner(reason)),
+        };
+        let (dir, name) = hold.path.rsplit_once('/').unwrap_or(("", &hold.path));
+        match Queue::new(&self.session)
+            .upgraded_alone(&live, dir, name)
+            .await
+        {
+            Ok(true) => Ok(Amended::Done),
+            Ok(false) => Ok(Amended::Pending),
+            Err(Step::Restart(_)) => Ok(Amended::NotOwner(
+                hold::gone_reason(&self.session, &live, hold).await?,
+            )),
+            Err(step) => Err(step.into_error()),
+        }
+    }
 }
 
 impl fmt::Debug for ZkBackend {
@@ -116,7 +137,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(BACKEND)
     .fencing(FencingSource::CreateRevision)
     .election(true)
     .semaphore(true)
-    .rwlock(true);
+    .rwlock(true)
+    .upgradeable(true);
 
 #[async_trait]
 impl Backend for ZkBackend {
@@ -212,13 +234,16 @@ impl Backend for ZkBackend {
         operator::force_release(&self.session, &self.lock_dir(name)).await
     }
 
-    /// Writes the candidate node's data (crate docs, *Leader election*), or marks a
-    /// writer's node downgraded (crate docs, *Read-write lock*).
+    /// Writes the candidate node's data (crate docs, *Leader election*), marks a writer's
+    /// node downgraded, or takes an upgrade step (crate docs, *Read-write lock*).
     async fn amend(&self, hold: &ZkHold, amendment: Amendment<'_>) -> Result<Amended> {
         match amendment {
             Amendment::Proclaim(value) => hold::set_data(&self.session, hold, value).await,
             Amendment::Downgrade if hold.node_kind() == Some(NodeKind::Write) => {
                 hold::set_data(&self.session, hold, DOWNGRADED).await
+            }
+            Amendment::Upgrade if hold.node_kind() == Some(NodeKind::Write) => {
+                self.upgrade_step(hold).await
             }
             other => Err(other.unsupported(self.capabilities().backend)),
         }

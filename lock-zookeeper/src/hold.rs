@@ -132,29 +132,83 @@ pub(crate) async fn release(session: &Session, hold: &ZkHold) -> Result<BackendR
 /// directory (the change feeds) and of the node (readers waiting behind a writer).
 pub(crate) async fn set_data(session: &Session, hold: &ZkHold, value: &[u8]) -> Result<Amended> {
     const WHAT: &str = "amend lock node";
-    let live = match session.live() {
+    let live = match live_of(session, hold)? {
         Ok(live) => live,
-        Err(_) if hold.epoch <= session.epoch() => {
-            return Ok(Amended::NotOwner(LostReason::SessionExpired));
-        }
-        Err(err) => return Err(err),
+        Err(reason) => return Ok(Amended::NotOwner(reason)),
     };
-    if live.epoch != hold.epoch || live.session_id() != hold.session_id {
-        return Ok(Amended::NotOwner(LostReason::SessionExpired));
-    }
     match session
         .call(WHAT, live.client.set_data(&hold.path, value, None))
         .await?
     {
         Ok(_) => Ok(Amended::Done),
-        Err(zk::Error::NoNode) => {
-            let reasons = gone_reasons(session, &live, &[&hold.path]).await?;
-            Ok(Amended::NotOwner(
-                reasons.into_iter().next().unwrap_or(LostReason::Vanished),
-            ))
-        }
-        Err(zk::Error::SessionExpired) => Ok(Amended::NotOwner(LostReason::SessionExpired)),
-        Err(err) => Err(from_client(WHAT, err)),
+        Err(err) => not_ours(session, &live, hold, err, WHAT).await,
+    }
+}
+
+/// The first part of each upgrade step of `hold`, an upgradeable reader's (crate docs,
+/// *Read-write lock*): the first sets its node's data from [`UPGRADEABLE`] to none, a
+/// plain writer's, at version 0, so only once (a later step finds version 1); from then on
+/// no reader passes it ([`BESIDE`]). Returns the live session, or why the hold is not
+/// ours.
+///
+/// [`UPGRADEABLE`]: crate::layout::UPGRADEABLE
+/// [`BESIDE`]: crate::layout::BESIDE
+pub(crate) async fn mark_upgraded(
+    session: &Session,
+    hold: &ZkHold,
+) -> Result<Result<Live, LostReason>> {
+    const WHAT: &str = "upgrade lock node";
+    let live = match live_of(session, hold)? {
+        Ok(live) => live,
+        Err(reason) => return Ok(Err(reason)),
+    };
+    let marked = live.client.set_data(&hold.path, &[], Some(0));
+    match session.call(WHAT, marked).await? {
+        // Set now, or by an earlier step.
+        Ok(_) | Err(zk::Error::BadVersion) => Ok(Ok(live)),
+        Err(err) => Ok(match not_ours(session, &live, hold, err, WHAT).await? {
+            Amended::NotOwner(reason) => Err(reason),
+            _ => Err(LostReason::Vanished),
+        }),
+    }
+}
+
+/// Why `hold`, whose node is gone, is lost (see [`gone_reasons`]).
+pub(crate) async fn gone_reason(
+    session: &Session,
+    live: &Live,
+    hold: &ZkHold,
+) -> Result<LostReason> {
+    let reasons = gone_reasons(session, live, &[&hold.path]).await?;
+    Ok(reasons.into_iter().next().unwrap_or(LostReason::Vanished))
+}
+
+/// The live session of `hold`, or why it has none (its session ended).
+fn live_of(session: &Session, hold: &ZkHold) -> Result<Result<Live, LostReason>> {
+    let live = match session.live() {
+        Ok(live) => live,
+        Err(_) if hold.epoch <= session.epoch() => return Ok(Err(LostReason::SessionExpired)),
+        Err(err) => return Err(err),
+    };
+    if live.epoch != hold.epoch || live.session_id() != hold.session_id {
+        return Ok(Err(LostReason::SessionExpired));
+    }
+    Ok(Ok(live))
+}
+
+/// What an amendment of `hold` that failed with `err` found: not ours any more (its
+/// node gone: why, from the broken marks; its session expired), or an error.
+async fn not_ours(
+    session: &Session,
+    live: &Live,
+    hold: &ZkHold,
+    err: zk::Error,
+    what: &str,
+) -> Result<Amended> {
+    match err {
+        zk::Error::NoNode => Ok(Amended::NotOwner(gone_reason(session, live, hold).await?)),
+        zk::Error::SessionExpired => Ok(Amended::NotOwner(LostReason::SessionExpired)),
+        err => Err(from_client(what, err)),
     }
 }
 

@@ -51,7 +51,8 @@ pub enum NodeKind {
     /// `_c_<token>-__READ__<seq>`: a reader (Curator's `InterProcessReadWriteLock`).
     Read,
     /// `_c_<token>-__WRIT__<seq>`: a writer, or with [`DOWNGRADED`] as data a writer
-    /// that downgraded to a reader in its place.
+    /// that downgraded to a reader in its place, or with [`UPGRADEABLE`] an upgradeable
+    /// reader.
     Write,
 }
 
@@ -66,7 +67,7 @@ impl NodeKind {
             HoldKind::Candidate { .. } => Ok(NodeKind::Latch),
             HoldKind::Permit { .. } => Ok(NodeKind::Lease),
             HoldKind::Read => Ok(NodeKind::Read),
-            HoldKind::Write => Ok(NodeKind::Write),
+            HoldKind::Write | HoldKind::Upgradeable => Ok(NodeKind::Write),
             _ => Err(Error::unsupported(BACKEND, "this kind of hold")),
         }
     }
@@ -84,7 +85,7 @@ impl NodeKind {
 
     /// The kind of hold a node of this kind with data `data` is (`None`: unread, or a
     /// candidate's value that is not needed here): a writer's node marked [`DOWNGRADED`]
-    /// reads as a reader, a lease node as a permit of the count in its data (a Curator
+    /// reads as a reader, one marked [`UPGRADEABLE`] as an upgradeable reader, a lease node as a permit of the count in its data (a Curator
     /// lease, which carries no count, of `u32::MAX`).
     pub fn hold_kind(self, data: Option<&[u8]>) -> HoldKind {
         match self {
@@ -95,6 +96,7 @@ impl NodeKind {
             NodeKind::Lease => HoldKind::permit(data.and_then(permits_in).unwrap_or(u32::MAX)),
             NodeKind::Read => HoldKind::Read,
             NodeKind::Write if data == Some(DOWNGRADED) => HoldKind::Read,
+            NodeKind::Write if data == Some(UPGRADEABLE) => HoldKind::Upgradeable,
             NodeKind::Write => HoldKind::Write,
         }
     }
@@ -109,6 +111,17 @@ pub const SEMAPHORE_LEASES: &str = "leases";
 /// The data of a writer's node that downgraded to a reader in its place: our readers
 /// treat the node as a reader, our writers and every Curator client still as a writer.
 pub const DOWNGRADED: &[u8] = b"distlock:downgraded";
+
+/// The data of an upgradeable reader's node (a writer's name): our readers treat it as an
+/// upgradeable reader, our writers and every Curator client as a writer (which is safe:
+/// they wait for it). Created with it, so it is the node's version 0; an upgrade sets
+/// the node's data to none (a plain writer's), version 1.
+pub const UPGRADEABLE: &[u8] = b"distlock:upgradeable";
+
+/// The data of our reader's node once granted beside an upgradeable reader: set in one
+/// transaction with a check that the upgradeable node is still at version 0, so an
+/// upgrade (which changes that version first) sees every reader that passed it.
+pub const BESIDE: &[u8] = b"distlock:read-beside";
 
 /// What our lease nodes carry before the number of permits.
 const PERMITS_DATA: &str = "distlock:permits=";
@@ -137,11 +150,12 @@ pub fn semaphore_dirs(dir: &str) -> (String, String) {
 }
 
 /// The data a node of an acquisition of `kind` carries: a candidate's value, a permit's
-/// [`permit_data`], else none.
+/// [`permit_data`], an upgradeable reader's [`UPGRADEABLE`], else none.
 pub(crate) fn node_data(kind: &HoldKind) -> std::borrow::Cow<'_, [u8]> {
     match kind {
         HoldKind::Candidate { value } => value.as_slice().into(),
         HoldKind::Permit { permits, .. } => permit_data(*permits).into(),
+        HoldKind::Upgradeable => UPGRADEABLE.into(),
         _ => (&[][..]).into(),
     }
 }
@@ -532,6 +546,16 @@ mod tests {
             "a downgraded writer reads as a reader"
         );
         assert_eq!(NodeKind::Write.hold_kind(None), HoldKind::Write);
+        // An upgradeable reader queues a writer's node (Curator waits for it).
+        assert_eq!(
+            NodeKind::of(&HoldKind::Upgradeable).unwrap(),
+            NodeKind::Write
+        );
+        assert_eq!(
+            NodeKind::Write.hold_kind(Some(&node_data(&HoldKind::Upgradeable))),
+            HoldKind::Upgradeable
+        );
+        assert_eq!(NodeKind::Write.hold_kind(Some(&[])), HoldKind::Write);
         assert_eq!(
             semaphore_dirs("/locks/s"),
             ("/locks/s/locks".to_owned(), "/locks/s/leases".to_owned())

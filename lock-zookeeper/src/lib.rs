@@ -15,7 +15,7 @@ pub use config::{ZkAcl, ZkConfig, DEFAULT_CONNECT_TIMEOUT, DEFAULT_PORT, DEFAULT
 pub use hold::ZkHold;
 pub use layout::{
     broken_node, escape_segment, lock_dir, node_kind, permit_data, permits_in, queue_order,
-    semaphore_dirs, NodeKind, DOWNGRADED, SEMAPHORE_LEASES, SEMAPHORE_LOCKS,
+    semaphore_dirs, NodeKind, BESIDE, DOWNGRADED, SEMAPHORE_LEASES, SEMAPHORE_LOCKS, UPGRADEABLE,
 };
 
 /// The URL schemes of this backend.

@@ -21,7 +21,7 @@ use zookeeper_client as zk;
 use crate::config::ZkConfig;
 use crate::error::{from_client, is_connection_loss, is_session_gone, BACKEND};
 use crate::hold::{delete_in_epoch, lease_of, ZkHold};
-use crate::layout::{node_data, node_kind, queue_order, NodeKind, DOWNGRADED};
+use crate::layout::{node_data, node_kind, queue_order, NodeKind, BESIDE, DOWNGRADED};
 use crate::session::{Live, Session};
 
 mod create;
@@ -38,6 +38,17 @@ const LOSS_RETRIES: usize = 20;
 const LOSS_PAUSE: Duration = Duration::from_millis(50);
 /// A grant rests on a point the leader ordered younger than the lease divided by this.
 const FRESH_PART: u32 = 10;
+
+/// What a queued node finds ahead of it ([`Queue::blocker`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    /// Granted.
+    Granted,
+    /// Granted once it passes the upgradeable reader at this index of the nodes ahead.
+    Passes(usize),
+    /// Waits for the node at this index of the nodes ahead.
+    Blocked(usize),
+}
 
 /// How an attempt ends when it does not end with a result.
 #[derive(Debug)]
@@ -303,7 +314,20 @@ impl<'a> Queue<'a> {
             check_kinds((asked.kind, asked.name), leased, &queue, &name)?;
             let ahead = &queue[..index];
             let blocker = match self.blocker(live, dir, asked.kind, ahead).await {
-                Ok(blocker) => blocker,
+                // A reader passing an upgradeable reader holds only once marked beside it.
+                Ok(Ahead::Passes(upgradeable)) => {
+                    let beside = format!("{dir}/{}", ahead[upgradeable]);
+                    match self.pass_beside(live, &beside, &path).await {
+                        Ok(true) => None,
+                        Ok(false) => Some(upgradeable),
+                        Err(step) => {
+                            self.tolerate(live, step, &mut losses).await?;
+                            continue;
+                        }
+                    }
+                }
+                Ok(Ahead::Granted) => None,
+                Ok(Ahead::Blocked(blocker)) => Some(blocker),
                 Err(step) => {
                     self.tolerate(live, step, &mut losses).await?;
                     continue;
@@ -399,7 +423,9 @@ impl<'a> Queue<'a> {
         };
         let (stat, watcher) = match watched {
             // Downgraded since it was read: look again at once.
-            Ok(Ok((data, _, _))) if *kind == HoldKind::Read && data == DOWNGRADED => {
+            Ok(Ok((data, _, _)))
+                if matches!(kind, HoldKind::Read | HoldKind::Upgradeable) && data == DOWNGRADED =>
+            {
                 return Ok(false)
             }
             Ok(Ok((_, stat, watcher))) => (stat, watcher),
@@ -473,41 +499,142 @@ impl<'a> Queue<'a> {
         }
     }
 
-    /// The node of `dir` that must go before a node of `kind` behind `ahead` (queue
-    /// order) is granted, as an index into `ahead`; `None` when it is granted: the last
-    /// node ahead for an exclusive kind; for a reader the first node ahead that is no
-    /// reader (a writer's node marked [`DOWNGRADED`] is one), as Curator's reader
-    /// watches the first writer ahead.
+    /// What a node of `kind` behind `ahead` (nodes of `dir`, queue order) finds
+    /// ([`HoldKind::granted_behind`] over their kinds, a writer's node read by its mark):
+    /// granted, granted once it passes the upgradeable reader at an index
+    /// ([`Queue::pass_beside`]), or blocked by the node at an index. The last node ahead
+    /// blocks an exclusive kind; a reader the first writer ahead (as Curator's reader
+    /// watches), else the first upgradeable reader ahead (a second one waits for it); an
+    /// upgradeable reader the last node ahead that is no reader.
     async fn blocker(
         &self,
         live: &Live,
         dir: &str,
         kind: &HoldKind,
         ahead: &[&str],
-    ) -> Result<Option<usize>, Step> {
-        if *kind != HoldKind::Read {
-            return Ok(ahead.len().checked_sub(1));
+    ) -> Result<Ahead, Step> {
+        if !matches!(kind, HoldKind::Read | HoldKind::Upgradeable) {
+            return Ok(ahead
+                .len()
+                .checked_sub(1)
+                .map_or(Ahead::Granted, Ahead::Blocked));
         }
+        let mut seen: Vec<(usize, HoldKind)> = Vec::with_capacity(ahead.len());
         for (index, node) in ahead.iter().enumerate() {
-            match node_kind(node) {
-                Some(NodeKind::Read) => continue,
-                Some(NodeKind::Write) => {}
-                _ => return Ok(Some(index)),
+            let other = match node_kind(node) {
+                Some(NodeKind::Read) => HoldKind::Read,
+                Some(NodeKind::Write) => {
+                    let path = format!("{dir}/{node}");
+                    match self
+                        .session
+                        .call("read writer node", live.client.get_data(&path))
+                        .await
+                    {
+                        Ok(Ok((data, _))) => NodeKind::Write.hold_kind(Some(&data)),
+                        Ok(Err(zk::Error::NoNode)) => continue,
+                        Ok(Err(err)) => return Err(step(err, "read writer node")),
+                        Err(err) => return Err(Step::Retry(err)),
+                    }
+                }
+                _ => HoldKind::Mutex,
+            };
+            seen.push((index, other));
+            if *kind == HoldKind::Read && !kind.granted_behind(seen.iter().map(|(_, other)| other))
+            {
+                // Decided, and every node before this one lets the reader pass: the first
+                // writer, or the second upgradeable reader (then wait for the first).
+                let first = seen.iter().find(|(_, o)| *o == HoldKind::Upgradeable);
+                return Ok(Ahead::Blocked(match (&seen[seen.len() - 1].1, first) {
+                    (HoldKind::Upgradeable, Some((first, _))) => *first,
+                    _ => index,
+                }));
+            }
+        }
+        if kind.granted_behind(seen.iter().map(|(_, other)| other)) {
+            let upgradeable = seen.iter().find(|(_, o)| *o == HoldKind::Upgradeable);
+            return Ok(match upgradeable {
+                Some((index, _)) => Ahead::Passes(*index),
+                None => Ahead::Granted,
+            });
+        }
+        let blocker = seen
+            .iter()
+            .rev()
+            .find(|(_, other)| *other != HoldKind::Read);
+        Ok(blocker.map_or(Ahead::Granted, |(index, _)| Ahead::Blocked(*index)))
+    }
+
+    /// Marks our reader's node `own` [`BESIDE`] the upgradeable reader's node `beside`,
+    /// in one transaction with a check that that node is still at version 0 (still
+    /// [`UPGRADEABLE`](crate::layout::UPGRADEABLE): an upgrade changes it first).
+    /// `true`: marked, granted (also when an earlier attempt, whose answer was lost,
+    /// marked it); `false`: it changed or went, look again.
+    async fn pass_beside(&self, live: &Live, beside: &str, own: &str) -> Result<bool, Step> {
+        const WHAT: &str = "mark a reader beside an upgradeable reader";
+        let mut writer = live.client.new_multi_writer();
+        let commit = writer
+            .add_check_version(beside, 0)
+            .and_then(|()| writer.add_set_data(own, BESIDE, None))
+            .map(|()| writer.commit())
+            .map_err(|err| step(err, WHAT))?;
+        match self.session.call(WHAT, commit).await {
+            Ok(Ok(_)) => Ok(true),
+            Ok(Err(zk::MultiWriteError::OperationFailed { index: 0, .. })) => {
+                match self.session.call(WHAT, live.client.get_data(own)).await {
+                    Ok(Ok((data, _))) => Ok(data == BESIDE),
+                    Ok(Err(err)) => Err(step(err, WHAT)),
+                    Err(err) => Err(Step::Retry(err)),
+                }
+            }
+            Ok(Err(zk::MultiWriteError::OperationFailed {
+                source: zk::Error::NoNode,
+                ..
+            })) => Err(vanished(own)),
+            Ok(Err(err)) => Err(step(err.into(), WHAT)),
+            Err(err) => Err(Step::Retry(err)),
+        }
+    }
+
+    /// Whether the upgraded node `name` of `dir` holds alone: no node ahead of it, and no
+    /// reader's node behind it marked [`BESIDE`] (every reader granted behind it passed
+    /// it, and marked itself before the upgrade changed the node). The listing comes
+    /// after the upgrade's write on this session, so it shows every mark made before it;
+    /// a lagging server answers from a past state, where a node gone now is gone too: it
+    /// can only delay the answer.
+    pub(crate) async fn upgraded_alone(
+        &self,
+        live: &Live,
+        dir: &str,
+        name: &str,
+    ) -> Result<bool, Step> {
+        let children = match self.list(live, dir).await {
+            Ok(Ok(children)) => children,
+            Ok(Err(err)) => return Err(step(err, "list lock nodes")),
+            Err(err) => return Err(Step::Retry(err)),
+        };
+        let queue = queue_order(&children);
+        match queue.iter().position(|node| *node == name) {
+            Some(0) => {}
+            Some(_) => return Ok(false),
+            None => return Err(vanished(&format!("{dir}/{name}"))),
+        }
+        for node in queue.iter().skip(1) {
+            if node_kind(node) != Some(NodeKind::Read) {
+                continue;
             }
             let path = format!("{dir}/{node}");
             match self
                 .session
-                .call("read writer node", live.client.get_data(&path))
+                .call("read reader node", live.client.get_data(&path))
                 .await
             {
-                Ok(Ok((data, _))) if data == DOWNGRADED => {}
-                Ok(Ok(_)) => return Ok(Some(index)),
-                Ok(Err(zk::Error::NoNode)) => {}
-                Ok(Err(err)) => return Err(step(err, "read writer node")),
+                Ok(Ok((data, _))) if data == BESIDE => return Ok(false),
+                Ok(Ok(_) | Err(zk::Error::NoNode)) => {}
+                Ok(Err(err)) => return Err(step(err, "read reader node")),
                 Err(err) => return Err(Step::Retry(err)),
             }
         }
-        Ok(None)
+        Ok(true)
     }
 
     /// Lets a connection loss pass (waiting for the reconnect) a bounded number of
@@ -535,12 +662,15 @@ impl<'a> Queue<'a> {
 /// node of `kind`, so that its deletion grants it: no node joins the queue ahead of a
 /// queued one (sequence numbers only grow while the directory has children), and
 /// [`Queue::blocker`] found every node before it not in the way. For an exclusive kind
-/// the blocker is the one node ahead; a reader's blocker may have readers behind it.
+/// the blocker is the one node ahead; a reader's blocker may have readers around it, and
+/// no writer's node (a downgraded or upgradeable one, which a reader passes only after
+/// reading it again: an upgradeable one asks for [`Queue::pass_beside`]).
 fn only_blocker(kind: &HoldKind, ahead: &[&str], blocker: usize) -> bool {
     (blocker == 0 || *kind == HoldKind::Read)
-        && ahead[blocker + 1..]
+        && ahead
             .iter()
-            .all(|node| node_kind(node) == Some(NodeKind::Read))
+            .enumerate()
+            .all(|(i, node)| i == blocker || node_kind(node) == Some(NodeKind::Read))
 }
 
 /// The error of a queued node found gone.

@@ -229,6 +229,12 @@ enum Command {
         /// Default: HOSTNAME:PID.
         #[arg(long)]
         value: Option<String>,
+        /// Campaign again each time the command ends or leadership is lost (after a
+        /// jittered pause, 100 ms doubling up to 10 s), and run the command again on each
+        /// new term, until lockctl gets SIGTERM, SIGINT or SIGHUP (forwarded to a running
+        /// command; lockctl then exits as it did). Waits to lead: no -n or -w.
+        #[arg(long, conflicts_with_all = ["nonblock", "timeout"])]
+        requeue: bool,
         #[command(flatten)]
         command: CommandArgs,
     },
@@ -439,6 +445,7 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
         Command::Elect {
             acquire,
             value,
+            requeue,
             command,
         } => {
             let Some(url) = lock_url(url) else {
@@ -449,7 +456,12 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
             let kind = HoldKind::Candidate {
                 value: value.into_bytes(),
             };
-            run::run(&url, &acquire, &name, &command.argv(), grace, kind).await
+            let terms = if requeue {
+                run::Terms::Requeue
+            } else {
+                run::Terms::Once
+            };
+            run::run_terms(&url, &acquire, &name, &command.argv(), grace, kind, terms).await
         }
         Command::Leader { name, json } => match shared_url(url) {
             Some(url) => operate::leader(&url, &name, json).await,

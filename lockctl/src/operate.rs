@@ -311,7 +311,8 @@ fn participant_text(participant: &Participant, now: SystemTime) -> String {
     text
 }
 
-/// What a participant of a kind holds or waits for: `permit of 4`, `reader`, `writer`.
+/// What a participant of a kind holds or waits for: `permit of 4`, `reader`, `writer`,
+/// `upgradeable reader`.
 fn role(kind: &distlock::raw::backend::HoldKind) -> String {
     match kind {
         distlock::raw::backend::HoldKind::Permit { permits, count: 1 } => {
@@ -322,6 +323,7 @@ fn role(kind: &distlock::raw::backend::HoldKind) -> String {
         }
         distlock::raw::backend::HoldKind::Read => "reader,".to_owned(),
         distlock::raw::backend::HoldKind::Write => "writer,".to_owned(),
+        distlock::raw::backend::HoldKind::Upgradeable => "upgradeable reader,".to_owned(),
         other => format!("{},", other.label()),
     }
 }

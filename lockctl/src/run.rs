@@ -37,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::raw::backend::{AcquireKind, HoldKind};
+use distlock::raw::plumbing::Backoff;
 use distlock::{
     AcquireOptions, DistributedLock, LockGuard, LockName, LockOptions, LockState, ReleaseOutcome,
     Wait,
@@ -116,8 +117,21 @@ pub(crate) fn default_candidate_value() -> String {
     format!("{host}:{}", std::process::id())
 }
 
-/// `lockctl run` (a hold of `kind`: the mutex, a permit, a read or a write), and
-/// `lockctl elect` (a candidate's).
+/// First pause before `elect --requeue` campaigns again (jittered, doubling).
+const REQUEUE_PAUSE: Duration = Duration::from_millis(100);
+/// Longest pause before `elect --requeue` campaigns again.
+const LONGEST_REQUEUE_PAUSE: Duration = Duration::from_secs(10);
+
+/// How many times `run_terms` takes the lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Terms {
+    /// Once: lockctl exits as the command did.
+    Once,
+    /// Again after each end of the command or loss of the lock, until a signal.
+    Requeue,
+}
+
+/// `lockctl run` (a hold of `kind`: the mutex, a permit, a read or a write).
 pub(crate) async fn run(
     url: &str,
     acquire: &AcquireArgs,
@@ -125,6 +139,19 @@ pub(crate) async fn run(
     command: &[OsString],
     grace: Option<Duration>,
     kind: HoldKind,
+) -> Result<ExitCode, BoxError> {
+    run_terms(url, acquire, name, command, grace, kind, Terms::Once).await
+}
+
+/// `lockctl run`, and `lockctl elect` (a candidate's hold), once or `Terms::Requeue`.
+pub(crate) async fn run_terms(
+    url: &str,
+    acquire: &AcquireArgs,
+    name: &str,
+    command: &[OsString],
+    grace: Option<Duration>,
+    kind: HoldKind,
+    terms: Terms,
 ) -> Result<ExitCode, BoxError> {
     let name = LockName::new(name)?;
     let locks = connect(url, acquire).await?;
@@ -138,9 +165,31 @@ pub(crate) async fn run(
         };
         let mut signals = Signals::catch()?;
         let leader = matches!(kind, HoldKind::Candidate { .. });
-        match take(locks.as_ref(), &name, acquire, kind, &mut signals).await? {
-            Ok(guard) => run_command(guard, command, grace, leader, &mut signals).await,
-            Err(code) => Ok(code),
+        let mut backoff = Backoff::new(REQUEUE_PAUSE, LONGEST_REQUEUE_PAUSE);
+        loop {
+            let guard =
+                match take(locks.as_ref(), &name, acquire, kind.clone(), &mut signals).await? {
+                    Ok(guard) => guard,
+                    Err(code) => return Ok(code),
+                };
+            let taken_at = Instant::now();
+            let mut signalled = false;
+            let code =
+                run_command(guard, command, grace, leader, &mut signals, &mut signalled).await?;
+            if terms == Terms::Once || signalled {
+                return Ok(code);
+            }
+            if taken_at.elapsed() > LONGEST_REQUEUE_PAUSE {
+                backoff.reset();
+            }
+            let pause = backoff.next_pause();
+            eprintln!(
+                "lockctl: the command's term on `{name}` ended; campaigning again in {}",
+                distlock::raw::durations::format_duration(pause)
+            );
+            if let Err(signal) = signals.or_signal(tokio::time::sleep(pause)).await {
+                return Ok(signal_exit(signal));
+            }
         }
     })
     .await
@@ -250,9 +299,7 @@ async fn take(
             Ok(conflict)
         }
         Ok(Err(err)) => Err(err.into()),
-        Err(signal) => Ok(Err(ExitCode::from(
-            u8::try_from(128 + signal as i32).unwrap_or(1),
-        ))),
+        Err(signal) => Ok(Err(signal_exit(signal))),
     }
 }
 
@@ -287,6 +334,11 @@ impl Signals {
             signal = self.recv() => Err(signal),
         }
     }
+}
+
+/// The exit code of lockctl ended by signal N before a command ran: 128 + N.
+fn signal_exit(signal: Signal) -> ExitCode {
+    ExitCode::from(u8::try_from(128 + signal as i32).unwrap_or(1))
 }
 
 /// The exit code of a process that ended with `status` (128 + N for signal N).
@@ -368,12 +420,14 @@ impl StopPlan {
 
 /// Runs `command` under `guard` (a `leader`'s: the command learns its term) until it
 /// ends, then releases the lock.
+/// `signalled` is set when a signal to lockctl was passed on to the command.
 async fn run_command(
     guard: LockGuard,
     command: &[OsString],
     grace: Duration,
     leader: bool,
     signals: &mut Signals,
+    signalled: &mut bool,
 ) -> Result<ExitCode, BoxError> {
     // A lock handed over by its last holder's release starts on a short first lease (so a
     // granted holder that died costs only that), renewed a third of the way into it. When
@@ -439,6 +493,7 @@ async fn run_command(
                 }
             }
             signal = signals.recv() => {
+                *signalled = true;
                 let _ = kill(pid, signal);
                 plan.told.get_or_insert_with(Instant::now);
             }

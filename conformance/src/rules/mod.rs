@@ -6,6 +6,7 @@
 //! By theme: `exclusion` (mutual exclusion, fencing, crashed holders), `renewal` (holds
 //! over time and their loss), `waiting` (timeouts, cancellation, release, fairness),
 //! `reentrancy`, `names` (names, many locks, bad URLs and options), `election`,
+//! `leader_service`,
 //! `semaphore`, `rwlock` (and the cancellation of every primitive), `multi`. Every rule is
 //! re-exported here: its path is `conformance::rules::<rule>`.
 
@@ -21,6 +22,7 @@ use crate::with_ttl;
 
 mod election;
 mod exclusion;
+mod leader_service;
 mod multi;
 mod names;
 mod operations;
@@ -40,6 +42,7 @@ pub use exclusion::{
     crashed_holder_blocks_at_most_ttl, fencing_tokens_increase, mutual_exclusion,
     try_on_held_is_not_acquired,
 };
+pub use leader_service::{leader_service_one_term_at_a_time, leader_service_requeues_after_loss};
 pub use multi::{multilock_all_or_nothing_without_deadlock, multilock_lost_part_and_cancellation};
 pub use names::{
     bad_urls_and_options, names_are_independent_and_checked, names_used_as_two_kinds_refused,
@@ -54,7 +57,9 @@ pub use renewal::{
 pub use rwlock::{
     primitives_cancellation_leaves_nothing, rwlock_cut_off_writer_is_replaced,
     rwlock_downgrade_without_window, rwlock_readers_share_writers_exclude,
-    rwlock_writer_not_starved,
+    rwlock_upgrade_cancellation_leaves_nothing, rwlock_upgrade_no_writer_between,
+    rwlock_upgrade_waits_for_readers, rwlock_upgradeable_one_beside_readers,
+    rwlock_writer_not_starved, rwlock_writer_not_starved_by_upgradeable,
 };
 pub use semaphore::{
     semaphore_cut_off_holder_is_replaced, semaphore_fifo_with_push,

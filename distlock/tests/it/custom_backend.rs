@@ -4,7 +4,7 @@
 //!
 //! The backend, `relay://SPACE`, relays to the in-memory reference backend: what is under
 //! test is the way in (declaration, registration, the one process-wide registry), not a
-//! new protocol.
+//! new protocol. It offers no upgradeable readers, as a backend written before them.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -49,8 +49,11 @@ impl fmt::Display for Relay {
 impl Backend for Relay {
     type Hold = <MemoryBackend as Backend>::Hold;
 
+    /// The memory backend's, but upgradeable readers: a backend written before they
+    /// existed, whose upgradeable acquires the lease client refuses with a typed
+    /// `Unsupported` (the conformance rules check it).
     fn capabilities(&self) -> Capabilities {
-        self.0.capabilities()
+        self.0.capabilities().upgradeable(false)
     }
 
     async fn acquire(&self, request: AcquireRequest<'_>) -> Result<Option<Acquired<Self::Hold>>> {

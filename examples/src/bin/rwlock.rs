@@ -1,7 +1,9 @@
 //! A read-write lock: readers of the price list read together, a writer alone. The writer
 //! publishes version 2 (fenced with its token), then downgrades to a reader, never
 //! unlocked in between: the readers that queued behind it come in while it checks what it
-//! wrote, and no other writer can slip in before them.
+//! wrote, and no other writer can slip in before them. Then a checker reads as an
+//! upgradeable reader, beside a plain reader, and upgrades to publish version 3: no
+//! writer can come between what it read and what it writes.
 //!
 //! `LOCK_URL=redis://127.0.0.1:6379 cargo run -p examples --bin rwlock`
 
@@ -55,5 +57,19 @@ async fn main() -> distlock::Result<()> {
     }
     reader.release().await?;
     println!("released: readers and writer done");
+
+    // An upgradeable reader reads beside other readers, then becomes the writer.
+    let checker = prices.upgradeable_read_timeout(wait).await?;
+    let other = prices.read_timeout(wait).await?;
+    let seen = store.read(PRICES).unwrap_or_default();
+    println!("checker: reads {seen} beside another reader");
+    let upgrade = tokio::spawn(checker.upgrade());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    other.release().await?; // the upgrade waits for the readers beside it
+    let writer = upgrade.await.expect("the upgrade ran to its end")?;
+    let token = writer.fencing_token();
+    let written = store.write(PRICES, token, "version 3".to_owned());
+    println!("checker: upgraded, wrote version 3 with token {token}: {written:?}");
+    writer.release().await?;
     locks.close().await
 }

@@ -57,17 +57,20 @@ async fn semaphore_many(url: String) {
 }
 
 /// The writer's fenced write is accepted, it downgrades, and the three readers that
-/// queued behind it all read what it wrote.
+/// queued behind it all read what it wrote; the checker reads beside a reader, upgrades
+/// and its fenced write is accepted.
 async fn rwlock(url: String) {
     let printed = stdout(&example(env!("CARGO_BIN_EXE_rwlock"), &url).await);
     for line in [
         "writer: wrote version 2 with token",
         "writer: downgraded to a reader",
         "released: readers and writer done",
+        "checker: reads version 2 beside another reader",
+        "checker: upgraded, wrote version 3 with token",
     ] {
         assert!(printed.contains(line), "{line}:\n{printed}");
     }
-    assert!(printed.contains(": Ok(())"), "{printed}");
+    assert_eq!(printed.matches(": Ok(())").count(), 2, "{printed}");
     assert_eq!(printed.matches(": read version 2").count(), 3, "{printed}");
     assert!(!printed.contains("version 1"), "{printed}");
 }
@@ -100,6 +103,46 @@ async fn leader(url: String) {
         3,
         "{printed}"
     );
+}
+
+/// Two services take turns: every compaction's write is accepted in a rising term, each
+/// service leads at least twice, and both end after resigning.
+async fn leader_service(url: String) {
+    let printed = stdout(&example(env!("CARGO_BIN_EXE_leader_service"), &url).await);
+    let terms: Vec<u64> = printed
+        .lines()
+        .filter_map(|line| line.strip_prefix("compaction in term ")?.split(':').next())
+        .map(|term| term.parse().expect("a term"))
+        .collect();
+    assert!(terms.len() >= 4, "{printed}");
+    assert!(terms.windows(2).all(|w| w[0] < w[1]), "{terms:?}");
+    assert_eq!(
+        printed.matches(": Ok(())").count(),
+        terms.len(),
+        "{printed}"
+    );
+    for n in 1..=2 {
+        let elected = printed
+            .lines()
+            .filter(|line| line.contains(&format!("-{n}: elected")))
+            .count();
+        assert!(elected >= 2, "service {n} led {elected} terms: {printed}");
+    }
+    assert_eq!(
+        printed.matches("service ended after").count(),
+        2,
+        "{printed}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_service_on_memory() {
+    leader_service("memory://".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_service_on_redis() {
+    on_redis(leader_service).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -320,3 +320,15 @@ pub(super) fn slot_migration_while_held(topology: &Topology) -> Expect {
         _ => Expect::NotApplicable("needs a sharded cluster"),
     }
 }
+
+pub(super) fn leader_service_partitioned(topology: &Topology) -> Expect {
+    holder_partitioned(topology)
+}
+
+pub(super) fn leader_service_paused(topology: &Topology) -> Expect {
+    holder_paused_beyond_ttl(topology)
+}
+
+pub(super) fn leader_service_server_restart(topology: &Topology) -> Expect {
+    server_crash_restart(topology)
+}

@@ -35,6 +35,7 @@ mod nemesis;
 mod primitives;
 mod report;
 mod scenarios;
+mod service;
 pub mod topology;
 mod victim;
 mod waiters;
@@ -50,6 +51,9 @@ pub use primitives::{kinded, KindOf, Kinded, Primitive, ELECTION_SHORT_SCENARIOS
 pub use report::{record_row, ReportRow, ScenarioReport};
 pub use scenarios::{
     acquire_reply_delayed, cancellation_under_faults, majority_loss, stale_counter_restore,
+};
+pub use service::{
+    leader_service_partitioned, leader_service_paused, leader_service_server_restart,
 };
 pub use topology::{ChaosTarget, Link, ServerControl, Sides, Switch, Topology};
 
@@ -99,6 +103,9 @@ macro_rules! chaos_scenarios {
             primary_partitioned_from_replicas,
             sentinel_split_brain,
             slot_migration_while_held,
+            leader_service_partitioned,
+            leader_service_paused,
+            leader_service_server_restart,
             nemesis,
         }
     };
@@ -123,6 +130,14 @@ macro_rules! scenario_table {
         /// jump on servers whose wall clock does not move).
         pub fn target_expectation(scenario: &str, target: &dyn ChaosTarget) -> Expect {
             let expect = expectation(scenario, &target.topology());
+            if SERVICE_SCENARIOS.contains(&scenario)
+                && matches!(target.primitive(), Some(Primitive::Semaphore | Primitive::Writer))
+            {
+                return Expect::NotApplicable(
+                    "a leader service campaigns in an election; this deployment's clients \
+                     take another kind of hold",
+                );
+            }
             if !CLOCK_SCENARIOS.contains(&scenario) || matches!(expect, Expect::NotApplicable(_)) {
                 return expect;
             }
@@ -286,6 +301,15 @@ pub const OWN_DEPLOYMENT_SCENARIOS: &[&str] = &[
 /// lost. A replicated deployment runs only these in the short plan; the others are the
 /// same client paths as on a single server, which runs them there.
 pub const REPLICATION_SCENARIOS: &[&str] = &["follower_partition", "member_crash", "majority_loss"];
+
+/// The scenarios of the leader service ([`LeaderService`](lock_core::LeaderService)): they
+/// campaign in an election, so a deployment whose clients take permits or writers has
+/// none.
+pub const SERVICE_SCENARIOS: &[&str] = &[
+    "leader_service_partitioned",
+    "leader_service_paused",
+    "leader_service_server_restart",
+];
 
 /// The scenarios that step the servers' wall clocks: they apply only where every server
 /// runs on a clock the harness moves ([`WallClock::Movable`]).

@@ -115,6 +115,10 @@ impl<T: ChaosTarget + 'static> ChaosTarget for Kinded<T> {
         self.inner().topology()
     }
 
+    fn primitive(&self) -> Option<Primitive> {
+        Some(self.wrapper().0)
+    }
+
     async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
         let (client, link) = self.inner().linked_client(options).await;
         (self.wrapper().client(client), link)

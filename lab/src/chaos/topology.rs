@@ -198,6 +198,11 @@ pub trait ChaosTarget: Factory {
     /// The servers, in a stable order (empty in-process).
     fn servers(&self) -> Vec<&dyn ServerControl>;
 
+    /// The primitive its clients take where scenarios lock (`None`: the lock itself).
+    fn primitive(&self) -> Option<super::Primitive> {
+        None
+    }
+
     /// Index of the current leader in [`ChaosTarget::servers`], for consensus clusters.
     async fn leader(&self) -> Option<usize> {
         None

@@ -110,6 +110,10 @@ impl<B: Backend> Keeper<B> {
                  per hold)",
             ),
             HoldKind::Read | HoldKind::Write => (self.capabilities.rwlock, "read-write locks"),
+            HoldKind::Upgradeable => (
+                self.capabilities.rwlock && self.capabilities.upgradeable,
+                "upgradeable read locks",
+            ),
         };
         if !granted {
             return Err(Error::unsupported(self.capabilities.backend, what));

@@ -506,23 +506,48 @@ impl<B: Backend> Keeper<B> {
             lock = %info.name,
             fencing_token = info.fencing_token.0,
         );
-        let amended = self
-            .deadline(amendment.label(), 1, self.backend.amend(&hold, amendment))
-            .instrument(span)
-            .await?;
-        match amended {
-            Amended::Done => {
-                if amendment == Amendment::Downgrade {
-                    metrics.became(&HoldKind::Read);
+        // An upgrade repeats its step whenever the name changes (subscribed before the
+        // first step, so no change after it goes unseen), and at least every recheck.
+        let mut feed = match amendment {
+            Amendment::Upgrade => self.backend.changes(&info.name).await.ok(),
+            _ => None,
+        };
+        let mut watch = info.watch();
+        loop {
+            let amended = self
+                .deadline(amendment.label(), 1, self.backend.amend(&hold, amendment))
+                .instrument(span.clone())
+                .await?;
+            match amended {
+                Amended::Done => {
+                    match amendment {
+                        Amendment::Downgrade => metrics.became(&HoldKind::Read),
+                        Amendment::Upgrade => metrics.became(&HoldKind::Write),
+                        Amendment::Proclaim(_) => {}
+                    }
+                    return Ok(());
                 }
-                Ok(())
-            }
-            Amended::NotOwner(reason) => {
-                info.transition(LockState::Lost(reason));
-                Err(Error::Lost {
-                    name: info.name.to_string(),
-                    reason,
-                })
+                Amended::NotOwner(reason) => {
+                    info.transition(LockState::Lost(reason));
+                    return Err(Error::Lost {
+                        name: info.name.to_string(),
+                        reason,
+                    });
+                }
+                Amended::Pending => {
+                    let change = async {
+                        match &mut feed {
+                            Some(feed) => feed.next().await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        reason = watch.lost() => {
+                            return Err(Error::Lost { name: info.name.to_string(), reason });
+                        }
+                        _ = tokio::time::timeout(self.options.recheck, change) => {}
+                    }
+                }
             }
         }
     }

@@ -195,6 +195,7 @@ pub const CAPABILITIES: Capabilities = Capabilities::new("memory")
     .semaphore_many(true)
     .semaphore_resize(true)
     .rwlock(true)
+    .upgradeable(true)
     .fencing(FencingSource::Counter)
     .fence_at_least(true);
 

@@ -351,8 +351,9 @@ impl MemorySpace {
         Ok(())
     }
 
-    /// Amends `hold`, if it still holds: stores a candidate's value, or turns a writer
-    /// into a reader in its place (the readers behind it may then be granted).
+    /// Amends `hold`, if it still holds: stores a candidate's value, turns a writer into a
+    /// reader in its place (the readers behind it may then be granted), or an upgradeable
+    /// reader into a writer (`Pending` until the readers beside it have left).
     pub(super) fn amend(&self, hold: &MemoryHold, amendment: Amendment<'_>) -> Result<Amended> {
         let now = Instant::now();
         let mut slots = self.slots();
@@ -371,6 +372,17 @@ impl MemorySpace {
                 holder.proclaims += 1;
             }
             (Amendment::Downgrade, HoldKind::Write) => holder.kind = HoldKind::Read,
+            // Waiters are granted behind the holders' kinds: as a writer, it lets nobody
+            // new in; it holds alone once the readers beside it have left.
+            (Amendment::Upgrade, HoldKind::Upgradeable) => holder.kind = HoldKind::Write,
+            (Amendment::Upgrade, HoldKind::Write) => {
+                let alone = slot.holders.len() == 1;
+                return Ok(if alone {
+                    Amended::Done
+                } else {
+                    Amended::Pending
+                });
+            }
             (amendment, kind) => {
                 return Err(Error::config(format!(
                     "cannot {} a hold of {}",
@@ -380,9 +392,14 @@ impl MemorySpace {
             }
         }
         slot.settle(now);
+        let alone = slot.holders.len() == 1;
         drop(slots);
         self.touch();
-        Ok(Amended::Done)
+        Ok(if alone || amendment != Amendment::Upgrade {
+            Amended::Done
+        } else {
+            Amended::Pending
+        })
     }
 
     /// The holder and waiters of `name`; the token floor is the counter.

@@ -115,6 +115,7 @@ impl DualBackend {
             .semaphore_many(o.semaphore_many && n.semaphore_many)
             .semaphore_resize(o.semaphore_resize && n.semaphore_resize)
             .rwlock(o.rwlock && n.rwlock)
+            .upgradeable(o.upgradeable && n.upgradeable)
             .fencing(n.fencing);
         Ok(DualBackend {
             background: Background::new(),
@@ -428,15 +429,25 @@ impl Backend for DualBackend {
 
     /// The old side is amended first, then the new one, as the acquire went: a side that
     /// is no longer ours ends the amendment (the hold is lost). A downgrade is safe in
-    /// either order: the holder reads only once both sides are done.
+    /// either order: the holder reads only once both sides are done. An upgrade steps both
+    /// sides each time and is done once both hold alone: each side then excludes its own
+    /// clients, so old-only and new-only readers are both gone.
     async fn amend(&self, hold: &DualHold, amendment: Amendment<'_>) -> Result<Amended> {
+        let mut pending = false;
         for side in [Side::Old, Side::New] {
-            let proclaimed = self.side(side).amend(hold.side(side), amendment).await?;
-            if let Amended::NotOwner(reason) = proclaimed {
-                return Ok(Amended::NotOwner(LostReason::on_side(side, reason)));
+            match self.side(side).amend(hold.side(side), amendment).await? {
+                Amended::NotOwner(reason) => {
+                    return Ok(Amended::NotOwner(LostReason::on_side(side, reason)))
+                }
+                Amended::Pending => pending = true,
+                Amended::Done => {}
             }
         }
-        Ok(Amended::Done)
+        Ok(if pending {
+            Amended::Pending
+        } else {
+            Amended::Done
+        })
     }
 
     /// The old side first, then the new one, as the acquire goes, the reservation as

@@ -6,8 +6,12 @@
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
+
+use futures::Stream;
 
 use tokio::time::{timeout, Instant};
 
@@ -50,6 +54,11 @@ impl Election {
     /// The election's name.
     pub fn name(&self) -> &LockName {
         &self.name
+    }
+
+    /// The lock service.
+    pub(super) fn lock(&self) -> &Arc<dyn DistributedLock> {
+        &self.lock
     }
 
     /// Campaigns with `value` (the candidate's identity or address, as the leader's
@@ -123,13 +132,19 @@ impl Election {
     /// Follows the leader: see [`LeaderObserver`].
     pub fn observe(&self) -> LeaderObserver {
         LeaderObserver {
-            election: self.clone(),
-            feed: None,
-            last: None,
-            last_term: None,
-            last_version: None,
-            vacant_reported: false,
-            backoff: Backoff::new(OBSERVE_FIRST_PAUSE, OBSERVE_LONGEST_PAUSE),
+            following: Some(Following {
+                election: self.clone(),
+                feed: None,
+                last: None,
+                last_term: None,
+                last_version: None,
+                vacant_reported: false,
+                backoff: Backoff::new(OBSERVE_FIRST_PAUSE, OBSERVE_LONGEST_PAUSE),
+            }),
+            in_flight: None,
+            current: None,
+            ended: false,
+            name: self.name.clone(),
         }
     }
 
@@ -275,6 +290,16 @@ impl Leadership {
         Ok(())
     }
 
+    /// The guard and the value, to be put together again by [`Leadership::from_parts`].
+    pub(super) fn into_parts(self) -> (LockGuard, Vec<u8>) {
+        (self.guard, self.value)
+    }
+
+    /// The leadership of `guard`, a candidate's hold proclaiming `value`.
+    pub(super) fn from_parts(guard: LockGuard, value: Vec<u8>) -> Self {
+        Leadership { guard, value }
+    }
+
     /// Steps down: the next candidate leads at once.
     ///
     /// # Errors
@@ -300,7 +325,8 @@ const OBSERVE_FIRST_PAUSE: Duration = Duration::from_millis(100);
 /// Longest pause between failed reads.
 const OBSERVE_LONGEST_PAUSE: Duration = Duration::from_secs(2);
 
-/// Follows an election's leader: [`LeaderObserver::next`] returns each change.
+/// Follows an election's leader: [`LeaderObserver::next`] returns each change, and the
+/// observer is a [`Stream`] of them (which ends after an error retrying cannot cure).
 ///
 /// - A new leader is reported once, with a term greater than every term reported
 ///   before: an older term is never reported after a newer one (a read from a lagging
@@ -313,16 +339,22 @@ const OBSERVE_LONGEST_PAUSE: Duration = Duration::from_secs(2);
 ///   re-read every `recheck` anyway, through reconnects and errors: once the election
 ///   settles, the last change reported is its current leader. Changes between two reads
 ///   may be folded into one (a leader that came and went unseen is not reported).
+/// - Cancelling a `next` (or dropping a stream's pending poll) loses nothing: the read in
+///   flight goes on at the next call.
 pub struct LeaderObserver {
-    election: Election,
-    feed: Option<ChangeFeed>,
-    last: Option<Leader>,
-    last_term: Option<FencingToken>,
-    /// The newest value version seen in `last_term`.
-    last_version: Option<u64>,
-    vacant_reported: bool,
-    backoff: Backoff,
+    /// The state, while no read is in flight.
+    following: Option<Following>,
+    /// The read in flight, which owns the state until it ends.
+    in_flight: Option<InFlight>,
+    /// The last change reported.
+    current: Option<Leader>,
+    /// The stream ended with an error retrying cannot cure.
+    ended: bool,
+    name: LockName,
 }
+
+/// A read of the next change, owning the observer's state.
+type InFlight = Pin<Box<dyn Future<Output = (Following, Result<Option<Leader>>)> + Send>>;
 
 impl LeaderObserver {
     /// The next change: the new leader, or `None` when nobody leads any more. The first
@@ -334,6 +366,77 @@ impl LeaderObserver {
     /// # Errors
     /// Errors that retrying cannot cure (a closed client, a protocol error).
     pub async fn next(&mut self) -> Result<Option<Leader>> {
+        std::future::poll_fn(|cx| self.poll_change(cx)).await
+    }
+
+    /// Polls the read in flight, starting one if none is.
+    fn poll_change(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Leader>>> {
+        if self.in_flight.is_none() {
+            let Some(mut following) = self.following.take() else {
+                unreachable!("the state is either at rest or in flight");
+            };
+            self.in_flight = Some(Box::pin(async move {
+                let change = following.next().await;
+                (following, change)
+            }));
+        }
+        let Some(in_flight) = self.in_flight.as_mut() else {
+            unreachable!("a read is in flight");
+        };
+        let (following, change) = std::task::ready!(in_flight.as_mut().poll(cx));
+        self.in_flight = None;
+        self.following = Some(following);
+        if let Ok(leader) = &change {
+            self.current.clone_from(leader);
+        }
+        Poll::Ready(change)
+    }
+
+    /// The last leader reported, if it still leads as far as this observer knows.
+    pub fn current(&self) -> Option<&Leader> {
+        self.current.as_ref()
+    }
+}
+
+impl Stream for LeaderObserver {
+    type Item = Result<Option<Leader>>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        let change = std::task::ready!(this.poll_change(cx));
+        this.ended = change.is_err();
+        Poll::Ready(Some(change))
+    }
+}
+
+impl fmt::Debug for LeaderObserver {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaderObserver")
+            .field("election", &self.name)
+            .field("current", &self.current.as_ref().map(|leader| leader.term))
+            .field("reading", &self.in_flight.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a [`LeaderObserver`] knows between reads.
+struct Following {
+    election: Election,
+    feed: Option<ChangeFeed>,
+    last: Option<Leader>,
+    last_term: Option<FencingToken>,
+    /// The newest value version seen in `last_term`.
+    last_version: Option<u64>,
+    vacant_reported: bool,
+    backoff: Backoff,
+}
+
+impl Following {
+    /// The next change ([`LeaderObserver::next`]).
+    async fn next(&mut self) -> Result<Option<Leader>> {
         let recheck = self.election.lock.options().recheck;
         let first_read = self.last_term.is_none() && !self.vacant_reported;
         loop {
@@ -423,20 +526,6 @@ impl LeaderObserver {
             None => None,
         }
     }
-
-    /// The last leader reported, if it still leads as far as this observer knows.
-    pub fn current(&self) -> Option<&Leader> {
-        self.last.as_ref()
-    }
-}
-
-impl fmt::Debug for LeaderObserver {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaderObserver")
-            .field("election", &self.election.name)
-            .field("last_term", &self.last_term)
-            .finish_non_exhaustive()
-    }
 }
 
 #[cfg(test)]
@@ -460,7 +549,7 @@ mod tests {
         }
     }
 
-    fn observer() -> LeaderObserver {
+    fn observer() -> Following {
         let lock: Arc<dyn DistributedLock> = Arc::new(
             crate::memory::MemoryBackend::client(
                 crate::memory::MemorySpace::named("observer-unit"),
@@ -468,7 +557,11 @@ mod tests {
             )
             .expect("a memory client"),
         );
-        Election::new(lock, "unit").expect("an election").observe()
+        Election::new(lock, "unit")
+            .expect("an election")
+            .observe()
+            .following
+            .expect("no read in flight")
     }
 
     /// Terms never go back; a proclaim is news with the same term; a vacancy is reported

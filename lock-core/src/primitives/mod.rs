@@ -7,11 +7,13 @@ mod election;
 mod multi;
 mod rwlock;
 mod semaphore;
+mod service;
 
 pub use election::{Election, Leader, LeaderObserver, Leadership};
 pub use multi::{MultiGuard, MultiLock};
-pub use rwlock::{ReadGuard, RwLock, WriteGuard};
+pub use rwlock::{ReadGuard, RwLock, UpgradeableReadGuard, WriteGuard};
 pub use semaphore::{Permit, Semaphore};
+pub use service::{LeaderEvent, LeaderEvents, LeaderService, ServiceSummary};
 
 use std::sync::Arc;
 

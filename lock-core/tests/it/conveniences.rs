@@ -14,10 +14,7 @@ const BRIEFLY: Duration = Duration::from_millis(200);
 const PROMPT: Duration = Duration::from_secs(5);
 
 async fn client() -> Arc<dyn DistributedLock> {
-    let space = format!("conveniences-{}", uuid::Uuid::new_v4().simple());
-    connect(&format!("memory://{space}"))
-        .await
-        .expect("connect")
+    crate::memory_client("conveniences").await
 }
 
 async fn nobody_waits(locks: &Arc<dyn DistributedLock>, name: &str) {
@@ -74,6 +71,60 @@ async fn a_read_write_lock_waits_tries_and_times_out() {
     also.release().await.expect("release");
     let writing = table.try_write().await.expect("try").expect("free again");
     writing.release().await.expect("release");
+    locks.close().await.expect("close");
+}
+
+#[tokio::test]
+async fn an_upgradeable_read_waits_tries_times_out_and_upgrades() {
+    let locks = client().await;
+    let table = RwLock::new(Arc::clone(&locks), "table").expect("rwlock");
+    let checking = table.upgradeable_read().await.expect("free");
+    let reading = table.try_read().await.expect("try").expect("beside it");
+    assert!(table.try_upgradeable_read().await.expect("try").is_none());
+    let err = table
+        .upgradeable_read_timeout(BRIEFLY)
+        .await
+        .expect_err("one at a time");
+    assert_eq!(err.kind(), ErrorKind::Timeout, "{err}");
+    nobody_waits(&locks, "table").await;
+    let upgrade = tokio::spawn(checking.upgrade());
+    tokio::time::sleep(BRIEFLY).await;
+    assert!(!upgrade.is_finished(), "the reader still holds");
+    reading.release().await.expect("release");
+    let writing = timeout(PROMPT, upgrade)
+        .await
+        .expect("upgraded once the reader left")
+        .expect("task")
+        .expect("upgrade");
+    assert!(table.try_read().await.expect("try").is_none());
+    let reading = writing
+        .downgrade()
+        .await
+        .expect("an upgraded writer downgrades");
+    reading.release().await.expect("release");
+    locks.close().await.expect("close");
+}
+
+/// An upgrade waiting for readers ends with `Lost` when the hold is taken from it.
+#[tokio::test]
+async fn an_upgrade_ends_when_the_hold_is_lost() {
+    let space = format!("conveniences-{}", uuid::Uuid::new_v4().simple());
+    let locks = connect(&format!("memory://{space}?recheck=100ms"))
+        .await
+        .expect("connect");
+    let table = RwLock::new(Arc::clone(&locks), "table").expect("rwlock");
+    let checking = table.upgradeable_read().await.expect("free");
+    let _reading = table.try_read().await.expect("try").expect("beside it");
+    let upgrade = tokio::spawn(checking.upgrade());
+    tokio::time::sleep(BRIEFLY).await;
+    let name = LockName::new("table").expect("name");
+    assert!(lock_core::memory::MemorySpace::named(&space).steal(&name));
+    let err = timeout(PROMPT, upgrade)
+        .await
+        .expect("the upgrade ends")
+        .expect("task")
+        .expect_err("lost");
+    assert_eq!(err.kind(), ErrorKind::Lost, "{err}");
     locks.close().await.expect("close");
 }
 

@@ -8,7 +8,7 @@ use lock_core::Result;
 use super::{Enqueued, Place, Queue};
 use crate::connection::{first_kv, header_revision};
 use crate::error::unexpected;
-use crate::layout::{queue_head, queue_tail, twin_key};
+use crate::layout::{queue_head, queue_tail, reads_all_ahead, twin_key};
 
 impl Queue {
     /// Puts our key in the queue of `place` (or finds it there), with `value` (see
@@ -27,7 +27,7 @@ impl Queue {
         for _ in 0..3 {
             // An exclusive kind is granted when nobody is ahead: the entries just before
             // ours tell that, and where its wait starts.
-            let read = if place.kind.is_shared() {
+            let read = if reads_all_ahead(place.kind) {
                 queue_head(place.kind)
             } else {
                 queue_tail()
@@ -55,7 +55,7 @@ impl Queue {
                     Some(etcd_client::TxnOpResponse::Get(range)) => before(range),
                     _ => return Err(unexpected(WHAT, "an answer without the queue's head")),
                 };
-                let nearest = (!place.kind.is_shared()).then(|| ahead.clone());
+                let nearest = (!reads_all_ahead(place.kind)).then(|| ahead.clone());
                 return Ok(Enqueued {
                     revision,
                     ahead,

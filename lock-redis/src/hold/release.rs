@@ -1,11 +1,12 @@
 //! Owner-checked writes of a hold: release (compare-and-DEL plus a wake-up, or the
-//! shared kinds' release), the downgrade of a writer's hold and the proclaim of a
+//! shared kinds' release), the downgrade of a writer's hold, the upgrade of an upgradeable
+//! reader's and the proclaim of a
 //! candidate's value, each decided by a majority of answers.
 
 use std::sync::atomic::Ordering;
 
 use futures::future::join_all;
-use lock_core::raw::backend::{Amended, BackendRelease};
+use lock_core::raw::backend::{Amended, Amendment, BackendRelease};
 use lock_core::{LockName, LostReason, Result};
 use tokio::time::Instant;
 
@@ -113,30 +114,61 @@ async fn release_shared(
     on_every_server(servers, hold, &call, deadline).await
 }
 
-/// Downgrades `hold`, a writer's, to a reader's in its place (`downgrade.lua`), granting
-/// the readers queued behind it in the same step.
+/// Downgrades `hold`, a writer's, to a reader's in its place, granting the readers
+/// queued behind it in the same step; or takes an upgrade step of `hold`, an upgradeable
+/// reader's: it becomes a writer in its place (`rekind.lua`), `Pending` while readers
+/// still hold beside it.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`](lock_core::Error::InvalidConfig) for a hold that is no
-/// writer's; connection errors, after which the downgrade may or may not be done.
-pub(crate) async fn downgrade(servers: &Servers, hold: &RedisHold) -> Result<Amended> {
+/// [`Error::InvalidConfig`](lock_core::Error::InvalidConfig) for a hold of another kind;
+/// connection errors, after which the step may or may not be done.
+pub(crate) async fn rekind(
+    servers: &Servers,
+    hold: &RedisHold,
+    amendment: Amendment<'_>,
+) -> Result<Amended> {
+    let (from, to) = match amendment {
+        Amendment::Downgrade => ("W", "R"),
+        _ => ("U", "W"),
+    };
     let shared = match &hold.keys.shared {
-        Some(shared) if shared.kind == "W" => shared,
+        // An upgraded hold keeps the kind it was acquired as.
+        Some(shared) if shared.kind == from || (to == "R" && shared.kind == "U") => shared,
         _ => {
             return Err(lock_core::Error::config(format!(
-                "cannot downgrade `{}`: only a read-write lock's write hold downgrades",
-                hold.name
+                "cannot {} `{}`: not a read-write lock's {} hold",
+                amendment.label(),
+                hold.name,
+                if to == "R" {
+                    "write"
+                } else {
+                    "upgradeable read"
+                },
             )))
         }
     };
     let channel = servers.channel_prefix_for(&hold.keys.key);
     let call = servers
         .scripts
-        .downgrade(&hold.keys, hold.token.as_str(), shared, &channel);
+        .rekind(&hold.keys, hold.token.as_str(), shared, &channel, to);
     let deadline = servers.request_deadline();
     let replies = on_every_server(servers, hold, &call, deadline).await;
+    let pending = replies.iter().any(|r| matches!(r, Ok(status::PENDING)));
+    let replies = replies
+        .into_iter()
+        .map(|r| {
+            r.map(|s| {
+                if s == status::PENDING {
+                    status::DONE
+                } else {
+                    s
+                }
+            })
+        })
+        .collect();
     Ok(
-        match owner_checked(servers, replies, "downgrade", &hold.name)? {
+        match owner_checked(servers, replies, amendment.label(), &hold.name)? {
+            None if pending => Amended::Pending,
             None => Amended::Done,
             Some(reason) => Amended::NotOwner(reason),
         },

@@ -6,7 +6,8 @@
 -- ARGV[5]: "1" to queue when refused, "0" not to (a try)
 -- ARGV[6]: the floor of the fencing token, "" for none (see tokens.lua)
 -- ARGV[7]: channel prefix of the clients' wake-up channels
--- ARGV[8]: the hold's kind ("R", "W", "P<permits>"); ARGV[9]: the name's change channel
+-- ARGV[8]: the hold's kind ("R", "W", "U", "P<permits>", "P<permits>x<count>");
+-- ARGV[9]: the name's change channel
 -- ARGV[10]: for a waiter that takes grants (see shared.lua) its round, else "" or nothing;
 -- ARGV[11]: then the grant's lease in milliseconds
 -- Returns {1, fencing token, 0} when the hold is ours (granted now, or by an earlier call

@@ -1,7 +1,8 @@
 //! How the owner-checked writes of a hold are called: its release (`release.lua`, the
-//! queue's `release_q.lua`, the shared kinds' `release_s.lua`), a writer's downgrade
-//! (`downgrade.lua`) and a candidate's proclaim (`proclaim.lua`). Each replies with a
-//! status: 1 done, 0 gone, -1 held by another owner, -2 broken.
+//! queue's `release_q.lua`, the shared kinds' `release_s.lua`), a writer's downgrade or
+//! an upgradeable reader's upgrade (`rekind.lua`) and a candidate's proclaim
+//! (`proclaim.lua`). Each replies with a status: 1 done, 0 gone, -1 held by another
+//! owner, -2 broken (and 2 for an upgrade still waiting for readers).
 
 use std::time::Duration;
 
@@ -65,18 +66,20 @@ impl Scripts {
         self.plain("release", invocation)
     }
 
-    /// `downgrade.lua`: a writer's entry in the holders' table becomes a reader's, and
-    /// the readers queued behind it are granted.
-    pub(crate) fn downgrade(
+    /// `rekind.lua`: a read-write hold's entry in the holders' table becomes `to`'s
+    /// (`R`: a writer's downgrade, whose queued readers are granted; `W`: an upgradeable
+    /// reader's upgrade step, 2 while readers still hold beside it).
+    pub(crate) fn rekind(
         &self,
         keys: &HoldKeys,
         token: &str,
         shared: &SharedKeys,
         channel: &str,
+        to: &str,
     ) -> Call<'_, i64> {
-        let mut invocation = shared_invocation(&self.downgrade, keys, token, shared);
-        invocation.arg(channel).arg(&shared.changed);
-        self.plain("downgrade", invocation)
+        let mut invocation = shared_invocation(&self.rekind, keys, token, shared);
+        invocation.arg(channel).arg(&shared.changed).arg(to);
+        self.plain("rekind", invocation)
     }
 
     /// `proclaim.lua`: where the lock of `keys` is `token`'s, `value` goes into the

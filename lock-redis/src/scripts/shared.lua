@@ -9,11 +9,14 @@
 -- token> <round> <fencing token>"), and `kind` -> the name's kind: "P<permits>" or "RW", or
 -- "P<permits>x" once a hold of several permits came (so that a client of a version that
 -- counts every hold as one permit refuses the name instead of over-granting).
--- A hold's kind is "R" (read), "W" (write), "P<permits>" (a permit) or
--- "P<permits>x<count>" (`count` permits in one hold).
--- The grant rule is HoldKind::granted_behind's: a reader waits only for writers ahead, a
--- writer for everyone ahead, permits while the permits ahead and their own count are no
--- more than `permits`; nobody overtakes.
+-- A hold's kind is "R" (read), "W" (write), "U" (upgradeable read), "P<permits>" (a
+-- permit) or "P<permits>x<count>" (`count` permits in one hold).
+-- The grant rule is HoldKind::granted_behind's: a reader waits only for writers ahead
+-- and passes one upgradeable reader ahead, never a second; an upgradeable reader waits
+-- for anyone ahead but readers, a writer for everyone ahead, permits while the permits
+-- ahead and their own count are no more than `permits`; nobody overtakes. An upgrade
+-- turns "U" into "W" in place (rekind.lua): queued waiters are granted behind the
+-- holders' kinds, so nobody joins it from then on.
 
 local TABLE = KEYS[5]
 
@@ -34,10 +37,11 @@ local function permit_of(kind)
   return tonumber(permits), tonumber(count) or 1
 end
 
--- The name's kind of a hold's kind (or of a name's): "RW" for a reader or writer,
--- "P<permits>" for permits.
+-- The name's kind of a hold's kind (or of a name's): "RW" for a reader, an upgradeable
+-- reader or a writer, "P<permits>" for permits (one or several per hold, the name marked
+-- "P<permits>x" or not).
 local function family(kind)
-  if kind == 'R' or kind == 'W' or kind == 'RW' then
+  if kind == 'R' or kind == 'W' or kind == 'U' or kind == 'RW' then
     return 'RW'
   end
   return string.match(kind, '^(P%d+)') or kind
@@ -46,10 +50,16 @@ end
 -- Whether `kind` is granted behind `ahead`, the kinds before it in queue order.
 local function granted_behind(kind, ahead)
   local permits, count = permit_of(kind)
-  local taken = 0
+  local taken, upgradeable = 0, false
   for _, other in ipairs(ahead) do
     local _, weight = permit_of(other)
-    local shares = (kind == 'R' and other == 'R') or (permits ~= nil and weight ~= nil)
+    local shares = (kind == 'R' and other == 'R') or (kind == 'U' and other == 'R')
+      or (permits ~= nil and weight ~= nil)
+    if kind == 'R' and other == 'U' then
+      -- Only the first upgradeable reader ahead holds; the second waits.
+      shares = not upgradeable
+      upgradeable = true
+    end
     if not shares then
       return false
     end

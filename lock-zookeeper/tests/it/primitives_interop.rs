@@ -235,3 +235,66 @@ async fn several_permits_and_resize_refused_beside_curator() {
     children_reach(admin, &leases, 0).await;
     curator.exit().await;
 }
+
+/// Our upgradeable reader beside Curator's `InterProcessReadWriteLock`: granted beside a
+/// Curator reader ahead; a Curator reader queued behind waits for it (our node is a
+/// writer's to Curator), which is safe, and the upgrade does not wait for that reader
+/// (it would wait for the upgrade: a deadlock), only for the readers that hold beside it:
+/// Curator's ahead and ours behind. A Curator writer queued behind comes after the
+/// upgraded writer, and after the Curator reader queued before it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upgrade_beside_curator_readers_and_writers() {
+    let Some(setup) = CuratorSetup::start("upgrade").await else {
+        return;
+    };
+    let admin = setup.factory.admin();
+    let ours = RwLock::new(client(&setup).await, setup.name.as_str()).expect("rwlock");
+    let other = RwLock::new(client(&setup).await, setup.name.as_str()).expect("rwlock");
+    let (mut ahead, mut behind, mut writer) = (
+        setup.curator().await,
+        setup.curator().await,
+        setup.curator().await,
+    );
+
+    ahead.send("read").await.expect("send");
+    ahead.expect("READING", PROMPT).await;
+    let upgradeable = ours.try_upgradeable_read().await.expect("try");
+    let upgradeable = upgradeable.expect("granted beside Curator's reader");
+    behind.send("read").await.expect("send");
+    children_reach(admin, &setup.path, 3).await;
+    behind.silent_for(QUIET).await;
+    let reading = other.try_read().await.expect("try");
+    let reading = reading.expect("our reader passes the upgradeable reader");
+    writer.send("write").await.expect("send");
+    children_reach(admin, &setup.path, 5).await;
+
+    let token = upgradeable.fencing_token();
+    let upgrade = tokio::spawn(async move { upgradeable.upgrade().await });
+    sleep(QUIET).await;
+    assert!(!upgrade.is_finished(), "upgraded beside Curator's reader");
+    assert!(
+        other.try_read().await.expect("try").is_none(),
+        "a new reader of ours waits for the upgrade"
+    );
+    ahead.unlock(false).await.expect("unread");
+    sleep(QUIET).await;
+    assert!(!upgrade.is_finished(), "upgraded beside our reader");
+    reading.release().await.expect("release");
+    let writing = timeout(PROMPT, upgrade)
+        .await
+        .expect("upgraded once the readers beside it left, not waiting for Curator's")
+        .expect("task")
+        .expect("upgrade");
+    assert_eq!(writing.fencing_token(), token);
+    behind.silent_for(QUIET).await;
+    writing.release().await.expect("release");
+    behind.expect("READING", PROMPT).await;
+    writer.silent_for(QUIET).await;
+    behind.unlock(false).await.expect("unread");
+    writer.expect("WRITING", PROMPT).await;
+    writer.unlock(true).await.expect("unwrite");
+    children_reach(admin, &setup.path, 0).await;
+    for curator in [ahead, behind, writer] {
+        curator.exit().await;
+    }
+}

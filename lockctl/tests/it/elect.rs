@@ -202,3 +202,91 @@ async fn elect_leader_and_observe_on_etcd() {
     };
     elect_leader_and_observe(&format!("{}/locks", server.url())).await;
 }
+
+/// Two `lockctl elect --requeue` take turns: each runs its command on every term it leads
+/// (the commands never overlap, terms rise in the order they ran), both lead again and
+/// again, and SIGTERM ends each, leaving nobody leading.
+async fn requeue_runs_the_command_each_term(url: &str) {
+    let name = format!("requeue/{}", uuid::Uuid::new_v4().simple());
+    let dir = std::env::temp_dir().join(format!("lockctl-requeue-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let log = dir.join("log");
+    let script = r#"mkdir "$D/running" || echo overlap >> "$D/log"
+echo "$V $DISTLOCK_LEADER_TERM" >> "$D/log"
+sleep 0.2
+rmdir "$D/running""#;
+    let mut candidates = Vec::new();
+    for value in ["a", "b"] {
+        let child = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+            .args(["--url", url, "elect", "--requeue", "--value", value, &name])
+            .args(["--", "sh", "-c", script])
+            .env("D", &dir)
+            .env("V", value)
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("lockctl elect --requeue");
+        candidates.push(child);
+    }
+    let lines = || {
+        std::fs::read_to_string(&log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    let deadline = Instant::now() + WAIT;
+    while lines().len() < 8 {
+        assert!(Instant::now() < deadline, "terms so far: {:?}", lines());
+        sleep(Duration::from_millis(50)).await;
+    }
+    for child in &candidates {
+        let pid = Pid::from_raw(i32::try_from(child.id().expect("running")).expect("pid"));
+        kill(pid, Signal::SIGTERM).expect("SIGTERM");
+    }
+    for mut child in candidates {
+        let status = timeout(WAIT, child.wait())
+            .await
+            .expect("lockctl ends on SIGTERM")
+            .expect("status");
+        assert!(
+            matches!(status.code(), Some(0 | 143)),
+            "exit {status:?}: as the command did, or 128 + SIGTERM between terms"
+        );
+    }
+    let seen = lines();
+    assert!(!seen.iter().any(|line| line == "overlap"), "{seen:?}");
+    let terms: Vec<(String, u64)> = seen
+        .iter()
+        .map(|line| {
+            let (value, term) = line.split_once(' ').expect("value and term");
+            (value.to_owned(), term.parse().expect("a term"))
+        })
+        .collect();
+    assert!(
+        terms.windows(2).all(|pair| pair[0].1 < pair[1].1),
+        "terms rise in the order the commands ran: {terms:?}"
+    );
+    for value in ["a", "b"] {
+        let led = terms.iter().filter(|(v, _)| v == value).count();
+        assert!(led >= 2, "{value} led {led} terms: {terms:?}");
+    }
+    leader_until(url, &name, None).await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_runs_the_command_each_term_on_redis() {
+    let Some(server) = or_skip(RedisServer::start().await) else {
+        return;
+    };
+    requeue_runs_the_command_each_term(&server.url()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_runs_the_command_each_term_on_zookeeper() {
+    let Some(server) = or_skip(ZkServer::start().await) else {
+        return;
+    };
+    requeue_runs_the_command_each_term(&format!("{}/locks", server.url())).await;
+}

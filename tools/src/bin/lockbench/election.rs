@@ -1,14 +1,17 @@
 //! The leader-election workloads, on every backend whose clients grant election
 //! candidates (`Capabilities::election`): an uncontended campaign, the failover after a
-//! killed leader, and how long a new leader takes to reach every observer.
+//! killed leader, how long a new leader takes to reach every observer, and two leader
+//! services taking turns.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::memory::{MemoryBackend, MemoryLock, MemorySpace};
-use distlock::{AcquireOptions, DistributedLock, Election, Leadership, LockOptions};
+use distlock::{
+    AcquireOptions, DistributedLock, Election, LeaderEvent, LeaderService, Leadership, LockOptions,
+};
 use serde::Serialize;
-use tokio::sync::watch;
+use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep, timeout, timeout_at, Instant};
 
@@ -350,4 +353,92 @@ async fn queued(client: &dyn DistributedLock, election: &Election) -> Result<(),
         sleep(Duration::from_millis(1)).await;
     }
     Ok(())
+}
+
+/// How long a term's work lasts in the leader service workload: longer than the longest
+/// pause before a campaign, so that the other service is queued when it ends.
+const SERVICE_TERM: Duration = Duration::from_millis(25);
+
+/// Two leader services taking turns, in one run.
+#[derive(Debug, Clone, Serialize)]
+pub(crate) struct ServiceRun {
+    /// Hand-overs measured after the warm-up: one service's resign followed by the
+    /// other's election.
+    pub(crate) turns: u64,
+    /// The end of one service's term's work → the other service leads (its `Elected`
+    /// event): the resign, the hand-off to the queued campaign and the event.
+    pub(crate) handover: Option<Summary>,
+    pub(crate) turns_per_sec: f64,
+}
+
+/// Leader service turns: two `LeaderService`s on clients of their own share one election;
+/// each term's work lasts [`SERVICE_TERM`], then returns (a resign), and the service
+/// campaigns again after a jittered pause below 1 ms (back to that after every term longer
+/// than the longest pause, 20 ms), so the other service is queued when a term ends and
+/// leadership goes back and forth. For
+/// `plan.duration` after `plan.warmup`, per hand-over, the time from the end of one
+/// service's work (as the work itself notes it) to the other's `Elected`.
+pub(crate) async fn service_turns(target: &Target, plan: Plan) -> Result<ServiceRun, BoxError> {
+    let name = bench_name("service");
+    let (stop, stopped) = watch::channel(false);
+    let (tell, mut heard) = mpsc::unbounded_channel::<(usize, LeaderEvent, Instant)>();
+    let work_ended: Arc<std::sync::Mutex<Option<(usize, Instant)>>> = Arc::default();
+    let mut runs = Vec::new();
+    for (index, value) in CANDIDATES.iter().enumerate() {
+        let election = Election::new(connect(target, "").await?, &name)?;
+        let service = LeaderService::new(election, *value)
+            .with_backoff(Duration::from_millis(1), Duration::from_millis(20))?;
+        let mut events = service.events();
+        let tell = tell.clone();
+        tokio::spawn(async move {
+            while let Some(event) = events.next().await {
+                if tell.send((index, event, Instant::now())).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut stopped = stopped.clone();
+        let work_ended = Arc::clone(&work_ended);
+        runs.push(tokio::spawn(async move {
+            let shutdown = async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            };
+            let work = |_| {
+                let work_ended = Arc::clone(&work_ended);
+                async move {
+                    sleep(SERVICE_TERM).await;
+                    *work_ended.lock().expect("work ended") = Some((index, Instant::now()));
+                }
+            };
+            service.run(work, shutdown).await
+        }));
+    }
+    drop(tell);
+    let warm_until = Instant::now() + plan.warmup;
+    let end = warm_until + plan.duration;
+    let mut handover = Latencies::new();
+    let mut turns = 0;
+    while Instant::now() < end && turns < MAX_ITERATIONS {
+        let Ok(Some((index, event, at))) = timeout_at(end, heard.recv()).await else {
+            break;
+        };
+        if let LeaderEvent::Elected { .. } = event {
+            let ended = work_ended.lock().expect("work ended").take();
+            if let Some((from, ended)) = ended {
+                if from != index && ended >= warm_until {
+                    handover.record(at.saturating_duration_since(ended));
+                    turns += 1;
+                }
+            }
+        }
+    }
+    let _ = stop.send(true);
+    for run in runs {
+        timeout(WAIT_LIMIT, run).await???;
+    }
+    Ok(ServiceRun {
+        turns,
+        handover: handover.summary(),
+        turns_per_sec: turns as f64 / plan.duration.as_secs_f64(),
+    })
 }

@@ -1,6 +1,6 @@
 //! The report's section on leader election: the uncontended campaign, the failover after
-//! the leader is killed, and how fast a new leader reaches every observer, a row per
-//! backend ("no elections" where its clients grant no candidates).
+//! the leader is killed, how fast a new leader reaches every observer, and two leader
+//! services taking turns, a row per backend ("no elections" where its clients grant no candidates).
 
 use std::fmt::Write as _;
 
@@ -128,6 +128,40 @@ impl Report {
                 cell(grant, |s| s.max_us),
                 cell(resign, |s| s.p50_us),
                 cell(resign, |s| s.p99_us),
+            );
+        }
+        let _ = writeln!(
+            md,
+            "\n### Leader service turns (two `LeaderService`s hand leadership back and forth)\n\n\
+             Each term's work lasts 25 ms, then the leader resigns and the other service, \
+             queued behind it, leads; from the end of the leader's work (as the work notes it) \
+             to the other's `Elected`: the resign, the hand-off and the events. \
+             The lock hand-off is the same run's (a release to the queued waiter's grant).\n"
+        );
+        let _ = writeln!(
+            md,
+            "| backend | hand-overs (runs) | work ended → other elected p50 | p99 | turns/s (runs) | lock hand-off p50 | ÷ lock hand-off (runs) |"
+        );
+        let _ = writeln!(md, "|---|---|---|---|---|---|---|");
+        for b in &self.backends {
+            if !b.elections {
+                let _ = writeln!(md, "| {} | no elections | – | – | – | – | – |", b.backend);
+                continue;
+            }
+            let handover = b.summary_of(|r| r.service.as_ref()?.handover);
+            let handoff = b.summary_of(|r| r.handoff);
+            let _ = writeln!(
+                md,
+                "| {} | {} | {} | {} | {} | {} | {} |",
+                b.backend,
+                b.spread(|r| Some(r.service.as_ref()?.turns as f64))
+                    .show(fmt_count),
+                cell(handover, |s| s.p50_us),
+                cell(handover, |s| s.p99_us),
+                b.spread(|r| Some(r.service.as_ref()?.turns_per_sec))
+                    .show(fmt_count),
+                cell(handoff, |s| s.p50_us),
+                b.spread(RunReport::service_ratio).show(fmt_ratio),
             );
         }
     }

@@ -228,10 +228,10 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
     let runs = usize::from(args.runs);
     let shapes = args.contention_shapes();
     // Per run: the uncontended flavours, hand-off, the contended shapes, campaign,
-    // observers and the primitives; once: takeover, election failover and renewal.
+    // observers, leader service turns and the primitives; once: takeover, election failover and renewal.
     let primitive_steps: usize = args.primitives.iter().map(|p| p.steps()).sum();
     let steps_per_backend =
-        runs * (Flavour::ALL.len() + 3 + shapes.len() + primitive_steps) + 2 + args.held.len();
+        runs * (Flavour::ALL.len() + 4 + shapes.len() + primitive_steps) + 2 + args.held.len();
     let bar = ProgressBar::new((steps_per_backend * args.backends.len()) as u64);
     bar.set_style(
         ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
@@ -408,8 +408,14 @@ fn measure_run(
             Err(e) => note("observer notification", e),
         }
         bar.inc(1);
+        bar.set_message(format!("{label} {tag}: leader service turns"));
+        match runtime.block_on(election::service_turns(target, plan)) {
+            Ok(row) => out.service = Some(row),
+            Err(e) => note("leader service turns", e),
+        }
+        bar.inc(1);
     } else {
-        bar.inc(2);
+        bar.inc(3);
     }
     let setup = primitives::Setup {
         rw_clients: primitives::rw_clients(&args.clients),

@@ -4,7 +4,7 @@
 use serde::Serialize;
 
 use crate::contention::{ContentionRow, LoopRun};
-use crate::election::{CampaignRun, NotifyRun};
+use crate::election::{CampaignRun, NotifyRun, ServiceRun};
 use crate::primitives::{Primitive, PrimitivesRun};
 use crate::stats::{fmt_us, median, median_summary, Summary};
 use crate::workloads::{RenewalRow, Takeover};
@@ -47,6 +47,8 @@ pub(crate) struct RunReport {
     pub(crate) campaign: Option<CampaignRun>,
     /// Observers following hand-overs of leadership (none without elections).
     pub(crate) notify: Option<NotifyRun>,
+    /// Two leader services taking turns (none without elections).
+    pub(crate) service: Option<ServiceRun>,
     /// Semaphore, read-write lock and multi-lock workloads.
     pub(crate) primitives: PrimitivesRun,
 }
@@ -78,6 +80,11 @@ impl RunReport {
                     .uncontended_on(Flavour::MultiThread)?
                     .handoff_floor_us()?,
         )
+    }
+
+    /// A leader service hand-over's p50 against the lock hand-off's p50 of this run.
+    pub(crate) fn service_ratio(&self) -> Option<f64> {
+        Some(self.service.as_ref()?.handover?.p50_us / self.handoff?.p50_us)
     }
 
     /// Campaign + resign p50 against the uncontended lock's acquire + release p50 of this
