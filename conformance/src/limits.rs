@@ -1,8 +1,10 @@
 //! A checker for primitives that grant several holds at once: a semaphore's permits, a
 //! read-write lock's readers. Each holder records the span it was inside, on the
 //! monotonic clock, while its guard vouched for its hold; [`HoldLog::check`] then finds
-//! the most holders inside at once and any writer (an exclusive hold) beside anyone, or
-//! two upgradeable readers side by side.
+//! the most holders inside at once (a hold of several permits counts as that many) and
+//! any writer (an exclusive hold) beside anyone, or two upgradeable readers side by
+//! side, and [`HoldLog::beyond`] the moments more were inside than a limit that changes
+//! over time (a semaphore resized).
 //!
 //! A fenced resource ([`crate::FencedResource`]) cannot judge these: holders of one
 //! semaphore hold side by side with different fencing tokens, so no single "highest
@@ -22,6 +24,8 @@ pub struct Span {
     /// Whether the hold was an upgradeable reader's (from its grant to the release of the
     /// writer it became, if it did): beside readers, beside no other such span.
     pub upgradeable: bool,
+    /// How many places it took: its permits, 1 for any other hold.
+    pub weight: u32,
     /// When it went in.
     pub start: Instant,
     /// When it came out, or its validity deadline if that came first.
@@ -33,7 +37,8 @@ pub struct Span {
 pub struct LimitReport {
     /// Spans recorded.
     pub spans: usize,
-    /// The most holders inside at one moment.
+    /// The most holders inside at one moment (a hold of several permits counts as that
+    /// many).
     pub most_at_once: usize,
     /// Pairs of spans where an exclusive hold overlapped another hold, or two upgradeable
     /// ones overlapped.
@@ -64,9 +69,29 @@ impl HoldLog {
         exclusive: bool,
         work: impl Future<Output = T>,
     ) -> T {
+        self.spend(guard, exclusive, 1, work).await
+    }
+
+    /// As [`HoldLog::inside`], for a hold of `permits` permits: it counts as that many.
+    pub async fn inside_many<T>(
+        &self,
+        guard: &LockGuard,
+        permits: u32,
+        work: impl Future<Output = T>,
+    ) -> T {
+        self.spend(guard, false, permits, work).await
+    }
+
+    async fn spend<T>(
+        &self,
+        guard: &LockGuard,
+        exclusive: bool,
+        weight: u32,
+        work: impl Future<Output = T>,
+    ) -> T {
         let start = Instant::now();
         let out = work.await;
-        self.record(guard, start, exclusive, false);
+        self.record(guard, start, exclusive, false, weight);
         out
     }
 
@@ -76,16 +101,24 @@ impl HoldLog {
     /// The writer's own span, recorded next by [`HoldLog::inside`], follows it without a
     /// gap.
     pub fn upgradeable_since(&self, guard: &LockGuard, start: Instant) {
-        self.record(guard, start, false, true);
+        self.record(guard, start, false, true, 1);
     }
 
-    fn record(&self, guard: &LockGuard, start: Instant, exclusive: bool, upgradeable: bool) {
+    fn record(
+        &self,
+        guard: &LockGuard,
+        start: Instant,
+        exclusive: bool,
+        upgradeable: bool,
+        weight: u32,
+    ) {
         let end = Instant::now().min(guard.valid_until());
         let vouched = guard.is_held();
         let mut spans = self.spans.lock().unwrap_or_else(|p| p.into_inner());
         spans.push(Span {
             exclusive,
             upgradeable,
+            weight,
             start,
             // A guard that stopped vouching claims nothing past its start.
             end: if vouched { end } else { start },
@@ -98,18 +131,48 @@ impl HoldLog {
         }
     }
 
+    /// The spans' starts and ends as events (+weight, -weight) in time order, ends
+    /// before starts at the same instant: touching spans do not overlap.
+    fn events(spans: &[Span]) -> Vec<(Instant, i64)> {
+        let mut events: Vec<(Instant, i64)> = Vec::with_capacity(spans.len() * 2);
+        for span in spans {
+            events.push((span.start, i64::from(span.weight)));
+            events.push((span.end, -i64::from(span.weight)));
+        }
+        events.sort();
+        events
+    }
+
+    /// The moments at which more were inside than `limit` allowed then, with how many
+    /// were: a semaphore's number over time, across a resize. Looked at every start of
+    /// a span and at each of `changes`, where the limit changes.
+    pub fn beyond(
+        &self,
+        limit: impl Fn(Instant) -> usize,
+        changes: &[Instant],
+    ) -> Vec<(Instant, usize)> {
+        let spans = self.spans.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let mut events = Self::events(&spans);
+        events.extend(changes.iter().map(|at| (*at, 0)));
+        // Ends, then the changes, then the starts of one instant.
+        events.sort();
+        let mut inside = 0i64;
+        let mut beyond = Vec::new();
+        for (at, step) in events {
+            inside += step;
+            let now = usize::try_from(inside).unwrap_or(0);
+            if step >= 0 && now > limit(at) {
+                beyond.push((at, now));
+            }
+        }
+        beyond
+    }
+
     /// The most holders at once and every exclusive overlap.
     pub fn check(&self) -> LimitReport {
         let spans = self.spans.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let mut events: Vec<(Instant, i32)> = Vec::with_capacity(spans.len() * 2);
-        for span in &spans {
-            events.push((span.start, 1));
-            events.push((span.end, -1));
-        }
-        // Ends before starts at the same instant: touching spans do not overlap.
-        events.sort();
-        let (mut inside, mut most) = (0i32, 0i32);
-        for (_, step) in events {
+        let (mut inside, mut most) = (0i64, 0i64);
+        for (_, step) in Self::events(&spans) {
             inside += step;
             most = most.max(inside);
         }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use lock_core::raw::backend::ChangeFeed;
+use lock_core::raw::backend::{ChangeFeed, SemaphoreResize};
 use lock_core::{
     AcquireOptions, Capabilities, DistributedLock, LockGuard, LockName, LockOptions, Occupancy,
     OwnerToken, Participant, Result,
@@ -195,6 +195,10 @@ impl<W: AcquireWrap> DistributedLock for WrappedLock<W> {
 
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         self.inner.force_release(name).await
+    }
+
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        self.inner.resize_semaphore(name, resize).await
     }
 
     async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
 use crate::error::Result;
-use crate::kind::{Amendment, HoldKind};
+use crate::kind::{Amendment, HoldKind, SemaphoreResize};
 use crate::lock::OperatorCall;
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
@@ -214,6 +214,21 @@ pub trait Backend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     /// (the default); connection errors, after which the hold may or may not be removed.
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         Err(OperatorCall::Break(name).unsupported(self.capabilities().backend))
+    }
+
+    /// Rewrites every hold and request of the semaphore `name` as
+    /// [`SemaphoreResize::rewrite`] says, all in one atomic write (nothing on an idle
+    /// name), so that the grant rule ([`HoldKind::granted_behind`]) counts with the new
+    /// number from then on. See
+    /// [`DistributedLock::resize_semaphore`](crate::DistributedLock::resize_semaphore).
+    ///
+    /// # Errors
+    /// [`Error::Conflict`](crate::Error::Conflict) as [`SemaphoreResize::rewrite`];
+    /// [`Error::Unsupported`](crate::Error::Unsupported) where the layout cannot (the
+    /// default), saying why; connection errors.
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        let _ = resize;
+        Err(OperatorCall::Resize(name).unsupported(self.capabilities().backend))
     }
 
     /// Amends `hold` as `amendment` says, if it is still this acquisition's (an

@@ -45,6 +45,13 @@ pub struct Capabilities {
     /// Grants [`HoldKind::Permit`](crate::raw::backend::HoldKind) holds: semaphores
     /// ([`Semaphore`](crate::Semaphore)) work on it.
     pub semaphore: bool,
+    /// Grants permit holds of several permits at once
+    /// ([`Semaphore::acquire_many`](crate::Semaphore::acquire_many)).
+    pub semaphore_many: bool,
+    /// Changes the number of permits of a semaphore in use
+    /// ([`Semaphore::resize`](crate::Semaphore::resize)); a shrink by more than one
+    /// permit also needs [`Capabilities::semaphore_many`].
+    pub semaphore_resize: bool,
     /// Grants [`HoldKind::Read`](crate::raw::backend::HoldKind) and `Write` holds and downgrades a
     /// write to a read ([`Amendment::Downgrade`](crate::raw::backend::Amendment)):
     /// read-write locks ([`RwLock`](crate::RwLock)) work on it.
@@ -58,7 +65,8 @@ pub struct Capabilities {
 impl Capabilities {
     /// Capabilities with conservative defaults: unfair, per-lock TTL of at least 1 ms,
     /// push wake-up, not durable, counter fencing, no fence floor, no elections, no
-    /// semaphores, no read-write locks, no upgradeable readers.
+    /// semaphores (nor several permits per hold, nor resizing), no read-write locks, no
+    /// upgradeable readers.
     pub const fn new(backend: &'static str) -> Self {
         Capabilities {
             backend,
@@ -71,6 +79,8 @@ impl Capabilities {
             fence_at_least: false,
             election: false,
             semaphore: false,
+            semaphore_many: false,
+            semaphore_resize: false,
             rwlock: false,
             upgradeable: false,
         }
@@ -121,6 +131,18 @@ impl Capabilities {
     /// Sets [`Capabilities::semaphore`].
     pub const fn semaphore(mut self, semaphore: bool) -> Self {
         self.semaphore = semaphore;
+        self
+    }
+
+    /// Sets [`Capabilities::semaphore_many`].
+    pub const fn semaphore_many(mut self, semaphore_many: bool) -> Self {
+        self.semaphore_many = semaphore_many;
+        self
+    }
+
+    /// Sets [`Capabilities::semaphore_resize`].
+    pub const fn semaphore_resize(mut self, semaphore_resize: bool) -> Self {
+        self.semaphore_resize = semaphore_resize;
         self
     }
 

@@ -15,7 +15,7 @@ use crate::backend::{
 use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
-use crate::kind::Amendment;
+use crate::kind::{Amendment, SemaphoreResize};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::options::LockOptions;
@@ -40,6 +40,7 @@ pub(crate) trait AnyBackend: Send + Sync + fmt::Debug + fmt::Display + 'static {
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>>;
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>>;
     async fn amend(&self, hold: &AnyHold, amendment: Amendment<'_>) -> Result<Amended>;
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()>;
     async fn changes(&self, name: &LockName) -> Result<ChangeFeed>;
     fn session(&self) -> Option<watch::Receiver<SessionStatus>>;
     async fn close(&self) -> Result<()>;
@@ -92,6 +93,10 @@ impl<B: Backend> AnyBackend for B {
 
     async fn amend(&self, hold: &AnyHold, amendment: Amendment<'_>) -> Result<Amended> {
         Backend::amend(self, own_hold::<B>(hold)?, amendment).await
+    }
+
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        Backend::resize_semaphore(self, name, resize).await
     }
 
     async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {

@@ -4,6 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::name::LockName;
+use crate::token::OwnerToken;
 
 /// The kind of hold an acquisition asks for. A backend grants the kinds its
 /// [`Capabilities`](crate::Capabilities) name; the lease client refuses the others before they reach it.
@@ -21,10 +22,13 @@ pub enum HoldKind {
         /// What the candidate proclaims; readers see it as the leader's value.
         value: Vec<u8>,
     },
-    /// One permit of a semaphore of `permits`: at most `permits` holders at a time.
+    /// `count` permits of a semaphore of `permits`, taken and given back together as
+    /// one hold: at most `permits` permits held at a time.
     Permit {
         /// How many permits the semaphore has; every participant must say the same.
         permits: u32,
+        /// How many of them this hold takes, from 1 to `permits`.
+        count: u32,
     },
     /// The shared side of a read-write lock: readers hold together, beside no writer.
     Read,
@@ -37,17 +41,24 @@ pub enum HoldKind {
 }
 
 impl HoldKind {
+    /// One permit of a semaphore of `permits`.
+    pub const fn permit(permits: u32) -> HoldKind {
+        HoldKind::Permit { permits, count: 1 }
+    }
+
     /// Whether a hold of this kind is granted behind `ahead`: the kinds of the entries
     /// of its name that hold or queue before it, in queue order. The rule of every
     /// queueing backend: a reader waits only for writers ahead (never overtaking one, so
     /// writers are not starved), an upgradeable reader for anyone ahead but readers (a
-    /// reader passes one upgradeable reader ahead, which then holds, never a second), a
-    /// permit for fewer than `permits` ahead, any other kind for nobody ahead.
+    /// reader passes one upgradeable reader ahead, which then holds, never a second),
+    /// permits while the permits ahead and its own `count` are no more than `permits` (so
+    /// a request for many at the head of the queue holds back the smaller ones behind it:
+    /// it is never starved, and nobody deadlocks), any other kind for nobody ahead.
     pub fn granted_behind<'a>(&self, ahead: impl IntoIterator<Item = &'a HoldKind>) -> bool {
-        let mut count: u64 = 0;
+        let mut taken: u64 = 0;
         let mut upgradeable_ahead = false;
         for other in ahead {
-            count += 1;
+            taken += u64::from(other.weight());
             let shares = match (self, other) {
                 (HoldKind::Read, HoldKind::Read)
                 | (HoldKind::Upgradeable, HoldKind::Read)
@@ -64,8 +75,37 @@ impl HoldKind {
             }
         }
         match self {
-            HoldKind::Permit { permits } => count < u64::from(*permits),
+            HoldKind::Permit { permits, count } => taken + u64::from(*count) <= u64::from(*permits),
             _ => true,
+        }
+    }
+
+    /// Refuses a permit hold of a semaphore of no permits, or of 0 permits or more than
+    /// its semaphore has.
+    ///
+    /// # Errors
+    /// [`Error::InvalidConfig`] saying which.
+    pub fn check_count(&self) -> Result<()> {
+        match self {
+            HoldKind::Permit { permits: 0, .. } => {
+                Err(Error::config("a semaphore needs at least one permit"))
+            }
+            HoldKind::Permit { permits, count } if *count == 0 || count > permits => {
+                Err(Error::config(format!(
+                    "an acquire takes from 1 to {permits} permits of a semaphore of \
+                     {permits}, not {count}"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// How many of its name's places a hold of this kind takes: a permit hold's `count`,
+    /// 1 for any other kind.
+    pub fn weight(&self) -> u32 {
+        match self {
+            HoldKind::Permit { count, .. } => *count,
+            _ => 1,
         }
     }
 
@@ -82,7 +122,7 @@ impl HoldKind {
             HoldKind::Read | HoldKind::Write | HoldKind::Upgradeable => 2,
         };
         let agree = match (self, other) {
-            (HoldKind::Permit { permits: a }, HoldKind::Permit { permits: b }) => a == b,
+            (HoldKind::Permit { permits: a, .. }, HoldKind::Permit { permits: b, .. }) => a == b,
             _ => family(self) == family(other),
         };
         if agree {
@@ -131,12 +171,67 @@ impl HoldKind {
         match self {
             HoldKind::Mutex => "a mutex".into(),
             HoldKind::Candidate { .. } => "an election".into(),
-            HoldKind::Permit { permits: 1 } => "a semaphore of 1 permit".into(),
-            HoldKind::Permit { permits } => format!("a semaphore of {permits} permits"),
+            HoldKind::Permit { permits: 1, .. } => "a semaphore of 1 permit".into(),
+            HoldKind::Permit { permits, count: 1 } => format!("a semaphore of {permits} permits"),
+            HoldKind::Permit { permits, count } => {
+                format!("{count} permits of a semaphore of {permits} permits")
+            }
             HoldKind::Read => "a read-write lock (read)".into(),
             HoldKind::Write => "a read-write lock (write)".into(),
             HoldKind::Upgradeable => "a read-write lock (upgradeable read)".into(),
         }
+    }
+}
+
+/// A change of a semaphore's number of permits
+/// ([`DistributedLock::resize_semaphore`](crate::DistributedLock::resize_semaphore)): every
+/// hold and request of the name is rewritten, in one atomic write, as [`Self::rewrite`]
+/// says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SemaphoreResize<'a> {
+    /// The number of permits the semaphore has.
+    pub from: u32,
+    /// The number it is to have.
+    pub to: u32,
+    /// For a shrink: the owner token of the resizer's own hold of `from - to` permits,
+    /// taken in the queue beforehand, so that no more than `to` permits are held by
+    /// others when the write is made. The write makes it a hold of all `to` permits (so
+    /// nobody is granted before its release, which follows).
+    pub reservation: Option<&'a OwnerToken>,
+}
+
+impl SemaphoreResize<'_> {
+    /// The kind the hold or request of `owner` (of `kind`) on `name` has after the
+    /// resize: a permit of `to`, with its count, or all of them for the reservation.
+    ///
+    /// # Errors
+    /// [`Error::Conflict`] for anything but a permit of `from` (or of `to`: a retried
+    /// resize), or of a count above `to`.
+    pub fn rewrite(
+        &self,
+        kind: &HoldKind,
+        owner: Option<&str>,
+        name: &LockName,
+    ) -> Result<HoldKind> {
+        let to = HoldKind::permit(self.to);
+        if to.check_beside(kind, name).is_err() {
+            HoldKind::permit(self.from).check_beside(kind, name)?;
+        }
+        let reserved = self
+            .reservation
+            .is_some_and(|token| owner == Some(token.as_str()));
+        let count = if reserved { self.to } else { kind.weight() };
+        if count > self.to {
+            return Err(Error::Conflict {
+                name: name.to_string(),
+                ours: to.describe(),
+                theirs: kind.describe(),
+            });
+        }
+        Ok(HoldKind::Permit {
+            permits: self.to,
+            count,
+        })
     }
 }
 
@@ -182,7 +277,11 @@ mod tests {
     use super::*;
 
     fn permit(permits: u32) -> HoldKind {
-        HoldKind::Permit { permits }
+        HoldKind::permit(permits)
+    }
+
+    fn permits(permits: u32, count: u32) -> HoldKind {
+        HoldKind::Permit { permits, count }
     }
 
     #[test]
@@ -229,6 +328,76 @@ mod tests {
     }
 
     #[test]
+    fn permits_sum_the_counts_ahead() {
+        let one = permit(5);
+        let three = permits(5, 3);
+        assert!(three.granted_behind([&permits(5, 2)]));
+        assert!(!three.granted_behind([&permits(5, 2), &one]));
+        assert!(one.granted_behind([&three, &one]));
+        assert!(!one.granted_behind([&three, &permits(5, 2)]));
+        assert!(permits(5, 5).granted_behind([]));
+        assert!(!permits(5, 5).granted_behind([&one]));
+    }
+
+    #[test]
+    fn a_big_request_ahead_holds_back_the_small_ones() {
+        // Held: 2 of 4. Queued first: a request for 3, which waits; behind it a request
+        // for 1 that would fit alone waits too (no overtaking), in every backend's
+        // settle, which stops at the first waiter not granted.
+        let held = [permits(4, 2)];
+        let big = permits(4, 3);
+        assert!(!big.granted_behind(&held));
+        let mut queue = vec![big.clone(), permit(4)];
+        let mut ahead: Vec<HoldKind> = held.to_vec();
+        let mut granted = Vec::new();
+        while let Some(next) = queue.first() {
+            if !next.granted_behind(&ahead) {
+                break;
+            }
+            let next = queue.remove(0);
+            ahead.push(next.clone());
+            granted.push(next);
+        }
+        assert!(granted.is_empty(), "nobody overtakes the head: {granted:?}");
+        // Once the holder goes, the big one is granted, then the small one fits beside it.
+        assert!(big.granted_behind([]));
+        assert!(permit(4).granted_behind([&big]));
+        assert!(!permits(4, 2).granted_behind([&big]));
+    }
+
+    #[test]
+    fn a_resize_rewrites_permits_and_fills_the_reservation() {
+        let name = LockName::new("jobs").expect("valid");
+        let reserved = OwnerToken::generate();
+        let shrink = SemaphoreResize {
+            from: 4,
+            to: 2,
+            reservation: Some(&reserved),
+        };
+        let rewrite = |kind: &HoldKind, owner: Option<&str>| shrink.rewrite(kind, owner, &name);
+        assert_eq!(
+            rewrite(&permits(4, 2), Some("a")).expect("fits"),
+            permits(2, 2)
+        );
+        assert_eq!(
+            rewrite(&permits(4, 2), Some(reserved.as_str())).expect("the reservation"),
+            permits(2, 2)
+        );
+        assert_eq!(rewrite(&permit(2), None).expect("a retry"), permit(2));
+        for refused in [permits(4, 3), permit(3), HoldKind::Read, HoldKind::Mutex] {
+            let err = rewrite(&refused, Some("a")).expect_err("refused");
+            assert_eq!(err.kind(), crate::ErrorKind::Conflict, "{refused:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn weight_is_the_count_of_a_permit_hold() {
+        assert_eq!(permits(9, 4).weight(), 4);
+        assert_eq!(HoldKind::Read.weight(), 1);
+        assert_eq!(HoldKind::Mutex.weight(), 1);
+    }
+
+    #[test]
     fn disagreements_are_conflicts() {
         let name = LockName::new("jobs").expect("valid");
         assert!(permit(3).check_beside(&permit(3), &name).is_ok());
@@ -237,6 +406,8 @@ mod tests {
             .expect_err("disagree");
         assert_eq!(err.kind(), crate::ErrorKind::Conflict);
         assert!(err.to_string().contains("4 permits"), "{err}");
+        assert!(permits(3, 2).check_beside(&permit(3), &name).is_ok());
+        assert!(permits(3, 2).check_beside(&permits(4, 2), &name).is_err());
         assert!(HoldKind::Read.check_beside(&HoldKind::Write, &name).is_ok());
         assert!(HoldKind::Mutex
             .check_beside(&HoldKind::Read, &name)

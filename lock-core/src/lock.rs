@@ -9,6 +9,7 @@ use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
 use crate::error::{Error, Result};
 use crate::guard::LockGuard;
+use crate::kind::SemaphoreResize;
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::options::{AcquireOptions, LockOptions, Wait};
@@ -93,6 +94,16 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 ///   ([`semaphore_permits_disagreement_refused`]).
 /// - a permit holder cut off is Lost before its permit is given again
 ///   ([`semaphore_cut_off_holder_is_replaced`]).
+/// - several permits in one hold never over-grant ([`semaphore_many_never_over_grants`]);
+///   a big request at the head holds back smaller ones where fair
+///   ([`semaphore_many_fifo_big_head`]); requests for n and m never deadlock
+///   ([`semaphore_many_no_deadlock`]); tries, timeouts and bad counts behave
+///   ([`semaphore_many_try_and_timeout`]); abandoned requests leave nothing
+///   ([`semaphore_many_cancellation_leaves_nothing`]). Where
+///   [`Capabilities::semaphore_many`] is unset, each is `Error::Unsupported`.
+/// - a resize never over-grants, before, during or after it, or is `Error::Unsupported`
+///   where [`Capabilities::semaphore_resize`] is unset
+///   ([`semaphore_resize_never_over_grants`]).
 /// - readers together, never a writer beside anyone
 ///   ([`rwlock_readers_share_writers_exclude`]); a waiting writer is not overtaken
 ///   ([`rwlock_writer_not_starved`]); a downgrade has no window
@@ -149,6 +160,12 @@ use crate::options::{AcquireOptions, LockOptions, Wait};
 /// [`semaphore_fifo_with_push`]: ../conformance/rules/fn.semaphore_fifo_with_push.html
 /// [`semaphore_permits_disagreement_refused`]: ../conformance/rules/fn.semaphore_permits_disagreement_refused.html
 /// [`semaphore_cut_off_holder_is_replaced`]: ../conformance/rules/fn.semaphore_cut_off_holder_is_replaced.html
+/// [`semaphore_many_never_over_grants`]: ../conformance/rules/fn.semaphore_many_never_over_grants.html
+/// [`semaphore_many_fifo_big_head`]: ../conformance/rules/fn.semaphore_many_fifo_big_head.html
+/// [`semaphore_many_no_deadlock`]: ../conformance/rules/fn.semaphore_many_no_deadlock.html
+/// [`semaphore_many_try_and_timeout`]: ../conformance/rules/fn.semaphore_many_try_and_timeout.html
+/// [`semaphore_many_cancellation_leaves_nothing`]: ../conformance/rules/fn.semaphore_many_cancellation_leaves_nothing.html
+/// [`semaphore_resize_never_over_grants`]: ../conformance/rules/fn.semaphore_resize_never_over_grants.html
 /// [`rwlock_readers_share_writers_exclude`]: ../conformance/rules/fn.rwlock_readers_share_writers_exclude.html
 /// [`rwlock_writer_not_starved`]: ../conformance/rules/fn.rwlock_writer_not_starved.html
 /// [`rwlock_downgrade_without_window`]: ../conformance/rules/fn.rwlock_downgrade_without_window.html
@@ -227,6 +244,23 @@ pub trait DistributedLock: Send + Sync + fmt::Debug + fmt::Display {
         Err(OperatorCall::Break(name).unsupported(self.capabilities().backend))
     }
 
+    /// Rewrites the number of permits of every hold and request of the semaphore `name`
+    /// as `resize` says, in one atomic write on the server: grants count with the new
+    /// number from then on. The step of [`Semaphore::resize`](crate::Semaphore::resize)
+    /// that commits; alone, a shrink is safe only behind a reservation (see
+    /// [`SemaphoreResize::reservation`]). A semaphore's number lives with its holders and
+    /// waiters: on an idle name there is nothing to write.
+    ///
+    /// # Errors
+    /// [`Error::Conflict`] as [`SemaphoreResize::rewrite`]; [`Error::InvalidConfig`] for
+    /// 0 permits; [`Error::Unsupported`] for a backend whose layout cannot change it
+    /// safely (the default), saying why; connection errors, after which the change may or
+    /// may not be made (a retry is accepted).
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        let _ = resize;
+        Err(OperatorCall::Resize(name).unsupported(self.capabilities().backend))
+    }
+
     /// A feed of server-side changes to `name` from now on (grants, releases, expiries,
     /// proclaimed values), for readers that follow it, as an election's observers do. A
     /// hint to read again, not the state: it may fire for nothing, and may miss changes
@@ -292,6 +326,14 @@ macro_rules! forward_impl {
                 (**self).force_release(name).await
             }
 
+            async fn resize_semaphore(
+                &self,
+                name: &LockName,
+                resize: &SemaphoreResize<'_>,
+            ) -> Result<()> {
+                (**self).resize_semaphore(name, resize).await
+            }
+
             async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
                 (**self).changes(name).await
             }
@@ -316,6 +358,8 @@ pub(crate) enum OperatorCall<'a> {
     List(&'a str),
     /// [`DistributedLock::force_release`].
     Break(&'a LockName),
+    /// [`DistributedLock::resize_semaphore`].
+    Resize(&'a LockName),
 }
 
 impl OperatorCall<'_> {
@@ -325,6 +369,7 @@ impl OperatorCall<'_> {
             OperatorCall::Inspect(name) => format!("inspecting `{name}`"),
             OperatorCall::List(prefix) => format!("listing the locks under `{prefix}`"),
             OperatorCall::Break(name) => format!("breaking `{name}`"),
+            OperatorCall::Resize(name) => format!("resizing the semaphore `{name}`"),
         };
         Error::unsupported(backend, operation)
     }

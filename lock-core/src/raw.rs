@@ -22,7 +22,7 @@ pub mod backend {
     };
     pub use crate::changes::ChangeFeed;
     pub use crate::error::BoxError;
-    pub use crate::kind::{Amendment, HoldKind};
+    pub use crate::kind::{Amendment, HoldKind, SemaphoreResize};
     pub use crate::lease::{drift_margin, validity_deadline, LeaseClient};
     pub use crate::options::AcquireKind;
 }

@@ -11,7 +11,7 @@ use etcd_client::KeyValue;
 use lock_core::raw::{
     backend::{
         AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
-        RenewItem, RenewOutcome, SessionStatus,
+        RenewItem, RenewOutcome, SemaphoreResize, SessionStatus,
     },
     driver::Connect,
     plumbing::{Background, Backoff, Cleanup, CleanupOnDrop},
@@ -231,6 +231,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new(BACKEND)
     .fencing(FencingSource::CreateRevision)
     .election(true)
     .semaphore(true)
+    .semaphore_many(true)
+    .semaphore_resize(true)
     .rwlock(true)
     .upgradeable(true);
 
@@ -425,6 +427,12 @@ impl Backend for EtcdBackend {
             self.mark_ttl,
         )
         .await
+    }
+
+    /// Rewrites every entry's value with the new number, in one transaction that holds only
+    /// if the range is as read (see *Semaphores* in the crate docs).
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        operator::resize(&self.client, name, &self.lock_prefix(name), resize).await
     }
 
     /// Puts the value on the candidate's key if its create revision is still the hold's

@@ -25,7 +25,9 @@
 //! them (`<lease id in hex>[_<n>].kind`, one per acquisition under way, so one client may
 //! hold several permits or reads of one name at once; [`queue_key`]), and its value
 //! says its kind and owner token ([`entry_value`]): the bare owner token for a mutex,
-//! `permit/<permits>/<owner token>`, `read/<owner token>`, `write/<owner token>` or
+//! `permit/<permits>/<owner token>` (a hold of one permit),
+//! `permit/<permits>/<count>/<owner token>` (of `count` permits, at once: one key, one
+//! create revision, one fencing token), `read/<owner token>`, `write/<owner token>` or
 //! `upgradeable/<owner token>`. The
 //! key, which no user chooses, tells our values from proposals ([`Entry::of`]): the value
 //! of a key ending in `.kind` is ours (a tag or an owner token; anything else there reads
@@ -177,7 +179,8 @@ pub(crate) fn entry_value(kind: &HoldKind, token: &str) -> Option<Vec<u8>> {
     let value = match kind {
         HoldKind::Mutex => token.to_owned(),
         HoldKind::Candidate { value } => return Some(value.clone()),
-        HoldKind::Permit { permits } => format!("{PERMIT}{permits}/{token}"),
+        HoldKind::Permit { permits, count: 1 } => format!("{PERMIT}{permits}/{token}"),
+        HoldKind::Permit { permits, count } => format!("{PERMIT}{permits}/{count}/{token}"),
         HoldKind::Read => format!("{READ}{token}"),
         HoldKind::Write => format!("{WRITE}{token}"),
         HoldKind::Upgradeable => format!("{UPGRADEABLE}{token}"),
@@ -236,13 +239,12 @@ impl Entry {
         let text = std::str::from_utf8(value).unwrap_or("");
         let token = |rest: &str| reads_as_owner_token(rest).then(|| rest.to_owned());
         let tagged = if let Some(rest) = text.strip_prefix(PERMIT) {
-            rest.split_once('/').and_then(|(permits, rest)| {
-                let n: u32 = permits.parse().ok()?;
-                let plain = n.to_string() == permits;
-                plain
-                    .then(|| token(rest))
-                    .flatten()
-                    .map(|owner| (HoldKind::Permit { permits: n }, owner))
+            number_then(rest).and_then(|(permits, rest)| {
+                let (count, rest) = match token(rest) {
+                    Some(_) => (1, rest),
+                    None => number_then(rest).filter(|(count, _)| *count <= permits)?,
+                };
+                token(rest).map(|owner| (HoldKind::Permit { permits, count }, owner))
             })
         } else if let Some(rest) = text.strip_prefix(READ) {
             token(rest).map(|owner| (HoldKind::Read, owner))
@@ -265,6 +267,14 @@ impl Entry {
     }
 }
 
+/// A number above 0 written plainly at the start of `text`, then `/`: the number and the
+/// rest.
+fn number_then(text: &str) -> Option<(u32, &str)> {
+    let (number, rest) = text.split_once('/')?;
+    let n: u32 = number.parse().ok()?;
+    (n.to_string() == number && n > 0).then_some((n, rest))
+}
+
 /// Whether `text` has the form of the owner tokens distlock stores: a lowercase hyphenated
 /// UUID, optionally after [`DUAL_TOKEN_PREFIX`] (a dual hold's).
 pub(crate) fn reads_as_owner_token(text: &str) -> bool {
@@ -283,7 +293,8 @@ pub(crate) fn reads_as_owner_token(text: &str) -> bool {
 /// an upgradeable reader all of them (granted when no writer is before ours).
 pub(crate) fn queue_head(kind: &HoldKind) -> GetOptions {
     let limit = match kind {
-        HoldKind::Permit { permits } => i64::from(*permits) + 1,
+        // Every entry ahead takes a permit at least.
+        HoldKind::Permit { permits, .. } => i64::from(*permits) + 1,
         HoldKind::Read | HoldKind::Upgradeable => 0,
         _ => 1,
     };
@@ -509,7 +520,11 @@ mod tests {
         let dual = format!("dual-{token}");
         for kind in [
             HoldKind::Mutex,
-            HoldKind::Permit { permits: 4 },
+            HoldKind::permit(4),
+            HoldKind::Permit {
+                permits: 4,
+                count: 3,
+            },
             HoldKind::Read,
             HoldKind::Write,
             HoldKind::Upgradeable,
@@ -523,9 +538,23 @@ mod tests {
             }
         }
         assert_eq!(
-            entry_value(&HoldKind::Permit { permits: 4 }, token).expect("a value"),
+            entry_value(&HoldKind::permit(4), token).expect("a value"),
             format!("permit/4/{token}").into_bytes()
         );
+        let three = HoldKind::Permit {
+            permits: 4,
+            count: 3,
+        };
+        assert_eq!(
+            entry_value(&three, token).expect("a value"),
+            format!("permit/4/3/{token}").into_bytes()
+        );
+        // A count above the permits, or 0, is no tag: the entry reads as a mutex's.
+        let tagged = queue_key("p/jobs/", 0x1f, 1, &three);
+        for bad in [format!("permit/4/5/{token}"), format!("permit/4/0/{token}")] {
+            let entry = Entry::of(tagged.as_bytes(), bad.as_bytes());
+            assert_eq!(entry.kind, HoldKind::Mutex, "{bad}");
+        }
         assert_eq!(
             entry_value(&HoldKind::Write, token).expect("a value"),
             format!("write/{token}").into_bytes()
@@ -547,9 +576,14 @@ mod tests {
         );
         let kinds = [
             HoldKind::Mutex,
-            HoldKind::Permit { permits: 4 },
+            HoldKind::permit(4),
+            HoldKind::Permit {
+                permits: 4,
+                count: 3,
+            },
             HoldKind::Read,
             HoldKind::Write,
+            HoldKind::Upgradeable,
         ];
         for kind in kinds {
             let value = entry_value(&kind, token).expect("a value");
@@ -575,6 +609,12 @@ mod tests {
             format!("READ/{token}"),
             format!("write/{token}/"),
             format!("reader/{token}"),
+            "upgradeable/x".into(),
+            format!("upgradeable/{token}/"),
+            format!("upgradeable{token}"),
+            format!("permit/4/03/{token}"),
+            "permit/4/3/x".into(),
+            format!("permit/4/3/{token}/"),
         ] {
             let entry = Entry::of(tagged.as_bytes(), value.as_bytes());
             assert_eq!(entry.kind, HoldKind::Mutex, "{value}");
@@ -599,7 +639,7 @@ mod tests {
         );
         let mutex = HoldKind::Mutex;
         assert_eq!(queue_key("l/", 0x1f, 0, &mutex), "l/1f.kind");
-        let permit = HoldKind::Permit { permits: 2 };
+        let permit = HoldKind::permit(2);
         assert_eq!(queue_key("l/", 0x1f, 0, &permit), "l/1f.kind");
         assert_eq!(queue_key("l/", 0x1f, 2, &HoldKind::Write), "l/1f_2.kind");
         assert_eq!(twin_key("l/1f_2.kind"), "l/1f_2");

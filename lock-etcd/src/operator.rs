@@ -1,6 +1,6 @@
 //! What an operator asks and does: who holds and who waits for a lock ([`inspect`]),
-//! which names are held under a prefix ([`list`]), and breaking a hold
-//! ([`force_release`]).
+//! which names are held under a prefix ([`list`]), breaking a hold
+//! ([`force_release`]), and a semaphore's resize ([`resize`]).
 //!
 //! An inspection is one linearizable range read of the lock's key range, in create
 //! revision order (the first holds, the rest wait, as `concurrency.Mutex` orders them),
@@ -26,12 +26,14 @@ use etcd_client::{
     Compare, CompareOp, GetOptions, KeyValue, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
     TxnOpResponse,
 };
-use lock_core::raw::backend::HoldKind;
+use lock_core::raw::backend::{HoldKind, SemaphoreResize};
 use lock_core::{Error, FencingToken, LockName, Occupancy, Participant, Result};
 
 use crate::connection::{first_kv, header_revision, EtcdClient, LeaseTtl};
 use crate::error::{unexpected, BACKEND};
-use crate::layout::{broken_mark, first_created, lock_of_key, names_under, range_end, Entry};
+use crate::layout::{
+    broken_mark, entry_value, first_created, lock_of_key, names_under, range_end, Entry,
+};
 use crate::session::ttl_seconds;
 
 const WHAT: &str = "inspecting a lock";
@@ -189,6 +191,66 @@ pub(crate) async fn list(
             "listing the locks under `{name_prefix}`: more than {} keys",
             PAGE * i64::try_from(MAX_PAGES).unwrap_or(i64::MAX)
         ),
+    })
+}
+
+/// How many times a resize reads and writes again when the range changed in between.
+const RESIZE_ROUNDS: usize = 8;
+
+/// Resizes the semaphore `name`, whose key range is `prefix`: rewrites the value of every
+/// entry as [`SemaphoreResize::rewrite`] says, keeping each key's lease and create
+/// revision, in one transaction that holds only if no key of the range was put since the
+/// read (every mod revision up to it) and every entry read is still there (its create
+/// revision). Reads and writes again when the range changed meanwhile.
+///
+/// # Errors
+/// [`Error::Conflict`] as [`SemaphoreResize::rewrite`]; [`Error::Unavailable`]
+/// (retryable) when the range kept changing; connection errors.
+pub(crate) async fn resize(
+    client: &EtcdClient,
+    name: &LockName,
+    prefix: &str,
+    resize: &SemaphoreResize<'_>,
+) -> Result<()> {
+    const WHAT: &str = "resizing a semaphore";
+    for _ in 0..RESIZE_ROUNDS {
+        let read = Txn::new().and_then([TxnOp::get(prefix, Some(GetOptions::new().with_prefix()))]);
+        let response = client.txn(WHAT, read).await?;
+        let read_at = header_revision(&response, WHAT)?;
+        let Some(TxnOpResponse::Get(range)) = response.op_responses().first().cloned() else {
+            return Err(unexpected(WHAT, "an answer without the range"));
+        };
+        if range.kvs().is_empty() {
+            return Ok(());
+        }
+        let mut unchanged =
+            vec![Compare::mod_revision(prefix, CompareOp::Less, read_at + 1).with_prefix()];
+        let mut writes = Vec::new();
+        for kv in range.kvs() {
+            let entry = Entry::of(kv.key(), kv.value());
+            let kind = resize.rewrite(&entry.kind, entry.owner.as_deref(), name)?;
+            let value = entry
+                .owner
+                .as_deref()
+                .and_then(|owner| entry_value(&kind, owner))
+                .ok_or_else(|| unexpected(WHAT, "a permit's entry without its owner"))?;
+            unchanged.push(Compare::create_revision(
+                kv.key(),
+                CompareOp::Equal,
+                kv.create_revision(),
+            ));
+            let keep_lease = PutOptions::new().with_ignore_lease();
+            writes.push(TxnOp::put(kv.key(), value, Some(keep_lease)));
+        }
+        let write = Txn::new().when(unchanged).and_then(writes);
+        if client.txn(WHAT, write).await?.succeeded() {
+            return Ok(());
+        }
+    }
+    Err(Error::Unavailable {
+        backend: BACKEND,
+        message: format!("the semaphore `{name}` changed under every resize attempt"),
+        source: None,
     })
 }
 

@@ -85,6 +85,28 @@ pub(crate) fn admitted<'a>(
     Ok(place.kind.granted_behind(&kinds))
 }
 
+/// The fewest deletes among the entries `ahead` after which `count` permits of
+/// `permits` could be granted: the biggest holds going first. Fewer never grant, so a
+/// waiter re-checks only after that many.
+fn deletes_needed(permits: u32, count: u32, ahead: &[&KeyValue]) -> usize {
+    let mut weights: Vec<u64> = ahead
+        .iter()
+        .map(|kv| u64::from(Entry::of(kv.key(), kv.value()).kind.weight()))
+        .collect();
+    weights.sort_unstable_by(|a, b| b.cmp(a));
+    let mut taken: u64 = weights.iter().sum();
+    let room = u64::from(permits).saturating_sub(u64::from(count));
+    let mut needed = 0;
+    for weight in weights {
+        if taken <= room {
+            break;
+        }
+        taken -= weight;
+        needed += 1;
+    }
+    needed.max(1)
+}
+
 /// Our entry, just put in the queue.
 #[derive(Debug)]
 pub(crate) struct Enqueued {
@@ -372,11 +394,8 @@ impl Queue {
             return Ok(Turn::Owner);
         }
         let blocker = match place.kind {
-            HoldKind::Permit { permits } => Blocker::Deletes {
-                needed: ahead
-                    .len()
-                    .saturating_sub(usize::try_from(*permits).unwrap_or(usize::MAX))
-                    + 1,
+            HoldKind::Permit { permits, count } => Blocker::Deletes {
+                needed: deletes_needed(*permits, *count, &ahead),
                 ahead: ahead.iter().map(|kv| kv.key().to_vec()).collect(),
             },
             // A reader waits for the last writer ahead to go or to become a reader, else

@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use lock_core::raw::{
     backend::{
         AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
-        RenewItem, RenewOutcome,
+        RenewItem, RenewOutcome, SemaphoreResize,
     },
     driver::Connect,
     plumbing::{Background, Cleanup, CleanupOnDrop},
@@ -404,6 +404,12 @@ impl Backend for RedisBackend {
     /// some of them.
     async fn force_release(&self, name: &LockName) -> Result<Option<Participant>> {
         operator::force_release(&self.servers, name).await
+    }
+
+    /// One script call (`resize.lua`): the holds' and waiters' entries in the holders'
+    /// table get the new number, then the waiters that fit are granted.
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        operator::resize(&self.servers, name, resize).await
     }
 
     /// One owner-checked script call per server (RedLock: done on a majority). A proclaim:

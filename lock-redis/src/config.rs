@@ -300,6 +300,8 @@ impl RedisConfig {
             .fence_at_least(true)
             .election(true)
             .semaphore(self.grants_shared())
+            .semaphore_many(self.grants_shared())
+            .semaphore_resize(self.grants_shared())
             .rwlock(self.grants_shared())
             .upgradeable(self.grants_shared());
         if self.deployment.is_redlock() {

@@ -224,7 +224,7 @@ pub(crate) struct SharedKeys {
 pub(crate) fn kind_named(code: i64) -> HoldKind {
     match u32::try_from(code) {
         Ok(0) => HoldKind::Read,
-        Ok(permits) => HoldKind::Permit { permits },
+        Ok(permits) => HoldKind::permit(permits),
         Err(_) => HoldKind::Mutex,
     }
 }
@@ -333,13 +333,15 @@ pub(crate) enum WakeKeys {
 }
 
 /// `kind` as the scripts of the shared kinds spell it in the holders' table (`R`, `W`,
-/// `U`, `P<permits>`); `None` for the exclusive kinds, which hold the plain lock key.
+/// `U`, `P<permits>`, `P<permits>x<count>` for several permits in one hold); `None` for the
+/// exclusive kinds, which hold the plain lock key.
 pub(crate) fn spell_kind(kind: &HoldKind) -> Option<String> {
     match kind {
         HoldKind::Read => Some("R".into()),
         HoldKind::Write => Some("W".into()),
         HoldKind::Upgradeable => Some("U".into()),
-        HoldKind::Permit { permits } => Some(format!("P{permits}")),
+        HoldKind::Permit { permits, count: 1 } => Some(format!("P{permits}")),
+        HoldKind::Permit { permits, count } => Some(format!("P{permits}x{count}")),
         _ => None,
     }
 }
@@ -350,10 +352,12 @@ pub(crate) fn read_kind(spelled: &str) -> Option<HoldKind> {
         "R" => Some(HoldKind::Read),
         "W" => Some(HoldKind::Write),
         "U" => Some(HoldKind::Upgradeable),
-        _ => spelled
-            .strip_prefix('P')
-            .and_then(|permits| permits.parse().ok())
-            .map(|permits| HoldKind::Permit { permits }),
+        _ => {
+            let spelled = spelled.strip_prefix('P')?;
+            let (permits, count) = spelled.split_once('x').unwrap_or((spelled, "1"));
+            let (permits, count) = (permits.parse().ok()?, count.parse().ok()?);
+            Some(HoldKind::Permit { permits, count })
+        }
     }
 }
 
@@ -367,7 +371,11 @@ mod tests {
             HoldKind::Read,
             HoldKind::Write,
             HoldKind::Upgradeable,
-            HoldKind::Permit { permits: 12 },
+            HoldKind::permit(12),
+            HoldKind::Permit {
+                permits: 12,
+                count: 5,
+            },
         ] {
             let spelled = spell_kind(&kind).expect("a shared kind");
             assert_eq!(read_kind(&spelled), Some(kind));

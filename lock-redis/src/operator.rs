@@ -7,6 +7,7 @@ use std::collections::{HashMap, HashSet};
 use std::time::{Duration, UNIX_EPOCH};
 
 use futures::future::join_all;
+use lock_core::raw::backend::{HoldKind, SemaphoreResize};
 use lock_core::{FencingToken, LockName, Occupancy, Participant, Result};
 use redis::FromRedisValue;
 
@@ -165,6 +166,48 @@ async fn held_of_type(
         }
         cursor = next;
     }
+}
+
+/// Resizes the semaphore `name` (`resize.lua`): one server decides (shared kinds are not
+/// granted on RedLock).
+///
+/// # Errors
+/// [`lock_core::Error::Conflict`] when the name is another kind, a semaphore of another
+/// number, or has a hold or waiter of more than the new number; connection errors.
+pub(crate) async fn resize(
+    servers: &Servers,
+    name: &LockName,
+    resize: &SemaphoreResize<'_>,
+) -> Result<()> {
+    let key = servers.keys.lock_key(name);
+    let channel = servers.channel_prefix_for(&key);
+    let call = servers
+        .scripts
+        .resize(&servers.keys, &key, resize, &channel);
+    let replies = on_a_majority(servers, &key, &call, "the resize", name).await?;
+    let Some((_, reply)) = replies.into_iter().next() else {
+        return Ok(());
+    };
+    let ours = HoldKind::permit(resize.to);
+    let theirs = match reply.as_slice() {
+        [1, ..] => return Ok(()),
+        [-1, code] => layout::kind_named(*code),
+        [-2, count] => HoldKind::Permit {
+            permits: resize.from,
+            count: u32::try_from(*count).unwrap_or(u32::MAX),
+        },
+        _ => {
+            return Err(error::protocol(
+                servers.backend,
+                format!("unexpected reply to a resize: {reply:?}"),
+            ))
+        }
+    };
+    Err(lock_core::Error::Conflict {
+        name: name.to_string(),
+        ours: ours.describe(),
+        theirs: theirs.describe(),
+    })
 }
 
 /// Breaks `name` on every server (`break.lua`): deletes its lock key whoever holds
@@ -391,7 +434,7 @@ mod tests {
             .collect();
         let holders = shared_holders(&flat);
         assert_eq!(holders.len(), 3);
-        assert_eq!(holders[0].kind, Some(HoldKind::Permit { permits: 3 }));
+        assert_eq!(holders[0].kind, Some(HoldKind::permit(3)));
         assert_eq!(holders[0].fencing_token, Some(FencingToken(17)));
         assert_eq!(holders[0].lease_left, Some(Duration::from_millis(900)));
         assert_eq!(holders[1].kind, Some(HoldKind::Write));

@@ -1,8 +1,9 @@
 //! The Lua scripts of the protocol (the `.lua` files in `scripts/`) and how each is
 //! called: the Rust files beside them put each script's keys and arguments in their
 //! places and read its reply (`scripts/acquire.rs`: the acquires and RedLock's fencing
-//! write; `scripts/release.rs`: release, downgrade, upgrade and proclaim; `scripts/renew.rs`;
-//! `scripts/inspect.rs`: inspection and the force release). A [`Call`] runs on a
+//! write; `scripts/release.rs`: release, downgrade, upgrade and proclaim;
+//! `scripts/renew.rs`; `scripts/inspect.rs`: inspection, the force release and a
+//! semaphore's resize). A [`Call`] runs on a
 //! connection's route. No other file spells a script's keys or arguments.
 
 mod acquire;
@@ -52,6 +53,8 @@ pub(crate) struct Scripts {
     acquire_s: Script,
     release_s: Script,
     rekind: Script,
+    /// A semaphore's resize.
+    resize: Script,
 }
 
 impl Scripts {
@@ -119,6 +122,7 @@ impl Scripts {
             acquire_s: shared_script(include_str!("scripts/acquire_s.lua")),
             release_s: shared_script(include_str!("scripts/release_s.lua")),
             rekind: shared_script(include_str!("scripts/rekind.lua")),
+            resize: shared_script(include_str!("scripts/resize.lua")),
         }
     }
 

@@ -9,7 +9,7 @@ use async_trait::async_trait;
 use lock_core::raw::{
     backend::{
         AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
-        HoldKind, RenewItem, RenewOutcome, SessionStatus,
+        HoldKind, RenewItem, RenewOutcome, SemaphoreResize, SessionStatus,
     },
     driver::Connect,
     plumbing::CleanupOnDrop,
@@ -161,7 +161,7 @@ impl Backend for ZkBackend {
                         CleanupOnDrop::new(QueuedNode::new(&self.session, dir, marker, live.epoch))
                             .tracked_by(self.session.background())
                     };
-                    if let HoldKind::Permit { permits } = *request.kind {
+                    if let HoldKind::Permit { permits, .. } = *request.kind {
                         let (locks, leases) = semaphore_dirs(&dir);
                         let mut nodes = PermitNodes {
                             lock: pending(&locks, &lock_marker),
@@ -211,6 +211,22 @@ impl Backend for ZkBackend {
     /// The directories under the prefix with a lock node (crate docs, *Operating*).
     async fn list(&self, prefix: &str) -> Result<Vec<LockName>> {
         operator::list(&self.session, &self.config().prefix, prefix).await
+    }
+
+    /// Refused: Curator's `InterProcessSemaphoreV2` layout, which this backend keeps, has
+    /// no number of permits on the server (each client counts with its own), so a Curator
+    /// participant would go on granting by its old number.
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        let _ = resize;
+        Err(lock_core::Error::unsupported(
+            BACKEND,
+            format!(
+                "resizing the semaphore `{name}`: in Curator's InterProcessSemaphoreV2 layout \
+                 every client counts the lease nodes with its own number of permits, none is \
+                 kept on the server, so a Curator participant would go on granting by the old \
+                 one"
+            ),
+        ))
     }
 
     /// Deletes the first lock node and marks its owner broken (crate docs, *Operating*).

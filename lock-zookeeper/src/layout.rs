@@ -93,9 +93,7 @@ impl NodeKind {
             NodeKind::Latch => HoldKind::Candidate {
                 value: data.map(<[u8]>::to_vec).unwrap_or_default(),
             },
-            NodeKind::Lease => HoldKind::Permit {
-                permits: data.and_then(permits_in).unwrap_or(u32::MAX),
-            },
+            NodeKind::Lease => HoldKind::permit(data.and_then(permits_in).unwrap_or(u32::MAX)),
             NodeKind::Read => HoldKind::Read,
             NodeKind::Write if data == Some(DOWNGRADED) => HoldKind::Read,
             NodeKind::Write if data == Some(UPGRADEABLE) => HoldKind::Upgradeable,
@@ -156,7 +154,7 @@ pub fn semaphore_dirs(dir: &str) -> (String, String) {
 pub(crate) fn node_data(kind: &HoldKind) -> std::borrow::Cow<'_, [u8]> {
     match kind {
         HoldKind::Candidate { value } => value.as_slice().into(),
-        HoldKind::Permit { permits } => permit_data(*permits).into(),
+        HoldKind::Permit { permits, .. } => permit_data(*permits).into(),
         HoldKind::Upgradeable => UPGRADEABLE.into(),
         _ => (&[][..]).into(),
     }
@@ -537,7 +535,7 @@ mod tests {
             node_marker("t", NodeKind::of(&HoldKind::Write).unwrap()),
             "_c_t-__WRIT__"
         );
-        let permit = HoldKind::Permit { permits: 3 };
+        let permit = HoldKind::permit(3);
         assert_eq!(
             node_marker("t", NodeKind::of(&permit).unwrap()),
             "_c_t-lease-"
@@ -572,7 +570,7 @@ mod tests {
         assert_eq!(permits_in(&[0xff]), None);
         assert_eq!(
             NodeKind::Lease.hold_kind(Some(b"10.0.0.1")),
-            HoldKind::Permit { permits: u32::MAX }
+            HoldKind::permit(u32::MAX)
         );
     }
 

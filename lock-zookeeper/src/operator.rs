@@ -193,9 +193,9 @@ async fn inspect_semaphore(session: &Session, live: &Live, dir: &str) -> Result<
         .await?
         .into_iter()
         .filter(|(node, _, _)| owner_token(node).is_none_or(|token| !leasing.contains(&token)))
-        .map(|(node, stat, _)| participant(node, &stat).kind(Some(HoldKind::Permit { permits })))
+        .map(|(node, stat, _)| participant(node, &stat).kind(Some(HoldKind::permit(permits))))
         .collect();
-    occupancy(present, waiting, pzxid, |_| HoldKind::Permit { permits })
+    occupancy(present, waiting, pzxid, |_| HoldKind::permit(permits))
 }
 
 /// The stat of lock node `path` (`None`: gone) and, for a candidate's node, its data (the

@@ -118,10 +118,29 @@ struct KindArgs {
     exclusive: bool,
 }
 
+/// How many of the semaphore's permits `run --permits N` takes.
+#[derive(Debug, Args)]
+struct TakeArgs {
+    /// With --permits N: take K of the N permits at once, as one hold (all or nothing, in
+    /// its turn: later requests wait behind it). K above N exits 2 (usage); a backend that
+    /// cannot take several permits in one hold (ZooKeeper) exits 1, saying so.
+    #[arg(
+        long,
+        value_name = "K",
+        requires = "permits",
+        value_parser = clap::value_parser!(u32).range(1..)
+    )]
+    take: Option<u32>,
+}
+
 impl KindArgs {
-    fn kind(&self) -> HoldKind {
+    /// The kind of hold `run` takes; `take`: how many permits, with `--permits`.
+    fn kind(&self, take: &TakeArgs) -> HoldKind {
         match (self.permits, self.shared, self.exclusive) {
-            (Some(permits), _, _) => HoldKind::Permit { permits },
+            (Some(permits), _, _) => HoldKind::Permit {
+                permits,
+                count: take.take.unwrap_or(1),
+            },
             (None, true, _) => HoldKind::Read,
             (None, false, true) => HoldKind::Write,
             (None, false, false) => HoldKind::Mutex,
@@ -188,6 +207,8 @@ enum Command {
         acquire: AcquireArgs,
         #[command(flatten)]
         kind: KindArgs,
+        #[command(flatten)]
+        take: TakeArgs,
         #[command(flatten)]
         command: CommandArgs,
     },
@@ -407,13 +428,19 @@ async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
         Command::Run {
             acquire,
             kind,
+            take,
             command,
         } => {
             let Some(url) = lock_url(url) else {
                 return Ok(ExitCode::from(EXIT_USAGE));
             };
+            let kind = kind.kind(&take);
+            if let Err(err) = kind.check_count() {
+                eprintln!("lockctl: {err}");
+                return usage();
+            }
             let (name, grace) = (command.name.clone(), command.grace);
-            let (argv, kind) = (command.argv(), kind.kind());
+            let argv = command.argv();
             run::run(&url, &acquire, &name, &argv, grace, kind, run::Terms::Once).await
         }
         Command::Elect {

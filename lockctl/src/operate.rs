@@ -242,9 +242,10 @@ fn participant_json(participant: &Participant) -> Value {
         "session": participant.session,
         "kind": participant.kind.as_ref().map(|kind| kind.label()),
         "permits": match participant.kind {
-            Some(distlock::raw::backend::HoldKind::Permit { permits }) => Some(permits),
+            Some(distlock::raw::backend::HoldKind::Permit { permits, .. }) => Some(permits),
             _ => None,
         },
+        "count": participant.kind.as_ref().map(|kind| kind.weight()),
         "value": participant.value.as_deref().map(String::from_utf8_lossy),
         "value_version": participant.value_version,
         "since": participant.since.map(|at| humantime::format_rfc3339_millis(at).to_string()),
@@ -314,7 +315,12 @@ fn participant_text(participant: &Participant, now: SystemTime) -> String {
 /// `upgradeable reader`.
 fn role(kind: &distlock::raw::backend::HoldKind) -> String {
     match kind {
-        distlock::raw::backend::HoldKind::Permit { permits } => format!("permit of {permits},"),
+        distlock::raw::backend::HoldKind::Permit { permits, count: 1 } => {
+            format!("permit of {permits},")
+        }
+        distlock::raw::backend::HoldKind::Permit { permits, count } => {
+            format!("{count} permits of {permits},")
+        }
         distlock::raw::backend::HoldKind::Read => "reader,".to_owned(),
         distlock::raw::backend::HoldKind::Write => "writer,".to_owned(),
         distlock::raw::backend::HoldKind::Upgradeable => "upgradeable reader,".to_owned(),
@@ -408,9 +414,8 @@ mod tests {
         );
         let mutex = Participant::new(Some("t".into())).value(Some(b"t".to_vec()));
         assert_eq!(participant_text(&mutex, now), "owner t");
-        let permit = Participant::new(Some("p".into())).kind(Some(
-            distlock::raw::backend::HoldKind::Permit { permits: 4 },
-        ));
+        let permit = Participant::new(Some("p".into()))
+            .kind(Some(distlock::raw::backend::HoldKind::permit(4)));
         assert_eq!(participant_text(&permit, now), "permit of 4, owner p");
         assert_eq!(participant_json(&permit)["kind"], Value::from("permit"));
         assert_eq!(participant_json(&permit)["permits"], Value::from(4));

@@ -63,7 +63,10 @@ pub use rwlock::{
 };
 pub use semaphore::{
     semaphore_cut_off_holder_is_replaced, semaphore_fifo_with_push,
+    semaphore_many_cancellation_leaves_nothing, semaphore_many_fifo_big_head,
+    semaphore_many_never_over_grants, semaphore_many_no_deadlock, semaphore_many_try_and_timeout,
     semaphore_never_exceeds_permits, semaphore_permits_disagreement_refused,
+    semaphore_resize_never_over_grants,
 };
 pub use shutdown::{
     close_ends_waiting_acquires, close_frees_everything, closed_client_refuses_every_call,

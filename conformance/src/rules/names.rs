@@ -173,7 +173,7 @@ pub async fn names_used_as_two_kinds_refused(factory: &dyn Factory) {
         HoldKind::Candidate {
             value: b"leader".to_vec(),
         },
-        HoldKind::Permit { permits: 2 },
+        HoldKind::permit(2),
         HoldKind::Read,
         HoldKind::Write,
     ];

@@ -17,7 +17,7 @@ use distlock::memory::{MemoryBackend, MemoryConfig, MemorySpace};
 use distlock::raw::{
     backend::{
         AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
-        RenewItem, RenewOutcome,
+        RenewItem, RenewOutcome, SemaphoreResize,
     },
     driver::Connect,
     plumbing::lock_unpoisoned,
@@ -82,6 +82,10 @@ impl Backend for Relay {
 
     async fn amend(&self, hold: &Self::Hold, amendment: Amendment<'_>) -> Result<Amended> {
         self.0.amend(hold, amendment).await
+    }
+
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        self.0.resize_semaphore(name, resize).await
     }
 
     async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {

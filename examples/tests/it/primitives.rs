@@ -1,6 +1,6 @@
-//! The examples of each primitive (`semaphore`, `rwlock`, `multi_lock`, `leader`) as a user
-//! runs them, on `memory://` and on a real Redis server: each exits 0 (having closed its
-//! client) and prints what it teaches.
+//! The examples of each primitive (`semaphore`, `semaphore_many`, `rwlock`, `multi_lock`,
+//! `leader`) as a user runs them, on `memory://` and on a real Redis server: each exits 0
+//! (having closed its client) and prints what it teaches.
 //!
 //! Without Redis the tests on it print a loud notice and pass, unless
 //! `LOCK_TEST_STRICT=1`, where they fail.
@@ -31,6 +31,27 @@ async fn semaphore(url: String) {
     assert_eq!(printed.matches(": write Ok(())").count(), 6, "{printed}");
     assert!(
         printed.contains("6 jobs encoded, at most 2 at once with 2 permits"),
+        "{printed}"
+    );
+}
+
+/// A training run takes 3 of 4 GPUs in one hold among inference jobs taking 1, never more
+/// than 4 in use; the pool then grows to 6, taken in one hold.
+async fn semaphore_many(url: String) {
+    let printed = stdout(&example(env!("CARGO_BIN_EXE_semaphore_many"), &url).await);
+    assert_eq!(
+        printed.matches("training: 3 GPUs in one hold").count(),
+        1,
+        "{printed}"
+    );
+    assert_eq!(printed.matches(": 1 GPU, token").count(), 6, "{printed}");
+    let most: u32 = printed
+        .split_once("at most ")
+        .and_then(|(_, rest)| rest.split(' ').next()?.parse().ok())
+        .expect("the most in use");
+    assert!((3..=4).contains(&most), "{printed}");
+    assert!(
+        printed.contains("grown to 6 GPUs: all in one hold"),
         "{printed}"
     );
 }
@@ -132,6 +153,16 @@ async fn semaphore_on_memory() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn semaphore_on_redis() {
     on_redis(semaphore).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_many_on_memory() {
+    semaphore_many("memory://".into()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn semaphore_many_on_redis() {
+    on_redis(semaphore_many).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -37,7 +37,7 @@ impl Primitive {
             Primitive::Election => HoldKind::Candidate {
                 value: format!("candidate-{}", uuid::Uuid::new_v4().simple()).into_bytes(),
             },
-            Primitive::Semaphore => HoldKind::Permit { permits: 1 },
+            Primitive::Semaphore => HoldKind::permit(1),
             Primitive::Writer => HoldKind::Write,
         }
     }

@@ -95,17 +95,20 @@ impl<B: Backend> Keeper<B> {
         self.closed_error(format_args!("acquire `{name}`"))
     }
 
-    /// Refuses a kind of hold the backend does not grant, a semaphore without permits,
+    /// Refuses a kind of hold the backend does not grant, a bad number of permits,
     /// and reentrancy for any kind but the mutex (a candidate, a permit, a reader or a
     /// writer is one acquisition's own, never shared).
     fn check_kind(&self, options: &AcquireOptions) -> Result<()> {
+        options.kind.check_count()?;
         let (granted, what) = match &options.kind {
             HoldKind::Mutex => return Ok(()),
             HoldKind::Candidate { .. } => (self.capabilities.election, "leader elections"),
-            HoldKind::Permit { permits: 0 } => {
-                return Err(Error::config("a semaphore needs at least one permit"))
-            }
-            HoldKind::Permit { .. } => (self.capabilities.semaphore, "semaphores"),
+            HoldKind::Permit { count: 1, .. } => (self.capabilities.semaphore, "semaphores"),
+            HoldKind::Permit { .. } => (
+                self.capabilities.semaphore && self.capabilities.semaphore_many,
+                "taking several permits of a semaphore in one hold (its layout keeps no count \
+                 per hold)",
+            ),
             HoldKind::Read | HoldKind::Write => (self.capabilities.rwlock, "read-write locks"),
             HoldKind::Upgradeable => (
                 self.capabilities.rwlock && self.capabilities.upgradeable,

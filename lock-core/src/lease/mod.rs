@@ -26,7 +26,7 @@ use crate::changes::ChangeFeed;
 use crate::durations::check_duration;
 use crate::error::{Error, Result};
 use crate::guard::{AtomicInstant, HoldInfo, HoldObserver, HoldOps, LockGuard, StateSlot};
-use crate::kind::{Amendment, HoldKind};
+use crate::kind::{Amendment, HoldKind, SemaphoreResize};
 use crate::lock::{check_wait, DistributedLock};
 use crate::metrics::{ClientMetrics, HoldMetrics, Renewal, Series};
 use crate::name::{check_prefix, LockName};
@@ -187,6 +187,20 @@ impl<B: Backend> DistributedLock for LeaseClient<B> {
         let operation = || format!("break `{name}`");
         self.keeper
             .operate(operation, "force release", LONG_ROUNDS, call)
+            .await
+    }
+
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        HoldKind::permit(resize.from).check_count()?;
+        HoldKind::permit(resize.to).check_count()?;
+        if !self.keeper.capabilities.semaphore_resize {
+            // The backend's own refusal says why its layout cannot.
+            return self.keeper.backend.resize_semaphore(name, resize).await;
+        }
+        let call = self.keeper.backend.resize_semaphore(name, resize);
+        let operation = || format!("resize the semaphore `{name}`");
+        self.keeper
+            .operate(operation, "resize", LONG_ROUNDS, call)
             .await
     }
 

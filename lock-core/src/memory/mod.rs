@@ -20,7 +20,7 @@ use crate::capabilities::{Capabilities, FencingSource};
 use crate::changes::ChangeFeed;
 use crate::driver::Connect;
 use crate::error::{Error, Result};
-use crate::kind::Amendment;
+use crate::kind::{Amendment, SemaphoreResize};
 use crate::lease::LeaseClient;
 use crate::lock_url::LockUrl;
 use crate::name::LockName;
@@ -192,6 +192,8 @@ pub const CAPABILITIES: Capabilities = Capabilities::new("memory")
     .fair(true)
     .election(true)
     .semaphore(true)
+    .semaphore_many(true)
+    .semaphore_resize(true)
     .rwlock(true)
     .upgradeable(true)
     .fencing(FencingSource::Counter)
@@ -223,6 +225,11 @@ impl Backend for MemoryBackend {
     async fn amend(&self, hold: &MemoryHold, amendment: Amendment<'_>) -> Result<Amended> {
         self.reachable().await;
         self.space.amend(hold, amendment)
+    }
+
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        self.reachable().await;
+        self.space.resize(name, resize)
     }
 
     /// Every write to the space fires the feed of every name.
@@ -258,7 +265,7 @@ impl Backend for MemoryBackend {
         let waiter = Arc::new(Waiter {
             id: self.space.next_waiter.fetch_add(1, Ordering::Relaxed),
             token: request.token.clone(),
-            kind: request.kind.clone(),
+            kind: Mutex::new(request.kind.clone()),
             ttl: request.ttl,
             fence_at_least: request.fence_at_least,
             grant: Mutex::new(None),

@@ -12,7 +12,7 @@ use tokio::time::Instant;
 
 use crate::backend::{AcquireRequest, Amended};
 use crate::error::{Error, Result};
-use crate::kind::{Amendment, HoldKind};
+use crate::kind::{Amendment, HoldKind, SemaphoreResize};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
 use crate::plumbing::lock_unpoisoned;
@@ -56,7 +56,8 @@ pub(super) struct Holder {
 pub(super) struct Waiter {
     pub(super) id: u64,
     pub(super) token: OwnerToken,
-    pub(super) kind: HoldKind,
+    /// What it asks for; a resize rewrites a permit's number here.
+    pub(super) kind: Mutex<HoldKind>,
     pub(super) ttl: Duration,
     pub(super) fence_at_least: Option<FencingToken>,
     pub(super) grant: Mutex<Option<(FencingToken, Instant)>>,
@@ -69,22 +70,14 @@ impl Slot {
     pub(super) fn settle(&mut self, now: Instant) {
         self.holders.retain(|h| h.expires_at > now);
         while let Some(waiter) = self.queue.front() {
-            if !waiter
-                .kind
-                .granted_behind(self.holders.iter().map(|h| &h.kind))
-            {
+            let kind = waiter.kind();
+            if !kind.granted_behind(self.holders.iter().map(|h| &h.kind)) {
                 break;
             }
             let Some(waiter) = self.queue.pop_front() else {
                 break;
             };
-            let fence = self.grant(
-                &waiter.token,
-                &waiter.kind,
-                waiter.ttl,
-                waiter.fence_at_least,
-                now,
-            );
+            let fence = self.grant(&waiter.token, &kind, waiter.ttl, waiter.fence_at_least, now);
             *lock_unpoisoned(&waiter.grant) = Some((fence, now));
             waiter.notify.notify_one();
         }
@@ -92,11 +85,34 @@ impl Slot {
 
     /// Refuses `kind` beside the kinds already held or queued here.
     pub(super) fn check_kind(&self, kind: &HoldKind, name: &LockName) -> Result<()> {
+        let queued: Vec<HoldKind> = self.queue.iter().map(|w| w.kind()).collect();
         self.holders
             .iter()
             .map(|h| &h.kind)
-            .chain(self.queue.iter().map(|w| &w.kind))
+            .chain(&queued)
             .try_for_each(|other| kind.check_beside(other, name))
+    }
+
+    /// Rewrites every hold and request here as `resize` says
+    /// ([`SemaphoreResize::rewrite`]), all or none.
+    pub(super) fn resize(&mut self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        let holders = self
+            .holders
+            .iter()
+            .map(|h| resize.rewrite(&h.kind, Some(h.token.as_str()), name))
+            .collect::<Result<Vec<_>>>()?;
+        let queued = self
+            .queue
+            .iter()
+            .map(|w| resize.rewrite(&w.kind(), Some(w.token.as_str()), name))
+            .collect::<Result<Vec<_>>>()?;
+        for (holder, kind) in self.holders.iter_mut().zip(holders) {
+            holder.kind = kind;
+        }
+        for (waiter, kind) in self.queue.iter().zip(queued) {
+            *lock_unpoisoned(&waiter.kind) = kind;
+        }
+        Ok(())
     }
 
     /// Whether `kind` would be granted now, with nobody queued before it.
@@ -170,6 +186,13 @@ impl Holder {
             .value(value)
             .value_version(version)
             .kind(self.kind.shown())
+    }
+}
+
+impl Waiter {
+    /// What it asks for now.
+    pub(super) fn kind(&self) -> HoldKind {
+        lock_unpoisoned(&self.kind).clone()
     }
 }
 
@@ -313,6 +336,21 @@ impl MemorySpace {
         Ok(fence)
     }
 
+    /// Resizes the semaphore `name` (see [`Slot::resize`]).
+    pub(super) fn resize(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        let now = Instant::now();
+        let mut slots = self.slots();
+        let Some(slot) = slots.get_mut(name) else {
+            return Ok(());
+        };
+        slot.settle(now);
+        slot.resize(name, resize)?;
+        slot.settle(now);
+        drop(slots);
+        self.touch();
+        Ok(())
+    }
+
     /// Amends `hold`, if it still holds: stores a candidate's value, turns a writer into a
     /// reader in its place (the readers behind it may then be granted), or an upgradeable
     /// reader into a writer (`Pending` until the readers beside it have left).
@@ -377,7 +415,7 @@ impl MemorySpace {
             .queue
             .iter()
             .map(|waiter| {
-                Participant::new(Some(waiter.token.to_string())).kind(waiter.kind.shown())
+                Participant::new(Some(waiter.token.to_string())).kind(waiter.kind().shown())
             })
             .collect();
         Occupancy::shared(holders, waiters).token_floor(Some(FencingToken(slot.fence)))

@@ -24,7 +24,7 @@ use crate::capabilities::Capabilities;
 use crate::changes::ChangeFeed;
 use crate::erased::{AnyBackend, AnyHold};
 use crate::error::{Error, Result};
-use crate::kind::Amendment;
+use crate::kind::{Amendment, SemaphoreResize};
 use crate::lease::{validity_deadline, ServerEnd};
 use crate::name::LockName;
 use crate::occupancy::{Occupancy, Participant};
@@ -112,6 +112,8 @@ impl DualBackend {
             .durable(o.durable && n.durable)
             .election(o.election && n.election)
             .semaphore(o.semaphore && n.semaphore)
+            .semaphore_many(o.semaphore_many && n.semaphore_many)
+            .semaphore_resize(o.semaphore_resize && n.semaphore_resize)
             .rwlock(o.rwlock && n.rwlock)
             .upgradeable(o.upgradeable && n.upgradeable)
             .fencing(n.fencing);
@@ -446,6 +448,21 @@ impl Backend for DualBackend {
         } else {
             Amended::Done
         })
+    }
+
+    /// The old side first, then the new one, as the acquire goes, the reservation as
+    /// each side knows it (a dual hold's side token). Retried after a failure in between,
+    /// the side already resized accepts the call again.
+    async fn resize_semaphore(&self, name: &LockName, resize: &SemaphoreResize<'_>) -> Result<()> {
+        let side_token = resize
+            .reservation
+            .map(|token| OwnerToken::from_string(format!("{DUAL_TOKEN_PREFIX}{token}")));
+        let on_sides = SemaphoreResize {
+            reservation: side_token.as_ref(),
+            ..*resize
+        };
+        self.old.resize_semaphore(name, &on_sides).await?;
+        self.new.resize_semaphore(name, &on_sides).await
     }
 
     /// The changes of either side.

@@ -192,7 +192,7 @@ async fn permit_keys_are_the_documented_layout() {
     assert_eq!(shown.co_holders.len(), 1, "{shown:?}");
     assert_eq!(shown.waiters.len(), 1, "{shown:?}");
     for participant in shown.participants() {
-        assert_eq!(participant.kind, Some(HoldKind::Permit { permits: 2 }));
+        assert_eq!(participant.kind, Some(HoldKind::permit(2)));
         assert_eq!(participant.value, None, "no proposal for a permit");
     }
     assert_eq!(

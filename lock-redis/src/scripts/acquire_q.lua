@@ -45,7 +45,7 @@ if redis.call('TYPE', LOCK)['ok'] == 'zset' then
   if kind == 'RW' then
     return {-1, 0}
   end
-  return {-1, tonumber(string.sub(type(kind) == 'string' and kind or 'P0', 2)) or 0}
+  return {-1, tonumber(string.match(type(kind) == 'string' and kind or '', '^P(%d+)')) or 0}
 end
 local now = now_ms()
 evict(now)

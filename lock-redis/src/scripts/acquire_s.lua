@@ -6,7 +6,8 @@
 -- ARGV[5]: "1" to queue when refused, "0" not to (a try)
 -- ARGV[6]: the floor of the fencing token, "" for none (see tokens.lua)
 -- ARGV[7]: channel prefix of the clients' wake-up channels
--- ARGV[8]: the hold's kind ("R", "W", "P<permits>"); ARGV[9]: the name's change channel
+-- ARGV[8]: the hold's kind ("R", "W", "U", "P<permits>", "P<permits>x<count>");
+-- ARGV[9]: the name's change channel
 -- ARGV[10]: for a waiter that takes grants (see shared.lua) its round, else "" or nothing;
 -- ARGV[11]: then the grant's lease in milliseconds
 -- Returns {1, fencing token, 0} when the hold is ours (granted now, or by an earlier call
@@ -17,32 +18,22 @@
 -- The helpers come from tokens.lua, queue.lua, broken.lua and shared.lua.
 
 local owner, ttl, me, kind = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[8]
-local found = redis.call('TYPE', LOCK)['ok']
-if found ~= 'none' and found ~= 'zset' then
-  return {-1, -1}
-end
 local now = now_ms()
-evict(now, TABLE)
-purge(now)
-if redis.call('EXISTS', LOCK) == 0 and redis.call('EXISTS', QUEUE) == 0 then
-  -- Nobody holds or waits (the last holders expired): the name's kind goes with them.
-  redis.call('DEL', TABLE)
+local theirs, other = name_kind(now)
+if other then
+  return other
 end
-local theirs = redis.call('HGET', TABLE, 'kind')
-if not theirs and redis.call('EXISTS', QUEUE) == 1 then
-  -- Waiters without a kind: a mutex's or an election's.
-  local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
-  if head and redis.call('HEXISTS', TABLE, 'q:' .. head) == 0 then
-    return {-1, -1}
-  end
-end
-if theirs and theirs ~= family(kind) then
+if theirs and family(theirs) ~= family(kind) then
   if theirs == 'RW' then
     return {-1, 0}
   end
-  return {-1, tonumber(string.sub(theirs, 2)) or 0}
+  return {-1, (permit_of(family(theirs))) or 0}
 end
-if not theirs then
+local _, count = permit_of(kind)
+if count and count > 1 then
+  -- Marked for the clients that count every hold as one permit: they refuse the name.
+  redis.call('HSET', TABLE, 'kind', family(kind) .. 'x')
+elseif not theirs then
   redis.call('HSET', TABLE, 'kind', family(kind))
 end
 local function granted(token)

@@ -1,9 +1,12 @@
 //! How an operator's scripts are called: the inspection of a name (`inspect.lua`,
-//! changing nothing) and the force release (`break.lua`), and what they reply.
+//! changing nothing), the force release (`break.lua`) and a semaphore's resize
+//! (`resize.lua`), and what they reply.
 
 use std::time::Duration;
 
 use redis::ScriptInvocation;
+
+use lock_core::raw::backend::SemaphoreResize;
 
 use super::{ttl_millis, Call, Scripts};
 use crate::layout::{self, KeyLayout, BROKEN_KEPT};
@@ -76,6 +79,29 @@ impl Scripts {
             .arg(layout.side_key(key, layout::RELEASED))
             .arg(layout.side_key(key, layout::CHANGED));
         self.plain("force release", invocation)
+    }
+}
+
+impl Scripts {
+    /// `resize.lua`: every hold and waiter of the semaphore whose lock key is `key` gets
+    /// `resize.to` permits (the reservation's hold all of them), then the waiters that fit
+    /// are granted. Replies `{1}`, `{-1, permits or kind code}` or `{-2, count}`.
+    pub(crate) fn resize(
+        &self,
+        layout: &KeyLayout,
+        key: &str,
+        resize: &SemaphoreResize<'_>,
+        channel: &str,
+    ) -> Call<'_, Vec<i64>> {
+        let mut invocation = queue_keys(&self.resize, layout, key);
+        invocation
+            .key(layout.side_key(key, layout::HOLDERS))
+            .arg(resize.from)
+            .arg(resize.to)
+            .arg(resize.reservation.map_or("", |token| token.as_str()))
+            .arg(channel)
+            .arg(layout.side_key(key, layout::CHANGED));
+        self.plain("resize", invocation)
     }
 }
 

@@ -6,13 +6,17 @@
 -- "<kind>:<fencing token>" of each holder, `q:<waiter id>` -> "<kind>:<lease ms>:<floor>"
 -- of each queued waiter, with ":<round>" appended for one that takes grants (see
 -- grant_head in queue.lua: its lease is the grant's, its client hears "grant <owner
--- token> <round> <fencing token>"), and `kind` -> the name's kind: "P<permits>" or "RW".
--- A hold's kind is "R" (read), "W" (write), "U" (upgradeable read) or "P<permits>" (a
--- permit). The grant rule is HoldKind::granted_behind's: a reader waits only for writers
--- ahead, an upgradeable reader for anyone ahead but readers, a writer for everyone ahead,
--- a permit for `permits` or more ahead; nobody overtakes. An upgrade turns "U" into "W"
--- in place (rekind.lua): queued waiters are granted behind the holders' kinds, so nobody
--- joins it from then on.
+-- token> <round> <fencing token>"), and `kind` -> the name's kind: "P<permits>" or "RW", or
+-- "P<permits>x" once a hold of several permits came (so that a client of a version that
+-- counts every hold as one permit refuses the name instead of over-granting).
+-- A hold's kind is "R" (read), "W" (write), "U" (upgradeable read), "P<permits>" (a
+-- permit) or "P<permits>x<count>" (`count` permits in one hold).
+-- The grant rule is HoldKind::granted_behind's: a reader waits only for writers ahead
+-- and passes one upgradeable reader ahead, never a second; an upgradeable reader waits
+-- for anyone ahead but readers, a writer for everyone ahead, permits while the permits
+-- ahead and their own count are no more than `permits`; nobody overtakes. An upgrade
+-- turns "U" into "W" in place (rekind.lua): queued waiters are granted behind the
+-- holders' kinds, so nobody joins it from then on.
 
 local TABLE = KEYS[5]
 
@@ -24,22 +28,33 @@ local function decimal_of(n)
   return n
 end
 
--- The name's kind of a hold's kind: "RW" for a reader or writer, the permit's own.
+-- The permits and the count of a permit's kind ("P<permits>[x<count>]"); nil for another.
+local function permit_of(kind)
+  local permits, count = string.match(kind, '^P(%d+)x?(%d*)$')
+  if not permits then
+    return nil
+  end
+  return tonumber(permits), tonumber(count) or 1
+end
+
+-- The name's kind of a hold's kind (or of a name's): "RW" for a reader, an upgradeable
+-- reader or a writer, "P<permits>" for permits (one or several per hold, the name marked
+-- "P<permits>x" or not).
 local function family(kind)
-  if kind == 'R' or kind == 'W' or kind == 'U' then
+  if kind == 'R' or kind == 'W' or kind == 'U' or kind == 'RW' then
     return 'RW'
   end
-  return kind
+  return string.match(kind, '^(P%d+)') or kind
 end
 
 -- Whether `kind` is granted behind `ahead`, the kinds before it in queue order.
 local function granted_behind(kind, ahead)
-  local permit = string.sub(kind, 1, 1) == 'P'
-  local count, upgradeable = 0, false
+  local permits, count = permit_of(kind)
+  local taken, upgradeable = 0, false
   for _, other in ipairs(ahead) do
-    count = count + 1
+    local _, weight = permit_of(other)
     local shares = (kind == 'R' and other == 'R') or (kind == 'U' and other == 'R')
-      or (permit and string.sub(other, 1, 1) == 'P')
+      or (permits ~= nil and weight ~= nil)
     if kind == 'R' and other == 'U' then
       -- Only the first upgradeable reader ahead holds; the second waits.
       shares = not upgradeable
@@ -48,11 +63,32 @@ local function granted_behind(kind, ahead)
     if not shares then
       return false
     end
+    taken = taken + (weight or 1)
   end
-  if permit then
-    return count < (tonumber(string.sub(kind, 2)) or 0)
+  if permits then
+    return taken + count <= permits
   end
   return true
+end
+
+-- `kind` rewritten by a resize to `to` permits (see HoldKind's SemaphoreResize::rewrite):
+-- the count kept, or all `to` for the reservation; nil when it is no permit of `from` or
+-- `to`, or takes more than `to`.
+local function resized(kind, from, to, reserved)
+  local permits, count = permit_of(kind)
+  if permits ~= from and permits ~= to then
+    return nil
+  end
+  if reserved then
+    count = to
+  end
+  if count > to then
+    return nil
+  end
+  if count == 1 then
+    return 'P' .. to
+  end
+  return 'P' .. to .. 'x' .. count
 end
 
 -- Sets the expiry of `key` to `ms` from now unless it expires later already.
@@ -131,6 +167,30 @@ local function settle(channel_prefix, changed, now)
   if granted > 0 and changed ~= '' then
     redis.call(PUBLISH, changed, 'granted')
   end
+end
+
+-- The name's kind once the expired holders and waiters are gone: its table's `kind`, nil
+-- when nobody holds or waits (the kind then goes with them); or, second, the reply for a
+-- name of another kind: {-1, -1} for a mutex's or an election's (a plain string key, or
+-- waiters without a kind).
+local function name_kind(now)
+  local found = redis.call('TYPE', LOCK)['ok']
+  if found ~= 'none' and found ~= 'zset' then
+    return nil, {-1, -1}
+  end
+  evict(now, TABLE)
+  purge(now)
+  if redis.call('EXISTS', LOCK) == 0 and redis.call('EXISTS', QUEUE) == 0 then
+    redis.call('DEL', TABLE)
+  end
+  local theirs = redis.call('HGET', TABLE, 'kind')
+  if not theirs and redis.call('EXISTS', QUEUE) == 1 then
+    local head = redis.call('ZRANGE', QUEUE, 0, 0)[1]
+    if head and redis.call('HEXISTS', TABLE, 'q:' .. head) == 0 then
+      return nil, {-1, -1}
+    end
+  end
+  return theirs, nil
 end
 
 -- How long (ms) until the first live hold expires; -2 when nobody holds.

@@ -85,7 +85,7 @@ async fn semaphore_layout_is_a_sorted_set_and_a_table() {
     assert_eq!(seen.holders().count(), 2);
     assert!(seen
         .holders()
-        .all(|h| h.kind == Some(lock_core::raw::backend::HoldKind::Permit { permits: 2 })));
+        .all(|h| h.kind == Some(lock_core::raw::backend::HoldKind::permit(2))));
     assert_eq!(client.list("").await.expect("list"), vec![lock.clone()]);
     assert_eq!(
         a.release().await.expect("release"),

@@ -168,7 +168,7 @@ impl Queue<'_> {
         request: &AcquireRequest<'_>,
         nodes: &mut PermitNodes,
     ) -> Result<Option<Instant>, Step> {
-        let ours = HoldKind::Permit { permits };
+        let ours = HoldKind::permit(permits);
         let path = format!("{leases}/{name}");
         let mut checked: HashSet<String> = HashSet::new();
         let mut losses = 0;
@@ -239,7 +239,7 @@ impl Queue<'_> {
                     Err(_) => None,
                 };
                 if let Some(theirs) = theirs {
-                    ours.check_beside(&HoldKind::Permit { permits: theirs }, request.name)
+                    ours.check_beside(&HoldKind::permit(theirs), request.name)
                         .map_err(Step::Fail)?;
                 }
                 checked.insert(child.clone());

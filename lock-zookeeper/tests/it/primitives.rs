@@ -85,9 +85,7 @@ async fn semaphore_layout_and_limit() {
     children_reach(admin, &locks, 0).await;
     let seen = semaphores[0].occupancy().await.expect("inspect");
     assert_eq!(seen.holders().count(), 2, "{seen:?}");
-    assert!(seen
-        .holders()
-        .all(|p| p.kind == Some(HoldKind::Permit { permits: 2 })));
+    assert!(seen.holders().all(|p| p.kind == Some(HoldKind::permit(2))));
 
     let third = semaphores[2].clone();
     let waiting = tokio::spawn(async move {
@@ -170,7 +168,7 @@ async fn a_name_held_as_one_kind_refuses_the_others() {
         },
         HoldKind::Read,
         HoldKind::Write,
-        HoldKind::Permit { permits: 2 },
+        HoldKind::permit(2),
     ];
     let holder = client(&factory).await;
     let other = client(&factory).await;

@@ -197,6 +197,45 @@ async fn downgrade_keeps_a_curator_writer_out() {
     curator.exit().await;
 }
 
+/// Beside a Curator lease on a semaphore of 3, distlock refuses to take several permits in
+/// one hold and to resize (`Unsupported`, before any request: Curator counts lease nodes
+/// and keeps its number in each client), leaving the Curator lease alone and no node of
+/// its own; single permits are still shared with Curator.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_permits_and_resize_refused_beside_curator() {
+    let Some(setup) = CuratorSetup::start("semaphore-many").await else {
+        return;
+    };
+    let admin = setup.factory.admin();
+    let (_, leases) = semaphore_dirs(&setup.path);
+    let mut ours = Semaphore::new(client(&setup).await, setup.name.as_str(), 3).expect("semaphore");
+    let mut curator = setup.curator().await;
+    curator.lease(3).await.expect("Curator leases");
+    for n in [2, 3] {
+        let err = ours.try_acquire_many(n).await.expect_err("refused");
+        assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported, "{err}");
+    }
+    let err = ours.resize(2, PROMPT).await.expect_err("refused");
+    assert_eq!(err.kind(), lock_core::ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains("Curator"), "says why: {err}");
+    assert_eq!(ours.permits(), 3, "the handle keeps its number");
+    assert_eq!(
+        children(admin, &leases).await.len(),
+        1,
+        "Curator's lease only"
+    );
+    let permit = ours
+        .try_acquire_many(1)
+        .await
+        .expect("try")
+        .expect("a permit beside Curator's");
+    assert_eq!(children(admin, &leases).await.len(), 2);
+    permit.release().await.expect("release");
+    curator.return_lease().await.expect("return");
+    children_reach(admin, &leases, 0).await;
+    curator.exit().await;
+}
+
 /// Our upgradeable reader beside Curator's `InterProcessReadWriteLock`: granted beside a
 /// Curator reader ahead; a Curator reader queued behind waits for it (our node is a
 /// writer's to Curator), which is safe, and the upgrade does not wait for that reader

@@ -1,6 +1,6 @@
 //! `lockctl run --permits N`, `--shared` and `--exclusive` against real servers of every
 //! backend: permit holders up to N and a -n beyond them turned away, a disagreement on N
-//! refused, readers together, a writer turned away beside them and then served in its
+//! refused, several permits in one hold (`--take K`) or its refusal, readers together, a writer turned away beside them and then served in its
 //! turn, and `status` showing every holder with its kind.
 
 use std::time::Duration;
@@ -99,6 +99,7 @@ async fn permits_and_sides(url: &str) {
         stop(holder).await;
     }
     holders_reach(url, &semaphore, 0).await;
+    take_several(url).await;
 
     let table = format!("table/{}", uuid::Uuid::new_v4().simple());
     let readers = [
@@ -152,6 +153,79 @@ async fn permits_and_sides(url: &str) {
         .expect("lockctl run -x");
     assert_eq!(wrote.status.code(), Some(0), "{}", text(&wrote));
     holders_reach(url, &table, 0).await;
+}
+
+/// `run --permits 3 --take 2`: one hold of 2 permits, shown with its count; a second
+/// `--take 2` is turned away while a `--take 1` fits; `--take 4` of 3 is a usage error. A
+/// backend that cannot take several permits in one hold (ZooKeeper) exits 1 saying so.
+async fn take_several(url: &str) {
+    let semaphore = format!("pool/{}", uuid::Uuid::new_v4().simple());
+    let run_once = |take: &'static str| {
+        let semaphore = semaphore.clone();
+        async move {
+            let args = [
+                "run",
+                "--permits",
+                "3",
+                "--take",
+                take,
+                "-n",
+                &semaphore,
+                "--",
+                "true",
+            ];
+            lockctl(url, &args).await
+        }
+    };
+    let too_many = run_once("4").await;
+    assert_eq!(too_many.status.code(), Some(2), "{}", text(&too_many));
+    let two = spawn_run(
+        url,
+        &[
+            "--permits",
+            "3",
+            "--take",
+            "2",
+            &semaphore,
+            "--",
+            "sleep",
+            "60",
+        ],
+    );
+    // ZooKeeper keeps Curator's layout, one lease node per permit.
+    if url.starts_with("zk") {
+        let refused = timeout(WAIT, two.wait_with_output())
+            .await
+            .expect("lockctl ends")
+            .expect("wait");
+        assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+        let again = run_once("2").await;
+        assert_eq!(again.status.code(), Some(1), "{}", text(&again));
+        assert!(
+            String::from_utf8_lossy(&again.stderr).contains("several permits"),
+            "the refusal says why: {}",
+            text(&again)
+        );
+        return;
+    }
+    let shown = holders_reach(url, &semaphore, 1).await;
+    assert_eq!(shown["holders"][0]["count"], 2, "{shown}");
+    let busy = run_once("2").await;
+    assert_eq!(
+        busy.status.code(),
+        Some(75),
+        "2 of 3 with 2 taken: {}",
+        text(&busy)
+    );
+    let one = run_once("1").await;
+    assert_eq!(
+        one.status.code(),
+        Some(0),
+        "the third permit: {}",
+        text(&one)
+    );
+    stop(two).await;
+    holders_reach(url, &semaphore, 0).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -75,7 +75,7 @@ impl Member {
                     Kind::Elect => HoldKind::Candidate {
                         value: format!("fleet-member-{}", std::process::id()).into_bytes(),
                     },
-                    Kind::Permit => HoldKind::Permit { permits: 1 },
+                    Kind::Permit => HoldKind::permit(1),
                     Kind::Write => HoldKind::Write,
                     _ => HoldKind::Mutex,
                 },
