@@ -64,6 +64,7 @@
 //! | `redis` | `redis://`, `rediss://`, `redlock://`, `redis+sentinel://`, `rediss+sentinel://`, `redis+cluster://`, `rediss+cluster://` | `redis` |
 //! | `zookeeper` | `zk://`, `zks://` | `zookeeper` |
 //! | `etcd` | `etcd://`, `etcds://` | `etcd` |
+//! | `postgres` | `postgres://`, `postgresql://` | `postgres` |
 //! | `full` | all of the above | |
 //!
 //! `dual:<old url>|<new url>` (the old side any backend, the new side one that can raise
@@ -92,6 +93,10 @@ pub use lock_zookeeper as zookeeper;
 #[cfg(feature = "etcd")]
 pub use lock_etcd as etcd;
 
+/// The PostgreSQL backend: its configuration, hold and table layout.
+#[cfg(feature = "postgres")]
+pub use lock_postgres as postgres;
+
 /// Each backend feature and the URL schemes it serves, to name the feature a URL needs
 /// when it is not compiled in. (When it is, the schemes come from the backend itself; a
 /// test checks that the two agree.)
@@ -110,6 +115,7 @@ const FEATURE_SCHEMES: &[(&str, &[&str])] = &[
     ),
     ("zookeeper", &["zk", "zks"]),
     ("etcd", &["etcd", "etcds"]),
+    ("postgres", &["postgres", "postgresql"]),
 ];
 
 /// The backend-author kit of [`lock_core::raw`], in the same rooms, with the process-wide
@@ -159,6 +165,8 @@ const DRIVERS: &[raw::driver::Driver] = &[
     raw::driver::Driver::of::<lock_zookeeper::ZkBackend>(),
     #[cfg(feature = "etcd")]
     raw::driver::Driver::of::<lock_etcd::EtcdBackend>(),
+    #[cfg(feature = "postgres")]
+    raw::driver::Driver::of::<lock_postgres::PostgresBackend>(),
 ];
 
 /// Connects a lock client for `url`, on whichever compiled-in backend serves its scheme.
@@ -217,6 +225,7 @@ mod tests {
                 "redis" => cfg!(feature = "redis"),
                 "zookeeper" => cfg!(feature = "zookeeper"),
                 "etcd" => cfg!(feature = "etcd"),
+                "postgres" => cfg!(feature = "postgres"),
                 other => panic!("feature {other} missing from this test"),
             };
             let registered = raw::driver::registry().schemes();
@@ -241,7 +250,12 @@ mod tests {
     }
 
     #[test]
-    #[cfg(any(feature = "redis", feature = "zookeeper", feature = "etcd"))]
+    #[cfg(any(
+        feature = "redis",
+        feature = "zookeeper",
+        feature = "etcd",
+        feature = "postgres"
+    ))]
     fn feature_table_matches_the_backends() {
         use raw::driver::Connect;
         let table = |feature: &str| {
@@ -264,6 +278,11 @@ mod tests {
         assert_eq!(
             table("etcd"),
             Some(lock_etcd::EtcdBackend::SCHEMES.to_vec())
+        );
+        #[cfg(feature = "postgres")]
+        assert_eq!(
+            table("postgres"),
+            Some(lock_postgres::PostgresBackend::SCHEMES.to_vec())
         );
     }
 }

@@ -1,0 +1,286 @@
+//! One hold's row ([`PostgresHold`]) and the owner-checked statements on it: the batched
+//! renewal (one statement for every hold of the client), release, and amendments
+//! (proclaim, downgrade, upgrade). Each is keyed on the entry's `seq` and owner token, so
+//! it never touches another acquisition's row.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use lock_core::raw::backend::{Amended, BackendRelease, HoldKind, RenewOutcome};
+use lock_core::{LostReason, Result};
+use tokio_postgres::types::ToSql;
+
+use crate::connection::PgClient;
+
+/// Backend data of one hold: its entry.
+#[derive(Debug)]
+pub struct PostgresHold {
+    /// The lock name.
+    pub name: String,
+    /// The entry's place in the queue (`entries.seq`).
+    pub seq: i64,
+    /// The owner token the entry carries.
+    pub owner: String,
+    /// What it holds (a downgrade or an upgrade changes it).
+    pub(crate) kind: Mutex<HoldKind>,
+}
+
+impl PostgresHold {
+    fn set_kind(&self, kind: HoldKind) {
+        *self
+            .kind
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = kind;
+    }
+}
+
+/// The first column of `rows`.
+pub(crate) fn column<T: for<'a> tokio_postgres::types::FromSql<'a>>(
+    rows: &[tokio_postgres::Row],
+) -> std::result::Result<Vec<T>, tokio_postgres::Error> {
+    rows.iter().map(|row| row.try_get(0)).collect()
+}
+
+/// Why the entries of `owners` are gone: `Broken` where a forced release left a mark,
+/// `Expired` otherwise.
+async fn gone_reasons(client: &PgClient, owners: &[&str]) -> Result<Vec<LostReason>> {
+    let sql = format!(
+        "SELECT owner FROM {}.marks WHERE owner = ANY($1) AND until >= clock_timestamp()",
+        client.schema
+    );
+    let marked: Vec<String> = client
+        .run("reading the marks of broken holds", async |conn| {
+            let statement = conn.statement(&sql).await?;
+            let rows = conn.client().query(&statement, &[&owners]).await?;
+            Ok(column(&rows)?)
+        })
+        .await?;
+    Ok(owners
+        .iter()
+        .map(|owner| {
+            if marked.iter().any(|m| m == owner) {
+                LostReason::Broken
+            } else {
+                LostReason::Expired
+            }
+        })
+        .collect())
+}
+
+/// Renews `holds` (each with its TTL) in one statement; one outcome per hold, in order.
+/// A hold renewed is guaranteed its TTL from when the statement was sent.
+pub(crate) async fn renew(
+    client: &PgClient,
+    holds: &[(&PostgresHold, Duration)],
+) -> Result<Vec<RenewOutcome>> {
+    let sql = format!(
+        "UPDATE {s}.entries AS e \
+         SET expires_at = clock_timestamp() + t.ttl * interval '1 millisecond' \
+         FROM unnest($1::int8[], $2::text[], $3::float8[]) AS t(seq, owner, ttl) \
+         WHERE e.seq = t.seq AND e.owner = t.owner AND e.granted \
+             AND e.expires_at >= clock_timestamp() \
+         RETURNING e.seq",
+        s = client.schema
+    );
+    let seqs: Vec<i64> = holds.iter().map(|(h, _)| h.seq).collect();
+    let owners: Vec<&str> = holds.iter().map(|(h, _)| h.owner.as_str()).collect();
+    let ttls: Vec<f64> = holds
+        .iter()
+        .map(|(_, ttl)| crate::layout::millis(*ttl) as f64)
+        .collect();
+    let renewed: Vec<i64> = client
+        .run("renewing holds", async |conn| {
+            let statement = conn.statement(&sql).await?;
+            let params: [&(dyn ToSql + Sync); 3] = [&seqs, &owners, &ttls];
+            let rows = conn.client().query(&statement, &params).await?;
+            Ok(column(&rows)?)
+        })
+        .await?;
+    let missing: Vec<&str> = holds
+        .iter()
+        .filter(|(h, _)| !renewed.contains(&h.seq))
+        .map(|(h, _)| h.owner.as_str())
+        .collect();
+    let mut reasons = if missing.is_empty() {
+        Vec::new()
+    } else {
+        gone_reasons(client, &missing).await?
+    }
+    .into_iter();
+    Ok(holds
+        .iter()
+        .map(|(hold, ttl)| {
+            if renewed.contains(&hold.seq) {
+                RenewOutcome::Renewed { lease: *ttl }
+            } else {
+                RenewOutcome::Lost(reasons.next().unwrap_or(LostReason::Expired))
+            }
+        })
+        .collect())
+}
+
+/// Deletes the hold's entry if it is still ours, and tells the waiter it may grant.
+pub(crate) async fn release(client: &PgClient, hold: &PostgresHold) -> Result<BackendRelease> {
+    let sql = format!(
+        "WITH gone AS (DELETE FROM {s}.entries WHERE seq = $1 AND owner = $2 \
+             RETURNING name, seq, expires_at >= clock_timestamp() AS live) \
+         SELECT live, pg_notify($3, '-' || seq || ':' || name) FROM gone",
+        s = client.schema
+    );
+    let channel: &str = &client.channel;
+    let live: Option<bool> = client
+        .run("releasing a lock", async |conn| {
+            let statement = conn.statement(&sql).await?;
+            let row = conn
+                .client()
+                .query_opt(&statement, &[&hold.seq, &hold.owner, &channel])
+                .await?;
+            Ok(row.map(|row| row.try_get(0)).transpose()?)
+        })
+        .await?;
+    Ok(match live {
+        Some(true) => BackendRelease::Released,
+        Some(false) => BackendRelease::NotOwner(LostReason::Expired),
+        None => {
+            let reasons = gone_reasons(client, &[hold.owner.as_str()]).await?;
+            BackendRelease::NotOwner(reasons.first().copied().unwrap_or(LostReason::Expired))
+        }
+    })
+}
+
+/// Runs an owner-checked update of the hold's live entry that notifies with `payload`
+/// (`-` for a change of kind, `+` for another), or tells why the entry is gone.
+async fn amend_row(
+    client: &PgClient,
+    hold: &PostgresHold,
+    what: &str,
+    set: &str,
+    condition: &str,
+    extra: Option<&(dyn ToSql + Sync)>,
+    payload: char,
+) -> Result<Amended> {
+    let sql = format!(
+        "WITH changed AS (UPDATE {s}.entries SET {set} \
+             WHERE seq = $1 AND owner = $2 AND {condition} \
+                 AND expires_at >= clock_timestamp() RETURNING name, seq) \
+         SELECT pg_notify($3, '{payload}' || (CASE WHEN '{payload}' = '-' THEN seq::text \
+             ELSE '' END) || ':' || name) FROM changed",
+        s = client.schema
+    );
+    let channel: &str = &client.channel;
+    let changed = client
+        .run(what, async |conn| {
+            let statement = conn.statement(&sql).await?;
+            let mut params: Vec<&(dyn ToSql + Sync)> = vec![&hold.seq, &hold.owner, &channel];
+            params.extend(extra);
+            let rows = conn.client().query(&statement, &params).await?;
+            Ok(!rows.is_empty())
+        })
+        .await?;
+    if changed {
+        return Ok(Amended::Done);
+    }
+    let reasons = gone_reasons(client, &[hold.owner.as_str()]).await?;
+    Ok(Amended::NotOwner(
+        reasons.first().copied().unwrap_or(LostReason::Expired),
+    ))
+}
+
+/// Stores a candidate's new value (observers are told).
+pub(crate) async fn proclaim(
+    client: &PgClient,
+    hold: &PostgresHold,
+    value: &[u8],
+) -> Result<Amended> {
+    let value = value.to_vec();
+    amend_row(
+        client,
+        hold,
+        "proclaiming",
+        "value = $4, value_version = value_version + 1",
+        "kind = 'candidate'",
+        Some(&value),
+        '+',
+    )
+    .await
+}
+
+/// Turns a writer's entry into a reader's in place (the readers behind it are told).
+pub(crate) async fn downgrade(client: &PgClient, hold: &PostgresHold) -> Result<Amended> {
+    let amended = amend_row(
+        client,
+        hold,
+        "downgrading a write lock",
+        "kind = 'read'",
+        "kind IN ('write', 'read')",
+        None,
+        '-',
+    )
+    .await?;
+    if amended == Amended::Done {
+        hold.set_kind(HoldKind::Read);
+    }
+    Ok(amended)
+}
+
+/// One upgrade step, under the name's lock (so no reader is granted beside it meanwhile):
+/// the entry becomes a writer's, then `Done` if nobody else holds, `Pending` otherwise.
+pub(crate) async fn upgrade(client: &PgClient, hold: &PostgresHold) -> Result<Amended> {
+    let s = &client.schema;
+    let lock = format!("SELECT fence FROM {s}.names WHERE name = $1 FOR UPDATE");
+    let rewrite = format!(
+        "UPDATE {s}.entries SET kind = 'write' WHERE seq = $1 AND owner = $2 \
+             AND kind IN ('upgradeable', 'write') AND expires_at >= clock_timestamp() \
+         RETURNING seq"
+    );
+    let others = format!(
+        "SELECT count(*) FROM {s}.entries WHERE name = $1 AND seq <> $2 AND granted \
+             AND expires_at >= clock_timestamp()"
+    );
+    let notify = "SELECT pg_notify($1, '+:' || $2)";
+    let channel: &str = &client.channel;
+    let name = hold.name.as_str();
+    let step = client
+        .run("upgrading a read lock", async |conn| {
+            let (lock, rewrite, others, notify) = futures::join!(
+                conn.statement(&lock),
+                conn.statement(&rewrite),
+                conn.statement(&others),
+                conn.statement(notify),
+            );
+            let (lock, rewrite, others, notify) = (lock?, rewrite?, others?, notify?);
+            conn.begin();
+            let c = conn.client();
+            let by_name: [&(dyn ToSql + Sync); 1] = [&name];
+            let by_owner: [&(dyn ToSql + Sync); 2] = [&hold.seq, &hold.owner];
+            let beside: [&(dyn ToSql + Sync); 2] = [&name, &hold.seq];
+            let notice: [&(dyn ToSql + Sync); 2] = [&channel, &name];
+            let (begun, locked, rewritten, others, notified, committed) = futures::join!(
+                c.batch_execute("BEGIN"),
+                c.query_opt(&lock, &by_name),
+                c.query_opt(&rewrite, &by_owner),
+                c.query_one(&others, &beside),
+                c.execute(&notify, &notice),
+                c.batch_execute("COMMIT"),
+            );
+            committed?;
+            conn.committed();
+            let (_, _, rewritten, others, _) = (begun?, locked?, rewritten?, others?, notified?);
+            let others: i64 = others.try_get(0)?;
+            Ok(rewritten.map(|_| others))
+        })
+        .await?;
+    match step {
+        Some(0) => {
+            hold.set_kind(HoldKind::Write);
+            Ok(Amended::Done)
+        }
+        Some(_) => Ok(Amended::Pending),
+        None => {
+            let reasons = gone_reasons(client, &[hold.owner.as_str()]).await?;
+            Ok(Amended::NotOwner(
+                reasons.first().copied().unwrap_or(LostReason::Expired),
+            ))
+        }
+    }
+}
