@@ -27,6 +27,7 @@ DEPS=(
   "libprotobuf-dev|protobuf-compiler|check_protoc_imports|protoc compiles a .proto importing google/protobuf/descriptor.proto (etcd-client's protos do)"
   "redis-server||check_redis|redis-server 7 or later runs (the harness's Redis servers, Sentinels as redis-server --sentinel, and Cluster nodes: sharded pub/sub, script flags)"
   "etcd-server||check_etcd|etcd runs (the harness's etcd servers, the etcds:// test)"
+  "postgresql||check_postgresql|postgres, initdb and pg_basebackup of the newest /usr/lib/postgresql/*/bin run as the OS user postgres (the harness's PostgreSQL servers and replicas)"
   "etcd-client||check_etcdctl|etcdctl runs (the etcdctl lock interop test)"
   "openssl||check_openssl|openssl makes a CA and a server certificate it signs, as the TLS tests do"
   "default-jre-headless||check_java|java runs (ZooKeeper, the Curator holder)"
@@ -92,6 +93,22 @@ check_redis() {
 
 check_etcd() {
   etcd --version | grep 'etcd Version:'
+}
+
+# As harness/src/postgres/ finds and runs them: the newest /usr/lib/postgresql/<version>/bin
+# holding postgres and initdb; as root, run as the OS user postgres (the server refuses root).
+check_postgresql() {
+  local bin dir run=()
+  bin=$(for dir in /usr/lib/postgresql/*/bin; do
+    [ -x "$dir/postgres" ] && [ -x "$dir/initdb" ] && echo "$dir"
+  done | sort -V | tail -n 1)
+  [ -n "$bin" ] || { echo "no postgres and initdb in /usr/lib/postgresql/*/bin"; return 1; }
+  if [ "$(id -u)" -eq 0 ]; then
+    id -u postgres || { echo "no OS user postgres"; return 1; }
+    run=(runuser -u postgres --)
+  fi
+  "${run[@]}" "$bin/postgres" --version && "${run[@]}" "$bin/initdb" --version &&
+    "${run[@]}" "$bin/pg_basebackup" --version
 }
 
 check_etcdctl() {
@@ -342,6 +359,7 @@ install() {
     case "$pkg" in
       redis-server) $sudo service redis-server stop >/dev/null 2>&1 || true ;;
       etcd-server) $sudo service etcd stop >/dev/null 2>&1 || true ;;
+      postgresql) $sudo service postgresql stop >/dev/null 2>&1 || true ;;
     esac
   done
 }

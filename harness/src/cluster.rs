@@ -76,6 +76,7 @@ impl<K: ServerKind> Cluster<K> {
             label: format!("{} {}", K::CLUSTER, hosts.join(",")),
             _dir: dir,
         };
+        first_error(futures::future::join_all(cluster.members.iter().map(K::initialize)).await)?;
         let _slots = K::start_slots(n).await?;
         let started = Instant::now();
         let mut offsets = Vec::with_capacity(n);

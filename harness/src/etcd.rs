@@ -183,6 +183,8 @@ impl ServerKind for Etcd {
             env,
             cwd: dir.to_owned(),
             log: dir.join("server.log"),
+            run_as: None,
+            with_children: false,
         };
         let probe = Probe::EtcdHealth(loopback(client_port));
         Ok(Prepared {

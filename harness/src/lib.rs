@@ -1,16 +1,17 @@
-//! Real servers for tests: redis-server, ZooKeeper and etcd, single or clustered.
+//! Real servers for tests: redis-server, ZooKeeper, etcd and PostgreSQL, single or clustered.
 //!
 //! One server of any kind is a [`Server<K>`](Server), a group of them a
 //! [`Cluster<K>`](Cluster); the kinds ([`Redis`], [`ZooKeeper`], [`Etcd`]) say what
 //! differs ([`ServerKind`]). [`RedisServer`], [`ZkEnsemble`], [`EtcdCluster`]... name
 //! the usual combinations; [`RedisSentinel`] is a primary with replicas behind Sentinels,
-//! [`RedisCluster`] a Redis Cluster of three primaries with a replica each.
+//! [`RedisCluster`] a Redis Cluster of three primaries with a replica each,
+//! [`PostgresReplicated`] a PostgreSQL primary with a streaming replica.
 //!
 //! Every server runs as a child process on free 127.0.0.1 ports, in its own temporary
 //! directory that holds its data, its config and its log (stdout and stderr). `start`
-//! returns once the server answers a readiness probe over raw TCP (Redis `PING`,
-//! ZooKeeper `srvr`, etcd `GET /health`); every wait is bounded and a failure quotes the
-//! end of the server's log. Start-up is retried on fresh ports when a port turns out to
+//! returns once the server answers a readiness probe (over raw TCP: Redis `PING`,
+//! ZooKeeper `srvr`, etcd `GET /health`; PostgreSQL `SELECT 1`); every wait is bounded
+//! and a failure quotes the end of the server's log. Start-up is retried on fresh ports when a port turns out to
 //! be taken by another process.
 //!
 //! Fault injection: [`kill9`](RedisServer::kill9) (SIGKILL and reap),
@@ -28,7 +29,9 @@
 //!
 //! # Binaries
 //! Looked up on the `PATH` (and `/usr/bin`, `/usr/sbin`, `/usr/local/bin`), or taken from
-//! `$REDIS_SERVER_BIN`, `$ETCD_BIN`, `$JAVA_BIN`. ZooKeeper runs as
+//! `$REDIS_SERVER_BIN`, `$ETCD_BIN`, `$JAVA_BIN`. PostgreSQL: `$POSTGRES_BIN`, else the
+//! newest `/usr/lib/postgresql/<version>/bin`, else the `PATH`, with `initdb` and
+//! `pg_basebackup` beside it; as root it runs as the OS user `postgres`. ZooKeeper runs as
 //! `java -cp zookeeper.jar:<log4j binding> QuorumPeerMain` with the jars of the Debian
 //! package (`/usr/share/java`), or with `$ZOOKEEPER_CLASSPATH`; at most three ZooKeeper
 //! JVMs start at once per process (an ensemble takes its three slots together).
@@ -73,6 +76,7 @@ mod error;
 mod etcd;
 mod node;
 mod ports;
+mod postgres;
 mod probe;
 mod process;
 pub mod proxy;
@@ -93,6 +97,9 @@ pub use cluster::{Cluster, Deployment};
 pub use error::HarnessError;
 pub use etcd::{Etcd, EtcdCluster, EtcdOptions, EtcdServer, EtcdStatus};
 pub use ports::{free_port, free_ports};
+#[doc(hidden)]
+pub use postgres::PgInstall;
+pub use postgres::{Postgres, PostgresOptions, PostgresReplicated, PostgresServer};
 pub(crate) use process::find_binary;
 pub use process::output_text;
 pub use redis::{Redis, RedisNodes, RedisOptions, RedisServer};

@@ -1,4 +1,5 @@
-//! Raw-TCP readiness probes: Redis `PING`, ZooKeeper four-letter words, etcd HTTP.
+//! Readiness probes: Redis `PING`, ZooKeeper four-letter words, etcd HTTP over raw TCP;
+//! a PostgreSQL `SELECT 1`.
 //!
 //! Every function here is bounded by the timeout it is given.
 
@@ -20,15 +21,18 @@ pub(crate) enum Probe {
     ZkMode { addr: SocketAddr, standalone: bool },
     /// `GET /health` says `"health":"true"`.
     EtcdHealth(SocketAddr),
+    /// A PostgreSQL session (user and database `postgres`) answers `SELECT 1`.
+    Postgres(SocketAddr),
 }
 
 impl Probe {
     /// The port probed.
     pub(crate) fn port(&self) -> u16 {
         match self {
-            Self::RedisPing(addr) | Self::ZkMode { addr, .. } | Self::EtcdHealth(addr) => {
-                addr.port()
-            }
+            Self::RedisPing(addr)
+            | Self::ZkMode { addr, .. }
+            | Self::EtcdHealth(addr)
+            | Self::Postgres(addr) => addr.port(),
         }
     }
 
@@ -71,6 +75,16 @@ impl Probe {
                         "GET /health answered {status} {:?}",
                         body.trim_end()
                     ))
+                }
+            }
+            Self::Postgres(addr) => {
+                let rows = crate::postgres::simple_query(*addr, "SELECT 1", timeout)
+                    .await
+                    .map_err(|e| format!("SELECT 1: {e}"))?;
+                if rows == [vec![Some("1".to_owned())]] {
+                    Ok(())
+                } else {
+                    Err(format!("SELECT 1 answered {rows:?}"))
                 }
             }
         }

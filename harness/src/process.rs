@@ -31,6 +31,8 @@ pub(crate) const LOG_TAIL_LINES: usize = 30;
 const REAP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bound on the busy reap in `Drop` (SIGKILL takes effect in well under this).
 const DROP_REAP_SPIN: Duration = Duration::from_millis(500);
+/// Bound on the wait, after a kill, for the killed children of a server to die.
+const CHILDREN_EXIT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Finds an executable: `$env_var` if set, else the `PATH` and the usual system directories.
 pub(crate) fn find_binary(
@@ -60,7 +62,8 @@ pub(crate) fn find_binary(
         })
 }
 
-fn is_executable(path: &Path) -> bool {
+/// Whether `path` is an executable file.
+pub(crate) fn is_executable(path: &Path) -> bool {
     path.metadata()
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
@@ -130,6 +133,13 @@ pub(crate) fn listener_owned_by(pid: u32, port: u16) -> Option<bool> {
     }))
 }
 
+/// An unprivileged OS user a server runs as (PostgreSQL refuses to run as root).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RunAs {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+}
+
 /// How to launch one server process.
 #[derive(Debug, Clone)]
 pub(crate) struct LaunchSpec {
@@ -138,6 +148,12 @@ pub(crate) struct LaunchSpec {
     pub(crate) env: Vec<(OsString, OsString)>,
     pub(crate) cwd: PathBuf,
     pub(crate) log: PathBuf,
+    /// Run as this user (setgid/setuid in the child before exec); `None`: as we run.
+    pub(crate) run_as: Option<RunAs>,
+    /// Signal the process's children too: for a server that forks workers (the
+    /// PostgreSQL postmaster, whose workers each lead a process group of their own), so
+    /// that a kill or a pause reaches them.
+    pub(crate) with_children: bool,
 }
 
 /// One spawned child. Killed (SIGKILL) and reaped on drop, even when stopped.
@@ -146,6 +162,8 @@ pub(crate) struct ServerProcess {
     /// `None` once reaped.
     child: Option<Child>,
     pub(crate) pid: u32,
+    /// Signals reach the children of `pid` too.
+    children: bool,
 }
 
 impl ServerProcess {
@@ -166,6 +184,10 @@ impl ServerProcess {
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log_err))
             .kill_on_drop(true);
+        if let Some(user) = spec.run_as {
+            // std drops the supplementary groups (setgroups) when it runs as root.
+            cmd.gid(user.gid).uid(user.uid);
+        }
         let child = cmd
             .spawn()
             .map_err(|e| HarnessError::io(label, format!("spawn {}", spec.program.display()), e))?;
@@ -175,7 +197,26 @@ impl ServerProcess {
         Ok(Self {
             child: Some(child),
             pid,
+            children: spec.with_children,
         })
+    }
+
+    /// `kill(2)`s the process and, with `children`, its children (first stopping the
+    /// process for SIGKILL and SIGSTOP, so that it forks no new one meanwhile). Returns
+    /// the children signalled.
+    fn send(&self, sig: Signal) -> nix::Result<Vec<u32>> {
+        if !self.children {
+            return kill(pid_of(self.pid), sig).map(|()| Vec::new());
+        }
+        if matches!(sig, Signal::SIGKILL | Signal::SIGSTOP) {
+            kill(pid_of(self.pid), Signal::SIGSTOP)?;
+        }
+        let children = children_of(self.pid);
+        for &child in &children {
+            let _ = kill(pid_of(child), sig);
+        }
+        kill(pid_of(self.pid), sig)?;
+        Ok(children)
     }
 
     /// Sends `sig` unless the child has been reaped (so a recycled pid is never signalled).
@@ -185,12 +226,14 @@ impl ServerProcess {
                 server: label.to_owned(),
             });
         }
-        kill(pid_of(self.pid), sig).map_err(|source| HarnessError::Signal {
-            server: label.to_owned(),
-            signal: sig.as_str(),
-            pid: self.pid,
-            source,
-        })
+        self.send(sig)
+            .map(drop)
+            .map_err(|source| HarnessError::Signal {
+                server: label.to_owned(),
+                signal: sig.as_str(),
+                pid: self.pid,
+                source,
+            })
     }
 
     /// Reaps the child if it has exited; returns its status.
@@ -224,9 +267,16 @@ impl ServerProcess {
         if self.child.is_none() {
             return Ok(());
         }
-        let _ = kill(pid_of(self.pid), Signal::SIGKILL);
-        let _ = kill(pid_of(self.pid), Signal::SIGCONT);
+        let children = self.send(Signal::SIGKILL).unwrap_or_default();
+        let _ = self.send(Signal::SIGCONT);
         if self.reap_within(REAP_TIMEOUT).await {
+            // The children are orphans now, which nobody may reap: wait until each is
+            // dead (a zombie at worst), so that a restart finds their resources released.
+            let started = Instant::now();
+            while children.iter().any(|&c| is_alive(c)) && started.elapsed() < CHILDREN_EXIT_TIMEOUT
+            {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
             Ok(())
         } else {
             Err(HarnessError::io(
@@ -249,8 +299,8 @@ impl ServerProcess {
         if self.child.is_none() {
             return Ok(());
         }
-        let _ = kill(pid_of(self.pid), Signal::SIGTERM);
-        let _ = kill(pid_of(self.pid), Signal::SIGCONT);
+        let _ = self.send(Signal::SIGTERM);
+        let _ = self.send(Signal::SIGCONT);
         if self.reap_within(grace).await {
             return Ok(());
         }
@@ -263,8 +313,8 @@ impl Drop for ServerProcess {
         if self.child.is_none() {
             return;
         }
-        let _ = kill(pid_of(self.pid), Signal::SIGKILL);
-        let _ = kill(pid_of(self.pid), Signal::SIGCONT);
+        let _ = self.send(Signal::SIGKILL);
+        let _ = self.send(Signal::SIGCONT);
         // Bounded, non-sleeping reap; if it does not finish, dropping the tokio `Child`
         // (kill_on_drop) hands it to the runtime's orphan reaper.
         let deadline = Instant::now() + DROP_REAP_SPIN;
@@ -275,6 +325,35 @@ impl Drop for ServerProcess {
             std::thread::yield_now();
         }
     }
+}
+
+/// State and parent pid of process `pid`, from `/proc/PID/stat`.
+fn proc_stat(pid: &str) -> Option<(String, u32)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // After the command's closing parenthesis: state, ppid, ...
+    let mut fields = stat.rsplit(')').next()?.split_whitespace();
+    let state = fields.next()?.to_owned();
+    Some((state, fields.next()?.parse().ok()?))
+}
+
+/// Whether process `pid` exists and is not a zombie.
+fn is_alive(pid: u32) -> bool {
+    proc_stat(&pid.to_string()).is_some_and(|(state, _)| state != "Z" && state != "X")
+}
+
+/// The child processes of `pid`, from `/proc`.
+fn children_of(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|entry| {
+            let child = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            let (_, ppid) = proc_stat(&child.to_string())?;
+            (ppid == pid).then_some(child)
+        })
+        .collect()
 }
 
 fn pid_of(pid: u32) -> Pid {

@@ -148,6 +148,8 @@ impl ServerKind for Redis {
             env: Vec::new(),
             cwd: dir.to_owned(),
             log: dir.join("server.log"),
+            run_as: None,
+            with_children: false,
         };
         let probe = Probe::RedisPing(loopback(port));
         Ok(Prepared {

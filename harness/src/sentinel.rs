@@ -147,6 +147,8 @@ impl ServerKind for Sentinel {
             env: Vec::new(),
             cwd: dir.to_owned(),
             log: dir.join("server.log"),
+            run_as: None,
+            with_children: false,
         };
         Ok(Prepared {
             node: Node::new(

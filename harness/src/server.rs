@@ -88,6 +88,12 @@ pub trait ServerKind: fmt::Debug + Send + Sync + Sized + 'static {
         false
     }
 
+    /// The URL of one server at `addr`. Default: `SCHEME://ADDR`.
+    #[doc(hidden)]
+    fn url(addr: SocketAddr) -> String {
+        format!("{}://{addr}", Self::SCHEME)
+    }
+
     /// Finds the program; [`HarnessError::MissingBinary`] when it is not installed.
     #[doc(hidden)]
     fn find() -> Result<Self::Program, HarnessError>;
@@ -108,6 +114,13 @@ pub trait ServerKind: fmt::Debug + Send + Sync + Sized + 'static {
         dir: &Path,
         member: Member<'_>,
     ) -> Result<Prepared<Self>, HarnessError>;
+
+    /// Fills a prepared member's data dir before its first launch (`initdb`, say); not
+    /// run again on restarts. Default: nothing to do.
+    #[doc(hidden)]
+    async fn initialize(_server: &Server<Self>) -> Result<(), HarnessError> {
+        Ok(())
+    }
 
     /// Starts the peer-link proxies of a cluster on `ports`, if `options` ask for them.
     #[doc(hidden)]
@@ -211,6 +224,7 @@ impl<K: ServerKind> Server<K> {
             links: &[],
         };
         let server = Self::prepare(program, options, dir.path(), member)?;
+        K::initialize(&server).await?;
         let _slot = K::start_slots(1).await?;
         server.node.launch().await?;
         Ok(Self {
@@ -258,9 +272,10 @@ impl<K: ServerKind> Server<K> {
         self.port
     }
 
-    /// `SCHEME://127.0.0.1:PORT` (`redis://`, `zk://`, `etcd://`).
+    /// `SCHEME://127.0.0.1:PORT` (`redis://`, `zk://`, `etcd://`;
+    /// `postgres://postgres@127.0.0.1:PORT/postgres`).
     pub fn url(&self) -> String {
-        format!("{}://{}", K::SCHEME, self.addr())
+        K::url(self.addr())
     }
 
     /// Pid of the server process, `None` when it is not running (killed or stopped).

@@ -227,6 +227,8 @@ impl ServerKind for ZooKeeper {
             env: Vec::new(),
             cwd: dir.to_owned(),
             log: dir.join("server.log"),
+            run_as: None,
+            with_children: false,
         };
         let probe = Probe::ZkMode {
             addr: loopback(client_port),

@@ -22,7 +22,7 @@ const FAILOVER: Duration = Duration::from_secs(30);
 // ---------------------------------------------------------------- helpers
 
 /// Asserts the process is gone: no such pid, or (at worst) an unreaped zombie.
-fn assert_gone(pid: u32) {
+pub(crate) fn assert_gone(pid: u32) {
     let raw = i32::try_from(pid).expect("pid fits i32");
     match kill(Pid::from_raw(raw), None) {
         Err(Errno::ESRCH) => {}
