@@ -4,6 +4,7 @@
 //! ([`crate::hold`]).
 
 use std::fmt;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -43,6 +44,15 @@ pub struct PostgresBackend {
     mark_ttl: Duration,
     /// The cleanups of abandoned acquires, which closing waits for.
     background: Background,
+    /// The sweep of dead entries ([`operator::sweep_forever`]).
+    sweeper: tokio::task::JoinHandle<()>,
+    closed: AtomicBool,
+}
+
+impl Drop for PostgresBackend {
+    fn drop(&mut self) {
+        self.sweeper.abort();
+    }
 }
 
 /// Opened with [`lock_core::Error::InvalidConfig`] for a bad configuration or refused
@@ -68,7 +78,13 @@ impl Connect for PostgresBackend {
     async fn open(config: PostgresConfig) -> Result<PostgresBackend> {
         let client = PgClient::new(&config)?;
         client.setup().await?;
+        let sweeper = tokio::spawn(operator::sweep_forever(
+            client.clone(),
+            operator::sweep_period(config.options.ttl),
+        ));
         Ok(PostgresBackend {
+            sweeper,
+            closed: AtomicBool::new(false),
             listener: Listener::start(&config),
             client,
             id: uuid::Uuid::new_v4().to_string(),
@@ -105,7 +121,10 @@ impl PostgresBackend {
 
 /// The entry of an acquire in progress. If the acquire future is dropped, the entry is
 /// deleted in a background task (by its owner token, unique to the attempt), again
-/// while the delete fails in a retryable way; its expiry ends it otherwise.
+/// while the delete fails in a retryable way; its expiry ends it otherwise. A decision
+/// sent before the drop may still commit after the first delete, so the delete is
+/// repeated until none can any more: the server ends a statement or a lock wait at the
+/// request timeout (`statement_timeout`, `lock_timeout`).
 struct PendingEntry {
     client: PgClient,
     name: String,
@@ -115,8 +134,36 @@ struct PendingEntry {
 /// A cancelled acquire's delete that keeps failing is given up after this long.
 const CLEANUP_GIVE_UP: Duration = Duration::from_secs(60);
 
+/// Pauses between the deletes of a cancelled acquire's entry whose decision may be in
+/// flight (the last one comes once none can be).
+const IN_FLIGHT_DELETES: [Duration; 3] = [
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+    Duration::from_millis(1500),
+];
+
 impl Cleanup for PendingEntry {
     async fn cleanup(self) {
+        let until = Instant::now() + self.client.in_flight_bound();
+        self.delete_until_answered().await;
+        let mut at = Instant::now();
+        for pause in IN_FLIGHT_DELETES {
+            at += pause;
+            if at >= until {
+                break;
+            }
+            tokio::time::sleep_until(at).await;
+            self.delete_until_answered().await;
+        }
+        tokio::time::sleep_until(until).await;
+        self.delete_until_answered().await;
+    }
+}
+
+impl PendingEntry {
+    /// Deletes the entry, again with backoff while the delete fails in a retryable way,
+    /// until a delete is answered or [`CLEANUP_GIVE_UP`].
+    async fn delete_until_answered(&self) {
         let sql = format!(
             "WITH gone AS (DELETE FROM {s}.entries WHERE name = $1 AND owner = $2 \
                  RETURNING seq) \
@@ -285,6 +332,10 @@ impl Backend for PostgresBackend {
     /// Waits (at most the request timeout) for the cleanups of abandoned acquires,
     /// removes whatever entry of this client is left, and ends its connections.
     async fn close(&self) -> Result<()> {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.sweeper.abort();
         self.background.settle(self.client.request_timeout()).await;
         let sql = format!(
             "WITH gone AS (DELETE FROM {s}.entries WHERE client = $1 RETURNING name, seq) \

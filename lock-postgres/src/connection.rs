@@ -119,6 +119,13 @@ impl PgClient {
         self.timeout
     }
 
+    /// How long after it is dropped a step sent on a connection may still commit: the
+    /// server ends each statement and lock wait at the request timeout, and a step's
+    /// only wait is its first (the name's lock); a margin for the rest.
+    pub(crate) fn in_flight_bound(&self) -> Duration {
+        self.timeout + Duration::from_millis(250)
+    }
+
     /// Creates the schema and its tables if missing (serialised between clients by a
     /// transaction-scoped advisory lock: concurrent `CREATE … IF NOT EXISTS` may fail).
     pub(crate) async fn setup(&self) -> Result<()> {

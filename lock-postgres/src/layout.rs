@@ -12,6 +12,10 @@
 //! - `marks (name, owner, until)`: what a forced release leaves for the broken holder's
 //!   renewal, so that it is told `Broken`, not `Expired`.
 //!
+//! Every client also sweeps, every TTL (1 s to 30 s), the entries of any name dead for a
+//! second and the marks past their time, so that a crashed client's rows go even where
+//! nobody locks its names again.
+//!
 //! Every change to a name's queue notifies the channel named like the schema with the
 //! name as payload (see [`crate::connection`]).
 
@@ -50,6 +54,7 @@ pub(crate) fn schema_ddl(schema: &str) -> String {
              UNIQUE (name, owner)
          );
          CREATE INDEX IF NOT EXISTS entries_by_name ON {s}.entries (name, seq);
+         CREATE INDEX IF NOT EXISTS entries_by_expiry ON {s}.entries (expires_at);
          CREATE TABLE IF NOT EXISTS {s}.marks (
              name text NOT NULL,
              owner text NOT NULL,

@@ -143,6 +143,46 @@ pub(crate) async fn force_release(
     Ok(broken.as_ref().map(participant))
 }
 
+/// Every how long a client sweeps: its TTL, within 1 s and 30 s.
+pub(crate) fn sweep_period(ttl: Duration) -> Duration {
+    ttl.clamp(Duration::from_secs(1), Duration::from_secs(30))
+}
+
+/// Sweeps every `period`, until aborted: deletes the entries (of any name) dead for a
+/// second, telling their waiters, and the marks past their time. Failures are only
+/// logged: the next sweep, or the next decision on a name, removes what this one left.
+pub(crate) async fn sweep_forever(client: PgClient, period: Duration) {
+    let s = client.schema.clone();
+    let entries = format!(
+        "WITH gone AS (DELETE FROM {s}.entries \
+             WHERE expires_at < clock_timestamp() - interval '1 second' RETURNING name, seq) \
+         SELECT pg_notify($1, '-' || seq || ':' || name) FROM gone"
+    );
+    let marks = format!("DELETE FROM {s}.marks WHERE until < clock_timestamp()");
+    let channel = client.channel.to_string();
+    let channel: &str = &channel;
+    loop {
+        tokio::time::sleep(period).await;
+        let swept = client
+            .run("sweeping dead entries", async |conn| {
+                let (entries, marks) =
+                    futures::join!(conn.statement(&entries), conn.statement(&marks));
+                let (entries, marks) = (entries?, marks?);
+                let c = conn.client();
+                let notice: [&(dyn ToSql + Sync); 1] = [&channel];
+                let (swept, _) =
+                    futures::join!(c.execute(&entries, &notice), c.execute(&marks, &[]));
+                Ok(swept?)
+            })
+            .await;
+        match swept {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(entries = n, "swept dead entries"),
+            Err(err) => tracing::debug!(error = %err, "sweeping dead entries failed"),
+        }
+    }
+}
+
 /// Rewrites every live entry of the semaphore `name` as `resize` says, in one
 /// transaction under the name's lock; every waiter of the name is told.
 pub(crate) async fn resize(

@@ -6,6 +6,7 @@
 //! - [`redis`]: one redis-server, RedLock's N, Sentinel and Redis Cluster deployments.
 //! - [`zookeeper`]: a standalone server or a 3-member ensemble, plain or TLS, and Curator.
 //! - [`etcd`]: one member or a 3-member cluster.
+//! - [`postgres`]: one PostgreSQL server, each factory in a schema of its own.
 //! - [`dual`]: `dual:<old>|<new>` deployments whose sides are the factories above.
 //!
 //! Every backend crate's integration tests and the dual tests use this kit; nothing
@@ -13,5 +14,6 @@
 
 pub mod dual;
 pub mod etcd;
+pub mod postgres;
 pub mod redis;
 pub mod zookeeper;

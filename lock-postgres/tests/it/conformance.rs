@@ -1,0 +1,8 @@
+//! The whole conformance suite on PostgreSQL: one server shared by the binary's tests,
+//! each factory in a schema of its own (its leftovers are its own tables' rows).
+
+/// Every rule on one server.
+mod single {
+    use testkit::postgres::PostgresFactory;
+    conformance::conformance_suite!(async { PostgresFactory::shared().await });
+}

@@ -1,0 +1,4 @@
+//! lock-postgres against real PostgreSQL servers, in one test binary: the conformance
+//! suite and the protocol's own tests.
+
+mod conformance;

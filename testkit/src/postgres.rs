@@ -1,0 +1,271 @@
+//! The conformance factory for `postgres://`: a PostgreSQL server from the harness, the
+//! factory's own (for faults on the server) or shared by the factories of a test binary
+//! ([`PostgresFactory::shared`]), each in a schema of its own, and killed when the last
+//! of them drops.
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use conformance::{connect_patiently, Crash, Factory, ServerLease};
+use harness::shared::{namespace, Shared};
+use harness::{or_skip, Deployment, Postgres, PostgresServer};
+use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
+use lock_core::{DistributedLock, LockName, LockOptions, OwnerToken};
+use lock_postgres::{PostgresConfig, PostgresLock};
+
+/// The server the shared factories of a test binary use.
+static SINGLE: Shared<Servers> = Shared::new();
+
+/// The servers behind a factory.
+pub type Servers = Deployment<Postgres>;
+
+/// Debug logs of the backend and the core into the test's captured output (shown when a
+/// test fails); `RUST_LOG` overrides the filter.
+pub fn trace() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        tracing_subscriber::EnvFilter::new("lock_postgres=debug,lock_core=debug")
+    });
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
+}
+
+/// Starts a server; `None` (after a loud notice) when PostgreSQL is not installed and
+/// strict mode is off.
+pub async fn single() -> Option<PostgresServer> {
+    or_skip(PostgresServer::start().await)
+}
+
+/// Options with `ttl`.
+pub use conformance::with_ttl;
+
+/// A config for `addrs` in `schema` with `options`.
+pub fn config(addrs: &[SocketAddr], schema: &str, options: LockOptions) -> PostgresConfig {
+    let mut config = PostgresConfig::new(addrs.iter().map(ToString::to_string))
+        .with_schema(schema)
+        .with_options(options);
+    config.username = Some("postgres".into());
+    config.dbname = Some("postgres".into());
+    config
+}
+
+/// A lock client of `addrs` in `schema`.
+pub async fn client(addrs: &[SocketAddr], schema: &str, options: LockOptions) -> Arc<PostgresLock> {
+    let config = config(addrs, schema, options);
+    let client = connect_patiently("postgres lock client connects", || {
+        PostgresLock::connect(config.clone())
+    });
+    Arc::new(client.await)
+}
+
+/// Clients of one PostgreSQL deployment, in a schema of the factory's own.
+pub struct PostgresFactory {
+    /// The server, this factory's own or shared with other factories.
+    pub servers: Arc<Servers>,
+    schema: String,
+    admin: tokio_postgres::Client,
+    proxies: Mutex<Vec<Link>>,
+    clients: Mutex<Vec<Weak<PostgresLock>>>,
+}
+
+impl PostgresFactory {
+    /// A factory over a fresh server of its own.
+    pub async fn start() -> Option<Self> {
+        let server = single().await?;
+        Some(Self::over(Arc::new(Deployment::Single(Box::new(server)))).await)
+    }
+
+    /// A factory over the server the factories of this test binary share, started now
+    /// if none runs, in a schema of its own.
+    pub async fn shared() -> Option<Self> {
+        let servers = SINGLE
+            .get_or_start(|| async { Some(Deployment::Single(Box::new(single().await?))) })
+            .await?;
+        Some(Self::over(servers).await)
+    }
+
+    async fn over(servers: Arc<Servers>) -> Self {
+        lock_core::raw::driver::register::<lock_postgres::PostgresBackend>();
+        let admin = servers.members()[0]
+            .connect()
+            .await
+            .expect("admin connection to postgres");
+        PostgresFactory {
+            servers,
+            schema: format!("t_{}", namespace()),
+            admin,
+            proxies: Mutex::new(Vec::new()),
+            clients: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The schema of this factory's lock tables.
+    pub fn schema(&self) -> &str {
+        &self.schema
+    }
+
+    /// The connection used behind the library's back.
+    pub fn admin(&self) -> &tokio_postgres::Client {
+        &self.admin
+    }
+
+    /// A lock client of this factory, as the library's own type.
+    pub async fn typed_client(&self, options: LockOptions) -> Arc<PostgresLock> {
+        let client = client(&self.servers.addrs(), &self.schema, options).await;
+        self.track(&client);
+        client
+    }
+
+    fn track(&self, client: &Arc<PostgresLock>) {
+        self.clients
+            .lock()
+            .expect("clients")
+            .push(Arc::downgrade(client));
+    }
+
+    /// Whether the factory's tables exist yet (no client connected: they do not).
+    async fn has_tables(&self) -> bool {
+        let row = self
+            .admin
+            .query_one(
+                "SELECT to_regclass($1) IS NOT NULL",
+                &[&format!("\"{}\".entries", self.schema)],
+            )
+            .await
+            .expect("look up the entries table");
+        row.get(0)
+    }
+}
+
+#[async_trait]
+impl Factory for PostgresFactory {
+    fn label(&self) -> String {
+        format!(
+            "postgres {} schema {}",
+            self.servers.hosts().join(","),
+            self.schema
+        )
+    }
+
+    fn url(&self) -> String {
+        format!(
+            "postgres://postgres@{}/postgres?schema={}",
+            self.servers.hosts().join(","),
+            self.schema
+        )
+    }
+
+    fn short_ttl(&self) -> Duration {
+        Duration::from_secs(1)
+    }
+
+    async fn client(&self, options: LockOptions) -> Arc<dyn DistributedLock> {
+        self.typed_client(options).await
+    }
+
+    async fn crashable_client(
+        &self,
+        options: LockOptions,
+    ) -> (Arc<dyn DistributedLock>, Box<dyn Crash>) {
+        let (client, link) = self.linked_client(options).await;
+        (client, Box::new(link))
+    }
+
+    /// Deletes the oldest holder's entry: the next in line takes over.
+    async fn steal(&self, name: &LockName) {
+        let sql = format!(
+            "DELETE FROM \"{s}\".entries WHERE seq = (SELECT seq FROM \"{s}\".entries \
+             WHERE name = $1 AND granted ORDER BY seq LIMIT 1)",
+            s = self.schema
+        );
+        self.admin
+            .execute(&sql, &[&name.as_str()])
+            .await
+            .expect("steal: delete the holder's entry");
+    }
+
+    /// The time left to the entry carrying `owner`, by the server's clock.
+    async fn server_lease(&self, name: &LockName, owner: &OwnerToken) -> ServerLease {
+        if !self.has_tables().await {
+            return ServerLease::Absent;
+        }
+        let sql = format!(
+            "SELECT (extract(epoch FROM (expires_at - clock_timestamp())) * 1000)::float8 \
+             FROM \"{}\".entries WHERE name = $1 AND owner = $2",
+            self.schema
+        );
+        let row = self
+            .admin
+            .query_opt(&sql, &[&name.as_str(), &owner.as_str()])
+            .await
+            .expect("read an entry's expiry");
+        match row.map(|row| row.get::<_, f64>(0)) {
+            Some(ms) if ms > 0.0 => ServerLease::Left(Duration::from_secs_f64(ms / 1000.0)),
+            _ => ServerLease::Absent,
+        }
+    }
+
+    fn lease_resolution(&self) -> Duration {
+        Duration::from_millis(5)
+    }
+
+    /// Entries of `names`, live or not yet purged.
+    async fn leftovers(&self, names: &[LockName]) -> Vec<String> {
+        if !self.has_tables().await {
+            return Vec::new();
+        }
+        let sql = format!(
+            "SELECT name, seq, kind, granted, owner FROM \"{}\".entries \
+             WHERE name = ANY($1) ORDER BY name, seq",
+            self.schema
+        );
+        let names: Vec<&str> = names.iter().map(LockName::as_str).collect();
+        let rows = self
+            .admin
+            .query(&sql, &[&names])
+            .await
+            .expect("read the entries left");
+        rows.iter()
+            .map(|row| {
+                let (name, seq, kind, granted, owner): (String, i64, String, bool, String) =
+                    (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+                let state = if granted { "holder" } else { "waiter" };
+                format!("{name:?}: {kind} {state} entry {seq} of {owner}")
+            })
+            .collect()
+    }
+}
+
+#[async_trait]
+impl ChaosTarget for PostgresFactory {
+    fn topology(&self) -> Topology {
+        Topology::Single { durable: true }
+    }
+
+    async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
+        let (link, addrs) = Link::proxied(&self.servers.addrs()).await;
+        let client = client(&addrs, &self.schema, options).await;
+        self.track(&client);
+        self.proxies.lock().expect("proxies").push(link.clone());
+        (client, link)
+    }
+
+    fn servers(&self) -> Vec<&dyn ServerControl> {
+        self.servers.controls()
+    }
+
+    async fn leader(&self) -> Option<usize> {
+        None
+    }
+}
+
+impl std::fmt::Debug for PostgresFactory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresFactory")
+            .field("schema", &self.schema)
+            .finish_non_exhaustive()
+    }
+}
