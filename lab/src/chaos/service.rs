@@ -59,6 +59,8 @@ struct Running {
     run: JoinHandle<lock_core::Result<lock_core::ServiceSummary>>,
     /// Elected events: when they came, and the term.
     elected: Arc<Mutex<Vec<(Instant, FencingToken)>>>,
+    /// When its Campaigning events came.
+    campaigned: Arc<Mutex<Vec<(Instant, FencingToken)>>>,
 }
 
 async fn service_scenario(scene: Scene<'_>, fault: Fault) -> ScenarioReport {
@@ -118,12 +120,33 @@ async fn service_scenario(scene: Scene<'_>, fault: Fault) -> ScenarioReport {
     }
     faulting.store(false, Ordering::SeqCst);
     let healed_at = Instant::now();
-    // Requeue: the victim's service leads again after the fault.
-    let again = led_since(&services[0], Some(healed_at), PATIENCE + plan.ttl * 4).await;
-    if again.is_none() {
+    // Requeue: the victim's service campaigns again after the fault, and where the
+    // election is fair (in campaign order) leads again; an unfair one (RedLock, Redis
+    // without its queue) may keep handing the term to the others.
+    let patience = PATIENCE + plan.ttl * 4;
+    if clients[0].capabilities().fair {
+        if led_since(&services[0], Some(healed_at), patience)
+            .await
+            .is_none()
+        {
+            stalled.push(format!(
+                "the victim's service did not lead again within {patience:?} of the fault's end"
+            ));
+        }
+    } else if since(&services[0].campaigned, Some(healed_at), patience)
+        .await
+        .is_none()
+    {
         stalled.push(format!(
-            "the victim's service did not lead again within {:?} of the fault's end",
-            PATIENCE + plan.ttl * 4
+            "the victim's service did not campaign again within {patience:?} of the fault's end"
+        ));
+    } else if led_since(&services[0], Some(healed_at), patience)
+        .await
+        .is_none()
+    {
+        note(format!(
+            "unfair election: the victim's service campaigned again but did not lead within \
+             {patience:?} of the fault's end"
         ));
     }
     sleep(plan.contend.min(plan.ttl * 2)).await;
@@ -170,17 +193,18 @@ impl Starting<'_> {
             .with_backoff(Duration::from_millis(20), plan.ttl)
             .expect("valid pauses");
         let elected = Arc::new(Mutex::new(Vec::new()));
+        let campaigned = Arc::new(Mutex::new(Vec::new()));
         let mut events = service.events();
         {
-            let elected = Arc::clone(&elected);
+            let (elected, campaigned) = (Arc::clone(&elected), Arc::clone(&campaigned));
             tokio::spawn(async move {
                 while let Some(event) = events.next().await {
-                    if let LeaderEvent::Elected { term } = event {
-                        elected
-                            .lock()
-                            .expect("elected")
-                            .push((Instant::now(), term));
-                    }
+                    let (list, term) = match event {
+                        LeaderEvent::Elected { term } => (&elected, term),
+                        LeaderEvent::Campaigning => (&campaigned, FencingToken(0)),
+                        _ => continue,
+                    };
+                    list.lock().expect("events").push((Instant::now(), term));
                 }
             });
         }
@@ -207,18 +231,30 @@ impl Starting<'_> {
                 )
                 .await
         });
-        Running { run, elected }
+        Running {
+            run,
+            elected,
+            campaigned,
+        }
     }
 }
 
 /// When `service` was first elected (after `after`, if given), waiting up to `limit`.
 async fn led_since(service: &Running, after: Option<Instant>, limit: Duration) -> Option<Instant> {
+    since(&service.elected, after, limit).await
+}
+
+/// When the first of `events` came (after `after`, if given), waiting up to `limit`.
+async fn since(
+    events: &Mutex<Vec<(Instant, FencingToken)>>,
+    after: Option<Instant>,
+    limit: Duration,
+) -> Option<Instant> {
     let deadline = Instant::now() + limit;
     loop {
-        let first = service
-            .elected
+        let first = events
             .lock()
-            .expect("elected")
+            .expect("events")
             .iter()
             .map(|(at, _)| *at)
             .find(|at| after.is_none_or(|after| *at > after));

@@ -248,6 +248,7 @@ async fn a_slow_acknowledgement_is_awaited_by_default() {
     // Warm: the client knows its primary and the primary its replicas.
     let guard = client.lock(slow.as_str()).await.expect("lock");
     guard.release().await.expect("release");
+    replicas_attached(&factory, 2).await;
     for replica in [1, 2] {
         factory
             .deployment
@@ -291,6 +292,32 @@ async fn a_slow_acknowledgement_is_awaited_by_default() {
     }
     println!("granted after {waited:?} once the paused replicas acknowledged");
     guard.release().await.expect("release");
+}
+
+/// Waits (at most 10 s) until the primary (server 0) lists `count` replicas in `ROLE`: a
+/// fresh deployment's replicas attach after it starts, and a grant waits only for the
+/// replicas the primary lists.
+async fn replicas_attached(factory: &SentinelFactory, count: usize) {
+    let mut conn = raw(factory.deployment.server(0).addr()).await;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let role: Vec<redis::Value> = redis::cmd("ROLE")
+            .query_async(&mut conn)
+            .await
+            .expect("ROLE");
+        let listed = match role.get(2) {
+            Some(redis::Value::Array(replicas)) => replicas.len(),
+            _ => 0,
+        };
+        if listed >= count {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the primary lists {listed} of {count} replicas after 10 s"
+        );
+        sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// Discovery asks every Sentinel at once, each within the request deadline: with one
