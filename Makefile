@@ -51,13 +51,13 @@ demo: deps
 CHAOS_SECONDS ?= 60
 CHAOS_SEED ?= 1
 CHAOS_JOBS ?= 3
-CHAOS_ONLY = ^((lab|lock-redis|lock-zookeeper|lock-etcd)/test/it/chaos/|lab/test/dual_chaos$$|(lab|lock-redis|lock-zookeeper)/test/it/(dual|conformance)/|lockctl/test/it/signals/)
+CHAOS_ONLY = ^((lab|lock-redis|lock-zookeeper|lock-etcd|lock-postgres)/test/it/chaos/|lab/test/dual_chaos$$|(lab|lock-redis|lock-zookeeper)/test/it/(dual|conformance)/|lockctl/test/it/signals/)
 chaos: deps
 	rm -rf chaos-report && mkdir -p chaos-report
 	CHAOS_LONG=1 CHAOS_SECONDS=$(CHAOS_SECONDS) CHAOS_SEED=$(CHAOS_SEED) \
 		LOCK_TEST_SEED=$(CHAOS_SEED) CHAOS_REPORT_DIR=$(CURDIR)/chaos-report \
 		LOCK_TEST_STRICT=1 CARGO=$(CARGO) TEST_RUN=chaos TEST_JOBS=$(CHAOS_JOBS) TEST_SPLIT=2 \
-		TEST_BUILD="--release -p lab -p lock-redis -p lock-zookeeper -p lock-etcd -p lockctl \
+		TEST_BUILD="--release -p lab -p lock-redis -p lock-zookeeper -p lock-etcd -p lock-postgres -p lockctl \
 		--test it --test dual_chaos" TEST_ONLY='$(CHAOS_ONLY)' \
 		./scripts/run-tests.sh -- --test-threads 2
 	$(CARGO) run --quiet --release -p tools --bin chaos_report -- chaos-report

@@ -66,7 +66,6 @@ pub struct PostgresFactory {
     /// The server, this factory's own or shared with other factories.
     pub servers: Arc<Servers>,
     schema: String,
-    admin: tokio_postgres::Client,
     proxies: Mutex<Vec<Link>>,
     clients: Mutex<Vec<Weak<PostgresLock>>>,
 }
@@ -89,14 +88,9 @@ impl PostgresFactory {
 
     async fn over(servers: Arc<Servers>) -> Self {
         lock_core::raw::driver::register::<lock_postgres::PostgresBackend>();
-        let admin = servers.members()[0]
-            .connect()
-            .await
-            .expect("admin connection to postgres");
         PostgresFactory {
             servers,
             schema: format!("t_{}", namespace()),
-            admin,
             proxies: Mutex::new(Vec::new()),
             clients: Mutex::new(Vec::new()),
         }
@@ -107,9 +101,20 @@ impl PostgresFactory {
         &self.schema
     }
 
-    /// The connection used behind the library's back.
-    pub fn admin(&self) -> &tokio_postgres::Client {
-        &self.admin
+    /// A fresh connection for reaching behind the library's back (a fresh one each
+    /// time: a fault scenario restarts the server), tried for up to 10 s.
+    pub async fn admin(&self) -> tokio_postgres::Client {
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match self.servers.members()[0].connect().await {
+                Ok(client) => return client,
+                Err(err) if tokio::time::Instant::now() < give_up => {
+                    tracing::debug!(error = %err, "admin connection failed; retrying");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(err) => panic!("admin connection to postgres: {err}"),
+            }
+        }
     }
 
     /// A lock client of this factory, as the library's own type.
@@ -129,7 +134,8 @@ impl PostgresFactory {
     /// Whether the factory's tables exist yet (no client connected: they do not).
     async fn has_tables(&self) -> bool {
         let row = self
-            .admin
+            .admin()
+            .await
             .query_one(
                 "SELECT to_regclass($1) IS NOT NULL",
                 &[&format!("\"{}\".entries", self.schema)],
@@ -181,7 +187,8 @@ impl Factory for PostgresFactory {
              WHERE name = $1 AND granted ORDER BY seq LIMIT 1)",
             s = self.schema
         );
-        self.admin
+        self.admin()
+            .await
             .execute(&sql, &[&name.as_str()])
             .await
             .expect("steal: delete the holder's entry");
@@ -198,7 +205,8 @@ impl Factory for PostgresFactory {
             self.schema
         );
         let row = self
-            .admin
+            .admin()
+            .await
             .query_opt(&sql, &[&name.as_str(), &owner.as_str()])
             .await
             .expect("read an entry's expiry");
@@ -224,7 +232,8 @@ impl Factory for PostgresFactory {
         );
         let names: Vec<&str> = names.iter().map(LockName::as_str).collect();
         let rows = self
-            .admin
+            .admin()
+            .await
             .query(&sql, &[&names])
             .await
             .expect("read the entries left");

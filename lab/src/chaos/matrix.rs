@@ -46,6 +46,7 @@ pub const DEPLOYMENTS: &[Deployment] = &[
     row("zookeeper-3", ZK_3, ALL, true),
     row("etcd", "etcd://127.0.0.1:2379", ALL, true),
     row("etcd-3", ETCD_3, ALL, true),
+    row("postgres", "postgres://127.0.0.1:5432", ALL, true),
 ];
 
 const REDLOCK_5: &str =
@@ -123,6 +124,7 @@ mod tests {
             "memory" => lock_core::memory::CAPABILITIES,
             s if lock_zookeeper::SCHEMES.contains(&s) => lock_zookeeper::CAPABILITIES,
             s if lock_etcd::SCHEMES.contains(&s) => lock_etcd::CAPABILITIES,
+            s if lock_postgres::SCHEMES.contains(&s) => lock_postgres::CAPABILITIES,
             s if lock_redis::SCHEMES.contains(&s) => lock_redis::RedisBackend::config_from_str(url)
                 .expect("a Redis configuration")
                 .capabilities(),
