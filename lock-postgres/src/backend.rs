@@ -5,7 +5,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,7 +13,7 @@ use futures::StreamExt;
 use lock_core::raw::{
     backend::{
         AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
-        RenewItem, RenewOutcome, SemaphoreResize,
+        RenewItem, RenewOutcome, SemaphoreResize, SessionStatus,
     },
     driver::Connect,
     plumbing::{Background, Backoff, Cleanup, CleanupOnDrop},
@@ -25,6 +25,7 @@ use lock_core::{
 };
 use tokio::time::Instant;
 
+use crate::advisory::Advisory;
 use crate::config::PostgresConfig;
 use crate::connection::{Listener, PgClient};
 use crate::error::BACKEND;
@@ -47,6 +48,8 @@ pub struct PostgresBackend {
     /// The sweep of dead entries ([`operator::sweep_forever`]).
     sweeper: tokio::task::JoinHandle<()>,
     closed: AtomicBool,
+    /// The holding connection of advisory locks, with `advisory_locks=on`.
+    advisory: Option<Arc<Advisory>>,
 }
 
 impl Drop for PostgresBackend {
@@ -78,6 +81,18 @@ impl Connect for PostgresBackend {
     async fn open(config: PostgresConfig) -> Result<PostgresBackend> {
         let client = PgClient::new(&config)?;
         client.setup().await?;
+        let id = uuid::Uuid::new_v4().to_string();
+        let advisory = if config.advisory_locks {
+            let advisory = Advisory::new(
+                crate::connection::pg_config(&config),
+                &id,
+                config.options.request_timeout,
+            );
+            advisory.epoch().await?;
+            Some(Arc::new(advisory))
+        } else {
+            None
+        };
         let sweeper = tokio::spawn(operator::sweep_forever(
             client.clone(),
             operator::sweep_period(config.options.ttl),
@@ -87,7 +102,8 @@ impl Connect for PostgresBackend {
             closed: AtomicBool::new(false),
             listener: Listener::start(&config),
             client,
-            id: uuid::Uuid::new_v4().to_string(),
+            id,
+            advisory,
             label: config.label(),
             ttl: config.options.ttl,
             recheck: config.options.recheck,
@@ -235,6 +251,8 @@ impl Backend for PostgresBackend {
             ttl: request.ttl,
             floor,
             client: &self.id,
+            advisory: self.advisory.as_ref(),
+            schema: &self.client.schema,
         };
         // Subscribed before the first decision, so that no change after it is missed.
         let waiter = request
@@ -261,22 +279,30 @@ impl Backend for PostgresBackend {
             seq,
             fence,
             decided_at,
+            advisory,
         } = turn
         else {
             return Err(crate::error::unexpected("acquiring", format!("{turn:?}")));
         };
         drop(pending.disarm());
+        // With advisory locks, every hold lives and dies with the holding session.
+        let session = match (advisory, &self.advisory) {
+            (Some((_, _, epoch)), _) => epoch,
+            (None, Some(side)) => side.epoch().await?,
+            (None, None) => 0,
+        };
         Ok(Some(Acquired {
             hold: PostgresHold {
                 name: request.name.as_str().to_owned(),
                 seq,
                 owner: owner.to_owned(),
                 kind: Mutex::new(request.kind.clone()),
+                advisory: Mutex::new(advisory),
             },
             fencing_token: FencingToken(fence_of(fence)?),
             requested_at: decided_at,
             lease: request.ttl,
-            session: 0,
+            session,
         }))
     }
 
@@ -284,11 +310,25 @@ impl Backend for PostgresBackend {
     async fn renew(&self, items: &[RenewItem<'_, PostgresHold>]) -> Result<Vec<RenewOutcome>> {
         let holds: Vec<(&PostgresHold, Duration)> =
             items.iter().map(|item| (item.hold, item.ttl)).collect();
-        hold::renew(&self.client, &holds).await
+        let outcomes = hold::renew(&self.client, &holds).await?;
+        for (item, outcome) in items.iter().zip(&outcomes) {
+            if matches!(outcome, RenewOutcome::Lost(_)) {
+                item.hold.give_back(self.advisory.as_deref()).await;
+            }
+        }
+        Ok(outcomes)
     }
 
     async fn release(&self, hold: &PostgresHold) -> Result<BackendRelease> {
-        hold::release(&self.client, hold).await
+        let released = hold::release(&self.client, hold).await;
+        if released.is_ok() {
+            hold.give_back(self.advisory.as_deref()).await;
+        }
+        released
+    }
+
+    fn session(&self) -> Option<tokio::sync::watch::Receiver<SessionStatus>> {
+        self.advisory.as_ref().map(|advisory| advisory.session())
     }
 
     /// The live entries of the name in queue order and its counter as the token floor
@@ -313,8 +353,10 @@ impl Backend for PostgresBackend {
     async fn amend(&self, hold: &PostgresHold, amendment: Amendment<'_>) -> Result<Amended> {
         match amendment {
             Amendment::Proclaim(value) => hold::proclaim(&self.client, hold, value).await,
-            Amendment::Downgrade => hold::downgrade(&self.client, hold).await,
-            Amendment::Upgrade => hold::upgrade(&self.client, hold).await,
+            Amendment::Downgrade => {
+                hold::downgrade(&self.client, hold, self.advisory.as_ref()).await
+            }
+            Amendment::Upgrade => hold::upgrade(&self.client, hold, self.advisory.as_ref()).await,
             other => Err(other.unsupported(BACKEND)),
         }
     }
@@ -354,6 +396,9 @@ impl Backend for PostgresBackend {
             })
             .await;
         self.listener.stop();
+        if let Some(advisory) = &self.advisory {
+            advisory.close().await;
+        }
         self.client.close();
         result
     }

@@ -31,6 +31,7 @@ const OWN_KEYS: &[&str] = &[
     "schema",
     "pool_size",
     "mark_ttl",
+    "advisory_locks",
 ];
 
 /// Whether and how to use TLS (`sslmode=` of the connection string).
@@ -54,7 +55,8 @@ pub enum SslMode {
 /// `max_hold`, `request_timeout`, `recheck`), the connection string's `user`,
 /// `password`, `dbname`, `sslmode` (`disable`, `prefer`, `require`), `application_name`,
 /// `connect_timeout` (seconds), `target_session_attrs` (`any`, `read-write`), and this
-/// backend's `schema`, `pool_size`, `mark_ttl`. Unknown keys are an error.
+/// backend's `schema`, `pool_size`, `mark_ttl`, `advisory_locks` (`on`, `off`). Unknown
+/// keys are an error.
 ///
 /// `Debug` never shows the password.
 #[non_exhaustive]
@@ -88,6 +90,10 @@ pub struct PostgresConfig {
     /// holder's TTL, at least this. Default 60 s.
     #[serde(with = "lock_core::raw::durations::duration_text")]
     pub mark_ttl: Duration,
+    /// Also take each name's advisory lock, on the key madelson's DistributedLock derives
+    /// for it, so that applications locking the name with `pg_advisory_lock` and this
+    /// client exclude each other (see the crate docs). Default: `false`.
+    pub advisory_locks: bool,
     /// Lease TTL, timeouts, renewal policy. Default: [`LockOptions::default`].
     pub options: LockOptions,
 }
@@ -106,6 +112,7 @@ impl Default for PostgresConfig {
             schema: DEFAULT_SCHEMA.into(),
             pool_size: DEFAULT_POOL_SIZE,
             mark_ttl: DEFAULT_MARK_TTL,
+            advisory_locks: false,
             options: LockOptions::default(),
         }
     }
@@ -203,6 +210,17 @@ impl PostgresConfig {
                     })?;
                 }
                 "mark_ttl" => config.mark_ttl = duration(&value)?,
+                "advisory_locks" => {
+                    config.advisory_locks = match value.as_str() {
+                        "on" | "true" | "1" => true,
+                        "off" | "false" | "0" => false,
+                        other => {
+                            return Err(Error::config(format!(
+                                "advisory_locks is on or off, not {other:?}"
+                            )))
+                        }
+                    }
+                }
                 _ => {
                     return Err(Error::config(format!(
                         "unknown postgres:// option `{key}` (known: ttl, renewal, max_hold, \
@@ -286,6 +304,7 @@ impl fmt::Debug for PostgresConfig {
             .field("schema", &self.schema)
             .field("pool_size", &self.pool_size)
             .field("mark_ttl", &self.mark_ttl)
+            .field("advisory_locks", &self.advisory_locks)
             .field("options", &self.options)
             .finish()
     }

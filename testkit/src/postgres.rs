@@ -44,6 +44,10 @@ pub use conformance::with_ttl;
 
 /// A config for `addrs` in `schema` with `options`.
 pub fn config(addrs: &[SocketAddr], schema: &str, options: LockOptions) -> PostgresConfig {
+    plain_config(addrs, schema, options)
+}
+
+fn plain_config(addrs: &[SocketAddr], schema: &str, options: LockOptions) -> PostgresConfig {
     let mut config = PostgresConfig::new(addrs.iter().map(ToString::to_string))
         .with_schema(schema)
         .with_options(options);
@@ -52,9 +56,15 @@ pub fn config(addrs: &[SocketAddr], schema: &str, options: LockOptions) -> Postg
     config
 }
 
-/// A lock client of `addrs` in `schema`.
-pub async fn client(addrs: &[SocketAddr], schema: &str, options: LockOptions) -> Arc<PostgresLock> {
-    let config = config(addrs, schema, options);
+/// A lock client of `addrs` in `schema`, taking advisory locks too if `advisory`.
+pub async fn client(
+    addrs: &[SocketAddr],
+    schema: &str,
+    options: LockOptions,
+    advisory: bool,
+) -> Arc<PostgresLock> {
+    let mut config = config(addrs, schema, options);
+    config.advisory_locks = advisory;
     let client = connect_patiently("postgres lock client connects", || {
         PostgresLock::connect(config.clone())
     });
@@ -66,6 +76,8 @@ pub struct PostgresFactory {
     /// The server, this factory's own or shared with other factories.
     pub servers: Arc<Servers>,
     schema: String,
+    /// Its clients also take advisory locks (`advisory_locks=on`).
+    advisory: bool,
     proxies: Mutex<Vec<Link>>,
     clients: Mutex<Vec<Weak<PostgresLock>>>,
 }
@@ -91,9 +103,16 @@ impl PostgresFactory {
         PostgresFactory {
             servers,
             schema: format!("t_{}", namespace()),
+            advisory: false,
             proxies: Mutex::new(Vec::new()),
             clients: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The same factory whose clients also take advisory locks (`advisory_locks=on`).
+    pub fn with_advisory_locks(mut self) -> Self {
+        self.advisory = true;
+        self
     }
 
     /// The schema of this factory's lock tables.
@@ -119,7 +138,7 @@ impl PostgresFactory {
 
     /// A lock client of this factory, as the library's own type.
     pub async fn typed_client(&self, options: LockOptions) -> Arc<PostgresLock> {
-        let client = client(&self.servers.addrs(), &self.schema, options).await;
+        let client = client(&self.servers.addrs(), &self.schema, options, self.advisory).await;
         self.track(&client);
         client
     }
@@ -158,9 +177,14 @@ impl Factory for PostgresFactory {
 
     fn url(&self) -> String {
         format!(
-            "postgres://postgres@{}/postgres?schema={}",
+            "postgres://postgres@{}/postgres?schema={}{}",
             self.servers.hosts().join(","),
-            self.schema
+            self.schema,
+            if self.advisory {
+                "&advisory_locks=on"
+            } else {
+                ""
+            }
         )
     }
 
@@ -256,7 +280,7 @@ impl ChaosTarget for PostgresFactory {
 
     async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
         let (link, addrs) = Link::proxied(&self.servers.addrs()).await;
-        let client = client(&addrs, &self.schema, options).await;
+        let client = client(&addrs, &self.schema, options, self.advisory).await;
         self.track(&client);
         self.proxies.lock().expect("proxies").push(link.clone());
         (client, link)

@@ -3,3 +3,4 @@
 
 mod chaos;
 mod conformance;
+mod interop;
