@@ -23,6 +23,7 @@ use tokio::time::timeout;
 use crate::contention::{contend, cycle, released, LoopRun, Step, ACQUIRE_LIMIT};
 use crate::error::BoxError;
 use crate::semaphore_many::{semaphore_many, SemaphoreManyRun};
+pub(crate) use crate::semaphore_many::{MANY_PERMITS, MOST_AT_ONCE};
 use crate::stats::{Latencies, Summary};
 use crate::targets::Target;
 use crate::workloads::{bench_name, connect, lock_cycle, timed, Plan, SLICES, WAIT_LIMIT};
@@ -33,9 +34,8 @@ use crate::workloads::{bench_name, connect, lock_cycle, timed, Plan, SLICES, WAI
 pub(crate) enum Primitive {
     /// [`SEMAPHORE_CLIENTS`] contenders on a semaphore of [`PERMITS`] permits.
     Semaphore,
-    /// [`SEMAPHORE_CLIENTS`] contenders on a semaphore of
-    /// [`MANY_PERMITS`](crate::semaphore_many::MANY_PERMITS) permits, each taking 1 to
-    /// [`MOST_AT_ONCE`](crate::semaphore_many::MOST_AT_ONCE) of them in one hold.
+    /// [`SEMAPHORE_CLIENTS`] contenders on a semaphore of [`MANY_PERMITS`] permits, each
+    /// taking 1 to [`MOST_AT_ONCE`] of them in one hold.
     SemaphoreMany,
     /// Readers and writers on one read-write lock.
     Rwlock,

@@ -8,11 +8,11 @@ use std::fmt::Write as _;
 
 use crate::contention::LoopRun;
 use crate::primitives::{
-    rw_clients, MultiContendedRun, MultiRun, Primitive, RwLockRun, SemaphoreRun, MULTI_CLIENTS,
-    MULTI_NAMES, MULTI_PARTS, PERMITS, SEMAPHORE_CLIENTS, WRITE_SHARE,
+    rw_clients, MultiContendedRun, MultiRun, Primitive, RwLockRun, SemaphoreRun, MANY_PERMITS,
+    MOST_AT_ONCE, MULTI_CLIENTS, MULTI_NAMES, MULTI_PARTS, PERMITS, SEMAPHORE_CLIENTS, WRITE_SHARE,
 };
 use crate::results::{cell, fmt_ratio, Report, RunReport};
-use crate::semaphore_many::{SemaphoreManyRun, MANY_PERMITS, MOST_AT_ONCE};
+use crate::semaphore_many::SemaphoreManyRun;
 use crate::stats::{fmt_count, Summary};
 
 /// The cells of a row with nothing measured: the first says why, the rest are blank.
