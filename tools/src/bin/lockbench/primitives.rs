@@ -3,7 +3,8 @@
 //! multi-locks of 3 names, uncontended and contended. Each is compared with the mutex of
 //! the same run (its contended throughput, its uncontended cycle): information, not a
 //! target. Semaphores and read-write locks run where the backend grants them
-//! (`Capabilities::semaphore` / `Capabilities::rwlock`); multi-locks run everywhere.
+//! (`Capabilities::semaphore` / `Capabilities::rwlock`); multi-locks run everywhere. The
+//! semaphore of several permits a hold has a file of its own (`semaphore_many.rs`).
 //!
 //! The contended loops are the contention workload's ([`contend`]): bounded acquires cut
 //! at the end of the measurement, failures counted. Inside each hold the workload counts
@@ -21,6 +22,8 @@ use tokio::time::timeout;
 
 use crate::contention::{contend, cycle, released, LoopRun, Step, ACQUIRE_LIMIT};
 use crate::error::BoxError;
+use crate::semaphore_many::{semaphore_many, SemaphoreManyRun};
+pub(crate) use crate::semaphore_many::{MANY_PERMITS, MOST_AT_ONCE};
 use crate::stats::{Latencies, Summary};
 use crate::targets::Target;
 use crate::workloads::{bench_name, connect, lock_cycle, timed, Plan, SLICES, WAIT_LIMIT};
@@ -31,6 +34,9 @@ use crate::workloads::{bench_name, connect, lock_cycle, timed, Plan, SLICES, WAI
 pub(crate) enum Primitive {
     /// [`SEMAPHORE_CLIENTS`] contenders on a semaphore of [`PERMITS`] permits.
     Semaphore,
+    /// [`SEMAPHORE_CLIENTS`] contenders on a semaphore of [`MANY_PERMITS`] permits, each
+    /// taking 1 to [`MOST_AT_ONCE`] of them in one hold.
+    SemaphoreMany,
     /// Readers and writers on one read-write lock.
     Rwlock,
     /// Multi-locks of [`MULTI_PARTS`] names, uncontended and contended (two workloads).
@@ -41,7 +47,7 @@ impl Primitive {
     /// Workloads (progress steps) per run.
     pub(crate) fn steps(self) -> usize {
         match self {
-            Primitive::Semaphore | Primitive::Rwlock => 1,
+            Primitive::Semaphore | Primitive::SemaphoreMany | Primitive::Rwlock => 1,
             Primitive::Multi => 2,
         }
     }
@@ -49,6 +55,7 @@ impl Primitive {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Primitive::Semaphore => "semaphore",
+            Primitive::SemaphoreMany => "semaphore, several permits a hold",
             Primitive::Rwlock => "read-write lock",
             Primitive::Multi => "multi-lock",
         }
@@ -87,6 +94,7 @@ const WRITE: usize = 1;
 #[derive(Debug, Default, Serialize)]
 pub(crate) struct PrimitivesRun {
     pub(crate) semaphore: Option<SemaphoreRun>,
+    pub(crate) semaphore_many: Option<SemaphoreManyRun>,
     pub(crate) rwlock: Option<RwLockRun>,
     pub(crate) multi: Option<MultiRun>,
     pub(crate) multi_contended: Option<MultiContendedRun>,
@@ -149,11 +157,12 @@ pub(crate) struct MultiContendedRun {
     pub(crate) acquire: Option<Summary>,
 }
 
-/// What the read-write workload needs from the command line.
+/// What the read-write and seeded workloads need from the command line.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Setup {
     /// Clients of the read-write workload.
     pub(crate) rw_clients: usize,
+    /// Seed of the random choices (client i: seed + i).
     pub(crate) seed: u64,
 }
 
@@ -173,7 +182,10 @@ pub(crate) async fn measure(
         Primitive::Rwlock if target.rwlocks => {
             out.rwlock = Some(rwlock(target, setup, plan).await?);
         }
-        Primitive::Semaphore | Primitive::Rwlock => {}
+        Primitive::SemaphoreMany if target.semaphores_many => {
+            out.semaphore_many = Some(semaphore_many(target, setup.seed, plan).await?);
+        }
+        Primitive::Semaphore | Primitive::SemaphoreMany | Primitive::Rwlock => {}
         Primitive::Multi => {
             // Both are tried; the first failure is returned.
             let uncontended = multi(target, plan).await.map(|row| out.multi = Some(row));
@@ -189,7 +201,7 @@ pub(crate) async fn measure(
 /// What a contended workload's clients hold right now, counted inside their holds: a
 /// weight per hold, [`EXCLUSIVE`] for a writer.
 #[derive(Debug)]
-struct Gauge {
+pub(crate) struct Gauge {
     /// The most the shared holds may weigh together.
     limit: u64,
     held: AtomicU64,
@@ -203,7 +215,7 @@ struct Gauge {
 const EXCLUSIVE: u64 = 1 << 32;
 
 impl Gauge {
-    fn new(limit: u64) -> Arc<Self> {
+    pub(crate) fn new(limit: u64) -> Arc<Self> {
         Arc::new(Gauge {
             limit,
             held: AtomicU64::new(0),
@@ -227,7 +239,7 @@ impl Gauge {
     }
 
     /// An error if any hold found more held than allowed (`what`: what that means).
-    fn check(&self, what: &str) -> Result<u64, BoxError> {
+    pub(crate) fn check(&self, what: &str) -> Result<u64, BoxError> {
         let max = self.max.load(Ordering::Relaxed);
         match self.violations.load(Ordering::SeqCst) {
             0 => Ok(max),
@@ -410,7 +422,7 @@ async fn multi_contended(
 
 /// Counts a hold of each (gauge, weight) for a moment, then `release`s it: uncounted
 /// before the release is sent, so that the next holder never overlaps it in the count.
-async fn hold(
+pub(crate) async fn hold(
     counted: &[(&Gauge, u64)],
     release: impl std::future::Future<Output = distlock::Result<ReleaseOutcome>>,
 ) -> Result<(), String> {
