@@ -3,4 +3,5 @@
 
 mod chaos;
 mod conformance;
+mod faults;
 mod interop;
