@@ -50,11 +50,16 @@ pub struct PostgresBackend {
     closed: AtomicBool,
     /// The holding connection of advisory locks, with `advisory_locks=on`.
     advisory: Option<Arc<Advisory>>,
+    /// The deletes of the entries of ended holding sessions ([`hold::end_with_sessions`]).
+    session_holds: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for PostgresBackend {
     fn drop(&mut self) {
         self.sweeper.abort();
+        if let Some(task) = &self.session_holds {
+            task.abort();
+        }
     }
 }
 
@@ -97,7 +102,15 @@ impl Connect for PostgresBackend {
             client.clone(),
             operator::sweep_period(config.options.ttl),
         ));
+        let session_holds = advisory.as_ref().map(|advisory| {
+            tokio::spawn(hold::end_with_sessions(
+                client.clone(),
+                id.clone(),
+                advisory.session(),
+            ))
+        });
         Ok(PostgresBackend {
+            session_holds,
             sweeper,
             closed: AtomicBool::new(false),
             listener: Listener::start(&config),
@@ -279,18 +292,13 @@ impl Backend for PostgresBackend {
             seq,
             fence,
             decided_at,
+            session,
             advisory,
         } = turn
         else {
             return Err(crate::error::unexpected("acquiring", format!("{turn:?}")));
         };
         drop(pending.disarm());
-        // With advisory locks, every hold lives and dies with the holding session.
-        let session = match (advisory, &self.advisory) {
-            (Some((_, _, epoch)), _) => epoch,
-            (None, Some(side)) => side.epoch().await?,
-            (None, None) => 0,
-        };
         Ok(Some(Acquired {
             hold: PostgresHold {
                 name: request.name.as_str().to_owned(),
@@ -396,6 +404,9 @@ impl Backend for PostgresBackend {
             })
             .await;
         self.listener.stop();
+        if let Some(task) = &self.session_holds {
+            task.abort();
+        }
         if let Some(advisory) = &self.advisory {
             advisory.close().await;
         }

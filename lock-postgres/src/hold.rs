@@ -340,3 +340,61 @@ pub(crate) async fn upgrade(
         }
     }
 }
+
+/// With advisory locks, until aborted: each time a holding session ends, deletes the
+/// entries the client (`client_id`) was granted in it or before (its holds are lost with
+/// their advisory locks, and their rows must not hold the name until their expiry),
+/// telling the waiters. A delete that keeps failing is given up after a minute; the
+/// entries' expiry ends them then.
+pub(crate) async fn end_with_sessions(
+    client: PgClient,
+    client_id: String,
+    mut sessions: tokio::sync::watch::Receiver<lock_core::raw::backend::SessionStatus>,
+) {
+    let sql = format!(
+        "WITH gone AS (DELETE FROM {s}.entries \
+             WHERE client = $1 AND session BETWEEN 1 AND $2 RETURNING name, seq) \
+         SELECT pg_notify($3, '-' || seq || ':' || name) FROM gone",
+        s = client.schema
+    );
+    let channel = client.channel.to_string();
+    while sessions.changed().await.is_ok() {
+        let status = *sessions.borrow_and_update();
+        if status.health != lock_core::raw::backend::SessionHealth::Expired {
+            continue;
+        }
+        let ended = i64::try_from(status.epoch).unwrap_or(i64::MAX);
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut backoff = lock_core::raw::plumbing::Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_secs(1),
+        );
+        loop {
+            let deleted = client
+                .run("ending the holds of an ended session", async |conn| {
+                    let statement = conn.statement(&sql).await?;
+                    let params: [&(dyn ToSql + Sync); 3] = [&client_id, &ended, &channel.as_str()];
+                    Ok(conn.client().execute(&statement, &params).await?)
+                })
+                .await;
+            match deleted {
+                Ok(n) => {
+                    tracing::debug!(
+                        session = ended,
+                        entries = n,
+                        "ended the holds of a holding session"
+                    );
+                    break;
+                }
+                Err(err) if tokio::time::Instant::now() < give_up => {
+                    tracing::debug!(error = %err, "ending the holds of a holding session failed; again");
+                    tokio::time::sleep(backoff.next_pause()).await;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "ending the holds of a holding session failed; their expiry ends them");
+                    break;
+                }
+            }
+        }
+    }
+}

@@ -50,6 +50,8 @@ pub(crate) enum Turn {
         seq: i64,
         fence: i64,
         decided_at: Instant,
+        /// The holding session's epoch (0 without advisory locks).
+        session: u64,
         /// The advisory lock taken with it, and the session epoch holding it.
         advisory: Option<(AdvisoryKey, Mode, u64)>,
     },
@@ -113,7 +115,8 @@ fn statements(client: &PgClient) -> Statements {
             "WITH counter AS (UPDATE {s}.names SET fence = greatest(fence + 1, $3) \
                  WHERE name = $1 RETURNING fence) \
              UPDATE {s}.entries AS e SET granted = true, fence = counter.fence, \
-                 expires_at = clock_timestamp() + $4::float8 * interval '1 millisecond' \
+                 expires_at = clock_timestamp() + $4::float8 * interval '1 millisecond', \
+                 session = $5 \
              FROM counter WHERE e.seq = $2 RETURNING e.fence"
         ),
         notify: "SELECT pg_notify($1, '+:' || $2)".to_owned(),
@@ -260,11 +263,24 @@ pub(crate) async fn decide_turn(client: &PgClient, place: &Place<'_>, step: Step
                         }
                         _ => None,
                     };
+                    // With advisory locks every hold is the holding session's: its end
+                    // ends the hold, and the client deletes the session's entries.
+                    let session: i64 = match (&advisory, place.advisory) {
+                        (Some(taken), _) => epoch_column(taken.epoch),
+                        (None, Some(side)) => match side.epoch().await {
+                            Ok(epoch) => epoch_column(epoch),
+                            Err(err) => {
+                                conn.rollback().await?;
+                                return Err(err.into());
+                            }
+                        },
+                        (None, None) => 0,
+                    };
                     let granted = grant_turn(
                         conn,
                         &grant,
                         &notify,
-                        [&name, &seq, &place.floor, &ttl_ms],
+                        [&name, &seq, &place.floor, &ttl_ms, &session],
                         &channel,
                         what,
                     )
@@ -275,6 +291,7 @@ pub(crate) async fn decide_turn(client: &PgClient, place: &Place<'_>, step: Step
                         seq,
                         fence,
                         decided_at,
+                        session: u64::try_from(session).unwrap_or(0),
                         advisory: advisory.map(Taken::keep),
                     })
                 }
@@ -313,12 +330,17 @@ impl Drop for Taken {
     }
 }
 
+/// A session epoch as the `session` column keeps it.
+fn epoch_column(epoch: u64) -> i64 {
+    i64::try_from(epoch).unwrap_or(i64::MAX)
+}
+
 /// Grants our entry (the next fencing token) and commits, pipelined; the token.
 async fn grant_turn(
     conn: &mut Conn,
     grant: &tokio_postgres::Statement,
     notify: &tokio_postgres::Statement,
-    grant_params: [&(dyn ToSql + Sync); 4],
+    grant_params: [&(dyn ToSql + Sync); 5],
     channel: &&str,
     what: &str,
 ) -> std::result::Result<i64, Failure> {

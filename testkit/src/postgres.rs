@@ -53,6 +53,8 @@ fn plain_config(addrs: &[SocketAddr], schema: &str, options: LockOptions) -> Pos
         .with_options(options);
     config.username = Some("postgres".into());
     config.dbname = Some("postgres".into());
+    // The schema tells a factory's connections from other tests' on a shared server.
+    config.application_name = format!("distlock {schema}");
     config
 }
 
@@ -141,6 +143,32 @@ impl PostgresFactory {
         let client = client(&self.servers.addrs(), &self.schema, options, self.advisory).await;
         self.track(&client);
         client
+    }
+
+    /// Ends every server connection of this factory's clients (their statement pools,
+    /// listening and holding connections), as an operator would with
+    /// `pg_terminate_backend`; how many it ended.
+    pub async fn terminate_clients(&self) -> i64 {
+        let mut names = vec![format!("distlock {}", self.schema)];
+        names.extend(
+            self.clients
+                .lock()
+                .expect("clients")
+                .iter()
+                .filter_map(Weak::upgrade)
+                .map(|client| format!("distlock:{}", client.backend().client_id())),
+        );
+        let row = self
+            .admin()
+            .await
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = ANY($1) AND pid <> pg_backend_pid()",
+                &[&names],
+            )
+            .await
+            .expect("terminate the clients' connections");
+        row.get(0)
     }
 
     fn track(&self, client: &Arc<PostgresLock>) {

@@ -11,20 +11,6 @@ use lock_postgres::PostgresLock;
 use testkit::postgres::{with_ttl, PostgresFactory};
 use tokio::time::{sleep, timeout, Instant};
 
-/// Ends every connection of the clients (not the caller's own) as an operator would.
-async fn terminate_clients(factory: &PostgresFactory) -> i64 {
-    let admin = factory.admin().await;
-    let row = admin
-        .query_one(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-             WHERE application_name LIKE 'distlock%' AND pid <> pg_backend_pid()",
-            &[],
-        )
-        .await
-        .expect("terminate the clients' connections");
-    row.get(0)
-}
-
 fn name(what: &str) -> String {
     format!("faults/{what}/{}", uuid::Uuid::new_v4().simple())
 }
@@ -46,7 +32,7 @@ async fn holds_outlive_terminated_connections() {
         tokio::spawn(async move { waiter.lock(&name).await })
     };
     sleep(Duration::from_millis(200)).await;
-    let ended = terminate_clients(&factory).await;
+    let ended = factory.terminate_clients().await;
     assert!(ended >= 2, "ended {ended} connections");
     // Past a renewal: the holder keeps its hold through new connections.
     sleep(ttl).await;
@@ -77,7 +63,7 @@ async fn advisory_holds_end_with_their_connection() {
     let name = name("advisory_terminated");
     let guard = holder.lock(&name).await.expect("lock");
     let ended = Instant::now();
-    terminate_clients(&factory).await;
+    factory.terminate_clients().await;
     let reason = timeout(Duration::from_secs(3), guard.lost())
         .await
         .expect("lost when its holding connection ended, long before the TTL");
@@ -99,15 +85,7 @@ async fn a_client_follows_a_failover_to_the_replica() {
     let Some(servers) = or_skip(PostgresReplicated::start().await) else {
         return;
     };
-    lock_core::raw::driver::register::<lock_postgres::PostgresBackend>();
-    let addrs = [servers.primary().addr(), servers.replica().addr()];
-    let mut options = with_ttl(Duration::from_secs(3));
-    options.request_timeout = Duration::from_secs(2);
-    let mut config = testkit::postgres::config(&addrs, "failover", options);
-    config.read_write = true;
-    let locks: Arc<PostgresLock> = Arc::new(
-        conformance::connect_patiently("connect", || PostgresLock::connect(config.clone())).await,
-    );
+    let locks = failover_client(&servers).await;
     let kept = name("kept");
     let guard = locks.lock(&kept).await.expect("lock");
     let first = guard.fencing_token();
@@ -152,6 +130,18 @@ async fn a_client_follows_a_failover_to_the_replica() {
     locks.close().await.expect("close");
 }
 
+/// A client of both servers that follows the primary (`target_session_attrs=read-write`).
+async fn failover_client(servers: &PostgresReplicated) -> Arc<PostgresLock> {
+    lock_core::raw::driver::register::<lock_postgres::PostgresBackend>();
+    let addrs = [servers.primary().addr(), servers.replica().addr()];
+    let mut options = with_ttl(Duration::from_secs(3));
+    options.request_timeout = Duration::from_secs(2);
+    let mut config = testkit::postgres::config(&addrs, "failover", options);
+    config.read_write = true;
+    let connect = || PostgresLock::connect(config.clone());
+    Arc::new(conformance::connect_patiently("connect", connect).await)
+}
+
 /// Stops the replica's WAL receiver (its link to the primary), waiting until it is gone.
 async fn cut_replication(servers: &PostgresReplicated) {
     let replica = servers.replica();
@@ -189,20 +179,10 @@ async fn an_unreplicated_grant_is_lost_in_a_failover() {
     let Some(servers) = or_skip(PostgresReplicated::start().await) else {
         return;
     };
-    lock_core::raw::driver::register::<lock_postgres::PostgresBackend>();
-    let addrs = [servers.primary().addr(), servers.replica().addr()];
-    let mut options = with_ttl(Duration::from_secs(3));
-    options.request_timeout = Duration::from_secs(2);
-    let mut config = testkit::postgres::config(&addrs, "failover", options);
-    config.read_write = true;
-    let connect = || async {
-        Arc::new(
-            conformance::connect_patiently("connect", || PostgresLock::connect(config.clone()))
-                .await,
-        )
-    };
-    let (holder, other): (Arc<PostgresLock>, Arc<PostgresLock>) =
-        (connect().await, connect().await);
+    let (holder, other) = (
+        failover_client(&servers).await,
+        failover_client(&servers).await,
+    );
     let name = name("unreplicated");
     let replicated = holder.lock(&name).await.expect("lock");
     let replicated_token = replicated.fencing_token();
