@@ -78,7 +78,7 @@ impl Probe {
                 }
             }
             Self::Postgres(addr) => {
-                let rows = crate::postgres::simple_query(*addr, "SELECT 1", timeout)
+                let rows = crate::postgres::sql::simple_query(*addr, "SELECT 1", timeout)
                     .await
                     .map_err(|e| format!("SELECT 1: {e}"))?;
                 if rows == [vec![Some("1".to_owned())]] {

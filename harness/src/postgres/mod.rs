@@ -9,6 +9,7 @@
 //! that user.
 
 mod replicated;
+pub(crate) mod sql;
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -18,7 +19,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio_postgres::{NoTls, SimpleQueryMessage};
+use tokio_postgres::NoTls;
 
 use super::node::Node;
 use super::probe::Probe;
@@ -27,6 +28,7 @@ use super::server::{loopback, Member, Prepared, Server, ServerKind};
 use super::{create_dir, HarnessError, DEFAULT_READY_TIMEOUT};
 
 pub use replicated::PostgresReplicated;
+use sql::{conninfo, simple_query, OS_USER};
 
 const HINT: &str = "apt-get install postgresql";
 /// Path of the `postgres` binary to use instead of the newest Debian one; `initdb` and
@@ -34,8 +36,6 @@ const HINT: &str = "apt-get install postgresql";
 const BIN_ENV: &str = "POSTGRES_BIN";
 /// Where Debian installs each major version's programs (`<version>/bin`).
 const DEBIAN_ROOT: &str = "/usr/lib/postgresql";
-/// The OS user the server runs as when the harness runs as root.
-const OS_USER: &str = "postgres";
 /// Bound on one query of [`PostgresServer::query`] (connect included).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -303,44 +303,6 @@ impl Server<Postgres> {
         let value = self.query_value("SELECT pg_is_in_recovery()").await?;
         Ok(value.as_deref() == Some("t"))
     }
-}
-
-/// `host=127.0.0.1 port=PORT user=postgres dbname=postgres`.
-fn conninfo(port: u16) -> String {
-    format!("host=127.0.0.1 port={port} user={OS_USER} dbname=postgres")
-}
-
-/// One simple query on a fresh connection, connect included within `timeout`.
-pub(crate) async fn simple_query(
-    addr: SocketAddr,
-    sql: &str,
-    timeout: Duration,
-) -> std::io::Result<Vec<Vec<Option<String>>>> {
-    let work = async {
-        let (client, connection) = tokio_postgres::connect(&conninfo(addr.port()), NoTls)
-            .await
-            .map_err(std::io::Error::other)?;
-        let messages = tokio::select! {
-            messages = client.simple_query(sql) => messages.map_err(std::io::Error::other)?,
-            closed = connection => {
-                return Err(std::io::Error::other(format!("connection ended: {closed:?}")));
-            }
-        };
-        Ok(messages
-            .into_iter()
-            .filter_map(|m| match m {
-                SimpleQueryMessage::Row(row) => Some(
-                    (0..row.len())
-                        .map(|i| row.get(i).map(str::to_owned))
-                        .collect(),
-                ),
-                _ => None,
-            })
-            .collect())
-    };
-    tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "query timed out"))?
 }
 
 /// `bin` of the newest `/usr/lib/postgresql/<version>` holding `postgres` and `initdb`.

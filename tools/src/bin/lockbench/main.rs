@@ -22,6 +22,7 @@ mod election;
 mod election_report;
 mod error;
 mod floors;
+mod gauge;
 mod goals;
 mod primitives;
 mod primitives_report;

@@ -11,17 +11,17 @@
 //! who holds what, and fails if the primitive let in more than it may (a fifth permit, a
 //! writer beside anyone, a name held twice by multi-locks).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use distlock::{AcquireOptions, DistributedLock, MultiLock, ReleaseOutcome, RwLock, Semaphore};
+use distlock::{AcquireOptions, DistributedLock, MultiLock, RwLock, Semaphore};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::time::timeout;
 
-use crate::contention::{contend, cycle, released, LoopRun, Step, ACQUIRE_LIMIT};
+use crate::contention::{contend, cycle, LoopRun, Step, ACQUIRE_LIMIT};
 use crate::error::BoxError;
+use crate::gauge::{hold, Gauge, EXCLUSIVE, SEMAPHORE_CLIENTS};
 use crate::semaphore_many::{semaphore_many, SemaphoreManyRun};
 pub(crate) use crate::semaphore_many::{MANY_PERMITS, MOST_AT_ONCE};
 use crate::stats::{Latencies, Summary};
@@ -64,8 +64,6 @@ impl Primitive {
 
 /// Permits of the semaphore workload.
 pub(crate) const PERMITS: u32 = 4;
-/// Contenders of the semaphore workload, each a client of its own.
-pub(crate) const SEMAPHORE_CLIENTS: usize = 64;
 /// Share of the read-write workload's iterations that write.
 pub(crate) const WRITE_SHARE: f64 = 0.1;
 /// Names in one multi-lock.
@@ -196,56 +194,6 @@ pub(crate) async fn measure(
         }
     }
     Ok(())
-}
-
-/// What a contended workload's clients hold right now, counted inside their holds: a
-/// weight per hold, [`EXCLUSIVE`] for a writer.
-#[derive(Debug)]
-pub(crate) struct Gauge {
-    /// The most the shared holds may weigh together.
-    limit: u64,
-    held: AtomicU64,
-    /// The most shared weight seen at once.
-    max: AtomicU64,
-    /// Entries that found more held than allowed.
-    violations: AtomicU64,
-}
-
-/// The weight of an exclusive hold: allowed only alone.
-const EXCLUSIVE: u64 = 1 << 32;
-
-impl Gauge {
-    pub(crate) fn new(limit: u64) -> Arc<Self> {
-        Arc::new(Gauge {
-            limit,
-            held: AtomicU64::new(0),
-            max: AtomicU64::new(0),
-            violations: AtomicU64::new(0),
-        })
-    }
-
-    /// Counts a hold of `weight`.
-    fn enter(&self, weight: u64) {
-        let now = self.held.fetch_add(weight, Ordering::SeqCst) + weight;
-        if now > self.limit && now != EXCLUSIVE {
-            self.violations.fetch_add(1, Ordering::SeqCst);
-        }
-        self.max.fetch_max(now % EXCLUSIVE, Ordering::Relaxed);
-    }
-
-    /// Uncounts a hold of `weight`.
-    fn leave(&self, weight: u64) {
-        self.held.fetch_sub(weight, Ordering::SeqCst);
-    }
-
-    /// An error if any hold found more held than allowed (`what`: what that means).
-    pub(crate) fn check(&self, what: &str) -> Result<u64, BoxError> {
-        let max = self.max.load(Ordering::Relaxed);
-        match self.violations.load(Ordering::SeqCst) {
-            0 => Ok(max),
-            n => Err(format!("{what} {n} times (most shared holds at once: {max})").into()),
-        }
-    }
 }
 
 /// Semaphore: [`SEMAPHORE_CLIENTS`] clients on one semaphore of [`PERMITS`] permits, each
@@ -418,21 +366,4 @@ async fn multi_contended(
         parts: MULTI_PARTS,
         acquire: run.acquire[0].summary(),
     })
-}
-
-/// Counts a hold of each (gauge, weight) for a moment, then `release`s it: uncounted
-/// before the release is sent, so that the next holder never overlaps it in the count.
-pub(crate) async fn hold(
-    counted: &[(&Gauge, u64)],
-    release: impl std::future::Future<Output = distlock::Result<ReleaseOutcome>>,
-) -> Result<(), String> {
-    for (gauge, weight) in counted {
-        gauge.enter(*weight);
-    }
-    // A short hold: long enough for the other clients to run.
-    tokio::task::yield_now().await;
-    for (gauge, weight) in counted {
-        gauge.leave(*weight);
-    }
-    released(release).await
 }

@@ -7,9 +7,10 @@
 use std::fmt::Write as _;
 
 use crate::contention::LoopRun;
+use crate::gauge::SEMAPHORE_CLIENTS;
 use crate::primitives::{
     rw_clients, MultiContendedRun, MultiRun, Primitive, RwLockRun, SemaphoreRun, MANY_PERMITS,
-    MOST_AT_ONCE, MULTI_CLIENTS, MULTI_NAMES, MULTI_PARTS, PERMITS, SEMAPHORE_CLIENTS, WRITE_SHARE,
+    MOST_AT_ONCE, MULTI_CLIENTS, MULTI_NAMES, MULTI_PARTS, PERMITS, WRITE_SHARE,
 };
 use crate::results::{cell, fmt_ratio, Report, RunReport};
 use crate::semaphore_many::SemaphoreManyRun;

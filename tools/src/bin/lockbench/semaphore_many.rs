@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::contention::{contend, cycle, LoopRun, ACQUIRE_LIMIT};
 use crate::error::BoxError;
-use crate::primitives::{hold, Gauge, SEMAPHORE_CLIENTS};
+use crate::gauge::{hold, Gauge, SEMAPHORE_CLIENTS};
 use crate::stats::{Latencies, Summary};
 use crate::targets::Target;
 use crate::workloads::{bench_name, Plan};
