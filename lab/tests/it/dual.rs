@@ -1,15 +1,17 @@
 //! The dual lock (`dual:<old>|<new>`) against real servers: the whole conformance suite on
 //! ZooKeeper -> Redis, ZooKeeper -> RedLock (3 nodes), etcd -> Redis, PostgreSQL -> Redis
 //! and ZooKeeper -> PostgreSQL, the fault scenarios with faults on either side (`faults`),
-//! and the attempts that end before a grant (`retries`). The conformance suites share the
-//! binary's servers (one ZooKeeper, one Redis, RedLock's three, one etcd, one PostgreSQL),
-//! each test under namespaces of its own (a schema on PostgreSQL); the fault scenarios and
-//! retries kill and pause servers, so each of those starts its own.
+//! the attempts that end before a grant (`retries`), and the advance check with PostgreSQL
+//! as the watched side (`check`). The conformance suites and the check share the binary's
+//! servers (one ZooKeeper, one Redis, RedLock's three, one etcd, one PostgreSQL), each test
+//! under namespaces of its own (a schema on PostgreSQL); the fault scenarios and retries
+//! kill and pause servers, so each of those starts its own.
 //!
 //! The sides are the test kit's backend factories (`testkit::dual`), so the dual
 //! deployments steal, crash and list leftovers exactly as each backend's suite does; this
 //! crate's library stays free of backend crates.
 
+mod check;
 mod faults;
 mod retries;
 
