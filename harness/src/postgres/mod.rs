@@ -60,6 +60,9 @@ pub struct PostgresOptions {
     /// ([`PostgresServer::query`], [`PostgresServer::connect`], the readiness probe) go
     /// through the Unix socket. Default: `false`.
     pub tls_only: bool,
+    /// With [`tls_only`](Self::tls_only): also ask every TCP session for a client
+    /// certificate the CA signed (`clientcert=verify-ca`). Default: `false`.
+    pub client_certificates: bool,
     /// Start as a streaming replica of the server on this port (`pg_basebackup -R`)
     /// rather than `initdb`.
     pub(crate) replica_of: Option<u16>,
@@ -72,6 +75,7 @@ impl Default for PostgresOptions {
             extra_args: Vec::new(),
             tls: None,
             tls_only: false,
+            client_certificates: false,
             replica_of: None,
         }
     }
@@ -93,6 +97,12 @@ impl PostgresOptions {
     /// Sets [`tls_only`](Self::tls_only).
     pub fn tls_only(mut self, tls_only: bool) -> Self {
         self.tls_only = tls_only;
+        self
+    }
+
+    /// Sets [`client_certificates`](Self::client_certificates).
+    pub fn client_certificates(mut self, asked: bool) -> Self {
+        self.client_certificates = asked;
         self
     }
 
@@ -246,7 +256,8 @@ impl ServerKind for Postgres {
         if let Some(certificates) = &options.tls {
             args.extend(tls_args(&label, dir, certificates, install.run_as)?);
             if options.tls_only {
-                args.extend(["-c".to_owned(), hba_only_tls(&label, dir)?]);
+                let hba = hba_only_tls(&label, dir, options.client_certificates)?;
+                args.extend(["-c".to_owned(), hba]);
             }
         }
         let via_socket = options.tls.is_some() && options.tls_only;
@@ -392,18 +403,30 @@ fn tls_args(
     Ok(args)
 }
 
-/// Writes `dir/pg_hba.conf` taking TCP sessions over TLS only (the socket's as ever);
-/// the `hba_file=` setting that points the server at it.
-fn hba_only_tls(label: &str, dir: &Path) -> Result<String, HarnessError> {
+/// Writes `dir/pg_hba.conf` taking TCP sessions over TLS only (the socket's as ever),
+/// with a client certificate if `client_certificates`; the `hba_file=` setting that
+/// points the server at it.
+fn hba_only_tls(
+    label: &str,
+    dir: &Path,
+    client_certificates: bool,
+) -> Result<String, HarnessError> {
     let path = dir.join("pg_hba.conf");
+    let trust = if client_certificates {
+        "trust clientcert=verify-ca"
+    } else {
+        "trust"
+    };
     std::fs::write(
         &path,
-        "local all all trust\n\
-         local replication all trust\n\
-         hostssl all all 127.0.0.1/32 trust\n\
-         hostssl replication all 127.0.0.1/32 trust\n\
-         hostnossl all all 127.0.0.1/32 reject\n\
-         hostnossl replication all 127.0.0.1/32 reject\n",
+        format!(
+            "local all all trust\n\
+             local replication all trust\n\
+             hostssl all all 127.0.0.1/32 {trust}\n\
+             hostssl replication all 127.0.0.1/32 {trust}\n\
+             hostnossl all all 127.0.0.1/32 reject\n\
+             hostnossl replication all 127.0.0.1/32 reject\n"
+        ),
     )
     .map_err(|e| HarnessError::io(label, format!("write {}", path.display()), e))?;
     Ok(format!("hba_file={}", path.display()))
