@@ -24,9 +24,9 @@ use lock_core::{Error, Result};
 use sha1::{Digest, Sha1};
 use tokio::sync::{oneshot, watch, Mutex};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::NoTls;
 
 use crate::error::{from_client, BACKEND};
+use crate::tls::Connector;
 
 /// How often a grant blocked by another session's advisory lock re-checks.
 pub(crate) const FOREIGN_POLL: Duration = Duration::from_millis(100);
@@ -141,6 +141,7 @@ impl AdvisoryKey {
 #[derive(Debug)]
 pub(crate) struct Advisory {
     config: tokio_postgres::Config,
+    tls: Connector,
     timeout: Duration,
     conn: Mutex<Option<Holding>>,
     status: watch::Sender<SessionStatus>,
@@ -157,6 +158,7 @@ impl Advisory {
     /// shows `distlock:<id>` as its `application_name`).
     pub(crate) fn new(
         mut config: tokio_postgres::Config,
+        tls: Connector,
         client_id: &str,
         timeout: Duration,
     ) -> Self {
@@ -167,6 +169,7 @@ impl Advisory {
         });
         Advisory {
             config,
+            tls,
             timeout,
             conn: Mutex::new(None),
             status,
@@ -189,7 +192,7 @@ impl Advisory {
             self.expire(conn);
         }
         if conn.is_none() {
-            let connect = self.config.connect(NoTls);
+            let connect = self.config.connect(self.tls.make());
             let (client, connection) = tokio::time::timeout(self.timeout, connect)
                 .await
                 .map_err(|_| {

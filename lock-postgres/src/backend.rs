@@ -84,12 +84,14 @@ impl Connect for PostgresBackend {
     }
 
     async fn open(config: PostgresConfig) -> Result<PostgresBackend> {
-        let client = PgClient::new(&config)?;
+        let tls = crate::tls::connector(&config).await?;
+        let client = PgClient::new(&config, tls.clone())?;
         client.setup().await?;
         let id = uuid::Uuid::new_v4().to_string();
         let advisory = if config.advisory_locks {
             let advisory = Advisory::new(
                 crate::connection::pg_config(&config),
+                tls.clone(),
                 &id,
                 config.options.request_timeout,
             );
@@ -113,7 +115,7 @@ impl Connect for PostgresBackend {
             session_holds,
             sweeper,
             closed: AtomicBool::new(false),
-            listener: Listener::start(&config),
+            listener: Listener::start(&config, tls),
             client,
             id,
             advisory,

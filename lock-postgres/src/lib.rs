@@ -9,6 +9,7 @@ mod hold;
 mod layout;
 mod operator;
 mod queue;
+mod tls;
 
 pub use advisory::{madelson_key, AdvisoryKey};
 pub use backend::{PostgresBackend, CAPABILITIES};

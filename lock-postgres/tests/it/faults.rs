@@ -85,7 +85,8 @@ async fn a_client_follows_a_failover_to_the_replica() {
     let Some(servers) = or_skip(PostgresReplicated::start().await) else {
         return;
     };
-    let locks = failover_client(&servers).await;
+    // A lease longer than the failover (kill, promotion, reconnection) on a loaded machine.
+    let locks = failover_client(&servers, Duration::from_secs(10)).await;
     let kept = name("kept");
     let guard = locks.lock(&kept).await.expect("lock");
     let first = guard.fencing_token();
@@ -116,7 +117,7 @@ async fn a_client_follows_a_failover_to_the_replica() {
         promoted.elapsed()
     );
     // Past a renewal on the new primary: the replicated hold is still held.
-    sleep(Duration::from_secs(2)).await;
+    sleep(Duration::from_secs(4)).await;
     assert_eq!(
         guard.state(),
         LockState::Held,
@@ -130,11 +131,12 @@ async fn a_client_follows_a_failover_to_the_replica() {
     locks.close().await.expect("close");
 }
 
-/// A client of both servers that follows the primary (`target_session_attrs=read-write`).
-async fn failover_client(servers: &PostgresReplicated) -> Arc<PostgresLock> {
+/// A client of both servers that follows the primary (`target_session_attrs=read-write`),
+/// with holds of `ttl`.
+async fn failover_client(servers: &PostgresReplicated, ttl: Duration) -> Arc<PostgresLock> {
     lock_core::raw::driver::register::<lock_postgres::PostgresBackend>();
     let addrs = [servers.primary().addr(), servers.replica().addr()];
-    let mut options = with_ttl(Duration::from_secs(3));
+    let mut options = with_ttl(ttl);
     options.request_timeout = Duration::from_secs(2);
     let mut config = testkit::postgres::config(&addrs, "failover", options);
     config.read_write = true;
@@ -180,8 +182,8 @@ async fn an_unreplicated_grant_is_lost_in_a_failover() {
         return;
     };
     let (holder, other) = (
-        failover_client(&servers).await,
-        failover_client(&servers).await,
+        failover_client(&servers, Duration::from_secs(3)).await,
+        failover_client(&servers, Duration::from_secs(3)).await,
     );
     let name = name("unreplicated");
     let replicated = holder.lock(&name).await.expect("lock");

@@ -5,3 +5,4 @@ mod chaos;
 mod conformance;
 mod faults;
 mod interop;
+mod security;
