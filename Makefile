@@ -30,7 +30,7 @@ package: deps
 ## migrated from ZooKeeper to Redis and back (docs/migration.md), then a comparative
 ## benchmark of every single backend on throwaway local servers (one run, so no
 ## medians; `make bench` reports medians of 3 runs, the dual lock included). The
-## semaphore, read-write and multi-lock rows add about 30 s (`--primitives` alone: none).
+## semaphore, read-write and multi-lock rows add about 35 s (`--primitives` alone: none).
 demo: deps
 	$(CARGO) build --quiet --release -p examples --bin demo --bin migration --bin fleet_member
 	$(CARGO) build --quiet --release -p tools --bin lockbench
@@ -38,7 +38,8 @@ demo: deps
 	./target/release/migration
 	./target/release/lockbench --runs 1 --duration 1s --warmup 300ms --clients 64 --locks 1,1024 \
 		--sweep 1,8,64,256 --held 1000 --takeover-rounds 2 --out lockbench-report \
-		--primitives semaphore,rwlock,multi --backends memory,redis,redlock,zookeeper,etcd,postgres
+		--primitives semaphore,semaphore-many,rwlock,multi \
+		--backends memory,redis,redlock,zookeeper,etcd,postgres
 
 ## Longer seeded fault schedules on every backend and on dual deployments (the dual
 ## lock, faults on either side; not in `make test`), every conformance rule on the

@@ -4,6 +4,7 @@
 //! Every function here is bounded by the timeout it is given.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -21,8 +22,12 @@ pub(crate) enum Probe {
     ZkMode { addr: SocketAddr, standalone: bool },
     /// `GET /health` says `"health":"true"`.
     EtcdHealth(SocketAddr),
-    /// A PostgreSQL session (user and database `postgres`) answers `SELECT 1`.
-    Postgres(SocketAddr),
+    /// A PostgreSQL session (user and database `postgres`) answers `SELECT 1`: over TCP,
+    /// or over the Unix socket in `socket` (a server that takes only TLS over TCP).
+    Postgres {
+        addr: SocketAddr,
+        socket: Option<PathBuf>,
+    },
 }
 
 impl Probe {
@@ -32,7 +37,7 @@ impl Probe {
             Self::RedisPing(addr)
             | Self::ZkMode { addr, .. }
             | Self::EtcdHealth(addr)
-            | Self::Postgres(addr) => addr.port(),
+            | Self::Postgres { addr, .. } => addr.port(),
         }
     }
 
@@ -77,10 +82,15 @@ impl Probe {
                     ))
                 }
             }
-            Self::Postgres(addr) => {
-                let rows = crate::postgres::simple_query(*addr, "SELECT 1", timeout)
-                    .await
-                    .map_err(|e| format!("SELECT 1: {e}"))?;
+            Self::Postgres { addr, socket } => {
+                let rows = crate::postgres::sql::simple_query(
+                    *addr,
+                    socket.as_deref(),
+                    "SELECT 1",
+                    timeout,
+                )
+                .await
+                .map_err(|e| format!("SELECT 1: {e}"))?;
                 if rows == [vec![Some("1".to_owned())]] {
                     Ok(())
                 } else {

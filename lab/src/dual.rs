@@ -137,8 +137,8 @@ impl<O: SideFactory, N: SideFactory> DualFactory<O, N> {
     }
 }
 
-/// `url` (`scheme://host,host/path`) with its hosts replaced by `addrs`; `url` itself
-/// when there are none (an in-process backend).
+/// `url` (`scheme://[userinfo@]host,host/path`) with its hosts replaced by `addrs`, its
+/// user info and path kept; `url` itself when there are none (an in-process backend).
 ///
 /// # Panics
 /// If `url` has no `://` (the factories' URLs all have).
@@ -147,9 +147,10 @@ pub fn with_hosts(url: &str, addrs: &[SocketAddr]) -> String {
         return url.to_owned();
     }
     let (scheme, rest) = url.split_once("://").expect("a factory URL has a scheme");
-    let path = rest.find(['/', '?']).map_or("", |at| &rest[at..]);
+    let (authority, path) = rest.split_at(rest.find(['/', '?']).unwrap_or(rest.len()));
+    let userinfo = authority.rfind('@').map_or("", |at| &authority[..=at]);
     let hosts: Vec<String> = addrs.iter().map(ToString::to_string).collect();
-    format!("{scheme}://{}{path}", hosts.join(","))
+    format!("{scheme}://{userinfo}{}{path}", hosts.join(","))
 }
 
 #[async_trait]
@@ -254,7 +255,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn hosts_are_replaced_and_the_path_kept() {
+    fn hosts_are_replaced_and_the_user_info_and_path_kept() {
         let addrs: Vec<SocketAddr> = vec![
             "127.0.0.1:1".parse().expect("addr"),
             "127.0.0.1:2".parse().expect("addr"),
@@ -268,6 +269,14 @@ mod tests {
             (
                 "redis://h:6379?ttl=1s",
                 "redis://127.0.0.1:1,127.0.0.1:2?ttl=1s",
+            ),
+            (
+                "postgres://postgres@h:5432/postgres?schema=t_1",
+                "postgres://postgres@127.0.0.1:1,127.0.0.1:2/postgres?schema=t_1",
+            ),
+            (
+                "redis://:s3cret@h:6379",
+                "redis://:s3cret@127.0.0.1:1,127.0.0.1:2",
             ),
         ];
         for (url, expected) in cases {

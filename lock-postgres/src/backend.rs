@@ -5,7 +5,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -13,7 +13,7 @@ use futures::StreamExt;
 use lock_core::raw::{
     backend::{
         AcquireRequest, Acquired, Amended, Amendment, Backend, BackendRelease, ChangeFeed,
-        RenewItem, RenewOutcome, SemaphoreResize,
+        RenewItem, RenewOutcome, SemaphoreResize, SessionStatus,
     },
     driver::Connect,
     plumbing::{Background, Backoff, Cleanup, CleanupOnDrop},
@@ -25,6 +25,7 @@ use lock_core::{
 };
 use tokio::time::Instant;
 
+use crate::advisory::Advisory;
 use crate::config::PostgresConfig;
 use crate::connection::{Listener, PgClient};
 use crate::error::BACKEND;
@@ -47,11 +48,18 @@ pub struct PostgresBackend {
     /// The sweep of dead entries ([`operator::sweep_forever`]).
     sweeper: tokio::task::JoinHandle<()>,
     closed: AtomicBool,
+    /// The holding connection of advisory locks, with `advisory_locks=on`.
+    advisory: Option<Arc<Advisory>>,
+    /// The deletes of the entries of ended holding sessions ([`hold::end_with_sessions`]).
+    session_holds: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for PostgresBackend {
     fn drop(&mut self) {
         self.sweeper.abort();
+        if let Some(task) = &self.session_holds {
+            task.abort();
+        }
     }
 }
 
@@ -76,18 +84,41 @@ impl Connect for PostgresBackend {
     }
 
     async fn open(config: PostgresConfig) -> Result<PostgresBackend> {
-        let client = PgClient::new(&config)?;
+        let tls = crate::tls::connector(&config).await?;
+        let client = PgClient::new(&config, tls.clone())?;
         client.setup().await?;
+        let id = uuid::Uuid::new_v4().to_string();
+        let advisory = if config.advisory_locks {
+            let advisory = Advisory::new(
+                crate::connection::pg_config(&config),
+                tls.clone(),
+                &id,
+                config.options.request_timeout,
+            );
+            advisory.epoch().await?;
+            Some(Arc::new(advisory))
+        } else {
+            None
+        };
         let sweeper = tokio::spawn(operator::sweep_forever(
             client.clone(),
             operator::sweep_period(config.options.ttl),
         ));
+        let session_holds = advisory.as_ref().map(|advisory| {
+            tokio::spawn(hold::end_with_sessions(
+                client.clone(),
+                id.clone(),
+                advisory.session(),
+            ))
+        });
         Ok(PostgresBackend {
+            session_holds,
             sweeper,
             closed: AtomicBool::new(false),
-            listener: Listener::start(&config),
+            listener: Listener::start(&config, tls),
             client,
-            id: uuid::Uuid::new_v4().to_string(),
+            id,
+            advisory,
             label: config.label(),
             ttl: config.options.ttl,
             recheck: config.options.recheck,
@@ -235,6 +266,8 @@ impl Backend for PostgresBackend {
             ttl: request.ttl,
             floor,
             client: &self.id,
+            advisory: self.advisory.as_ref(),
+            schema: &self.client.schema,
         };
         // Subscribed before the first decision, so that no change after it is missed.
         let waiter = request
@@ -261,6 +294,8 @@ impl Backend for PostgresBackend {
             seq,
             fence,
             decided_at,
+            session,
+            advisory,
         } = turn
         else {
             return Err(crate::error::unexpected("acquiring", format!("{turn:?}")));
@@ -272,11 +307,12 @@ impl Backend for PostgresBackend {
                 seq,
                 owner: owner.to_owned(),
                 kind: Mutex::new(request.kind.clone()),
+                advisory: Mutex::new(advisory),
             },
             fencing_token: FencingToken(fence_of(fence)?),
             requested_at: decided_at,
             lease: request.ttl,
-            session: 0,
+            session,
         }))
     }
 
@@ -284,11 +320,25 @@ impl Backend for PostgresBackend {
     async fn renew(&self, items: &[RenewItem<'_, PostgresHold>]) -> Result<Vec<RenewOutcome>> {
         let holds: Vec<(&PostgresHold, Duration)> =
             items.iter().map(|item| (item.hold, item.ttl)).collect();
-        hold::renew(&self.client, &holds).await
+        let outcomes = hold::renew(&self.client, &holds).await?;
+        for (item, outcome) in items.iter().zip(&outcomes) {
+            if matches!(outcome, RenewOutcome::Lost(_)) {
+                item.hold.give_back(self.advisory.as_deref()).await;
+            }
+        }
+        Ok(outcomes)
     }
 
     async fn release(&self, hold: &PostgresHold) -> Result<BackendRelease> {
-        hold::release(&self.client, hold).await
+        let released = hold::release(&self.client, hold).await;
+        if released.is_ok() {
+            hold.give_back(self.advisory.as_deref()).await;
+        }
+        released
+    }
+
+    fn session(&self) -> Option<tokio::sync::watch::Receiver<SessionStatus>> {
+        self.advisory.as_ref().map(|advisory| advisory.session())
     }
 
     /// The live entries of the name in queue order and its counter as the token floor
@@ -313,8 +363,10 @@ impl Backend for PostgresBackend {
     async fn amend(&self, hold: &PostgresHold, amendment: Amendment<'_>) -> Result<Amended> {
         match amendment {
             Amendment::Proclaim(value) => hold::proclaim(&self.client, hold, value).await,
-            Amendment::Downgrade => hold::downgrade(&self.client, hold).await,
-            Amendment::Upgrade => hold::upgrade(&self.client, hold).await,
+            Amendment::Downgrade => {
+                hold::downgrade(&self.client, hold, self.advisory.as_ref()).await
+            }
+            Amendment::Upgrade => hold::upgrade(&self.client, hold, self.advisory.as_ref()).await,
             other => Err(other.unsupported(BACKEND)),
         }
     }
@@ -354,6 +406,12 @@ impl Backend for PostgresBackend {
             })
             .await;
         self.listener.stop();
+        if let Some(task) = &self.session_holds {
+            task.abort();
+        }
+        if let Some(advisory) = &self.advisory {
+            advisory.close().await;
+        }
         self.client.close();
         result
     }

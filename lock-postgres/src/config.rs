@@ -1,6 +1,7 @@
 //! Configuration: from a URL (`postgres://…`, `postgresql://…`) or a serde config file.
 
 use std::fmt;
+use std::path::PathBuf;
 use std::time::Duration;
 
 use lock_core::raw::url::{HostPort, LockUrl};
@@ -25,15 +26,34 @@ const OWN_KEYS: &[&str] = &[
     "password",
     "dbname",
     "sslmode",
+    "sslrootcert",
+    "ca_file",
+    "sslcert",
+    "cert_file",
+    "sslkey",
+    "key_file",
     "application_name",
     "connect_timeout",
     "target_session_attrs",
     "schema",
     "pool_size",
     "mark_ttl",
+    "advisory_locks",
 ];
 
-/// Whether and how to use TLS (`sslmode=` of the connection string).
+/// The error of `verify-ca` or `verify-full` without a CA.
+pub(crate) const NEEDS_CA: &str = "sslmode=verify-ca and verify-full check the server's \
+     certificate against a CA: give its PEM file as sslrootcert (or ca_file)";
+
+/// The error of a client certificate without its key, or a key without its certificate.
+pub(crate) const NEEDS_PAIR: &str =
+    "a client certificate needs both sslcert (cert_file) and sslkey (key_file)";
+
+/// Whether and how to use TLS (`sslmode=` of the connection string), as libpq does.
+///
+/// A CA ([`PostgresConfig::ca_file`]) given with `prefer` or `require` has the server's
+/// certificate chain checked too (as libpq does with a root certificate file), as
+/// `verify-ca` does.
 #[non_exhaustive]
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -41,10 +61,17 @@ pub enum SslMode {
     /// Never.
     #[default]
     Disable,
-    /// TLS where the server offers it (without it, this build: never).
+    /// TLS where the server offers it, else plain; the server's certificate is not
+    /// checked unless a CA is given (`allow` in a URL means this too).
     Prefer,
-    /// Always: refused by this build, which has no TLS connector yet.
+    /// Always TLS; the server's certificate is not checked unless a CA is given.
     Require,
+    /// Always TLS; the server's certificate chain is checked against the CA (needed),
+    /// not the host name it is for.
+    VerifyCa,
+    /// Always TLS; the server's certificate chain is checked against the CA (needed),
+    /// and that it is for the host connected to.
+    VerifyFull,
 }
 
 /// How to reach PostgreSQL and where the locks live.
@@ -52,9 +79,12 @@ pub enum SslMode {
 /// From a URL: `postgres://[user[:password]@]host[:port][,host[:port]…][/dbname][?query]`
 /// (or `postgresql://`). Query keys: the common [`LockOptions`] keys (`ttl`, `renewal`,
 /// `max_hold`, `request_timeout`, `recheck`), the connection string's `user`,
-/// `password`, `dbname`, `sslmode` (`disable`, `prefer`, `require`), `application_name`,
+/// `password`, `dbname`, `sslmode` (`disable`, `allow`, `prefer`, `require`, `verify-ca`,
+/// `verify-full`), `sslrootcert` (or `ca_file`), `sslcert` (or `cert_file`), `sslkey` (or
+/// `key_file`), `application_name`,
 /// `connect_timeout` (seconds), `target_session_attrs` (`any`, `read-write`), and this
-/// backend's `schema`, `pool_size`, `mark_ttl`. Unknown keys are an error.
+/// backend's `schema`, `pool_size`, `mark_ttl`, `advisory_locks` (`on`, `off`). Unknown
+/// keys are an error.
 ///
 /// `Debug` never shows the password.
 #[non_exhaustive]
@@ -71,6 +101,15 @@ pub struct PostgresConfig {
     pub password: Option<String>,
     /// TLS. Default: [`SslMode::Disable`].
     pub sslmode: SslMode,
+    /// The CA certificates (PEM) the server's certificate must chain to (URL:
+    /// `sslrootcert` or `ca_file`). Default: none.
+    pub ca_file: Option<PathBuf>,
+    /// A client certificate (PEM) to show the server, with [`key_file`](Self::key_file)
+    /// (URL: `sslcert` or `cert_file`). Default: none.
+    pub cert_file: Option<PathBuf>,
+    /// The key (PEM) of [`cert_file`](Self::cert_file) (URL: `sslkey` or `key_file`).
+    /// Default: none.
+    pub key_file: Option<PathBuf>,
     /// `application_name` the server shows in `pg_stat_activity`. Default: `distlock`.
     pub application_name: String,
     /// Connection attempt bound. Default: the request timeout.
@@ -88,6 +127,10 @@ pub struct PostgresConfig {
     /// holder's TTL, at least this. Default 60 s.
     #[serde(with = "lock_core::raw::durations::duration_text")]
     pub mark_ttl: Duration,
+    /// Also take each name's advisory lock, on the key madelson's DistributedLock derives
+    /// for it, so that applications locking the name with `pg_advisory_lock` and this
+    /// client exclude each other (see the crate docs). Default: `false`.
+    pub advisory_locks: bool,
     /// Lease TTL, timeouts, renewal policy. Default: [`LockOptions::default`].
     pub options: LockOptions,
 }
@@ -100,12 +143,16 @@ impl Default for PostgresConfig {
             username: None,
             password: None,
             sslmode: SslMode::Disable,
+            ca_file: None,
+            cert_file: None,
+            key_file: None,
             application_name: "distlock".into(),
             connect_timeout: None,
             read_write: false,
             schema: DEFAULT_SCHEMA.into(),
             pool_size: DEFAULT_POOL_SIZE,
             mark_ttl: DEFAULT_MARK_TTL,
+            advisory_locks: false,
             options: LockOptions::default(),
         }
     }
@@ -171,7 +218,9 @@ impl PostgresConfig {
                     config.sslmode = match value.as_str() {
                         "disable" => SslMode::Disable,
                         "allow" | "prefer" => SslMode::Prefer,
-                        "require" | "verify-ca" | "verify-full" => SslMode::Require,
+                        "require" => SslMode::Require,
+                        "verify-ca" => SslMode::VerifyCa,
+                        "verify-full" => SslMode::VerifyFull,
                         other => {
                             return Err(Error::config(format!(
                                 "sslmode `{other}` is not one of disable, allow, prefer, \
@@ -180,6 +229,17 @@ impl PostgresConfig {
                         }
                     }
                 }
+                "sslrootcert" | "ca_file" => {
+                    if value == "system" {
+                        return Err(Error::config(
+                            "sslrootcert=system (the platform's CAs) is not supported: \
+                             give the CA's PEM file",
+                        ));
+                    }
+                    config.ca_file = Some(value.into());
+                }
+                "sslcert" | "cert_file" => config.cert_file = Some(value.into()),
+                "sslkey" | "key_file" => config.key_file = Some(value.into()),
                 "connect_timeout" => {
                     let seconds: u64 = value.parse().map_err(|_| {
                         Error::config(format!("connect_timeout is whole seconds, not {value:?}"))
@@ -203,6 +263,17 @@ impl PostgresConfig {
                     })?;
                 }
                 "mark_ttl" => config.mark_ttl = duration(&value)?,
+                "advisory_locks" => {
+                    config.advisory_locks = match value.as_str() {
+                        "on" | "true" | "1" => true,
+                        "off" | "false" | "0" => false,
+                        other => {
+                            return Err(Error::config(format!(
+                                "advisory_locks is on or off, not {other:?}"
+                            )))
+                        }
+                    }
+                }
                 _ => {
                     return Err(Error::config(format!(
                         "unknown postgres:// option `{key}` (known: ttl, renewal, max_hold, \
@@ -246,11 +317,12 @@ impl PostgresConfig {
         if self.password.is_some() && self.username.is_none() {
             return Err(Error::config("a postgres password needs a user name"));
         }
-        if self.sslmode == SslMode::Require {
-            return Err(Error::config(
-                "sslmode=require (and verify-ca, verify-full): this build of the postgres \
-                 backend has no TLS connector yet; use sslmode=disable or prefer",
-            ));
+        if matches!(self.sslmode, SslMode::VerifyCa | SslMode::VerifyFull) && self.ca_file.is_none()
+        {
+            return Err(Error::config(NEEDS_CA));
+        }
+        if self.cert_file.is_some() != self.key_file.is_some() {
+            return Err(Error::config(NEEDS_PAIR));
         }
         Ok(())
     }
@@ -280,12 +352,16 @@ impl fmt::Debug for PostgresConfig {
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
             .field("sslmode", &self.sslmode)
+            .field("ca_file", &self.ca_file)
+            .field("cert_file", &self.cert_file)
+            .field("key_file", &self.key_file)
             .field("application_name", &self.application_name)
             .field("connect_timeout", &self.connect_timeout)
             .field("read_write", &self.read_write)
             .field("schema", &self.schema)
             .field("pool_size", &self.pool_size)
             .field("mark_ttl", &self.mark_ttl)
+            .field("advisory_locks", &self.advisory_locks)
             .field("options", &self.options)
             .finish()
     }
@@ -294,6 +370,8 @@ impl fmt::Debug for PostgresConfig {
 #[cfg(test)]
 mod tests {
     use lock_core::raw::driver::Connect;
+    use std::path::Path;
+
     use lock_core::ErrorKind;
 
     use super::*;
@@ -324,6 +402,57 @@ mod tests {
     }
 
     #[test]
+    fn sslmodes_and_tls_files_as_libpq_names_them() {
+        for (mode, expected) in [
+            ("disable", SslMode::Disable),
+            ("allow", SslMode::Prefer),
+            ("prefer", SslMode::Prefer),
+            ("require", SslMode::Require),
+            ("verify-ca", SslMode::VerifyCa),
+            ("verify-full", SslMode::VerifyFull),
+        ] {
+            let c = PostgresBackend::config_from_str(&format!(
+                "postgres://h?sslmode={mode}&sslrootcert=/etc/ca.pem"
+            ))
+            .expect(mode);
+            assert_eq!(c.sslmode, expected, "{mode}");
+            assert_eq!(c.ca_file.as_deref(), Some(Path::new("/etc/ca.pem")));
+        }
+        let c = PostgresBackend::config_from_str(
+            "postgres://u:s3cret@h?sslmode=verify-full&ca_file=/ca.pem&sslcert=/c.pem\
+             &sslkey=/k.pem",
+        )
+        .expect("valid");
+        assert_eq!(c.ca_file.as_deref(), Some(Path::new("/ca.pem")));
+        assert_eq!(c.cert_file.as_deref(), Some(Path::new("/c.pem")));
+        assert_eq!(c.key_file.as_deref(), Some(Path::new("/k.pem")));
+        let shown = format!("{c:?}");
+        assert!(
+            shown.contains("VerifyFull") && !shown.contains("s3cret"),
+            "{shown}"
+        );
+        let c = PostgresBackend::config_from_str(
+            "postgres://h?sslmode=require&cert_file=/c.pem&key_file=/k.pem",
+        )
+        .expect("valid");
+        assert_eq!(c.ca_file, None);
+        assert_eq!(c.cert_file.as_deref(), Some(Path::new("/c.pem")));
+        // require needs no CA (as libpq: then the certificate is not checked).
+        assert_eq!(
+            PostgresBackend::config_from_str("postgres://h?sslmode=require")
+                .expect("valid")
+                .sslmode,
+            SslMode::Require
+        );
+        let from_file: PostgresConfig = serde_json::from_str(
+            r#"{"hosts": ["db:5432"], "sslmode": "verify-ca", "ca_file": "/ca.pem"}"#,
+        )
+        .expect("serde");
+        assert_eq!(from_file.sslmode, SslMode::VerifyCa);
+        assert_eq!(from_file.ca_file.as_deref(), Some(Path::new("/ca.pem")));
+    }
+
+    #[test]
     fn bad_urls_get_clear_errors_without_secrets() {
         for (url, needle) in [
             ("postgres://h?bogus=1", "bogus"),
@@ -331,7 +460,11 @@ mod tests {
             ("redis://h", "cannot serve"),
             ("postgres://:s3cret@h", "user name"),
             ("postgres://h?sslmode=maybe", "sslmode"),
-            ("postgres://h?sslmode=require", "no TLS connector"),
+            ("postgres://h?sslmode=verify-full", "sslrootcert"),
+            ("postgres://h?sslmode=verify-ca", "sslrootcert"),
+            ("postgres://h?sslrootcert=system", "not supported"),
+            ("postgres://h?sslmode=require&sslcert=/c.pem", "sslkey"),
+            ("postgres://h?sslmode=require&key_file=/k.pem", "sslcert"),
             ("postgres://h?pool_size=0", "pool_size"),
             (
                 "postgres://h?target_session_attrs=standby",

@@ -19,11 +19,12 @@ use lock_core::{Error, Result};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio_postgres::config::TargetSessionAttrs;
-use tokio_postgres::{AsyncMessage, NoTls};
+use tokio_postgres::AsyncMessage;
 
-use crate::config::{PostgresConfig, DEFAULT_PORT};
+use crate::config::{PostgresConfig, SslMode, DEFAULT_PORT};
 use crate::error::{from_client, BACKEND};
 use crate::layout::quote_ident;
+use crate::tls::Connector;
 
 /// The client side of the database: a pool, the request timeout, the schema.
 #[derive(Clone)]
@@ -57,6 +58,13 @@ pub(crate) fn pg_config(config: &PostgresConfig) -> tokio_postgres::Config {
     if let Some(password) = &config.password {
         pg.password(password);
     }
+    pg.ssl_mode(match config.sslmode {
+        SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+        SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+        SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+            tokio_postgres::config::SslMode::Require
+        }
+    });
     pg.dbname(config.dbname.as_deref().unwrap_or(config.user()))
         .application_name(&config.application_name)
         .connect_timeout(config.connect_timeout.unwrap_or(timeout))
@@ -88,11 +96,12 @@ fn split_host_port(address: &str) -> (&str, u16) {
 }
 
 impl PgClient {
-    /// A pool for `config` (no connection yet: see [`PgClient::setup`]).
-    pub(crate) fn new(config: &PostgresConfig) -> Result<PgClient> {
+    /// A pool for `config` whose connections use `tls` (no connection yet: see
+    /// [`PgClient::setup`]).
+    pub(crate) fn new(config: &PostgresConfig, tls: Connector) -> Result<PgClient> {
         let manager = Manager::from_config(
             pg_config(config),
-            NoTls,
+            tls.make(),
             ManagerConfig {
                 recycling_method: RecyclingMethod::Fast,
             },
@@ -352,11 +361,12 @@ impl Waiter {
 }
 
 impl Listener {
-    /// Starts listening for `config`.
-    pub(crate) fn start(config: &PostgresConfig) -> Listener {
+    /// Starts listening for `config`, over `tls`.
+    pub(crate) fn start(config: &PostgresConfig, tls: Connector) -> Listener {
         let subscribers: Arc<Mutex<Subscribers>> = Arc::default();
         let task = tokio::spawn(listen(
             pg_config(config),
+            tls,
             config.schema.clone(),
             Arc::clone(&subscribers),
         ));
@@ -458,12 +468,13 @@ fn wake(subscribers: &Mutex<Subscribers>, payload: Option<&str>) {
 /// pause. Ends when the task is aborted (the client dropped).
 async fn listen(
     config: tokio_postgres::Config,
+    tls: Connector,
     channel: String,
     subscribers: Arc<Mutex<Subscribers>>,
 ) {
     let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
     loop {
-        match config.connect(NoTls).await {
+        match config.connect(tls.make()).await {
             Ok((client, mut connection)) => {
                 let mut messages =
                     futures::stream::poll_fn(move |cx| connection.poll_message(cx)).fuse();

@@ -4,8 +4,10 @@
 //! Classification follows what the caller can do about it: a server shutting down, in
 //! recovery (a standby) or out of connections is [`Error::Unavailable`] (retry later); a
 //! broken or silent connection, or a statement the server cancelled at its own timeout,
-//! is [`Error::Connection`]; refused credentials or a missing database are
-//! [`Error::InvalidConfig`] (retrying will not help); anything unexpected is
+//! is [`Error::Connection`]; refused credentials, a missing database, a TLS session
+//! refused for its certificates (the server's not trusted, the client's refused) or a
+//! server without the TLS `sslmode` asks for are [`Error::InvalidConfig`] (retrying will
+//! not help); anything unexpected is
 //! [`Error::Protocol`]. Messages never contain credentials: the client never puts them in
 //! its errors and we never add them.
 
@@ -20,6 +22,25 @@ pub(crate) const BACKEND: &str = "postgres";
 /// Converts a client error met while doing `what`.
 pub(crate) fn from_client(what: &str, err: tokio_postgres::Error) -> Error {
     let Some(code) = err.code().cloned() else {
+        if let Some(tls) = crate::tls::refused(&err) {
+            return Error::InvalidConfig {
+                message: format!(
+                    "{what}: the TLS session with Postgres was refused ({tls}); check \
+                     sslmode, sslrootcert (ca_file), sslcert and sslkey"
+                ),
+                source: Some(Box::new(err)),
+            };
+        }
+        if std::error::Error::source(&err)
+            .is_some_and(|cause| cause.to_string() == "server does not support TLS")
+        {
+            return Error::InvalidConfig {
+                message: format!(
+                    "{what}: the Postgres server does not offer TLS, which sslmode asks for"
+                ),
+                source: Some(Box::new(err)),
+            };
+        }
         return Error::connection(BACKEND, format!("{what} failed"), err);
     };
     let message = match err.as_db_error() {

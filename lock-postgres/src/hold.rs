@@ -3,13 +3,14 @@
 //! (proclaim, downgrade, upgrade). Each is keyed on the entry's `seq` and owner token, so
 //! it never touches another acquisition's row.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use lock_core::raw::backend::{Amended, BackendRelease, HoldKind, RenewOutcome};
 use lock_core::{LostReason, Result};
 use tokio_postgres::types::ToSql;
 
+use crate::advisory::{Advisory, AdvisoryKey, Mode};
 use crate::connection::PgClient;
 
 /// Backend data of one hold: its entry.
@@ -23,6 +24,8 @@ pub struct PostgresHold {
     pub owner: String,
     /// What it holds (a downgrade or an upgrade changes it).
     pub(crate) kind: Mutex<HoldKind>,
+    /// The advisory lock held with it, and the holding session's epoch.
+    pub(crate) advisory: Mutex<Option<(AdvisoryKey, Mode, u64)>>,
 }
 
 impl PostgresHold {
@@ -31,6 +34,22 @@ impl PostgresHold {
             .kind
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = kind;
+    }
+
+    fn advisory(&self) -> std::sync::MutexGuard<'_, Option<(AdvisoryKey, Mode, u64)>> {
+        self.advisory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Gives back the advisory lock held with this hold, if any (once).
+    pub(crate) async fn give_back(&self, advisory: Option<&Advisory>) {
+        let held = self.advisory().take();
+        if let (Some(advisory), Some((key, mode, epoch))) = (advisory, held) {
+            if let Err(err) = advisory.unlock(key, mode, epoch).await {
+                tracing::debug!(name = self.name, error = %err, "giving back an advisory lock failed; its session was ended");
+            }
+        }
     }
 }
 
@@ -205,8 +224,13 @@ pub(crate) async fn proclaim(
     .await
 }
 
-/// Turns a writer's entry into a reader's in place (the readers behind it are told).
-pub(crate) async fn downgrade(client: &PgClient, hold: &PostgresHold) -> Result<Amended> {
+/// Turns a writer's entry into a reader's in place (the readers behind it are told), and
+/// its exclusive advisory lock into a shared one (taken before the other is given back).
+pub(crate) async fn downgrade(
+    client: &PgClient,
+    hold: &PostgresHold,
+    advisory: Option<&Arc<Advisory>>,
+) -> Result<Amended> {
     let amended = amend_row(
         client,
         hold,
@@ -219,13 +243,31 @@ pub(crate) async fn downgrade(client: &PgClient, hold: &PostgresHold) -> Result<
     .await?;
     if amended == Amended::Done {
         hold.set_kind(HoldKind::Read);
+        let held = *hold.advisory();
+        if let (Some(advisory), Some((key, Mode::Exclusive, epoch))) = (advisory, held) {
+            match advisory.try_lock(key, Mode::Shared).await? {
+                Some(now) if now == epoch => {
+                    *hold.advisory() = Some((key, Mode::Shared, epoch));
+                    advisory.unlock(key, Mode::Exclusive, epoch).await?;
+                }
+                // A new session: the hold's own went, and with it the hold.
+                Some(now) => advisory.unlock(key, Mode::Shared, now).await?,
+                None => {}
+            }
+        }
     }
     Ok(amended)
 }
 
 /// One upgrade step, under the name's lock (so no reader is granted beside it meanwhile):
-/// the entry becomes a writer's, then `Done` if nobody else holds, `Pending` otherwise.
-pub(crate) async fn upgrade(client: &PgClient, hold: &PostgresHold) -> Result<Amended> {
+/// the entry becomes a writer's, then `Done` if nobody else holds (its shared advisory
+/// lock turned exclusive, which waits for other sessions' readers too), `Pending`
+/// otherwise.
+pub(crate) async fn upgrade(
+    client: &PgClient,
+    hold: &PostgresHold,
+    advisory: Option<&Arc<Advisory>>,
+) -> Result<Amended> {
     let s = &client.schema;
     let lock = format!("SELECT fence FROM {s}.names WHERE name = $1 FOR UPDATE");
     let rewrite = format!(
@@ -272,6 +314,20 @@ pub(crate) async fn upgrade(client: &PgClient, hold: &PostgresHold) -> Result<Am
         .await?;
     match step {
         Some(0) => {
+            let held = *hold.advisory();
+            if let (Some(advisory), Some((key, Mode::Shared, epoch))) = (advisory, held) {
+                match advisory.try_lock(key, Mode::Exclusive).await? {
+                    Some(now) if now == epoch => {}
+                    Some(now) => {
+                        // A new session: the hold's own went, and with it the hold.
+                        advisory.unlock(key, Mode::Exclusive, now).await?;
+                        return Ok(Amended::Pending);
+                    }
+                    None => return Ok(Amended::Pending),
+                }
+                *hold.advisory() = Some((key, Mode::Exclusive, epoch));
+                advisory.unlock(key, Mode::Shared, epoch).await?;
+            }
             hold.set_kind(HoldKind::Write);
             Ok(Amended::Done)
         }
@@ -281,6 +337,64 @@ pub(crate) async fn upgrade(client: &PgClient, hold: &PostgresHold) -> Result<Am
             Ok(Amended::NotOwner(
                 reasons.first().copied().unwrap_or(LostReason::Expired),
             ))
+        }
+    }
+}
+
+/// With advisory locks, until aborted: each time a holding session ends, deletes the
+/// entries the client (`client_id`) was granted in it or before (its holds are lost with
+/// their advisory locks, and their rows must not hold the name until their expiry),
+/// telling the waiters. A delete that keeps failing is given up after a minute; the
+/// entries' expiry ends them then.
+pub(crate) async fn end_with_sessions(
+    client: PgClient,
+    client_id: String,
+    mut sessions: tokio::sync::watch::Receiver<lock_core::raw::backend::SessionStatus>,
+) {
+    let sql = format!(
+        "WITH gone AS (DELETE FROM {s}.entries \
+             WHERE client = $1 AND session BETWEEN 1 AND $2 RETURNING name, seq) \
+         SELECT pg_notify($3, '-' || seq || ':' || name) FROM gone",
+        s = client.schema
+    );
+    let channel = client.channel.to_string();
+    while sessions.changed().await.is_ok() {
+        let status = *sessions.borrow_and_update();
+        if status.health != lock_core::raw::backend::SessionHealth::Expired {
+            continue;
+        }
+        let ended = i64::try_from(status.epoch).unwrap_or(i64::MAX);
+        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
+        let mut backoff = lock_core::raw::plumbing::Backoff::new(
+            Duration::from_millis(50),
+            Duration::from_secs(1),
+        );
+        loop {
+            let deleted = client
+                .run("ending the holds of an ended session", async |conn| {
+                    let statement = conn.statement(&sql).await?;
+                    let params: [&(dyn ToSql + Sync); 3] = [&client_id, &ended, &channel.as_str()];
+                    Ok(conn.client().execute(&statement, &params).await?)
+                })
+                .await;
+            match deleted {
+                Ok(n) => {
+                    tracing::debug!(
+                        session = ended,
+                        entries = n,
+                        "ended the holds of a holding session"
+                    );
+                    break;
+                }
+                Err(err) if tokio::time::Instant::now() < give_up => {
+                    tracing::debug!(error = %err, "ending the holds of a holding session failed; again");
+                    tokio::time::sleep(backoff.next_pause()).await;
+                }
+                Err(err) => {
+                    tracing::warn!(error = %err, "ending the holds of a holding session failed; their expiry ends them");
+                    break;
+                }
+            }
         }
     }
 }

@@ -6,7 +6,7 @@
 //!   serial and queue order is commit order. `fence` is the name's fencing counter; the
 //!   row outlives its holds so that tokens keep increasing.
 //! - `entries (seq, name, owner, kind, permits, count, value, value_version, granted,
-//!   fence, client, since, expires_at)`: one row per hold or waiter, in `seq` order. A row
+//!   fence, client, session, since, expires_at)`: one row per hold or waiter, in `seq` order. A row
 //!   whose `expires_at` (server time) has passed is dead: whoever decides on the name
 //!   next deletes it. Holders and waiters push `expires_at` forward while alive.
 //! - `marks (name, owner, until)`: what a forced release leaves for the broken holder's
@@ -49,6 +49,7 @@ pub(crate) fn schema_ddl(schema: &str) -> String {
              granted boolean NOT NULL DEFAULT false,
              fence bigint,
              client text NOT NULL,
+             session bigint NOT NULL DEFAULT 0,
              since timestamptz NOT NULL DEFAULT clock_timestamp(),
              expires_at timestamptz NOT NULL,
              UNIQUE (name, owner)

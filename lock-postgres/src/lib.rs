@@ -1,5 +1,6 @@
 #![doc = include_str!("../README.md")]
 
+mod advisory;
 mod backend;
 mod config;
 mod connection;
@@ -8,7 +9,9 @@ mod hold;
 mod layout;
 mod operator;
 mod queue;
+mod tls;
 
+pub use advisory::{madelson_key, AdvisoryKey};
 pub use backend::{PostgresBackend, CAPABILITIES};
 pub use config::{
     PostgresConfig, SslMode, DEFAULT_MARK_TTL, DEFAULT_POOL_SIZE, DEFAULT_PORT, DEFAULT_SCHEMA,

@@ -153,9 +153,12 @@ pub(crate) fn sweep_period(ttl: Duration) -> Duration {
 /// logged: the next sweep, or the next decision on a name, removes what this one left.
 pub(crate) async fn sweep_forever(client: PgClient, period: Duration) {
     let s = client.schema.clone();
+    let expired = crate::queue::expired_marks(&s, "name");
     let entries = format!(
         "WITH gone AS (DELETE FROM {s}.entries \
-             WHERE expires_at < clock_timestamp() - interval '1 second' RETURNING name, seq) \
+             WHERE expires_at < clock_timestamp() - interval '1 second' \
+             RETURNING name, seq, client, granted), \
+         {expired} \
          SELECT pg_notify($1, '-' || seq || ':' || name) FROM gone"
     );
     let marks = format!("DELETE FROM {s}.marks WHERE until < clock_timestamp()");

@@ -10,6 +10,7 @@
 //! statements are pipelined: lock, purge the dead, insert or refresh ours, read the
 //! queue in one round trip; the grant and the commit in a second.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use lock_core::raw::backend::HoldKind;
@@ -17,7 +18,10 @@ use lock_core::{Error, LockName, Result};
 use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
 
-use crate::connection::{PgClient, Waiter};
+use crate::advisory::{
+    holders_params, holders_sql, madelson_key, Advisory, AdvisoryKey, Mode, FOREIGN_POLL,
+};
+use crate::connection::{Conn, Failure, PgClient, Waiter};
 use crate::error::unexpected;
 use crate::layout::{kind_columns, millis, Entry, ENTRY_COLUMNS};
 
@@ -32,6 +36,10 @@ pub(crate) struct Place<'a> {
     pub(crate) floor: i64,
     /// The client's id, kept on the entry (an inspection's session).
     pub(crate) client: &'a str,
+    /// The client's advisory side, when it takes advisory locks.
+    pub(crate) advisory: Option<&'a Arc<Advisory>>,
+    /// The quoted schema.
+    pub(crate) schema: &'a str,
 }
 
 /// What one decision found.
@@ -42,6 +50,10 @@ pub(crate) enum Turn {
         seq: i64,
         fence: i64,
         decided_at: Instant,
+        /// The holding session's epoch (0 without advisory locks).
+        session: u64,
+        /// The advisory lock taken with it, and the session epoch holding it.
+        advisory: Option<(AdvisoryKey, Mode, u64)>,
     },
     /// Not granted; our entry waits (it was left in place). `blocked_for`: the shortest
     /// time left to a live entry ahead, after which it expires unless renewed.
@@ -57,9 +69,23 @@ pub(crate) enum Turn {
     Gone,
 }
 
+/// The part of a purge (a `WITH` list after `gone (…, client, granted)`) that marks, for
+/// [`end_stale_holders`], which clients' holds expired: their holding connections may be
+/// ended. `name` is the name's SQL (`$1`, or `name` for a purge of every name).
+pub(crate) fn expired_marks(schema: &str, name: &str) -> String {
+    format!(
+        "expired AS (INSERT INTO {schema}.marks (name, owner, until) \
+             SELECT DISTINCT {name}, 'expired:' || client, \
+                 clock_timestamp() + interval '1 minute' \
+             FROM gone WHERE granted \
+             ON CONFLICT (name, owner) DO UPDATE SET until = excluded.until)"
+    )
+}
+
 /// The SQL of the queue's statements for one schema.
 fn statements(client: &PgClient) -> Statements {
     let s = &client.schema;
+    let expired = expired_marks(s, "$1");
     Statements {
         lock: format!(
             "INSERT INTO {s}.names (name) VALUES ($1) \
@@ -67,7 +93,9 @@ fn statements(client: &PgClient) -> Statements {
         ),
         purge: format!(
             "WITH gone AS (DELETE FROM {s}.entries \
-                 WHERE name = $1 AND expires_at < clock_timestamp() RETURNING seq) \
+                 WHERE name = $1 AND expires_at < clock_timestamp() \
+                 RETURNING seq, client, granted), \
+             {expired} \
              SELECT pg_notify($2, '-' || seq || ':' || $1) FROM gone"
         ),
         insert: format!(
@@ -87,7 +115,8 @@ fn statements(client: &PgClient) -> Statements {
             "WITH counter AS (UPDATE {s}.names SET fence = greatest(fence + 1, $3) \
                  WHERE name = $1 RETURNING fence) \
              UPDATE {s}.entries AS e SET granted = true, fence = counter.fence, \
-                 expires_at = clock_timestamp() + $4::float8 * interval '1 millisecond' \
+                 expires_at = clock_timestamp() + $4::float8 * interval '1 millisecond', \
+                 session = $5 \
              FROM counter WHERE e.seq = $2 RETURNING e.fence"
         ),
         notify: "SELECT pg_notify($1, '+:' || $2)".to_owned(),
@@ -200,30 +229,173 @@ pub(crate) async fn decide_turn(client: &PgClient, place: &Place<'_>, step: Step
                     })
                 }
                 Ok(Decision::Granted) => {
-                    let grant_params: [&(dyn ToSql + Sync); 4] =
-                        [&name, &seq, &place.floor, &ttl_ms];
-                    let notice: [&(dyn ToSql + Sync); 2] = [&channel, &name];
-                    let (granted, notified, committed) = futures::join!(
-                        c.query_opt(&grant, &grant_params),
-                        c.execute(&notify, &notice),
-                        c.batch_execute("COMMIT"),
-                    );
-                    committed?;
-                    conn.committed();
-                    let (granted, _) = (granted?, notified?);
-                    let fence: i64 = match granted {
-                        Some(row) => row.try_get(0)?,
-                        None => return Err(unexpected(what, "a grant that found no entry").into()),
+                    // The name's advisory lock too, where the client takes them: another
+                    // session holding it (an application of its own, or a hung holder,
+                    // which is ended) keeps the entry waiting.
+                    let advisory = match (place.advisory, Mode::of(place.kind)) {
+                        (Some(advisory), Some(mode)) => {
+                            let key = madelson_key(name);
+                            match advisory.try_lock(key, mode).await {
+                                Ok(Some(epoch)) => Some(Taken {
+                                    advisory: Some(Arc::clone(advisory)),
+                                    key,
+                                    mode,
+                                    epoch,
+                                }),
+                                Ok(None) => {
+                                    end_stale_holders(c, place, key).await?;
+                                    if let Step::Enqueue { wait: false } = step {
+                                        conn.rollback().await?;
+                                        return Ok(Turn::Refused);
+                                    }
+                                    conn.commit().await?;
+                                    return Ok(Turn::Waiting {
+                                        seq,
+                                        blocked_for: FOREIGN_POLL,
+                                        watch: Vec::new(),
+                                    });
+                                }
+                                Err(err) => {
+                                    conn.rollback().await?;
+                                    return Err(err.into());
+                                }
+                            }
+                        }
+                        _ => None,
                     };
+                    // With advisory locks every hold is the holding session's: its end
+                    // ends the hold, and the client deletes the session's entries.
+                    let session: i64 = match (&advisory, place.advisory) {
+                        (Some(taken), _) => epoch_column(taken.epoch),
+                        (None, Some(side)) => match side.epoch().await {
+                            Ok(epoch) => epoch_column(epoch),
+                            Err(err) => {
+                                conn.rollback().await?;
+                                return Err(err.into());
+                            }
+                        },
+                        (None, None) => 0,
+                    };
+                    let granted = grant_turn(
+                        conn,
+                        &grant,
+                        &notify,
+                        [&name, &seq, &place.floor, &ttl_ms, &session],
+                        &channel,
+                        what,
+                    )
+                    .await;
+                    // Dropped or failed before here, `advisory` gives the lock back.
+                    let fence = granted?;
                     Ok(Turn::Granted {
                         seq,
                         fence,
                         decided_at,
+                        session: u64::try_from(session).unwrap_or(0),
+                        advisory: advisory.map(Taken::keep),
                     })
                 }
             }
         })
         .await
+}
+
+/// An advisory lock taken for a grant not yet made: given back (in a task of its own)
+/// unless [`Taken::keep`] hands it to the hold, so that an acquire dropped or failed
+/// between the two leaves no advisory lock behind.
+struct Taken {
+    advisory: Option<Arc<Advisory>>,
+    key: AdvisoryKey,
+    mode: Mode,
+    epoch: u64,
+}
+
+impl Taken {
+    fn keep(mut self) -> (AdvisoryKey, Mode, u64) {
+        self.advisory = None;
+        (self.key, self.mode, self.epoch)
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some(advisory) = self.advisory.take() {
+            let (key, mode, epoch) = (self.key, self.mode, self.epoch);
+            tokio::spawn(async move {
+                if let Err(err) = advisory.unlock(key, mode, epoch).await {
+                    tracing::debug!(error = %err, "giving back an unused advisory lock failed; its session was ended");
+                }
+            });
+        }
+    }
+}
+
+/// A session epoch as the `session` column keeps it.
+fn epoch_column(epoch: u64) -> i64 {
+    i64::try_from(epoch).unwrap_or(i64::MAX)
+}
+
+/// Grants our entry (the next fencing token) and commits, pipelined; the token.
+async fn grant_turn(
+    conn: &mut Conn,
+    grant: &tokio_postgres::Statement,
+    notify: &tokio_postgres::Statement,
+    grant_params: [&(dyn ToSql + Sync); 5],
+    channel: &&str,
+    what: &str,
+) -> std::result::Result<i64, Failure> {
+    let c = conn.client();
+    let notice: [&(dyn ToSql + Sync); 2] = [channel, grant_params[0]];
+    let (granted, notified, committed) = futures::join!(
+        c.query_opt(grant, &grant_params),
+        c.execute(notify, &notice),
+        c.batch_execute("COMMIT"),
+    );
+    committed?;
+    conn.committed();
+    let (granted, _) = (granted?, notified?);
+    match granted {
+        Some(row) => Ok(row.try_get(0)?),
+        None => Err(unexpected(what, "a grant that found no entry").into()),
+    }
+}
+
+/// Ends the holding connections of distlock clients that hold `key` without a live
+/// grant of the name (their lease ran out while their process hangs), within the
+/// decision's transaction; an application's own session is left alone.
+async fn end_stale_holders(
+    c: &tokio_postgres::Client,
+    place: &Place<'_>,
+    key: AdvisoryKey,
+) -> std::result::Result<(), Failure> {
+    let (classid, objid, subid) = holders_params(key);
+    let holders = c.query(holders_sql(), &[&classid, &objid, &subid]).await?;
+    for holder in holders {
+        let (pid, application): (i32, String) = (holder.try_get(0)?, holder.try_get(1)?);
+        let Some(client) = application.strip_prefix("distlock:") else {
+            continue;
+        };
+        if client == place.client {
+            continue;
+        }
+        // Its hold expired (marked by the purge that removed it), and it holds no other.
+        let stale = format!(
+            "SELECT 1 FROM {s}.marks WHERE name = $1 AND owner = 'expired:' || $2 \
+                 AND until >= clock_timestamp() \
+             AND NOT EXISTS (SELECT 1 FROM {s}.entries WHERE name = $1 AND client = $2 \
+                 AND granted AND expires_at >= clock_timestamp())",
+            s = place.schema
+        );
+        if c.query_opt(&stale, &[&place.name.as_str(), &client])
+            .await?
+            .is_some()
+        {
+            tracing::info!(name = %place.name, pid, client, "ending the holding connection of a holder whose lease ran out");
+            c.execute("SELECT pg_terminate_backend($1)", &[&pid])
+                .await?;
+        }
+    }
+    Ok(())
 }
 
 fn entries(rows: &[tokio_postgres::Row]) -> Result<Vec<Entry>> {

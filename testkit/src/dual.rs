@@ -11,6 +11,7 @@ use lab::dual::{DualFactory, SideFactory};
 use lock_core::LockName;
 
 use crate::etcd::{keys_under, EtcdFactory};
+use crate::postgres::PostgresFactory;
 use crate::redis::RedisFactory;
 use crate::zookeeper::ZkFactory;
 
@@ -42,6 +43,14 @@ impl SideFactory for EtcdFactory {
             }
         }
         left
+    }
+}
+
+/// The factory's [`leftovers`](conformance::Factory::leftovers) are already its schema's
+/// entries only (nothing per client, unlike etcd's leases), so they serve as the side's.
+impl SideFactory for PostgresFactory {
+    fn addrs(&self) -> Vec<SocketAddr> {
+        self.servers.addrs()
     }
 }
 
@@ -91,4 +100,19 @@ pub async fn shared_etcd_redis() -> Option<DualFactory<EtcdFactory, RedisFactory
 /// A single etcd member (old) and a single Redis (new).
 pub async fn etcd_redis() -> Option<DualFactory<EtcdFactory, RedisFactory>> {
     pair(EtcdFactory::start(), RedisFactory::single()).await
+}
+
+/// A PostgreSQL server (old) and a single Redis (new), on the servers the tests of this
+/// binary share: a team leaving Postgres locks for Redis.
+#[allow(dead_code)] // the fault scenarios of dual_chaos.rs run on servers of their own
+pub async fn shared_postgres_redis() -> Option<DualFactory<PostgresFactory, RedisFactory>> {
+    pair(PostgresFactory::shared(), RedisFactory::shared_single()).await
+}
+
+/// A standalone ZooKeeper server (old) and a PostgreSQL server (new), on the servers the
+/// tests of this binary share: Postgres as the new side, its counter raised to the old
+/// side's tokens (`fence_at_least`).
+#[allow(dead_code)] // the fault scenarios of dual_chaos.rs run on servers of their own
+pub async fn shared_zk_postgres() -> Option<DualFactory<ZkFactory, PostgresFactory>> {
+    pair(ZkFactory::shared(), PostgresFactory::shared()).await
 }

@@ -44,17 +44,29 @@ pub use conformance::with_ttl;
 
 /// A config for `addrs` in `schema` with `options`.
 pub fn config(addrs: &[SocketAddr], schema: &str, options: LockOptions) -> PostgresConfig {
+    plain_config(addrs, schema, options)
+}
+
+fn plain_config(addrs: &[SocketAddr], schema: &str, options: LockOptions) -> PostgresConfig {
     let mut config = PostgresConfig::new(addrs.iter().map(ToString::to_string))
         .with_schema(schema)
         .with_options(options);
     config.username = Some("postgres".into());
     config.dbname = Some("postgres".into());
+    // The schema tells a factory's connections from other tests' on a shared server.
+    config.application_name = format!("distlock {schema}");
     config
 }
 
-/// A lock client of `addrs` in `schema`.
-pub async fn client(addrs: &[SocketAddr], schema: &str, options: LockOptions) -> Arc<PostgresLock> {
-    let config = config(addrs, schema, options);
+/// A lock client of `addrs` in `schema`, taking advisory locks too if `advisory`.
+pub async fn client(
+    addrs: &[SocketAddr],
+    schema: &str,
+    options: LockOptions,
+    advisory: bool,
+) -> Arc<PostgresLock> {
+    let mut config = config(addrs, schema, options);
+    config.advisory_locks = advisory;
     let client = connect_patiently("postgres lock client connects", || {
         PostgresLock::connect(config.clone())
     });
@@ -66,6 +78,8 @@ pub struct PostgresFactory {
     /// The server, this factory's own or shared with other factories.
     pub servers: Arc<Servers>,
     schema: String,
+    /// Its clients also take advisory locks (`advisory_locks=on`).
+    advisory: bool,
     proxies: Mutex<Vec<Link>>,
     clients: Mutex<Vec<Weak<PostgresLock>>>,
 }
@@ -91,9 +105,16 @@ impl PostgresFactory {
         PostgresFactory {
             servers,
             schema: format!("t_{}", namespace()),
+            advisory: false,
             proxies: Mutex::new(Vec::new()),
             clients: Mutex::new(Vec::new()),
         }
+    }
+
+    /// The same factory whose clients also take advisory locks (`advisory_locks=on`).
+    pub fn with_advisory_locks(mut self) -> Self {
+        self.advisory = true;
+        self
     }
 
     /// The schema of this factory's lock tables.
@@ -119,9 +140,35 @@ impl PostgresFactory {
 
     /// A lock client of this factory, as the library's own type.
     pub async fn typed_client(&self, options: LockOptions) -> Arc<PostgresLock> {
-        let client = client(&self.servers.addrs(), &self.schema, options).await;
+        let client = client(&self.servers.addrs(), &self.schema, options, self.advisory).await;
         self.track(&client);
         client
+    }
+
+    /// Ends every server connection of this factory's clients (their statement pools,
+    /// listening and holding connections), as an operator would with
+    /// `pg_terminate_backend`; how many it ended.
+    pub async fn terminate_clients(&self) -> i64 {
+        let mut names = vec![format!("distlock {}", self.schema)];
+        names.extend(
+            self.clients
+                .lock()
+                .expect("clients")
+                .iter()
+                .filter_map(Weak::upgrade)
+                .map(|client| format!("distlock:{}", client.backend().client_id())),
+        );
+        let row = self
+            .admin()
+            .await
+            .query_one(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+                 WHERE application_name = ANY($1) AND pid <> pg_backend_pid()",
+                &[&names],
+            )
+            .await
+            .expect("terminate the clients' connections");
+        row.get(0)
     }
 
     fn track(&self, client: &Arc<PostgresLock>) {
@@ -158,9 +205,14 @@ impl Factory for PostgresFactory {
 
     fn url(&self) -> String {
         format!(
-            "postgres://postgres@{}/postgres?schema={}",
+            "postgres://postgres@{}/postgres?schema={}{}",
             self.servers.hosts().join(","),
-            self.schema
+            self.schema,
+            if self.advisory {
+                "&advisory_locks=on"
+            } else {
+                ""
+            }
         )
     }
 
@@ -256,7 +308,7 @@ impl ChaosTarget for PostgresFactory {
 
     async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {
         let (link, addrs) = Link::proxied(&self.servers.addrs()).await;
-        let client = client(&addrs, &self.schema, options).await;
+        let client = client(&addrs, &self.schema, options, self.advisory).await;
         self.track(&client);
         self.proxies.lock().expect("proxies").push(link.clone());
         (client, link)

@@ -9,6 +9,7 @@
 //! that user.
 
 mod replicated;
+pub(crate) mod sql;
 
 use std::fs::File;
 use std::net::SocketAddr;
@@ -18,7 +19,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use tokio_postgres::{NoTls, SimpleQueryMessage};
+use tokio_postgres::NoTls;
 
 use super::node::Node;
 use super::probe::Probe;
@@ -27,6 +28,7 @@ use super::server::{loopback, Member, Prepared, Server, ServerKind};
 use super::{create_dir, HarnessError, DEFAULT_READY_TIMEOUT};
 
 pub use replicated::PostgresReplicated;
+use sql::{conninfo, simple_query, OS_USER};
 
 const HINT: &str = "apt-get install postgresql";
 /// Path of the `postgres` binary to use instead of the newest Debian one; `initdb` and
@@ -34,8 +36,6 @@ const HINT: &str = "apt-get install postgresql";
 const BIN_ENV: &str = "POSTGRES_BIN";
 /// Where Debian installs each major version's programs (`<version>/bin`).
 const DEBIAN_ROOT: &str = "/usr/lib/postgresql";
-/// The OS user the server runs as when the harness runs as root.
-const OS_USER: &str = "postgres";
 /// Bound on one query of [`PostgresServer::query`] (connect included).
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -49,6 +49,20 @@ pub struct PostgresOptions {
     /// Extra command-line arguments of `postgres` (e.g. `-c`, `log_min_messages=debug1`).
     /// Default: none.
     pub extra_args: Vec<String>,
+    /// Serve TLS too (`ssl=on`), with the certificates
+    /// [`make_certificates`](crate::tls::make_certificates) wrote into this directory
+    /// (`server.pem`, `server.key`, and `ca.pem` for client certificates, asked for by no
+    /// `pg_hba.conf` line). The server gets copies its user owns (the key mode 0600).
+    /// Default: none.
+    pub tls: Option<PathBuf>,
+    /// With [`tls`](Self::tls): take TCP sessions over TLS only (`pg_hba.conf`:
+    /// `hostssl … trust`, `hostnossl … reject`); the harness's own sessions
+    /// ([`PostgresServer::query`], [`PostgresServer::connect`], the readiness probe) go
+    /// through the Unix socket. Default: `false`.
+    pub tls_only: bool,
+    /// With [`tls_only`](Self::tls_only): also ask every TCP session for a client
+    /// certificate the CA signed (`clientcert=verify-ca`). Default: `false`.
+    pub client_certificates: bool,
     /// Start as a streaming replica of the server on this port (`pg_basebackup -R`)
     /// rather than `initdb`.
     pub(crate) replica_of: Option<u16>,
@@ -59,6 +73,9 @@ impl Default for PostgresOptions {
         Self {
             ready_timeout: DEFAULT_READY_TIMEOUT,
             extra_args: Vec::new(),
+            tls: None,
+            tls_only: false,
+            client_certificates: false,
             replica_of: None,
         }
     }
@@ -68,6 +85,24 @@ impl PostgresOptions {
     /// Appends one command-line argument to [`extra_args`](Self::extra_args).
     pub fn arg(mut self, arg: impl Into<String>) -> Self {
         self.extra_args.push(arg.into());
+        self
+    }
+
+    /// Sets [`tls`](Self::tls).
+    pub fn tls(mut self, certificates: impl Into<PathBuf>) -> Self {
+        self.tls = Some(certificates.into());
+        self
+    }
+
+    /// Sets [`tls_only`](Self::tls_only).
+    pub fn tls_only(mut self, tls_only: bool) -> Self {
+        self.tls_only = tls_only;
+        self
+    }
+
+    /// Sets [`client_certificates`](Self::client_certificates).
+    pub fn client_certificates(mut self, asked: bool) -> Self {
+        self.client_certificates = asked;
         self
     }
 
@@ -103,6 +138,8 @@ impl PgInstall {
 #[derive(Debug)]
 pub struct Postgres {
     socket_dir: PathBuf,
+    /// The harness's own sessions go through the socket ([`PostgresOptions::tls_only`]).
+    via_socket: bool,
     init: InitStep,
 }
 
@@ -216,6 +253,14 @@ impl ServerKind for Postgres {
         ] {
             args.extend(["-c".to_owned(), setting.to_owned()]);
         }
+        if let Some(certificates) = &options.tls {
+            args.extend(tls_args(&label, dir, certificates, install.run_as)?);
+            if options.tls_only {
+                let hba = hba_only_tls(&label, dir, options.client_certificates)?;
+                args.extend(["-c".to_owned(), hba]);
+            }
+        }
+        let via_socket = options.tls.is_some() && options.tls_only;
         args.extend(options.extra_args.iter().cloned());
         let spec = LaunchSpec {
             program: install.program("postgres"),
@@ -230,11 +275,18 @@ impl ServerKind for Postgres {
             node: Node::new(
                 label,
                 spec,
-                Probe::Postgres(loopback(port)),
+                Probe::Postgres {
+                    addr: loopback(port),
+                    socket: via_socket.then(|| socket_dir.clone()),
+                },
                 options.ready_timeout,
             ),
             data_dir,
-            kind: Postgres { socket_dir, init },
+            kind: Postgres {
+                socket_dir,
+                via_socket,
+                init,
+            },
         })
     }
 
@@ -246,9 +298,17 @@ impl ServerKind for Postgres {
 
 impl Server<Postgres> {
     /// libpq key/value connection string:
-    /// `host=127.0.0.1 port=PORT user=postgres dbname=postgres`.
+    /// `host=127.0.0.1 port=PORT user=postgres dbname=postgres` (with
+    /// [`PostgresOptions::tls_only`], `host=` the socket directory).
     pub fn conninfo(&self) -> String {
-        conninfo(self.port())
+        conninfo(self.port(), self.socket())
+    }
+
+    /// The socket directory when the harness's sessions go through it.
+    fn socket(&self) -> Option<&Path> {
+        self.kind
+            .via_socket
+            .then_some(self.kind.socket_dir.as_path())
     }
 
     /// The directory of the server's Unix socket (`-k`).
@@ -281,7 +341,7 @@ impl Server<Postgres> {
     /// # Errors
     /// If the server does not answer within 5 s, or answers an error.
     pub async fn query(&self, sql: &str) -> Result<Vec<Vec<Option<String>>>, HarnessError> {
-        simple_query(self.addr(), sql, QUERY_TIMEOUT)
+        simple_query(self.addr(), self.socket(), sql, QUERY_TIMEOUT)
             .await
             .map_err(|e| HarnessError::io(self.node.label(), format!("query {sql:?}"), e))
     }
@@ -305,42 +365,64 @@ impl Server<Postgres> {
     }
 }
 
-/// `host=127.0.0.1 port=PORT user=postgres dbname=postgres`.
-fn conninfo(port: u16) -> String {
-    format!("host=127.0.0.1 port={port} user={OS_USER} dbname=postgres")
+/// The `-c` arguments of a server serving TLS with the certificates in `certificates`
+/// (see [`PostgresOptions::tls`]): copies in `dir/tls`, owned by `user` (the key mode
+/// 0600, as the server demands).
+fn tls_args(
+    label: &str,
+    dir: &Path,
+    certificates: &Path,
+    user: Option<RunAs>,
+) -> Result<Vec<String>, HarnessError> {
+    let tls_dir = dir.join("tls");
+    owned_dir(label, &tls_dir, 0o755, user)?;
+    let mut args = vec!["-c".to_owned(), "ssl=on".to_owned()];
+    for (setting, file, mode) in [
+        ("ssl_cert_file", "server.pem", 0o644),
+        ("ssl_key_file", "server.key", 0o600),
+        ("ssl_ca_file", "ca.pem", 0o644),
+    ] {
+        let (from, to) = (certificates.join(file), tls_dir.join(file));
+        let io = |action: &str, e| HarnessError::io(label, format!("{action} {}", to.display()), e);
+        std::fs::copy(&from, &to).map_err(|e| io("copy to", e))?;
+        if let Some(user) = user {
+            std::os::unix::fs::chown(&to, Some(user.uid), Some(user.gid))
+                .map_err(|e| io("chown", e))?;
+        }
+        std::fs::set_permissions(&to, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| io("chmod", e))?;
+        args.extend(["-c".to_owned(), format!("{setting}={}", to.display())]);
+    }
+    Ok(args)
 }
 
-/// One simple query on a fresh connection, connect included within `timeout`.
-pub(crate) async fn simple_query(
-    addr: SocketAddr,
-    sql: &str,
-    timeout: Duration,
-) -> std::io::Result<Vec<Vec<Option<String>>>> {
-    let work = async {
-        let (client, connection) = tokio_postgres::connect(&conninfo(addr.port()), NoTls)
-            .await
-            .map_err(std::io::Error::other)?;
-        let messages = tokio::select! {
-            messages = client.simple_query(sql) => messages.map_err(std::io::Error::other)?,
-            closed = connection => {
-                return Err(std::io::Error::other(format!("connection ended: {closed:?}")));
-            }
-        };
-        Ok(messages
-            .into_iter()
-            .filter_map(|m| match m {
-                SimpleQueryMessage::Row(row) => Some(
-                    (0..row.len())
-                        .map(|i| row.get(i).map(str::to_owned))
-                        .collect(),
-                ),
-                _ => None,
-            })
-            .collect())
+/// Writes `dir/pg_hba.conf` taking TCP sessions over TLS only (the socket's as ever),
+/// with a client certificate if `client_certificates`; the `hba_file=` setting that
+/// points the server at it.
+fn hba_only_tls(
+    label: &str,
+    dir: &Path,
+    client_certificates: bool,
+) -> Result<String, HarnessError> {
+    let path = dir.join("pg_hba.conf");
+    let trust = if client_certificates {
+        "trust clientcert=verify-ca"
+    } else {
+        "trust"
     };
-    tokio::time::timeout(timeout, work)
-        .await
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "query timed out"))?
+    std::fs::write(
+        &path,
+        format!(
+            "local all all trust\n\
+             local replication all trust\n\
+             hostssl all all 127.0.0.1/32 {trust}\n\
+             hostssl replication all 127.0.0.1/32 {trust}\n\
+             hostnossl all all 127.0.0.1/32 reject\n\
+             hostnossl replication all 127.0.0.1/32 reject\n"
+        ),
+    )
+    .map_err(|e| HarnessError::io(label, format!("write {}", path.display()), e))?;
+    Ok(format!("hba_file={}", path.display()))
 }
 
 /// `bin` of the newest `/usr/lib/postgresql/<version>` holding `postgres` and `initdb`.

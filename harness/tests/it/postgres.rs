@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use harness::require_server;
-use harness::{PostgresReplicated, PostgresServer};
+use harness::{PostgresOptions, PostgresReplicated, PostgresServer};
 use tokio_postgres::NoTls;
 
 use super::harness::assert_gone;
@@ -148,4 +148,39 @@ async fn postgres_replica_follows_its_primary_and_takes_over_when_promoted() {
     let replica_workers = children_of(replica_pid);
     drop(pair);
     assert_all_gone(replica_pid, &replica_workers).await;
+}
+
+/// A server serving TLS only over TCP: it starts (its key file passes the server's
+/// ownership and mode check), the harness's own sessions (socket) work and say TLS is
+/// on, and a plain TCP session is refused by `pg_hba.conf`.
+#[tokio::test]
+async fn postgres_serves_tls_only_over_tcp() {
+    let certs = tempfile::tempdir().expect("tempdir");
+    harness::tls::make_certificates(certs.path()).await;
+    let options = PostgresOptions::default().tls(certs.path()).tls_only(true);
+    let server = require_server!(PostgresServer::start_with(options).await);
+    assert_eq!(
+        server
+            .query_value("SHOW ssl")
+            .await
+            .expect("query")
+            .as_deref(),
+        Some("on")
+    );
+    let plain = format!(
+        "host=127.0.0.1 port={} user=postgres dbname=postgres",
+        server.port()
+    );
+    let err = tokio::time::timeout(IO_TIMEOUT, tokio_postgres::connect(&plain, NoTls))
+        .await
+        .expect("answered")
+        .err()
+        .expect("a plain TCP session is refused");
+    let refusal = err.as_db_error().map(|db| db.message().to_owned());
+    assert!(
+        refusal
+            .as_deref()
+            .is_some_and(|m| m.contains("no encryption")),
+        "{err:?}"
+    );
 }

@@ -1,14 +1,17 @@
 //! The dual lock (`dual:<old>|<new>`) against real servers: the whole conformance suite on
-//! ZooKeeper -> Redis, ZooKeeper -> RedLock (3 nodes) and etcd -> Redis, the fault
-//! scenarios with faults on either side (`faults`), and the attempts that end before a
-//! grant (`retries`). The conformance suites share the binary's servers (one ZooKeeper,
-//! one Redis, RedLock's three, one etcd), each test under namespaces of its own; the
-//! fault scenarios and retries kill and pause servers, so each of those starts its own.
+//! ZooKeeper -> Redis, ZooKeeper -> RedLock (3 nodes), etcd -> Redis, PostgreSQL -> Redis
+//! and ZooKeeper -> PostgreSQL, the fault scenarios with faults on either side (`faults`),
+//! the attempts that end before a grant (`retries`), and the advance check with PostgreSQL
+//! as the watched side (`check`). The conformance suites and the check share the binary's
+//! servers (one ZooKeeper, one Redis, RedLock's three, one etcd, one PostgreSQL), each test
+//! under namespaces of its own (a schema on PostgreSQL); the fault scenarios and retries
+//! kill and pause servers, so each of those starts its own.
 //!
 //! The sides are the test kit's backend factories (`testkit::dual`), so the dual
 //! deployments steal, crash and list leftovers exactly as each backend's suite does; this
 //! crate's library stays free of backend crates.
 
+mod check;
 mod faults;
 mod retries;
 
@@ -40,4 +43,15 @@ mod zk_to_redlock {
 /// Every rule on etcd -> Redis.
 mod etcd_to_redis {
     conformance::conformance_suite!(async { testkit::dual::shared_etcd_redis().await });
+}
+
+/// Every rule on PostgreSQL -> Redis.
+mod postgres_to_redis {
+    conformance::conformance_suite!(async { testkit::dual::shared_postgres_redis().await });
+}
+
+/// Every rule on ZooKeeper -> PostgreSQL: the new side's counter honours the old side's
+/// tokens (`fence_at_least`).
+mod zk_to_postgres {
+    conformance::conformance_suite!(async { testkit::dual::shared_zk_postgres().await });
 }

@@ -6,3 +6,13 @@ mod single {
     use testkit::postgres::PostgresFactory;
     conformance::conformance_suite!(async { PostgresFactory::shared().await });
 }
+
+/// Every rule with advisory locks taken beside the table (`advisory_locks=on`).
+mod advisory {
+    use testkit::postgres::PostgresFactory;
+    conformance::conformance_suite!(async {
+        PostgresFactory::shared()
+            .await
+            .map(PostgresFactory::with_advisory_locks)
+    });
+}

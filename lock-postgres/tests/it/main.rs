@@ -3,3 +3,6 @@
 
 mod chaos;
 mod conformance;
+mod faults;
+mod interop;
+mod security;

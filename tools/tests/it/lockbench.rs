@@ -1,6 +1,6 @@
 //! lockbench end to end on the in-process backend (no servers): a short run writes a
-//! report whose election, semaphore, read-write and multi-lock tables have a row for the
-//! backend, and whose JSON holds every one of those workloads. Only that they ran, and
+//! report whose election, semaphore (one permit a hold, or several), read-write and
+//! multi-lock tables have a row for the backend, and whose JSON holds every one of those workloads. Only that they ran, and
 //! ran sanely, is checked, never how fast.
 
 use std::time::Duration;
@@ -57,6 +57,7 @@ async fn election_and_primitive_workloads_are_reported() {
         "### Failover after the leader is killed",
         "### Observer notification",
         "### Semaphore: 4 permits, 64 contenders",
+        "### Semaphore, several permits a hold: 8 permits, 64 contenders",
         "### Read-write lock: 2 clients, 10% writes",
         "### Multi-lock of 3 names",
     ] {
@@ -68,6 +69,9 @@ async fn election_and_primitive_workloads_are_reported() {
     // The read-write lock is compared with the 2-on-1 mutex row of the same run.
     let rw = memory_row(&md, "### Read-write lock");
     assert!(rw.contains('x'), "no ratio to the mutex: {rw}");
+    // The semaphore of several permits a hold, with the single-permit one of the same run.
+    let many = memory_row(&md, "### Semaphore, several permits a hold");
+    assert!(many.contains('x'), "no ratio to the semaphore: {many}");
 
     let json = std::fs::read_to_string(out.path().join("report.json")).expect("report.json");
     let report: serde_json::Value = serde_json::from_str(&json).expect("report.json parses");
@@ -96,6 +100,19 @@ async fn election_and_primitive_workloads_are_reported() {
     let in_use = semaphore["max_in_use"].as_u64().expect("max_in_use");
     assert!((1..=4).contains(&in_use), "permits in use: {semaphore}");
     assert_eq!(semaphore["errors"], 0, "{semaphore}");
+
+    let many = &primitives["semaphore_many"];
+    assert!(many["cycles"].as_u64() > Some(0), "{many}");
+    assert_eq!(many["clients"], 64);
+    let in_use = many["max_in_use"].as_u64().expect("max_in_use");
+    assert!((1..=8).contains(&in_use), "permits in use: {many}");
+    let by_count = many["acquire_by_count"].as_array().expect("acquire by k");
+    assert_eq!(by_count.len(), 4, "{many}");
+    assert!(
+        many["permits_per_sec"].as_f64() >= many["cycles_per_sec"].as_f64(),
+        "{many}"
+    );
+    assert_eq!(many["errors"], 0, "{many}");
 
     let rwlock = &primitives["rwlock"];
     assert!(rwlock["cycles"].as_u64() > Some(0), "{rwlock}");

@@ -1,6 +1,8 @@
-//! A fleet of `fleet_member` processes on one lock name against real servers (a ZooKeeper
-//! server as the old backend, a Redis server as the new one), all writing one fenced
-//! resource served by the test process on loopback TCP; and the checks of its history.
+//! A fleet of `fleet_member` processes on one lock name against real servers (by default
+//! a ZooKeeper server as the old backend and a Redis server as the new one; PostgreSQL can
+//! be either), all writing one fenced resource served by the test process on loopback TCP;
+//! and the checks of its history. The servers come from the harness and are killed (by
+//! pid) when the fleet drops.
 
 use std::path::PathBuf;
 use std::process::Stdio;
@@ -8,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use conformance::{FenceReport, FenceServer, FencedResource};
-use harness::{or_skip, RedisServer, ZkServer};
+use harness::{or_skip, PostgresServer, RedisServer, ZkServer};
 use serde::Deserialize;
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -21,6 +23,44 @@ const READY_WITHIN: Duration = Duration::from_secs(60);
 const EXIT_WITHIN: Duration = Duration::from_secs(90);
 /// The ZooKeeper path prefix of the fleet's locks.
 const ZK_PREFIX: &str = "/migration";
+
+/// A backend a fleet migrates from or to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Backend {
+    ZooKeeper,
+    Redis,
+    Postgres,
+}
+
+/// A running server of a [`Backend`].
+pub(crate) enum BackendServer {
+    ZooKeeper(ZkServer),
+    Redis(RedisServer),
+    Postgres(PostgresServer),
+}
+
+impl Backend {
+    /// Starts a server; `None` (after a loud notice) when it is not installed and strict
+    /// mode is off.
+    async fn start(self) -> Option<BackendServer> {
+        Some(match self {
+            Backend::ZooKeeper => BackendServer::ZooKeeper(or_skip(ZkServer::start().await)?),
+            Backend::Redis => BackendServer::Redis(or_skip(RedisServer::start().await)?),
+            Backend::Postgres => BackendServer::Postgres(or_skip(PostgresServer::start().await)?),
+        })
+    }
+}
+
+impl BackendServer {
+    /// The lock URL of the server, with `query` (`?key=value&…`).
+    fn url(&self, query: &str) -> String {
+        match self {
+            BackendServer::ZooKeeper(zk) => format!("zk://{}{ZK_PREFIX}{query}", zk.addr()),
+            BackendServer::Redis(redis) => format!("{}{query}", redis.url()),
+            BackendServer::Postgres(postgres) => format!("{}{query}", postgres.url()),
+        }
+    }
+}
 
 /// Who a member is: its kind and lock URL.
 #[derive(Debug, Clone)]
@@ -40,8 +80,10 @@ pub(crate) struct Spec {
 /// The servers, the fenced resource and the lock name of one fleet.
 pub(crate) struct Fleet {
     pub(crate) resource: FencedResource,
-    pub(crate) zk: ZkServer,
-    pub(crate) redis: RedisServer,
+    /// The old backend's server.
+    pub(crate) old_server: BackendServer,
+    /// The new backend's server.
+    pub(crate) new_server: BackendServer,
     pub(crate) name: String,
     query: &'static str,
     fence: FenceServer,
@@ -88,8 +130,18 @@ impl Fleet {
 
     /// [`Fleet::start`], with lock options `query` (`?key=value&…`) on every URL.
     pub(crate) async fn start_with(tag: &str, query: &'static str) -> Option<Fleet> {
-        let (zk, redis) = tokio::join!(ZkServer::start(), RedisServer::start());
-        let (zk, redis) = (or_skip(zk)?, or_skip(redis)?);
+        Fleet::start_between(tag, Backend::ZooKeeper, Backend::Redis, query).await
+    }
+
+    /// [`Fleet::start_with`], migrating from `old` to `new`.
+    pub(crate) async fn start_between(
+        tag: &str,
+        old: Backend,
+        new: Backend,
+        query: &'static str,
+    ) -> Option<Fleet> {
+        let (old_server, new_server) = tokio::join!(old.start(), new.start());
+        let (old_server, new_server) = (old_server?, new_server?);
         let resource = FencedResource::new();
         let fence = FenceServer::start(resource.clone())
             .await
@@ -97,8 +149,8 @@ impl Fleet {
         let dir = tempfile::tempdir().expect("temp dir");
         Some(Fleet {
             resource,
-            zk,
-            redis,
+            old_server,
+            new_server,
             name: format!("{tag}-{}", uuid::Uuid::new_v4().simple()),
             query,
             fence,
@@ -111,12 +163,20 @@ impl Fleet {
 
     /// The old-only URL.
     pub(crate) fn old(&self) -> String {
-        format!("zk://{}{ZK_PREFIX}{}", self.zk.addr(), self.query)
+        self.old_server.url(self.query)
     }
 
     /// The new-only URL.
     pub(crate) fn new_only(&self) -> String {
-        format!("{}{}", self.redis.url(), self.query)
+        self.new_server.url(self.query)
+    }
+
+    /// The ZooKeeper server of a fleet whose old backend is ZooKeeper.
+    pub(crate) fn zk(&self) -> &ZkServer {
+        match &self.old_server {
+            BackendServer::ZooKeeper(zk) => zk,
+            _ => panic!("the fleet's old backend is not ZooKeeper"),
+        }
     }
 
     /// The dual URL.

@@ -1,9 +1,10 @@
 //! lockbench: the same lock workloads on every backend in one run, each next to its raw
 //! protocol floor on the same server, the leader-election workloads (uncontended
 //! campaign, failover after a killed leader, observer notification) where the backend
-//! grants elections, and semaphores, read-write locks (where granted) and multi-locks
-//! against the mutex of the same run. Every workload but the takeovers and renewal is
-//! repeated `--runs` times and reported as medians; writes a Markdown + JSON + SVG report.
+//! grants elections, and semaphores (one permit a hold, or several), read-write locks
+//! (where granted) and multi-locks against the mutex of the same run. Every workload but
+//! the takeovers and renewal is repeated `--runs` times and reported as medians; writes a
+//! Markdown + JSON + SVG report.
 //!
 //! ```text
 //! lockbench --backends memory,redis,redlock,zookeeper,etcd,postgres --duration 2s --runs 3
@@ -21,11 +22,13 @@ mod election;
 mod election_report;
 mod error;
 mod floors;
+mod gauge;
 mod goals;
 mod primitives;
 mod primitives_report;
 mod report;
 mod results;
+mod semaphore_many;
 mod sides;
 mod stats;
 mod svg;
@@ -125,11 +128,11 @@ struct RunArgs {
         long,
         value_delimiter = ',',
         num_args = 0..=1,
-        default_value = "semaphore,rwlock,multi"
+        default_value = "semaphore,semaphore-many,rwlock,multi"
     )]
     primitives: Vec<Primitive>,
-    /// Seed of the read-write workload's read-or-write choices and of the contended
-    /// multi-locks' names.
+    /// Seed of the read-write workload's read-or-write choices, of the contended
+    /// multi-locks' names and of the permits each semaphore-many request asks for.
     #[arg(long, default_value_t = 26)]
     seed: u64,
     /// Directory for report.md, report.json, latency.svg and queue-sweep.svg.
@@ -267,6 +270,7 @@ fn run(runtime: &Runtime, args: &RunArgs) -> Result<(), BoxError> {
             handoff_waiters: args.waiters,
             elections: t.elections,
             semaphores: t.semaphores,
+            semaphores_many: t.semaphores_many,
             rwlocks: t.rwlocks,
             observers: usize::from(args.observers),
             notes: missing_capabilities(t, &args.primitives)
@@ -321,6 +325,9 @@ const NO_ELECTIONS: &str =
 /// The note of a backend whose clients grant no semaphore permits.
 const NO_SEMAPHORES: &str =
     "no semaphores (capabilities().semaphore is false): semaphore workload not offered";
+/// The note of a backend whose clients grant no hold of several semaphore permits.
+const NO_SEMAPHORES_MANY: &str = "no semaphore holds of several permits \
+     (capabilities().semaphore_many is false): semaphore-many workload not offered";
 /// The note of a backend whose clients grant no read-write locks.
 const NO_RWLOCKS: &str =
     "no read-write locks (capabilities().rwlock is false): read-write workload not offered";
@@ -333,6 +340,8 @@ fn missing_capabilities(
     let missing = [
         (!target.elections).then_some(NO_ELECTIONS),
         (!target.semaphores && asked.contains(&Primitive::Semaphore)).then_some(NO_SEMAPHORES),
+        (!target.semaphores_many && asked.contains(&Primitive::SemaphoreMany))
+            .then_some(NO_SEMAPHORES_MANY),
         (!target.rwlocks && asked.contains(&Primitive::Rwlock)).then_some(NO_RWLOCKS),
     ];
     missing.into_iter().flatten()

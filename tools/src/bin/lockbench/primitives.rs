@@ -3,24 +3,27 @@
 //! multi-locks of 3 names, uncontended and contended. Each is compared with the mutex of
 //! the same run (its contended throughput, its uncontended cycle): information, not a
 //! target. Semaphores and read-write locks run where the backend grants them
-//! (`Capabilities::semaphore` / `Capabilities::rwlock`); multi-locks run everywhere.
+//! (`Capabilities::semaphore` / `Capabilities::rwlock`); multi-locks run everywhere. The
+//! semaphore of several permits a hold has a file of its own (`semaphore_many.rs`).
 //!
 //! The contended loops are the contention workload's ([`contend`]): bounded acquires cut
 //! at the end of the measurement, failures counted. Inside each hold the workload counts
 //! who holds what, and fails if the primitive let in more than it may (a fifth permit, a
 //! writer beside anyone, a name held twice by multi-locks).
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use distlock::{AcquireOptions, DistributedLock, MultiLock, ReleaseOutcome, RwLock, Semaphore};
+use distlock::{AcquireOptions, DistributedLock, MultiLock, RwLock, Semaphore};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 use tokio::time::timeout;
 
-use crate::contention::{contend, cycle, released, LoopRun, Step, ACQUIRE_LIMIT};
+use crate::contention::{contend, cycle, LoopRun, Step, ACQUIRE_LIMIT};
 use crate::error::BoxError;
+use crate::gauge::{hold, Gauge, EXCLUSIVE, SEMAPHORE_CLIENTS};
+use crate::semaphore_many::{semaphore_many, SemaphoreManyRun};
+pub(crate) use crate::semaphore_many::{MANY_PERMITS, MOST_AT_ONCE};
 use crate::stats::{Latencies, Summary};
 use crate::targets::Target;
 use crate::workloads::{bench_name, connect, lock_cycle, timed, Plan, SLICES, WAIT_LIMIT};
@@ -31,6 +34,9 @@ use crate::workloads::{bench_name, connect, lock_cycle, timed, Plan, SLICES, WAI
 pub(crate) enum Primitive {
     /// [`SEMAPHORE_CLIENTS`] contenders on a semaphore of [`PERMITS`] permits.
     Semaphore,
+    /// [`SEMAPHORE_CLIENTS`] contenders on a semaphore of [`MANY_PERMITS`] permits, each
+    /// taking 1 to [`MOST_AT_ONCE`] of them in one hold.
+    SemaphoreMany,
     /// Readers and writers on one read-write lock.
     Rwlock,
     /// Multi-locks of [`MULTI_PARTS`] names, uncontended and contended (two workloads).
@@ -41,7 +47,7 @@ impl Primitive {
     /// Workloads (progress steps) per run.
     pub(crate) fn steps(self) -> usize {
         match self {
-            Primitive::Semaphore | Primitive::Rwlock => 1,
+            Primitive::Semaphore | Primitive::SemaphoreMany | Primitive::Rwlock => 1,
             Primitive::Multi => 2,
         }
     }
@@ -49,6 +55,7 @@ impl Primitive {
     pub(crate) fn label(self) -> &'static str {
         match self {
             Primitive::Semaphore => "semaphore",
+            Primitive::SemaphoreMany => "semaphore, several permits a hold",
             Primitive::Rwlock => "read-write lock",
             Primitive::Multi => "multi-lock",
         }
@@ -57,8 +64,6 @@ impl Primitive {
 
 /// Permits of the semaphore workload.
 pub(crate) const PERMITS: u32 = 4;
-/// Contenders of the semaphore workload, each a client of its own.
-pub(crate) const SEMAPHORE_CLIENTS: usize = 64;
 /// Share of the read-write workload's iterations that write.
 pub(crate) const WRITE_SHARE: f64 = 0.1;
 /// Names in one multi-lock.
@@ -87,6 +92,7 @@ const WRITE: usize = 1;
 #[derive(Debug, Default, Serialize)]
 pub(crate) struct PrimitivesRun {
     pub(crate) semaphore: Option<SemaphoreRun>,
+    pub(crate) semaphore_many: Option<SemaphoreManyRun>,
     pub(crate) rwlock: Option<RwLockRun>,
     pub(crate) multi: Option<MultiRun>,
     pub(crate) multi_contended: Option<MultiContendedRun>,
@@ -149,11 +155,12 @@ pub(crate) struct MultiContendedRun {
     pub(crate) acquire: Option<Summary>,
 }
 
-/// What the read-write workload needs from the command line.
+/// What the read-write and seeded workloads need from the command line.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Setup {
     /// Clients of the read-write workload.
     pub(crate) rw_clients: usize,
+    /// Seed of the random choices (client i: seed + i).
     pub(crate) seed: u64,
 }
 
@@ -173,7 +180,10 @@ pub(crate) async fn measure(
         Primitive::Rwlock if target.rwlocks => {
             out.rwlock = Some(rwlock(target, setup, plan).await?);
         }
-        Primitive::Semaphore | Primitive::Rwlock => {}
+        Primitive::SemaphoreMany if target.semaphores_many => {
+            out.semaphore_many = Some(semaphore_many(target, setup.seed, plan).await?);
+        }
+        Primitive::Semaphore | Primitive::SemaphoreMany | Primitive::Rwlock => {}
         Primitive::Multi => {
             // Both are tried; the first failure is returned.
             let uncontended = multi(target, plan).await.map(|row| out.multi = Some(row));
@@ -184,56 +194,6 @@ pub(crate) async fn measure(
         }
     }
     Ok(())
-}
-
-/// What a contended workload's clients hold right now, counted inside their holds: a
-/// weight per hold, [`EXCLUSIVE`] for a writer.
-#[derive(Debug)]
-struct Gauge {
-    /// The most the shared holds may weigh together.
-    limit: u64,
-    held: AtomicU64,
-    /// The most shared weight seen at once.
-    max: AtomicU64,
-    /// Entries that found more held than allowed.
-    violations: AtomicU64,
-}
-
-/// The weight of an exclusive hold: allowed only alone.
-const EXCLUSIVE: u64 = 1 << 32;
-
-impl Gauge {
-    fn new(limit: u64) -> Arc<Self> {
-        Arc::new(Gauge {
-            limit,
-            held: AtomicU64::new(0),
-            max: AtomicU64::new(0),
-            violations: AtomicU64::new(0),
-        })
-    }
-
-    /// Counts a hold of `weight`.
-    fn enter(&self, weight: u64) {
-        let now = self.held.fetch_add(weight, Ordering::SeqCst) + weight;
-        if now > self.limit && now != EXCLUSIVE {
-            self.violations.fetch_add(1, Ordering::SeqCst);
-        }
-        self.max.fetch_max(now % EXCLUSIVE, Ordering::Relaxed);
-    }
-
-    /// Uncounts a hold of `weight`.
-    fn leave(&self, weight: u64) {
-        self.held.fetch_sub(weight, Ordering::SeqCst);
-    }
-
-    /// An error if any hold found more held than allowed (`what`: what that means).
-    fn check(&self, what: &str) -> Result<u64, BoxError> {
-        let max = self.max.load(Ordering::Relaxed);
-        match self.violations.load(Ordering::SeqCst) {
-            0 => Ok(max),
-            n => Err(format!("{what} {n} times (most shared holds at once: {max})").into()),
-        }
-    }
 }
 
 /// Semaphore: [`SEMAPHORE_CLIENTS`] clients on one semaphore of [`PERMITS`] permits, each
@@ -406,21 +366,4 @@ async fn multi_contended(
         parts: MULTI_PARTS,
         acquire: run.acquire[0].summary(),
     })
-}
-
-/// Counts a hold of each (gauge, weight) for a moment, then `release`s it: uncounted
-/// before the release is sent, so that the next holder never overlaps it in the count.
-async fn hold(
-    counted: &[(&Gauge, u64)],
-    release: impl std::future::Future<Output = distlock::Result<ReleaseOutcome>>,
-) -> Result<(), String> {
-    for (gauge, weight) in counted {
-        gauge.enter(*weight);
-    }
-    // A short hold: long enough for the other clients to run.
-    tokio::task::yield_now().await;
-    for (gauge, weight) in counted {
-        gauge.leave(*weight);
-    }
-    released(release).await
 }

@@ -1,16 +1,19 @@
 //! The report's section on semaphores, read-write locks and multi-locks: a row per
-//! backend ("not offered" where its clients grant no semaphores or read-write locks), each
-//! figure the median over the runs, each ratio computed within a run against the mutex of
-//! that run. Information, not targets: none of it is in the Targets table.
+//! backend ("not offered" where its clients grant no semaphores, several permits in one
+//! hold or read-write locks), each figure the median over the runs, each ratio computed
+//! within a run against the mutex (or the single-permit semaphore) of that run.
+//! Information, not targets: none of it is in the Targets table.
 
 use std::fmt::Write as _;
 
 use crate::contention::LoopRun;
+use crate::gauge::SEMAPHORE_CLIENTS;
 use crate::primitives::{
-    rw_clients, MultiContendedRun, MultiRun, Primitive, RwLockRun, SemaphoreRun, MULTI_CLIENTS,
-    MULTI_NAMES, MULTI_PARTS, PERMITS, SEMAPHORE_CLIENTS, WRITE_SHARE,
+    rw_clients, MultiContendedRun, MultiRun, Primitive, RwLockRun, SemaphoreRun, MANY_PERMITS,
+    MOST_AT_ONCE, MULTI_CLIENTS, MULTI_NAMES, MULTI_PARTS, PERMITS, WRITE_SHARE,
 };
 use crate::results::{cell, fmt_ratio, Report, RunReport};
+use crate::semaphore_many::SemaphoreManyRun;
 use crate::stats::{fmt_count, Summary};
 
 /// The cells of a row with nothing measured: the first says why, the rest are blank.
@@ -36,6 +39,16 @@ fn p50_p99(summary: Option<Summary>) -> String {
 
 fn semaphore_of(r: &RunReport) -> Option<&SemaphoreRun> {
     r.primitives.semaphore.as_ref()
+}
+
+fn semaphore_many_of(r: &RunReport) -> Option<&SemaphoreManyRun> {
+    r.primitives.semaphore_many.as_ref()
+}
+
+/// Cycles/s of the semaphore-many row of run `r` against the single-permit semaphore of
+/// the same run.
+fn to_semaphore(r: &RunReport, row: &SemaphoreManyRun) -> Option<f64> {
+    Some(row.run.cycles_per_sec / semaphore_of(r)?.run.cycles_per_sec)
 }
 
 fn rwlock_of(r: &RunReport) -> Option<&RwLockRun> {
@@ -66,6 +79,9 @@ pub(crate) fn markdown(report: &Report, md: &mut String) {
     let mut failures = Vec::new();
     if report.primitives.contains(&Primitive::Semaphore) {
         semaphore_md(report, md, &mut failures);
+    }
+    if report.primitives.contains(&Primitive::SemaphoreMany) {
+        semaphore_many_md(report, md, &mut failures);
     }
     if report.primitives.contains(&Primitive::Rwlock) {
         rwlock_md(report, md, &mut failures);
@@ -126,6 +142,54 @@ fn semaphore_md(report: &Report, md: &mut String, failures: &mut Vec<String>) {
             p50_p99(b.summary_of(|r| row(r)?.acquire)),
             p50_p99(b.summary_of(|r| row(r)?.run.cycle)),
             b.spread(|r| to_mutex(r, &row(r)?.run)).show(fmt_ratio),
+            most.map_or_else(|| "–".into(), |m| m.to_string()),
+            errs.0,
+        );
+    }
+}
+
+fn semaphore_many_md(report: &Report, md: &mut String, failures: &mut Vec<String>) {
+    let _ = writeln!(
+        md,
+        "\n### Semaphore, several permits a hold: {MANY_PERMITS} permits, \
+         {SEMAPHORE_CLIENTS} contenders\n\n\
+         {SEMAPHORE_CLIENTS} clients (a connection each) on one semaphore of {MANY_PERMITS} \
+         permits; each iteration takes k permits in one hold (`acquire_many`), k from 1 to \
+         {MOST_AT_ONCE} chosen by a seeded generator (`--seed`), and gives them back. \
+         Requests keep their place in the queue: a big one at the head holds back the \
+         smaller ones behind it even where they would fit, so the acquire columns of k = 1 \
+         and k = {MOST_AT_ONCE} show whether big requests starve or hold back small ones. \
+         The ratio is to the single-permit semaphore above, of the same run.\n"
+    );
+    let _ = writeln!(
+        md,
+        "| backend | cycles/s (runs) | permits/s (runs) | acquire p50 | acquire p99 | k=1 acquire p50 | k=1 acquire p99 | k={MOST_AT_ONCE} acquire p50 | k={MOST_AT_ONCE} acquire p99 | ÷ semaphore cycles/s (runs) | most permits in use | errors (all runs) |"
+    );
+    let _ = writeln!(md, "|---|---|---|---|---|---|---|---|---|---|---|---|");
+    for b in &report.backends {
+        if !b.semaphores_many {
+            blank_row(md, &b.backend, "not offered", 12);
+            continue;
+        }
+        let row = semaphore_many_of;
+        let most = b.runs.iter().filter_map(|r| Some(row(r)?.max_in_use)).max();
+        let errs = b.loop_errors(|r| Some(&semaphore_many_of(r)?.run));
+        note_errors(
+            failures,
+            &format!("{}, semaphore of several permits a hold", b.backend),
+            errs,
+        );
+        let _ = writeln!(
+            md,
+            "| {} | {} | {} | {} | {} | {} | {} | {}/{MANY_PERMITS} | {} |",
+            b.backend,
+            b.spread(|r| Some(row(r)?.run.cycles_per_sec))
+                .show(fmt_count),
+            b.spread(|r| Some(row(r)?.permits_per_sec)).show(fmt_count),
+            p50_p99(b.summary_of(|r| row(r)?.acquire)),
+            p50_p99(b.summary_of(|r| row(r)?.acquire_of(1))),
+            p50_p99(b.summary_of(|r| row(r)?.acquire_of(MOST_AT_ONCE))),
+            b.spread(|r| to_semaphore(r, row(r)?)).show(fmt_ratio),
             most.map_or_else(|| "–".into(), |m| m.to_string()),
             errs.0,
         );
@@ -227,8 +291,10 @@ fn multi_md(report: &Report, md: &mut String, failures: &mut Vec<String>) {
 
 #[cfg(test)]
 mod tests {
-    use crate::primitives::Primitive;
-    use crate::results::{BackendReport, Report};
+    use crate::contention::LoopRun;
+    use crate::primitives::{Primitive, SemaphoreRun};
+    use crate::results::{BackendReport, Report, RunReport};
+    use crate::semaphore_many::SemaphoreManyRun;
 
     /// A report of one run with nothing but `primitives` and `backends`.
     fn report(primitives: Vec<Primitive>, backends: Vec<BackendReport>) -> Report {
@@ -249,36 +315,100 @@ mod tests {
         }
     }
 
-    /// A backend without semaphores or read-write locks gets a "not offered" row in
-    /// those tables, and one that measured no multi-lock a "not measured" row, each with
-    /// as many cells as its table has columns.
+    /// A backend without semaphores (of one permit a hold or several) or read-write locks
+    /// gets a "not offered" row in those tables, and one that measured no multi-lock a
+    /// "not measured" row, each with as many cells as its table has columns.
     #[test]
     fn backends_without_the_primitive_say_not_offered() {
         let plain = BackendReport {
             backend: "plain".into(),
             ..BackendReport::default()
         };
-        let all = vec![Primitive::Semaphore, Primitive::Rwlock, Primitive::Multi];
+        let all = vec![
+            Primitive::Semaphore,
+            Primitive::SemaphoreMany,
+            Primitive::Rwlock,
+            Primitive::Multi,
+        ];
         let mut md = String::new();
         super::markdown(&report(all, vec![plain]), &mut md);
         let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| plain |")).collect();
-        assert_eq!(rows.len(), 3, "{md}");
+        assert_eq!(rows.len(), 4, "{md}");
         assert!(rows[0].contains("not offered"), "{md}");
         assert!(rows[1].contains("not offered"), "{md}");
-        assert!(rows[2].contains("not measured"), "{md}");
+        assert!(rows[2].contains("not offered"), "{md}");
+        assert!(rows[3].contains("not measured"), "{md}");
         for row in rows {
-            let header = md
-                .lines()
-                .take_while(|l| *l != row)
-                .filter(|l| l.starts_with("| backend |"))
-                .last()
-                .expect("a header above the row");
-            assert_eq!(
-                row.matches('|').count(),
-                header.matches('|').count(),
-                "{row}"
-            );
+            assert_cells_match_header(&md, row);
         }
+    }
+
+    /// `row` has as many cells as the header above it.
+    fn assert_cells_match_header(md: &str, row: &str) {
+        let header = md
+            .lines()
+            .take_while(|l| *l != row)
+            .filter(|l| l.starts_with("| backend |"))
+            .last()
+            .expect("a header above the row");
+        assert_eq!(
+            row.matches('|').count(),
+            header.matches('|').count(),
+            "{row}"
+        );
+    }
+
+    /// A row of 64 clients that counted `cycles` in one second.
+    fn loop_run(cycles: u64) -> LoopRun {
+        LoopRun {
+            clients: 64,
+            connected: 64,
+            cycles,
+            cycles_per_sec: cycles as f64,
+            cycle: None,
+            errors: 0,
+            first_error: None,
+        }
+    }
+
+    /// The semaphore-many row shows its permits/s, the most permits in use and its
+    /// cycles/s against the single-permit semaphore of the same run.
+    #[test]
+    fn semaphore_many_row_against_the_semaphore() {
+        let mut run = RunReport::default();
+        run.primitives.semaphore = Some(SemaphoreRun {
+            permits: 4,
+            run: loop_run(1000),
+            acquire: None,
+            max_in_use: 4,
+        });
+        run.primitives.semaphore_many = Some(SemaphoreManyRun {
+            permits: 8,
+            most_at_once: 4,
+            seed: 26,
+            run: loop_run(500),
+            permits_per_sec: 1250.0,
+            acquire: None,
+            acquire_by_count: vec![None; 4],
+            max_in_use: 7,
+        });
+        let many = BackendReport {
+            backend: "many".into(),
+            semaphores: true,
+            semaphores_many: true,
+            runs: vec![run],
+            ..BackendReport::default()
+        };
+        let asked = vec![Primitive::Semaphore, Primitive::SemaphoreMany];
+        let mut md = String::new();
+        super::markdown(&report(asked, vec![many]), &mut md);
+        let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| many |")).collect();
+        assert_eq!(rows.len(), 2, "{md}");
+        let row = rows[1];
+        assert!(row.contains("| 1,250 |"), "{row}");
+        assert!(row.contains("| 0.50x |"), "{row}");
+        assert!(row.contains("| 7/8 |"), "{row}");
+        assert_cells_match_header(&md, row);
     }
 
     /// No primitive workload asked for: no section.

@@ -115,6 +115,9 @@ pub(crate) struct BackendReport {
     pub(crate) observers: usize,
     /// Whether the backend grants semaphore permits; without, the semaphore row says so.
     pub(crate) semaphores: bool,
+    /// Whether it grants several permits in one hold; without, the semaphore-many row
+    /// says so.
+    pub(crate) semaphores_many: bool,
     /// Whether it grants read-write locks; without, the read-write row says so.
     pub(crate) rwlocks: bool,
     /// Failover after a killed leader, measured once (its rounds are listed one by one).

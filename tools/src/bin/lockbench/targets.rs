@@ -32,6 +32,9 @@ pub(crate) struct Target {
     pub(crate) elections: bool,
     /// Whether it grants semaphore permits (`Capabilities::semaphore`), likewise.
     pub(crate) semaphores: bool,
+    /// Whether it grants several permits in one hold (`Capabilities::semaphore_many`),
+    /// likewise.
+    pub(crate) semaphores_many: bool,
     /// Whether it grants read-write locks (`Capabilities::rwlock`), likewise.
     pub(crate) rwlocks: bool,
     /// The servers' request counter, for the renewal workload.
@@ -72,14 +75,15 @@ impl Target {
         self.url.strip_prefix(MEMORY_PREFIX)
     }
 
-    /// Asks a client whether this backend grants election candidates, semaphores and
-    /// read-write locks, and records it.
+    /// Asks a client whether this backend grants election candidates, semaphores (one
+    /// permit a hold, or several) and read-write locks, and records it.
     pub(crate) async fn check_capabilities(&mut self) -> Result<(), BoxError> {
         let client =
             tokio::time::timeout(Duration::from_secs(30), distlock::connect(&self.url)).await??;
         let offered = client.capabilities();
         self.elections = offered.election;
         self.semaphores = offered.semaphore;
+        self.semaphores_many = offered.semaphore && offered.semaphore_many;
         self.rwlocks = offered.rwlock;
         Ok(())
     }
@@ -303,6 +307,7 @@ fn networked(
         takeover_ttl: TAKEOVER_TTL,
         elections: false,
         semaphores: false,
+        semaphores_many: false,
         rwlocks: false,
         requests: Some(requests),
         servers: Vec::new(),
@@ -382,6 +387,7 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             takeover_ttl: Duration::from_secs(1),
             elections: false,
             semaphores: false,
+            semaphores_many: false,
             rwlocks: false,
             requests: None,
             servers: Vec::new(),
@@ -527,6 +533,7 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
                 takeover_ttl: TAKEOVER_TTL,
                 elections: false,
                 semaphores: false,
+                semaphores_many: false,
                 rwlocks: false,
                 requests: Some(Box::new(SumCounter(
                     counters.into_iter().flatten().collect(),
