@@ -130,7 +130,8 @@ fn page(command: &Command, parent: Option<&str>) -> Vec<u8> {
         roff.text([bold("LOCK_URL")]);
         roff.text([roman(
             "The lock service URL when --url is not given, e.g. redis://127.0.0.1:6379, \
-             zk://127.0.0.1:2181/locks or etcd://127.0.0.1:2379.",
+             zk://127.0.0.1:2181/locks, etcd://127.0.0.1:2379 or \
+             postgres://locks@127.0.0.1:5432/app.",
         )]);
     }
     roff.control("SH", ["SEE ALSO"]);

@@ -4,6 +4,7 @@
 //! lockctl --url redis://127.0.0.1:6379 run -n nightly-backup ./backup.sh
 //! lockctl --url zk://127.0.0.1:2181/locks status nightly-backup
 //! lockctl --url etcd://127.0.0.1:2379 break nightly-backup --force
+//! lockctl --url postgres://locks@127.0.0.1:5432/app list -l
 //! ```
 //!
 //! `run` holds a lock while a command runs and stops the command if the lock is lost
@@ -64,13 +65,14 @@ Exit codes:
         while leader of an election. status, list, break, leader and observe show and mend \
         locks during an incident; migration check says whether a step of a move between \
         backends is safe. Every command but completions and man uses the lock service that \
-        --url or LOCK_URL names (redis://, zk://, etcd://, ...).\n\n\
+        --url or LOCK_URL names (redis://, zk://, etcd://, postgres://, ...).\n\n\
         `lockctl COMMAND --help` and the man page lockctl-COMMAND(1) describe each command.",
     after_help = EXIT_CODES
 )]
 struct Cli {
     /// Lock service URL: redis://, rediss://, redis+sentinel://, rediss+sentinel://,
-    /// redis+cluster://, rediss+cluster://, redlock://, zk://, zks://, etcd://, etcds://, memory://, dual:OLD|NEW (default:
+    /// redis+cluster://, rediss+cluster://, redlock://, zk://, zks://, etcd://, etcds://,
+    /// postgres://, postgresql://, memory://, dual:OLD|NEW (default:
     /// $LOCK_URL). Every command but completions and man needs one: without it lockctl
     /// exits 2 rather than take a lock no other process sees (memory://, which run, elect,
     /// hold and try take only when given).
@@ -385,8 +387,9 @@ async fn closing<T>(
 
 /// What the commands that take a lock say when no lock service is given.
 const NO_SERVICE: &str = "no lock service: give --url or set LOCK_URL to its URL, e.g. \
-    redis://127.0.0.1:6379, zk://127.0.0.1:2181/locks or etcd://127.0.0.1:2379 \
-    (--url memory:// takes a lock of this process alone, which no other process sees)";
+    redis://127.0.0.1:6379, zk://127.0.0.1:2181/locks, etcd://127.0.0.1:2379 or \
+    postgres://locks@127.0.0.1:5432/app (--url memory:// takes a lock of this process \
+    alone, which no other process sees)";
 
 /// The lock service URL, for the commands that take a lock (`run`, `elect`, `hold`,
 /// `try`): there must be one, `memory://` only when given on purpose. `None` (after

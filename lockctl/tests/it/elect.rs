@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{AcquireOptions, DistributedLock, Election};
-use harness::{or_skip, EtcdServer, RedisServer, ZkServer};
+use harness::{or_skip, EtcdServer, PostgresServer, RedisServer, ZkServer};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -203,6 +203,14 @@ async fn elect_leader_and_observe_on_etcd() {
     elect_leader_and_observe(&format!("{}/locks", server.url())).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn elect_leader_and_observe_on_postgres() {
+    let Some(server) = or_skip(PostgresServer::start().await) else {
+        return;
+    };
+    elect_leader_and_observe(&server.url()).await;
+}
+
 /// Two `lockctl elect --requeue` take turns: each runs its command on every term it leads
 /// (the commands never overlap, terms rise in the order they ran), both lead again and
 /// again, and SIGTERM ends each, leaving nobody leading.
@@ -289,4 +297,12 @@ async fn requeue_runs_the_command_each_term_on_zookeeper() {
         return;
     };
     requeue_runs_the_command_each_term(&format!("{}/locks", server.url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_runs_the_command_each_term_on_postgres() {
+    let Some(server) = or_skip(PostgresServer::start().await) else {
+        return;
+    };
+    requeue_runs_the_command_each_term(&server.url()).await;
 }

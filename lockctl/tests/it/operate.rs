@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use distlock::{DistributedLock, DistributedLockExt, LockState, LostReason, ReleaseOutcome};
-use harness::{or_skip, EtcdServer, RedisNodes, RedisServer, ZkServer};
+use harness::{or_skip, EtcdServer, PostgresServer, RedisNodes, RedisServer, ZkServer};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -287,6 +287,14 @@ async fn status_list_and_break_on_etcd() {
     operate(&format!("{}/locks", server.url())).await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_list_and_break_on_postgres() {
+    let Some(server) = or_skip(PostgresServer::start().await) else {
+        return;
+    };
+    operate(&server.url()).await;
+}
+
 /// An election on etcd: `status`, `list -l` and `break` show the leader's and the
 /// waiting candidate's values.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -294,7 +302,22 @@ async fn election_values_on_etcd() {
     let Some(server) = or_skip(EtcdServer::start().await) else {
         return;
     };
-    let url = format!("{}/locks", server.url());
+    election_values(&format!("{}/locks", server.url())).await;
+}
+
+/// The same on PostgreSQL, whose `entries` rows keep each candidate's value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn election_values_on_postgres() {
+    let Some(server) = or_skip(PostgresServer::start().await) else {
+        return;
+    };
+    election_values(&server.url()).await;
+}
+
+/// An election at `url` (without a query): `status`, `list -l` and `break` show the
+/// leader's and the waiting candidate's values.
+async fn election_values(url: &str) {
+    let url = url.to_owned();
     let client = distlock::connect(&format!("{url}?ttl={TTL}"))
         .await
         .expect("connect a client");
@@ -356,6 +379,49 @@ async fn election_values_on_etcd() {
     assert_eq!(seen["holder"]["value"], "10.0.0.2:8080", "{seen}");
     next.resign().await.expect("resign");
     drop(leadership);
+}
+
+/// `hold` and `try` on the lock service at `url` (without a query): `try` is turned away
+/// (75, or -E) while `hold` holds, and takes and releases the lock once it is free.
+async fn hold_and_try(url: &str) {
+    let name = format!("hold/{}", uuid::Uuid::new_v4().simple());
+    let holder = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
+        .args(["--url", url, "hold", "--ttl", TTL, &name, "--for", "4s"])
+        .kill_on_drop(true)
+        .output();
+    let holder = tokio::spawn(holder);
+    let deadline = Instant::now() + WAIT;
+    while lockctl(url, &["status", &name]).await.status.code() != Some(0) {
+        assert!(Instant::now() < deadline, "lockctl hold never held {name}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let busy = lockctl(url, &["try", &name]).await;
+    assert_eq!(busy.status.code(), Some(75), "{}", text(&busy));
+    let busy = lockctl(url, &["try", "-E", "9", &name]).await;
+    assert_eq!(busy.status.code(), Some(9), "{}", text(&busy));
+    let held = timeout(WAIT, holder)
+        .await
+        .expect("hold ends after --for")
+        .expect("task")
+        .expect("lockctl hold");
+    assert_eq!(held.status.code(), Some(0), "{}", text(&held));
+    let free = lockctl(url, &["try", &name]).await;
+    assert_eq!(free.status.code(), Some(0), "{}", text(&free));
+    let after = lockctl(url, &["status", &name]).await;
+    assert_eq!(
+        after.status.code(),
+        Some(3),
+        "try released it: {}",
+        text(&after)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hold_and_try_on_postgres() {
+    let Some(server) = or_skip(PostgresServer::start().await) else {
+        return;
+    };
+    hold_and_try(&server.url()).await;
 }
 
 /// `run`'s flock conventions, on a real Redis.

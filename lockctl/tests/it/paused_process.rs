@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use conformance::{FenceServer, FencedResource};
 use distlock::DistributedLockExt;
-use harness::{or_skip, EtcdServer, RedisServer, ZkServer};
+use harness::{or_skip, EtcdServer, PostgresServer, RedisServer, ZkServer};
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
 use tokio::time::{sleep, timeout, Instant};
@@ -148,4 +148,12 @@ async fn etcd_paused_holder_is_fenced() {
         return;
     };
     paused_holder(format!("{}/paused", server.url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_paused_holder_is_fenced() {
+    let Some(server) = or_skip(PostgresServer::start().await) else {
+        return;
+    };
+    paused_holder(server.url()).await;
 }

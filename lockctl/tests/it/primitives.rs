@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use harness::{or_skip, EtcdServer, RedisServer, ZkServer};
+use harness::{or_skip, EtcdServer, PostgresServer, RedisServer, ZkServer};
 use nix::sys::signal::{kill, Signal};
 use nix::unistd::Pid;
 use serde_json::Value;
@@ -250,4 +250,12 @@ async fn permits_and_sides_on_etcd() {
         return;
     };
     permits_and_sides(&format!("{}/locks", server.url())).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn permits_and_sides_on_postgres() {
+    let Some(server) = or_skip(PostgresServer::start().await) else {
+        return;
+    };
+    permits_and_sides(&server.url()).await;
 }

@@ -122,6 +122,7 @@ fn goals(report: &Report) -> Vec<Goal> {
     goals.extend(overheads("redis", 1.10));
     goals.push(contention_cost("zookeeper", 0.8));
     goals.push(contention_cost("etcd", 0.8));
+    goals.push(contention_cost("postgres", 0.8));
     goals.push(goal(
         "redis-cluster hand-off ÷ raw acquire + release (p50)",
         AtMost(1.5),

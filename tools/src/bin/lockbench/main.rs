@@ -7,7 +7,7 @@
 //! Markdown + JSON + SVG report.
 //!
 //! ```text
-//! lockbench --backends memory,redis,redlock,zookeeper,etcd --duration 2s --runs 3
+//! lockbench --backends memory,redis,redlock,zookeeper,etcd,postgres --duration 2s --runs 3
 //! lockbench --backends zookeeper,zookeeper-3 --held 100,1000,10000   # ZooKeeper, also on an ensemble
 //! lockbench --backends zookeeper,redis,dual    # the migration lock next to its two sides
 //! lockbench --backends redis,redis-sentinel,redis-sentinel-wait1,redis-cluster,zookeeper,zookeeper-tls
@@ -83,7 +83,7 @@ struct RunArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "memory,redis,redlock,zookeeper,etcd,dual"
+        default_value = "memory,redis,redlock,zookeeper,etcd,postgres,dual"
     )]
     backends: Vec<String>,
     /// Runs of every workload but takeover and renewal; the report shows their medians.

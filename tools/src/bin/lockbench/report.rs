@@ -129,7 +129,8 @@ impl Report {
             "The raw hand-off is the floor's: a raw waiter queued behind a raw hold, woken by \
              the server's push (Redis: a message the release script publishes; ZooKeeper: the \
              watch on the holder's node, then a listing; etcd: a watch on the key's delete, \
-             then a put-if-absent), until it holds.\n"
+             then a put-if-absent; PostgreSQL: a NOTIFY the release statement sends, on the \
+             waiter's LISTEN connection, then the upsert), until it holds.\n"
         );
         let _ = writeln!(
             md,

@@ -8,8 +8,8 @@ use std::net::SocketAddr;
 
 use async_trait::async_trait;
 use harness::{
-    EtcdServer, HarnessError, RedisCluster, RedisNodes, RedisOptions, RedisSentinel, RedisServer,
-    ZkEnsemble, ZkOptions, ZkServer, ZkTls,
+    EtcdServer, HarnessError, PostgresOptions, PostgresServer, RedisCluster, RedisNodes,
+    RedisOptions, RedisSentinel, RedisServer, ZkEnsemble, ZkOptions, ZkServer, ZkTls,
 };
 
 use crate::error::BoxError;
@@ -100,6 +100,7 @@ const MEMORY_PREFIX: &str = "memory://";
 /// `wait_replicas=1`), `redis-sentinel-default` (the same with the default: a grant asks
 /// the primary's `ROLE` and waits for one replica where it lists any), `zookeeper-3` (a 3-member ensemble, the
 /// client on a follower) and `zookeeper-tls` (`zks://`, one server, TLS with a private CA).
+/// `postgres` is one PostgreSQL server (`postgres://`, the locks in schema `lockbench`).
 /// `dual` is the migration lock from ZooKeeper to Redis (`dual:zk://…|redis://…`) on
 /// servers of its own.
 pub(crate) const BACKENDS: &[&str] = &[
@@ -114,6 +115,7 @@ pub(crate) const BACKENDS: &[&str] = &[
     "zookeeper-3",
     "zookeeper-tls",
     "etcd",
+    "postgres",
     "dual",
 ];
 
@@ -126,7 +128,8 @@ pub(crate) const DUAL_SIDES: [&str; 2] = ["zookeeper", "redis"];
 const TAKEOVER_TTL: Duration = Duration::from_secs(2);
 
 /// Counts the requests a server (or set of servers) has processed, from the server's
-/// own statistics: Redis `INFO stats`, ZooKeeper `mntr`, etcd `/metrics`.
+/// own statistics: Redis `INFO stats`, ZooKeeper `mntr`, etcd `/metrics`, PostgreSQL
+/// `pg_stat_statements`.
 #[async_trait]
 pub(crate) trait RequestCounter: Send + Sync {
     /// Requests processed so far, not counting the ones this counter sent.
@@ -225,6 +228,40 @@ impl RequestCounter for EtcdCounter {
         }
         // Counters are whole numbers, printed as floats by the metrics library.
         Ok(format!("{total:.0}").parse()?)
+    }
+}
+
+/// Statements a PostgreSQL server has executed, from `pg_stat_statements` (loaded at
+/// start): the statements clients send (a pipelined transaction counts each of its
+/// statements, `BEGIN` and `COMMIT` included), which is what the renewal workload
+/// counts: one batched `UPDATE` per renewal interval. Shared memory, updated as each
+/// statement ends (unlike `pg_stat_database`, flushed lazily).
+struct PgCounter {
+    conninfo: String,
+}
+
+#[async_trait]
+impl RequestCounter for PgCounter {
+    async fn requests(&self) -> Result<u64, BoxError> {
+        let count = async {
+            let (client, connection) =
+                tokio_postgres::connect(&self.conninfo, tokio_postgres::NoTls).await?;
+            let driver = tokio::spawn(connection);
+            // This query is not counted: it names the view, as no client statement does.
+            let row = client
+                .query_one(
+                    "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
+                     WHERE query NOT LIKE '%pg_stat_statements%'",
+                    &[],
+                )
+                .await?;
+            drop(client);
+            let _ = driver.await;
+            Ok::<_, BoxError>(u64::try_from(row.get::<_, i64>(0))?)
+        };
+        tokio::time::timeout(Duration::from_secs(5), count)
+            .await
+            .map_err(|_| "pg_stat_statements did not answer within 5s")?
     }
 }
 
@@ -328,6 +365,7 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
         "zookeeper" | "zookeeper-3" => "zk",
         "zookeeper-tls" => "zks",
         "etcd" => "etcd",
+        "postgres" => "postgres",
         // Each side is checked when it starts.
         "dual" => "dual",
         _ => "memory",
@@ -454,6 +492,27 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             };
             let url = format!("{}/lockbench", server.url());
             let mut target = networked("etcd", url, floor, Box::new(counter));
+            target.servers.push(Box::new(server));
+            Ok(target)
+        }
+        "postgres" => {
+            // pg_stat_statements counts the statements clients send (the request counter).
+            // A lock client keeps a pooled connection and a listening one: the sweep's 256
+            // contenders need more than the harness's 200.
+            let options = PostgresOptions::default()
+                .setting("shared_preload_libraries", "pg_stat_statements")
+                .setting("max_connections", 1000);
+            let server = PostgresServer::start_with(options).await.map_err(harness)?;
+            server
+                .query("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                .await
+                .map_err(harness)?;
+            let floor = FloorSpec::Postgres(server.conninfo());
+            let counter = PgCounter {
+                conninfo: server.conninfo(),
+            };
+            let url = format!("{}?schema=lockbench", server.url());
+            let mut target = networked("postgres", url, floor, Box::new(counter));
             target.servers.push(Box::new(server));
             Ok(target)
         }
