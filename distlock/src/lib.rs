@@ -1,5 +1,6 @@
 //! Distributed locks for async Rust: one [`DistributedLock`] trait and real backends
-//! (Redis, RedLock, ZooKeeper, etcd, and `memory://` in process), chosen by a URL.
+//! (Redis, RedLock, ZooKeeper, etcd, PostgreSQL, and `memory://` in process), chosen by a
+//! URL.
 //!
 //! ```
 //! use distlock::DistributedLockExt;
@@ -7,7 +8,7 @@
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let url = std::env::var("LOCK_URL").unwrap_or_else(|_| "memory://".into());
-//! let locks = distlock::connect(&url).await?; // memory://, redis://, zk://, etcd://, dual:…
+//! let locks = distlock::connect(&url).await?; // memory://, redis://, zk://, etcd://, postgres://, dual:…
 //! let guard = locks.lock("reports/daily").await?; // waits, woken by a push
 //! tokio::select! {
 //!     reason = guard.lost() => eprintln!("lock lost: {reason}"), // stop work at once
