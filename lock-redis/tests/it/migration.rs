@@ -246,6 +246,71 @@ async fn the_same_token_acquires_again_with_a_floor() {
     }
 }
 
+/// A waiter handed the lock by a release (`grant_head` in `queue.lua`, the waiter's floor
+/// as the token) whose next round runs before it takes the grant finds the key its own:
+/// that round gets the token it was handed, not a second one. A second token (floor + 1)
+/// puts every later dual token one above its old-side token, and an old-only client can
+/// then get a token a dual holder already used. A higher floor is still honoured. Where
+/// one server decides (RedLock's waiters take no grants).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_waiter_takes_the_token_it_was_handed() {
+    let Some(setups) = setups().await else {
+        return;
+    };
+    let keys = KeyLayout::new(DEFAULT_PREFIX);
+    for setup in setups.iter().filter(|s| s.queue && !s.redlock) {
+        let label = &setup.label;
+        let lock = name("handed_waiter");
+        let (holder, fence) = setup.take(&lock, &OwnerToken::generate(), Some(581)).await;
+        assert_eq!(fence, 581, "{label}");
+        // The waiter's round 0 queued, asking for grants with its floor 582 (as
+        // `acquire_q.lua` stores it); its client is not listening.
+        let waiter = OwnerToken::generate();
+        let id = format!("absentclient/{waiter}");
+        let mut conn = setup.factory.raw_all().await.remove(0);
+        let (secs, micros): (u64, u64) = redis::cmd("TIME")
+            .query_async(&mut conn)
+            .await
+            .expect("TIME");
+        let _: () = redis::pipe()
+            .cmd("ZADD")
+            .arg(keys.queue_key(&lock))
+            .arg(1)
+            .arg(&id)
+            .ignore()
+            .cmd("ZADD")
+            .arg(keys.queue_live_key(&lock))
+            .arg(secs * 1000 + micros / 1000 + 60_000)
+            .arg(&id)
+            .ignore()
+            .cmd("HSET")
+            .arg(keys.queue_grant_key(&lock))
+            .arg(&id)
+            .arg("0:10000:582")
+            .ignore()
+            .query_async(&mut conn)
+            .await
+            .expect("queue the waiter");
+        setup.backend.release(&holder).await.expect("release");
+        let owner: Option<String> = redis::cmd("GET")
+            .arg(keys.lock_key(&lock))
+            .query_async(&mut conn)
+            .await
+            .expect("GET");
+        assert_eq!(owner, Some(waiter.to_string()), "{label}: handed");
+        assert_eq!(setup.counters(&lock).await, [Some(582)], "{label}");
+        // Its next round, before it took the grant.
+        let (_, next) = setup.take(&lock, &waiter, Some(582)).await;
+        assert_eq!(next, 582, "{label}: the handed token");
+        assert_eq!(setup.counters(&lock).await, [Some(582)], "{label}");
+        let (hold, higher) = setup.take(&lock, &waiter, Some(600)).await;
+        assert_eq!(higher, 600, "{label}: a higher floor");
+        setup.backend.release(&hold).await.expect("release");
+        // The next holder's token is above both.
+        assert_eq!(setup.grant(&lock, Some(582)).await, 601, "{label}");
+    }
+}
+
 /// Polls `lock` until it shows `waiters` waiters (bounded).
 async fn until_waiters(setup: &Setup, lock: &LockName, waiters: usize) -> Occupancy {
     for _ in 0..1000 {
