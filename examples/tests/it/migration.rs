@@ -185,16 +185,12 @@ async fn rolling_migration_forward_and_back() {
 /// [`rolling_migration_forward_and_back`] from PostgreSQL (old) to Redis (new), with three
 /// processes: a team leaving Postgres locks. Redis's clock-seeded new-only tokens are far
 /// above the Postgres counter, so the check before old only reports the token gap.
-///
-/// Ignored: in about one run in three the check before the first step back to old only
-/// (no new-only grant yet) reports a token gap of one. A dual waiter queued on Redis is
-/// handed the lock by a release (which takes the floor, its Postgres token, as the token),
-/// but its next attempt runs before it takes that grant, finds the key its own and takes
-/// a second token, floor + 1 (lock-redis's `the_same_token_acquires_again_with_a_floor`
-/// makes this the rule). The Redis counter then stays one above the Postgres counter, and
-/// every later dual token one above its Postgres token. Run it with `--ignored`.
+/// Before it (no new-only grant yet) the check is clear: a dual waiter queued on Redis
+/// that is handed the lock by a release (its Postgres token as the Redis token) and whose
+/// next attempt runs before it takes that grant finds the key its own and keeps that
+/// token (lock-redis's `a_handed_waiter_takes_the_token_it_was_handed`), so dual tokens
+/// stay equal to their Postgres tokens.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a handed dual waiter's next attempt takes a second Redis token (see above)"]
 async fn rolling_migration_from_postgres_to_redis() {
     let start = Fleet::start_between("pg-redis", Backend::Postgres, Backend::Redis, "");
     let Some(fleet) = start.await else {

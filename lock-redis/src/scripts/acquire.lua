@@ -15,15 +15,17 @@
 -- majority + 1, or the floor if higher, with fence_write.lua);
 -- taken in the same atomic step as the SET, it covers every token a previous holder
 -- stored here while its key was here.
--- The token helpers (clock, next_token, reading) come from tokens.lua, elect from
+-- The token helpers (clock, next_token, held_token, reading) come from tokens.lua, elect from
 -- leader.lua.
 
 local holder = redis.call('GET', KEYS[1])
+local mine = holder == ARGV[1]
 if holder == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-elseif holder == ARGV[1] then
+elseif mine then
   -- An earlier request of this same attempt got through (its reply was lost): renew it;
-  -- it takes a token like any grant.
+  -- on one server it keeps the token that request took (held_token). RedLock's reading
+  -- comes before its write-back, and each RedLock round has an owner token of its own.
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
 elseif ARGV[3] == '1' then
   return {0, redis.call('PTTL', KEYS[1])}
@@ -31,7 +33,12 @@ else
   return {0, redis.call('PTTL', KEYS[1]), reading(ARGV[4])}
 end
 if ARGV[3] == '1' then
-  local token = next_token(ARGV[4])
+  local token
+  if mine then
+    token = held_token(ARGV[4])
+  else
+    token = next_token(ARGV[4])
+  end
   elect(KEYS[3], ARGV[1], ARGV[5], token, ARGV[2], ARGV[6])
   return {1, token}
 end

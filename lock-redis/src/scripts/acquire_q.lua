@@ -18,13 +18,21 @@
 -- reading or 0, place in the queue (0 = head; -1 not queued)} when it is not.
 -- {-1, what the name is (its permits, 0 for a read-write lock)} when a semaphore or a
 -- read-write lock holds it.
--- A re-sent request (its reply was lost) finds the lock ours or keeps its ticket.
+-- A re-sent request (its reply was lost) finds the lock ours, with the token it took, or
+-- keeps its ticket; so does a waiter a release handed the lock to (see grant_head).
 -- The helpers come from tokens.lua, queue.lua and leader.lua.
 
--- The reply of a grant, with the candidate's entry stored.
-local function granted()
+-- The reply of a grant, with the candidate's entry stored. `held`: the key was this
+-- owner's already (handed to it by a release, or taken by a request whose reply was
+-- lost): it keeps the token of that grant (see held_token).
+local function granted(held)
   if ARGV[3] == '1' then
-    local token = next_token(ARGV[7])
+    local token
+    if held then
+      token = held_token(ARGV[7])
+    else
+      token = next_token(ARGV[7])
+    end
     elect(KEYS[5], ARGV[1], ARGV[10], token, ARGV[2], ARGV[11])
     return {1, token, 0}
   end
@@ -52,6 +60,7 @@ evict(now)
 local me = ARGV[4]
 local holder = redis.call('GET', LOCK)
 local mine = holder == ARGV[1]
+local held = mine
 if mine then
   redis.call('PEXPIRE', LOCK, ARGV[2])
 elseif holder == false then
@@ -68,7 +77,7 @@ elseif holder == false then
 end
 if mine then
   leave(me)
-  return granted()
+  return granted(held)
 end
 local read = 0
 if ARGV[3] ~= '1' then

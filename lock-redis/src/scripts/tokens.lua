@@ -45,6 +45,21 @@ local function next_token(floor, now)
   return now
 end
 
+-- The fencing token of a holder whose key is already its own (one server decides): the
+-- grant it was given (by a release's hand-off, or an earlier request of this attempt whose
+-- reply was lost), not a second one. While the key is one owner's, only that owner's
+-- grants write the counter, so the counter is that grant's token. A second token would
+-- put the dual lock's new side one above its old side (the floor). A counter that is
+-- gone, not a number or below the floor (a floor the grant did not have) takes the next
+-- token as a grant does.
+local function held_token(floor)
+  local value = redis.call('GET', KEYS[2])
+  if value and string.match(value, '^%d+$') and (floor == '' or not below(value, floor)) then
+    return value
+  end
+  return next_token(floor)
+end
+
 -- RedLock: what this server knows of the tokens, unchanged: max(counter, clock), or with a
 -- floor the counter alone (0 where there is none; the client takes the floor into account).
 local function reading(floor)

@@ -64,6 +64,23 @@ async fn a_client_queuing_again_keeps_its_channel() {
     );
 }
 
+/// A waiter a release handed the lock to, whose next round runs before it takes the
+/// grant, gets the token it was handed, on the primary of its name's slot (see
+/// [`handed_waiter_keeps_its_token`](super::migration::handed_waiter_keeps_its_token)).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_waiter_takes_the_token_it_was_handed() {
+    let Some(factory) = ClusterFactory::start().await else {
+        return;
+    };
+    use lock_core::raw::driver::Connect;
+    let backend = lock_redis::RedisBackend::open(factory.config(with_ttl(Duration::from_secs(10))))
+        .await
+        .expect("connect");
+    let lock = name("handed_waiter");
+    let conn = factory.raw_owner(&testkit::redis::key(&lock)).await;
+    super::migration::handed_waiter_keeps_its_token(&backend, conn, &lock, "cluster").await;
+}
+
 /// One client holds a name on each of the three primaries while another waits for all
 /// three; each release wakes the waiter of that name on its own shard, well before the
 /// waiter's recheck would (push, not polling).

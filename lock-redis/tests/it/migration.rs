@@ -13,6 +13,7 @@ use lock_core::raw::{
 };
 use lock_core::{FencingToken, LockName, LockOptions, Occupancy, OwnerToken};
 use lock_redis::{KeyLayout, RedisBackend, RedisHold, DEFAULT_PREFIX};
+use redis::aio::MultiplexedConnection;
 use testkit::redis::{config_for, unique_name as name, with_ttl, RedisFactory};
 
 const TTL: Duration = Duration::from_secs(10);
@@ -227,23 +228,133 @@ async fn plain_grants_after_a_floored_one_keep_increasing() {
     }
 }
 
-/// An acquire sent again by the same owner token (its reply was lost) is granted again,
-/// with a higher token, with or without a floor.
+/// An acquire sent again by the same owner token (its reply was lost) is granted again.
+/// Where one server decides, with the token the first request took, with or without a
+/// floor (a second token, floor + 1, would put a dual lock's new side above its old side:
+/// see [`a_handed_waiter_takes_the_token_it_was_handed`]); a higher floor is still the
+/// token. RedLock takes the next token: its re-sent request of round 1 reads the counters
+/// before its round's write-back (and each round has an owner token of its own), so
+/// within an acquisition it never finds its own token; here a second acquire with the
+/// same owner token comes after the write-back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_same_token_acquires_again_with_a_floor() {
     let Some(setups) = setups().await else {
         return;
     };
     for setup in &setups {
+        let label = &setup.label;
         let lock = name("same_token_again");
         let token = OwnerToken::generate();
         let (_, first) = setup.take(&lock, &token, Some(42)).await;
         let (_, again) = setup.take(&lock, &token, Some(42)).await;
-        let (hold, plain) = setup.take(&lock, &token, None).await;
-        assert_eq!((first, again), (42, 43), "{}", setup.label);
-        assert!(plain > again, "{}: {plain} after {again}", setup.label);
+        let (_, plain) = setup.take(&lock, &token, None).await;
+        let (hold, higher) = setup.take(&lock, &token, Some(50)).await;
+        if setup.redlock {
+            assert_eq!((first, again), (42, 43), "{label}");
+            assert!(plain > again, "{label}: {plain} after {again}");
+            assert!(higher > plain, "{label}: {higher} after {plain}");
+        } else {
+            assert_eq!((first, again, plain, higher), (42, 42, 42, 50), "{label}");
+        }
         setup.backend.release(&hold).await.expect("release");
+        let next = setup.grant(&lock, Some(42)).await;
+        assert!(next > higher, "{label}: {next} after {higher}");
     }
+}
+
+/// A waiter handed the lock by a release (`grant_head` in `queue.lua`, the waiter's floor
+/// as the token) whose next round runs before it takes the grant finds the key its own:
+/// that round gets the token it was handed, not a second one. A second token (floor + 1)
+/// puts every later dual token one above its old-side token, and an old-only client can
+/// then get a token a dual holder already used. A higher floor is still honoured. Where
+/// one server decides (RedLock's waiters take no grants); on Redis Cluster in
+/// `cluster.rs`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handed_waiter_takes_the_token_it_was_handed() {
+    let Some(setups) = setups().await else {
+        return;
+    };
+    for setup in setups.iter().filter(|s| s.queue && !s.redlock) {
+        let lock = name("handed_waiter");
+        let conn = setup.factory.raw_all().await.remove(0);
+        handed_waiter_keeps_its_token(&setup.backend, conn, &lock, &setup.label).await;
+    }
+}
+
+/// [`a_handed_waiter_takes_the_token_it_was_handed`] with `backend` (the queue on, one
+/// server deciding) on `lock`, free, whose server `conn` reaches.
+pub(crate) async fn handed_waiter_keeps_its_token(
+    backend: &RedisBackend,
+    mut conn: MultiplexedConnection,
+    lock: &LockName,
+    label: &str,
+) {
+    let keys = KeyLayout::new(DEFAULT_PREFIX);
+    let take = |token: OwnerToken, floor: u64| async move {
+        let acquired = backend
+            .acquire(AcquireRequest {
+                name: lock,
+                token: &token,
+                ttl: TTL,
+                wait: false,
+                fence_at_least: Some(FencingToken(floor)),
+                kind: &HoldKind::Mutex,
+            })
+            .await
+            .expect("acquire")
+            .unwrap_or_else(|| panic!("{label}: `{lock}` is free"));
+        (acquired.hold, acquired.fencing_token.get())
+    };
+    let (holder, fence) = take(OwnerToken::generate(), 581).await;
+    assert_eq!(fence, 581, "{label}");
+    // The waiter's round 0 queued, asking for grants with its floor 582 (as `acquire_q.lua`
+    // stores it); its client is not listening.
+    let waiter = OwnerToken::generate();
+    let id = format!("absentclient/{waiter}");
+    let (secs, micros): (u64, u64) = redis::cmd("TIME")
+        .query_async(&mut conn)
+        .await
+        .expect("TIME");
+    let _: () = redis::pipe()
+        .cmd("ZADD")
+        .arg(keys.queue_key(lock))
+        .arg(1)
+        .arg(&id)
+        .ignore()
+        .cmd("ZADD")
+        .arg(keys.queue_live_key(lock))
+        .arg(secs * 1000 + micros / 1000 + 60_000)
+        .arg(&id)
+        .ignore()
+        .cmd("HSET")
+        .arg(keys.queue_grant_key(lock))
+        .arg(&id)
+        .arg("0:10000:582")
+        .ignore()
+        .query_async(&mut conn)
+        .await
+        .expect("queue the waiter");
+    backend.release(&holder).await.expect("release");
+    let (owner, counter): (Option<String>, Option<u64>) = redis::pipe()
+        .cmd("GET")
+        .arg(keys.lock_key(lock))
+        .cmd("GET")
+        .arg(keys.fence_key(lock))
+        .query_async(&mut conn)
+        .await
+        .expect("GET");
+    assert_eq!(owner, Some(waiter.to_string()), "{label}: handed");
+    assert_eq!(counter, Some(582), "{label}: the handed token");
+    // Its next round, before it took the grant.
+    let (_, next) = take(waiter.clone(), 582).await;
+    assert_eq!(next, 582, "{label}: the handed token");
+    let (hold, higher) = take(waiter, 600).await;
+    assert_eq!(higher, 600, "{label}: a higher floor");
+    backend.release(&hold).await.expect("release");
+    // The next holder's token is above both.
+    let (hold, after) = take(OwnerToken::generate(), 582).await;
+    assert_eq!(after, 601, "{label}");
+    backend.release(&hold).await.expect("release");
 }
 
 /// Polls `lock` until it shows `waiters` waiters (bounded).
