@@ -117,6 +117,15 @@ impl Mode {
 }
 
 impl AdvisoryKey {
+    /// The key as the arguments of an advisory-lock function (`$1::int8`, or
+    /// `$1::int4, $2::int4`: the two key spaces never meet), with their values.
+    pub fn sql_args(&self) -> (&'static str, Vec<&(dyn ToSql + Sync)>) {
+        match self {
+            AdvisoryKey::Single(value) => ("$1::int8", vec![value]),
+            AdvisoryKey::Pair(high, low) => ("$1::int4, $2::int4", vec![high, low]),
+        }
+    }
+
     /// `pg_locks`' `(classid, objid, objsubid)` of this key.
     fn lock_row(self) -> (i64, i64, i16) {
         let halves = |high: u32, low: u32| (i64::from(high), i64::from(low));
@@ -242,17 +251,7 @@ impl Advisory {
         let mut conn = self.conn.lock().await;
         let holding = self.live(&mut conn).await?;
         let epoch = holding.epoch;
-        let (single, high, low);
-        let (args, params): (&str, Vec<&(dyn ToSql + Sync)>) = match key {
-            AdvisoryKey::Single(value) => {
-                single = value;
-                ("$1::int8", vec![&single])
-            }
-            AdvisoryKey::Pair(h, l) => {
-                (high, low) = (h, l);
-                ("$1::int4, $2::int4", vec![&high, &low])
-            }
-        };
+        let (args, params) = key.sql_args();
         let statement = sql.replace("{args}", args);
         let call = holding.client.query_one(&statement, &params);
         match tokio::time::timeout(self.timeout, call).await {

@@ -16,12 +16,12 @@ use lock_core::raw::{
         RenewItem, RenewOutcome, SemaphoreResize, SessionStatus,
     },
     driver::Connect,
-    plumbing::{Background, Backoff, Cleanup, CleanupOnDrop},
+    plumbing::{Background, Cleanup, CleanupOnDrop},
     url::LockUrl,
 };
 use lock_core::{
-    Capabilities, FencingSource, FencingToken, LockName, LockOptions, Occupancy, Participant,
-    Result,
+    Capabilities, Error, FencingSource, FencingToken, LockName, LockOptions, Occupancy,
+    Participant, Result,
 };
 use tokio::time::Instant;
 
@@ -50,6 +50,8 @@ pub struct PostgresBackend {
     closed: AtomicBool,
     /// The holding connection of advisory locks, with `advisory_locks=on`.
     advisory: Option<Arc<Advisory>>,
+    /// The queue's statements, formatted once.
+    queue_sql: queue::Statements,
     /// The deletes of the entries of ended holding sessions ([`hold::end_with_sessions`]).
     session_holds: Option<tokio::task::JoinHandle<()>>,
 }
@@ -112,6 +114,7 @@ impl Connect for PostgresBackend {
             ))
         });
         Ok(PostgresBackend {
+            queue_sql: queue::statements(&client),
             session_holds,
             sweeper,
             closed: AtomicBool::new(false),
@@ -202,30 +205,18 @@ impl PendingEntry {
             s = self.client.schema
         );
         let channel: &str = &self.client.channel;
-        let give_up = Instant::now() + CLEANUP_GIVE_UP;
-        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
-        loop {
-            let result = self
-                .client
-                .run("removing a cancelled acquire's entry", async |conn| {
-                    let statement = conn.statement(&sql).await?;
-                    conn.client()
-                        .execute(&statement, &[&self.name, &self.owner, &channel])
-                        .await?;
-                    Ok(())
-                })
-                .await;
-            let pause = backoff.next_pause();
-            match result {
-                Err(err) if err.is_retryable() && Instant::now() + pause < give_up => {
-                    tokio::time::sleep(pause).await;
-                }
-                Err(err) => {
-                    tracing::warn!(name = self.name, error = %err, "removing the entry of a cancelled acquire failed; its expiry ends it");
-                    return;
-                }
-                Ok(()) => return,
-            }
+        let deleted = self
+            .client
+            .execute_patiently(
+                "removing a cancelled acquire's entry",
+                &sql,
+                &[&self.name, &self.owner, &channel],
+                CLEANUP_GIVE_UP,
+                Error::is_retryable,
+            )
+            .await;
+        if let Err(err) = deleted {
+            tracing::warn!(name = self.name, error = %err, "removing the entry of a cancelled acquire failed; its expiry ends it");
         }
     }
 }
@@ -268,6 +259,7 @@ impl Backend for PostgresBackend {
             client: &self.id,
             advisory: self.advisory.as_ref(),
             schema: &self.client.schema,
+            sql: &self.queue_sql,
         };
         // Subscribed before the first decision, so that no change after it is missed.
         let waiter = request

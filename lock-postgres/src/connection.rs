@@ -19,6 +19,7 @@ use lock_core::{Error, Result};
 use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio_postgres::config::TargetSessionAttrs;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::AsyncMessage;
 
 use crate::config::{PostgresConfig, SslMode, DEFAULT_PORT};
@@ -181,6 +182,37 @@ impl PgClient {
             }
         })
         .await
+    }
+
+    /// Runs `sql` with `params` as [`PgClient::run`] does, again with backoff (50 ms to
+    /// 1 s) while it fails in a way `again` accepts and the next try starts within
+    /// `give_up`; the rows it touched, or the last error.
+    pub(crate) async fn execute_patiently(
+        &self,
+        what: &str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        give_up: Duration,
+        again: fn(&Error) -> bool,
+    ) -> Result<u64> {
+        let give_up = tokio::time::Instant::now() + give_up;
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(1));
+        loop {
+            let result = self
+                .run(what, async |conn| {
+                    let statement = conn.statement(sql).await?;
+                    Ok(conn.client().execute(&statement, params).await?)
+                })
+                .await;
+            let pause = backoff.next_pause();
+            match result {
+                Err(err) if again(&err) && tokio::time::Instant::now() + pause < give_up => {
+                    tracing::debug!(what, error = %err, "failed; again");
+                    tokio::time::sleep(pause).await;
+                }
+                other => return other,
+            }
+        }
     }
 
     /// `future` within the request timeout.

@@ -37,9 +37,7 @@ impl PostgresHold {
     }
 
     fn advisory(&self) -> std::sync::MutexGuard<'_, Option<(AdvisoryKey, Mode, u64)>> {
-        self.advisory
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        taken_lock(&self.advisory)
     }
 
     /// Gives back the advisory lock held with this hold, if any (once).
@@ -58,6 +56,13 @@ pub(crate) fn column<T: for<'a> tokio_postgres::types::FromSql<'a>>(
     rows: &[tokio_postgres::Row],
 ) -> std::result::Result<Vec<T>, tokio_postgres::Error> {
     rows.iter().map(|row| row.try_get(0)).collect()
+}
+
+fn taken_lock(
+    held: &Mutex<Option<(AdvisoryKey, Mode, u64)>>,
+) -> std::sync::MutexGuard<'_, Option<(AdvisoryKey, Mode, u64)>> {
+    held.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// Why the entries of `owners` are gone: `Broken` where a forced release left a mark,
@@ -84,6 +89,12 @@ async fn gone_reasons(client: &PgClient, owners: &[&str]) -> Result<Vec<LostReas
             }
         })
         .collect())
+}
+
+/// Why the entry of `hold` is gone ([`gone_reasons`] for one).
+async fn gone_reason(client: &PgClient, hold: &PostgresHold) -> Result<LostReason> {
+    let reasons = gone_reasons(client, &[hold.owner.as_str()]).await?;
+    Ok(reasons.first().copied().unwrap_or(LostReason::Expired))
 }
 
 /// Renews `holds` (each with its TTL) in one statement; one outcome per hold, in order.
@@ -160,10 +171,7 @@ pub(crate) async fn release(client: &PgClient, hold: &PostgresHold) -> Result<Ba
     Ok(match live {
         Some(true) => BackendRelease::Released,
         Some(false) => BackendRelease::NotOwner(LostReason::Expired),
-        None => {
-            let reasons = gone_reasons(client, &[hold.owner.as_str()]).await?;
-            BackendRelease::NotOwner(reasons.first().copied().unwrap_or(LostReason::Expired))
-        }
+        None => BackendRelease::NotOwner(gone_reason(client, hold).await?),
     })
 }
 
@@ -199,10 +207,7 @@ async fn amend_row(
     if changed {
         return Ok(Amended::Done);
     }
-    let reasons = gone_reasons(client, &[hold.owner.as_str()]).await?;
-    Ok(Amended::NotOwner(
-        reasons.first().copied().unwrap_or(LostReason::Expired),
-    ))
+    Ok(Amended::NotOwner(gone_reason(client, hold).await?))
 }
 
 /// Stores a candidate's new value (observers are told).
@@ -332,12 +337,7 @@ pub(crate) async fn upgrade(
             Ok(Amended::Done)
         }
         Some(_) => Ok(Amended::Pending),
-        None => {
-            let reasons = gone_reasons(client, &[hold.owner.as_str()]).await?;
-            Ok(Amended::NotOwner(
-                reasons.first().copied().unwrap_or(LostReason::Expired),
-            ))
-        }
+        None => Ok(Amended::NotOwner(gone_reason(client, hold).await?)),
     }
 }
 
@@ -364,36 +364,23 @@ pub(crate) async fn end_with_sessions(
             continue;
         }
         let ended = i64::try_from(status.epoch).unwrap_or(i64::MAX);
-        let give_up = tokio::time::Instant::now() + Duration::from_secs(60);
-        let mut backoff = lock_core::raw::plumbing::Backoff::new(
-            Duration::from_millis(50),
-            Duration::from_secs(1),
-        );
-        loop {
-            let deleted = client
-                .run("ending the holds of an ended session", async |conn| {
-                    let statement = conn.statement(&sql).await?;
-                    let params: [&(dyn ToSql + Sync); 3] = [&client_id, &ended, &channel.as_str()];
-                    Ok(conn.client().execute(&statement, &params).await?)
-                })
-                .await;
-            match deleted {
-                Ok(n) => {
-                    tracing::debug!(
-                        session = ended,
-                        entries = n,
-                        "ended the holds of a holding session"
-                    );
-                    break;
-                }
-                Err(err) if tokio::time::Instant::now() < give_up => {
-                    tracing::debug!(error = %err, "ending the holds of a holding session failed; again");
-                    tokio::time::sleep(backoff.next_pause()).await;
-                }
-                Err(err) => {
-                    tracing::warn!(error = %err, "ending the holds of a holding session failed; their expiry ends them");
-                    break;
-                }
+        let deleted = client
+            .execute_patiently(
+                "ending the holds of an ended session",
+                &sql,
+                &[&client_id, &ended, &channel.as_str()],
+                Duration::from_secs(60),
+                |_| true,
+            )
+            .await;
+        match deleted {
+            Ok(n) => tracing::debug!(
+                session = ended,
+                entries = n,
+                "ended the holds of a holding session"
+            ),
+            Err(err) => {
+                tracing::warn!(error = %err, "ending the holds of a holding session failed; their expiry ends them")
             }
         }
     }

@@ -40,6 +40,8 @@ pub(crate) struct Place<'a> {
     pub(crate) advisory: Option<&'a Arc<Advisory>>,
     /// The quoted schema.
     pub(crate) schema: &'a str,
+    /// The queue's statements ([`statements`]).
+    pub(crate) sql: &'a Statements,
 }
 
 /// What one decision found.
@@ -82,8 +84,8 @@ pub(crate) fn expired_marks(schema: &str, name: &str) -> String {
     )
 }
 
-/// The SQL of the queue's statements for one schema.
-fn statements(client: &PgClient) -> Statements {
+/// The SQL of the queue's statements for one schema, built once per client.
+pub(crate) fn statements(client: &PgClient) -> Statements {
     let s = &client.schema;
     let expired = expired_marks(s, "$1");
     Statements {
@@ -123,7 +125,8 @@ fn statements(client: &PgClient) -> Statements {
     }
 }
 
-struct Statements {
+#[derive(Debug)]
+pub(crate) struct Statements {
     lock: String,
     purge: String,
     insert: String,
@@ -150,7 +153,7 @@ pub(crate) async fn decide_turn(client: &PgClient, place: &Place<'_>, step: Step
         HoldKind::Candidate { value } => Some(value),
         _ => None,
     };
-    let sql = statements(client);
+    let sql = place.sql;
     let name = place.name.as_str();
     let channel: &str = &client.channel;
     let ttl_ms = millis(place.ttl) as f64;

@@ -9,10 +9,9 @@ use std::time::Duration;
 
 use lab::chaos::ChaosTarget;
 use lock_core::{DistributedLock, DistributedLockExt, RwLock};
-use lock_postgres::{madelson_key, AdvisoryKey};
+use lock_postgres::madelson_key;
 use testkit::postgres::{with_ttl, PostgresFactory};
 use tokio::time::{sleep, timeout, Instant};
-use tokio_postgres::types::ToSql;
 
 /// A short ASCII name (madelson's `int4` pair key space) and a long one (its hashed
 /// `bigint` key), unique to the test: advisory keys are shared by the whole database.
@@ -24,17 +23,8 @@ fn names() -> [String; 2] {
 /// Runs `pg_<function>` on `name`'s madelson key in `session`; its boolean answer (true
 /// for the functions that return nothing).
 async fn advisory(session: &tokio_postgres::Client, function: &str, name: &str) -> bool {
-    let (single, high, low);
-    let (args, params): (&str, Vec<&(dyn ToSql + Sync)>) = match madelson_key(name) {
-        AdvisoryKey::Single(value) => {
-            single = value;
-            ("$1::int8", vec![&single])
-        }
-        AdvisoryKey::Pair(h, l) => {
-            (high, low) = (h, l);
-            ("$1::int4, $2::int4", vec![&high, &low])
-        }
-    };
+    let key = madelson_key(name);
+    let (args, params) = key.sql_args();
     let sql = format!("SELECT pg_{function}({args})::text");
     let row = session.query_one(&sql, &params).await.expect(&sql);
     row.get::<_, Option<String>>(0).as_deref() != Some("false")

@@ -88,13 +88,19 @@ async fn client_sessions(server: &PostgresServer) -> (i64, i64) {
     (number(0), number(1))
 }
 
+/// A temp dir with a CA and the certificates it signed (`harness`'s `make_certificates`).
+async fn certificates() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tempdir");
+    make_certificates(dir.path()).await;
+    dir
+}
+
 /// `verify-full` with the CA: locks and unlocks, and every connection of the client (its
 /// pool, its listening one, its advisory-lock holding one) is over TLS.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_full_with_the_ca_locks_over_tls_on_every_connection() {
     register();
-    let certs = tempfile::tempdir().expect("tempdir");
-    make_certificates(certs.path()).await;
+    let certs = certificates().await;
     let Some(server) = tls_only_server(certs.path()).await else {
         return;
     };
@@ -125,8 +131,7 @@ async fn verify_full_with_the_ca_locks_over_tls_on_every_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn require_and_prefer_without_a_ca() {
     register();
-    let certs = tempfile::tempdir().expect("tempdir");
-    make_certificates(certs.path()).await;
+    let certs = certificates().await;
     let Some(server) = tls_only_server(certs.path()).await else {
         return;
     };
@@ -140,10 +145,8 @@ async fn require_and_prefer_without_a_ca() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_full_without_the_right_ca_is_refused() {
     register();
-    let certs = tempfile::tempdir().expect("tempdir");
-    make_certificates(certs.path()).await;
-    let other = tempfile::tempdir().expect("tempdir");
-    make_certificates(other.path()).await;
+    let certs = certificates().await;
+    let other = certificates().await;
     let Some(server) = tls_only_server(certs.path()).await else {
         return;
     };
@@ -177,8 +180,7 @@ async fn verify_full_without_the_right_ca_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
     register();
-    let certs = tempfile::tempdir().expect("tempdir");
-    make_certificates(certs.path()).await;
+    let certs = certificates().await;
     // Re-sign the server certificate for a name that is not 127.0.0.1.
     let ext = certs.path().join("elsewhere.ext");
     std::fs::write(
@@ -233,8 +235,7 @@ async fn verify_full_checks_the_host_name_and_verify_ca_does_not() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_where_tls_is_required_and_tls_where_there_is_none() {
     register();
-    let certs = tempfile::tempdir().expect("tempdir");
-    make_certificates(certs.path()).await;
+    let certs = certificates().await;
     let Some(server) = tls_only_server(certs.path()).await else {
         return;
     };
@@ -259,8 +260,7 @@ async fn plain_where_tls_is_required_and_tls_where_there_is_none() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_certificates_where_the_server_asks_for_one() {
     register();
-    let certs = tempfile::tempdir().expect("tempdir");
-    make_certificates(certs.path()).await;
+    let certs = certificates().await;
     let options = PostgresOptions::default()
         .tls(certs.path())
         .tls_only(true)
