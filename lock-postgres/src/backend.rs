@@ -293,13 +293,24 @@ impl Backend for PostgresBackend {
             return Err(crate::error::unexpected("acquiring", format!("{turn:?}")));
         };
         drop(pending.disarm());
+        let held: hold::HeldAdvisory = Arc::new(Mutex::new(advisory));
+        if let (Some(_), Some(side)) = (advisory, &self.advisory) {
+            tokio::spawn(hold::give_back_when_gone(
+                self.client.clone(),
+                self.listener.wait_on(request.name.as_str()),
+                seq,
+                owner.to_owned(),
+                Arc::downgrade(&held),
+                Arc::downgrade(side),
+            ));
+        }
         Ok(Some(Acquired {
             hold: PostgresHold {
                 name: request.name.as_str().to_owned(),
                 seq,
                 owner: owner.to_owned(),
                 kind: Mutex::new(request.kind.clone()),
-                advisory: Mutex::new(advisory),
+                advisory: held,
             },
             fencing_token: FencingToken(fence_of(fence)?),
             requested_at: decided_at,

@@ -433,15 +433,16 @@ impl Listener {
 }
 
 impl Listener {
-    /// Stops listening.
+    /// Stops listening, waking everyone (nothing will wake them any more).
     pub(crate) fn stop(&self) {
         self.task.abort();
+        wake(&self.subscribers, None);
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
-        self.task.abort();
+        self.stop();
     }
 }
 

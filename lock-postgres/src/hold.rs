@@ -11,7 +11,7 @@ use lock_core::{LostReason, Result};
 use tokio_postgres::types::ToSql;
 
 use crate::advisory::{Advisory, AdvisoryKey, Mode};
-use crate::connection::PgClient;
+use crate::connection::{PgClient, Waiter};
 
 /// Backend data of one hold: its entry.
 #[derive(Debug)]
@@ -24,8 +24,9 @@ pub struct PostgresHold {
     pub owner: String,
     /// What it holds (a downgrade or an upgrade changes it).
     pub(crate) kind: Mutex<HoldKind>,
-    /// The advisory lock held with it, and the holding session's epoch.
-    pub(crate) advisory: Mutex<Option<(AdvisoryKey, Mode, u64)>>,
+    /// The advisory lock held with it, and the holding session's epoch (shared with
+    /// [`give_back_when_gone`]).
+    pub(crate) advisory: HeldAdvisory,
 }
 
 impl PostgresHold {
@@ -56,6 +57,60 @@ pub(crate) fn column<T: for<'a> tokio_postgres::types::FromSql<'a>>(
     rows: &[tokio_postgres::Row],
 ) -> std::result::Result<Vec<T>, tokio_postgres::Error> {
     rows.iter().map(|row| row.try_get(0)).collect()
+}
+
+/// The advisory lock a hold carries, if any, and the epoch of the session holding it;
+/// whoever takes it out gives it back.
+pub(crate) type HeldAdvisory = Arc<Mutex<Option<(AdvisoryKey, Mode, u64)>>>;
+
+/// While the hold carries an advisory lock: gives it back the moment the hold's entry
+/// leaves the table by another hand (a break, a steal, a purge after expiry), woken by
+/// the name's notifications, so that the next grantee does not wait for the hold's next
+/// renewal to find it gone. Ends once the lock was given back (by anyone), the hold is
+/// gone, or on an error (the renewal then gives it back).
+pub(crate) async fn give_back_when_gone(
+    client: PgClient,
+    waiter: Waiter,
+    seq: i64,
+    owner: String,
+    held: std::sync::Weak<Mutex<Option<(AdvisoryKey, Mode, u64)>>>,
+    advisory: std::sync::Weak<Advisory>,
+) {
+    let sql = format!(
+        "SELECT 1 FROM {}.entries WHERE seq = $1 AND owner = $2",
+        client.schema
+    );
+    waiter.watch([seq]);
+    loop {
+        waiter.woken().await;
+        // The client is gone (its listener's end woke us): nothing more will.
+        let Some(shared) = held.upgrade().filter(|_| advisory.strong_count() > 0) else {
+            return;
+        };
+        if taken_lock(&shared).is_none() {
+            return;
+        }
+        let present = client
+            .run("checking a hold's entry", async |conn| {
+                let statement = conn.statement(&sql).await?;
+                let row = conn.client().query_opt(&statement, &[&seq, &owner]).await?;
+                Ok(row.is_some())
+            })
+            .await;
+        match present {
+            Ok(true) => {}
+            Ok(false) => {
+                let taken = taken_lock(&shared).take();
+                if let (Some((key, mode, epoch)), Some(advisory)) = (taken, advisory.upgrade()) {
+                    if let Err(err) = advisory.unlock(key, mode, epoch).await {
+                        tracing::debug!(error = %err, "giving back a gone hold's advisory lock failed; its session was ended");
+                    }
+                }
+                return;
+            }
+            Err(_) => return,
+        }
+    }
 }
 
 fn taken_lock(
