@@ -29,7 +29,8 @@ use crate::layout::{HoldKeys, WakeKeys};
 /// prepended: `tokens.lua` to the scripts that grant (acquires, the queue's release),
 /// `queue.lua` to the queue scripts, the inspection and the force release, `broken.lua`
 /// to renewal, release and proclaim, `leader.lua` (elections) to the scripts that grant,
-/// release or break, `shared.lua` (permits, readers and writers) to their scripts and the
+/// release or break, `kinds.lua` to the mutex acquires (a shared kind's name is a
+/// conflict), `shared.lua` (permits, readers and writers) to their scripts and the
 /// force release; and to every script that may wake waiters or tell an election's
 /// observers, the command it publishes with (`PUBLISH`). The queue's acquire and release
 /// start with their uncontended paths (`fast_acquire.lua`, `fast_release.lua`), which
@@ -75,16 +76,24 @@ impl Scripts {
         let broken = include_str!("scripts/broken.lua");
         let leader = include_str!("scripts/leader.lua");
         let shared = include_str!("scripts/shared.lua");
+        let kinds = include_str!("scripts/kinds.lua");
         let shared_script = |body: &str| script(&[publish, tokens, queue, broken, shared, body]);
         Scripts {
             backend,
             cluster,
-            acquire: script(&[publish, tokens, leader, include_str!("scripts/acquire.lua")]),
+            acquire: script(&[
+                publish,
+                tokens,
+                kinds,
+                leader,
+                include_str!("scripts/acquire.lua"),
+            ]),
             release: script(&[publish, broken, leader, include_str!("scripts/release.lua")]),
             acquire_q: script(&[
                 publish,
                 tokens,
                 include_str!("scripts/fast_acquire.lua"),
+                kinds,
                 queue,
                 leader,
                 include_str!("scripts/acquire_q.lua"),

@@ -8,17 +8,26 @@
 -- A candidate of an election also passes KEYS[3]: its leader hash; ARGV[5]: its value;
 -- ARGV[6]: the election's change channel (see leader.lua).
 -- Single server: returns {1, fencing token} when the lock is ours, {0, PTTL of the
--- holder} when it is not.
+-- holder} when it is not. Both: {-1, what the name is (its permits, 0 for a read-write
+-- lock)} when a semaphore or a read-write lock holds it.
 -- RedLock: returns {1, 0, reading} when the lock is ours, {0, PTTL of the holder, reading}
 -- when it is not. The reading is max(counter, server clock in microseconds), with a floor
 -- the counter alone, and changes nothing (the client writes back the maximum of a
 -- majority + 1, or the floor if higher, with fence_write.lua);
 -- taken in the same atomic step as the SET, it covers every token a previous holder
 -- stored here while its key was here.
--- The token helpers (clock, next_token, held_token, reading) come from tokens.lua, elect from
--- leader.lua.
+-- The token helpers (clock, next_token, held_token, reading) come from tokens.lua,
+-- shared_kind from kinds.lua, elect from leader.lua.
 
-local holder = redis.call('GET', KEYS[1])
+local holder = redis.pcall('GET', KEYS[1])
+if type(holder) == 'table' and holder.err then
+  -- Not a plain key: a semaphore or a read-write lock holds the name.
+  local theirs = shared_kind()
+  if theirs == nil then
+    return redis.error_reply(holder.err)
+  end
+  return {-1, theirs}
+end
 local mine = holder == ARGV[1]
 if holder == false then
   redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])

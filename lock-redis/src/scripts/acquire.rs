@@ -187,7 +187,7 @@ pub(crate) enum AcquireReply {
         pttl: i64,
         place: Option<u64>,
     },
-    /// The name is another kind (`acquire_s.lua`): the code of what it is (see
+    /// The name is another kind: the code of what it is (see
     /// [`kind_named`](crate::layout::kind_named)).
     Conflict {
         theirs: i64,
@@ -195,10 +195,11 @@ pub(crate) enum AcquireReply {
 }
 
 impl AcquireReply {
-    /// A reply of `acquire.lua`: `[1, fencing token]` or `[0, PTTL]`.
+    /// A reply of `acquire.lua`: `[1, fencing token]`, `[0, PTTL]` or `[-1, kind code]`.
     fn plain(backend: &'static str, reply: Vec<i64>) -> Result<AcquireReply> {
         match *reply {
             [1, fence] => Self::granted(backend, fence),
+            [-1, theirs] => Ok(AcquireReply::Conflict { theirs }),
             [_, pttl] => Ok(AcquireReply::Refused { pttl, place: None }),
             _ => Err(error::protocol(
                 backend,

@@ -20,7 +20,7 @@
 -- read-write lock holds it.
 -- A re-sent request (its reply was lost) finds the lock ours, with the token it took, or
 -- keeps its ticket; so does a waiter a release handed the lock to (see grant_head).
--- The helpers come from tokens.lua, queue.lua and leader.lua.
+-- The helpers come from tokens.lua, kinds.lua, queue.lua and leader.lua.
 
 -- The reply of a grant, with the candidate's entry stored. `held`: the key was this
 -- owner's already (handed to it by a release, or taken by a request whose reply was
@@ -46,14 +46,9 @@ end
 if redis.call('EXISTS', QUEUE) == 0 and redis.call('SET', LOCK, ARGV[1], 'NX', 'PX', ARGV[2]) then
   return granted()
 end
-if redis.call('TYPE', LOCK)['ok'] == 'zset' then
-  -- The holders of a semaphore or read-write lock (see shared.lua): its table, beside
-  -- the fencing counter, names the kind.
-  local kind = redis.pcall('HGET', string.sub(KEYS[2], 1, -6) .. 'holders', 'kind')
-  if kind == 'RW' then
-    return {-1, 0}
-  end
-  return {-1, tonumber(string.match(type(kind) == 'string' and kind or '', '^P(%d+)')) or 0}
+local theirs = shared_kind()
+if theirs then
+  return {-1, theirs}
 end
 local now = now_ms()
 evict(now)

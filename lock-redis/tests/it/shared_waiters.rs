@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::primitives::{try_once, within};
 use conformance::Factory;
-use lock_core::{DistributedLockExt, Semaphore};
+use lock_core::Semaphore;
 use lock_redis::{KeyLayout, DEFAULT_PREFIX};
 use testkit::redis::{unique_name as name, with_ttl, RedisFactory};
 use tokio::time::{sleep, timeout, Instant};
@@ -89,21 +89,25 @@ async fn a_conflict_takes_a_queued_waiter_out_of_the_queue() {
             .await
             .map(|guard| guard.is_some())
     });
-    let mut config = testkit::redis::config_for(&factory.servers.addrs(), false, options);
-    config.queue = false;
-    let plain = lock_redis::RedisLock::connect(config)
-        .await
-        .expect("connect");
     let mut conn = factory.raw_all().await.remove(0);
     testkit::redis::until_queued(&mut conn, &lock, 1).await;
-    // The steal and the mutex's try follow each other at once: the waiter, at the head,
-    // would take the freed name itself at its next round.
-    factory.steal(&lock).await;
-    let mutex = plain
-        .try_lock(lock.as_str())
+    // The steal and a mutex's grant in one step, as a client without the queue takes a
+    // name the moment it is free: were they two, the waiter at the head could take the
+    // freed name first.
+    let key = KeyLayout::new(DEFAULT_PREFIX).lock_key(&lock);
+    let (): () = redis::pipe()
+        .atomic()
+        .del(&key)
+        .ignore()
+        .cmd("SET")
+        .arg(&key)
+        .arg("a-mutex-without-the-queue")
+        .arg("PX")
+        .arg(30_000)
+        .ignore()
+        .query_async(&mut conn)
         .await
-        .expect("try")
-        .expect("free after the steal");
+        .expect("steal and take");
     let refused = timeout(Duration::from_secs(15), waiting)
         .await
         .expect("the waiter's next round ends it")
@@ -121,6 +125,10 @@ async fn a_conflict_takes_a_queued_waiter_out_of_the_queue() {
         );
         sleep(Duration::from_millis(20)).await;
     }
-    mutex.release().await.expect("release");
+    let (): () = redis::cmd("DEL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await
+        .expect("DEL");
     let _ = held.release().await;
 }
