@@ -393,6 +393,28 @@ mod tests {
         assert!((-601..=-599).contains(&drift), "{drift} s behind");
     }
 
+    /// Every backend the postmaster forks reads the moved clock: `now()` follows it.
+    #[tokio::test]
+    async fn a_running_postgres_follows_its_movable_clock() {
+        let options = crate::PostgresOptions::default().movable_clock(true);
+        let Some(server) = crate::or_skip(crate::PostgresServer::start_with(options).await) else {
+            return;
+        };
+        assert_eq!(server.wall_clock(), WallClock::Movable);
+        let seconds = || async {
+            let sql = "select extract(epoch from now())::bigint";
+            let value = server.query_value(sql).await.expect("now()");
+            value.expect("a value").parse::<i64>().expect("seconds")
+        };
+        let drift = seconds().await - machine_seconds();
+        assert!(drift.abs() <= 1, "unmoved: {drift} s");
+        let step = Duration::from_secs(600);
+        server.jump_clock(ClockJump::Forward(step)).expect("jump");
+        tokio::time::sleep(ClockHook::Own.lag() * 5).await;
+        let drift = seconds().await - machine_seconds();
+        assert!((599..=601).contains(&drift), "{drift} s ahead");
+    }
+
     #[tokio::test]
     async fn a_server_on_the_machines_clock_does_not_jump() {
         let Some(server) = crate::or_skip(RedisServer::start().await) else {

@@ -10,7 +10,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use conformance::{connect_patiently, Crash, Factory, ServerLease};
 use harness::shared::{namespace, Shared};
-use harness::{or_skip, Deployment, Postgres, PostgresServer};
+use harness::{or_skip, Deployment, Postgres, PostgresOptions, PostgresServer};
 use lab::chaos::{ChaosTarget, Link, ServerControl, Topology};
 use lock_core::{DistributedLock, LockName, LockOptions, OwnerToken};
 use lock_postgres::{PostgresConfig, PostgresLock};
@@ -87,7 +87,13 @@ pub struct PostgresFactory {
 impl PostgresFactory {
     /// A factory over a fresh server of its own.
     pub async fn start() -> Option<Self> {
-        let server = single().await?;
+        Self::start_with(PostgresOptions::default()).await
+    }
+
+    /// A factory over a fresh server of its own, started with `options` (a movable wall
+    /// clock for the clock jumps).
+    pub async fn start_with(options: PostgresOptions) -> Option<Self> {
+        let server = or_skip(PostgresServer::start_with(options).await)?;
         Some(Self::over(Arc::new(Deployment::Single(Box::new(server)))).await)
     }
 
@@ -304,6 +310,14 @@ impl Factory for PostgresFactory {
 impl ChaosTarget for PostgresFactory {
     fn topology(&self) -> Topology {
         Topology::Single { durable: true }
+    }
+
+    fn wall_clock_leases(&self) -> Option<&'static str> {
+        Some(
+            "PostgreSQL times leases by its wall clock (`now()`): a step ahead past the TTL \
+             ends the hold on the server at once, while the holder's guard, timed on the \
+             client's monotonic clock, vouches for it until its next renewal finds it gone",
+        )
     }
 
     async fn linked_client(&self, options: LockOptions) -> (Arc<dyn DistributedLock>, Link) {

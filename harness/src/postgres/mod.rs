@@ -21,6 +21,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use tokio_postgres::NoTls;
 
+use super::clock::ClockHook;
 use super::node::Node;
 use super::probe::Probe;
 use super::process::{find_binary, is_executable, log_tail, LaunchSpec, RunAs, LOG_TAIL_LINES};
@@ -63,6 +64,9 @@ pub struct PostgresOptions {
     /// With [`tls_only`](Self::tls_only): also ask every TCP session for a client
     /// certificate the CA signed (`clientcert=verify-ca`). Default: `false`.
     pub client_certificates: bool,
+    /// Start on a wall clock the harness moves ([`PostgresServer::jump_clock`]): `now()`,
+    /// and so every lease's expiry, follows it. Default: off (the machine's clock).
+    pub movable_clock: bool,
     /// Start as a streaming replica of the server on this port (`pg_basebackup -R`)
     /// rather than `initdb`.
     pub(crate) replica_of: Option<u16>,
@@ -76,6 +80,7 @@ impl Default for PostgresOptions {
             tls: None,
             tls_only: false,
             client_certificates: false,
+            movable_clock: false,
             replica_of: None,
         }
     }
@@ -114,6 +119,7 @@ impl PostgresOptions {
 
 setters!(PostgresOptions {
     ready_timeout: Duration,
+    movable_clock: bool,
 });
 
 /// One PostgreSQL server (postmaster) on a free loopback port, in a temp dir; user
@@ -164,6 +170,13 @@ impl ServerKind for Postgres {
     const SCHEME: &'static str = "postgres";
     const CLUSTER_SCHEME: &'static str = "postgres";
     const PORTS: usize = 1;
+    /// The harness's own library (see [`clock`](crate::clock)): the postmaster and every
+    /// backend it forks inherit it; a backend reads the wall clock through the C library.
+    const CLOCK_HOOK: ClockHook = ClockHook::Own;
+
+    fn movable_clock(options: &PostgresOptions) -> bool {
+        options.movable_clock
+    }
 
     fn url(addr: SocketAddr) -> String {
         format!("postgres://{OS_USER}@{addr}/postgres")

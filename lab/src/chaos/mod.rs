@@ -151,7 +151,10 @@ macro_rules! scenario_table {
                     WallClock::Fixed(why) => return Expect::NotApplicable(why),
                 }
             }
-            expect
+            match (scenario, expect, target.wall_clock_leases()) {
+                ("server_clock_jump_forward", Expect::Safe, Some(why)) => Expect::FencedOnly(why),
+                (_, expect, _) => expect,
+            }
         }
 
         /// Runs `scenario` (a name from [`SCENARIOS`]) on `target`; `None` if it does

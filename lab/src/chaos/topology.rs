@@ -203,6 +203,14 @@ pub trait ChaosTarget: Factory {
         None
     }
 
+    /// Why a step ahead of the servers' wall clock ends holds early, where a deployment
+    /// its topology calls safe times leases by that clock (PostgreSQL's `now()`);
+    /// `None` where the topology says it all (Redis's expiry by its wall clock is in
+    /// `expect`, ZooKeeper and etcd time sessions and leases monotonically).
+    fn wall_clock_leases(&self) -> Option<&'static str> {
+        None
+    }
+
     /// Index of the current leader in [`ChaosTarget::servers`], for consensus clusters.
     async fn leader(&self) -> Option<usize> {
         None

@@ -10,6 +10,17 @@ mod single {
     );
 }
 
+/// The server clock jumps, on a server whose wall clock the harness moves (see
+/// `harness::ClockHook`), in `make test` and `make chaos` alike.
+mod clock {
+    use harness::PostgresOptions;
+    use testkit::postgres::PostgresFactory;
+    lab::chaos_suite!(
+        async { PostgresFactory::start_with(PostgresOptions::default().movable_clock(true)).await },
+        scenarios: [server_clock_jump_forward, server_clock_jump_back]
+    );
+}
+
 /// Leader elections: every client campaigns where the scenarios lock
 /// (`lab::chaos::Kinded`). The short plan runs a few scenarios; `make chaos` all.
 mod election {
