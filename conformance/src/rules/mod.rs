@@ -30,7 +30,9 @@ mod reentrancy;
 mod renewal;
 mod rwlock;
 mod semaphore;
+mod semaphore_many;
 mod shutdown;
+mod upgrade;
 mod waiting;
 
 pub use election::{
@@ -57,19 +59,24 @@ pub use renewal::{
 pub use rwlock::{
     primitives_cancellation_leaves_nothing, rwlock_cut_off_writer_is_replaced,
     rwlock_downgrade_without_window, rwlock_readers_share_writers_exclude,
-    rwlock_upgrade_cancellation_leaves_nothing, rwlock_upgrade_no_writer_between,
-    rwlock_upgrade_waits_for_readers, rwlock_upgradeable_one_beside_readers,
-    rwlock_writer_not_starved, rwlock_writer_not_starved_by_upgradeable,
+    rwlock_writer_not_starved,
 };
 pub use semaphore::{
     semaphore_cut_off_holder_is_replaced, semaphore_fifo_with_push,
+    semaphore_never_exceeds_permits, semaphore_permits_disagreement_refused,
+};
+pub use semaphore_many::{
     semaphore_many_cancellation_leaves_nothing, semaphore_many_fifo_big_head,
     semaphore_many_never_over_grants, semaphore_many_no_deadlock, semaphore_many_try_and_timeout,
-    semaphore_never_exceeds_permits, semaphore_permits_disagreement_refused,
     semaphore_resize_never_over_grants,
 };
 pub use shutdown::{
     close_ends_waiting_acquires, close_frees_everything, closed_client_refuses_every_call,
+};
+pub use upgrade::{
+    rwlock_upgrade_cancellation_leaves_nothing, rwlock_upgrade_no_writer_between,
+    rwlock_upgrade_waits_for_readers, rwlock_upgradeable_one_beside_readers,
+    rwlock_writer_not_starved_by_upgradeable,
 };
 pub use waiting::{
     cancellation_leaves_nothing, drop_releases_promptly, fifo_when_fair, wait_timeout,
