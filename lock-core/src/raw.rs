@@ -10,7 +10,8 @@
 //! - [`names`]: escaping lock names into keys, paths and prefixes.
 //! - [`durations`]: durations as text, and the defaults and bound of the common options.
 //! - [`plumbing`]: what every backend needs beside its protocol (poison-free mutexes,
-//!   background tasks, backoff, drop cleanups), written once so no backend keeps a copy.
+//!   background tasks, backoff, drop cleanups, configuration files read off the
+//!   runtime), written once so no backend keeps a copy.
 
 /// The protocol half a backend implements, the kinds of hold it grants and the feeds it
 /// pushes; [`LeaseClient`](crate::raw::backend::LeaseClient) adds what is the same for every backend (renewal, state,
@@ -52,7 +53,10 @@ pub mod durations {
 }
 
 /// Plumbing every backend shares: poison-free mutexes, a tracked set of background tasks,
-/// backoff, and cleanups that run when their owner is dropped.
+/// backoff, cleanups that run when their owner is dropped, and configuration files read
+/// off the runtime.
 pub mod plumbing {
-    pub use crate::plumbing::{lock_unpoisoned, Background, Backoff, Cleanup, CleanupOnDrop};
+    pub use crate::plumbing::{
+        lock_unpoisoned, read_config_file, Background, Backoff, Cleanup, CleanupOnDrop,
+    };
 }

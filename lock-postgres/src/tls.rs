@@ -20,6 +20,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use lock_core::raw::plumbing::read_config_file;
 use lock_core::{Error, Result};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::client::WebPkiServerVerifier;
@@ -83,14 +84,14 @@ pub(crate) async fn connector(config: &PostgresConfig) -> Result<Connector> {
         .with_custom_certificate_verifier(verifier);
     let tls = match (&config.cert_file, &config.key_file) {
         (Some(cert_path), Some(key_path)) => {
-            let cert = read("sslcert", cert_path).await?;
+            let cert = read_config_file("sslcert", cert_path).await?;
             let chain = CertificateDer::pem_slice_iter(&cert)
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(|err| malformed("sslcert", cert_path, &err.to_string()))?;
             if chain.is_empty() {
                 return Err(malformed("sslcert", cert_path, "holds no PEM certificate"));
             }
-            let key = read("sslkey", key_path).await?;
+            let key = read_config_file("sslkey", key_path).await?;
             // The parser's errors may quote a line of the file: never shown for the key.
             let key = PrivateKeyDer::from_pem_slice(&key)
                 .map_err(|_| malformed("sslkey", key_path, "holds no PEM private key"))?;
@@ -110,7 +111,7 @@ pub(crate) async fn connector(config: &PostgresConfig) -> Result<Connector> {
 
 /// The CA certificates of the PEM file at `path`.
 async fn roots(what: &str, path: &Path) -> Result<RootCertStore> {
-    let pem = read(what, path).await?;
+    let pem = read_config_file(what, path).await?;
     let mut roots = RootCertStore::empty();
     for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|err| malformed(what, path, &err.to_string()))?;
@@ -131,21 +132,6 @@ fn webpki(
     WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::clone(provider))
         .build()
         .map_err(|err| Error::config(format!("the TLS CA cannot be used: {err}")))
-}
-
-/// The contents of the file of option `what`.
-async fn read(what: &str, path: &Path) -> Result<Vec<u8>> {
-    let owned = path.to_owned();
-    let read = tokio::task::spawn_blocking(move || std::fs::read(owned))
-        .await
-        .map_err(|err| Error::InvalidConfig {
-            message: format!("reading {what} {} failed", path.display()),
-            source: Some(Box::new(err)),
-        })?;
-    read.map_err(|err| Error::InvalidConfig {
-        message: format!("cannot read {what} {}", path.display()),
-        source: Some(Box::new(err)),
-    })
 }
 
 fn malformed(what: &str, path: &Path, why: &str) -> Error {

@@ -10,6 +10,7 @@
 use std::path::Path;
 use std::sync::Arc;
 
+use lock_core::raw::plumbing::read_config_file;
 use lock_core::{Error, Result};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
@@ -161,19 +162,10 @@ impl Tls {
     }
 }
 
-/// The contents of the file of option `what`.
+/// The contents of the file of option `what`, as text.
 async fn read(what: &'static str, path: &Path) -> Result<String> {
-    let owned = path.to_owned();
-    let read = tokio::task::spawn_blocking(move || std::fs::read_to_string(owned))
-        .await
-        .map_err(|err| Error::InvalidConfig {
-            message: format!("reading {what} {} failed", path.display()),
-            source: Some(Box::new(err)),
-        })?;
-    read.map_err(|err| Error::InvalidConfig {
-        message: format!("cannot read {what} {}", path.display()),
-        source: Some(Box::new(err)),
-    })
+    String::from_utf8(read_config_file(what, path).await?)
+        .map_err(|_| malformed(what, path, "is not UTF-8 text (PEM)"))
 }
 
 fn malformed(what: &str, path: &Path, why: &str) -> Error {
