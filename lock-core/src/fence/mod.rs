@@ -25,8 +25,10 @@
 //! Ready stores: [`MemoryFence`] (one process), [`FileFence`] (a local file,
 //! write-then-rename), and in the backend crates `lock_redis::RedisFence` (a Lua
 //! compare-and-set), `lock_etcd::EtcdFence` (one transaction comparing a token key) and
-//! `lock_postgres::PostgresFence` (a conditional upsert). docs/fencing.md says what each
-//! makes atomic and what it must persist.
+//! `lock_postgres::PostgresFence` (a conditional upsert); with the `distlock` facade,
+//! `distlock::fence`, `distlock::redis::RedisFence`, `distlock::etcd::EtcdFence` and
+//! `distlock::postgres::PostgresFence`. docs/fencing.md says what each makes atomic and
+//! what it must persist; `conformance::fence::store` holds the checks every store passes.
 
 mod file;
 
