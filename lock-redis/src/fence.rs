@@ -8,12 +8,12 @@ use async_trait::async_trait;
 use lock_core::fence::{FenceOutcome, Fenced, FencedStore};
 use lock_core::raw::url::LockUrl;
 use lock_core::{Error, FencingToken, Result};
-use redis::Script;
 use tokio::time::Instant;
 
 use crate::config::{RedisConfig, RedisDeployment};
 use crate::connection::read_ca;
 use crate::error;
+use crate::scripts::{token_of, Scripts};
 use crate::topology::Topology;
 
 /// The hash fields of a fenced resource.
@@ -23,7 +23,7 @@ const VALUE: &str = "value";
 /// A fenced resource on Redis: the hash at `key`, with fields `token` (the newest accepted
 /// fencing token, in decimal) and `value`.
 ///
-/// A write runs one Lua script (`scripts/fenced_store.lua`) that compares the stored token
+/// A write runs one Lua script (`scripts/fenced_store.lua`, called from `scripts/fence.rs`) that compares the stored token
 /// and sets both fields, so the check and the write are one atomic step of the server.
 /// One key per resource: on Redis Cluster it lives on the primary of its hash slot (name
 /// it with a hash tag, `{profile/42}`, to keep it beside related keys). The token is kept
@@ -45,7 +45,7 @@ pub struct RedisFence {
 struct Shared {
     topology: Topology,
     config: RedisConfig,
-    write: Script,
+    scripts: Scripts,
 }
 
 impl fmt::Debug for RedisFence {
@@ -90,9 +90,9 @@ impl RedisFence {
         let deadline = Instant::now() + config.options.request_timeout;
         topology.check(backend, deadline).await?;
         let shared = Arc::new(Shared {
+            scripts: Scripts::new(backend, topology.shards().is_some()),
             topology,
             config,
-            write: Script::new(include_str!("scripts/fenced_store.lua")),
         });
         Ok(RedisFence { shared, key })
     }
@@ -137,28 +137,11 @@ fn checked_key(key: &str) -> Result<Arc<str>> {
     Ok(key.into())
 }
 
-/// A decimal token from the server.
-fn token_of(text: &str) -> Result<FencingToken> {
-    text.parse()
-        .map(FencingToken)
-        .map_err(|_| error::protocol("redis", format!("a fenced resource's token is {text:?}")))
-}
-
 #[async_trait]
 impl FencedStore for RedisFence {
     async fn write(&self, token: FencingToken, value: &[u8]) -> Result<FenceOutcome> {
-        let mut invocation = self.shared.write.prepare_invoke();
-        invocation.key(&*self.key).arg(token.get()).arg(value);
-        let (written, newest): (i64, String) = self
-            .route()?
-            .script("fenced write", self.deadline(), &invocation)
-            .await?;
-        Ok(match written {
-            1 => FenceOutcome::Written,
-            _ => FenceOutcome::Stale {
-                newest: token_of(&newest)?,
-            },
-        })
+        let call = self.shared.scripts.fenced_store(&self.key, token, value);
+        call.on(self.route()?, self.deadline()).await
     }
 
     async fn read(&self) -> Result<Option<Fenced>> {
@@ -171,7 +154,7 @@ impl FencedStore for RedisFence {
         match token {
             None => Ok(None),
             Some(token) => Ok(Some(Fenced {
-                token: token_of(&token)?,
+                token: token_of("redis", &token)?,
                 value: value.unwrap_or_default(),
             })),
         }
