@@ -42,9 +42,10 @@
 //! # async fn rebuild(_token: distlock::FencingToken) -> usize { 42 }
 //! ```
 //!
-//! Every guard carries a strictly increasing fencing token, a validity deadline on the
-//! monotonic clock and a Held / Suspect / Lost signal; every acquire is cancellation-safe;
-//! guards never block in `Drop`. The URL options (`ttl`, `renewal`, `max_hold`,
+//! Every guard carries a strictly increasing fencing token ([`fence`]: resources that
+//! check it themselves, on Redis, etcd, PostgreSQL or a local file), a validity deadline
+//! on the monotonic clock and a Held / Suspect / Lost signal; every acquire is
+//! cancellation-safe; guards never block in `Drop`. The URL options (`ttl`, `renewal`, `max_hold`,
 //! `request_timeout`, `recheck`, and each backend's own), the guarantees of each backend and
 //! topology, `lockctl`, the migration from one backend to another and the measured results
 //! are in the repository's `docs/`, indexed by docs/README.md: a guide per primitive,

@@ -81,6 +81,8 @@ mod markdown {
     mod rwlock {}
     #[doc = include_str!("../../docs/multilock.md")]
     mod multilock {}
+    #[doc = include_str!("../../docs/fencing.md")]
+    mod fencing {}
     #[doc = include_str!("../../docs/configuration.md")]
     mod configuration {}
     #[doc = include_str!("../../docs/operations.md")]

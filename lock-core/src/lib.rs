@@ -8,6 +8,7 @@ mod durations;
 mod erased;
 mod error;
 mod ext;
+pub mod fence;
 mod global;
 mod guard;
 mod kind;

@@ -4,6 +4,7 @@ mod backend;
 mod config;
 mod connection;
 mod error;
+mod fence;
 mod hold;
 mod layout;
 mod operator;
@@ -14,6 +15,7 @@ mod tls;
 
 pub use backend::{EtcdBackend, CAPABILITIES};
 pub use config::{EtcdConfig, DEFAULT_MARK_TTL, DEFAULT_PORT};
+pub use fence::{EtcdFence, TOKEN_SUFFIX};
 pub use hold::{EtcdHold, MAX_TXN_OPS};
 
 /// The URL schemes this crate serves: `etcd` (plain) and `etcds` (TLS).

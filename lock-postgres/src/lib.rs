@@ -5,6 +5,7 @@ mod backend;
 mod config;
 mod connection;
 mod error;
+mod fence;
 mod hold;
 mod layout;
 mod operator;
@@ -16,6 +17,7 @@ pub use backend::{PostgresBackend, CAPABILITIES};
 pub use config::{
     PostgresConfig, SslMode, DEFAULT_MARK_TTL, DEFAULT_POOL_SIZE, DEFAULT_PORT, DEFAULT_SCHEMA,
 };
+pub use fence::PostgresFence;
 pub use hold::PostgresHold;
 
 /// The URL schemes this crate serves: `postgres` and `postgresql`.

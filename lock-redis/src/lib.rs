@@ -14,7 +14,8 @@
 // `scripts/` (the Lua scripts and, beside them, how each is called),
 // `connection/sentinel.rs` (finding the primary through Sentinels),
 // `connection/cluster.rs` (routing by hash slot on Redis Cluster) and
-// `connection/wakeups/` (the pub/sub and sharded wake-up transports).
+// `connection/wakeups/` (the pub/sub and sharded wake-up transports), and `fence.rs` (a
+// fenced resource of lock_core::fence, with its script `scripts/fenced_store.lua`).
 //
 // Imports flow one way: backend -> redlock -> attempt -> hold, queue -> topology ->
 // scripts -> connection (operator beside attempt), with config, error and layout at the
@@ -25,6 +26,7 @@ mod backend;
 mod config;
 mod connection;
 mod error;
+mod fence;
 mod hold;
 mod layout;
 mod operator;
@@ -40,6 +42,7 @@ pub use config::{
     RedisConfig, RedisDeployment, RedisNode, SentinelAuth, DEFAULT_PORT, DEFAULT_PREFIX,
     DEFAULT_SENTINEL_PORT,
 };
+pub use fence::RedisFence;
 pub use hold::RedisHold;
 pub use layout::KeyLayout;
 

@@ -3,15 +3,17 @@
 //! places and read its reply (`scripts/acquire.rs`: the acquires and RedLock's fencing
 //! write; `scripts/release.rs`: release, downgrade, upgrade and proclaim;
 //! `scripts/renew.rs`; `scripts/inspect.rs`: inspection, the force release and a
-//! semaphore's resize). A [`Call`] runs on a
+//! semaphore's resize; `scripts/fence.rs`: a fenced resource's write). A [`Call`] runs on a
 //! connection's route. No other file spells a script's keys or arguments.
 
 mod acquire;
+mod fence;
 mod inspect;
 mod release;
 mod renew;
 
 pub(crate) use acquire::{AcquireReply, Ask, Queueing, Reading};
+pub(crate) use fence::token_of;
 pub(crate) use inspect::{LeaderView, View};
 pub(crate) use renew::Renewal;
 
@@ -47,6 +49,8 @@ pub(crate) struct Scripts {
     release_q: Script,
     renew: Script,
     fence_write: Script,
+    /// A fenced resource's compare-and-set (`crate::fence`).
+    fenced_store: Script,
     inspect: Script,
     force_release: Script,
     proclaim: Script,
@@ -117,6 +121,7 @@ impl Scripts {
                 include_str!("scripts/renew.lua"),
             ]),
             fence_write: script(&[publish, include_str!("scripts/fence_write.lua")]),
+            fenced_store: script(&[include_str!("scripts/fenced_store.lua")]),
             inspect: script(&[publish, queue, include_str!("scripts/inspect.lua")]),
             force_release: script(&[
                 publish,

@@ -20,7 +20,8 @@
 //! [`FenceServer`], with [`FenceClient`].
 //!
 //! Layout: this file holds the resource, its ledger and its checker; `remote` its TCP
-//! face and client (one line protocol); `tests` the unit tests of both.
+//! face and client (one line protocol); `tests` the unit tests of both. [`store`] is
+//! apart: the checks every [`lock_core::fence::FencedStore`] runs on its real store.
 
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -29,6 +30,7 @@ use lock_core::{FencingToken, LockGuard};
 use tokio::time::Instant;
 
 mod remote;
+pub mod store;
 #[cfg(test)]
 mod tests;
 

@@ -2,4 +2,5 @@
 //! binary.
 
 mod documented;
+mod fence;
 mod memory;

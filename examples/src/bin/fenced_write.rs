@@ -1,35 +1,20 @@
-//! A fenced write: the storage rejects a writer whose fencing token is older than one it
-//! has already seen, so a paused holder that lost its lock cannot overwrite newer data.
+//! A fenced write: the storage itself refuses a writer whose fencing token is older than
+//! one it has already accepted, so a paused holder that lost its lock cannot overwrite
+//! newer data. The storage here is a local file ([`FileFence`]); `RedisFence`,
+//! `EtcdFence` and `PostgresFence` make the same check on those servers.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
+use distlock::fence::{FencedStore, FileFence};
 use distlock::{
-    AcquireOptions, DistributedLock, DistributedLockExt, FencingToken, LockName, LockOptions,
-    RenewalMode,
+    AcquireOptions, DistributedLock, DistributedLockExt, LockName, LockOptions, RenewalMode,
 };
 
-/// Storage that remembers the highest fencing token it accepted.
-#[derive(Default)]
-struct FencedStore {
-    state: Mutex<(u64, String)>,
-}
-
-impl FencedStore {
-    fn write(&self, token: FencingToken, value: &str) -> Result<(), String> {
-        let mut state = self.state.lock().expect("store lock");
-        if token.get() < state.0 {
-            return Err(format!("rejected: token {token} is older than {}", state.0));
-        }
-        *state = (token.get(), value.to_owned());
-        Ok(())
-    }
-}
-
 #[tokio::main]
-async fn main() -> distlock::Result<()> {
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = examples::lock_url();
-    let store = FencedStore::default();
+    let path = std::env::temp_dir().join(format!("distlock-profile-{}", uuid::Uuid::new_v4()));
+    let store = FileFence::new(&path)?;
     // The slow writer's client: a short lease, never renewed (whatever LOCK_URL's query
     // says: options set in code win over the URL's, on both sides of a dual URL).
     let slow_options = LockOptions::builder()
@@ -50,25 +35,25 @@ async fn main() -> distlock::Result<()> {
     // Meanwhile the lock expired and a second writer took it and wrote.
     let fresh = fast.lock(name.as_str()).await?;
     println!("fast writer holds token {}", fresh.fencing_token());
-    println!(
-        "fast write: {:?}",
-        store.write(fresh.fencing_token(), "new profile")
-    );
+    let written = store.write(fresh.fencing_token(), b"new profile").await?;
+    println!("fast write: {written:?}");
     fresh.release().await?;
 
     // The slow writer wakes up and writes with its old token: the store refuses it.
     println!("slow writer's guard says {:?}", stale.state());
-    println!(
-        "slow write: {:?}",
-        store.write(stale.fencing_token(), "old profile")
-    );
-    println!(
-        "store holds: {:?}",
-        store.state.lock().expect("store lock").1
-    );
+    let refused = store.write(stale.fencing_token(), b"old profile").await?;
+    println!("slow write: {refused:?}");
+    if let Some(held) = store.read().await? {
+        let value = String::from_utf8_lossy(&held.value);
+        println!("store holds: {value:?} (token {})", held.token);
+    }
     println!("slow release: {:?}", stale.release().await?);
     // Both clients, before the process exits: what they hold or queue goes now, not when
     // a lease or session times out.
     slow.close().await?;
-    fast.close().await
+    fast.close().await?;
+    // The file and its lock's sidecar (`<path>.lock`).
+    let _ = std::fs::remove_file(format!("{}.lock", path.display()));
+    let _ = std::fs::remove_file(&path);
+    Ok(())
 }

@@ -14,8 +14,8 @@ async fn fences(url: &str) {
     let output = example(env!("CARGO_BIN_EXE_fenced_write"), url).await;
     let printed = stdout(&output);
     for line in [
-        "fast write: Ok(())",
-        "slow write: Err(\"rejected: token",
+        "fast write: Written",
+        "slow write: Stale { newest: FencingToken(",
         "store holds: \"new profile\"",
     ] {
         assert!(printed.contains(line), "{url}: {line}\n{}", text(&output));

@@ -6,6 +6,7 @@ mod chaos;
 mod conformance;
 mod election;
 mod faults;
+mod fence;
 mod inspect;
 mod interleavings;
 mod interop;

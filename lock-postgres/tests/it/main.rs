@@ -4,5 +4,6 @@
 mod chaos;
 mod conformance;
 mod faults;
+mod fence;
 mod interop;
 mod security;

@@ -8,6 +8,7 @@ mod cluster_migration;
 mod conformance;
 mod election;
 mod faults;
+mod fence;
 mod fencing;
 mod interleavings;
 mod migration;
