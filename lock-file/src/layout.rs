@@ -158,68 +158,53 @@ impl Layout {
         Ok(file)
     }
 
-    /// The live records of `stem` (a dead process's are removed on the way), with their
-    /// owner tokens, oldest first.
-    pub(crate) fn records(&self, stem: &str) -> Result<Vec<Record>> {
-        let prefix = format!("{stem}~");
-        let mut found = Vec::new();
+    /// The records in the directory: stem, state, owner token and path of each.
+    fn record_files(&self) -> Result<Vec<(String, State, String, PathBuf)>> {
         let entries =
             fs::read_dir(&self.dir).map_err(|e| from_io("listing the lock directory", e))?;
-        for entry in entries.flatten() {
-            let file_name = entry.file_name();
-            let Some(file_name) = file_name.to_str() else {
-                continue;
-            };
-            let Some(rest) = file_name.strip_prefix(&prefix) else {
-                continue;
-            };
-            let Some((state, token)) = rest.split_once('~') else {
-                continue;
-            };
-            let state = match state {
-                "hold" => State::Hold,
-                "wait" => State::Wait,
-                _ => continue,
-            };
-            let Some(token) = unescape(token, file_stem) else {
-                continue;
-            };
-            if let Some(record) = read_live(&entry.path(), state, token) {
-                found.push(record);
-            }
-        }
+        Ok(entries
+            .flatten()
+            .filter_map(|entry| {
+                let file_name = entry.file_name();
+                let (stem, rest) = file_name.to_str()?.split_once('~')?;
+                let (state, token) = rest.split_once('~')?;
+                let state = match state {
+                    "hold" => State::Hold,
+                    "wait" => State::Wait,
+                    _ => return None,
+                };
+                let token = unescape(token, file_stem)?;
+                Some((stem.to_owned(), state, token, entry.path()))
+            })
+            .collect())
+    }
+
+    /// The live records of `stem` (a dead process's are removed on the way), oldest
+    /// first.
+    pub(crate) fn records(&self, stem: &str) -> Result<Vec<Record>> {
+        let mut found: Vec<Record> = self
+            .record_files()?
+            .into_iter()
+            .filter(|(of, ..)| of == stem)
+            .filter_map(|(_, state, token, path)| read_live(&path, state, token))
+            .collect();
         found.sort_by_key(|r| (r.since, r.fence));
         Ok(found)
     }
 
-    /// The stems that have a live hold record, with their names.
-    pub(crate) fn held_names(&self) -> Result<Vec<(String, LockName)>> {
-        let mut names = Vec::new();
-        let entries =
-            fs::read_dir(&self.dir).map_err(|e| from_io("listing the lock directory", e))?;
-        for entry in entries.flatten() {
-            let file_name = entry.file_name();
-            let Some(file_name) = file_name.to_str() else {
-                continue;
-            };
-            let Some((stem, rest)) = file_name.split_once('~') else {
-                continue;
-            };
-            let Some(token) = rest.strip_prefix("hold~") else {
-                continue;
-            };
-            let Some(token) = unescape(token, file_stem) else {
-                continue;
-            };
-            let Some(name) = unescape(stem, file_stem).and_then(|n| LockName::new(n).ok()) else {
-                continue;
-            };
-            if read_live(&entry.path(), State::Hold, token).is_some() {
-                names.push((stem.to_owned(), name));
-            }
-        }
-        names.sort_by(|a, b| a.1.cmp(&b.1));
-        names.dedup_by(|a, b| a.1 == b.1);
+    /// The names that have a live hold record, sorted.
+    pub(crate) fn held_names(&self) -> Result<Vec<LockName>> {
+        let mut names: Vec<LockName> = self
+            .record_files()?
+            .into_iter()
+            .filter(|(_, state, ..)| *state == State::Hold)
+            .filter_map(|(stem, state, token, path)| {
+                let name = LockName::new(unescape(&stem, file_stem)?).ok()?;
+                read_live(&path, state, token).map(|_| name)
+            })
+            .collect();
+        names.sort();
+        names.dedup();
         Ok(names)
     }
 }

@@ -55,7 +55,6 @@ pub(crate) fn list(layout: &Layout, prefix: &str) -> Result<Vec<LockName>> {
     Ok(layout
         .held_names()?
         .into_iter()
-        .map(|(_, name)| name)
         .filter(|name| name.as_str().starts_with(prefix))
         .collect())
 }
