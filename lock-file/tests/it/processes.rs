@@ -29,16 +29,26 @@ fn push_only() -> LockOptions {
 }
 
 /// Run by the tests below in a process of its own: locks NAME in DIR and prints `held
-/// TOKEN`; then `hold` waits to be killed, `once` releases, closes and exits.
+/// TOKEN`; then `hold` waits to be killed, `once` releases, closes and exits. `contend
+/// PERMITS` instead takes NAME (a mutex for 0 permits, else a permit of a semaphore of
+/// PERMITS) [`CONTEND_ROUNDS`] times, logging each critical section to [`CONTEND_LOG`].
 #[tokio::test]
 #[ignore = "a child process of the tests of this module"]
 async fn child() {
     let spec = std::env::var(CHILD).expect("run by the tests of this module");
     let [dir, name, mode] =
         <[&str; 3]>::try_from(spec.split('\t').collect::<Vec<_>>()).expect("DIR\\tNAME\\tMODE");
-    let client = FileLock::connect(FileConfig::new(dir))
-        .await
-        .expect("connect");
+    let client = Arc::new(
+        FileLock::connect(FileConfig::new(dir))
+            .await
+            .expect("connect"),
+    );
+    if let Some(permits) = mode.strip_prefix("contend ") {
+        let permits: u32 = permits.parse().expect("a number of permits");
+        contend(&client, Path::new(dir), name, permits).await;
+        client.close().await.expect("close");
+        return;
+    }
     let guard = client.lock(name).await.expect("lock");
     println!("held {}", guard.fencing_token());
     if mode == "hold" {
@@ -46,6 +56,139 @@ async fn child() {
     }
     guard.release().await.expect("release");
     client.close().await.expect("close");
+}
+
+/// How many times each contending child takes the lock.
+const CONTEND_ROUNDS: usize = 15;
+/// The log of critical sections, in the lock directory (no lock name maps to it: it
+/// holds `~`).
+const CONTEND_LOG: &str = "contend~log";
+
+async fn contend(client: &Arc<FileLock>, dir: &Path, name: &str, permits: u32) {
+    use std::io::Write;
+    let log = || {
+        std::fs::OpenOptions::new()
+            .append(true)
+            .create(true)
+            .open(dir.join(CONTEND_LOG))
+            .expect("the log opens")
+    };
+    let semaphore = lock_core::Semaphore::new(
+        client.clone() as Arc<dyn DistributedLock>,
+        name,
+        permits.max(1),
+    )
+    .expect("a semaphore");
+    for _ in 0..CONTEND_ROUNDS {
+        let (token, release): (
+            u64,
+            std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
+        ) = if permits == 0 {
+            let guard = client.lock(name).await.expect("lock");
+            (
+                guard.fencing_token().get(),
+                Box::pin(async move {
+                    guard.release().await.expect("release");
+                }),
+            )
+        } else {
+            let permit = semaphore.acquire().await.expect("permit");
+            (
+                permit.fencing_token().get(),
+                Box::pin(async move {
+                    permit.release().await.expect("release");
+                }),
+            )
+        };
+        let pid = std::process::id();
+        writeln!(log(), "enter {pid} {token}").expect("log");
+        sleep(Duration::from_millis(3)).await;
+        writeln!(log(), "leave {pid} {token}").expect("log");
+        release.await;
+    }
+}
+
+/// Runs `children` contending children and returns the log's lines as (entering, pid,
+/// token).
+async fn contended(
+    factory: &FileFactory,
+    name: &str,
+    permits: u32,
+    children: usize,
+) -> Vec<(bool, u32, u64)> {
+    let mut running = Vec::new();
+    for _ in 0..children {
+        running.push(
+            Command::new(std::env::current_exe().expect("the test binary"))
+                .args(["--ignored", "--exact", "processes::child", "--nocapture"])
+                .env(
+                    CHILD,
+                    format!("{}\t{name}\tcontend {permits}", factory.dir().display()),
+                )
+                .stdout(Stdio::null())
+                .kill_on_drop(true)
+                .spawn()
+                .expect("spawn a child"),
+        );
+    }
+    for mut child in running {
+        let status = timeout(Duration::from_secs(60), child.wait())
+            .await
+            .expect("the children end within 60 s")
+            .expect("wait");
+        assert!(status.success(), "a contending child failed: {status}");
+    }
+    let log = std::fs::read_to_string(factory.dir().join(CONTEND_LOG)).expect("the log");
+    log.lines()
+        .map(|line| {
+            let fields: Vec<&str> = line.split(' ').collect();
+            (
+                fields[0] == "enter",
+                fields[1].parse().expect("a pid"),
+                fields[2].parse().expect("a token"),
+            )
+        })
+        .collect()
+}
+
+/// Processes contending for one mutex never overlap, and each entry's fencing token is
+/// above every earlier one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_contending_for_a_mutex_never_overlap() {
+    let factory = FileFactory::new();
+    let log = contended(&factory, "contended", 0, 4).await;
+    assert_eq!(log.len(), 4 * CONTEND_ROUNDS * 2, "every section logged");
+    let mut inside: Option<u32> = None;
+    let mut last_token = 0;
+    for (entering, pid, token) in log {
+        if entering {
+            assert_eq!(inside, None, "{pid} entered while {inside:?} was inside");
+            assert!(token > last_token, "token {token} after {last_token}");
+            (inside, last_token) = (Some(pid), token);
+        } else {
+            assert_eq!(inside, Some(pid), "{pid} left a section it was not in");
+            inside = None;
+        }
+    }
+}
+
+/// Processes contending for a semaphore of 2 never hold more than 2 permits at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_contending_for_two_permits_never_exceed_them() {
+    let factory = FileFactory::new();
+    let log = contended(&factory, "permits", 2, 4).await;
+    assert_eq!(log.len(), 4 * CONTEND_ROUNDS * 2, "every section logged");
+    let (mut inside, mut most) = (0usize, 0usize);
+    for (entering, _, _) in log {
+        if entering {
+            inside += 1;
+            most = most.max(inside);
+        } else {
+            inside -= 1;
+        }
+        assert!(inside <= 2, "{inside} permits held at once");
+    }
+    assert_eq!(most, 2, "the two permits were used side by side");
 }
 
 /// A child process locking `name` in `dir`, and the fencing token it printed once it
