@@ -52,7 +52,7 @@ const UNRECORDED_PAUSE: Duration = Duration::from_millis(10);
 pub struct FileBackend {
     pub(crate) layout: Arc<Layout>,
     recheck: Duration,
-    wakeup: Mutex<Option<Wakeup>>,
+    wakeup: Mutex<Option<Arc<Wakeup>>>,
 }
 
 impl FileBackend {
@@ -78,7 +78,7 @@ impl FileBackend {
     fn changes_now(&self) -> Result<tokio::sync::broadcast::Receiver<crate::wakeup::Change>> {
         lock_unpoisoned(&self.wakeup)
             .as_ref()
-            .map(Wakeup::subscribe)
+            .map(|wakeup| wakeup.subscribe())
             .ok_or_else(|| Error::closed(BACKEND, "waiting"))
     }
 }
@@ -143,10 +143,14 @@ impl Connect for FileBackend {
     }
 
     async fn open(config: FileConfig) -> Result<Self> {
-        let config = tokio::task::spawn_blocking(move || prepare(&config).map(|()| config))
-            .await
-            .map_err(task_failed)??;
-        let wakeup = Wakeup::start(&config.dir)?;
+        let (config, wakeup) = tokio::task::spawn_blocking(move || {
+            prepare(&config)?;
+            let canonical = std::fs::canonicalize(&config.dir)
+                .map_err(|e| from_io("opening the lock directory", e))?;
+            Ok::<_, Error>((config, Wakeup::of(&canonical)?))
+        })
+        .await
+        .map_err(task_failed)??;
         Ok(FileBackend {
             layout: Arc::new(Layout { dir: config.dir }),
             recheck: config.options.recheck,
@@ -322,7 +326,8 @@ impl Backend for FileBackend {
         Ok(ChangeFeed::from_stream(stream.boxed()))
     }
 
-    /// Stops the directory watch; the lease client has given every hold back by now.
+    /// Lets go of the directory watch (its thread ends with the process's last client of
+    /// the directory); the lease client has given every hold back by now.
     async fn close(&self) -> Result<()> {
         lock_unpoisoned(&self.wakeup).take();
         Ok(())

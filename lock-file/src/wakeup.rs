@@ -1,23 +1,31 @@
-//! Push wake-ups: one inotify watch on the directory per client. Every close of a lock
-//! or slot file (a holder's release, or the kernel closing a dead process's files) and
-//! every record removed or replaced is announced to the client's waiters and change
-//! feeds, which re-try or re-read; they also re-check every `recheck`, in case.
+//! Push wake-ups: one inotify watch per directory per process, shared by the process's
+//! clients of that directory (inotify instances are few: 128 per user by default). Every
+//! close of a lock or slot file (a holder's release, or the kernel closing a dead
+//! process's files) and every record removed or replaced is announced to the clients'
+//! waiters and change feeds, which re-try or re-read; they also re-check every
+//! `recheck`, in case.
+//!
+//! A thread of its own reads each watch (a blocking read, on no runtime, so that clients
+//! on any runtime share it); it ends when the last client of the directory lets go, which
+//! removes the watch and so wakes it.
 
-use std::os::fd::{AsFd, AsRawFd, RawFd};
-use std::path::Path;
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
 
+use lock_core::raw::plumbing::lock_unpoisoned;
 use lock_core::Result;
-use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
-use tokio::io::unix::AsyncFd;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use tokio::sync::broadcast;
-use tokio::task::JoinHandle;
 
-use crate::error::from_errno;
+use crate::error::{from_errno, from_io};
 
 /// How many announcements a slow reader may miss before it is told it lagged (and
 /// re-tries anyway).
 const BACKLOG: usize = 1024;
+
+/// The watches of this process, by canonical directory.
+static WATCHES: Mutex<Option<HashMap<PathBuf, Weak<Wakeup>>>> = Mutex::new(None);
 
 /// One change in the directory: the file name, and whether a file was closed (rather
 /// than removed or renamed into place).
@@ -42,28 +50,34 @@ impl Change {
     }
 }
 
-/// The watch and the task that reads it; the task ends when this is dropped.
+/// A directory's watch; its thread ends when the last client drops it.
 #[derive(Debug)]
 pub(crate) struct Wakeup {
     changes: broadcast::Sender<Change>,
-    task: JoinHandle<()>,
-}
-
-struct Watch(Inotify);
-
-impl AsRawFd for Watch {
-    fn as_raw_fd(&self) -> RawFd {
-        self.0.as_fd().as_raw_fd()
-    }
+    inotify: Arc<Inotify>,
+    watch: WatchDescriptor,
 }
 
 impl Wakeup {
-    /// Watches `dir` (on the current runtime).
-    pub(crate) fn start(dir: &Path) -> Result<Self> {
+    /// The watch of `dir` (a canonical path), shared with this process's other clients of
+    /// it.
+    pub(crate) fn of(dir: &Path) -> Result<Arc<Self>> {
+        let mut watches = lock_unpoisoned(&WATCHES);
+        let watches = watches.get_or_insert_with(HashMap::new);
+        watches.retain(|_, watch| watch.strong_count() > 0);
+        if let Some(shared) = watches.get(dir).and_then(Weak::upgrade) {
+            return Ok(shared);
+        }
+        let started = Arc::new(Self::start(dir)?);
+        watches.insert(dir.to_owned(), Arc::downgrade(&started));
+        Ok(started)
+    }
+
+    fn start(dir: &Path) -> Result<Self> {
         let what = "watching the lock directory (inotify)";
-        let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)
-            .map_err(|e| from_errno(what, e))?;
-        inotify
+        let inotify =
+            Arc::new(Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| from_errno(what, e))?);
+        let watch = inotify
             .add_watch(
                 dir,
                 AddWatchFlags::IN_CLOSE_WRITE
@@ -72,13 +86,17 @@ impl Wakeup {
                     | AddWatchFlags::IN_MOVED_TO,
             )
             .map_err(|e| from_errno(what, e))?;
-        // `Watch` owns the inotify descriptor for as long as the `AsyncFd` lives, which is
-        // the I/O safety `AsyncFd::register` asks its caller to promise.
-        #[allow(deprecated)]
-        let watch = AsyncFd::new(Watch(inotify)).map_err(|e| crate::error::from_io(what, e))?;
         let (changes, _) = broadcast::channel(BACKLOG);
-        let task = tokio::spawn(read(watch, changes.clone()));
-        Ok(Wakeup { changes, task })
+        let reader = (Arc::clone(&inotify), changes.clone());
+        std::thread::Builder::new()
+            .name("distlock-file-watch".into())
+            .spawn(move || read(&reader.0, &reader.1))
+            .map_err(|e| from_io(what, e))?;
+        Ok(Wakeup {
+            changes,
+            inotify,
+            watch,
+        })
     }
 
     /// Announcements from now on.
@@ -88,37 +106,37 @@ impl Wakeup {
 }
 
 impl Drop for Wakeup {
+    /// Removing the watch queues its last event, which ends the reading thread.
     fn drop(&mut self) {
-        self.task.abort();
+        let _ = self.inotify.rm_watch(self.watch);
     }
 }
 
-async fn read(watch: AsyncFd<Watch>, changes: broadcast::Sender<Change>) {
+/// Reads `inotify` until its watch is removed, announcing each change.
+fn read(inotify: &Inotify, changes: &broadcast::Sender<Change>) {
     loop {
-        let Ok(mut ready) = watch.readable().await else {
-            tracing::warn!("the lock directory's inotify watch failed; waiters re-check only");
-            return;
-        };
-        match ready.get_inner().0.read_events() {
-            Ok(events) => {
-                for event in events {
-                    let Some(file) = event.name.as_ref().and_then(|n| n.to_str()) else {
-                        continue;
-                    };
-                    let closed = event.mask.intersects(
-                        AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_CLOSE_NOWRITE,
-                    );
-                    let _ = changes.send(Change {
-                        file: Arc::from(file),
-                        closed,
-                    });
-                }
-            }
-            Err(nix::errno::Errno::EAGAIN) => ready.clear_ready(),
+        let events = match inotify.read_events() {
+            Ok(events) => events,
+            Err(nix::errno::Errno::EINTR) => continue,
             Err(err) => {
-                tracing::warn!(%err, "reading the lock directory's inotify watch failed");
+                tracing::warn!(%err, "reading the lock directory's inotify watch failed; waiters re-check only");
                 return;
             }
+        };
+        for event in events {
+            if event.mask.contains(AddWatchFlags::IN_IGNORED) {
+                return;
+            }
+            let Some(file) = event.name.as_ref().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let closed = event
+                .mask
+                .intersects(AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_CLOSE_NOWRITE);
+            let _ = changes.send(Change {
+                file: Arc::from(file),
+                closed,
+            });
         }
     }
 }

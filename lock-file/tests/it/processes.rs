@@ -430,3 +430,38 @@ async fn bad_input_gets_typed_errors_and_leaves_nothing() {
         "nothing made for refused names"
     );
 }
+
+/// A process's clients of one directory share one inotify watch: more clients than the
+/// default limit of inotify instances per user (128) connect, and a waiter on the last
+/// one is still woken by a push when the first releases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clients_of_one_directory_share_one_watch() {
+    let factory = FileFactory::new();
+    let mut clients = Vec::new();
+    for _ in 0..200 {
+        clients.push(Arc::new(factory.file_client(push_only()).await));
+    }
+    let (first, last) = (&clients[0], &clients[199]);
+    let guard = first.lock("shared").await.expect("lock");
+    let waiting = {
+        let last = Arc::clone(last);
+        tokio::spawn(async move { last.lock_timeout("shared", Duration::from_secs(30)).await })
+    };
+    sleep(Duration::from_millis(300)).await;
+    let released_at = Instant::now();
+    guard.release().await.expect("release");
+    let next = timeout(Duration::from_secs(10), waiting)
+        .await
+        .expect("the waiter takes over")
+        .expect("task")
+        .expect("lock");
+    assert!(
+        released_at.elapsed() < AT_ONCE,
+        "{:?}",
+        released_at.elapsed()
+    );
+    next.release().await.expect("release");
+    for client in clients {
+        client.close().await.expect("close");
+    }
+}
