@@ -2,4 +2,5 @@
 //! holders in processes of their own (killed, or `flock(1)`).
 
 mod conformance;
+mod fencing;
 mod processes;
