@@ -22,7 +22,7 @@
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -211,21 +211,33 @@ impl Layout {
 
 /// The record at `path` if its owner still locks it; a dead owner's is removed.
 fn read_live(path: &Path, state: State, token: String) -> Option<Record> {
-    let mut file = File::open(path).ok()?;
-    match Flock::lock(file.try_clone().ok()?, FlockArg::LockSharedNonblock) {
-        Ok(_dead) => {
-            // Nobody locks it: its process is gone. Removing it while we hold the lock
-            // cannot race with its owner, which never locks it again.
-            let _ = fs::remove_file(path);
-            None
+    // A record replaced (a proclaim) between our open and our probe looks dead: read the
+    // replacement instead, once.
+    for _ in 0..2 {
+        let mut file = File::open(path).ok()?;
+        match Flock::lock(file.try_clone().ok()?, FlockArg::LockSharedNonblock) {
+            Ok(_dead) => {
+                let replaced = fs::symlink_metadata(path)
+                    .ok()
+                    .zip(file.metadata().ok())
+                    .is_none_or(|(now, probed)| now.ino() != probed.ino());
+                if replaced {
+                    continue;
+                }
+                // Nobody locks it: its process is gone. Removing it while we hold the
+                // lock cannot race with its owner, which never locks it again.
+                let _ = fs::remove_file(path);
+                return None;
+            }
+            Err((_, Errno::EWOULDBLOCK)) => {
+                let mut text = String::new();
+                file.read_to_string(&mut text).ok()?;
+                return Record::decode(&text, state, token);
+            }
+            Err(_) => return None,
         }
-        Err((_, Errno::EWOULDBLOCK)) => {
-            let mut text = String::new();
-            file.read_to_string(&mut text).ok()?;
-            Record::decode(&text, state, token)
-        }
-        Err(_) => None,
     }
+    None
 }
 
 /// What a record says of its owner.

@@ -4,3 +4,4 @@
 mod conformance;
 mod fencing;
 mod processes;
+mod records;
