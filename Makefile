@@ -21,7 +21,7 @@ test: deps
 
 ## The crates published on crates.io, and `make package`: each packaged and built alone
 ## from its package, as `cargo publish` would (a build of its own per crate: slow).
-PUBLISHED = -p lock-core -p lock-redis -p lock-zookeeper -p lock-etcd -p lock-postgres -p distlock -p conformance \
+PUBLISHED = -p lock-core -p lock-redis -p lock-zookeeper -p lock-etcd -p lock-postgres -p lock-file -p distlock -p conformance \
 	-p lockctl
 package: deps
 	$(CARGO) package --allow-dirty $(PUBLISHED)

@@ -28,6 +28,7 @@ DEPS=(
   "redis-server||check_redis|redis-server 7 or later runs (the harness's Redis servers, Sentinels as redis-server --sentinel, and Cluster nodes: sharded pub/sub, script flags)"
   "etcd-server||check_etcd|etcd runs (the harness's etcd servers, the etcds:// test)"
   "postgresql||check_postgresql|postgres, initdb and pg_basebackup of the newest /usr/lib/postgresql/*/bin run as the OS user postgres (the harness's PostgreSQL servers and replicas)"
+  "util-linux||check_flock|flock(1) runs and takes a lock a second flock -n then cannot (the file:// interop test runs the real flock)"
   "etcd-client||check_etcdctl|etcdctl runs (the etcdctl lock interop test)"
   "openssl||check_openssl|openssl makes a CA and a server certificate it signs, as the TLS tests do"
   "default-jre-headless||check_java|java runs (ZooKeeper, the Curator holder)"
@@ -109,6 +110,11 @@ check_postgresql() {
   fi
   "${run[@]}" "$bin/postgres" --version && "${run[@]}" "$bin/initdb" --version &&
     "${run[@]}" "$bin/pg_basebackup" --version
+}
+
+check_flock() {
+  local file="$work/flock-check"
+  flock --version && flock "$file" sh -c "! flock -n '$file' true"
 }
 
 check_etcdctl() {

@@ -1,6 +1,6 @@
 //! Distributed locks for async Rust: one [`DistributedLock`] trait and real backends
-//! (Redis, RedLock, ZooKeeper, etcd, PostgreSQL, and `memory://` in process), chosen by a
-//! URL.
+//! (Redis, RedLock, ZooKeeper, etcd, PostgreSQL, `file://` between the processes of one
+//! machine, and `memory://` in process), chosen by a URL.
 //!
 //! ```
 //! use distlock::DistributedLockExt;
@@ -67,6 +67,7 @@
 //! | `zookeeper` | `zk://`, `zks://` | `zookeeper` |
 //! | `etcd` | `etcd://`, `etcds://` | `etcd` |
 //! | `postgres` | `postgres://`, `postgresql://` | `postgres` |
+//! | `file` | `file://` (one machine: `flock(2)` on a local directory) | `file` |
 //! | `full` | all of the above | |
 //!
 //! `dual:<old url>|<new url>` (the old side any backend, the new side one that can raise
@@ -99,6 +100,10 @@ pub use lock_etcd as etcd;
 #[cfg(feature = "postgres")]
 pub use lock_postgres as postgres;
 
+/// The machine-local backend: its configuration, hold and file layout.
+#[cfg(feature = "file")]
+pub use lock_file as file;
+
 /// Each backend feature and the URL schemes it serves, to name the feature a URL needs
 /// when it is not compiled in. (When it is, the schemes come from the backend itself; a
 /// test checks that the two agree.)
@@ -118,6 +123,7 @@ const FEATURE_SCHEMES: &[(&str, &[&str])] = &[
     ("zookeeper", &["zk", "zks"]),
     ("etcd", &["etcd", "etcds"]),
     ("postgres", &["postgres", "postgresql"]),
+    ("file", &["file"]),
 ];
 
 /// The backend-author kit of [`lock_core::raw`], in the same rooms, with the process-wide
@@ -169,6 +175,8 @@ const DRIVERS: &[raw::driver::Driver] = &[
     raw::driver::Driver::of::<lock_etcd::EtcdBackend>(),
     #[cfg(feature = "postgres")]
     raw::driver::Driver::of::<lock_postgres::PostgresBackend>(),
+    #[cfg(feature = "file")]
+    raw::driver::Driver::of::<lock_file::FileBackend>(),
 ];
 
 /// Connects a lock client for `url`, on whichever compiled-in backend serves its scheme.
@@ -228,6 +236,7 @@ mod tests {
                 "zookeeper" => cfg!(feature = "zookeeper"),
                 "etcd" => cfg!(feature = "etcd"),
                 "postgres" => cfg!(feature = "postgres"),
+                "file" => cfg!(feature = "file"),
                 other => panic!("feature {other} missing from this test"),
             };
             let registered = raw::driver::registry().schemes();
@@ -256,7 +265,8 @@ mod tests {
         feature = "redis",
         feature = "zookeeper",
         feature = "etcd",
-        feature = "postgres"
+        feature = "postgres",
+        feature = "file"
     ))]
     fn feature_table_matches_the_backends() {
         use raw::driver::Connect;
@@ -285,6 +295,11 @@ mod tests {
         assert_eq!(
             table("postgres"),
             Some(lock_postgres::PostgresBackend::SCHEMES.to_vec())
+        );
+        #[cfg(feature = "file")]
+        assert_eq!(
+            table("file"),
+            Some(lock_file::FileBackend::SCHEMES.to_vec())
         );
     }
 }

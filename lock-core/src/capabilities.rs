@@ -32,6 +32,11 @@ pub struct Capabilities {
     pub push_wakeup: bool,
     /// Holds survive a restart of the lock service.
     pub durable: bool,
+    /// A hold whose holder stays alive but stops renewing (hung, cut off) ends on the
+    /// server after its TTL: the contract's lease rule. `false` where a hold lasts as
+    /// long as its holder's process (OS file locks, which the kernel ends when the
+    /// process dies, not when it hangs): the rules about cut-off holders do not apply.
+    pub lease: bool,
     /// Where fencing tokens come from.
     pub fencing: FencingSource,
     /// Honours [`AcquireRequest::fence_at_least`](crate::raw::backend::AcquireRequest): it can
@@ -64,7 +69,7 @@ pub struct Capabilities {
 
 impl Capabilities {
     /// Capabilities with conservative defaults: unfair, per-lock TTL of at least 1 ms,
-    /// push wake-up, not durable, counter fencing, no fence floor, no elections, no
+    /// push wake-up, not durable, leased holds, counter fencing, no fence floor, no elections, no
     /// semaphores (nor several permits per hold, nor resizing), no read-write locks, no
     /// upgradeable readers.
     pub const fn new(backend: &'static str) -> Self {
@@ -75,6 +80,7 @@ impl Capabilities {
             min_ttl: Duration::from_millis(1),
             push_wakeup: true,
             durable: false,
+            lease: true,
             fencing: FencingSource::Counter,
             fence_at_least: false,
             election: false,
@@ -113,6 +119,12 @@ impl Capabilities {
     /// Sets [`Capabilities::durable`].
     pub const fn durable(mut self, durable: bool) -> Self {
         self.durable = durable;
+        self
+    }
+
+    /// Sets [`Capabilities::lease`].
+    pub const fn lease(mut self, lease: bool) -> Self {
+        self.lease = lease;
         self
     }
 

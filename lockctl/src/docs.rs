@@ -130,8 +130,11 @@ fn page(command: &Command, parent: Option<&str>) -> Vec<u8> {
         roff.text([bold("LOCK_URL")]);
         roff.text([roman(
             "The lock service URL when --url is not given, e.g. redis://127.0.0.1:6379, \
-             zk://127.0.0.1:2181/locks, etcd://127.0.0.1:2379 or \
-             postgres://locks@127.0.0.1:5432/app.",
+             zk://127.0.0.1:2181/locks, etcd://127.0.0.1:2379, \
+             postgres://locks@127.0.0.1:5432/app or file:///run/lock/app. Without either, \
+             a directory of this machine private to the user: \
+             file://$XDG_RUNTIME_DIR/distlock, else /run/user/UID/distlock, else \
+             /tmp/distlock-UID (migration needs a URL given).",
         )]);
     }
     roff.control("SH", ["SEE ALSO"]);

@@ -15,6 +15,7 @@
 //! completion scripts and the man pages ([`docs`]). The exit codes are in [`EXIT_CODES`].
 
 mod docs;
+mod local;
 mod migration;
 mod operate;
 mod run;
@@ -42,8 +43,8 @@ Exit codes:
   0        done: the command exited 0; status: held; break: a hold was removed;
            leader: someone leads; observe: stopped by a signal
   1        an error (bad URL, unreachable service, bad name; the message says which)
-  2        a usage error (no lock service given, among others); break without
-           --force
+  2        a usage error (migration without a lock service, among others); break
+           without --force
   3        status: nobody holds the name; break: nothing to break; leader: nobody
            leads; migration check: the step is not clear
   75       run, elect, hold, try: the lock (leadership) was not acquired (-n, -w),
@@ -65,17 +66,22 @@ Exit codes:
         while leader of an election. status, list, break, leader and observe show and mend \
         locks during an incident; migration check says whether a step of a move between \
         backends is safe. Every command but completions and man uses the lock service that \
-        --url or LOCK_URL names (redis://, zk://, etcd://, postgres://, ...).\n\n\
+        --url or LOCK_URL names (redis://, zk://, etcd://, postgres://, file://, ...); \
+        without one, a directory of this machine private to the user \
+        (file://$XDG_RUNTIME_DIR/distlock, else /run/user/UID/distlock, else \
+        /tmp/distlock-UID), so the same user's processes on this machine exclude each other \
+        as with flock(1), and no other machine sees the lock.\n\n\
         `lockctl COMMAND --help` and the man page lockctl-COMMAND(1) describe each command.",
     after_help = EXIT_CODES
 )]
 struct Cli {
     /// Lock service URL: redis://, rediss://, redis+sentinel://, rediss+sentinel://,
     /// redis+cluster://, rediss+cluster://, redlock://, zk://, zks://, etcd://, etcds://,
-    /// postgres://, postgresql://, memory://, dual:OLD|NEW (default:
-    /// $LOCK_URL). Every command but completions and man needs one: without it lockctl
-    /// exits 2 rather than take a lock no other process sees (memory://, which run, elect,
-    /// hold and try take only when given).
+    /// postgres://, postgresql://, file:///DIR, memory://, dual:OLD|NEW (default:
+    /// $LOCK_URL, else file://$XDG_RUNTIME_DIR/distlock, else /run/user/UID/distlock,
+    /// else /tmp/distlock-UID: locks of this machine, shared by this user's processes;
+    /// migration needs one given). memory:// is a lock of the lockctl process alone, taken
+    /// only when given.
     #[arg(long, global = true, env = "LOCK_URL", hide_env = true)]
     url: Option<String>,
     #[command(subcommand)]
@@ -385,31 +391,29 @@ async fn closing<T>(
     result
 }
 
-/// What the commands that take a lock say when no lock service is given.
-const NO_SERVICE: &str = "no lock service: give --url or set LOCK_URL to its URL, e.g. \
-    redis://127.0.0.1:6379, zk://127.0.0.1:2181/locks, etcd://127.0.0.1:2379 or \
-    postgres://locks@127.0.0.1:5432/app (--url memory:// takes a lock of this process \
-    alone, which no other process sees)";
-
-/// The lock service URL, for the commands that take a lock (`run`, `elect`, `hold`,
-/// `try`): there must be one, `memory://` only when given on purpose. `None` (after
-/// saying so) when there is none: the caller exits with a usage error.
+/// The lock service URL, for the commands that take or look at locks: the one given, else
+/// the machine-local directory ([`local`]), which every process of this user on this
+/// machine shares. `None` (after saying why) when that directory cannot be used: the caller
+/// exits with a usage error.
 fn lock_url(url: Option<String>) -> Option<String> {
-    if url.is_none() {
-        eprintln!("lockctl: {NO_SERVICE}");
+    match url {
+        Some(url) => Some(url),
+        None => match local::default_url() {
+            Ok(url) => Some(url),
+            Err(why) => {
+                eprintln!("lockctl: no lock service given, and the machine-local one: {why}");
+                None
+            }
+        },
     }
-    url
 }
 
-/// The lock service URL, for commands that look at other processes' locks: there must be
-/// one, and not `memory://`, which sees this process's locks alone (it would answer
-/// "free" and "nothing to break" with confidence). `None` (after saying so) otherwise:
-/// the caller exits with a usage error.
+/// The lock service URL, for commands that look at other processes' locks: as
+/// [`lock_url`], but not `memory://`, which sees this process's locks alone (it would
+/// answer "free" and "nothing to break" with confidence). `None` (after saying so)
+/// otherwise: the caller exits with a usage error.
 fn shared_url(url: Option<String>) -> Option<String> {
-    let Some(url) = url else {
-        eprintln!("lockctl: no lock service: give --url or set LOCK_URL");
-        return None;
-    };
+    let url = lock_url(url)?;
     if url.trim().to_ascii_lowercase().starts_with("memory:") {
         eprintln!(
             "lockctl: memory:// only holds this process's locks: give the URL of a shared \
@@ -420,11 +424,23 @@ fn shared_url(url: Option<String>) -> Option<String> {
     Some(url)
 }
 
+/// The lock service URL of `migration`, which compares two backends: it must be given.
+fn migration_url(url: Option<String>) -> Option<String> {
+    if url.is_none() {
+        eprintln!(
+            "lockctl: no lock service: give --url or set LOCK_URL to the dual:OLD|NEW URL \
+             of the migration"
+        );
+        return None;
+    }
+    shared_url(url)
+}
+
 async fn dispatch(cli: Cli) -> Result<ExitCode, BoxError> {
     let url = cli.url;
     let usage = || Ok(ExitCode::from(EXIT_USAGE));
     match cli.command {
-        Command::Migration(command) => match shared_url(url) {
+        Command::Migration(command) => match migration_url(url) {
             Some(url) => migration::run(&url, command).await,
             None => usage(),
         },

@@ -252,6 +252,9 @@ pub async fn election_resign_hands_over(factory: &dyn Factory) {
 /// leads, and another candidate leads within its TTL plus a bound.
 pub async fn election_cut_off_leader_is_replaced(factory: &dyn Factory) {
     let rule = "election_cut_off_leader_is_replaced";
+    if !super::leased(factory, rule).await {
+        return;
+    }
     let name = unique_name(rule);
     let ttl = factory.short_ttl();
     let (a, crash) = factory.crashable_client(with_ttl(ttl)).await;

@@ -121,6 +121,9 @@ pub async fn fencing_tokens_increase(factory: &dyn Factory) {
         guard.release().await.expect("release");
     }
     // A takeover after expiry: the crashed holder's token is below the next one.
+    if !super::leased(factory, "fencing_tokens_increase (takeover after expiry)").await {
+        return;
+    }
     let (crashing, crash) = factory.crashable_client(with_ttl(ttl)).await;
     let doomed = crashing
         .lock(name.as_str())
@@ -145,6 +148,9 @@ pub async fn fencing_tokens_increase(factory: &dyn Factory) {
 /// A holder that stops renewing and never releases (crash) blocks others at most TTL plus
 /// a small bound, and its guard reports Lost before anyone else acquires.
 pub async fn crashed_holder_blocks_at_most_ttl(factory: &dyn Factory) {
+    if !super::leased(factory, "crashed_holder_blocks_at_most_ttl").await {
+        return;
+    }
     let name = unique_name("crash");
     let ttl = factory.short_ttl();
     let (holder, crash) = factory.crashable_client(with_ttl(ttl)).await;

@@ -139,6 +139,22 @@ pub(crate) fn offered<T>(made: lock_core::Result<T>, rule: &str) -> Option<T> {
     }
 }
 
+/// Whether the rule `rule`, about holders cut off while alive, applies to `factory`'s
+/// backend: its holds end by a lease ([`Capabilities::lease`](lock_core::Capabilities)),
+/// not only with their holder's process (said loudly when not).
+pub(crate) async fn leased(factory: &dyn Factory, rule: &str) -> bool {
+    let client = factory.client(LockOptions::default()).await;
+    let leased = client.capabilities().lease;
+    if !leased {
+        eprintln!(
+            "[conformance] {rule}: {} holds last as long as their process, not a lease; \
+             the rule does not apply",
+            factory.label()
+        );
+    }
+    leased
+}
+
 /// Waits (at most 5 s) until `name` shows at least `n` waiters on `client`.
 pub(crate) async fn waiters_reach(client: &dyn DistributedLock, name: &LockName, n: usize) {
     let deadline = Instant::now() + Duration::from_secs(5);

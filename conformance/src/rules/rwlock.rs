@@ -331,6 +331,9 @@ pub async fn primitives_cancellation_leaves_nothing(factory: &dyn Factory) {
 /// lease ran out, holds for its own TTL (the lease oracle reads its server's lease).
 pub async fn rwlock_cut_off_writer_is_replaced(factory: &dyn Factory) {
     let rule = "rwlock_cut_off_writer_is_replaced";
+    if !super::leased(factory, rule).await {
+        return;
+    }
     let name = unique_name(rule);
     let ttl = factory.short_ttl();
     let (a, crash) = factory.crashable_client(with_ttl(ttl)).await;

@@ -205,6 +205,9 @@ pub async fn semaphore_permits_disagreement_refused(factory: &dyn Factory) {
 /// its permit, which happens within the TTL.
 pub async fn semaphore_cut_off_holder_is_replaced(factory: &dyn Factory) {
     let rule = "semaphore_cut_off_holder_is_replaced";
+    if !super::leased(factory, rule).await {
+        return;
+    }
     let name = unique_name(rule);
     let ttl = factory.short_ttl();
     let (a, crash) = factory.crashable_client(with_ttl(ttl)).await;

@@ -110,6 +110,7 @@ impl DualBackend {
             .min_ttl(o.min_ttl.max(n.min_ttl))
             .push_wakeup(o.push_wakeup && n.push_wakeup)
             .durable(o.durable && n.durable)
+            .lease(o.lease && n.lease)
             .election(o.election && n.election)
             .semaphore(o.semaphore && n.semaphore)
             .semaphore_many(o.semaphore_many && n.semaphore_many)

@@ -167,34 +167,59 @@ async fn operate(url: &str) {
     assert_eq!(bad.status.code(), Some(1), "{}", text(&bad));
 }
 
-/// The commands that look at other processes' locks (`status`, `list`, `break`, `leader`,
-/// `observe`, `migration check`) need the URL of a shared service: none given, or
-/// `memory://` (which sees this process's locks alone), is a usage error (exit 2, as for
-/// the commands that take a lock), not a confident "free".
+/// Runs `lockctl ARGS...` with no `--url` and no `LOCK_URL`, its runtime directory
+/// `runtime` (so the machine-local default is `runtime/distlock`).
+async fn lockctl_local(runtime: &std::path::Path, args: &[&str]) -> Output {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"));
+    command
+        .env_remove("LOCK_URL")
+        .env("XDG_RUNTIME_DIR", runtime)
+        .args(args)
+        .kill_on_drop(true);
+    timeout(crate::common::LOCKCTL_WAIT, command.output())
+        .await
+        .expect("lockctl ends in time")
+        .expect("lockctl runs")
+}
+
+/// With no `--url` and no `LOCK_URL`, the commands that look at locks use the
+/// machine-local directory (a free name is free there: exit 3), except `migration`,
+/// which needs the migration's URL (exit 2); `memory://` (which sees this process's locks
+/// alone) is a usage error, not a confident "free".
 #[tokio::test]
-async fn operator_commands_refuse_to_guess_the_service() {
+async fn operator_commands_use_the_machine_local_directory() {
+    let runtime = tempfile::tempdir().expect("a runtime directory");
+    for (args, code) in [
+        (&["status", "x"][..], 3),
+        (&["list"][..], 0),
+        (&["break", "x", "--force"][..], 3),
+        (&["leader", "x"][..], 3),
+    ] {
+        let output = lockctl_local(runtime.path(), args).await;
+        assert_eq!(
+            output.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            text(&output)
+        );
+    }
+    let migration = ["migration", "check", "--step", "old-to-dual", "x"];
+    let output = lockctl_local(runtime.path(), &migration).await;
+    assert_eq!(output.status.code(), Some(2), "{}", text(&output));
+    assert!(
+        String::from_utf8_lossy(&output.stderr).contains("--url or set LOCK_URL"),
+        "{}",
+        text(&output)
+    );
     let commands: [&[&str]; 6] = [
         &["status", "x"],
         &["list"],
         &["break", "x", "--force"],
         &["leader", "x"],
         &["observe", "x"],
-        &["migration", "check", "--step", "old-to-dual", "x"],
+        &migration,
     ];
     for args in commands {
-        let output = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"))
-            .args(args)
-            .env_remove("LOCK_URL")
-            .kill_on_drop(true)
-            .output()
-            .await
-            .expect("lockctl runs");
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {}", text(&output));
-        assert!(
-            String::from_utf8_lossy(&output.stderr).contains("--url or set LOCK_URL"),
-            "{}",
-            text(&output)
-        );
         let output = lockctl("memory://", args).await;
         assert_eq!(output.status.code(), Some(2), "{args:?}: {}", text(&output));
         assert!(
@@ -205,54 +230,63 @@ async fn operator_commands_refuse_to_guess_the_service() {
     }
 }
 
-/// The commands that take a lock need a lock service named on purpose: with neither
-/// `--url` nor `LOCK_URL` they refuse (exit 2, saying how to give one) and run nothing,
-/// rather than take a lock of this process alone; `memory://` given on purpose works.
-#[tokio::test]
-async fn lock_commands_refuse_to_run_without_a_lock_service() {
-    let ran = std::env::temp_dir().join(format!("lockctl-ran-{}", uuid::Uuid::new_v4()));
+/// With no `--url` and no `LOCK_URL`, the commands that take a lock use the
+/// machine-local directory: two lockctl processes exclude each other there, and so do
+/// lockctl and flock(1) on the lock's file; `memory://` given on purpose still works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lock_commands_without_a_url_exclude_on_this_machine() {
+    let runtime = tempfile::tempdir().expect("a runtime directory");
+    let ran = runtime.path().join("ran");
     let touch = format!("touch {}", ran.display());
-    let lockctl_env = |url: Option<&str>, args: &[&str]| {
-        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_lockctl"));
-        command.env_remove("LOCK_URL").args(args).kill_on_drop(true);
-        if let Some(url) = url {
-            command.env("LOCK_URL", url);
-        }
-        async move {
-            timeout(crate::common::LOCKCTL_WAIT, command.output())
-                .await
-                .expect("lockctl ends in time")
-                .expect("lockctl runs")
-        }
+    let run = ["run", "-n", "nightly", "-c", touch.as_str()];
+    let output = lockctl_local(runtime.path(), &run).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+    assert!(ran.exists(), "run ran its command");
+    std::fs::remove_file(&ran).expect("reset");
+
+    let holding = {
+        let runtime = runtime.path().to_owned();
+        tokio::spawn(
+            async move { lockctl_local(&runtime, &["hold", "nightly", "--for", "3s"]).await },
+        )
     };
-    let commands: [&[&str]; 4] = [
-        &["run", "-n", "nightly", "-c", &touch],
-        &["elect", "-n", "nightly", "-c", &touch],
-        &["hold", "nightly", "--for", "10ms"],
-        &["try", "nightly"],
-    ];
-    for args in commands {
-        let output = lockctl_env(None, args).await;
-        assert_eq!(output.status.code(), Some(2), "{args:?}: {}", text(&output));
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        for hint in ["--url", "LOCK_URL", "redis://", "memory://"] {
-            assert!(
-                stderr.contains(hint),
-                "{args:?} names {hint}: {}",
-                text(&output)
-            );
+    let lock_file = runtime.path().join("distlock/nightly");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let flock = std::process::Command::new("flock")
+            .args(["-n"])
+            .arg(&lock_file)
+            .arg("true")
+            .status()
+            .expect("flock(1) runs");
+        if flock.code() == Some(1) {
+            break;
         }
-        assert!(
-            !ran.exists(),
-            "{args:?} ran the command without a lock service"
-        );
-        // Named on purpose, the process-local lock is taken.
-        let output = lockctl("memory://", args).await;
-        assert_eq!(output.status.code(), Some(0), "{args:?}: {}", text(&output));
-        let output = lockctl_env(Some("memory://"), args).await;
-        assert_eq!(output.status.code(), Some(0), "{args:?}: {}", text(&output));
-        let _ = std::fs::remove_file(&ran);
+        assert!(Instant::now() < deadline, "lockctl hold never held");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    for args in [
+        &run[..],
+        &["try", "nightly"][..],
+        &["elect", "-n", "nightly", "-c", touch.as_str()][..],
+    ] {
+        let output = lockctl_local(runtime.path(), args).await;
+        assert_eq!(
+            output.status.code(),
+            Some(75),
+            "{args:?}: {}",
+            text(&output)
+        );
+    }
+    assert!(!ran.exists(), "a command ran beside the holder");
+    let held = holding.await.expect("hold task");
+    assert_eq!(held.status.code(), Some(0), "{}", text(&held));
+    let output = lockctl_local(runtime.path(), &["try", "nightly"]).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
+
+    // Named on purpose, the process-local lock is taken.
+    let output = lockctl("memory://", &run).await;
+    assert_eq!(output.status.code(), Some(0), "{}", text(&output));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

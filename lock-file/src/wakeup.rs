@@ -1,0 +1,154 @@
+//! Push wake-ups: one inotify watch per directory per process, shared by the process's
+//! clients of that directory (inotify instances are few: 128 per user by default). Every
+//! close of a lock or slot file (a holder's release, or the kernel closing a dead
+//! process's files) and every record removed or replaced is announced to the clients'
+//! waiters and change feeds, which re-try or re-read; they also re-check every
+//! `recheck`, in case.
+//!
+//! A thread of its own reads each watch (a blocking read, on no runtime, so that clients
+//! on any runtime share it); it ends when the last client of the directory lets go, which
+//! removes the watch and so wakes it.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, Weak};
+
+use lock_core::raw::plumbing::lock_unpoisoned;
+use lock_core::Result;
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
+use tokio::sync::broadcast;
+
+use crate::error::{from_errno, from_io};
+
+/// How many announcements a slow reader may miss before it is told it lagged (and
+/// re-tries anyway).
+const BACKLOG: usize = 1024;
+
+/// The watches of this process, by canonical directory.
+static WATCHES: Mutex<Option<HashMap<PathBuf, Weak<Wakeup>>>> = Mutex::new(None);
+
+/// One change in the directory: the file name, and whether a file was closed (rather
+/// than removed or renamed into place).
+#[derive(Debug, Clone)]
+pub(crate) struct Change {
+    pub(crate) file: Arc<str>,
+    pub(crate) closed: bool,
+}
+
+impl Change {
+    /// Whether this change may let a waiter of `stem` in: its lock file or a slot
+    /// closed, or one of its records removed or replaced.
+    pub(crate) fn concerns(&self, stem: &str) -> bool {
+        let Some(rest) = self.file.strip_prefix(stem) else {
+            return false;
+        };
+        if self.closed {
+            rest.is_empty() || rest.starts_with("~slot~")
+        } else {
+            rest.starts_with("~hold~") || rest.starts_with("~wait~")
+        }
+    }
+}
+
+/// A directory's watch; its thread ends when the last client drops it.
+#[derive(Debug)]
+pub(crate) struct Wakeup {
+    changes: broadcast::Sender<Change>,
+    inotify: Arc<Inotify>,
+    watch: WatchDescriptor,
+}
+
+impl Wakeup {
+    /// The watch of `dir` (a canonical path), shared with this process's other clients of
+    /// it.
+    pub(crate) fn of(dir: &Path) -> Result<Arc<Self>> {
+        let mut watches = lock_unpoisoned(&WATCHES);
+        let watches = watches.get_or_insert_with(HashMap::new);
+        watches.retain(|_, watch| watch.strong_count() > 0);
+        if let Some(shared) = watches.get(dir).and_then(Weak::upgrade) {
+            return Ok(shared);
+        }
+        let started = Arc::new(Self::start(dir)?);
+        watches.insert(dir.to_owned(), Arc::downgrade(&started));
+        Ok(started)
+    }
+
+    fn start(dir: &Path) -> Result<Self> {
+        let what = "watching the lock directory (inotify)";
+        let inotify =
+            Arc::new(Inotify::init(InitFlags::IN_CLOEXEC).map_err(|e| from_errno(what, e))?);
+        let watch = inotify
+            .add_watch(
+                dir,
+                AddWatchFlags::IN_CLOSE_WRITE
+                    | AddWatchFlags::IN_CLOSE_NOWRITE
+                    | AddWatchFlags::IN_DELETE
+                    | AddWatchFlags::IN_MOVED_TO,
+            )
+            .map_err(|e| from_errno(what, e))?;
+        let (changes, _) = broadcast::channel(BACKLOG);
+        let reader = (Arc::clone(&inotify), changes.clone());
+        std::thread::Builder::new()
+            .name("distlock-file-watch".into())
+            .spawn(move || read(&reader.0, &reader.1))
+            .map_err(|e| from_io(what, e))?;
+        Ok(Wakeup {
+            changes,
+            inotify,
+            watch,
+        })
+    }
+
+    /// Announcements from now on.
+    pub(crate) fn subscribe(&self) -> broadcast::Receiver<Change> {
+        self.changes.subscribe()
+    }
+}
+
+impl Drop for Wakeup {
+    /// Removing the watch queues its last event, which ends the reading thread.
+    fn drop(&mut self) {
+        let _ = self.inotify.rm_watch(self.watch);
+    }
+}
+
+/// Reads `inotify` until its watch is removed, announcing each change.
+fn read(inotify: &Inotify, changes: &broadcast::Sender<Change>) {
+    loop {
+        let events = match inotify.read_events() {
+            Ok(events) => events,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(err) => {
+                tracing::warn!(%err, "reading the lock directory's inotify watch failed; waiters re-check only");
+                return;
+            }
+        };
+        for event in events {
+            if event.mask.contains(AddWatchFlags::IN_IGNORED) {
+                return;
+            }
+            let Some(file) = event.name.as_ref().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let closed = event
+                .mask
+                .intersects(AddWatchFlags::IN_CLOSE_WRITE | AddWatchFlags::IN_CLOSE_NOWRITE);
+            let _ = changes.send(Change {
+                file: Arc::from(file),
+                closed,
+            });
+        }
+    }
+}
+
+/// Waits until a change in `changes` concerns `stem` (or some were missed).
+pub(crate) async fn next_for(changes: &mut broadcast::Receiver<Change>, stem: &str) {
+    loop {
+        match changes.recv().await {
+            Ok(change) if change.concerns(stem) => return,
+            Ok(_) => {}
+            Err(broadcast::error::RecvError::Lagged(_)) => return,
+            Err(broadcast::error::RecvError::Closed) => std::future::pending().await,
+        }
+    }
+}
