@@ -39,7 +39,7 @@ demo: deps
 	./target/release/lockbench --runs 1 --duration 1s --warmup 300ms --clients 64 --locks 1,1024 \
 		--sweep 1,8,64,256 --held 1000 --takeover-rounds 2 --out lockbench-report \
 		--primitives semaphore,semaphore-many,rwlock,multi \
-		--backends memory,redis,redlock,zookeeper,etcd,postgres
+		--backends memory,redis,redlock,zookeeper,etcd,postgres,file
 
 ## Longer seeded fault schedules on every backend and on dual deployments (the dual
 ## lock, faults on either side; not in `make test`), every conformance rule on the
@@ -69,7 +69,7 @@ chaos: deps
 bench: deps
 	$(CARGO) build --quiet --release -p tools --bin lockbench
 	./target/release/lockbench --runs 3 --out lockbench-report \
-		--backends memory,redis,redis-cluster,redlock,zookeeper,etcd,postgres,dual
+		--backends memory,redis,redis-cluster,redlock,zookeeper,etcd,postgres,file,dual
 
 ## lockctl for a package or a host. `make lockctl-dist` builds lockctl and, from its clap
 ## definition, its man pages (lockctl.1 and a page per command, lockctl-run.1 and so on)

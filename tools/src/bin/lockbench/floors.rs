@@ -9,11 +9,13 @@ use async_trait::async_trait;
 use crate::error::BoxError;
 
 mod etcd;
+mod file;
 mod postgres;
 mod redis;
 mod zookeeper;
 
 use etcd::EtcdFloor;
+use file::FileFloor;
 use postgres::PgFloor;
 use redis::RedisFloor;
 use zookeeper::ZkFloor;
@@ -74,6 +76,8 @@ pub(crate) enum FloorSpec {
     Etcd(Vec<String>),
     /// A PostgreSQL server (libpq key/value connection string).
     Postgres(String),
+    /// A local directory of lock files (`file://`).
+    File(PathBuf),
     /// The dual lock's floor: the old side's floor, then the new side's; released in
     /// parallel.
     Dual(Box<[FloorSpec; 2]>),
@@ -100,6 +104,7 @@ impl FloorSpec {
             FloorSpec::Postgres(_) => {
                 "prepared INSERT … ON CONFLICT DO UPDATE … RETURNING + compare-and-DELETE".into()
             }
+            FloorSpec::File(_) => "open + flock(LOCK_EX | LOCK_NB) + close".into(),
             FloorSpec::Dual(sides) => format!(
                 "{}, then {}; released in parallel",
                 sides[0].describe(),
@@ -150,6 +155,7 @@ impl FloorSpec {
             }
             FloorSpec::Etcd(endpoints) => Box::new(EtcdFloor::connect(endpoints).await?),
             FloorSpec::Postgres(conninfo) => Box::new(PgFloor::connect(conninfo).await?),
+            FloorSpec::File(dir) => Box::new(FileFloor::new(dir.clone())),
         })
     }
 }

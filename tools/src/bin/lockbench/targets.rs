@@ -101,6 +101,7 @@ const MEMORY_PREFIX: &str = "memory://";
 /// the primary's `ROLE` and waits for one replica where it lists any), `zookeeper-3` (a 3-member ensemble, the
 /// client on a follower) and `zookeeper-tls` (`zks://`, one server, TLS with a private CA).
 /// `postgres` is one PostgreSQL server (`postgres://`, the locks in schema `lockbench`).
+/// `file` is a directory of lock files of its own in the temp dir (`file://`, no server).
 /// `dual` is the migration lock from ZooKeeper to Redis (`dual:zk://…|redis://…`) on
 /// servers of its own.
 pub(crate) const BACKENDS: &[&str] = &[
@@ -116,8 +117,27 @@ pub(crate) const BACKENDS: &[&str] = &[
     "zookeeper-tls",
     "etcd",
     "postgres",
+    "file",
     "dual",
 ];
+
+/// The `file` target's directory, removed with the target.
+struct LockDir(std::path::PathBuf);
+
+impl LockDir {
+    fn create() -> std::io::Result<Self> {
+        let name = format!("lockbench-file-{}", uuid::Uuid::new_v4().simple());
+        let dir = std::env::temp_dir().join(name);
+        std::fs::create_dir(&dir)?;
+        Ok(LockDir(dir))
+    }
+}
+
+impl Drop for LockDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
 
 /// The prefix of a migration lock's URL: `dual:<old url>|<new url>`.
 const DUAL_PREFIX: &str = "dual:";
@@ -366,6 +386,7 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
         "zookeeper-tls" => "zks",
         "etcd" => "etcd",
         "postgres" => "postgres",
+        "file" => "file",
         // Each side is checked when it starts.
         "dual" => "dual",
         _ => "memory",
@@ -515,6 +536,22 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let mut target = networked("postgres", url, floor, Box::new(counter));
             target.servers.push(Box::new(server));
             Ok(target)
+        }
+        "file" => {
+            let dir = LockDir::create().map_err(|e| format!("lock directory: {e}"))?;
+            Ok(Target {
+                label: "file".into(),
+                url: format!("file://{}", dir.0.display()),
+                floor: Some(FloorSpec::File(dir.0.clone())),
+                cross_process: true,
+                takeover_ttl: TAKEOVER_TTL,
+                elections: false,
+                semaphores: false,
+                semaphores_many: false,
+                rwlocks: false,
+                requests: None,
+                servers: vec![Box::new(dir)],
+            })
         }
         "dual" => {
             let [old, new] = DUAL_SIDES;
