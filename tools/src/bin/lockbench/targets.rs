@@ -320,16 +320,25 @@ fn networked(
     requests: Box<dyn RequestCounter>,
 ) -> Target {
     Target {
+        requests: Some(requests),
+        ..cross_process(label, url, Some(floor))
+    }
+}
+
+/// A target whose holders may be processes of their own, before the capabilities are
+/// asked ([`Target::check_capabilities`]), with no request counter nor servers yet.
+fn cross_process(label: &str, url: String, floor: Option<FloorSpec>) -> Target {
+    Target {
         label: label.into(),
         url,
-        floor: Some(floor),
+        floor,
         cross_process: true,
         takeover_ttl: TAKEOVER_TTL,
         elections: false,
         semaphores: false,
         semaphores_many: false,
         rwlocks: false,
-        requests: Some(requests),
+        requests: None,
         servers: Vec::new(),
     }
 }
@@ -539,18 +548,11 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
         }
         "file" => {
             let dir = LockDir::create().map_err(|e| format!("lock directory: {e}"))?;
+            let url = format!("file://{}", dir.0.display());
+            let floor = FloorSpec::File(dir.0.clone());
             Ok(Target {
-                label: "file".into(),
-                url: format!("file://{}", dir.0.display()),
-                floor: Some(FloorSpec::File(dir.0.clone())),
-                cross_process: true,
-                takeover_ttl: TAKEOVER_TTL,
-                elections: false,
-                semaphores: false,
-                semaphores_many: false,
-                rwlocks: false,
-                requests: None,
                 servers: vec![Box::new(dir)],
+                ..cross_process("file", url, Some(floor))
             })
         }
         "dual" => {
@@ -559,23 +561,17 @@ pub(crate) async fn start(backend: &str) -> Result<Target, String> {
             let new = Box::pin(start(new)).await?;
             let floors = [&old, &new].map(|side| side.floor.clone());
             let counters = [old.requests, new.requests];
+            let url = format!("{DUAL_PREFIX}{}|{}", old.url, new.url);
+            let floor = match floors {
+                [Some(old), Some(new)] => Some(FloorSpec::Dual(Box::new([old, new]))),
+                _ => None,
+            };
             Ok(Target {
-                label: "dual".into(),
-                url: format!("{DUAL_PREFIX}{}|{}", old.url, new.url),
-                floor: match floors {
-                    [Some(old), Some(new)] => Some(FloorSpec::Dual(Box::new([old, new]))),
-                    _ => None,
-                },
-                cross_process: true,
-                takeover_ttl: TAKEOVER_TTL,
-                elections: false,
-                semaphores: false,
-                semaphores_many: false,
-                rwlocks: false,
                 requests: Some(Box::new(SumCounter(
                     counters.into_iter().flatten().collect(),
                 ))),
                 servers: old.servers.into_iter().chain(new.servers).collect(),
+                ..cross_process("dual", url, floor)
             })
         }
         other => Err(format!(
