@@ -8,7 +8,9 @@
 //! after one with a higher `seq` was read, and a grant and its fencing token (the
 //! row's counter, incremented in the same transaction) can never be given twice. Its
 //! statements are pipelined: lock, purge the dead, insert or refresh ours, read the
-//! queue in one round trip; the grant and the commit in a second.
+//! queue in one round trip; the grant and the commit in a second. (A waiting acquire of a
+//! client without advisory locks enqueues in one round trip instead, and a release may
+//! grant the head of the queue: [`crate::handover`].)
 
 use std::sync::Arc;
 use std::time::Duration;
