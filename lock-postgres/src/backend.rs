@@ -27,9 +27,11 @@ use tokio::time::Instant;
 
 use crate::advisory::Advisory;
 use crate::config::PostgresConfig;
-use crate::connection::{Listener, PgClient};
+use crate::connection::PgClient;
 use crate::error::BACKEND;
+use crate::handover;
 use crate::hold::{self, PostgresHold};
+use crate::listener::Listener;
 use crate::operator;
 use crate::queue::{self, decide_turn, fence_of, Place, Step, Turn};
 
@@ -52,6 +54,8 @@ pub struct PostgresBackend {
     advisory: Option<Arc<Advisory>>,
     /// The queue's statements, formatted once.
     queue_sql: queue::Statements,
+    /// The release's statements ([`crate::handover`]), formatted once.
+    handover_sql: handover::Statements,
     /// The deletes of the entries of ended holding sessions ([`hold::end_with_sessions`]).
     session_holds: Option<tokio::task::JoinHandle<()>>,
 }
@@ -115,6 +119,7 @@ impl Connect for PostgresBackend {
         });
         Ok(PostgresBackend {
             queue_sql: queue::statements(&client),
+            handover_sql: handover::statements(&client),
             session_holds,
             sweeper,
             closed: AtomicBool::new(false),
@@ -260,6 +265,10 @@ impl Backend for PostgresBackend {
             advisory: self.advisory.as_ref(),
             schema: &self.client.schema,
             sql: &self.queue_sql,
+            grant_lease: self
+                .advisory
+                .is_none()
+                .then(|| handover::grant_lease(request.ttl, self.recheck)),
         };
         // Subscribed before the first decision, so that no change after it is missed.
         let waiter = request
@@ -271,13 +280,17 @@ impl Backend for PostgresBackend {
             owner: owner.to_owned(),
         })
         .tracked_by(&self.background);
-        let first = decide_turn(&self.client, &place, Step::Enqueue { wait: request.wait }).await?;
+        let first = if request.wait && place.grant_lease.is_some() {
+            handover::enqueue(&self.client, &self.handover_sql, &place).await?
+        } else {
+            decide_turn(&self.client, &place, Step::Enqueue { wait: request.wait }).await?
+        };
         let turn = match (first, &waiter) {
             (Turn::Refused, _) => {
                 drop(pending.disarm());
                 return Ok(None);
             }
-            (turn @ Turn::Waiting { .. }, Some(waiter)) => {
+            (turn @ (Turn::Waiting { .. } | Turn::Ready { .. }), Some(waiter)) => {
                 queue::wait_turn(&self.client, waiter, &place, turn, self.recheck).await?
             }
             (turn, _) => turn,
@@ -286,6 +299,7 @@ impl Backend for PostgresBackend {
             seq,
             fence,
             decided_at,
+            lease,
             session,
             advisory,
         } = turn
@@ -314,7 +328,7 @@ impl Backend for PostgresBackend {
             },
             fencing_token: FencingToken(fence_of(fence)?),
             requested_at: decided_at,
-            lease: request.ttl,
+            lease,
             session,
         }))
     }
@@ -333,7 +347,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn release(&self, hold: &PostgresHold) -> Result<BackendRelease> {
-        let released = hold::release(&self.client, hold).await;
+        let released = hold::release(&self.client, &self.handover_sql, hold).await;
         if released.is_ok() {
             hold.give_back(self.advisory.as_deref()).await;
         }

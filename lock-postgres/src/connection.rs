@@ -1,26 +1,20 @@
 //! Talking to PostgreSQL: a pool of connections for statements ([`PgClient`]), every
 //! call bounded by the request timeout on both ends (the client drops it; the server
-//! cancels a statement, a lock wait or an idle transaction that outlives it), and one
-//! more connection that `LISTEN`s on the schema's channel and wakes the subscribers of
-//! the name each notification carries ([`Listener`]).
+//! cancels a statement, a lock wait or an idle transaction that outlives it). The
+//! connection that `LISTEN`s is [`crate::listener`]'s.
 //!
 //! The pool is deadpool's; statements are prepared once per connection and cached, so a
 //! statement costs one round trip, and the statements of one step are pipelined.
 
-use std::collections::HashMap;
 use std::future::Future;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
-use futures::StreamExt;
 use lock_core::raw::plumbing::Backoff;
 use lock_core::{Error, Result};
-use tokio::sync::{watch, Notify};
-use tokio::task::JoinHandle;
 use tokio_postgres::config::TargetSessionAttrs;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::AsyncMessage;
 
 use crate::config::{PostgresConfig, SslMode, DEFAULT_PORT};
 use crate::error::{from_client, BACKEND};
@@ -320,227 +314,5 @@ fn pool_error(what: &str, err: deadpool_postgres::PoolError) -> Error {
         deadpool_postgres::PoolError::Backend(err) => from_client(what, err),
         deadpool_postgres::PoolError::Closed => Error::closed(BACKEND, what.to_owned()),
         other => Error::connection(BACKEND, format!("{what}: no connection"), other.to_string()),
-    }
-}
-
-/// One connection that listens on the schema's channel, reconnecting with backoff, and
-/// whom it wakes. A notification's payload is `-<seq>:<name>` when entry `seq` of `name`
-/// left the queue or changed its kind (`0`: any entry), `+:<name>` for any other change
-/// (a grant, a proclaim). Observers of a name are woken by every change; a waiter only
-/// when an entry it waits for ([`Waiter::watch`]) left or changed, so that a release
-/// wakes the waiter it may grant, not every waiter of the name. After a reconnect (which
-/// may have missed notifications) everyone is woken.
-#[derive(Debug)]
-pub(crate) struct Listener {
-    subscribers: Arc<Mutex<Subscribers>>,
-    task: JoinHandle<()>,
-}
-
-#[derive(Debug, Default)]
-struct Subscribers {
-    observers: HashMap<String, watch::Sender<u64>>,
-    waiters: HashMap<String, Vec<Weak<Waiting>>>,
-}
-
-/// What one waiter waits for, and how it is woken.
-#[derive(Debug, Default)]
-struct Waiting {
-    watched: Mutex<Watched>,
-    woken: Notify,
-}
-
-/// The entries a waiter watches, and those that left since it last chose them (so that
-/// one leaving between its read of the queue and its choice still wakes it).
-#[derive(Debug, Default)]
-struct Watched {
-    seqs: Vec<i64>,
-    left_since: Vec<i64>,
-    /// More left than are kept: the next choice wakes the waiter at once.
-    overflow: bool,
-}
-
-/// How many left entries a waiter keeps between two choices.
-const LEFT_KEPT: usize = 256;
-
-/// One waiter's subscription to the changes of a name (see [`Listener`]).
-#[derive(Debug)]
-pub(crate) struct Waiter {
-    waiting: Arc<Waiting>,
-}
-
-impl Waiter {
-    /// Wakes this waiter when one of `seqs` leaves or changes (from now on).
-    pub(crate) fn watch(&self, seqs: impl IntoIterator<Item = i64>) {
-        let mut watched = lock(&self.waiting.watched);
-        watched.seqs.clear();
-        watched.seqs.extend(seqs);
-        let missed = watched.overflow
-            || watched
-                .left_since
-                .iter()
-                .any(|seq| watched.seqs.contains(seq));
-        watched.left_since.clear();
-        watched.overflow = false;
-        if missed {
-            self.waiting.woken.notify_one();
-        }
-    }
-
-    /// Resolves at the next wake-up (at once if one came since the last).
-    pub(crate) async fn woken(&self) {
-        self.waiting.woken.notified().await;
-    }
-}
-
-impl Listener {
-    /// Starts listening for `config`, over `tls`.
-    pub(crate) fn start(config: &PostgresConfig, tls: Connector) -> Listener {
-        let subscribers: Arc<Mutex<Subscribers>> = Arc::default();
-        let task = tokio::spawn(listen(
-            pg_config(config),
-            tls,
-            config.schema.clone(),
-            Arc::clone(&subscribers),
-        ));
-        Listener { subscribers, task }
-    }
-
-    /// A counter bumped at each change of `name` from now on.
-    pub(crate) fn observe(&self, name: &str) -> watch::Receiver<u64> {
-        let mut subscribers = lock(&self.subscribers);
-        let observers = &mut subscribers.observers;
-        observers.retain(|_, sender| sender.receiver_count() > 0);
-        match observers.get(name) {
-            Some(sender) => sender.subscribe(),
-            None => {
-                let (sender, receiver) = watch::channel(0);
-                observers.insert(name.to_owned(), sender);
-                receiver
-            }
-        }
-    }
-
-    /// A waiter on `name`, watching nothing yet.
-    pub(crate) fn wait_on(&self, name: &str) -> Waiter {
-        let waiting = Arc::new(Waiting::default());
-        let mut subscribers = lock(&self.subscribers);
-        let waiters = subscribers.waiters.entry(name.to_owned()).or_default();
-        waiters.retain(|w| w.strong_count() > 0);
-        waiters.push(Arc::downgrade(&waiting));
-        subscribers.waiters.retain(|_, w| !w.is_empty());
-        Waiter { waiting }
-    }
-}
-
-impl Listener {
-    /// Stops listening, waking everyone (nothing will wake them any more).
-    pub(crate) fn stop(&self) {
-        self.task.abort();
-        wake(&self.subscribers, None);
-    }
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// Wakes whom a notification with `payload` concerns (`None`: everyone).
-fn wake(subscribers: &Mutex<Subscribers>, payload: Option<&str>) {
-    let subscribers = lock(subscribers);
-    let bump = |sender: &watch::Sender<u64>| sender.send_modify(|n| *n = n.wrapping_add(1));
-    let wake_waiter = |waiting: &Weak<Waiting>, seq: Option<i64>| {
-        if let Some(waiting) = waiting.upgrade() {
-            let concerned = match seq {
-                None | Some(0) => true,
-                Some(seq) => {
-                    let mut watched = lock(&waiting.watched);
-                    if watched.left_since.len() < LEFT_KEPT {
-                        watched.left_since.push(seq);
-                    } else {
-                        watched.overflow = true;
-                    }
-                    watched.seqs.contains(&seq)
-                }
-            };
-            if concerned {
-                waiting.woken.notify_one();
-            }
-        }
-    };
-    let Some(payload) = payload else {
-        subscribers.observers.values().for_each(bump);
-        for waiting in subscribers.waiters.values().flatten() {
-            wake_waiter(waiting, None);
-        }
-        return;
-    };
-    let Some((head, name)) = payload.split_once(':') else {
-        return;
-    };
-    subscribers.observers.get(name).into_iter().for_each(bump);
-    if let Some(seq) = head
-        .strip_prefix('-')
-        .and_then(|seq| seq.parse::<i64>().ok())
-    {
-        for waiting in subscribers.waiters.get(name).into_iter().flatten() {
-            wake_waiter(waiting, Some(seq));
-        }
-    }
-}
-
-/// The listening loop: connect, `LISTEN`, wake everyone (changes may have been missed
-/// while not listening), forward notifications until the connection ends; again after a
-/// pause. Ends when the task is aborted (the client dropped).
-async fn listen(
-    config: tokio_postgres::Config,
-    tls: Connector,
-    channel: String,
-    subscribers: Arc<Mutex<Subscribers>>,
-) {
-    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    loop {
-        match config.connect(tls.make()).await {
-            Ok((client, mut connection)) => {
-                let mut messages =
-                    futures::stream::poll_fn(move |cx| connection.poll_message(cx)).fuse();
-                let statement = format!("LISTEN {}", quote_ident(&channel));
-                let listening = {
-                    let listen = client.batch_execute(&statement);
-                    let mut listen = std::pin::pin!(listen);
-                    loop {
-                        tokio::select! {
-                            done = &mut listen => break done.is_ok(),
-                            message = messages.next() => match message {
-                                Some(Ok(_)) => {}
-                                Some(Err(_)) | None => break false,
-                            },
-                        }
-                    }
-                };
-                if listening {
-                    backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-                    wake(&subscribers, None);
-                    while let Some(Ok(message)) = messages.next().await {
-                        if let AsyncMessage::Notification(n) = message {
-                            if n.channel() == channel {
-                                wake(&subscribers, Some(n.payload()));
-                            }
-                        }
-                    }
-                    tracing::debug!(channel, "the listening connection ended; reconnecting");
-                }
-                drop(client);
-            }
-            Err(err) => tracing::debug!(channel, error = %err, "listening connection failed"),
-        }
-        tokio::time::sleep(backoff.next_pause()).await;
     }
 }

@@ -11,7 +11,8 @@ use lock_core::{LostReason, Result};
 use tokio_postgres::types::ToSql;
 
 use crate::advisory::{Advisory, AdvisoryKey, Mode};
-use crate::connection::{PgClient, Waiter};
+use crate::connection::PgClient;
+use crate::listener::Waiter;
 
 /// Backend data of one hold: its entry.
 #[derive(Debug)]
@@ -80,7 +81,7 @@ pub(crate) async fn give_back_when_gone(
         "SELECT 1 FROM {}.entries WHERE seq = $1 AND owner = $2",
         client.schema
     );
-    waiter.watch([seq]);
+    waiter.watch(seq, [seq]);
     loop {
         waiter.woken().await;
         // The client is gone (its listener's end woke us): nothing more will.
@@ -204,26 +205,14 @@ pub(crate) async fn renew(
         .collect())
 }
 
-/// Deletes the hold's entry if it is still ours, and tells the waiter it may grant.
-pub(crate) async fn release(client: &PgClient, hold: &PostgresHold) -> Result<BackendRelease> {
-    let sql = format!(
-        "WITH gone AS (DELETE FROM {s}.entries WHERE seq = $1 AND owner = $2 \
-             RETURNING name, seq, expires_at >= clock_timestamp() AS live) \
-         SELECT live, pg_notify($3, '-' || seq || ':' || name) FROM gone",
-        s = client.schema
-    );
-    let channel: &str = &client.channel;
-    let live: Option<bool> = client
-        .run("releasing a lock", async |conn| {
-            let statement = conn.statement(&sql).await?;
-            let row = conn
-                .client()
-                .query_opt(&statement, &[&hold.seq, &hold.owner, &channel])
-                .await?;
-            Ok(row.map(|row| row.try_get(0)).transpose()?)
-        })
-        .await?;
-    Ok(match live {
+/// Deletes the hold's entry if it is still ours, granting whom its leaving grants
+/// ([`crate::handover::release`]).
+pub(crate) async fn release(
+    client: &PgClient,
+    sql: &crate::handover::Statements,
+    hold: &PostgresHold,
+) -> Result<BackendRelease> {
+    Ok(match crate::handover::release(client, sql, hold).await? {
         Some(true) => BackendRelease::Released,
         Some(false) => BackendRelease::NotOwner(LostReason::Expired),
         None => BackendRelease::NotOwner(gone_reason(client, hold).await?),

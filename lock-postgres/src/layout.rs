@@ -6,9 +6,12 @@
 //!   serial and queue order is commit order. `fence` is the name's fencing counter; the
 //!   row outlives its holds so that tokens keep increasing.
 //! - `entries (seq, name, owner, kind, permits, count, value, value_version, granted,
-//!   fence, client, session, since, expires_at)`: one row per hold or waiter, in `seq` order. A row
-//!   whose `expires_at` (server time) has passed is dead: whoever decides on the name
-//!   next deletes it. Holders and waiters push `expires_at` forward while alive.
+//!   fence, client, session, since, expires_at, grant_ms, fence_floor)`: one row per hold or
+//!   waiter, in `seq` order. A row whose `expires_at` (server time) has passed is dead:
+//!   whoever decides on the name next deletes it. Holders and waiters push `expires_at`
+//!   forward while alive. A waiter with a `grant_ms` may be granted by a release (with that
+//!   first lease, and a token no lower than its `fence_floor`); one without (a client that
+//!   takes advisory locks) decides its own grant.
 //! - `marks (name, owner, until)`: what a forced release leaves for the broken holder's
 //!   renewal, so that it is told `Broken`, not `Expired`.
 //!
@@ -31,6 +34,9 @@ use crate::error::BACKEND;
 /// the quoted schema name.
 pub(crate) fn schema_ddl(schema: &str) -> String {
     let s = quote_ident(schema);
+    // The table's name as a string literal's text (tables of an older layout gain the
+    // columns of grants on release).
+    let entries = format!("{s}.entries").replace('\'', "''");
     format!(
         "CREATE SCHEMA IF NOT EXISTS {s};
          CREATE TABLE IF NOT EXISTS {s}.names (
@@ -52,8 +58,17 @@ pub(crate) fn schema_ddl(schema: &str) -> String {
              session bigint NOT NULL DEFAULT 0,
              since timestamptz NOT NULL DEFAULT clock_timestamp(),
              expires_at timestamptz NOT NULL,
+             grant_ms float8,
+             fence_floor bigint NOT NULL DEFAULT 0,
              UNIQUE (name, owner)
          );
+         DO $layout$ BEGIN
+             IF NOT EXISTS (SELECT 1 FROM pg_attribute
+                 WHERE attrelid = '{entries}'::regclass AND attname = 'grant_ms') THEN
+                 ALTER TABLE {s}.entries ADD COLUMN grant_ms float8,
+                     ADD COLUMN fence_floor bigint NOT NULL DEFAULT 0;
+             END IF;
+         END $layout$;
          CREATE INDEX IF NOT EXISTS entries_by_name ON {s}.entries (name, seq);
          CREATE INDEX IF NOT EXISTS entries_by_expiry ON {s}.entries (expires_at);
          CREATE TABLE IF NOT EXISTS {s}.marks (

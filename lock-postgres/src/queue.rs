@@ -8,7 +8,9 @@
 //! after one with a higher `seq` was read, and a grant and its fencing token (the
 //! row's counter, incremented in the same transaction) can never be given twice. Its
 //! statements are pipelined: lock, purge the dead, insert or refresh ours, read the
-//! queue in one round trip; the grant and the commit in a second.
+//! queue in one round trip; the grant and the commit in a second. (A waiting acquire of a
+//! client without advisory locks enqueues in one round trip instead, and a release may
+//! grant the head of the queue: [`crate::handover`].)
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,9 +23,10 @@ use tokio_postgres::types::ToSql;
 use crate::advisory::{
     holders_params, holders_sql, madelson_key, Advisory, AdvisoryKey, Mode, FOREIGN_POLL,
 };
-use crate::connection::{Conn, Failure, PgClient, Waiter};
+use crate::connection::{Conn, Failure, PgClient};
 use crate::error::unexpected;
 use crate::layout::{kind_columns, millis, Entry, ENTRY_COLUMNS};
+use crate::listener::Waiter;
 
 /// One acquisition's place in a name's queue.
 #[derive(Debug, Clone, Copy)]
@@ -42,16 +45,77 @@ pub(crate) struct Place<'a> {
     pub(crate) schema: &'a str,
     /// The queue's statements ([`statements`]).
     pub(crate) sql: &'a Statements,
+    /// The first lease of a grant a release may make to the entry while it waits
+    /// ([`crate::handover`]); `None` where the client takes advisory locks (it decides
+    /// its own grants).
+    pub(crate) grant_lease: Option<Duration>,
+}
+
+impl<'a> Place<'a> {
+    /// The columns of the entry this place inserts.
+    pub(crate) fn new_entry(&self) -> Result<NewEntry<'a>> {
+        let (kind, permits, count) = kind_columns(self.kind)?;
+        Ok(NewEntry {
+            name: self.name.as_str(),
+            owner: self.owner,
+            kind,
+            permits,
+            count,
+            value: match self.kind {
+                HoldKind::Candidate { value } => Some(value),
+                _ => None,
+            },
+            client: self.client,
+            ttl_ms: millis(self.ttl) as f64,
+            grant_ms: self.grant_lease.map(|lease| millis(lease) as f64),
+            floor: self.floor,
+        })
+    }
+}
+
+/// The columns of a new entry ([`Place::new_entry`]).
+pub(crate) struct NewEntry<'a> {
+    name: &'a str,
+    owner: &'a str,
+    kind: &'static str,
+    permits: Option<i32>,
+    count: Option<i32>,
+    value: Option<&'a [u8]>,
+    client: &'a str,
+    pub(crate) ttl_ms: f64,
+    grant_ms: Option<f64>,
+    floor: i64,
+}
+
+impl NewEntry<'_> {
+    /// The parameters of an insert: `$1` to `$10`, name, owner, kind, permits, count,
+    /// value, client, TTL and first lease of a grant on release in milliseconds, floor.
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 10] {
+        [
+            &self.name,
+            &self.owner,
+            &self.kind,
+            &self.permits,
+            &self.count,
+            &self.value,
+            &self.client,
+            &self.ttl_ms,
+            &self.grant_ms,
+            &self.floor,
+        ]
+    }
 }
 
 /// What one decision found.
 #[derive(Debug)]
 pub(crate) enum Turn {
-    /// Granted with this fencing token; the entry's lease runs from `decided_at`.
+    /// Granted with this fencing token; the entry's lease (`lease`) runs from
+    /// `decided_at`.
     Granted {
         seq: i64,
         fence: i64,
         decided_at: Instant,
+        lease: Duration,
         /// The holding session's epoch (0 without advisory locks).
         session: u64,
         /// The advisory lock taken with it, and the session epoch holding it.
@@ -64,7 +128,12 @@ pub(crate) enum Turn {
         blocked_for: Duration,
         /// The entries whose leaving (or change of kind) may grant it.
         watch: Vec<i64>,
+        /// When the decision was sent: a grant on release comes after it.
+        decided_at: Instant,
     },
+    /// Queued, and granted by [`decide`] over what is ahead: decide again at once (the
+    /// grant is made under the name's lock).
+    Ready { seq: i64 },
     /// Not granted, and the single attempt left nothing behind.
     Refused,
     /// Our entry is gone (expired while we could not refresh it, or broken).
@@ -102,15 +171,16 @@ pub(crate) fn statements(client: &PgClient) -> Statements {
         ),
         insert: format!(
             "INSERT INTO {s}.entries \
-                 (name, owner, kind, permits, count, value, client, expires_at) \
+                 (name, owner, kind, permits, count, value, client, expires_at, \
+                 grant_ms, fence_floor) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, \
-                 clock_timestamp() + $8::float8 * interval '1 millisecond') \
-             RETURNING seq"
+                 clock_timestamp() + $8::float8 * interval '1 millisecond', $9, $10) \
+             RETURNING seq, granted, fence"
         ),
         refresh: format!(
             "UPDATE {s}.entries \
              SET expires_at = clock_timestamp() + $2::float8 * interval '1 millisecond' \
-             WHERE seq = $1 AND owner = $3 RETURNING seq"
+             WHERE seq = $1 AND owner = $3 RETURNING seq, granted, fence"
         ),
         queue: format!("SELECT {ENTRY_COLUMNS} FROM {s}.entries WHERE name = $1 ORDER BY seq"),
         grant: format!(
@@ -127,11 +197,11 @@ pub(crate) fn statements(client: &PgClient) -> Statements {
 
 #[derive(Debug)]
 pub(crate) struct Statements {
-    lock: String,
-    purge: String,
+    pub(crate) lock: String,
+    pub(crate) purge: String,
     insert: String,
     refresh: String,
-    queue: String,
+    pub(crate) queue: String,
     grant: String,
     notify: String,
 }
@@ -148,15 +218,11 @@ pub(crate) enum Step {
 
 /// Takes one decision for `place` (see the module docs).
 pub(crate) async fn decide_turn(client: &PgClient, place: &Place<'_>, step: Step) -> Result<Turn> {
-    let (kind, permits, count) = kind_columns(place.kind)?;
-    let value: Option<&[u8]> = match place.kind {
-        HoldKind::Candidate { value } => Some(value),
-        _ => None,
-    };
+    let entry = place.new_entry()?;
     let sql = place.sql;
     let name = place.name.as_str();
     let channel: &str = &client.channel;
-    let ttl_ms = millis(place.ttl) as f64;
+    let ttl_ms = entry.ttl_ms;
     let what = match step {
         Step::Enqueue { .. } => "queueing for a lock",
         Step::Recheck { .. } => "re-checking a lock's queue",
@@ -179,16 +245,7 @@ pub(crate) async fn decide_turn(client: &PgClient, place: &Place<'_>, step: Step
             conn.begin();
             let c = conn.client();
             let decided_at = Instant::now();
-            let insert_params: [&(dyn ToSql + Sync); 8] = [
-                &name,
-                &place.owner,
-                &kind,
-                &permits,
-                &count,
-                &value,
-                &place.client,
-                &ttl_ms,
-            ];
+            let insert_params = entry.params();
             let refresh_params: [&(dyn ToSql + Sync); 3];
             let own_params: &[&(dyn ToSql + Sync)] = match &step {
                 Step::Enqueue { .. } => &insert_params,
@@ -212,6 +269,19 @@ pub(crate) async fn decide_turn(client: &PgClient, place: &Place<'_>, step: Step
                 return Ok(Turn::Gone);
             };
             let seq: i64 = own.try_get(0)?;
+            // Granted by a release meanwhile (a client without advisory locks): the entry,
+            // just refreshed, holds with the token it was granted.
+            if own.try_get(1)? && place.grant_lease.is_some() {
+                conn.commit().await?;
+                return Ok(Turn::Granted {
+                    seq,
+                    fence: own.try_get(2)?,
+                    decided_at,
+                    lease: place.ttl,
+                    session: 0,
+                    advisory: None,
+                });
+            }
             let decision =
                 entries(&rows).and_then(|queue| decide(place.name, place.kind, seq, &queue));
             match decision {
@@ -229,6 +299,7 @@ pub(crate) async fn decide_turn(client: &PgClient, place: &Place<'_>, step: Step
                         seq,
                         blocked_for,
                         watch,
+                        decided_at,
                     })
                 }
                 Ok(Decision::Granted) => {
@@ -256,6 +327,7 @@ pub(crate) async fn decide_turn(client: &PgClient, place: &Place<'_>, step: Step
                                         seq,
                                         blocked_for: FOREIGN_POLL,
                                         watch: Vec::new(),
+                                        decided_at,
                                     });
                                 }
                                 Err(err) => {
@@ -294,6 +366,7 @@ pub(crate) async fn decide_turn(client: &PgClient, place: &Place<'_>, step: Step
                         seq,
                         fence,
                         decided_at,
+                        lease: place.ttl,
                         session: u64::try_from(session).unwrap_or(0),
                         advisory: advisory.map(Taken::keep),
                     })
@@ -457,7 +530,8 @@ pub(crate) fn next_check(blocked_for: Duration, recheck: Duration, ttl: Duration
 /// Pause before a waiter decides again after a failed decision.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
 
-/// Waits until the entry that [`Turn::Waiting`] left is granted: decides again at each
+/// Waits until the entry that [`Turn::Waiting`] left is granted: takes a grant on
+/// release that `waiter` saw ([`crate::handover::handed`]), or decides again at each
 /// wake-up of `waiter` or after [`next_check`]; queues again (at the back) if the entry
 /// went (it expired while this client could not refresh it). Returns the granting turn.
 pub(crate) async fn wait_turn(
@@ -471,17 +545,41 @@ pub(crate) async fn wait_turn(
     loop {
         let pause = match &turn {
             Turn::Waiting {
-                blocked_for, watch, ..
+                seq,
+                blocked_for,
+                watch,
+                ..
             } => {
-                waiter.watch(watch.iter().copied());
+                waiter.watch(*seq, watch.iter().copied());
                 next_check(*blocked_for, recheck, place.ttl)
             }
             Turn::Granted { .. } => return Ok(turn),
+            Turn::Ready { .. } => Duration::ZERO,
             Turn::Refused | Turn::Gone => RETRY_PAUSE,
         };
-        let _ = tokio::time::timeout(pause, waiter.woken()).await;
+        if !pause.is_zero() {
+            let _ = tokio::time::timeout(pause, waiter.woken()).await;
+        }
+        if let (
+            Turn::Waiting {
+                seq, decided_at, ..
+            },
+            Some(lease),
+        ) = (&turn, place.grant_lease)
+        {
+            if let Some(fence) = crate::handover::handed(waiter, *decided_at, lease) {
+                return Ok(Turn::Granted {
+                    seq: *seq,
+                    fence,
+                    decided_at: *decided_at,
+                    lease,
+                    session: 0,
+                    advisory: None,
+                });
+            }
+        }
         let step = match &turn {
-            Turn::Waiting { seq, .. } => Step::Recheck { seq: *seq },
+            Turn::Waiting { seq, .. } | Turn::Ready { seq } => Step::Recheck { seq: *seq },
             _ => Step::Enqueue { wait: true },
         };
         match decide_turn(client, place, step).await {
