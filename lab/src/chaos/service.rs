@@ -120,9 +120,12 @@ async fn service_scenario(scene: Scene<'_>, fault: Fault) -> ScenarioReport {
     }
     faulting.store(false, Ordering::SeqCst);
     let healed_at = Instant::now();
-    // Requeue: the victim's service campaigns again after the fault, and where the
-    // election is fair (in campaign order) leads again; an unfair one (RedLock, Redis
-    // without its queue) may keep handing the term to the others.
+    // Requeue: the victim's service campaigns again once its term is lost, and where the
+    // election is fair (in campaign order) leads again after the fault; an unfair one
+    // (RedLock, Redis without its queue) may keep handing the term to the others. A term
+    // lost while the link is still cut (a TTL below the cut's length) is followed by a
+    // campaign that starts during the fault and goes on waiting after it: a requeue is a
+    // campaign since the fault struck, not since it ended.
     let patience = PATIENCE + plan.ttl * 4;
     if clients[0].capabilities().fair {
         if led_since(&services[0], Some(healed_at), patience)
@@ -133,7 +136,7 @@ async fn service_scenario(scene: Scene<'_>, fault: Fault) -> ScenarioReport {
                 "the victim's service did not lead again within {patience:?} of the fault's end"
             ));
         }
-    } else if since(&services[0].campaigned, Some(healed_at), patience)
+    } else if since(&services[0].campaigned, Some(fault_at), patience)
         .await
         .is_none()
     {
