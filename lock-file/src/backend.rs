@@ -2,6 +2,7 @@
 //! directory's inotify watch, renewals that check the hold was not broken.
 
 use std::fmt;
+use std::os::unix::fs::PermissionsExt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,7 +25,7 @@ use tokio::time::{sleep, Instant};
 use crate::config::FileConfig;
 use crate::error::{from_errno, from_io, task_failed, BACKEND};
 use crate::hold::{attempt, Ask, FileHold, OpenFiles, WaitRecord};
-use crate::layout::{stem_of, Layout};
+use crate::layout::{stem_of, Layout, RECORDS};
 use crate::wakeup::{next_for, Wakeup};
 use crate::FileLock;
 
@@ -122,7 +123,18 @@ fn prepare(config: &FileConfig) -> Result<()> {
         &config.dir,
         nix::unistd::AccessFlags::W_OK | nix::unistd::AccessFlags::X_OK,
     )
-    .map_err(|e| from_errno(what, e))
+    .map_err(|e| from_errno(what, e))?;
+    // The records' directory, as open to others as the lock directory (a shared
+    // `/run/lock` is world-writable and sticky, so is this).
+    let records = config.dir.join(RECORDS);
+    match std::fs::create_dir(&records) {
+        Ok(()) => {
+            let mode = std::fs::Permissions::from_mode(meta.permissions().mode() & 0o7777);
+            std::fs::set_permissions(&records, mode).map_err(|e| from_io(what, e))
+        }
+        Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(err) => Err(from_io(what, err)),
+    }
 }
 
 #[async_trait]

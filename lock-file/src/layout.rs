@@ -8,13 +8,16 @@
 //! - `S~fence`: the fencing counter (see [`crate::counter`]). Persists.
 //! - `S~slot~N~I`: permit `I` of a semaphore of `N`; a permit is `LOCK_EX` on a free slot.
 //!   Persist, as the lock file does.
-//! - `S~hold~T` / `S~wait~T`: the record of the hold or the waiter of owner token `T`:
-//!   its kind, process id, fencing token, value. Its owner keeps `LOCK_EX` on it while
-//!   it lives, so a record whose lock can be taken is a dead process's and is removed by
-//!   whoever finds it. Removed at release, cancellation and close.
+//! - `.records/S~hold~T` / `.records/S~wait~T`: the record of the hold or the waiter of
+//!   owner token `T`: its kind, process id, fencing token, value. Its owner keeps
+//!   `LOCK_EX` on it while it lives, so a record whose lock can be taken is a dead
+//!   process's and is removed by whoever finds it. Removed at release, cancellation and
+//!   close. Records have a directory of their own because every attempt lists them:
+//!   the listing counts the live holders and waiters, not every name the lock directory
+//!   ever held (their lock and counter files persist).
 //! - `S~broken~T`: left by `force_release` for the broken holder of `T`, which removes it
 //!   at its next renewal.
-//! - `.S~…~tmp`: a record being written (locked, then renamed into place).
+//! - `.records/.S~…~tmp`: a record being written (locked, then renamed into place).
 //!
 //! The stem of a plain name is the name itself, so `flock DIR/NAME` and a distlock
 //! mutex on `NAME` exclude each other. `%`, `/` and `~` are percent-escaped, and so is a
@@ -83,6 +86,10 @@ impl State {
     }
 }
 
+/// The directory of the records, in the lock directory: no lock name's file can be
+/// called this (a stem never starts with a dot).
+pub(crate) const RECORDS: &str = ".records";
+
 /// The directory and the paths of its names.
 #[derive(Debug)]
 pub(crate) struct Layout {
@@ -102,8 +109,14 @@ impl Layout {
         self.dir.join(format!("{stem}~slot~{permits}~{slot}"))
     }
 
+    /// Where the records live: a directory of their own, so that listing them counts live
+    /// holders and waiters, not every name the lock directory ever held.
+    pub(crate) fn records_dir(&self) -> PathBuf {
+        self.dir.join(RECORDS)
+    }
+
     pub(crate) fn record_path(&self, stem: &str, state: State, token: &str) -> PathBuf {
-        self.dir
+        self.records_dir()
             .join(format!("{stem}~{}~{}", state.tag(), file_stem(token)))
     }
 
@@ -135,9 +148,9 @@ impl Layout {
         record: &Record,
     ) -> Result<Flock<File>> {
         let path = self.record_path(stem, state, token);
-        let temporary = self
-            .dir
-            .join(format!(".{stem}~{}~{}~tmp", state.tag(), file_stem(token)));
+        let temporary =
+            self.records_dir()
+                .join(format!(".{stem}~{}~{}~tmp", state.tag(), file_stem(token)));
         let what = "writing a lock record";
         let file = OpenOptions::new()
             .write(true)
@@ -161,7 +174,7 @@ impl Layout {
     /// The records in the directory: stem, state, owner token and path of each.
     fn record_files(&self) -> Result<Vec<(String, State, String, PathBuf)>> {
         let entries =
-            fs::read_dir(&self.dir).map_err(|e| from_io("listing the lock directory", e))?;
+            fs::read_dir(self.records_dir()).map_err(|e| from_io("listing the lock records", e))?;
         Ok(entries
             .flatten()
             .filter_map(|entry| {

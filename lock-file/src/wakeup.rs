@@ -19,6 +19,7 @@ use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify, WatchDescriptor};
 use tokio::sync::broadcast;
 
 use crate::error::{from_errno, from_io};
+use crate::layout::RECORDS;
 
 /// How many announcements a slow reader may miss before it is told it lagged (and
 /// re-tries anyway).
@@ -55,7 +56,7 @@ impl Change {
 pub(crate) struct Wakeup {
     changes: broadcast::Sender<Change>,
     inotify: Arc<Inotify>,
-    watch: WatchDescriptor,
+    watches: [WatchDescriptor; 2],
 }
 
 impl Wakeup {
@@ -86,6 +87,13 @@ impl Wakeup {
                     | AddWatchFlags::IN_MOVED_TO,
             )
             .map_err(|e| from_errno(what, e))?;
+        // Records removed or renamed into place, in their directory of their own.
+        let records = inotify
+            .add_watch(
+                &dir.join(RECORDS),
+                AddWatchFlags::IN_DELETE | AddWatchFlags::IN_MOVED_TO,
+            )
+            .map_err(|e| from_errno(what, e))?;
         let (changes, _) = broadcast::channel(BACKLOG);
         let reader = (Arc::clone(&inotify), changes.clone());
         std::thread::Builder::new()
@@ -95,7 +103,7 @@ impl Wakeup {
         Ok(Wakeup {
             changes,
             inotify,
-            watch,
+            watches: [watch, records],
         })
     }
 
@@ -108,7 +116,9 @@ impl Wakeup {
 impl Drop for Wakeup {
     /// Removing the watch queues its last event, which ends the reading thread.
     fn drop(&mut self) {
-        let _ = self.inotify.rm_watch(self.watch);
+        for watch in self.watches {
+            let _ = self.inotify.rm_watch(watch);
+        }
     }
 }
 

@@ -62,8 +62,13 @@ pub fn files_of(dir: &Path, name: &LockName) -> Vec<PathBuf> {
                 .and_then(|f| f.strip_prefix(&stem))
                 .is_some_and(|rest| rest.starts_with('~'))
     };
-    let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
-        .expect("the lock directory lists")
+    // The lock directory's own files, and the records in their directory.
+    let records = dir.join(".records");
+    let listed = [dir, records.as_path()].map(|dir| std::fs::read_dir(dir).ok());
+    let mut files: Vec<PathBuf> = listed
+        .into_iter()
+        .flatten()
+        .flatten()
         .flatten()
         .filter(|e| e.file_name().to_str().is_some_and(related))
         .map(|e| e.path())
