@@ -205,6 +205,7 @@ impl Backend for FileBackend {
             files = kept;
             if let Some(hold) = taken? {
                 drop(waiting);
+                tokio::spawn(give_back_when_broken(&hold, changes));
                 return Ok(Some(Acquired {
                     fencing_token: FencingToken(hold.fence),
                     hold,
@@ -343,5 +344,35 @@ impl Backend for FileBackend {
     async fn close(&self) -> Result<()> {
         lock_unpoisoned(&self.wakeup).take();
         Ok(())
+    }
+}
+
+/// Watches the record of `hold` and gives its `flock`s back the moment an operator's
+/// `force_release` removes it, as a server-side break frees a name at once: the waiters
+/// are granted now, not at the holder's next renewal (a third of a TTL away), which then
+/// reports the hold `Broken`. Ends when the hold ends.
+fn give_back_when_broken(
+    hold: &FileHold,
+    mut changes: tokio::sync::broadcast::Receiver<crate::wakeup::Change>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let locks = Arc::downgrade(&hold.locks);
+    let record = hold.record_path();
+    let stem = hold.stem.clone();
+    async move {
+        loop {
+            next_for(&mut changes, &stem).await;
+            let Some(locks) = locks.upgrade() else {
+                return;
+            };
+            let mut held = lock_unpoisoned(&locks);
+            if held.is_empty() {
+                return;
+            }
+            // A proclaim renames a new record into place: the path is there again.
+            if !record.exists() {
+                held.clear();
+                return;
+            }
+        }
     }
 }

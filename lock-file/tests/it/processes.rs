@@ -101,9 +101,12 @@ async fn contend(client: &Arc<FileLock>, dir: &Path, name: &str, permits: u32) {
             )
         };
         let pid = std::process::id();
-        writeln!(log(), "enter {pid} {token}").expect("log");
+        // One write per line: holders of a semaphore append at the same time, and an
+        // appended write lands whole, where `writeln!` may split it.
+        let line = |what: &str| format!("{what} {pid} {token}\n");
+        log().write_all(line("enter").as_bytes()).expect("log");
         sleep(Duration::from_millis(3)).await;
-        writeln!(log(), "leave {pid} {token}").expect("log");
+        log().write_all(line("leave").as_bytes()).expect("log");
         release.await;
     }
 }
