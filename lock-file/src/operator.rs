@@ -59,9 +59,9 @@ pub(crate) fn list(layout: &Layout, prefix: &str) -> Result<Vec<LockName>> {
         .collect())
 }
 
-/// Removes the records of `stem`'s holders and returns the oldest. Their clients find
-/// the record gone at their next renewal, turn Lost (`Broken`) and give the `flock`s
-/// back.
+/// Removes the records of `stem`'s holders and returns the oldest. Their processes give
+/// the `flock`s back as soon as their record goes (each hold watches it), and their next
+/// renewal turns them Lost (`Broken`).
 ///
 /// # Errors
 /// [`Error::Unsupported`] when only a process outside distlock holds the lock: the
