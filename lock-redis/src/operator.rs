@@ -1,7 +1,7 @@
 //! What an operator asks and does: who holds and who waits for a name as the servers
 //! show it (`inspect.lua`, one call per server, changing nothing; also the dual lock's
 //! advance check), which names are held (`SCAN` over the lock keys), and breaking a hold
-//! (`break.lua`, one call per server).
+//! (`break.lua`, one call per server; on RedLock after an inspection).
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, UNIX_EPOCH};
@@ -216,6 +216,10 @@ pub(crate) async fn resize(
 /// as [`merge`] shows a holder (RedLock: the value removed from the most servers),
 /// `None` when the key was free everywhere.
 ///
+/// On RedLock the servers are read first and the break removes only the value stored
+/// on the most of them: the waiters woken by the servers the break reached first may
+/// take a server before the break arrives there, and their key stays.
+///
 /// # Errors
 /// When fewer than a majority of servers answered (the hold may be removed from
 /// some).
@@ -224,14 +228,26 @@ pub(crate) async fn force_release(
     name: &LockName,
 ) -> Result<Option<Participant>> {
     let key = servers.keys.lock_key(name);
+    let quorum = servers.quorum();
+    let only = if servers.topology.is_redlock() {
+        let call = servers.scripts.inspect(&servers.keys, &key);
+        let views = on_a_majority(servers, &key, &call, "the inspection", name).await?;
+        let most = most_stored(views.iter().map(|(_, (value, ..))| value.as_deref()));
+        match most {
+            Some(value) => Some(value.to_owned()),
+            None => return Ok(None),
+        }
+    } else {
+        None
+    };
     let stay = BROKEN_STAY.max(servers.config.options.ttl.saturating_mul(3));
     let channel = servers.channel_prefix_for(&key);
     let window = servers.queue_times.window;
-    let call = servers
-        .scripts
-        .force_release(&servers.keys, &key, stay, &channel, window);
+    let call =
+        servers
+            .scripts
+            .force_release(&servers.keys, &key, stay, &channel, window, only.as_deref());
     let removed = on_a_majority(servers, &key, &call, "the force release", name).await?;
-    let quorum = servers.quorum();
     // A shared kind's holder (one server decides: shared kinds are not granted on RedLock).
     if let Some((_, (Some(owner), pttl, _, _, Some(entry)))) = removed.first() {
         let shared = vec![owner.clone(), entry.clone(), pttl.to_string()];
@@ -271,6 +287,19 @@ pub(crate) async fn force_release(
             on >= quorum
         });
     Ok(holder.map(|holder| shown(servers, holder)))
+}
+
+/// The value stored on the most servers (the first in server order on a tie), `None`
+/// when no server stores one.
+fn most_stored<'v>(values: impl Iterator<Item = Option<&'v str>> + Clone) -> Option<&'v str> {
+    let mut best: Option<(&str, usize)> = None;
+    for value in values.clone().flatten() {
+        let count = values.clone().filter(|v| *v == Some(value)).count();
+        if best.is_none_or(|(_, most)| count > most) {
+            best = Some((value, count));
+        }
+    }
+    best.map(|(value, _)| value)
 }
 
 /// The holders of a shared kind in `flat` (owner token, `<kind>:<fencing token>`, ms

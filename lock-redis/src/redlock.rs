@@ -6,8 +6,9 @@
 //! renewal and release (`hold.rs`: a hold is kept by a majority, and a lost one is
 //! `Broken` when any server that answered found the break mark, else `Taken` when any
 //! found another owner), inspection, listing and breaking (`operator.rs`: a majority
-//! must answer; a listed name is held on a majority; a break deletes the key on each
-//! server that answers and holds it, marking each there).
+//! must answer; a listed name is held on a majority; a break reads the servers, then
+//! deletes the value stored on the most of them from each server that holds it, marking
+//! each there).
 
 use std::collections::HashMap;
 use std::net::SocketAddr;

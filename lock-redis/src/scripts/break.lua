@@ -12,9 +12,13 @@
 -- ARGV[4]: how long (ms) a woken head has to take the lock
 -- ARGV[5]: the wake-up channel of the name (without the queue)
 -- ARGV[6]: the change channel of the name as an election
+-- ARGV[7]: the only owner token to remove ('': whoever holds the key; RedLock names the
+-- holder the servers showed, so that a break arriving late at one server spares the
+-- successor that took it first)
 -- Returns {owner token removed, its PTTL (-1: no expiry), its term, its value} (the last
--- two nil unless a candidate held it), or {nil, -2} when the key was free; for a shared
--- kind's holder also "<kind>:<fencing token>" of the hold removed.
+-- two nil unless a candidate held it), or {nil, -2} when the key was free (or held by
+-- another than ARGV[7]); for a shared kind's holder also "<kind>:<fencing token>" of the
+-- hold removed.
 -- The helpers come from tokens.lua, queue.lua, leader.lua, broken.lua and shared.lua.
 
 if redis.call('TYPE', LOCK)['ok'] == 'zset' then
@@ -46,7 +50,7 @@ if redis.call('TYPE', LOCK)['ok'] == 'zset' then
   return {first, first_pttl, false, false, first_entry}
 end
 local holder = redis.call('GET', LOCK)
-if holder == false then
+if holder == false or (ARGV[7] ~= '' and holder ~= ARGV[7]) then
   return {false, -2, false, false, false}
 end
 local pttl = redis.call('PTTL', LOCK)

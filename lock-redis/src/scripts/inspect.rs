@@ -55,10 +55,10 @@ impl Scripts {
         self.plain("inspect", invocation)
     }
 
-    /// `break.lua` for lock key `key` under `layout`: deletes it whoever holds it, adds the
-    /// owner token removed to the break mark (kept at least `stay`) and wakes the waiters
-    /// as a release does (`channel` precedes a queued waiter's client id, a woken head has
-    /// `window` to take the lock).
+    /// `break.lua` for lock key `key` under `layout`: deletes it whoever holds it (`only`
+    /// that owner token, when given), adds the owner token removed to the break mark (kept
+    /// at least `stay`) and wakes the waiters as a release does (`channel` precedes a
+    /// queued waiter's client id, a woken head has `window` to take the lock).
     pub(crate) fn force_release(
         &self,
         layout: &KeyLayout,
@@ -66,6 +66,7 @@ impl Scripts {
         stay: Duration,
         channel: &str,
         window: Duration,
+        only: Option<&str>,
     ) -> Call<'_, Removed> {
         let mut invocation = queue_keys(&self.force_release, layout, key);
         invocation
@@ -77,7 +78,8 @@ impl Scripts {
             .arg(channel)
             .arg(ttl_millis(window))
             .arg(layout.side_key(key, layout::RELEASED))
-            .arg(layout.side_key(key, layout::CHANGED));
+            .arg(layout.side_key(key, layout::CHANGED))
+            .arg(only.unwrap_or(""));
         self.plain("force release", invocation)
     }
 }
