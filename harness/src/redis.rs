@@ -189,7 +189,7 @@ impl Server<Redis> {
     }
 
     /// Like [`restart`](Self::restart), but deletes the data dir's contents in between
-    /// (a cluster node keeps its configuration, see [`CLUSTER_CONFIG`]).
+    /// (a cluster node keeps its configuration, see `CLUSTER_CONFIG`).
     ///
     /// # Errors
     /// If the data cannot be deleted or the server does not come back.

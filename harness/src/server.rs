@@ -77,7 +77,7 @@ pub trait ServerKind: fmt::Debug + Send + Sync + Sized + 'static {
     /// Whether a group elects a leader (and a start waits for one). Default: it does not.
     const ELECTS_LEADER: bool = false;
     /// How a preloaded library reaches this kind's wall clock (see
-    /// [`clock`](super::clock)). Default: it does not.
+    /// the `clock` module). Default: it does not.
     const CLOCK_HOOK: ClockHook =
         ClockHook::Unreachable("the harness starts this kind on the machine's clock only");
 

@@ -64,11 +64,11 @@ pub const WAITERS_BY_KIND: &str = "distlock_waiters_by_kind";
 pub const BACKEND: &str = "backend";
 /// Label: the lock name, only with [`LockOptions::metrics_names`](crate::LockOptions).
 pub const LOCK: &str = "lock";
-/// Label: an [`ErrorKind::label`].
+/// Label: an [`ErrorKind::label`](crate::ErrorKind::label).
 pub const KIND: &str = "kind";
 /// Label: a renewal's outcome (`renewed`, `lost`, `failed`).
 pub const OUTCOME: &str = "outcome";
-/// Label: a [`LostReason::label`].
+/// Label: a [`LostReason::label`](crate::LostReason::label).
 pub const REASON: &str = "reason";
 /// Label: the side of a dual lock a loss happened on ([`Side::label`](crate::migration::Side::label)).
 pub const SIDE: &str = "side";

@@ -333,7 +333,7 @@ impl Backend for PostgresBackend {
         }))
     }
 
-    /// One statement for every hold of the client (see [`crate::hold::renew`]).
+    /// One statement for every hold of the client (see `hold::renew`).
     async fn renew(&self, items: &[RenewItem<'_, PostgresHold>]) -> Result<Vec<RenewOutcome>> {
         let holds: Vec<(&PostgresHold, Duration)> =
             items.iter().map(|item| (item.hold, item.ttl)).collect();

@@ -35,7 +35,7 @@ pub(crate) struct Place<'a> {
     pub(crate) owner: &'a str,
     pub(crate) kind: &'a HoldKind,
     pub(crate) ttl: Duration,
-    /// The lowest fencing token to grant ([`AcquireRequest::fence_at_least`]).
+    /// The lowest fencing token to grant ([`lock_core::raw::backend::AcquireRequest::fence_at_least`]).
     pub(crate) floor: i64,
     /// The client's id, kept on the entry (an inspection's session).
     pub(crate) client: &'a str,

@@ -7,7 +7,7 @@
 //! - [`zookeeper`]: a standalone server or a 3-member ensemble, plain or TLS, and Curator.
 //! - [`etcd`]: one member or a 3-member cluster.
 //! - [`postgres`]: one PostgreSQL server, each factory in a schema of its own.
-//! - [`file`]: a temporary lock directory of this machine.
+//! - [`file`](mod@file): a temporary lock directory of this machine.
 //! - [`dual`]: `dual:<old>|<new>` deployments whose sides are the factories above.
 //!
 //! Every backend crate's integration tests and the dual tests use this kit; nothing

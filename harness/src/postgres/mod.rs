@@ -170,7 +170,7 @@ impl ServerKind for Postgres {
     const SCHEME: &'static str = "postgres";
     const CLUSTER_SCHEME: &'static str = "postgres";
     const PORTS: usize = 1;
-    /// The harness's own library (see [`clock`](crate::clock)): the postmaster and every
+    /// The harness's own library (see the `clock` module): the postmaster and every
     /// backend it forks inherit it; a backend reads the wall clock through the C library.
     const CLOCK_HOOK: ClockHook = ClockHook::Own;
 

@@ -229,7 +229,7 @@ impl ClusterFactory {
 }
 
 /// A linked client has an ACL user of its own, which its link locks out of every node
-/// ([`AclSwitch`]): no fault proxy can stand in a cluster client's path, since every node
+/// (`AclSwitch`): no fault proxy can stand in a cluster client's path, since every node
 /// sends its clients on (`MOVED`, `ASK`) to the addresses the nodes announce. So the link
 /// can be cut, not delayed or reset.
 #[async_trait]

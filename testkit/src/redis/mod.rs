@@ -1,5 +1,5 @@
 //! Redis deployments for tests: a conformance [`Factory`] over real redis-servers (one, or N for
-//! RedLock; Sentinel deployments in [`sentinel`], Redis Cluster in [`cluster`]), raw connections that reach behind the library, and helpers.
+//! RedLock; Sentinel deployments in `sentinel.rs`, Redis Cluster in `cluster.rs`), raw connections that reach behind the library, and helpers.
 //!
 //! A factory's servers are its own, or shared by the factories of a test binary
 //! (`shared` constructors, see [`harness::shared`]); each factory over a shared deployment

@@ -65,7 +65,7 @@ pub async fn lease_on(
 }
 
 /// Anything left for `names` under key `prefix` on the servers behind `conns` (see
-/// [`Factory::leftovers`]).
+/// [`conformance::Factory::leftovers`]).
 pub async fn leftovers_on(
     conns: Vec<MultiplexedConnection>,
     prefix: &str,

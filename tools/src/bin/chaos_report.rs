@@ -117,7 +117,7 @@ fn verdict(runs: Option<&Vec<&ReportRow>>) -> String {
 
 type Cells<'a> = BTreeMap<(String, String), Vec<&'a ReportRow>>;
 
-/// The runs of each cell: by scenario and [`column`].
+/// The runs of each cell: by scenario and [`column()`].
 fn cells(rows: &[ReportRow]) -> Cells<'_> {
     let mut cells: Cells<'_> = BTreeMap::new();
     for row in rows {
