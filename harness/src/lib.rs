@@ -166,7 +166,7 @@ pub fn or_skip<T>(result: Result<T, HarnessError>) -> Option<T> {
 
 /// Starts a server for a test or skips the test: `let s = require_server!(start);`.
 ///
-/// Expands to [`or_skip`](crate::or_skip) and a `return` from the enclosing
+/// Expands to [`crate::or_skip`] and a `return` from the enclosing
 /// test function (which must return `()`) when the server binary is missing and strict
 /// mode is off. Panics like `or_skip` otherwise.
 #[macro_export]

@@ -1,6 +1,6 @@
 //! The protocol half that each backend implements. Everything that is the same for
 //! every backend (watchdog timing, lost-state machine, validity deadline, reentrancy,
-//! drop-release, scoped run) lives in [`crate::LeaseClient`], which turns a [`Backend`]
+//! drop-release, scoped run) lives in [`crate::raw::backend::LeaseClient`], which turns a [`Backend`]
 //! into a [`crate::DistributedLock`].
 
 use std::fmt;

@@ -263,7 +263,7 @@ pub(crate) async fn resize(
 /// renewal or release finds it there. The holder's release revokes that lease; a holder
 /// that never comes back leaves it to its TTL.
 ///
-/// Returns the holder removed, as [`crate::inspect`] shows it; `None` when there was
+/// Returns the holder removed, as `inspect` shows it; `None` when there was
 /// none, or when it ended between the read and the delete.
 ///
 /// # Errors

@@ -39,7 +39,7 @@ impl Topology {
     /// The topology `config` asks for, trusting `ca` (PEM) for TLS. Opens no connection.
     ///
     /// # Errors
-    /// [`Error::InvalidConfig`] when the client library refuses the configuration.
+    /// [`Error::InvalidConfig`](lock_core::Error::InvalidConfig) when the client library refuses the configuration.
     pub(crate) fn new(
         backend: &'static str,
         config: &RedisConfig,
@@ -96,7 +96,7 @@ impl Topology {
     /// answers `CLUSTER SLOTS` with a formed cluster.
     ///
     /// # Errors
-    /// The server's error; [`Error::Unavailable`] when fewer than a majority of RedLock
+    /// The server's error; [`Error::Unavailable`](lock_core::Error::Unavailable) when fewer than a majority of RedLock
     /// servers answer.
     pub(crate) async fn check(&self, backend: &'static str, deadline: Instant) -> Result<()> {
         let nodes = match self {

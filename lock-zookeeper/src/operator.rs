@@ -3,8 +3,8 @@
 //! rest wait; a semaphore's lease nodes up to its permits hold), their owner tokens,
 //! sessions, creation times, kinds and, for election candidates (`latch-` nodes), values,
 //! the holders' fencing tokens (a leader's term), and the token floor), a feed of its changes
-//! ([`changes`]), which directories of a namespace have a holder ([`list`]), and breaking
-//! a hold ([`force_release`]).
+//! ([`changes()`]), which directories of a namespace have a holder ([`list()`]), and breaking
+//! a hold ([`force_release()`]).
 //!
 //! An inspection takes two round trips at most, each under the request timeout: a
 //! barrier, the listing of the directory (with its stat) and the stats of its ancestors,
@@ -53,8 +53,8 @@ const WHAT: &str = "inspect lock directory";
 /// The occupancy of lock directory `dir`.
 ///
 /// # Errors
-/// [`Error::InvalidConfig`] when the directory refuses READ (`NoAuth`); connection
-/// errors, or [`Error::Unavailable`] while no session is established.
+/// [`Error::InvalidConfig`](lock_core::Error::InvalidConfig) when the directory refuses READ (`NoAuth`); connection
+/// errors, or [`Error::Unavailable`](lock_core::Error::Unavailable) while no session is established.
 pub(crate) async fn inspect(session: &Session, dir: &str) -> Result<Occupancy> {
     let live = session.live()?;
     let above = ancestors(dir);

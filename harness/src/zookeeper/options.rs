@@ -83,7 +83,7 @@ setters!(ZkOptions {
 
 /// Certificates for a ZooKeeper serving TLS ([`ZkOptions::tls`]): a throwaway CA, a
 /// server certificate and a client certificate it signed (see
-/// [`make_certificates`](crate::tls::make_certificates)), in a temp dir that lives as
+/// [`crate::tls::make_certificates`]), in a temp dir that lives as
 /// long as a clone of this. ZooKeeper serves them with Netty
 /// (`serverCnxnFactory=NettyServerCnxnFactory`) from PEM key and trust stores.
 #[derive(Debug, Clone)]
@@ -100,7 +100,7 @@ impl ZkTls {
     ///
     /// # Panics
     /// When `openssl` is missing or fails (see
-    /// [`make_certificates`](crate::tls::make_certificates)).
+    /// [`crate::tls::make_certificates`]).
     pub async fn make() -> Result<Self, HarnessError> {
         let dir = temp_dir("zookeeper-tls")?;
         make_certificates(dir.path()).await;

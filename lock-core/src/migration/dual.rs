@@ -1,5 +1,5 @@
 //! The dual lock: a [`Backend`] made of two backends, the old one taken first, then the
-//! new one. [`LeaseClient`](crate::LeaseClient) adds the watchdog, the state machine,
+//! new one. [`LeaseClient`](crate::raw::backend::LeaseClient) adds the watchdog, the state machine,
 //! reentrancy and drop-release exactly as for a single backend.
 //!
 //! One side's hold on the acquire path is in `sides.rs`; how the two sides' answers

@@ -79,7 +79,7 @@ impl Election {
     /// Campaigns and waits at most `timeout` to lead.
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout) when this candidate did not lead in time
+    /// [`crate::Error::Timeout`] when this candidate did not lead in time
     /// (its candidacy is withdrawn); as [`Election::campaign_with`].
     pub async fn campaign_timeout(
         &self,

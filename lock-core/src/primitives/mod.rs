@@ -1,6 +1,6 @@
 //! The primitives built on the lease machinery: each is a kind of hold
-//! ([`HoldKind`](crate::raw::backend::HoldKind)) and a typed front end over
-//! [`DistributedLock::acquire`](crate::DistributedLock::acquire); the multi-lock is
+//! ([`crate::raw::backend::HoldKind`]) and a typed front end over
+//! [`crate::DistributedLock::acquire`]; the multi-lock is
 //! several mutex holds taken in one fixed order.
 
 mod election;

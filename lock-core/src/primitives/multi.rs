@@ -74,7 +74,7 @@ impl MultiLock {
     /// Waits at most `timeout` for every name together.
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout) naming the part not granted in time (the
+    /// [`crate::Error::Timeout`] naming the part not granted in time (the
     /// parts taken are released); as [`MultiLock::acquire_with`].
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<MultiGuard> {
         let guard = self.acquire_with(&AcquireOptions::timeout(timeout)).await?;

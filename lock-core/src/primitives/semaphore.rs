@@ -84,7 +84,7 @@ impl Semaphore {
     /// Waits at most `timeout` for a permit.
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout) when none came in time; as
+    /// [`crate::Error::Timeout`] when none came in time; as
     /// [`Semaphore::acquire_with`].
     pub async fn acquire_timeout(&self, timeout: Duration) -> Result<Permit> {
         self.acquire_many_timeout(1, timeout).await
@@ -126,7 +126,7 @@ impl Semaphore {
     /// Waits at most `timeout` for `n` permits.
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout) when they did not come in time; as
+    /// [`crate::Error::Timeout`] when they did not come in time; as
     /// [`Semaphore::acquire_many_with`].
     pub async fn acquire_many_timeout(&self, n: u32, timeout: Duration) -> Result<Permit> {
         let permit = self
@@ -184,7 +184,7 @@ impl Semaphore {
     /// holds or waits, the next acquirer's number is the semaphore's.
     ///
     /// # Errors
-    /// [`Error::Timeout`](crate::Error::Timeout) when a shrink's permits did not come in
+    /// [`crate::Error::Timeout`] when a shrink's permits did not come in
     /// time (nothing changed); [`Error::Conflict`] when the semaphore is in use with
     /// another number than this handle's, or a hold or request there takes more than
     /// `permits`; [`Error::InvalidConfig`] for 0; [`Error::Unsupported`] where the

@@ -12,7 +12,7 @@ use super::{
 };
 use crate::SCHEMES;
 
-/// Query keys this backend reads besides the common ones of [`LockOptions`].
+/// Query keys this backend reads besides the common ones of [`LockOptions`](lock_core::LockOptions).
 const BACKEND_KEYS: &str = "prefix, queue, node_timeout, tls, ca_file (or tls_ca), \
      wait_replicas, wait_timeout, sentinel_username, sentinel_password";
 

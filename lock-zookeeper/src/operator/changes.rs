@@ -30,7 +30,7 @@ const REWATCH_PAUSE: Duration = Duration::from_millis(200);
 /// every `recheck`.
 ///
 /// # Errors
-/// Connection errors of adding the watch, [`Error::Unavailable`] while no session is
+/// Connection errors of adding the watch, [`Error::Unavailable`](lock_core::Error::Unavailable) while no session is
 /// established.
 pub(crate) async fn changes(session: &Arc<Session>, dir: String) -> Result<ChangeFeed> {
     let live = session.live()?;

@@ -1,4 +1,4 @@
-//! A conformance [`Factory`] over Redis Cluster (`redis+cluster://`): three primaries with
+//! A conformance [`Factory`](conformance::Factory) over Redis Cluster (`redis+cluster://`): three primaries with
 //! a replica each; also a [`ChaosTarget`] whose linked clients are cut off by ACL.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};

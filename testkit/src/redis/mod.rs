@@ -5,7 +5,7 @@
 //! (`shared` constructors, see [`harness::shared`]); each factory over a shared deployment
 //! keeps its keys under a key prefix of its own ([`shared_prefix`]).
 
-/// Implements [`Factory`](conformance::Factory) for a Redis factory from its inherent
+/// Implements [`conformance::Factory`] for a Redis factory from its inherent
 /// `deployment_url`, `make`, `crashable`, `owners` (raw connections to the servers that
 /// keep a key) and `queue` field (with `prefixed and linked`, `prefix()` is its `prefix`
 /// field and a crashable client is its `linked_client`): a steal deletes the lock key there, leftovers are

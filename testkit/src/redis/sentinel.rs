@@ -1,4 +1,4 @@
-//! A conformance [`Factory`] over Redis behind Sentinel: a primary, two replicas and three
+//! A conformance [`Factory`](conformance::Factory) over Redis behind Sentinel: a primary, two replicas and three
 //! Sentinels (`redis+sentinel://`, or `rediss+sentinel://` with every process on TLS), also
 //! a [`ChaosTarget`] for the fault scenarios.
 
