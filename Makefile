@@ -13,6 +13,8 @@ deps:
 test: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	# Every intra-doc link resolves (the dependencies' metadata is clippy's).
+	RUSTDOCFLAGS="-D warnings" $(CARGO) doc --workspace --no-deps --quiet
 	LOCK_TEST_STRICT=1 CARGO=$(CARGO) ./scripts/run-tests.sh
 	# The facade without its backends: a URL names the feature to enable.
 	$(CARGO) test -p distlock --no-default-features --lib
