@@ -1,6 +1,7 @@
 //! lock-redis against real redis-servers, in one test binary: every topology's
 //! conformance suite, its fault scenarios, and the protocol's own tests.
 
+mod arbiter;
 mod chaos;
 mod cluster;
 mod cluster_failover;
