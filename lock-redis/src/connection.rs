@@ -213,6 +213,14 @@ impl From<Error> for Failure {
     }
 }
 
+/// The `run_id` field of an `INFO server` reply.
+fn run_id(info: &str) -> Option<&str> {
+    info.lines()
+        .find_map(|line| line.strip_prefix("run_id:"))
+        .map(str::trim)
+        .filter(|id| !id.is_empty())
+}
+
 /// The current connection of a node and its reconnection state.
 #[derive(Default)]
 struct Slot {
@@ -235,6 +243,10 @@ pub(crate) struct Node {
     slot: Mutex<Slot>,
     /// Serializes connection attempts.
     connecting: tokio::sync::Mutex<()>,
+    /// Whether each new connection reads the server's `run_id` (see [`Node::identity`]).
+    identify: bool,
+    /// The `run_id` the server reported on the latest connection that read it.
+    identity: Mutex<Option<Arc<str>>>,
 }
 
 impl fmt::Debug for Node {
@@ -258,7 +270,23 @@ impl Node {
             backoff: reconnect_backoff(),
             slot: Mutex::new(Slot::default()),
             connecting: tokio::sync::Mutex::new(()),
+            identify: false,
+            identity: Mutex::new(None),
         }
+    }
+
+    /// This node, reading the server's `run_id` on each new connection.
+    pub(crate) fn identified(mut self) -> Self {
+        self.identify = true;
+        self
+    }
+
+    /// The `run_id` of the server (`INFO server`), as the latest connection read it:
+    /// the same for every client however it addresses the server (a proxy, another host
+    /// name), new after a restart. `None` before the first connection, for a node not
+    /// [`identified`](Node::identified), or where the server refuses `INFO`.
+    pub(crate) fn identity(&self) -> Option<Arc<str>> {
+        lock_unpoisoned(&self.identity).clone()
     }
 
     pub(crate) fn target(&self) -> &Target {
@@ -328,6 +356,16 @@ impl Node {
             .map_err(|err| self.failed("connect", err))?;
         if let Target::Primary(sentinels) = &self.target {
             sentinels.check_role(&mut conn).await?;
+        }
+        if self.identify {
+            // A server that refuses INFO (an ACL) keeps the identity unknown.
+            let info = redis::cmd("INFO")
+                .arg("server")
+                .query_async::<String>(&mut conn)
+                .await;
+            if let Ok(info) = info {
+                *lock_unpoisoned(&self.identity) = run_id(&info).map(Arc::from);
+            }
         }
         Ok(conn)
     }

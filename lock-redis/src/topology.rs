@@ -29,9 +29,9 @@ pub(crate) enum Topology {
     /// RedLock over independent servers, a majority deciding (`redlock://`).
     RedLock {
         nodes: Vec<Node>,
-        /// The server whose queue orders the waiters: the first in sorted order (every
-        /// client of the servers agrees on it).
-        arbiter: usize,
+        /// The first server in sorted `host:port` order: the one whose queue orders the
+        /// waiters while no server's identity is known (see [`Topology::arbiter`]).
+        first_listed: usize,
     },
 }
 
@@ -85,8 +85,11 @@ impl Topology {
                 Topology::Cluster(Arc::new(Shards::new(backend, config, seeds, ca)?))
             }
             RedisDeployment::RedLock { nodes, .. } => Topology::RedLock {
-                nodes: nodes.iter().map(server).collect::<Result<_>>()?,
-                arbiter: arbiter_of(nodes),
+                nodes: nodes
+                    .iter()
+                    .map(|node| server(node).map(Node::identified))
+                    .collect::<Result<_>>()?,
+                first_listed: first_listed(nodes),
             },
         })
     }
@@ -162,9 +165,25 @@ impl Topology {
     }
 
     /// The index (in [`Servers::routes`]) of the server whose queue orders the waiters.
+    ///
+    /// On RedLock every client must pick the same server however it addresses them (a
+    /// proxy, another host name, a mapped port: else each queues on its own server and
+    /// no queue orders them all): the server with the lowest `run_id` among those whose
+    /// identity this client read ([`Node::identity`]), else the first in sorted
+    /// `host:port` order. Clients can disagree for a moment after a server restarted
+    /// (its `run_id` is new) until each has reconnected to it: that costs fairness for
+    /// that moment, never safety (a majority grants).
     pub(crate) fn arbiter(&self) -> usize {
         match self {
-            Topology::RedLock { arbiter, .. } => *arbiter,
+            Topology::RedLock {
+                nodes,
+                first_listed,
+            } => nodes
+                .iter()
+                .enumerate()
+                .filter_map(|(i, node)| node.identity().map(|id| (id, i)))
+                .min()
+                .map_or(*first_listed, |(_, i)| i),
             _ => 0,
         }
     }
@@ -180,7 +199,7 @@ impl Topology {
 }
 
 /// The index of the first of `endpoints` in sorted order (`host:port`, ignoring case).
-fn arbiter_of(endpoints: &[RedisNode]) -> usize {
+fn first_listed(endpoints: &[RedisNode]) -> usize {
     (0..endpoints.len())
         .min_by_key(|&i| endpoints[i].to_string().to_ascii_lowercase())
         .unwrap_or(0)
