@@ -12,6 +12,7 @@ mod faults;
 mod fence;
 mod fencing;
 mod interleavings;
+mod kinds;
 mod migration;
 mod operations;
 mod primitives;

@@ -160,50 +160,6 @@ async fn permits_disagreement_is_refused() {
     mutex.release().await.expect("release");
 }
 
-/// A client without the queue meets a semaphore's or a read-write lock's name with the
-/// same typed conflict as a queued client, not a server error.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_queue_off_mutex_on_a_shared_kind_is_a_conflict() {
-    let Some(factory) = RedisFactory::single().await else {
-        return;
-    };
-    let options = with_ttl(Duration::from_secs(5));
-    let client = factory.make(options.clone()).await;
-    let mut config = testkit::redis::config_for(&factory.servers.addrs(), false, options);
-    config.queue = false;
-    let plain = lock_redis::RedisLock::connect(config)
-        .await
-        .expect("connect");
-    let sem_name = name("queue_off_on_sem");
-    let held = Semaphore::new(client.clone(), sem_name.as_str(), 2)
-        .expect("semaphore")
-        .acquire_with(&try_once())
-        .await
-        .expect("permit")
-        .expect("free");
-    let err = plain
-        .try_lock(sem_name.as_str())
-        .await
-        .expect_err("a queue-off mutex on a semaphore");
-    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
-    assert!(err.to_string().contains("2 permits"), "{err}");
-    held.release().await.expect("release");
-    let rw_name = name("queue_off_on_rw");
-    let read = RwLock::new(client.clone(), rw_name.as_str())
-        .expect("rwlock")
-        .read_with(&try_once())
-        .await
-        .expect("read")
-        .expect("free");
-    let err = plain
-        .try_lock(rw_name.as_str())
-        .await
-        .expect_err("a queue-off mutex on a read-write lock");
-    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
-    read.release().await.expect("release");
-    plain.close().await.expect("close");
-}
-
 /// A holder that crashed (cut off, never releasing) keeps its permit only until its TTL:
 /// the waiter at the head of the queue takes it within the TTL plus a small bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
