@@ -149,13 +149,20 @@ pub(crate) async fn attempt(
             if hold.keys.shared.is_none() {
                 dirty.disarm(hold);
             }
-            request
-                .kind
-                .check_beside(&kind_named(theirs), request.name)?;
-            Err(error::protocol(
-                servers.backend,
-                format!("`{}` was refused as another kind ({theirs})", request.name),
-            ))
+            Err(kind_conflict(servers, request, theirs))
         }
     }
+}
+
+/// The error of an acquire that a server refused because the name is held as another
+/// kind (kind code `theirs`): the typed conflict, or a protocol error for a code this
+/// client does not know.
+pub(crate) fn kind_conflict(servers: &Servers, request: &AcquireRequest<'_>, theirs: i64) -> Error {
+    if let Err(conflict) = request.kind.check_beside(&kind_named(theirs), request.name) {
+        return conflict;
+    }
+    error::protocol(
+        servers.backend,
+        format!("`{}` was refused as another kind ({theirs})", request.name),
+    )
 }

@@ -19,7 +19,7 @@ use lock_core::raw::backend::{validity_deadline, AcquireRequest, Acquired};
 use lock_core::{Error, FencingToken, Result};
 use tokio::time::{timeout_at, Instant};
 
-use crate::attempt::{Attempt, Dirty};
+use crate::attempt::{kind_conflict, Attempt, Dirty};
 use crate::config::{twice_listed, RedisNode};
 use crate::connection::Route;
 use crate::error;
@@ -218,6 +218,8 @@ pub(crate) async fn attempt(
             Ok(_) => outcome = Some(Ok(Attempt::Held(Duration::ZERO))),
             Err(err) => outcome = Some(Err(err)),
         }
+    } else if let Some(theirs) = tally.conflict {
+        outcome = Some(Err(kind_conflict(servers, request, theirs)));
     } else if tally.answered < quorum {
         outcome = Some(Err(error::no_majority(
             backend,
@@ -319,6 +321,8 @@ struct Tally {
     place: Option<u64>,
     /// The PTTL the queue's server reported with `place`.
     queue_pttl: i64,
+    /// The kind code of another kind a server found holding the name.
+    conflict: Option<i64>,
     first_error: Option<Error>,
 }
 
@@ -332,6 +336,7 @@ impl Tally {
             held_for: None,
             place: None,
             queue_pttl: 0,
+            conflict: None,
             first_error: None,
         }
     }
@@ -348,7 +353,10 @@ impl Tally {
                     self.answered += 1;
                 }
                 self.highest_reading = self.highest_reading.max(reply.reading);
-                if reply.won {
+                if let Some(theirs) = reply.conflict {
+                    self.refused[i] = true;
+                    self.conflict = Some(theirs);
+                } else if reply.won {
                     self.granted[i] = true;
                     self.refused[i] = false;
                 } else {

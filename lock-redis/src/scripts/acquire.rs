@@ -241,11 +241,22 @@ pub(crate) struct Reading {
     pub(crate) reading: u64,
     /// Place in the queue (the server that orders the waiters), when queued.
     pub(crate) place: Option<u64>,
+    /// The kind code of another kind that holds the name on this server (refused).
+    pub(crate) conflict: Option<i64>,
 }
 
 impl Reading {
     fn parse(backend: &'static str, reply: Vec<i64>) -> Result<Reading> {
         let (won, pttl, reading, place) = match *reply {
+            [-1, theirs] => {
+                return Ok(Reading {
+                    won: false,
+                    pttl: -2,
+                    reading: 0,
+                    place: None,
+                    conflict: Some(theirs),
+                })
+            }
             [1, _, reading, ..] => (true, 0, reading, None),
             [0, pttl, reading] => (false, pttl, reading, None),
             [0, pttl, reading, place] => (false, pttl, reading, u64::try_from(place).ok()),
@@ -263,6 +274,7 @@ impl Reading {
             pttl,
             reading,
             place,
+            conflict: None,
         })
     }
 }
