@@ -203,6 +203,12 @@ impl Backend for FileBackend {
                 })
                 .await?;
             files = kept;
+            tracing::trace!(
+                target: "lock_file::attempt",
+                stem = %ask.stem,
+                taken = matches!(taken, Ok(Some(_))),
+                "tried a file lock"
+            );
             if let Some(hold) = taken? {
                 drop(waiting);
                 tokio::spawn(give_back_when_broken(&hold, changes));
