@@ -24,9 +24,10 @@ use tokio::time::{sleep, Instant};
 
 use crate::config::FileConfig;
 use crate::error::{from_errno, from_io, task_failed, BACKEND};
-use crate::hold::{attempt, Ask, FileHold, OpenFiles, WaitRecord};
+use crate::hold::{attempt, Ask, Attempt, FileHold, OpenFiles, WaitRecord};
 use crate::layout::{stem_of, Layout, RECORDS};
-use crate::wakeup::{next_for, Wakeup};
+use crate::turnstile::{Answer, Class, Turn, Turnstile};
+use crate::wakeup::{next_for, Interest, Wakeup};
 use crate::FileLock;
 
 /// What a `file://` client offers: no FIFO order (the kernel grants `flock`s in no
@@ -76,10 +77,9 @@ impl FileBackend {
             .map_err(task_failed)
     }
 
-    fn changes_now(&self) -> Result<tokio::sync::broadcast::Receiver<crate::wakeup::Change>> {
+    fn wakeup_now(&self) -> Result<Arc<Wakeup>> {
         lock_unpoisoned(&self.wakeup)
-            .as_ref()
-            .map(|wakeup| wakeup.subscribe())
+            .clone()
             .ok_or_else(|| Error::closed(BACKEND, "waiting"))
     }
 }
@@ -188,22 +188,49 @@ impl Backend for FileBackend {
             kind: request.kind.clone(),
             floor: request.fence_at_least.map(FencingToken::get),
         };
-        let mut changes = self.changes_now()?;
+        let wakeup = self.wakeup_now()?;
+        let mut changes = wakeup.subscribe();
+        let class = Class::of(&ask.kind);
+        // Only a reader's chances change with the records (a writer's wait ending).
+        let interest = if class == Class::Shared {
+            Interest::ClosesAndRecords
+        } else {
+            Interest::Closes
+        };
         let mut files = OpenFiles::default();
         let mut waiting: Option<WaitRecord> = None;
+        let mut turnstile: Option<Arc<Turnstile>> = None;
+        let mut turn: Option<Turn> = None;
         loop {
             let attempted_at = Instant::now();
-            let (taken, kept) = self
+            let first = waiting.is_none();
+            let (tried, kept) = self
                 .blocking({
                     let ask = ask.clone();
                     move |layout| {
-                        let taken = attempt(layout, &ask, &mut files);
-                        (taken, files)
+                        let tried = attempt(layout, &ask, &mut files, first);
+                        (tried, files)
                     }
                 })
                 .await?;
             files = kept;
-            if let Some(hold) = taken? {
+            tracing::trace!(
+                target: "lock_file::attempt",
+                stem = %ask.stem,
+                taken = matches!(tried, Ok(Attempt::Granted(_))),
+                "tried a file lock"
+            );
+            let tried = tried?;
+            if let Some(turn) = turn.as_mut() {
+                turn.answers(match &tried {
+                    Attempt::Granted(_) if class == Class::Exclusive => Answer::HeldExclusively,
+                    Attempt::Refused => Answer::Refused,
+                    Attempt::Granted(_) | Attempt::GaveWay => Answer::Nothing,
+                });
+            }
+            // Hands the turn on.
+            turn = None;
+            if let Attempt::Granted(hold) = tried {
                 drop(waiting);
                 tokio::spawn(give_back_when_broken(&hold, changes));
                 return Ok(Some(Acquired {
@@ -224,9 +251,15 @@ impl Backend for FileBackend {
                         .await??,
                 );
             }
-            tokio::select! {
-                () = next_for(&mut changes, &ask.stem) => {}
-                () = sleep(self.recheck) => {}
+            let turnstile = turnstile.get_or_insert_with(|| wakeup.turnstile(&ask.stem));
+            while turn.is_none() {
+                let woke = tokio::select! {
+                    tick = next_for(&mut changes, &ask.stem, interest) => {
+                        tick.unwrap_or_else(|| wakeup.now())
+                    }
+                    () = sleep(self.recheck) => wakeup.tick(),
+                };
+                turn = turnstile.turn(class, woke).await;
             }
         }
     }
@@ -331,9 +364,9 @@ impl Backend for FileBackend {
     /// removed or replaced (a proclaim).
     async fn changes(&self, name: &LockName) -> Result<ChangeFeed> {
         let stem = stem_of(name)?;
-        let changes = self.changes_now()?;
+        let changes = self.wakeup_now()?.subscribe();
         let stream = futures::stream::unfold((changes, stem), |(mut changes, stem)| async move {
-            next_for(&mut changes, &stem).await;
+            next_for(&mut changes, &stem, Interest::ClosesAndRecords).await;
             Some(((), (changes, stem)))
         });
         Ok(ChangeFeed::from_stream(stream.boxed()))
@@ -360,7 +393,7 @@ fn give_back_when_broken(
     let stem = hold.stem.clone();
     async move {
         loop {
-            next_for(&mut changes, &stem).await;
+            next_for(&mut changes, &stem, Interest::ClosesAndRecords).await;
             let Some(locks) = locks.upgrade() else {
                 return;
             };

@@ -115,8 +115,23 @@ pub(crate) struct Ask {
     pub(crate) floor: Option<u64>,
 }
 
-/// One non-blocking attempt (blocking file-system calls: run it off the runtime):
-/// `Ok(None)` when the lock is taken by others.
+/// What one attempt came to.
+#[derive(Debug)]
+pub(crate) enum Attempt {
+    Granted(FileHold),
+    /// The kernel refused the `flock`s: the name is taken.
+    Refused,
+    /// A reader gave way to a writer that waited before it.
+    GaveWay,
+}
+
+/// One non-blocking attempt (blocking file-system calls: run it off the runtime).
+///
+/// A reader reads the name's records before it takes its `flock` (it gives way to an
+/// earlier writer). Every other kind takes its `flock`s first: a refusal costs one system
+/// call, and only a `first` attempt then reads the records (to find the name used as
+/// another kind rather than wait for it); a grant reads them once, after its record is
+/// written.
 ///
 /// # Errors
 /// [`lock_core::Error::Conflict`] when the name's live participants use it as another
@@ -125,34 +140,43 @@ pub(crate) fn attempt(
     layout: &Arc<Layout>,
     ask: &Ask,
     files: &mut OpenFiles,
-) -> Result<Option<FileHold>> {
+    first: bool,
+) -> Result<Attempt> {
     let others = |records: Vec<Record>| {
         records
             .into_iter()
             .filter(|r| r.token != ask.token)
             .collect::<Vec<_>>()
     };
-    let all = layout.records(&ask.stem)?;
-    let waiting_since = all
-        .iter()
-        .find(|r| r.token == ask.token && r.state == State::Wait)
-        .map(|r| r.since);
-    let records = others(all);
-    for record in &records {
-        ask.kind.check_beside(&record.kind, &ask.name)?;
-    }
-    if ask.kind == HoldKind::Read
-        && records.iter().any(|r| {
+    let beside = |records: &[Record], waiters_too: bool| {
+        records
+            .iter()
+            .filter(|r| waiters_too || r.state == State::Hold)
+            .try_for_each(|r| ask.kind.check_beside(&r.kind, &ask.name))
+    };
+    let reader = matches!(ask.kind, HoldKind::Read | HoldKind::Upgradeable);
+    if reader {
+        let all = layout.records(&ask.stem)?;
+        let waiting_since = all
+            .iter()
+            .find(|r| r.token == ask.token && r.state == State::Wait)
+            .map(|r| r.since);
+        let records = others(all);
+        beside(&records, true)?;
+        if records.iter().any(|r| {
             r.state == State::Wait
                 && r.kind == HoldKind::Write
                 && waiting_since.is_none_or(|since| r.since < since)
-        })
-    {
-        // A reader never overtakes a writer that waited before it.
-        return Ok(None);
+        }) {
+            // A reader never overtakes a writer that waited before it.
+            return Ok(Attempt::GaveWay);
+        }
     }
     let Some(locks) = take_locks(layout, ask, files)? else {
-        return Ok(None);
+        if first && !reader {
+            beside(&others(layout.records(&ask.stem)?), true)?;
+        }
+        return Ok(Attempt::Refused);
     };
     let fence = counter::next(layout, &ask.stem, ask.floor)?;
     let record = Record::new(State::Hold, &ask.token, ask.kind.clone(), Some(fence));
@@ -168,13 +192,11 @@ pub(crate) fn attempt(
         layout: Arc::clone(layout),
     };
     // Two kinds that take different files (a semaphore's slots, a mutex's lock file) may
-    // both have passed the check above at once: the later one gives way.
-    for record in others(layout.records(&ask.stem)?) {
-        if record.state == State::Hold {
-            ask.kind.check_beside(&record.kind, &ask.name)?;
-        }
-    }
-    Ok(Some(hold))
+    // both get their `flock`s at once: each sees the other's record here and gives way
+    // (dropping the hold gives its `flock`s back). A first attempt also finds waiters of
+    // another kind.
+    beside(&others(layout.records(&ask.stem)?), first && !reader)?;
+    Ok(Attempt::Granted(hold))
 }
 
 /// The `flock`s of `ask`, all or none.

@@ -12,7 +12,7 @@
 //!   owner token `T`: its kind, process id, fencing token, value. Its owner keeps
 //!   `LOCK_EX` on it while it lives, so a record whose lock can be taken is a dead
 //!   process's and is removed by whoever finds it. Removed at release, cancellation and
-//!   close. Records have a directory of their own because every attempt lists them:
+//!   close. Records have a directory of their own because attempts list them:
 //!   the listing counts the live holders and waiters, not every name the lock directory
 //!   ever held (their lock and counter files persist).
 //! - `S~broken~T`: left by `force_release` for the broken holder of `T`, which removes it

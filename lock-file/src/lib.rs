@@ -7,6 +7,7 @@ mod error;
 mod hold;
 mod layout;
 mod operator;
+mod turnstile;
 mod wakeup;
 
 pub use backend::{FileBackend, CAPABILITIES};
