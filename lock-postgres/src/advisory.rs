@@ -332,6 +332,36 @@ pub(crate) fn holders_params(key: AdvisoryKey) -> (i64, i64, i16) {
     key.lock_row()
 }
 
+/// An advisory lock taken for a grant not yet made: given back (in a task of its own)
+/// unless [`Taken::keep`] hands it to the hold, so that an acquire dropped or failed
+/// between the two leaves no advisory lock behind.
+pub(crate) struct Taken {
+    pub(crate) advisory: Option<Arc<Advisory>>,
+    pub(crate) key: AdvisoryKey,
+    pub(crate) mode: Mode,
+    pub(crate) epoch: u64,
+}
+
+impl Taken {
+    pub(crate) fn keep(mut self) -> (AdvisoryKey, Mode, u64) {
+        self.advisory = None;
+        (self.key, self.mode, self.epoch)
+    }
+}
+
+impl Drop for Taken {
+    fn drop(&mut self) {
+        if let Some(advisory) = self.advisory.take() {
+            let (key, mode, epoch) = (self.key, self.mode, self.epoch);
+            tokio::spawn(async move {
+                if let Err(err) = advisory.unlock(key, mode, epoch).await {
+                    tracing::debug!(error = %err, "giving back an unused advisory lock failed; its session was ended");
+                }
+            });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

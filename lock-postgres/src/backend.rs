@@ -347,7 +347,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn release(&self, hold: &PostgresHold) -> Result<BackendRelease> {
-        let released = hold::release(&self.client, &self.handover_sql, hold).await;
+        let released = hold::release(&self.client, &self.handover_sql, &self.listener, hold).await;
         if released.is_ok() {
             hold.give_back(self.advisory.as_deref()).await;
         }

@@ -210,9 +210,11 @@ pub(crate) async fn renew(
 pub(crate) async fn release(
     client: &PgClient,
     sql: &crate::handover::Statements,
+    listener: &crate::listener::Listener,
     hold: &PostgresHold,
 ) -> Result<BackendRelease> {
-    Ok(match crate::handover::release(client, sql, hold).await? {
+    let live = crate::handover::release(client, sql, listener, hold).await?;
+    Ok(match live {
         Some(true) => BackendRelease::Released,
         Some(false) => BackendRelease::NotOwner(LostReason::Expired),
         None => BackendRelease::NotOwner(gone_reason(client, hold).await?),

@@ -114,7 +114,17 @@ impl Listener {
             let own = Arc::downgrade(&self.subscribers);
             lock(&hub.clients).retain(|client| !client.ptr_eq(&own));
         }
-        wake(&self.subscribers, None);
+        wake(&self.subscribers, None, true);
+    }
+
+    /// Wakes the waiter of entry `seq` of `name` in the clients of this process that
+    /// share the hub, which a release of this client granted with `fence` and committed
+    /// (the grant's notification, which tells the other processes, comes later and finds
+    /// it woken). Observers hear of the grant from that notification.
+    pub(crate) fn granted_here(&self, name: &str, seq: i64, fence: i64) {
+        if let Some(hub) = lock(&self.hub).as_ref() {
+            wake_clients(&hub.clients, Some(&format!("*{seq}.{fence}:{name}")), false);
+        }
     }
 }
 
@@ -124,11 +134,12 @@ impl Drop for Listener {
     }
 }
 
-/// Wakes whom a notification with `payload` concerns in every client (`None`: everyone).
-fn wake_clients(clients: &Clients, payload: Option<&str>) {
+/// Wakes whom a notification with `payload` concerns in every client (`None`: everyone);
+/// its observers too if `observers` (a change the server told).
+fn wake_clients(clients: &Clients, payload: Option<&str>, observers: bool) {
     let clients: Vec<_> = lock(clients).iter().filter_map(Weak::upgrade).collect();
     for subscribers in clients {
-        wake(&subscribers, payload);
+        wake(&subscribers, payload, observers);
     }
 }
 
@@ -243,8 +254,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// Wakes whom a notification with `payload` concerns (`None`: everyone).
-fn wake(subscribers: &Mutex<Subscribers>, payload: Option<&str>) {
+/// Wakes whom a notification with `payload` concerns (`None`: everyone), its observers
+/// only if `observers`.
+fn wake(subscribers: &Mutex<Subscribers>, payload: Option<&str>, observers: bool) {
     let subscribers = lock(subscribers);
     let bump = |sender: &watch::Sender<u64>| sender.send_modify(|n| *n = n.wrapping_add(1));
     let wake_waiter = |waiting: &Weak<Waiting>, change: Option<Change>| {
@@ -289,7 +301,9 @@ fn wake(subscribers: &Mutex<Subscribers>, payload: Option<&str>) {
     let Some((head, name)) = payload.split_once(':') else {
         return;
     };
-    subscribers.observers.get(name).into_iter().for_each(bump);
+    if observers {
+        subscribers.observers.get(name).into_iter().for_each(bump);
+    }
     if let Some(change) = Change::parse(head) {
         for waiting in subscribers.waiters.get(name).into_iter().flatten() {
             wake_waiter(waiting, Some(change));
@@ -342,11 +356,11 @@ async fn listen(config: tokio_postgres::Config, tls: Connector, channel: String,
                 };
                 if listening {
                     backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-                    wake_clients(&clients, None);
+                    wake_clients(&clients, None, true);
                     while let Some(Ok(message)) = messages.next().await {
                         if let AsyncMessage::Notification(n) = message {
                             if n.channel() == channel {
-                                wake_clients(&clients, Some(n.payload()));
+                                wake_clients(&clients, Some(n.payload()), true);
                             }
                         }
                     }
@@ -357,5 +371,33 @@ async fn listen(config: tokio_postgres::Config, tls: Connector, channel: String,
             Err(err) => tracing::debug!(channel, error = %err, "listening connection failed"),
         }
         tokio::time::sleep(backoff.next_pause()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use futures::FutureExt;
+
+    use super::*;
+
+    /// A grant that a release in this process tells wakes the grantee waiting in another
+    /// client of the process, with its token, with no notification from the server (there
+    /// is none: nothing listens at the address); a grant of another entry does not.
+    #[tokio::test]
+    async fn a_grant_told_here_wakes_the_grantee_of_another_client() {
+        let config = PostgresConfig::new(["127.0.0.1:1"]);
+        let tls = crate::tls::connector(&config)
+            .await
+            .expect("a plain connector");
+        let releasing = Listener::start(&config, tls.clone());
+        let waiting = Listener::start(&config, tls);
+        let waiter = waiting.wait_on("job");
+        waiter.watch(7, [6]);
+        releasing.granted_here("job", 8, 41);
+        assert_eq!(waiter.grant(), None);
+        assert!(waiter.woken().now_or_never().is_none());
+        releasing.granted_here("job", 7, 42);
+        assert_eq!(waiter.grant(), Some(42));
+        assert!(waiter.woken().now_or_never().is_some());
     }
 }

@@ -21,7 +21,7 @@ use tokio::time::Instant;
 use tokio_postgres::types::ToSql;
 
 use crate::advisory::{
-    holders_params, holders_sql, madelson_key, Advisory, AdvisoryKey, Mode, FOREIGN_POLL,
+    holders_params, holders_sql, madelson_key, Advisory, AdvisoryKey, Mode, Taken, FOREIGN_POLL,
 };
 use crate::connection::{Conn, Failure, PgClient};
 use crate::error::unexpected;
@@ -376,36 +376,6 @@ pub(crate) async fn decide_turn(client: &PgClient, place: &Place<'_>, step: Step
         .await
 }
 
-/// An advisory lock taken for a grant not yet made: given back (in a task of its own)
-/// unless [`Taken::keep`] hands it to the hold, so that an acquire dropped or failed
-/// between the two leaves no advisory lock behind.
-struct Taken {
-    advisory: Option<Arc<Advisory>>,
-    key: AdvisoryKey,
-    mode: Mode,
-    epoch: u64,
-}
-
-impl Taken {
-    fn keep(mut self) -> (AdvisoryKey, Mode, u64) {
-        self.advisory = None;
-        (self.key, self.mode, self.epoch)
-    }
-}
-
-impl Drop for Taken {
-    fn drop(&mut self) {
-        if let Some(advisory) = self.advisory.take() {
-            let (key, mode, epoch) = (self.key, self.mode, self.epoch);
-            tokio::spawn(async move {
-                if let Err(err) = advisory.unlock(key, mode, epoch).await {
-                    tracing::debug!(error = %err, "giving back an unused advisory lock failed; its session was ended");
-                }
-            });
-        }
-    }
-}
-
 /// A session epoch as the `session` column keeps it.
 fn epoch_column(epoch: u64) -> i64 {
     i64::try_from(epoch).unwrap_or(i64::MAX)
@@ -495,15 +465,19 @@ pub(crate) fn decide(
         return Ok(Decision::Granted);
     }
     let blocked_for = ahead.iter().map(|e| e.left).min().unwrap_or(Duration::ZERO);
-    // An exclusive entry is granted only with nobody ahead: until its predecessor
-    // leaves, nothing else ahead changes that. A shared one may be granted by any
-    // entry ahead leaving or turning shared.
-    let watch = if kind.is_shared() || *kind == HoldKind::Upgradeable {
-        ahead.iter().map(|e| e.seq).collect()
-    } else {
+    // An exclusive entry waits for its predecessor alone; a shared one may be granted by
+    // any entry ahead leaving or turning shared.
+    let watch = if waits_for_last(kind) {
         ahead.last().map(|e| e.seq).into_iter().collect()
+    } else {
+        ahead.iter().map(|e| e.seq).collect()
     };
     Ok(Decision::Wait { blocked_for, watch })
+}
+
+/// Whether `kind` is granted only with nobody live ahead (it waits for the last).
+pub(crate) fn waits_for_last(kind: &HoldKind) -> bool {
+    !(kind.is_shared() || *kind == HoldKind::Upgradeable)
 }
 
 /// See [`decide`].
