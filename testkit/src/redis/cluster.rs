@@ -336,7 +336,7 @@ pub async fn shard_channels(factory: &ClusterFactory, i: usize, name: &LockName)
 const SUBSCRIBED_WITHIN: Duration = Duration::from_secs(10);
 
 /// Polls until server `i` has `want` sharded channels of `name` subscribed, for at most
-/// [`SUBSCRIBED_WITHIN`]: how long it took.
+/// `SUBSCRIBED_WITHIN` (10 s): how long it took.
 pub async fn await_shard_channels(
     factory: &ClusterFactory,
     i: usize,
