@@ -346,24 +346,15 @@ fn merge(views: &[(usize, View)], arbiter: usize, quorum: usize) -> Occupancy {
         .filter_map(|(_, (_, _, counter, ..))| *counter)
         .max()
         .map(FencingToken);
-    let mut held: Vec<(&str, Vec<i64>)> = Vec::new();
-    for (_, (value, pttl, ..)) in views {
-        if let Some(value) = value {
-            match held.iter_mut().find(|(v, _)| v == value) {
-                Some((_, pttls)) => pttls.push(*pttl),
-                None => held.push((value, vec![*pttl])),
-            }
-        }
-    }
-    let most = held.iter().map(|(_, pttls)| pttls.len()).max().unwrap_or(0);
-    let holder = held
-        .into_iter()
-        .find(|(_, pttls)| pttls.len() == most)
-        .map(|(value, pttls)| {
+    let holder = most_stored(views.iter().map(|(_, (value, ..))| value.as_deref()))
+        .map(|value| {
             // A key without expiry (-1) stays for ever.
-            let mut left: Vec<u64> = pttls
+            let mut left: Vec<u64> = views
                 .iter()
-                .map(|&p| u64::try_from(p).unwrap_or(if p == -1 { u64::MAX } else { 0 }))
+                .filter(|(_, (v, ..))| v.as_deref() == Some(value))
+                .map(|&(_, (_, p, ..))| {
+                    u64::try_from(p).unwrap_or(if p == -1 { u64::MAX } else { 0 })
+                })
                 .collect();
             left.sort_unstable_by(|a, b| b.cmp(a));
             let kept = left[quorum.min(left.len()) - 1];
